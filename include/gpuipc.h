@@ -1,0 +1,361 @@
+/*
+ * gpuipc — share GPU (and host) memory between processes on one machine.
+ *
+ * Conventions for every function in this header:
+ *  - Functions that can fail return int: 0 (or a count) on success, a negative
+ *    code on failure. Operating-system failures are -errno (-EINVAL, -ENOMEM,
+ *    ...); library failures are the GPUIPC_E_* codes below.
+ *    gpuipc_strerror() and gpuipc_err_name() describe any code;
+ *    gpuipc_last_error() returns a sentence with the detail of the last
+ *    failure on the calling thread.
+ *  - Output parameters are written only on success.
+ *  - Arguments are checked before any side effect: a call rejected with -EINVAL
+ *    changed nothing.
+ *  - Every file descriptor gpuipc creates or receives is close-on-exec.
+ *  - The library never prints (unless GPUIPC_LOG asks it to) and never exits.
+ *  - Unless a function says otherwise it is thread-safe.
+ */
+#ifndef GPUIPC_H
+#define GPUIPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GPUIPC_API __attribute__((visibility("default")))
+#else
+#define GPUIPC_API
+#endif
+
+#define GPUIPC_VERSION_MAJOR 0
+#define GPUIPC_VERSION_MINOR 1
+#define GPUIPC_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Library error codes. They lie below -1000 so that they never collide with
+ * -errno values, which gpuipc also returns (and which gpuipc_strerror() and
+ * gpuipc_err_name() describe as well).
+ */
+#define GPUIPC_ERRNO_MAP(XX)                                                   \
+  XX(NODRIVER, -1001, "CUDA driver not available")                             \
+  XX(NODEVICE, -1002, "no usable CUDA device")                                 \
+  XX(CUDA, -1003, "CUDA driver call failed")                                   \
+  XX(BADHANDLE, -1004, "malformed or foreign buffer handle")                   \
+  XX(VERSION, -1005, "incompatible protocol version")                          \
+  XX(UNSUPPORTED, -1006, "operation not supported here")                       \
+  XX(PEER_GONE, -1007, "peer process has gone")                                \
+  XX(DENIED, -1008, "access denied")                                           \
+  XX(WHOLEBLOCK, -1009, "export would reveal memory outside the range")        \
+  XX(PROTO, -1010, "malformed protocol message")                               \
+  XX(MISMATCH, -1011, "segment exists with different properties")             \
+  XX(LOST, -1012, "segment lost: no surviving process held it")                \
+  XX(CLOSED, -1013, "object closed")
+
+typedef enum gpuipc_status {
+  GPUIPC_OK = 0,
+#define GPUIPC__ERR_ENUM(name, code, msg) GPUIPC_E_##name = (code),
+  GPUIPC_ERRNO_MAP(GPUIPC__ERR_ENUM)
+#undef GPUIPC__ERR_ENUM
+} gpuipc_status_t;
+
+/*
+ * gpuipc_strerror - a short description of a status code.
+ * @code: 0, a GPUIPC_E_* code or a negative errno value.
+ * Returns a static string; never NULL ("unknown error" for unknown codes).
+ * Thread-safe.
+ */
+GPUIPC_API const char *gpuipc_strerror(int code);
+
+/*
+ * gpuipc_err_name - the symbolic name of a status code ("GPUIPC_E_DENIED",
+ * "EINVAL", "OK"). Returns a static string; never NULL ("UNKNOWN").
+ */
+GPUIPC_API const char *gpuipc_err_name(int code);
+
+/*
+ * gpuipc_last_error - the detail of the most recent failure on this thread:
+ * a sentence naming the call, the field, the CUDA error, the segment or the
+ * peer. The string is thread-local and valid until the next gpuipc call on
+ * this thread. Returns "" if nothing has failed on this thread yet.
+ */
+GPUIPC_API const char *gpuipc_last_error(void);
+
+/* gpuipc_version - the library's version as "MAJOR.MINOR.PATCH". */
+GPUIPC_API const char *gpuipc_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Logging and settings                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef enum gpuipc_log_level {
+  GPUIPC_LOG_OFF = 0,
+  GPUIPC_LOG_ERROR = 1,
+  GPUIPC_LOG_WARN = 2,
+  GPUIPC_LOG_INFO = 3,
+  GPUIPC_LOG_DEBUG = 4,
+  GPUIPC_LOG_TRACE = 5,
+} gpuipc_log_level_t;
+
+/*
+ * A log sink. @msg is one line without a trailing newline; it is valid only
+ * during the call. The callback may be called from any thread, including the
+ * broker's, and must not call back into gpuipc.
+ */
+typedef void (*gpuipc_log_fn)(gpuipc_log_level_t level, const char *msg,
+                              void *user);
+
+/*
+ * gpuipc_log_set - route log messages at or above severity @level (that is,
+ * numerically <= @level) to @fn. @fn == NULL restores the default: messages
+ * go to stderr only when the GPUIPC_LOG setting asks for them.
+ * Returns 0, or -EINVAL for a level outside GPUIPC_LOG_OFF..GPUIPC_LOG_TRACE.
+ * Thread-safe; messages already being delivered may still reach the old sink.
+ */
+GPUIPC_API int gpuipc_log_set(gpuipc_log_fn fn, gpuipc_log_level_t level,
+                              void *user);
+
+/*
+ * Settings. Every setting is an environment variable whose name begins with
+ * GPUIPC_; the environment is read once, at the first call into gpuipc.
+ * gpuipc_config_count() gives the number of settings; gpuipc_config_get()
+ * describes setting @index (0 <= index < count) in @out.
+ */
+typedef struct gpuipc_config_item {
+  const char *name;     /* "GPUIPC_LOG" */
+  const char *value;    /* value in force (the default when unset) */
+  const char *def;      /* default value */
+  const char *help;     /* one sentence */
+  int is_set;           /* 1 if the environment set it */
+} gpuipc_config_item_t;
+
+GPUIPC_API int gpuipc_config_count(void);
+
+/*
+ * gpuipc_config_get - describe setting @index.
+ * Returns 0, or -EINVAL for a NULL @out, -ERANGE for an index out of range.
+ * The strings are static and live as long as the process.
+ */
+GPUIPC_API int gpuipc_config_get(int index, gpuipc_config_item_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA driver and devices                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * gpuipc_driver_status - load the CUDA driver (once per process) and report.
+ * Returns 0 when the driver loaded and at least one device is visible,
+ * GPUIPC_E_NODRIVER when libcuda.so.1 (or GPUIPC_CUDA_LIB) cannot be loaded,
+ * lacks a required entry point or fails cuInit, GPUIPC_E_NODEVICE when the
+ * driver works but no device is visible; gpuipc_last_error() says which and
+ * why. The HOST kind works in every case.
+ * @driver_version: optional out, the driver's CUDA version (13000 for 13.0),
+ * 0 when no driver loaded. Thread-safe.
+ */
+GPUIPC_API int gpuipc_driver_status(int *driver_version);
+
+/*
+ * gpuipc_device_count - the number of CUDA devices this process sees
+ * (respecting CUDA_VISIBLE_DEVICES). Returns the count (0 without a driver).
+ */
+GPUIPC_API int gpuipc_device_count(void);
+
+typedef struct gpuipc_device_info {
+  size_t size;              /* set to sizeof(gpuipc_device_info_t) by caller */
+  int ordinal;              /* this process's ordinal (not portable!) */
+  uint8_t uuid[16];         /* portable identity of the GPU */
+  char uuid_str[41];        /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+  char name[256];
+  char pci_bus_id[32];      /* "0000:3b:00.0" */
+  uint64_t total_mem;       /* bytes */
+  int cc_major, cc_minor;   /* compute capability */
+  int vmm;                  /* virtual memory management */
+  int posix_fd;             /* POSIX-FD shareable handles for VMM */
+  int fabric;               /* fabric handles: attribute says supported */
+  int ipc_events;           /* interprocess events */
+  int mem_pools;            /* stream-ordered memory pools */
+  int pool_handle_types;    /* CUmemAllocationHandleType bits for pools */
+  int unified_addressing;
+  uint64_t granularity;     /* VMM allocation granularity, 0 if no VMM */
+} gpuipc_device_info_t;
+
+/*
+ * gpuipc_device_info - describe device @ordinal.
+ * @out->size must be set to sizeof(*out) (or an earlier, smaller size).
+ * Returns 0; -EINVAL for NULL @out or a too-small size; GPUIPC_E_NODRIVER;
+ * -ERANGE when @ordinal is not a visible device.
+ */
+GPUIPC_API int gpuipc_device_info(int ordinal, gpuipc_device_info_t *out);
+
+/*
+ * gpuipc_device_by_uuid - the local ordinal of the GPU with @uuid.
+ * Returns the ordinal (>= 0), GPUIPC_E_NODRIVER, or GPUIPC_E_NODEVICE when
+ * no visible device has that UUID.
+ */
+GPUIPC_API int gpuipc_device_by_uuid(const uint8_t uuid[16]);
+
+/* ------------------------------------------------------------------------ */
+/* Buffers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum gpuipc_kind {
+  GPUIPC_KIND_AUTO = 0,   /* VMM on a GPU when one is usable, else HOST */
+  GPUIPC_KIND_HOST = 1,   /* memfd, mapped in every holder */
+  GPUIPC_KIND_VMM = 2,    /* cuMemCreate + POSIX-FD (or fabric) handles */
+  GPUIPC_KIND_LEGACY = 3, /* cuMemAlloc + cuIpcGetMemHandle */
+  GPUIPC_KIND_POOL = 4,   /* stream-ordered pool, per-allocation export */
+} gpuipc_kind_t;
+
+/* gpuipc_kind_name - "auto", "host", "vmm", "legacy", "pool" or "?". */
+GPUIPC_API const char *gpuipc_kind_name(gpuipc_kind_t kind);
+
+/*
+ * gpuipc_kind_available - whether buffers of @kind can be allocated in this
+ * process. Returns 0 if so; otherwise the code an allocation would fail with
+ * (GPUIPC_E_UNSUPPORTED, GPUIPC_E_NODRIVER, ...) with gpuipc_last_error()
+ * saying why.
+ */
+GPUIPC_API int gpuipc_kind_available(gpuipc_kind_t kind);
+
+/* Opaque: a buffer allocated or imported by this process. */
+typedef struct gpuipc_buf gpuipc_buf_t;
+
+/* Handle types carried in a gpuipc_handle_t. */
+typedef enum gpuipc_handle_type {
+  GPUIPC_HT_POSIX_FD = 1, /* an fd travels beside the record */
+  GPUIPC_HT_FABRIC = 2,   /* 64 bytes of fabric handle, no fd */
+  GPUIPC_HT_LEGACY = 3,   /* 64 bytes of cudaIpcMemHandle, no fd */
+  GPUIPC_HT_POOL = 4,     /* pool fd + 64 bytes of pool pointer export data */
+} gpuipc_handle_type_t;
+
+#define GPUIPC_HANDLE_BYTES 64
+/* Size of a packed handle record (gpuipc_handle_pack). */
+#define GPUIPC_HANDLE_PACKED_SIZE 192
+#define GPUIPC_HANDLE_VERSION 1
+
+/*
+ * The portable description of an exported buffer. Plain data: it can be
+ * copied, packed to bytes (gpuipc_handle_pack) and unpacked in another
+ * process (gpuipc_handle_unpack). For GPUIPC_HT_POSIX_FD and GPUIPC_HT_POOL
+ * the memory travels as the file descriptor @fd, which the user sends beside
+ * the packed bytes (SCM_RIGHTS); the packed form never contains it.
+ */
+typedef struct gpuipc_handle {
+  uint32_t version;          /* GPUIPC_HANDLE_VERSION */
+  gpuipc_kind_t kind;
+  gpuipc_handle_type_t type;
+  uint32_t flags;            /* reserved, 0 */
+  uint64_t size;             /* bytes the importer may use */
+  uint64_t offset;           /* where they start in the exported allocation */
+  uint64_t alloc_size;       /* size of the exported allocation */
+  uint8_t device_uuid[16];   /* all zero for HOST */
+  uint64_t export_id;        /* never reused by the exporting process */
+  uint8_t boot_id[16];       /* exporter's kernel boot id */
+  uint32_t pid;              /* exporter's pid (in its pid namespace) */
+  uint64_t pidns;            /* exporter's pid namespace inode */
+  uint64_t nonce;            /* exporter's random per-process identity */
+  uint8_t bytes[GPUIPC_HANDLE_BYTES]; /* legacy/fabric/pool data, else 0 */
+  int fd;                    /* -1 when none; not part of the packed form */
+} gpuipc_handle_t;
+
+/*
+ * gpuipc_buf_alloc - allocate a shareable buffer.
+ * @size: bytes, > 0; rounded up to the kind's granularity (a page for HOST).
+ * @kind: GPUIPC_KIND_AUTO picks VMM when a GPU is usable, else HOST.
+ * @device: this process's CUDA ordinal for the GPU kinds; ignored for HOST
+ *          (pass -1).
+ * @flags: 0 (reserved).
+ * @out: the new buffer, with one reference.
+ * Returns 0; -EINVAL (NULL @out, zero size, unknown kind or flags);
+ * -ENOMEM or -EFBIG for sizes the system cannot provide; GPUIPC_E_UNSUPPORTED
+ * for a kind this build or machine lacks; GPUIPC_E_NODRIVER /
+ * GPUIPC_E_NODEVICE / GPUIPC_E_CUDA for GPU kinds.
+ * HOST memory is zero-filled, mapped read-write and, when a CUDA driver and
+ * device are present, registered with CUDA (portable, device-mapped).
+ */
+GPUIPC_API int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
+                                unsigned flags, gpuipc_buf_t **out);
+
+/* Accessors. Each returns 0 / NULL / -1 for a NULL buffer. */
+GPUIPC_API void *gpuipc_buf_ptr(const gpuipc_buf_t *buf);
+GPUIPC_API size_t gpuipc_buf_size(const gpuipc_buf_t *buf);
+GPUIPC_API gpuipc_kind_t gpuipc_buf_kind(const gpuipc_buf_t *buf);
+/* The local CUDA ordinal the buffer is on (GPU kinds), -1 for HOST. */
+GPUIPC_API int gpuipc_buf_device(const gpuipc_buf_t *buf);
+
+/*
+ * gpuipc_buf_export - describe @buf for another process.
+ * @out: filled on success. For fd-carrying types @out->fd is a new
+ *       close-on-exec descriptor that the caller owns and must close (after
+ *       sending it); otherwise -1.
+ * Buffers imported from another process can be exported again: their fd is
+ * passed on and the record keeps naming the original exporter.
+ * Returns 0; -EINVAL (NULL argument); -EMFILE and other -errno from dup;
+ * GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out);
+
+/*
+ * gpuipc_buf_import - map a buffer exported by any process (this one too).
+ * @h: a handle from gpuipc_buf_export or gpuipc_handle_unpack, with @h->fd
+ *     set for fd-carrying types. The fd is not consumed: gpuipc duplicates
+ *     what it keeps and the caller still closes its own.
+ * @device: local CUDA ordinal that must reach the memory; -1 for the GPU the
+ *     handle names (found by UUID) or for HOST.
+ * @flags: 0 (reserved).
+ * @out: the buffer. Importing an export of this very process returns the
+ *     original buffer with one more reference (same pointer). Importing the
+ *     same export twice maps it once and counts references.
+ * Returns 0; -EINVAL (NULL argument, flags); GPUIPC_E_BADHANDLE (fields
+ * inconsistent, fd missing, of the wrong type or smaller than the handle
+ * says); GPUIPC_E_UNSUPPORTED; GPUIPC_E_NODEVICE (the GPU is not visible
+ * here); GPUIPC_E_PEER_GONE (a LEGACY exporter died); -errno from mmap.
+ */
+GPUIPC_API int gpuipc_buf_import(const gpuipc_handle_t *h, int device,
+                                 unsigned flags, gpuipc_buf_t **out);
+
+/*
+ * gpuipc_buf_release - drop one reference; the last one unmaps (and frees,
+ * for the allocating process) the memory. Other processes that imported it
+ * keep their mappings (HOST, VMM). Releasing NULL returns -EINVAL.
+ * Returns 0 or GPUIPC_E_CUDA (the reference is dropped all the same).
+ */
+GPUIPC_API int gpuipc_buf_release(gpuipc_buf_t *buf);
+
+/* ------------------------------------------------------------------------ */
+/* Handles on the wire                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * gpuipc_handle_pack - encode @h as GPUIPC_HANDLE_PACKED_SIZE bytes
+ * (little-endian, versioned, checksummed) into @dst.
+ * Returns the number of bytes written; -EINVAL (NULL argument),
+ * -ENOSPC (@cap too small), GPUIPC_E_BADHANDLE (@h is not a valid handle).
+ */
+GPUIPC_API int gpuipc_handle_pack(const gpuipc_handle_t *h, void *dst,
+                                  size_t cap);
+
+/*
+ * gpuipc_handle_unpack - decode and validate @len bytes into @out.
+ * Every field is checked: magic, version (a newer version is refused), record
+ * length, checksum, kind, handle type, flags, reserved bytes, size, offset,
+ * allocation size, pid, export id, the handle bytes for the type.
+ * @out->fd is set to -1: the caller fills it with the descriptor it received.
+ * Returns 0; -EINVAL (NULL argument); GPUIPC_E_BADHANDLE with
+ * gpuipc_last_error() naming the field.
+ */
+GPUIPC_API int gpuipc_handle_unpack(const void *src, size_t len,
+                                    gpuipc_handle_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUIPC_H */

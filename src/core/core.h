@@ -1,0 +1,83 @@
+/* Internal core: errors with detail, logging, settings. */
+#ifndef GPUIPC_CORE_H
+#define GPUIPC_CORE_H
+
+#include "gpuipc.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+
+#define GPUIPC__HIDDEN __attribute__((visibility("hidden")))
+#define GPUIPC__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define GPUIPC__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define GPUIPC__LIKELY(x) __builtin_expect(!!(x), 1)
+#define GPUIPC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/*
+ * gpuipc__err - record the detail sentence for @code on this thread and
+ * return @code, so that failures read `return gpuipc__err(-EINVAL, "...")`.
+ * The sentence is also logged at DEBUG level.
+ */
+GPUIPC__HIDDEN int gpuipc__err(int code, const char *fmt, ...)
+    GPUIPC__PRINTF(2, 3);
+
+/* gpuipc__err_errno - as gpuipc__err with -errno, appending strerror. */
+GPUIPC__HIDDEN int gpuipc__err_errno(int err, const char *fmt, ...)
+    GPUIPC__PRINTF(2, 3);
+
+/* ----- logging ----- */
+GPUIPC__HIDDEN bool gpuipc__log_enabled(gpuipc_log_level_t level);
+GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
+                                int line, const char *fmt, ...)
+    GPUIPC__PRINTF(4, 5);
+
+#define GPUIPC__LOG(lvl, ...)                                                  \
+  do {                                                                         \
+    if (GPUIPC__UNLIKELY(gpuipc__log_enabled(lvl)))                            \
+      gpuipc__log(lvl, __FILE__, __LINE__, __VA_ARGS__);                       \
+  } while (0)
+#define GPUIPC_LOG_E(...) GPUIPC__LOG(GPUIPC_LOG_ERROR, __VA_ARGS__)
+#define GPUIPC_LOG_W(...) GPUIPC__LOG(GPUIPC_LOG_WARN, __VA_ARGS__)
+#define GPUIPC_LOG_I(...) GPUIPC__LOG(GPUIPC_LOG_INFO, __VA_ARGS__)
+#define GPUIPC_LOG_D(...) GPUIPC__LOG(GPUIPC_LOG_DEBUG, __VA_ARGS__)
+#define GPUIPC_LOG_T(...) GPUIPC__LOG(GPUIPC_LOG_TRACE, __VA_ARGS__)
+
+/* ----- settings ----- */
+/*
+ * One entry per setting; the table in config.c gives name, default and
+ * help. Read from the environment once (pthread_once).
+ */
+#define GPUIPC_CONFIG_MAP(XX)                                                  \
+  XX(LOG, "GPUIPC_LOG", "off",                                                 \
+     "Log to stderr at this level: off, error, warn, info, debug, trace.")     \
+  XX(CUDA_LIB, "GPUIPC_CUDA_LIB", "libcuda.so.1",                              \
+     "The CUDA driver library to load.")                                       \
+  XX(NO_CUDA, "GPUIPC_NO_CUDA", "0",                                           \
+     "1: never load the CUDA driver; only the HOST kind is available.")        \
+  XX(DIR, "GPUIPC_DIR", "",                                                    \
+     "Runtime directory for domain sockets and locks (default "                \
+     "$XDG_RUNTIME_DIR/gpuipc, else /tmp/gpuipc-$UID).")                       \
+  XX(ALLOW_UIDS, "GPUIPC_ALLOW_UIDS", "",                                      \
+     "Comma-separated uids, besides the broker's own, allowed to join.")       \
+  XX(ALLOW_GIDS, "GPUIPC_ALLOW_GIDS", "",                                      \
+     "Comma-separated gids whose members may join.")                           \
+  XX(TIMEOUT_MS, "GPUIPC_TIMEOUT_MS", "10000",                                 \
+     "Default timeout in milliseconds for broker requests.")
+
+typedef enum gpuipc__cfg {
+#define GPUIPC__CFG_ENUM(id, name, def, help) GPUIPC_CFG_##id,
+  GPUIPC_CONFIG_MAP(GPUIPC__CFG_ENUM)
+#undef GPUIPC__CFG_ENUM
+  GPUIPC_CFG__COUNT
+} gpuipc__cfg_t;
+
+/* The value in force (never NULL; the default when unset). */
+GPUIPC__HIDDEN const char *gpuipc__cfg_str(gpuipc__cfg_t id);
+/* Parsed as a non-negative integer; @fallback when unparsable. */
+GPUIPC__HIDDEN long gpuipc__cfg_long(gpuipc__cfg_t id, long fallback);
+
+/* Parse "off|error|...|trace" or a digit; -1 when invalid. */
+GPUIPC__HIDDEN int gpuipc__log_level_parse(const char *s);
+
+#endif

@@ -1,0 +1,88 @@
+/*
+ * src/mem: the buffer object and the interface each kind implements.
+ * Kinds: host.c (memfd), and the CUDA kinds (vmm.c, legacy.c, pool.c).
+ */
+#ifndef GPUIPC_MEM_H
+#define GPUIPC_MEM_H
+
+#include "core/core.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct gpuipc_buf;
+
+/*
+ * What a kind implements. Each function returns 0 or a negative code with
+ * gpuipc__err() detail, and on failure leaves nothing allocated.
+ */
+struct gpuipc__kind_ops {
+  gpuipc_kind_t kind;
+  /* Whether this kind can be allocated here (0, or the reason's code). */
+  int (*available)(void);
+  /*
+   * Allocate >= b->size bytes on local device b->device; set b->ptr,
+   * b->alloc_size, b->fd (or -1) and b->priv.
+   */
+  int (*alloc)(struct gpuipc_buf *b);
+  /*
+   * Fill @h's type, bytes and fd (a new close-on-exec descriptor or -1).
+   * Identity, sizes and UUID are filled by the caller.
+   */
+  int (*export)(struct gpuipc_buf *b, gpuipc_handle_t *h);
+  /*
+   * Map the memory @h describes for local device b->device (-1: HOST or the
+   * handle's own GPU); set b->ptr (already advanced by h->offset),
+   * b->alloc_size, b->fd (a descriptor of our own, or -1) and b->priv.
+   */
+  int (*import)(struct gpuipc_buf *b, const gpuipc_handle_t *h);
+  /* Unmap and free whatever alloc/import set up. */
+  int (*release)(struct gpuipc_buf *b);
+};
+
+struct gpuipc_buf {
+  struct gpuipc_buf *next;       /* in the process-wide registry bucket */
+  long refs;                     /* guarded by the registry lock */
+  const struct gpuipc__kind_ops *ops;
+  gpuipc_kind_t kind;
+  void *ptr;                     /* user-visible start */
+  size_t size;                   /* user-visible bytes */
+  size_t alloc_size;             /* bytes of the underlying allocation */
+  size_t offset;                 /* ptr - start of the allocation */
+  int device;                    /* local ordinal, -1 for HOST */
+  uint8_t uuid[16];              /* device UUID, 0 for HOST */
+  int fd;                        /* descriptor kept for re-export, or -1 */
+  bool imported;
+  /* Identity: ours for local buffers, the exporter's for imported ones. */
+  uint8_t boot_id[16];
+  uint32_t pid;
+  uint64_t pidns;
+  uint64_t nonce;
+  uint64_t export_id;
+  void *priv;                    /* the kind's own state */
+};
+
+/* The kinds this build has; NULL where the build lacks one. */
+const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind);
+
+extern const struct gpuipc__kind_ops gpuipc__host_ops;
+#if GPUIPC_HAVE_CUDA
+extern const struct gpuipc__kind_ops gpuipc__vmm_ops;
+extern const struct gpuipc__kind_ops gpuipc__legacy_ops;
+extern const struct gpuipc__kind_ops gpuipc__pool_ops;
+#endif
+
+/*
+ * Import cache statistics for tests and benchmarks: lookups that found a
+ * live mapping, and imports that had to map.
+ */
+struct gpuipc__cache_stats {
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t live; /* buffers in the registry now */
+};
+void gpuipc__cache_stats(struct gpuipc__cache_stats *out);
+
+#endif

@@ -1,0 +1,116 @@
+/*
+ * src/os: the Linux system-call layer. Everything here returns 0 (or a
+ * count) on success and a negative code on failure, with gpuipc__err()
+ * recording the detail. Every descriptor created or received is
+ * close-on-exec. Every blocking call restarts after EINTR and honours its
+ * timeout (milliseconds; < 0 waits forever, 0 polls).
+ */
+#ifndef GPUIPC_OS_H
+#define GPUIPC_OS_H
+
+#include "core/core.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Largest message and descriptor count a gpuipc socket carries. */
+#define GPUIPC_MSG_MAX 65536
+#define GPUIPC_FDS_MAX 16
+
+/* ----- time ----- */
+uint64_t gpuipc__now_ns(void);      /* CLOCK_MONOTONIC */
+/* Deadline from a timeout in ms (< 0: none -> UINT64_MAX). */
+uint64_t gpuipc__deadline(int timeout_ms);
+/* Milliseconds left until @deadline, rounded up (-1 for no deadline). */
+int gpuipc__ms_left(uint64_t deadline);
+
+/* ----- Unix SOCK_SEQPACKET sockets passing messages and descriptors ----- */
+int gpuipc__sock_pair(int out[2]);
+/* Bind and listen on @path (unlinks nothing: callers decide). */
+int gpuipc__sock_listen(const char *path, int backlog, int *out_fd);
+/* Returns -ENOENT / -ECONNREFUSED when nobody listens at @path. */
+int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd);
+/* -ETIMEDOUT when no connection arrived in time. */
+int gpuipc__sock_accept(int lfd, int timeout_ms, int *out_fd);
+/*
+ * Send one message (1..GPUIPC_MSG_MAX bytes) with @nfds (0..GPUIPC_FDS_MAX)
+ * descriptors, which stay owned by the caller. Never raises SIGPIPE.
+ * Returns 0; GPUIPC_E_PEER_GONE when the peer closed; -ETIMEDOUT; -errno.
+ */
+int gpuipc__sock_send(int fd, const void *buf, size_t len, const int *fds,
+                      int nfds, int timeout_ms);
+/*
+ * Receive one message into @buf (capacity @cap) and up to @*nfds
+ * descriptors into @fds; on return @*nfds is how many arrived (they are
+ * close-on-exec and owned by the caller). Returns the message length (> 0);
+ * GPUIPC_E_PEER_GONE on end of stream or reset; -ETIMEDOUT;
+ * GPUIPC_E_PROTO when the message or its descriptors did not fit (every
+ * descriptor that did arrive is closed, nothing is returned).
+ * @nfds may be NULL: then any descriptor that arrives is closed and the
+ * message is refused with GPUIPC_E_PROTO.
+ */
+ssize_t gpuipc__sock_recv(int fd, void *buf, size_t cap, int *fds, int *nfds,
+                          int timeout_ms);
+
+struct gpuipc__cred {
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+};
+/* SO_PEERCRED of a connected Unix socket. */
+int gpuipc__peer_cred(int fd, struct gpuipc__cred *out);
+
+/* ----- memfd ----- */
+/*
+ * A sealed memfd of @size bytes (size must be > 0): it can neither shrink
+ * nor grow, so importers can trust its size.
+ */
+int gpuipc__memfd_create(const char *name, size_t size, int *out_fd);
+/*
+ * Check that @fd is a sealed gpuipc memfd (shmem, F_SEAL_SHRINK set) of at
+ * least @min_size bytes; report its size in @*size_out.
+ * GPUIPC_E_BADHANDLE, with a sentence, for a regular file, a pipe, a socket,
+ * an unsealed or too small memfd.
+ */
+int gpuipc__memfd_check(int fd, size_t min_size, size_t *size_out);
+
+/* ----- descriptors ----- */
+int gpuipc__fd_dup(int fd, int *out_fd); /* F_DUPFD_CLOEXEC */
+void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
+
+/* ----- locks ----- */
+/*
+ * Open (creating 0600) @path and take an exclusive flock on it.
+ * @timeout_ms: 0 tries once (-EWOULDBLOCK when held), < 0 waits forever.
+ * The lock is released when *out_fd is closed or the process dies.
+ */
+int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
+
+/* ----- the private runtime directory ----- */
+/*
+ * The runtime directory: $GPUIPC_DIR, else $XDG_RUNTIME_DIR/gpuipc, else
+ * /tmp/gpuipc-$UID. Created with mode 0700 if missing; refused with
+ * GPUIPC_E_DENIED and a sentence when it is not a directory, is owned by
+ * another uid, or is group- or world-writable.
+ */
+int gpuipc__runtime_dir(char *out, size_t cap);
+
+/* ----- who this process is ----- */
+struct gpuipc__proc_id {
+  uint8_t boot_id[16];
+  uint32_t pid;
+  uint64_t pidns;
+  uint64_t nonce; /* random, never 0, new in every process (and after fork) */
+};
+/* Cached; recomputed in a forked child. */
+const struct gpuipc__proc_id *gpuipc__proc_self(void);
+/* Whether @pid (in our pid namespace) still exists (kill(pid, 0)). */
+bool gpuipc__pid_alive(pid_t pid);
+
+/* ----- futex (for shared-memory rings) ----- */
+/* Wait while *@addr == @val, up to @timeout_ms. 0, -ETIMEDOUT, -EAGAIN. */
+int gpuipc__futex_wait(uint32_t *addr, uint32_t val, int timeout_ms);
+int gpuipc__futex_wake(uint32_t *addr, int n);
+
+#endif

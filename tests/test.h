@@ -1,0 +1,114 @@
+/* Shared test helpers: assertions that print both sides, skips, processes. */
+#ifndef GPUIPC_TEST_H
+#define GPUIPC_TEST_H
+
+#include "gpuipc.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#define TEST_SKIP 77
+
+#define TFAIL(...)                                                             \
+  do {                                                                         \
+    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                      \
+    fprintf(stderr, __VA_ARGS__);                                              \
+    fprintf(stderr, "\n  last_error: %s\n", gpuipc_last_error());              \
+    exit(1);                                                                   \
+  } while (0)
+
+#define ASSERT_TRUE(c)                                                         \
+  do {                                                                         \
+    if (!(c))                                                                  \
+      TFAIL("expected true: %s", #c);                                          \
+  } while (0)
+
+#define ASSERT_CMP_(a, op, b, fmt, type)                                       \
+  do {                                                                         \
+    type a_ = (type)(a), b_ = (type)(b);                                       \
+    if (!(a_ op b_))                                                           \
+      TFAIL("%s %s %s: " fmt " vs " fmt, #a, #op, #b, a_, b_);                 \
+  } while (0)
+
+#define ASSERT_EQ(a, b) ASSERT_CMP_(a, ==, b, "%" PRId64, int64_t)
+#define ASSERT_NE(a, b) ASSERT_CMP_(a, !=, b, "%" PRId64, int64_t)
+#define ASSERT_LT(a, b) ASSERT_CMP_(a, <, b, "%" PRId64, int64_t)
+#define ASSERT_LE(a, b) ASSERT_CMP_(a, <=, b, "%" PRId64, int64_t)
+#define ASSERT_GT(a, b) ASSERT_CMP_(a, >, b, "%" PRId64, int64_t)
+#define ASSERT_GE(a, b) ASSERT_CMP_(a, >=, b, "%" PRId64, int64_t)
+#define ASSERT_EQ_U(a, b) ASSERT_CMP_(a, ==, b, "%" PRIu64, uint64_t)
+#define ASSERT_PTR_NE(a, b) ASSERT_CMP_(a, !=, b, "%p", const void *)
+#define ASSERT_PTR_EQ(a, b) ASSERT_CMP_(a, ==, b, "%p", const void *)
+
+/* A gpuipc call that must return exactly @code (prints names on mismatch). */
+#define ASSERT_RC(call, code)                                                  \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    int want_ = (code);                                                        \
+    if (rc_ != want_)                                                          \
+      TFAIL("%s returned %d (%s), expected %d (%s)", #call, rc_,               \
+            gpuipc_err_name(rc_), want_, gpuipc_err_name(want_));              \
+  } while (0)
+#define ASSERT_OK(call) ASSERT_RC(call, 0)
+
+#define ASSERT_STREQ(a, b)                                                     \
+  do {                                                                         \
+    const char *a_ = (a), *b_ = (b);                                           \
+    if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0)                       \
+      TFAIL("%s == %s: \"%s\" vs \"%s\"", #a, #b, a_ ? a_ : "(null)",          \
+            b_ ? b_ : "(null)");                                               \
+  } while (0)
+
+/* The last-error sentence must mention @needle. */
+#define ASSERT_ERR_MENTIONS(needle)                                            \
+  do {                                                                         \
+    if (strstr(gpuipc_last_error(), (needle)) == NULL)                         \
+      TFAIL("last_error does not mention \"%s\"", (needle));                   \
+  } while (0)
+
+#define SKIP(...)                                                              \
+  do {                                                                         \
+    printf("SKIP: ");                                                          \
+    printf(__VA_ARGS__);                                                       \
+    printf("\n");                                                              \
+    exit(TEST_SKIP);                                                           \
+  } while (0)
+
+/* Skip unless at least @n CUDA devices are usable. */
+void test_require_gpus(int n);
+
+/* Path of a helper program built in tests/helpers. */
+const char *test_helper_path(const char *name);
+
+/*
+ * Start helper @name with argv (NULL-terminated, not including argv[0])
+ * by fork+exec. @keep_fds: descriptors (-1 terminated, may be NULL) that
+ * stay open in the child at the same numbers (their close-on-exec flag is
+ * cleared in the child only). Returns the pid.
+ */
+pid_t test_spawn(const char *name, const char *const *args,
+                 const int *keep_fds);
+
+/* Wait for @pid up to @timeout_ms; returns its exit status (0..255), 128+sig
+ * when killed, or fails the test on timeout (after killing it). */
+int test_wait(pid_t pid, int timeout_ms);
+
+/* Number of open descriptors of @pid (0: self) from /proc/PID/fd. */
+int test_count_fds(pid_t pid);
+
+/* Deterministic byte pattern: byte i of a pattern with @seed. */
+static inline uint8_t test_pattern(uint64_t seed, size_t i)
+{
+  uint64_t x = (seed + 0x9e3779b97f4a7c15ull) ^ (i * 0xbf58476d1ce4e5b9ull);
+  x ^= x >> 31;
+  return (uint8_t)(x ^ (x >> 17));
+}
+void test_fill(void *p, size_t n, uint64_t seed);
+/* Returns the index of the first mismatching byte, or (size_t)-1. */
+size_t test_check(const void *p, size_t n, uint64_t seed);
+
+#endif

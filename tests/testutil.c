@@ -1,0 +1,115 @@
+#include "test.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+void test_require_gpus(int n)
+{
+  int rc = gpuipc_driver_status(NULL);
+  if (rc != 0)
+    SKIP("needs %d GPU(s): %s (%s)", n, gpuipc_err_name(rc),
+         gpuipc_last_error());
+  int have = gpuipc_device_count();
+  if (have < n)
+    SKIP("needs %d GPU(s), this machine has %d", n, have);
+}
+
+const char *test_helper_path(const char *name)
+{
+  static __thread char path[PATH_MAX];
+  snprintf(path, sizeof(path), "%s/%s", GPUIPC_TEST_BINDIR, name);
+  return path;
+}
+
+pid_t test_spawn(const char *name, const char *const *args,
+                 const int *keep_fds)
+{
+  const char *argv[64];
+  int argc = 0;
+  argv[argc++] = name;
+  for (; args != NULL && args[argc - 1] != NULL && argc < 63; argc++)
+    argv[argc] = args[argc - 1];
+  argv[argc] = NULL;
+  const char *path = test_helper_path(name);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0)
+    TFAIL("fork: %s", strerror(errno));
+  if (pid == 0) {
+    for (const int *f = keep_fds; f != NULL && *f >= 0; f++) {
+      int fl = fcntl(*f, F_GETFD);
+      if (fl >= 0)
+        fcntl(*f, F_SETFD, fl & ~FD_CLOEXEC);
+    }
+    execv(path, (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+int test_wait(pid_t pid, int timeout_ms)
+{
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    int st;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) {
+      if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+      return 128 + WTERMSIG(st);
+    }
+    if (r < 0)
+      TFAIL("waitpid(%d): %s", (int)pid, strerror(errno));
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long ms = (now.tv_sec - start.tv_sec) * 1000 +
+              (now.tv_nsec - start.tv_nsec) / 1000000;
+    if (ms > timeout_ms) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      TFAIL("process %d did not exit within %d ms", (int)pid, timeout_ms);
+    }
+    usleep(2000);
+  }
+}
+
+int test_count_fds(pid_t pid)
+{
+  char path[64];
+  if (pid == 0)
+    snprintf(path, sizeof(path), "/proc/self/fd");
+  else
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    TFAIL("opendir %s: %s", path, strerror(errno));
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return pid == 0 ? n - 1 : n; /* not counting the DIR's own fd */
+}
+
+void test_fill(void *p, size_t n, uint64_t seed)
+{
+  uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    b[i] = test_pattern(seed, i);
+}
+
+size_t test_check(const void *p, size_t n, uint64_t seed)
+{
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != test_pattern(seed, i))
+      return i;
+  return (size_t)-1;
+}
