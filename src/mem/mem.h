@@ -62,7 +62,29 @@ struct gpuipc_buf {
   uint64_t nonce;
   uint64_t export_id;
   void *priv;                    /* the kind's own state */
+  /*
+   * Called once, when the last reference goes and before the kind releases
+   * the memory (a segment tells its broker here). Set through
+   * gpuipc__buf_set_release_hook.
+   */
+  void (*release_hook)(struct gpuipc_buf *b, void *arg);
+  void *release_arg;
 };
+
+/* Install (or clear, with @fn NULL) the last-release hook of @b. */
+void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
+                                  void (*fn)(struct gpuipc_buf *, void *),
+                                  void *arg);
+
+/* Take one more reference on @b (which the caller already holds). */
+void gpuipc__buf_ref(struct gpuipc_buf *b);
+
+/*
+ * The registered buffer with this identity (exporter + export id), with one
+ * more reference, or NULL. This is the import cache's lookup; imports and
+ * self-imports go through it.
+ */
+struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h);
 
 /* The kinds this build has; NULL where the build lacks one. */
 const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind);
