@@ -24,7 +24,7 @@ asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_C_COMPILER=clang -DGPUIPC_SANITIZE=ON"
 
 fuzz:
-	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DGPUIPC_FUZZ=ON -DBUILD_TESTING=OFF -DGPUIPC_BUILD_EXAMPLES=OFF
+	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DGPUIPC_FUZZ=ON -DBUILD_TESTING=OFF -DGPUIPC_BUILD_EXAMPLES=OFF -DGPUIPC_BUILD_TOOLS=OFF
 	cmake --build build-fuzz -j $(JOBS)
 
 install: build

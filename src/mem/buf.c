@@ -1,0 +1,433 @@
+/*
+ * The public buffer API, the registry of live buffers and the import cache.
+ *
+ * Every buffer this process allocated or imported is in one hash table keyed
+ * by its identity: the exporting process (boot id, pid namespace, pid,
+ * random nonce) and the export id that process never reuses. An import whose
+ * identity is already there returns that buffer with one more reference and
+ * makes no system or driver call; an import of this process's own export
+ * finds the original buffer the same way. A buffer being imported sits in
+ * the table as a placeholder so that concurrent imports of the same export
+ * wait for one mapping instead of making two.
+ */
+#include "mem/mem.h"
+
+#include "cuda/cuda.h"
+#include "os/os.h"
+#include "wire/wire.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REG_BUCKETS 1024u
+
+struct registry {
+  pthread_mutex_t lock;
+  pthread_cond_t ready; /* a placeholder became ready or went away */
+  struct gpuipc_buf *bucket[REG_BUCKETS];
+  uint64_t hits, misses, live;
+};
+
+static struct registry reg = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .ready = PTHREAD_COND_INITIALIZER,
+};
+
+/* Export ids start at 1 and are never reused by this process. */
+static atomic_uint_fast64_t next_export_id = 1;
+
+/* refs == 0 marks a placeholder whose import is still in progress. */
+#define PLACEHOLDER_REFS 0
+
+static unsigned bucket_of(uint64_t nonce, uint64_t export_id)
+{
+  uint64_t x = nonce ^ (export_id * 0x9e3779b97f4a7c15ull);
+  x ^= x >> 29;
+  return (unsigned)(x % REG_BUCKETS);
+}
+
+static bool same_identity(const struct gpuipc_buf *b, const gpuipc_handle_t *h)
+{
+  return b->export_id == h->export_id && b->nonce == h->nonce &&
+         b->pid == h->pid && b->pidns == h->pidns &&
+         memcmp(b->boot_id, h->boot_id, sizeof(b->boot_id)) == 0;
+}
+
+/* Caller holds reg.lock. */
+static struct gpuipc_buf *reg_find(const gpuipc_handle_t *h)
+{
+  struct gpuipc_buf *b = reg.bucket[bucket_of(h->nonce, h->export_id)];
+  for (; b != NULL; b = b->next)
+    if (same_identity(b, h))
+      return b;
+  return NULL;
+}
+
+/* Caller holds reg.lock. */
+static void reg_insert(struct gpuipc_buf *b)
+{
+  unsigned i = bucket_of(b->nonce, b->export_id);
+  b->next = reg.bucket[i];
+  reg.bucket[i] = b;
+  reg.live++;
+}
+
+/* Caller holds reg.lock. */
+static void reg_remove(struct gpuipc_buf *b)
+{
+  struct gpuipc_buf **pp = &reg.bucket[bucket_of(b->nonce, b->export_id)];
+  for (; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == b) {
+      *pp = b->next;
+      reg.live--;
+      return;
+    }
+  }
+}
+
+const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind)
+{
+  switch (kind) {
+  case GPUIPC_KIND_HOST:
+    return &gpuipc__host_ops;
+  default:
+    return NULL;
+  }
+}
+
+const char *gpuipc_kind_name(gpuipc_kind_t kind)
+{
+  switch (kind) {
+  case GPUIPC_KIND_AUTO:
+    return "auto";
+  case GPUIPC_KIND_HOST:
+    return "host";
+  case GPUIPC_KIND_VMM:
+    return "vmm";
+  case GPUIPC_KIND_LEGACY:
+    return "legacy";
+  case GPUIPC_KIND_POOL:
+    return "pool";
+  }
+  return "?";
+}
+
+static bool kind_valid(gpuipc_kind_t kind)
+{
+  return (int)kind >= GPUIPC_KIND_AUTO && kind <= GPUIPC_KIND_POOL;
+}
+
+/* AUTO: VMM when a GPU can do it, else HOST. */
+static gpuipc_kind_t kind_resolve(gpuipc_kind_t kind)
+{
+  if (kind != GPUIPC_KIND_AUTO)
+    return kind;
+  const struct gpuipc__kind_ops *vmm = gpuipc__kind_ops(GPUIPC_KIND_VMM);
+  if (vmm != NULL && vmm->available() == 0)
+    return GPUIPC_KIND_VMM;
+  return GPUIPC_KIND_HOST;
+}
+
+static int kind_check(gpuipc_kind_t kind, const char *who)
+{
+  const struct gpuipc__kind_ops *ops = gpuipc__kind_ops(kind);
+  if (ops == NULL)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "%s: kind %s is not available in this build of gpuipc",
+                       who, gpuipc_kind_name(kind));
+  return ops->available();
+}
+
+int gpuipc_kind_available(gpuipc_kind_t kind)
+{
+  if (!kind_valid(kind))
+    return gpuipc__err(-EINVAL, "gpuipc_kind_available: unknown kind %d",
+                       (int)kind);
+  return kind_check(kind_resolve(kind), "gpuipc_kind_available");
+}
+
+static void set_identity_self(struct gpuipc_buf *b)
+{
+  const struct gpuipc__proc_id *me = gpuipc__proc_self();
+  memcpy(b->boot_id, me->boot_id, sizeof(b->boot_id));
+  b->pid = me->pid;
+  b->pidns = me->pidns;
+  b->nonce = me->nonce;
+  b->export_id = atomic_fetch_add(&next_export_id, 1);
+}
+
+int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
+                     unsigned flags, gpuipc_buf_t **out)
+{
+  if (out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: out is NULL");
+  if (size == 0)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: size is 0");
+  if (size > GPUIPC_SIZE_MAX_ABSURD)
+    return gpuipc__err(-EFBIG,
+                       "gpuipc_buf_alloc: size %zu exceeds the largest buffer "
+                       "gpuipc describes (2^48 bytes)",
+                       size);
+  if (!kind_valid(kind))
+    return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown kind %d",
+                       (int)kind);
+  if (flags != 0)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown flags 0x%x", flags);
+
+  kind = kind_resolve(kind);
+  int rc = kind_check(kind, "gpuipc_buf_alloc");
+  if (rc != 0)
+    return rc;
+  if (kind == GPUIPC_KIND_HOST) {
+    device = -1;
+  } else if (device < 0 || device >= gpuipc__dev_count()) {
+    return gpuipc__err(-EINVAL,
+                       "gpuipc_buf_alloc: device %d is not one of the %d "
+                       "visible devices",
+                       device, gpuipc__dev_count());
+  }
+
+  struct gpuipc_buf *b = calloc(1, sizeof(*b));
+  if (b == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_buf_alloc: out of memory");
+  b->ops = gpuipc__kind_ops(kind);
+  b->kind = kind;
+  b->size = size;
+  b->device = device;
+  b->fd = -1;
+  if (device >= 0)
+    memcpy(b->uuid, gpuipc__dev_get(device)->info.uuid, sizeof(b->uuid));
+  rc = b->ops->alloc(b);
+  if (rc != 0)
+    goto free_buf;
+  set_identity_self(b);
+  b->refs = 1;
+
+  pthread_mutex_lock(&reg.lock);
+  reg_insert(b);
+  pthread_mutex_unlock(&reg.lock);
+  GPUIPC_LOG_D("allocated %s buffer of %zu bytes (export id %llu) at %p",
+               gpuipc_kind_name(kind), size, (unsigned long long)b->export_id,
+               b->ptr);
+  *out = b;
+  return 0;
+
+free_buf:
+  free(b);
+  return rc;
+}
+
+void *gpuipc_buf_ptr(const gpuipc_buf_t *buf)
+{
+  return buf != NULL ? buf->ptr : NULL;
+}
+
+size_t gpuipc_buf_size(const gpuipc_buf_t *buf)
+{
+  return buf != NULL ? buf->size : 0;
+}
+
+gpuipc_kind_t gpuipc_buf_kind(const gpuipc_buf_t *buf)
+{
+  return buf != NULL ? buf->kind : GPUIPC_KIND_AUTO;
+}
+
+int gpuipc_buf_device(const gpuipc_buf_t *buf)
+{
+  return buf != NULL ? buf->device : -1;
+}
+
+int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out)
+{
+  if (buf == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_export: %s is NULL",
+                       buf == NULL ? "buf" : "out");
+  gpuipc_handle_t h;
+  memset(&h, 0, sizeof(h));
+  h.version = GPUIPC_HANDLE_VERSION;
+  h.kind = buf->kind;
+  h.size = buf->size;
+  h.offset = buf->offset;
+  h.alloc_size = buf->alloc_size;
+  memcpy(h.device_uuid, buf->uuid, sizeof(h.device_uuid));
+  h.export_id = buf->export_id;
+  memcpy(h.boot_id, buf->boot_id, sizeof(h.boot_id));
+  h.pid = buf->pid;
+  h.pidns = buf->pidns;
+  h.nonce = buf->nonce;
+  h.fd = -1;
+  int rc = buf->ops->export(buf, &h);
+  if (rc != 0)
+    return rc;
+  *out = h;
+  return 0;
+}
+
+/*
+ * Find @h in the registry, waiting while another thread is importing it.
+ * Returns the buffer with one more reference, or NULL after inserting
+ * @placeholder for @h (the caller then imports and publishes it).
+ */
+static struct gpuipc_buf *lookup_or_reserve(const gpuipc_handle_t *h,
+                                            struct gpuipc_buf *placeholder)
+{
+  pthread_mutex_lock(&reg.lock);
+  for (;;) {
+    struct gpuipc_buf *b = reg_find(h);
+    if (b == NULL)
+      break;
+    if (b->refs != PLACEHOLDER_REFS) {
+      b->refs++;
+      reg.hits++;
+      pthread_mutex_unlock(&reg.lock);
+      return b;
+    }
+    pthread_cond_wait(&reg.ready, &reg.lock);
+  }
+  if (placeholder != NULL) {
+    reg.misses++;
+    reg_insert(placeholder);
+  }
+  pthread_mutex_unlock(&reg.lock);
+  return NULL;
+}
+
+struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h)
+{
+  return lookup_or_reserve(h, NULL);
+}
+
+int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
+                      gpuipc_buf_t **out)
+{
+  if (h == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_import: %s is NULL",
+                       h == NULL ? "handle" : "out");
+  if (flags != 0)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_import: unknown flags 0x%x",
+                       flags);
+  int rc = gpuipc__handle_validate(h, "gpuipc_buf_import");
+  if (rc != 0)
+    return rc;
+  bool needs_fd = h->type == GPUIPC_HT_POSIX_FD || h->type == GPUIPC_HT_POOL;
+  if (needs_fd && h->fd < 0)
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "gpuipc_buf_import: a %s handle needs its fd, and fd "
+                       "is %d",
+                       gpuipc_kind_name(h->kind), h->fd);
+  if (device < -1 || device >= gpuipc__dev_count())
+    return gpuipc__err(-EINVAL,
+                       "gpuipc_buf_import: device %d is neither -1 nor one of "
+                       "the %d visible devices",
+                       device, gpuipc__dev_count());
+  const struct gpuipc__kind_ops *ops = gpuipc__kind_ops(h->kind);
+  if (ops == NULL)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "gpuipc_buf_import: kind %s is not available in this "
+                       "build of gpuipc",
+                       gpuipc_kind_name(h->kind));
+
+  struct gpuipc_buf *b = calloc(1, sizeof(*b));
+  if (b == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_buf_import: out of memory");
+  memcpy(b->boot_id, h->boot_id, sizeof(b->boot_id));
+  b->pid = h->pid;
+  b->pidns = h->pidns;
+  b->nonce = h->nonce;
+  b->export_id = h->export_id;
+  b->refs = PLACEHOLDER_REFS;
+
+  struct gpuipc_buf *hit = lookup_or_reserve(h, b);
+  if (hit != NULL) {
+    free(b);
+    if (hit->kind != h->kind || hit->size != h->size) {
+      gpuipc_buf_release(hit);
+      return gpuipc__err(GPUIPC_E_BADHANDLE,
+                         "gpuipc_buf_import: handle says %s of %llu bytes but "
+                         "export %llu of pid %u is %s of %zu bytes",
+                         gpuipc_kind_name(h->kind),
+                         (unsigned long long)h->size,
+                         (unsigned long long)h->export_id, h->pid,
+                         gpuipc_kind_name(hit->kind), hit->size);
+    }
+    *out = hit;
+    return 0;
+  }
+
+  b->ops = ops;
+  b->kind = h->kind;
+  b->size = h->size;
+  b->offset = h->offset;
+  b->device = device;
+  b->fd = -1;
+  b->imported = true;
+  memcpy(b->uuid, h->device_uuid, sizeof(b->uuid));
+  rc = ops->import(b, h);
+
+  pthread_mutex_lock(&reg.lock);
+  if (rc == 0)
+    b->refs = 1;
+  else
+    reg_remove(b);
+  pthread_cond_broadcast(&reg.ready);
+  pthread_mutex_unlock(&reg.lock);
+  if (rc != 0) {
+    free(b);
+    return rc;
+  }
+  GPUIPC_LOG_D("imported %s buffer of %zu bytes (export %llu of pid %u) at %p",
+               gpuipc_kind_name(b->kind), b->size,
+               (unsigned long long)b->export_id, b->pid, b->ptr);
+  *out = b;
+  return 0;
+}
+
+void gpuipc__buf_ref(struct gpuipc_buf *b)
+{
+  pthread_mutex_lock(&reg.lock);
+  b->refs++;
+  pthread_mutex_unlock(&reg.lock);
+}
+
+void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
+                                  void (*fn)(struct gpuipc_buf *, void *),
+                                  void *arg)
+{
+  pthread_mutex_lock(&reg.lock);
+  b->release_hook = fn;
+  b->release_arg = arg;
+  pthread_mutex_unlock(&reg.lock);
+}
+
+int gpuipc_buf_release(gpuipc_buf_t *buf)
+{
+  if (buf == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_release: buf is NULL");
+  pthread_mutex_lock(&reg.lock);
+  if (--buf->refs > 0) {
+    pthread_mutex_unlock(&reg.lock);
+    return 0;
+  }
+  reg_remove(buf);
+  pthread_mutex_unlock(&reg.lock);
+
+  if (buf->release_hook != NULL)
+    buf->release_hook(buf, buf->release_arg);
+  int rc = buf->ops->release(buf);
+  GPUIPC_LOG_D("released %s buffer (export %llu of pid %u)",
+               gpuipc_kind_name(buf->kind), (unsigned long long)buf->export_id,
+               buf->pid);
+  free(buf);
+  return rc;
+}
+
+void gpuipc__cache_stats(struct gpuipc__cache_stats *out)
+{
+  pthread_mutex_lock(&reg.lock);
+  out->hits = reg.hits;
+  out->misses = reg.misses;
+  out->live = reg.live;
+  pthread_mutex_unlock(&reg.lock);
+}

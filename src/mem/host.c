@@ -1,0 +1,180 @@
+/*
+ * The HOST kind: a sealed memfd mapped read-write (MAP_SHARED) in every
+ * holder. When a CUDA driver and device are present the mapping is also
+ * registered with CUDA (portable, device-mapped) so kernels can reach it.
+ */
+#include "mem/mem.h"
+
+#include "cuda/cuda.h"
+#include "os/os.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct host_priv {
+  void *base;       /* start of the mapping */
+  size_t map_size;  /* bytes mapped */
+  bool registered;  /* cuMemHostRegister succeeded */
+};
+
+static int host_available(void)
+{
+  return 0;
+}
+
+static size_t page_round(size_t n)
+{
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + pg - 1) / pg * pg;
+}
+
+/* Register with CUDA when a driver and device are present. */
+static int host_register(struct host_priv *p)
+{
+#if GPUIPC_HAVE_CUDA
+  if (gpuipc__cuda_load() != 0)
+    return 0; /* no GPU: a plain host buffer */
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(0, &saved);
+  if (rc != 0)
+    return rc;
+  rc = GPUIPC_CU(cuMemHostRegister, p->base, p->map_size,
+                 CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  gpuipc__ctx_leave(&saved);
+  if (rc != 0)
+    return rc;
+  p->registered = true;
+#endif
+  return 0;
+}
+
+static void host_unregister(struct host_priv *p)
+{
+#if GPUIPC_HAVE_CUDA
+  if (!p->registered)
+    return;
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__ctx_enter(0, &saved) != 0)
+    return;
+  if (GPUIPC_CU(cuMemHostUnregister, p->base) != 0)
+    GPUIPC_LOG_W("%s", gpuipc_last_error());
+  gpuipc__ctx_leave(&saved);
+  p->registered = false;
+#else
+  (void)p;
+#endif
+}
+
+/* Map @fd (@map_size bytes) and register it; on success fills @p. */
+static int host_map(int fd, size_t map_size, struct host_priv *p)
+{
+  void *base = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED)
+    return gpuipc__err_errno(errno, "mmap of %zu bytes of a HOST buffer",
+                             map_size);
+  p->base = base;
+  p->map_size = map_size;
+  p->registered = false;
+  int rc = host_register(p);
+  if (rc != 0) {
+    munmap(base, map_size);
+    return rc;
+  }
+  return 0;
+}
+
+static int host_alloc(struct gpuipc_buf *b)
+{
+  size_t map_size = page_round(b->size);
+  struct host_priv *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return gpuipc__err(-ENOMEM, "HOST buffer: out of memory");
+  int fd;
+  int rc = gpuipc__memfd_create("gpuipc-host", map_size, &fd);
+  if (rc != 0)
+    goto free_priv;
+  rc = host_map(fd, map_size, p);
+  if (rc != 0)
+    goto close_fd;
+  b->ptr = p->base;
+  b->alloc_size = map_size;
+  b->offset = 0;
+  b->fd = fd;
+  b->priv = p;
+  return 0;
+
+close_fd:
+  gpuipc__fd_close(&fd);
+free_priv:
+  free(p);
+  return rc;
+}
+
+static int host_export(struct gpuipc_buf *b, gpuipc_handle_t *h)
+{
+  int fd;
+  int rc = gpuipc__fd_dup(b->fd, &fd);
+  if (rc != 0)
+    return rc;
+  h->type = GPUIPC_HT_POSIX_FD;
+  h->fd = fd;
+  return 0;
+}
+
+static int host_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
+{
+  size_t actual;
+  int rc = gpuipc__memfd_check(h->fd, h->alloc_size, &actual);
+  if (rc != 0)
+    return rc;
+  if (actual != h->alloc_size)
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "gpuipc_buf_import: handle says the allocation is %llu "
+                       "bytes but its memfd holds %zu",
+                       (unsigned long long)h->alloc_size, actual);
+  struct host_priv *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return gpuipc__err(-ENOMEM, "HOST import: out of memory");
+  int fd;
+  rc = gpuipc__fd_dup(h->fd, &fd);
+  if (rc != 0)
+    goto free_priv;
+  rc = host_map(fd, h->alloc_size, p);
+  if (rc != 0)
+    goto close_fd;
+  b->ptr = (uint8_t *)p->base + h->offset;
+  b->alloc_size = h->alloc_size;
+  b->device = -1;
+  b->fd = fd;
+  b->priv = p;
+  return 0;
+
+close_fd:
+  gpuipc__fd_close(&fd);
+free_priv:
+  free(p);
+  return rc;
+}
+
+static int host_release(struct gpuipc_buf *b)
+{
+  struct host_priv *p = b->priv;
+  host_unregister(p);
+  int rc = 0;
+  if (munmap(p->base, p->map_size) != 0)
+    rc = gpuipc__err_errno(errno, "munmap of a HOST buffer");
+  gpuipc__fd_close(&b->fd);
+  free(p);
+  b->priv = NULL;
+  return rc;
+}
+
+const struct gpuipc__kind_ops gpuipc__host_ops = {
+    .kind = GPUIPC_KIND_HOST,
+    .available = host_available,
+    .alloc = host_alloc,
+    .export = host_export,
+    .import = host_import,
+    .release = host_release,
+};

@@ -1,0 +1,197 @@
+/* The public buffer API in one process: allocation, accessors, export,
+ * import (self and cached), release, and every argument check. */
+#include "test.h"
+
+#include "mem/mem.h"
+#include "os/os.h"
+#include "wire/wire.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static void check_bad_arguments(void)
+{
+  gpuipc_buf_t *b = (gpuipc_buf_t *)0x1;
+  ASSERT_RC(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_buf_alloc(0, GPUIPC_KIND_HOST, -1, 0, &b), -EINVAL);
+  ASSERT_ERR_MENTIONS("size is 0");
+  ASSERT_RC(gpuipc_buf_alloc((size_t)1 << 62, GPUIPC_KIND_HOST, -1, 0, &b),
+            -EFBIG);
+  ASSERT_RC(gpuipc_buf_alloc(4096, (gpuipc_kind_t)99, -1, 0, &b), -EINVAL);
+  ASSERT_ERR_MENTIONS("kind 99");
+  ASSERT_RC(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0x10, &b), -EINVAL);
+  ASSERT_PTR_EQ(b, (gpuipc_buf_t *)0x1); /* untouched on failure */
+
+  ASSERT_PTR_EQ(gpuipc_buf_ptr(NULL), NULL);
+  ASSERT_EQ(gpuipc_buf_size(NULL), 0);
+  ASSERT_EQ(gpuipc_buf_device(NULL), -1);
+  ASSERT_RC(gpuipc_buf_release(NULL), -EINVAL);
+
+  gpuipc_handle_t h;
+  ASSERT_RC(gpuipc_buf_export(NULL, &h), -EINVAL);
+  ASSERT_RC(gpuipc_buf_import(NULL, -1, 0, &b), -EINVAL);
+  memset(&h, 0, sizeof(h));
+  ASSERT_RC(gpuipc_buf_import(&h, -1, 0, &b), GPUIPC_E_BADHANDLE);
+}
+
+/* Without a GPU the CUDA kinds say so and AUTO falls back to HOST. */
+static void check_kinds(void)
+{
+  ASSERT_OK(gpuipc_kind_available(GPUIPC_KIND_HOST));
+  ASSERT_STREQ(gpuipc_kind_name(GPUIPC_KIND_LEGACY), "legacy");
+  if (gpuipc_driver_status(NULL) != 0) {
+    gpuipc_buf_t *b;
+    int rc = gpuipc_buf_alloc(4096, GPUIPC_KIND_VMM, 0, 0, &b);
+    ASSERT_TRUE(rc == GPUIPC_E_UNSUPPORTED || rc == GPUIPC_E_NODRIVER ||
+                rc == GPUIPC_E_NODEVICE);
+    ASSERT_TRUE(strlen(gpuipc_last_error()) > 0);
+    ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_AUTO, -1, 0, &b));
+    ASSERT_EQ(gpuipc_buf_kind(b), GPUIPC_KIND_HOST);
+    ASSERT_OK(gpuipc_buf_release(b));
+  }
+}
+
+static void check_alloc_export_import(void)
+{
+  int fds_before = test_count_fds(0);
+  gpuipc_buf_t *b;
+  const size_t size = 3 * 4096 + 17;
+  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &b));
+  ASSERT_EQ(gpuipc_buf_size(b), size);
+  ASSERT_EQ(gpuipc_buf_kind(b), GPUIPC_KIND_HOST);
+  ASSERT_EQ(gpuipc_buf_device(b), -1);
+  uint8_t *p = gpuipc_buf_ptr(b);
+  ASSERT_TRUE(p != NULL);
+  for (size_t i = 0; i < size; i++)
+    ASSERT_EQ(p[i], 0); /* zero-filled */
+  test_fill(p, size, 7);
+
+  gpuipc_handle_t h;
+  ASSERT_OK(gpuipc_buf_export(b, &h));
+  ASSERT_EQ(h.kind, GPUIPC_KIND_HOST);
+  ASSERT_EQ(h.type, GPUIPC_HT_POSIX_FD);
+  ASSERT_EQ_U(h.size, size);
+  ASSERT_EQ_U(h.alloc_size, 4 * 4096);
+  ASSERT_EQ(h.pid, getpid());
+  ASSERT_TRUE(h.fd >= 0);
+  ASSERT_TRUE(fcntl(h.fd, F_GETFD) & FD_CLOEXEC);
+
+  /* A process importing its own export gets its own buffer back. */
+  gpuipc_buf_t *self;
+  ASSERT_OK(gpuipc_buf_import(&h, -1, 0, &self));
+  ASSERT_PTR_EQ(self, b);
+  ASSERT_PTR_EQ(gpuipc_buf_ptr(self), p);
+
+  /* Through bytes and back: the record survives packing. */
+  uint8_t packed[GPUIPC_HANDLE_PACKED_SIZE];
+  ASSERT_EQ(gpuipc_handle_pack(&h, packed, sizeof(packed)),
+            GPUIPC_HANDLE_PACKED_SIZE);
+  gpuipc_handle_t h2;
+  ASSERT_OK(gpuipc_handle_unpack(packed, sizeof(packed), &h2));
+  ASSERT_EQ(h2.fd, -1);
+  h2.fd = h.fd;
+  ASSERT_OK(gpuipc_buf_import(&h2, -1, 0, &self));
+  ASSERT_PTR_EQ(self, b);
+
+  /* Two more references now; the memory stays until the last goes. */
+  ASSERT_OK(gpuipc_buf_release(self));
+  ASSERT_OK(gpuipc_buf_release(self));
+  ASSERT_EQ(test_check(p, size, 7), (size_t)-1);
+
+  /* A handle that names a different exporter maps the fd anew, once. */
+  gpuipc_handle_t other = h;
+  other.nonce ^= 0x5a5a;
+  other.pid = 1;
+  struct gpuipc__cache_stats s0, s1;
+  gpuipc__cache_stats(&s0);
+  gpuipc_buf_t *m1, *m2;
+  ASSERT_OK(gpuipc_buf_import(&other, -1, 0, &m1));
+  ASSERT_OK(gpuipc_buf_import(&other, -1, 0, &m2));
+  gpuipc__cache_stats(&s1);
+  ASSERT_PTR_EQ(m1, m2);
+  ASSERT_PTR_NE(gpuipc_buf_ptr(m1), p); /* a second mapping of the memfd */
+  ASSERT_EQ(s1.misses - s0.misses, 1);
+  ASSERT_EQ(s1.hits - s0.hits, 1);
+  ASSERT_EQ(test_check(gpuipc_buf_ptr(m1), size, 7), (size_t)-1);
+  /* Same memory: a write through one mapping shows in the other. */
+  ((uint8_t *)gpuipc_buf_ptr(m1))[5] ^= 0xff;
+  ASSERT_EQ(p[5], (uint8_t)(test_pattern(7, 5) ^ 0xff));
+  ASSERT_OK(gpuipc_buf_release(m1));
+  ASSERT_OK(gpuipc_buf_release(m2));
+
+  /* Its own export, released: the fd still holds the memory, and importing
+   * the handle maps it again instead of failing. */
+  ASSERT_OK(gpuipc_buf_release(b));
+  gpuipc_buf_t *again;
+  ASSERT_OK(gpuipc_buf_import(&h, -1, 0, &again));
+  ASSERT_PTR_NE(again, b);
+  const uint8_t *q = gpuipc_buf_ptr(again);
+  for (size_t i = 0; i < size; i++)
+    ASSERT_EQ(q[i], (uint8_t)(test_pattern(7, i) ^ (i == 5 ? 0xff : 0)));
+  ASSERT_OK(gpuipc_buf_release(again));
+  close(h.fd);
+  ASSERT_EQ(test_count_fds(0), fds_before);
+}
+
+/* Descriptors that are not a gpuipc memfd are refused, and nothing leaks. */
+static void check_wrong_fds(void)
+{
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_buf_alloc(8192, GPUIPC_KIND_HOST, -1, 0, &b));
+  gpuipc_handle_t h;
+  ASSERT_OK(gpuipc_buf_export(b, &h));
+  int good_fd = h.fd;
+  h.nonce ^= 1; /* look like another exporter, so the fd is really used */
+  int fds_before = test_count_fds(0);
+
+  gpuipc_buf_t *out = (gpuipc_buf_t *)0x1;
+  h.fd = -1;
+  ASSERT_RC(gpuipc_buf_import(&h, -1, 0, &out), GPUIPC_E_BADHANDLE);
+  ASSERT_ERR_MENTIONS("fd");
+
+  char path[] = "/tmp/gpuipc-test-XXXXXX";
+  int file = mkstemp(path);
+  ASSERT_TRUE(file >= 0);
+  unlink(path);
+  ASSERT_EQ(ftruncate(file, 8192), 0);
+  h.fd = file;
+  ASSERT_RC(gpuipc_buf_import(&h, -1, 0, &out), GPUIPC_E_BADHANDLE);
+  ASSERT_ERR_MENTIONS("regular file");
+  close(file);
+
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  h.fd = pipefd[0];
+  ASSERT_RC(gpuipc_buf_import(&h, -1, 0, &out), GPUIPC_E_BADHANDLE);
+  ASSERT_ERR_MENTIONS("pipe");
+  close(pipefd[0]);
+  close(pipefd[1]);
+
+  /* A real memfd smaller than the handle claims. */
+  int small;
+  ASSERT_OK(gpuipc__memfd_create("small", 4096, &small));
+  h.fd = small;
+  ASSERT_RC(gpuipc_buf_import(&h, -1, 0, &out), GPUIPC_E_BADHANDLE);
+  close(small);
+
+  /* A handle claiming more than the memfd holds. */
+  h.fd = good_fd;
+  h.alloc_size = 16384;
+  h.size = 16384;
+  ASSERT_RC(gpuipc_buf_import(&h, -1, 0, &out), GPUIPC_E_BADHANDLE);
+  ASSERT_PTR_EQ(out, (gpuipc_buf_t *)0x1);
+  ASSERT_EQ(test_count_fds(0), fds_before);
+  close(good_fd);
+  ASSERT_OK(gpuipc_buf_release(b));
+}
+
+int main(void)
+{
+  check_bad_arguments();
+  check_kinds();
+  check_alloc_export_import();
+  check_wrong_fds();
+  printf("buf: ok\n");
+  return 0;
+}
