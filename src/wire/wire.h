@@ -11,17 +11,34 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A bounded writer: the first overflow sets @err and later puts do nothing. */
+/*
+ * Integers are little-endian on the wire whatever the host's byte order.
+ * Neither buffer allocates; both are plain structs on the caller's stack and
+ * are not shared between threads.
+ */
+
+/*
+ * A bounded writer: the first overflow sets @err and later puts do nothing
+ * (a put that does not fit writes none of its bytes). @p may be NULL only
+ * when @cap is 0.
+ */
 struct gpuipc__wbuf {
   uint8_t *p;
   size_t cap, len;
-  int err; /* 0 or -ENOSPC */
+  int err; /* 0, -ENOSPC, or -EINVAL (put_str of NULL or > 65535 bytes) */
 };
-/* A bounded reader: the first overrun sets @err, later gets return 0. */
+/*
+ * A bounded reader: the first overrun or malformed string sets @err, and
+ * every later get returns 0 (get_bytes zero-fills, get_str gives "") even if
+ * it would have fitted, so a decoder can read all its fields and check @err
+ * once at the end (gpuipc__rbuf_finish).
+ */
 struct gpuipc__rbuf {
   const uint8_t *p;
   size_t len, pos;
   int err; /* 0 or GPUIPC_E_PROTO */
+  size_t err_pos;      /* where the first error was seen */
+  const char *err_why; /* static phrase: "truncated", ... */
 };
 
 void gpuipc__wbuf_init(struct gpuipc__wbuf *w, void *p, size_t cap);
@@ -45,16 +62,46 @@ void gpuipc__get_bytes(struct gpuipc__rbuf *r, void *dst, size_t n);
  */
 void gpuipc__get_str(struct gpuipc__rbuf *r, char *dst, size_t cap);
 
-/* CRC-32C (Castagnoli) of @n bytes. */
+/* Bytes not yet read (0 after an error). */
+size_t gpuipc__rbuf_left(const struct gpuipc__rbuf *r);
+
+/*
+ * gpuipc__rbuf_finish - end of decoding: 0 when every get succeeded and all
+ * @r->len bytes were consumed; otherwise GPUIPC_E_PROTO with a sentence
+ * "<who>: <why> at byte N of a M-byte message" or "<who>: K trailing bytes".
+ */
+int gpuipc__rbuf_finish(const struct gpuipc__rbuf *r, const char *who);
+
+/*
+ * gpuipc__wbuf_finish - end of encoding: 0 when every put fitted, else
+ * @w->err with a sentence naming @who and the capacity.
+ */
+int gpuipc__wbuf_finish(const struct gpuipc__wbuf *w, const char *who);
+
+/*
+ * CRC-32C (Castagnoli) of @n bytes, continuing from @crc: pass 0 to start,
+ * and crc32c(crc32c(0, a), b) == crc32c(0, a followed by b). The check value
+ * of "123456789" is 0xe3069283. @p may be NULL when @n is 0.
+ */
 uint32_t gpuipc__crc32c(uint32_t crc, const void *p, size_t n);
 
 /* Largest buffer size a handle may describe (2^48 bytes, 256 TiB). */
 #define GPUIPC_SIZE_MAX_ABSURD (1ull << 48)
 
 /*
+ * The packed handle record (layout in handle.c and docs/handle-format.md):
+ * it begins with this magic, the bytes 'G' 'I' 'P' 'H' read as a
+ * little-endian u32, and ends with the CRC-32C of the bytes before
+ * GPUIPC__HANDLE_CRC_OFFSET.
+ */
+#define GPUIPC__HANDLE_MAGIC 0x48504947u
+#define GPUIPC__HANDLE_CRC_OFFSET 188
+
+/*
  * Validate a handle's fields (what unpack checks beyond the encoding); used
- * by pack, unpack and import. GPUIPC_E_BADHANDLE with the field named.
- * @who prefixes the sentence ("gpuipc_handle_unpack").
+ * by pack, unpack and import. GPUIPC_E_BADHANDLE with the field named
+ * (-EINVAL for a NULL @h). @who prefixes the sentence
+ * ("gpuipc_handle_unpack"). The fd is not looked at.
  */
 int gpuipc__handle_validate(const gpuipc_handle_t *h, const char *who);
 
