@@ -1,5 +1,4 @@
 /* Settings: one table, read from the environment once. */
-#define _GNU_SOURCE
 #include "core.h"
 
 #include <pthread.h>

@@ -1,5 +1,4 @@
 /* Levelled logging to a user callback, or to stderr when GPUIPC_LOG asks. */
-#define _GNU_SOURCE
 #include "core.h"
 
 #include <pthread.h>

@@ -1,5 +1,4 @@
 /* Status codes and the thread-local error sentence. */
-#define _GNU_SOURCE
 #include "core.h"
 
 #include <stdio.h>
@@ -60,6 +59,7 @@ const char *gpuipc_version(void)
       GPUIPC_VERSION_MINOR) "." GPUIPC__STR(GPUIPC_VERSION_PATCH);
 }
 
+GPUIPC__PRINTF(1, 0)
 static void set_error(const char *fmt, va_list ap, const char *suffix)
 {
   int n = vsnprintf(last_error, sizeof(last_error), fmt, ap);
