@@ -29,7 +29,8 @@
 
 #define ASSERT_CMP_(a, op, b, fmt, type)                                       \
   do {                                                                         \
-    type a_ = (type)(a), b_ = (type)(b);                                       \
+    type a_ = (type)(a);                                                       \
+    type b_ = (type)(b);                                                       \
     if (!(a_ op b_))                                                           \
       TFAIL("%s %s %s: " fmt " vs " fmt, #a, #op, #b, a_, b_);                 \
   } while (0)
