@@ -20,84 +20,98 @@
 #include <cuda.h>
 
 /*
- * Every driver entry point gpuipc uses: X(name, required).
+ * The oldest driver gpuipc accepts (CUDA 12.0: cuGetProcAddress_v2, and
+ * CUDA_VISIBLE_DEVICES honoured by the VMM and pool calls).
+ */
+#define GPUIPC_CU_MIN_DRIVER 12000
+
+/*
+ * Every driver entry point gpuipc uses: X(name, required, abi).
+ * @name is the base name that cuGetProcAddress takes; the field in
+ * gpuipc__cu gets the type of cuda.h's prototype for it (cuda.h maps many
+ * names to a versioned symbol: cuMemAlloc is cuMemAlloc_v2).
+ * @abi is the CUDA version whose variant of @name has that prototype,
+ * never below GPUIPC_CU_MIN_DRIVER: cuGetProcAddress is asked for the
+ * variant in force at that version. An entry point whose cuda.h prototype
+ * was introduced after 12.0 (cuMemAdvise_v2 in 12.2, cuCtxCreate_v4 in
+ * 12.5) must name that version here, and is then missing on older drivers.
  * Required ones must resolve or the driver counts as unusable
  * (GPUIPC_E_NODRIVER); optional ones are NULL when missing and the feature
  * that needs them reports GPUIPC_E_UNSUPPORTED.
  */
 #define GPUIPC_CU_FUNCS(X)                                                     \
-  X(cuInit, 1)                                                                 \
-  X(cuDriverGetVersion, 1)                                                     \
-  X(cuGetErrorName, 1)                                                         \
-  X(cuGetErrorString, 1)                                                       \
-  X(cuDeviceGetCount, 1)                                                       \
-  X(cuDeviceGet, 1)                                                            \
-  X(cuDeviceGetName, 1)                                                        \
-  X(cuDeviceGetUuid, 1)                                                        \
-  X(cuDeviceTotalMem, 1)                                                       \
-  X(cuDeviceGetAttribute, 1)                                                   \
-  X(cuDeviceGetPCIBusId, 1)                                                    \
-  X(cuDevicePrimaryCtxRetain, 1)                                               \
-  X(cuDevicePrimaryCtxRelease, 1)                                              \
-  X(cuCtxGetCurrent, 1)                                                        \
-  X(cuCtxSetCurrent, 1)                                                        \
-  X(cuCtxGetDevice, 1)                                                         \
-  X(cuCtxSynchronize, 1)                                                       \
-  X(cuMemAlloc, 1)                                                             \
-  X(cuMemFree, 1)                                                              \
-  X(cuMemcpy, 1)                                                               \
-  X(cuMemcpyHtoD, 1)                                                           \
-  X(cuMemcpyDtoH, 1)                                                           \
-  X(cuMemcpyAsync, 1)                                                          \
-  X(cuMemsetD8, 1)                                                             \
-  X(cuMemGetAddressRange, 1)                                                   \
-  X(cuMemHostRegister, 1)                                                      \
-  X(cuMemHostUnregister, 1)                                                    \
-  X(cuMemHostGetDevicePointer, 1)                                              \
-  X(cuPointerGetAttribute, 1)                                                  \
-  X(cuStreamCreate, 1)                                                         \
-  X(cuStreamDestroy, 1)                                                        \
-  X(cuStreamSynchronize, 1)                                                    \
-  X(cuStreamWaitEvent, 1)                                                      \
-  X(cuEventCreate, 1)                                                          \
-  X(cuEventDestroy, 1)                                                         \
-  X(cuEventRecord, 1)                                                          \
-  X(cuEventSynchronize, 1)                                                     \
-  X(cuEventQuery, 1)                                                           \
-  X(cuIpcGetMemHandle, 0)                                                      \
-  X(cuIpcOpenMemHandle, 0)                                                     \
-  X(cuIpcCloseMemHandle, 0)                                                    \
-  X(cuIpcGetEventHandle, 0)                                                    \
-  X(cuIpcOpenEventHandle, 0)                                                   \
-  X(cuMemCreate, 0)                                                            \
-  X(cuMemRelease, 0)                                                           \
-  X(cuMemAddressReserve, 0)                                                    \
-  X(cuMemAddressFree, 0)                                                       \
-  X(cuMemMap, 0)                                                               \
-  X(cuMemUnmap, 0)                                                             \
-  X(cuMemSetAccess, 0)                                                         \
-  X(cuMemGetAllocationGranularity, 0)                                          \
-  X(cuMemExportToShareableHandle, 0)                                           \
-  X(cuMemImportFromShareableHandle, 0)                                         \
-  X(cuMemRetainAllocationHandle, 0)                                            \
-  X(cuMemGetAllocationPropertiesFromHandle, 0)                                 \
-  X(cuMemPoolCreate, 0)                                                        \
-  X(cuMemPoolDestroy, 0)                                                       \
-  X(cuMemPoolSetAccess, 0)                                                     \
-  X(cuMemPoolSetAttribute, 0)                                                  \
-  X(cuMemPoolExportToShareableHandle, 0)                                       \
-  X(cuMemPoolImportFromShareableHandle, 0)                                     \
-  X(cuMemPoolExportPointer, 0)                                                 \
-  X(cuMemPoolImportPointer, 0)                                                 \
-  X(cuMemAllocFromPoolAsync, 0)                                                \
-  X(cuMemFreeAsync, 0)                                                         \
-  X(cuDeviceCanAccessPeer, 0)                                                  \
-  X(cuDeviceGetP2PAttribute, 0)                                                \
-  X(cuCtxEnablePeerAccess, 0)
+  X(cuInit, 1, 12000)                                                          \
+  X(cuDriverGetVersion, 1, 12000)                                              \
+  X(cuGetErrorName, 1, 12000)                                                  \
+  X(cuGetErrorString, 1, 12000)                                                \
+  X(cuDeviceGetCount, 1, 12000)                                                \
+  X(cuDeviceGet, 1, 12000)                                                     \
+  X(cuDeviceGetName, 1, 12000)                                                 \
+  X(cuDeviceGetUuid, 1, 12000)                                                 \
+  X(cuDeviceTotalMem, 1, 12000)                                                \
+  X(cuDeviceGetAttribute, 1, 12000)                                            \
+  X(cuDeviceGetPCIBusId, 1, 12000)                                             \
+  X(cuDevicePrimaryCtxRetain, 1, 12000)                                        \
+  X(cuDevicePrimaryCtxRelease, 1, 12000)                                       \
+  X(cuCtxGetCurrent, 1, 12000)                                                 \
+  X(cuCtxSetCurrent, 1, 12000)                                                 \
+  X(cuCtxGetDevice, 1, 12000)                                                  \
+  X(cuCtxSynchronize, 1, 12000)                                                \
+  X(cuMemAlloc, 1, 12000)                                                      \
+  X(cuMemFree, 1, 12000)                                                       \
+  X(cuMemcpy, 1, 12000)                                                        \
+  X(cuMemcpyHtoD, 1, 12000)                                                    \
+  X(cuMemcpyDtoH, 1, 12000)                                                    \
+  X(cuMemcpyAsync, 1, 12000)                                                   \
+  X(cuMemsetD8, 1, 12000)                                                      \
+  X(cuMemGetAddressRange, 1, 12000)                                            \
+  X(cuMemHostRegister, 1, 12000)                                               \
+  X(cuMemHostUnregister, 1, 12000)                                             \
+  X(cuMemHostGetDevicePointer, 1, 12000)                                       \
+  X(cuPointerGetAttribute, 1, 12000)                                           \
+  X(cuStreamCreate, 1, 12000)                                                  \
+  X(cuStreamDestroy, 1, 12000)                                                 \
+  X(cuStreamSynchronize, 1, 12000)                                             \
+  X(cuStreamWaitEvent, 1, 12000)                                               \
+  X(cuEventCreate, 1, 12000)                                                   \
+  X(cuEventDestroy, 1, 12000)                                                  \
+  X(cuEventRecord, 1, 12000)                                                   \
+  X(cuEventSynchronize, 1, 12000)                                              \
+  X(cuEventQuery, 1, 12000)                                                    \
+  X(cuIpcGetMemHandle, 0, 12000)                                               \
+  X(cuIpcOpenMemHandle, 0, 12000)                                              \
+  X(cuIpcCloseMemHandle, 0, 12000)                                             \
+  X(cuIpcGetEventHandle, 0, 12000)                                             \
+  X(cuIpcOpenEventHandle, 0, 12000)                                            \
+  X(cuMemCreate, 0, 12000)                                                     \
+  X(cuMemRelease, 0, 12000)                                                    \
+  X(cuMemAddressReserve, 0, 12000)                                             \
+  X(cuMemAddressFree, 0, 12000)                                                \
+  X(cuMemMap, 0, 12000)                                                        \
+  X(cuMemUnmap, 0, 12000)                                                      \
+  X(cuMemSetAccess, 0, 12000)                                                  \
+  X(cuMemGetAllocationGranularity, 0, 12000)                                   \
+  X(cuMemExportToShareableHandle, 0, 12000)                                    \
+  X(cuMemImportFromShareableHandle, 0, 12000)                                  \
+  X(cuMemRetainAllocationHandle, 0, 12000)                                     \
+  X(cuMemGetAllocationPropertiesFromHandle, 0, 12000)                          \
+  X(cuMemPoolCreate, 0, 12000)                                                 \
+  X(cuMemPoolDestroy, 0, 12000)                                                \
+  X(cuMemPoolSetAccess, 0, 12000)                                              \
+  X(cuMemPoolSetAttribute, 0, 12000)                                           \
+  X(cuMemPoolExportToShareableHandle, 0, 12000)                                \
+  X(cuMemPoolImportFromShareableHandle, 0, 12000)                              \
+  X(cuMemPoolExportPointer, 0, 12000)                                          \
+  X(cuMemPoolImportPointer, 0, 12000)                                          \
+  X(cuMemAllocFromPoolAsync, 0, 12000)                                         \
+  X(cuMemFreeAsync, 0, 12000)                                                  \
+  X(cuDeviceCanAccessPeer, 0, 12000)                                           \
+  X(cuDeviceGetP2PAttribute, 0, 12000)                                         \
+  X(cuCtxEnablePeerAccess, 0, 12000)
 
 /* The table of entry points; valid after gpuipc__cuda_load() returned 0. */
 struct gpuipc__cu_table {
-#define GPUIPC__CU_FIELD(name, req) __typeof__(&name) name;
+#define GPUIPC__CU_FIELD(name, req, abi) __typeof__(&name) name;
   GPUIPC_CU_FUNCS(GPUIPC__CU_FIELD)
 #undef GPUIPC__CU_FIELD
 };
@@ -127,13 +141,28 @@ int gpuipc__cu_check(CUresult r, const char *what);
  */
 int gpuipc__cuda_load(void);
 
+/*
+ * After gpuipc__cuda_load(), whatever it returned: the driver's CUDA version
+ * (13000 for 13.0), 0 when it could not be read.
+ */
+int gpuipc__cuda_driver_version(void);
+
+/*
+ * After gpuipc__cuda_load(): the file the driver was loaded from (as the
+ * dynamic linker found it), or the configured name when it did not load.
+ * Static; never NULL.
+ */
+const char *gpuipc__cuda_lib_path(void);
+
 /* One visible device, read once at load. */
 struct gpuipc__dev {
   int ordinal;
   gpuipc_device_info_t info;
 #if GPUIPC_HAVE_CUDA
   CUdevice cu_dev;
-  CUcontext primary; /* retained on first use (gpuipc__ctx_enter) */
+  /* Retained on first use by gpuipc__ctx_enter, then kept for the life of
+   * the process; NULL until then. Read it with __atomic_load_n. */
+  CUcontext primary;
 #endif
 };
 
@@ -141,9 +170,32 @@ int gpuipc__dev_count(void);               /* 0 without a driver */
 const struct gpuipc__dev *gpuipc__dev_get(int ordinal); /* NULL if none */
 
 /*
+ * Write @uuid as nvidia-smi does: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+ * (lower-case hex, 40 characters and a NUL).
+ */
+void gpuipc__uuid_str(const uint8_t uuid[16], char out[41]);
+
+/*
+ * Write a reason for a failed load into @why (truncated to @cap), for the
+ * loader and gpuipc__dev_table_read.
+ */
+void gpuipc__why(char *why, size_t cap, const char *fmt, ...)
+    GPUIPC__PRINTF(3, 4);
+
+/*
+ * Read the device table; called once by the loader after cuInit, before
+ * anything can look at the table. Returns 0, or GPUIPC_E_NODEVICE /
+ * GPUIPC_E_NODRIVER with the reason written to @why.
+ */
+int gpuipc__dev_table_read(char *why, size_t cap);
+
+/*
  * Make @ordinal's primary context current for the calling thread,
- * retaining it on first use; @saved receives the context that was current,
- * to be restored by gpuipc__ctx_leave. Returns 0 or a code.
+ * retaining it on first use (once per device, for the life of the process);
+ * @saved receives the context that was current, to be restored by
+ * gpuipc__ctx_leave. The current context is only changed when it differs.
+ * Returns 0, GPUIPC_E_NODRIVER / GPUIPC_E_NODEVICE, -ERANGE for an ordinal
+ * that is not a visible device, -EINVAL for a NULL @saved, GPUIPC_E_CUDA.
  */
 struct gpuipc__ctx_saved {
   void *ctx;

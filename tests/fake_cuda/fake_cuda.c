@@ -1,0 +1,402 @@
+/*
+ * A fake CUDA driver (see fake_cuda.h). Only what the loader and the device
+ * table use is implemented; every other entry point resolves to a function
+ * that answers CUDA_ERROR_NOT_SUPPORTED and must never be called by the
+ * tests that use this library.
+ */
+#include <cuda.h>
+
+#include "fake_cuda.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct CUctx_st {
+  int dev;
+};
+
+static struct CUctx_st primary_ctx[FAKE_CUDA_MAX_DEV] = {{0}, {1}};
+static atomic_int retains[FAKE_CUDA_MAX_DEV];
+static atomic_int initialized;
+static atomic_int before_init;
+static atomic_int set_current_calls;
+static __thread CUcontext current;
+
+static int env_int(const char *name, int def)
+{
+  const char *v = getenv(name);
+  return v != NULL && v[0] != '\0' ? atoi(v) : def;
+}
+
+static int version(void)
+{
+  return env_int("FAKE_CUDA_VERSION", 13000);
+}
+
+static int ndev(void)
+{
+  int n = env_int("FAKE_CUDA_NDEV", FAKE_CUDA_MAX_DEV);
+  return n < 0 ? 0 : n > FAKE_CUDA_MAX_DEV ? FAKE_CUDA_MAX_DEV : n;
+}
+
+/* Entry points other than cuInit and the version/error queries need it. */
+#define NEED_INIT()                                                            \
+  do {                                                                         \
+    if (!atomic_load(&initialized)) {                                          \
+      atomic_fetch_add(&before_init, 1);                                       \
+      return CUDA_ERROR_NOT_INITIALIZED;                                       \
+    }                                                                          \
+  } while (0)
+#define NEED_DEV(d)                                                            \
+  do {                                                                         \
+    if ((d) < 0 || (d) >= ndev())                                              \
+      return CUDA_ERROR_INVALID_DEVICE;                                        \
+  } while (0)
+
+static CUresult fake_cuInit(unsigned int flags)
+{
+  if (flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  int r = env_int("FAKE_CUDA_INIT", 0);
+  if (r != 0)
+    return (CUresult)r;
+  atomic_store(&initialized, 1);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDriverGetVersion(int *v)
+{
+  if (v == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *v = version();
+  return CUDA_SUCCESS;
+}
+
+static const struct {
+  CUresult r;
+  const char *name, *desc;
+} errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED",
+     "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE",
+     "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE",
+     "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT",
+     "invalid device context"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED",
+     "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static CUresult fake_cuGetErrorName(CUresult r, const char **s)
+{
+  for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+    if (errors[i].r == r) {
+      *s = errors[i].name;
+      return CUDA_SUCCESS;
+    }
+  *s = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fake_cuGetErrorString(CUresult r, const char **s)
+{
+  for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+    if (errors[i].r == r) {
+      *s = errors[i].desc;
+      return CUDA_SUCCESS;
+    }
+  *s = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fake_cuDeviceGetCount(int *n)
+{
+  NEED_INIT();
+  *n = ndev();
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceGet(CUdevice *d, int ordinal)
+{
+  NEED_INIT();
+  NEED_DEV(ordinal);
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  if (name == NULL || len <= 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  snprintf(name, (size_t)len, "%s",
+           dev == 0 ? FAKE_CUDA_NAME0 : FAKE_CUDA_NAME1);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+  static const uint8_t u[FAKE_CUDA_MAX_DEV][16] = {FAKE_CUDA_UUID0,
+                                                   FAKE_CUDA_UUID1};
+  NEED_INIT();
+  NEED_DEV(dev);
+  memcpy(uuid->bytes, u[dev], 16);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceTotalMem(size_t *bytes, CUdevice dev)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  *bytes = dev == 0 ? FAKE_CUDA_MEM0 : FAKE_CUDA_MEM1;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceGetPCIBusId(char *pci, int len, CUdevice dev)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  if (pci == NULL || len < 13)
+    return CUDA_ERROR_INVALID_VALUE;
+  snprintf(pci, (size_t)len, "%s", dev == 0 ? FAKE_CUDA_PCI0 : FAKE_CUDA_PCI1);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
+                                          CUdevice dev)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  if ((int)a == env_int("FAKE_CUDA_BAD_ATTR", -1))
+    return CUDA_ERROR_INVALID_VALUE;
+  int d0 = dev == 0;
+  switch (a) {
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+    *v = d0 ? FAKE_CUDA_CC0_MAJOR : FAKE_CUDA_CC1_MAJOR;
+    break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+    *v = d0 ? FAKE_CUDA_CC0_MINOR : FAKE_CUDA_CC1_MINOR;
+    break;
+  case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
+    *v = d0;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    *v = 1;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+    *v = d0 ? FAKE_CUDA_POOL_TYPES0 : FAKE_CUDA_POOL_TYPES1;
+    break;
+  default:
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  atomic_fetch_add(&retains[dev], 1);
+  *ctx = &primary_ctx[dev];
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  atomic_fetch_sub(&retains[dev], 1);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuCtxGetCurrent(CUcontext *ctx)
+{
+  NEED_INIT();
+  *ctx = current;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuCtxSetCurrent(CUcontext ctx)
+{
+  NEED_INIT();
+  atomic_fetch_add(&set_current_calls, 1);
+  if (ctx != NULL && ctx != &primary_ctx[0] && ctx != &primary_ctx[1])
+    return CUDA_ERROR_INVALID_CONTEXT;
+  current = ctx;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuCtxGetDevice(CUdevice *dev)
+{
+  NEED_INIT();
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *dev = current->dev;
+  return CUDA_SUCCESS;
+}
+
+static CUresult
+fake_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                   CUmemAllocationGranularity_flags option)
+{
+  NEED_INIT();
+  if (g == NULL || prop == NULL ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+       option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return CUDA_ERROR_INVALID_VALUE;
+  NEED_DEV(prop->location.id);
+  if (prop->location.id != 0) /* device 1 has no VMM */
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop->requestedHandleTypes &
+      ~(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))
+    return CUDA_ERROR_INVALID_VALUE;
+  *g = FAKE_CUDA_GRANULARITY;
+  return CUDA_SUCCESS;
+}
+
+/* Whatever else gpuipc asks for: present, but never to be called here. */
+static CUresult fake_unsupported(void)
+{
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/*
+ * The base name, and the fake checked against cuda.h's prototype for it
+ * (a mismatch is a compile error: "pointer type mismatch").
+ */
+#define ENTRY(name)                                                            \
+  {                                                                            \
+#name, (void *)(1 ? fake_##name : (__typeof__(&name))0)                    \
+  }
+
+static const struct {
+  const char *name;
+  void *fn;
+} entries[] = {
+    ENTRY(cuInit),
+    ENTRY(cuDriverGetVersion),
+    ENTRY(cuGetErrorName),
+    ENTRY(cuGetErrorString),
+    ENTRY(cuDeviceGetCount),
+    ENTRY(cuDeviceGet),
+    ENTRY(cuDeviceGetName),
+    ENTRY(cuDeviceGetUuid),
+    ENTRY(cuDeviceTotalMem),
+    ENTRY(cuDeviceGetPCIBusId),
+    ENTRY(cuDeviceGetAttribute),
+    ENTRY(cuDevicePrimaryCtxRetain),
+    ENTRY(cuDevicePrimaryCtxRelease),
+    ENTRY(cuCtxGetCurrent),
+    ENTRY(cuCtxSetCurrent),
+    ENTRY(cuCtxGetDevice),
+    ENTRY(cuMemGetAllocationGranularity),
+};
+
+static int hidden(const char *symbol)
+{
+  const char *h = getenv("FAKE_CUDA_HIDE");
+  if (h == NULL)
+    return 0;
+  if (strcmp(h, "*") == 0)
+    return 1;
+  size_t n = strlen(symbol);
+  for (const char *p = h; *p != '\0';) {
+    const char *end = strchr(p, ',');
+    size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+    if (len == n && strncmp(p, symbol, n) == 0)
+      return 1;
+    p += len + (end != NULL);
+  }
+  return 0;
+}
+
+/* cuGetProcAddress takes base names: "cuMemAlloc", never "cuMemAlloc_v2". */
+static int is_base_name(const char *s)
+{
+  if (strncmp(s, "cu", 2) != 0)
+    return 0;
+  const char *u = strrchr(s, '_');
+  return u == NULL;
+}
+
+static void *lookup(const char *symbol)
+{
+  if (hidden(symbol) || !is_base_name(symbol))
+    return NULL;
+  for (size_t i = 0; i < sizeof(entries) / sizeof(entries[0]); i++)
+    if (strcmp(entries[i].name, symbol) == 0)
+      return entries[i].fn;
+  return (void *)fake_unsupported;
+}
+
+/* As documented: a version above the driver's own is an invalid value; an
+ * unknown symbol is success with a NULL pointer. */
+__attribute__((unused)) static CUresult
+gpa(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
+    CUdriverProcAddressQueryResult *status)
+{
+  if (symbol == NULL || pfn == NULL || flags > 2)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pfn = NULL;
+  if (cuda_version > version())
+    return CUDA_ERROR_INVALID_VALUE;
+  void *fn = lookup(symbol);
+  if (status != NULL)
+    *status = fn != NULL ? CU_GET_PROC_ADDRESS_SUCCESS
+                         : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  *pfn = fn;
+  return CUDA_SUCCESS;
+}
+
+#if defined(FAKE_CUDA_GPA_V1)
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
+                          cuuint64_t flags);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
+                          cuuint64_t flags)
+{
+  return gpa(symbol, pfn, cuda_version, flags, NULL);
+}
+#elif !defined(FAKE_CUDA_NO_GPA)
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
+                             cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status)
+{
+  return gpa(symbol, pfn, cuda_version, flags, status);
+}
+#else
+/* Something to export, so that the library is a library. */
+int fake_cuda_nothing(void);
+int fake_cuda_nothing(void)
+{
+  return 0;
+}
+#endif
+
+int fake_cuda_retains(int dev)
+{
+  return dev >= 0 && dev < FAKE_CUDA_MAX_DEV ? atomic_load(&retains[dev]) : -1;
+}
+
+int fake_cuda_calls_before_init(void)
+{
+  return atomic_load(&before_init);
+}
+
+int fake_cuda_set_current_calls(void)
+{
+  return atomic_load(&set_current_calls);
+}

@@ -1,0 +1,33 @@
+# Fake CUDA drivers: shared libraries that gpuipc dlopen()s through
+# GPUIPC_CUDA_LIB, so that the loader, the device table and `gpuipc info`
+# are tested without a GPU (tests/driver.c, tests/helpers/driver_probe.c).
+# Included from tests/CMakeLists.txt after the test targets exist.
+set(GPUIPC_FAKE_CUDA_DIR ${CMAKE_CURRENT_BINARY_DIR}/fake_cuda)
+if(GPUIPC_HAVE_CUDA)
+  foreach(variant full v1 nogpa)
+    add_library(fake_cuda_${variant} SHARED
+      ${CMAKE_CURRENT_LIST_DIR}/fake_cuda.c)
+    target_include_directories(fake_cuda_${variant} SYSTEM PRIVATE
+      ${GPUIPC_CUDA_INCLUDE_DIR})
+    target_compile_options(fake_cuda_${variant} PRIVATE ${GPUIPC_WARNINGS})
+    set_target_properties(fake_cuda_${variant} PROPERTIES
+      C_VISIBILITY_PRESET default
+      LIBRARY_OUTPUT_DIRECTORY ${GPUIPC_FAKE_CUDA_DIR})
+  endforeach()
+  target_compile_definitions(fake_cuda_v1 PRIVATE FAKE_CUDA_GPA_V1)
+  target_compile_definitions(fake_cuda_nogpa PRIVATE FAKE_CUDA_NO_GPA)
+  add_dependencies(test_driver fake_cuda_full fake_cuda_v1 fake_cuda_nogpa)
+  target_compile_definitions(test_driver PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>"
+    FAKE_CUDA_V1="$<TARGET_FILE:fake_cuda_v1>"
+    FAKE_CUDA_NOGPA="$<TARGET_FILE:fake_cuda_nogpa>")
+  # The probe looks inside the fake (retain counts) with dlopen/dlsym.
+  target_link_libraries(driver_probe PRIVATE ${CMAKE_DL_LIBS})
+endif()
+add_dependencies(test_driver driver_probe)
+# `gpuipc info` is checked against the fake driver and without one.
+if(TARGET gpuipc_cli)
+  add_dependencies(test_driver gpuipc_cli)
+  target_compile_definitions(test_driver PRIVATE
+    GPUIPC_CLI="$<TARGET_FILE:gpuipc_cli>")
+endif()

@@ -1,0 +1,59 @@
+/*
+ * A fake CUDA driver: a shared library that gpuipc loads through
+ * GPUIPC_CUDA_LIB, so that the loader, the device table and `gpuipc info`
+ * are tested on machines without a GPU. What it reports is fixed here;
+ * environment variables read by the library bend its behaviour:
+ *   FAKE_CUDA_VERSION  driver version it claims (default 13000)
+ *   FAKE_CUDA_HIDE     comma-separated entry points it does not have,
+ *                      "*" for none at all
+ *   FAKE_CUDA_INIT     CUresult that cuInit returns (default 0)
+ *   FAKE_CUDA_NDEV     number of devices (default 2, at most 2)
+ *   FAKE_CUDA_BAD_ATTR a device attribute number it refuses to answer
+ * Built three ways: libfake_cuda_full.so (exports cuGetProcAddress_v2),
+ * libfake_cuda_v1.so (only the CUDA 11 cuGetProcAddress) and
+ * libfake_cuda_nogpa.so (exports no cuGetProcAddress at all).
+ */
+#ifndef GPUIPC_FAKE_CUDA_H
+#define GPUIPC_FAKE_CUDA_H
+
+#include <stdint.h>
+
+#define FAKE_CUDA_MAX_DEV 2
+
+/* Device 0: a device with every feature. */
+#define FAKE_CUDA_UUID0                                                        \
+  {0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77,                             \
+   0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
+#define FAKE_CUDA_UUID0_STR "GPU-00112233-4455-6677-8899-aabbccddeeff"
+/* A quote, a backslash and a tab: output must escape them. */
+#define FAKE_CUDA_NAME0 "Fake \"GPU\" \\ 9000\t0"
+#define FAKE_CUDA_PCI0 "0000:3B:00.0" /* as the driver writes it */
+#define FAKE_CUDA_PCI0_LOWER "0000:3b:00.0"
+#define FAKE_CUDA_MEM0 (80ull << 30)
+#define FAKE_CUDA_CC0_MAJOR 9
+#define FAKE_CUDA_CC0_MINOR 0
+#define FAKE_CUDA_POOL_TYPES0 0x9 /* POSIX FD + fabric */
+#define FAKE_CUDA_GRANULARITY (2ull << 20)
+
+/* Device 1: no VMM, no fabric, no IPC events; pools with FDs only. */
+#define FAKE_CUDA_UUID1                                                        \
+  {0xff, 0xee, 0xdd, 0xcc, 0xbb, 0xaa, 0x99, 0x88,                             \
+   0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0x00}
+#define FAKE_CUDA_UUID1_STR "GPU-ffeeddcc-bbaa-9988-7766-554433221100"
+#define FAKE_CUDA_NAME1 "Fake GPU 1"
+#define FAKE_CUDA_PCI1 "0000:AF:00.0"
+#define FAKE_CUDA_PCI1_LOWER "0000:af:00.0"
+#define FAKE_CUDA_MEM1 (24ull << 30)
+#define FAKE_CUDA_CC1_MAJOR 8
+#define FAKE_CUDA_CC1_MINOR 6
+#define FAKE_CUDA_POOL_TYPES1 0x1
+
+/* Exported besides the driver API, for tests to look inside. */
+/* Primary-context retains minus releases of device @dev. */
+int fake_cuda_retains(int dev);
+/* Calls that needed cuInit and came before it (a real driver fails them). */
+int fake_cuda_calls_before_init(void);
+/* Calls of cuCtxSetCurrent so far, from any thread. */
+int fake_cuda_set_current_calls(void);
+
+#endif

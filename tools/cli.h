@@ -1,0 +1,78 @@
+/*
+ * The gpuipc command-line tool: one file per subcommand (tools/cmd_NAME.c,
+ * defining `const struct gpuipc_cmd gpuipc_cmd_NAME`) and one line for it
+ * in GPUIPC_CLI_COMMANDS below. main.c dispatches, prints the usage and
+ * answers `gpuipc help NAME` and `gpuipc NAME --help` from the table.
+ */
+#ifndef GPUIPC_CLI_H
+#define GPUIPC_CLI_H
+
+#include "gpuipc.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Exit statuses of every subcommand. */
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1  /* the command ran and failed */
+#define CLI_EXIT_USAGE 2 /* bad command line */
+
+struct gpuipc_cmd {
+  const char *name;
+  const char *summary; /* one line for `gpuipc --help` */
+  const char *usage;   /* the whole help: "usage: gpuipc NAME ...\n..." */
+  /*
+   * Run the command. argv[0] is the command's name, argv[1..argc-1] its
+   * arguments (`--help` never reaches it). Returns an exit status:
+   * CLI_EXIT_OK, CLI_EXIT_FAIL, or CLI_EXIT_USAGE after printing the
+   * complaint and the usage (cli_usage_error) to stderr.
+   */
+  int (*run)(int argc, char **argv);
+};
+
+/* The subcommands, in the order `gpuipc --help` lists them. */
+#define GPUIPC_CLI_COMMANDS(X) X(info)
+
+#define GPUIPC__CLI_DECL(name) extern const struct gpuipc_cmd gpuipc_cmd_##name;
+GPUIPC_CLI_COMMANDS(GPUIPC__CLI_DECL)
+#undef GPUIPC__CLI_DECL
+
+/* Print "gpuipc NAME: <complaint>" and @cmd's usage to stderr; returns
+ * CLI_EXIT_USAGE. */
+int cli_usage_error(const struct gpuipc_cmd *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* "80.0 GiB", "2 MiB", "512 B": @n bytes for people, into @buf. */
+const char *cli_bytes(uint64_t n, char *buf, size_t cap);
+
+/*
+ * A JSON writer that keeps the commas and the indentation: open containers
+ * with cli_json_obj/cli_json_arr and close them with cli_json_end; every
+ * value call takes the member's key inside an object and NULL inside an
+ * array (or for the top-level value). Strings are escaped as RFC 8259
+ * requires; a NULL string is written as null.
+ */
+#define CLI_JSON_MAX_DEPTH 16
+struct cli_json {
+  FILE *f;
+  int depth;
+  bool first[CLI_JSON_MAX_DEPTH]; /* nothing written yet at this depth */
+  char close[CLI_JSON_MAX_DEPTH]; /* '}' or ']' */
+};
+
+void cli_json_init(struct cli_json *j, FILE *f);
+void cli_json_obj(struct cli_json *j, const char *key);
+void cli_json_arr(struct cli_json *j, const char *key);
+void cli_json_end(struct cli_json *j); /* closes the innermost container */
+void cli_json_str(struct cli_json *j, const char *key, const char *val);
+void cli_json_int(struct cli_json *j, const char *key, long long val);
+void cli_json_uint(struct cli_json *j, const char *key, uint64_t val);
+void cli_json_bool(struct cli_json *j, const char *key, bool val);
+void cli_json_null(struct cli_json *j, const char *key);
+/* Ends the document with a newline. */
+void cli_json_finish(struct cli_json *j);
+/* @s as a JSON string literal, quotes included. */
+void cli_json_quote(FILE *f, const char *s);
+
+#endif

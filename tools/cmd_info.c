@@ -1,0 +1,277 @@
+/* gpuipc info: the library, the driver, the devices, the kinds, settings. */
+#include "cli.h"
+
+#include "cuda/cuda.h"
+#include "os/os.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: gpuipc info [--json] [--config]\n"
+    "\n"
+    "Print what gpuipc finds here: the library's version; the CUDA driver\n"
+    "(its version and file, or why it could not be used); every visible\n"
+    "device with its UUID, name, PCI bus id, memory, compute capability and\n"
+    "sharing capabilities; which buffer kinds can be allocated; the runtime\n"
+    "directory. Exits 0 whether or not a driver is present.\n"
+    "\n"
+    "  --config  print the settings instead: every GPUIPC_* variable with\n"
+    "            its value, its default, whether it is set, and its help\n"
+    "  --json    print the same as one JSON object (with --config: the\n"
+    "            settings alone; without: everything, settings included)\n";
+
+static const gpuipc_kind_t kinds[] = {GPUIPC_KIND_HOST, GPUIPC_KIND_VMM,
+                                      GPUIPC_KIND_LEGACY, GPUIPC_KIND_POOL};
+#define NKINDS (sizeof(kinds) / sizeof(kinds[0]))
+
+/* Everything `info` reports, gathered before any of it is printed. */
+struct report {
+  int drv_rc, drv_version;
+  char drv_error[512];
+  const char *library;
+  int ndev;
+  gpuipc_device_info_t *dev;
+  int kind_rc[NKINDS];
+  char kind_error[NKINDS][512];
+  int dir_rc;
+  char dir[PATH_MAX];
+  char dir_error[512];
+};
+
+static void gather(struct report *r)
+{
+  memset(r, 0, sizeof(*r));
+  r->drv_rc = gpuipc_driver_status(&r->drv_version);
+  if (r->drv_rc != 0)
+    snprintf(r->drv_error, sizeof(r->drv_error), "%s", gpuipc_last_error());
+  r->library = gpuipc__cuda_lib_path();
+
+  int n = gpuipc_device_count();
+  r->dev = n > 0 ? calloc((size_t)n, sizeof(*r->dev)) : NULL;
+  for (int i = 0; i < n && r->dev != NULL; i++) {
+    gpuipc_device_info_t *d = &r->dev[r->ndev];
+    d->size = sizeof(*d);
+    if (gpuipc_device_info(i, d) == 0)
+      r->ndev++;
+  }
+
+  for (size_t k = 0; k < NKINDS; k++) {
+    r->kind_rc[k] = gpuipc_kind_available(kinds[k]);
+    if (r->kind_rc[k] != 0)
+      snprintf(r->kind_error[k], sizeof(r->kind_error[k]), "%s",
+               gpuipc_last_error());
+  }
+
+  r->dir_rc = gpuipc__runtime_dir(r->dir, sizeof(r->dir));
+  if (r->dir_rc != 0) {
+    r->dir[0] = '\0';
+    snprintf(r->dir_error, sizeof(r->dir_error), "%s", gpuipc_last_error());
+  }
+}
+
+static const char *yes(int v)
+{
+  return v ? "yes" : "no";
+}
+
+/* "posix-fd fabric" for CUmemAllocationHandleType bits. */
+static const char *handle_types(int bits, char *buf, size_t cap)
+{
+  static const struct {
+    int bit;
+    const char *name;
+  } names[] = {
+      {0x1, "posix-fd"}, {0x2, "win32"}, {0x4, "win32-kmt"}, {0x8, "fabric"}};
+  size_t off = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if ((bits & names[i].bit) && off < cap)
+      off += (size_t)snprintf(buf + off, cap - off, "%s%s", off ? " " : "",
+                              names[i].name);
+  if (off == 0)
+    snprintf(buf, cap, "none");
+  return buf;
+}
+
+static void print_text(const struct report *r)
+{
+  char b1[64] = "", b2[64];
+  printf("gpuipc %s\n\n", gpuipc_version());
+  if (r->drv_version > 0)
+    snprintf(b1, sizeof(b1), "CUDA %d.%d (%d)", r->drv_version / 1000,
+             r->drv_version % 1000 / 10, r->drv_version);
+  if (r->drv_rc == 0)
+    printf("driver:      %s from %s\n", b1, r->library);
+  else
+    printf("driver:      not usable (%s): %s\n"
+           "             library: %s%s%s\n",
+           gpuipc_err_name(r->drv_rc), r->drv_error, r->library,
+           r->drv_version > 0 ? ", " : "", r->drv_version > 0 ? b1 : "");
+
+  printf("devices:     %d\n", r->ndev);
+  for (int i = 0; i < r->ndev; i++) {
+    const gpuipc_device_info_t *d = &r->dev[i];
+    printf("  %d  %s  %s\n", d->ordinal, d->uuid_str, d->name);
+    printf("     pci %s, %s, compute capability %d.%d\n", d->pci_bus_id,
+           cli_bytes(d->total_mem, b1, sizeof(b1)), d->cc_major, d->cc_minor);
+    printf("     vmm %s, posix-fd %s, fabric %s, ipc-events %s, "
+           "unified-addressing %s\n",
+           yes(d->vmm), yes(d->posix_fd), yes(d->fabric), yes(d->ipc_events),
+           yes(d->unified_addressing));
+    printf("     pools %s (handle types 0x%x: %s), granularity %s\n",
+           yes(d->mem_pools), (unsigned)d->pool_handle_types,
+           handle_types(d->pool_handle_types, b2, sizeof(b2)),
+           d->granularity ? cli_bytes(d->granularity, b1, sizeof(b1))
+                          : "none (no VMM)");
+  }
+
+  printf("kinds:\n");
+  for (size_t k = 0; k < NKINDS; k++) {
+    if (r->kind_rc[k] == 0)
+      printf("  %-7s available\n", gpuipc_kind_name(kinds[k]));
+    else
+      printf("  %-7s unavailable (%s): %s\n", gpuipc_kind_name(kinds[k]),
+             gpuipc_err_name(r->kind_rc[k]), r->kind_error[k]);
+  }
+  if (r->dir_rc == 0)
+    printf("runtime dir: %s\n", r->dir);
+  else
+    printf("runtime dir: unusable (%s): %s\n", gpuipc_err_name(r->dir_rc),
+           r->dir_error);
+}
+
+static void json_config(struct cli_json *j)
+{
+  cli_json_obj(j, "config");
+  for (int i = 0; i < gpuipc_config_count(); i++) {
+    gpuipc_config_item_t it;
+    if (gpuipc_config_get(i, &it) != 0)
+      continue;
+    cli_json_obj(j, it.name);
+    cli_json_str(j, "value", it.value);
+    cli_json_str(j, "default", it.def);
+    cli_json_bool(j, "set", it.is_set);
+    cli_json_str(j, "help", it.help);
+    cli_json_end(j);
+  }
+  cli_json_end(j);
+}
+
+static void print_json(const struct report *r)
+{
+  struct cli_json j;
+  char cc[32];
+  cli_json_init(&j, stdout);
+  cli_json_obj(&j, NULL);
+  cli_json_str(&j, "version", gpuipc_version());
+
+  cli_json_obj(&j, "driver");
+  cli_json_bool(&j, "ok", r->drv_rc == 0);
+  cli_json_str(&j, "status", gpuipc_err_name(r->drv_rc));
+  cli_json_int(&j, "version", r->drv_version);
+  cli_json_str(&j, "library", r->library);
+  cli_json_str(&j, "error", r->drv_rc != 0 ? r->drv_error : NULL);
+  cli_json_end(&j);
+
+  cli_json_arr(&j, "devices");
+  for (int i = 0; i < r->ndev; i++) {
+    const gpuipc_device_info_t *d = &r->dev[i];
+    cli_json_obj(&j, NULL);
+    cli_json_int(&j, "ordinal", d->ordinal);
+    cli_json_str(&j, "uuid", d->uuid_str);
+    cli_json_str(&j, "name", d->name);
+    cli_json_str(&j, "pci_bus_id", d->pci_bus_id);
+    cli_json_uint(&j, "total_mem", d->total_mem);
+    snprintf(cc, sizeof(cc), "%d.%d", d->cc_major, d->cc_minor);
+    cli_json_str(&j, "compute_capability", cc);
+    cli_json_bool(&j, "vmm", d->vmm);
+    cli_json_bool(&j, "posix_fd", d->posix_fd);
+    cli_json_bool(&j, "fabric", d->fabric);
+    cli_json_bool(&j, "ipc_events", d->ipc_events);
+    cli_json_bool(&j, "mem_pools", d->mem_pools);
+    cli_json_int(&j, "pool_handle_types", d->pool_handle_types);
+    cli_json_bool(&j, "unified_addressing", d->unified_addressing);
+    cli_json_uint(&j, "granularity", d->granularity);
+    cli_json_end(&j);
+  }
+  cli_json_end(&j);
+
+  cli_json_obj(&j, "kinds");
+  for (size_t k = 0; k < NKINDS; k++) {
+    cli_json_obj(&j, gpuipc_kind_name(kinds[k]));
+    cli_json_bool(&j, "available", r->kind_rc[k] == 0);
+    cli_json_str(&j, "status", gpuipc_err_name(r->kind_rc[k]));
+    cli_json_str(&j, "error", r->kind_rc[k] != 0 ? r->kind_error[k] : NULL);
+    cli_json_end(&j);
+  }
+  cli_json_end(&j);
+
+  cli_json_obj(&j, "runtime_dir");
+  cli_json_str(&j, "path", r->dir_rc == 0 ? r->dir : NULL);
+  cli_json_str(&j, "error", r->dir_rc != 0 ? r->dir_error : NULL);
+  cli_json_end(&j);
+
+  json_config(&j);
+  cli_json_finish(&j);
+}
+
+static void print_config_text(void)
+{
+  for (int i = 0; i < gpuipc_config_count(); i++) {
+    gpuipc_config_item_t it;
+    if (gpuipc_config_get(i, &it) != 0)
+      continue;
+    printf("%s=\"%s\"  (%s; default \"%s\")\n    %s\n", it.name, it.value,
+           it.is_set ? "set" : "not set", it.def, it.help);
+  }
+}
+
+static int info_run(int argc, char **argv)
+{
+  bool json = false, config = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0)
+      json = true;
+    else if (strcmp(argv[i], "--config") == 0)
+      config = true;
+    else
+      return cli_usage_error(&gpuipc_cmd_info, "unknown argument '%s'",
+                             argv[i]);
+  }
+
+  if (config) {
+    if (json) {
+      struct cli_json j;
+      cli_json_init(&j, stdout);
+      cli_json_obj(&j, NULL);
+      json_config(&j);
+      cli_json_finish(&j);
+    } else {
+      print_config_text();
+    }
+    return CLI_EXIT_OK;
+  }
+
+  struct report *r = malloc(sizeof(*r));
+  if (r == NULL) {
+    fprintf(stderr, "gpuipc info: out of memory\n");
+    return CLI_EXIT_FAIL;
+  }
+  gather(r);
+  if (json)
+    print_json(r);
+  else
+    print_text(r);
+  free(r->dev);
+  free(r);
+  return CLI_EXIT_OK;
+}
+
+const struct gpuipc_cmd gpuipc_cmd_info = {
+    .name = "info",
+    .summary = "show the library, the CUDA driver, devices, kinds, settings",
+    .usage = usage,
+    .run = info_run,
+};
