@@ -26,10 +26,23 @@ uint64_t gpuipc__deadline(int timeout_ms);
 int gpuipc__ms_left(uint64_t deadline);
 
 /* ----- Unix SOCK_SEQPACKET sockets passing messages and descriptors ----- */
+/*
+ * Connected sockets (pair, connect, accept) are blocking descriptors; send
+ * and recv below never block past their timeout all the same
+ * (MSG_DONTWAIT + poll), so callers may also poll them themselves.
+ * A path longer than 107 bytes gives -ENAMETOOLONG.
+ */
 int gpuipc__sock_pair(int out[2]);
-/* Bind and listen on @path (unlinks nothing: callers decide). */
+/*
+ * Bind and listen on @path (unlinks nothing: callers decide; -EADDRINUSE
+ * when a file is there). The listening socket is non-blocking: accept
+ * through gpuipc__sock_accept.
+ */
 int gpuipc__sock_listen(const char *path, int backlog, int *out_fd);
-/* Returns -ENOENT / -ECONNREFUSED when nobody listens at @path. */
+/*
+ * Returns -ENOENT / -ECONNREFUSED when nobody listens at @path. A full
+ * backlog is retried until the timeout, then -ETIMEDOUT.
+ */
 int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd);
 /* -ETIMEDOUT when no connection arrived in time. */
 int gpuipc__sock_accept(int lfd, int timeout_ms, int *out_fd);
@@ -58,13 +71,15 @@ struct gpuipc__cred {
   uid_t uid;
   gid_t gid;
 };
-/* SO_PEERCRED of a connected Unix socket. */
+/* SO_PEERCRED of a connected Unix socket (-ENOTCONN when it has none). */
 int gpuipc__peer_cred(int fd, struct gpuipc__cred *out);
 
 /* ----- memfd ----- */
 /*
  * A sealed memfd of @size bytes (size must be > 0): it can neither shrink
- * nor grow, so importers can trust its size.
+ * nor grow, so importers can trust its size. -EINVAL for 0, -EFBIG beyond
+ * the largest file size, -ENOMEM beyond this machine's memory and swap
+ * (memfds are sparse: such a size would only fail when touched).
  */
 int gpuipc__memfd_create(const char *name, size_t size, int *out_fd);
 /*
@@ -81,8 +96,10 @@ void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
 
 /* ----- locks ----- */
 /*
- * Open (creating 0600) @path and take an exclusive flock on it.
- * @timeout_ms: 0 tries once (-EWOULDBLOCK when held), < 0 waits forever.
+ * Open (creating 0600, never following a symbolic link) @path and take an
+ * exclusive flock on it.
+ * @timeout_ms: 0 tries once (-EWOULDBLOCK when held), > 0 retries until
+ * then (-ETIMEDOUT), < 0 waits forever.
  * The lock is released when *out_fd is closed or the process dies.
  */
 int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
@@ -90,9 +107,11 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
 /* ----- the private runtime directory ----- */
 /*
  * The runtime directory: $GPUIPC_DIR, else $XDG_RUNTIME_DIR/gpuipc, else
- * /tmp/gpuipc-$UID. Created with mode 0700 if missing; refused with
- * GPUIPC_E_DENIED and a sentence when it is not a directory, is owned by
- * another uid, or is group- or world-writable.
+ * /tmp/gpuipc-$UID. Created with mode 0700 if missing (with the missing
+ * parents of GPUIPC_DIR, 0755); refused with GPUIPC_E_DENIED and a
+ * sentence when it is a symbolic link, not a directory, owned by another
+ * uid, or group- or world-writable. -EINVAL for a relative GPUIPC_DIR,
+ * -ENAMETOOLONG when @cap is too small.
  */
 int gpuipc__runtime_dir(char *out, size_t cap);
 
@@ -105,12 +124,21 @@ struct gpuipc__proc_id {
 };
 /* Cached; recomputed in a forked child. */
 const struct gpuipc__proc_id *gpuipc__proc_self(void);
-/* Whether @pid (in our pid namespace) still exists (kill(pid, 0)). */
+/*
+ * Whether @pid (in our pid namespace) still exists (kill(pid, 0)); a zombie
+ * (dead, not yet reaped) counts as gone.
+ */
 bool gpuipc__pid_alive(pid_t pid);
 
 /* ----- futex (for shared-memory rings) ----- */
-/* Wait while *@addr == @val, up to @timeout_ms. 0, -ETIMEDOUT, -EAGAIN. */
+/*
+ * Wait while *@addr == @val, up to @timeout_ms. 0 (woken, maybe
+ * spuriously: re-check), -ETIMEDOUT, -EAGAIN (*@addr != @val). The expected
+ * -ETIMEDOUT and -EAGAIN record no sentence. Shared (not PRIVATE) futexes:
+ * waiters and wakers may be in different processes.
+ */
 int gpuipc__futex_wait(uint32_t *addr, uint32_t val, int timeout_ms);
+/* Wake up to @n (> 0) waiters on @addr; returns how many woke. */
 int gpuipc__futex_wake(uint32_t *addr, int n);
 
 #endif

@@ -1,0 +1,182 @@
+/* Descriptors: sealed memfds, duplicates, and flock-held lock files. */
+#include "os/os.h"
+
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MEMFD_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+int gpuipc__memfd_create(const char *name, size_t size, int *out_fd)
+{
+  int rc;
+
+  if (out_fd == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc__memfd_create: out_fd is NULL");
+  if (name == NULL)
+    name = "gpuipc";
+  if (size == 0)
+    return gpuipc__err(-EINVAL, "memfd %s: size 0; a buffer needs at least "
+                                "one byte", name);
+  if (size > (size_t)INT64_MAX)
+    return gpuipc__err(-EFBIG, "memfd %s: size %zu exceeds the largest file "
+                               "size (%lld)", name, size, (long long)INT64_MAX);
+  /*
+   * A memfd is sparse: ftruncate accepts sizes no machine can back, and
+   * the first touch past what memory and swap hold would kill the process.
+   * Refuse those sizes here, where the caller can still hear about it.
+   */
+  struct sysinfo si;
+  if (sysinfo(&si) == 0) {
+    unsigned __int128 cap =
+        ((unsigned __int128)si.totalram + si.totalswap) * si.mem_unit;
+    if ((unsigned __int128)size > cap)
+      return gpuipc__err(-ENOMEM, "memfd %s: %zu bytes exceed this machine's "
+                                  "memory and swap (%llu bytes)",
+                         name, size, (unsigned long long)cap);
+  }
+
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    return gpuipc__err_errno(errno, "memfd_create(\"%s\")", name);
+  if (ftruncate(fd, (off_t)size) < 0) {
+    rc = gpuipc__err_errno(errno, "ftruncate of memfd %s to %zu bytes", name,
+                           size);
+    goto close_fd;
+  }
+  if (fcntl(fd, F_ADD_SEALS, MEMFD_SEALS) < 0) {
+    rc = gpuipc__err_errno(errno, "fcntl(F_ADD_SEALS) on memfd %s", name);
+    goto close_fd;
+  }
+  *out_fd = fd;
+  return 0;
+
+close_fd:
+  close(fd);
+  return rc;
+}
+
+static const char *file_type(mode_t m)
+{
+  switch (m & S_IFMT) {
+  case S_IFREG:
+    return "a regular file";
+  case S_IFDIR:
+    return "a directory";
+  case S_IFIFO:
+    return "a pipe";
+  case S_IFSOCK:
+    return "a socket";
+  case S_IFCHR:
+    return "a character device";
+  case S_IFBLK:
+    return "a block device";
+  case S_IFLNK:
+    return "a symbolic link";
+  }
+  return "of an unknown file type";
+}
+
+int gpuipc__memfd_check(int fd, size_t min_size, size_t *size_out)
+{
+  struct stat st;
+  if (fstat(fd, &st) < 0)
+    return gpuipc__err_errno(errno, "memfd check: fstat of descriptor %d", fd);
+  if (!S_ISREG(st.st_mode))
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "descriptor %d is %s, not a memfd", fd,
+                       file_type(st.st_mode));
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0)
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "descriptor %d is a regular file, not a memfd "
+                       "(F_GET_SEALS: %s)", fd, strerrordesc_np(errno));
+  if (!(seals & F_SEAL_SHRINK))
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "memfd %d is not sealed against shrinking (seals "
+                       "0x%x): its size cannot be trusted", fd, seals);
+  if (st.st_size < 0 || (uint64_t)st.st_size < (uint64_t)min_size)
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "memfd %d holds %lld bytes, fewer than the %zu "
+                       "required", fd, (long long)st.st_size, min_size);
+  if (size_out != NULL)
+    *size_out = (size_t)st.st_size;
+  return 0;
+}
+
+int gpuipc__fd_dup(int fd, int *out_fd)
+{
+  if (out_fd == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc__fd_dup: out_fd is NULL");
+  int d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (d < 0)
+    return gpuipc__err_errno(errno, "fcntl(F_DUPFD_CLOEXEC) of descriptor %d",
+                             fd);
+  *out_fd = d;
+  return 0;
+}
+
+void gpuipc__fd_close(int *fd)
+{
+  if (fd == NULL || *fd < 0)
+    return;
+  /* On Linux the descriptor is released even when close says EINTR. */
+  close(*fd);
+  *fd = -1;
+}
+
+int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd)
+{
+  int rc;
+
+  if (path == NULL || out_fd == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc__flock_open: path %p, out_fd %p",
+                       (const void *)path, (void *)out_fd);
+  /* O_NOFOLLOW: a lock file is never a link someone planted. */
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return gpuipc__err_errno(errno, "open lock file %s", path);
+
+  uint64_t deadline = gpuipc__deadline(timeout_ms);
+  long delay_us = 500;
+  for (;;) {
+    /* Without a deadline, let the kernel wait for us. */
+    int op = timeout_ms < 0 ? LOCK_EX : LOCK_EX | LOCK_NB;
+    if (flock(fd, op) == 0)
+      break;
+    int e = errno;
+    if (e == EINTR)
+      continue;
+    if (e != EWOULDBLOCK) {
+      rc = gpuipc__err_errno(e, "flock(LOCK_EX) on %s", path);
+      goto close_fd;
+    }
+    if (timeout_ms == 0) {
+      rc = gpuipc__err(-EWOULDBLOCK, "lock %s is held by another process",
+                       path);
+      goto close_fd;
+    }
+    int ms = gpuipc__ms_left(deadline);
+    if (ms == 0) {
+      rc = gpuipc__err(-ETIMEDOUT, "lock %s is still held by another process "
+                                   "after %d ms", path, timeout_ms);
+      goto close_fd;
+    }
+    long us = delay_us < (long)ms * 1000 ? delay_us : (long)ms * 1000;
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+    delay_us = delay_us * 2 > 10000 ? 10000 : delay_us * 2;
+  }
+  *out_fd = fd;
+  return 0;
+
+close_fd:
+  close(fd);
+  return rc;
+}
