@@ -1,0 +1,39 @@
+/*
+ * The other process of tests/rundir.c: resolves the runtime directory in a
+ * fresh process, whose settings come from the environment it was given.
+ *   os_rundir ok PATH : gpuipc__runtime_dir succeeds with PATH, a directory
+ *       owned by us and writable by nobody else.
+ *   os_rundir fail CODE NEEDLE : it fails with CODE and a sentence that
+ *       mentions NEEDLE.
+ * Exit status 0 on success; anything else names the failed step on stderr.
+ */
+#include "test.h"
+
+#include "os/os.h"
+
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+  char out[PATH_MAX] = "untouched";
+  if (argc == 3 && strcmp(argv[1], "ok") == 0) {
+    ASSERT_OK(gpuipc__runtime_dir(out, sizeof(out)));
+    ASSERT_STREQ(out, argv[2]);
+    struct stat st;
+    ASSERT_EQ(lstat(out, &st), 0);
+    ASSERT_TRUE(S_ISDIR(st.st_mode));
+    ASSERT_EQ(st.st_uid, geteuid());
+    ASSERT_EQ(st.st_mode & 022, 0);
+    return 0;
+  }
+  if (argc == 4 && strcmp(argv[1], "fail") == 0) {
+    ASSERT_RC(gpuipc__runtime_dir(out, sizeof(out)), atoi(argv[2]));
+    ASSERT_ERR_MENTIONS(argv[3]);
+    ASSERT_STREQ(out, "untouched");
+    return 0;
+  }
+  fprintf(stderr, "usage: os_rundir ok PATH | fail CODE NEEDLE\n");
+  return 2;
+}
