@@ -134,13 +134,14 @@ static void raw_send_fds(int sock, const int *fds, int count)
   char ctl[CMSG_SPACE(sizeof(int) * 64)];
   memset(ctl, 0, sizeof(ctl));
   struct iovec iov = {.iov_base = "raw", .iov_len = 4};
+  size_t bytes = sizeof(int) * (size_t)count;
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
-                       .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)count)};
+                       .msg_controllen = CMSG_SPACE(bytes)};
   struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)count);
-  memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)count);
+  c->cmsg_len = CMSG_LEN(bytes);
+  memcpy(CMSG_DATA(c), fds, bytes);
   ASSERT_EQ(sendmsg(sock, &msg, MSG_NOSIGNAL), 4);
 }
 

@@ -8,7 +8,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
-#include <time.h>
 #include <unistd.h>
 
 #define MEMFD_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
@@ -144,7 +143,7 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd)
     return gpuipc__err_errno(errno, "open lock file %s", path);
 
   uint64_t deadline = gpuipc__deadline(timeout_ms);
-  long delay_us = 500;
+  unsigned delay_us = 500;
   for (;;) {
     /* Without a deadline, let the kernel wait for us. */
     int op = timeout_ms < 0 ? LOCK_EX : LOCK_EX | LOCK_NB;
@@ -168,9 +167,10 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd)
                                    "after %d ms", path, timeout_ms);
       goto close_fd;
     }
-    long us = delay_us < (long)ms * 1000 ? delay_us : (long)ms * 1000;
-    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    unsigned us = delay_us;
+    if (ms > 0 && (unsigned)ms * 1000u < us)
+      us = (unsigned)ms * 1000u;
+    gpuipc__sleep_us(us);
     delay_us = delay_us * 2 > 10000 ? 10000 : delay_us * 2;
   }
   *out_fd = fd;

@@ -24,6 +24,8 @@ uint64_t gpuipc__now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t gpuipc__deadline(int timeout_ms);
 /* Milliseconds left until @deadline, rounded up (-1 for no deadline). */
 int gpuipc__ms_left(uint64_t deadline);
+/* Sleep about @us microseconds; a signal may end it early. */
+void gpuipc__sleep_us(unsigned us);
 
 /* ----- Unix SOCK_SEQPACKET sockets passing messages and descriptors ----- */
 /*

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Control buffer big enough for the most descriptors a message may carry. */
@@ -121,12 +120,6 @@ close_fd:
   return rc;
 }
 
-static void sleep_us(unsigned us)
-{
-  struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
-  nanosleep(&ts, NULL); /* EINTR: the caller's loop re-checks the deadline */
-}
-
 int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
 {
   struct sockaddr_un sa;
@@ -170,7 +163,7 @@ int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
       unsigned us = delay_us;
       if (ms > 0 && (unsigned)ms * 1000u < us)
         us = (unsigned)ms * 1000u;
-      sleep_us(us);
+      gpuipc__sleep_us(us);
       delay_us = delay_us * 2 > 10000 ? 10000 : delay_us * 2;
       continue;
     }

@@ -31,3 +31,10 @@ int gpuipc__ms_left(uint64_t deadline)
   uint64_t ms = (deadline - now + NS_PER_MS - 1) / NS_PER_MS;
   return ms > INT_MAX ? INT_MAX : (int)ms;
 }
+
+void gpuipc__sleep_us(unsigned us)
+{
+  struct timespec ts = {.tv_sec = us / 1000000,
+                        .tv_nsec = (long)(us % 1000000) * 1000};
+  nanosleep(&ts, NULL); /* EINTR: callers re-check their deadline */
+}
