@@ -354,6 +354,239 @@ GPUIPC_API int gpuipc_handle_pack(const gpuipc_handle_t *h, void *dst,
 GPUIPC_API int gpuipc_handle_unpack(const void *src, size_t len,
                                     gpuipc_handle_t *out);
 
+/* ------------------------------------------------------------------------ */
+/* GPU buffers: access, liveness, foreign memory, fabric handles            */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * gpuipc_buf_access - let kernels on local device @device use @buf.
+ * A buffer is usable from the device it was allocated or imported for; this
+ * grants another device read-write access over peer-to-peer: cuMemSetAccess
+ * for VMM, peer access for LEGACY, cuMemPoolSetAccess for POOL. HOST
+ * buffers are reachable from every device already (returns 0).
+ * Returns 0 (also when access was already granted); -EINVAL (NULL @buf);
+ * -ERANGE (@device not visible); GPUIPC_E_UNSUPPORTED (the two GPUs cannot
+ * reach each other: no P2P); GPUIPC_E_CUDA.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_buf_access(gpuipc_buf_t *buf, int device);
+
+/*
+ * gpuipc_buf_alive - whether the memory behind @buf is still there.
+ * LEGACY memory dies with the process that allocated it: an imported LEGACY
+ * buffer whose exporter has exited answers GPUIPC_E_PEER_GONE, and the
+ * pointer must not be used. Other kinds live as long as a holder keeps
+ * them, so they answer 0. The exporter is checked by pid (same boot and pid
+ * namespace only; elsewhere the answer is 0).
+ * Returns 0; -EINVAL (NULL); GPUIPC_E_PEER_GONE. Thread-safe.
+ */
+GPUIPC_API int gpuipc_buf_alive(const gpuipc_buf_t *buf);
+
+/* gpuipc_buf_export_foreign flags. */
+#define GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK 0x1u
+
+/*
+ * gpuipc_buf_export_foreign - export device memory that gpuipc did not
+ * allocate (a framework's cudaMalloc, a cuMemCreate mapping).
+ * @ptr, @size: the bytes to share, inside one allocation.
+ * @flags: 0 or GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK.
+ * @out: a handle that gpuipc_buf_import maps in any process of this
+ *       machine. cudaMalloc/cuMemAlloc memory travels as a LEGACY handle
+ *       (no fd; it dies with this process); cuMemCreate memory created with
+ *       POSIX-FD handles travels as a VMM handle with a new close-on-exec
+ *       @out->fd that the caller owns.
+ * An importer can read every byte of what the driver shares, which is
+ * more than [ptr, ptr + size) unless the range is a whole allocation and,
+ * for cudaMalloc memory, that allocation fills whole 2 MiB blocks of its
+ * own (small cudaMallocs share blocks with their neighbours). Such exports
+ * are refused with GPUIPC_E_WHOLEBLOCK unless @flags has
+ * GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK, by which the caller accepts that
+ * disclosure.
+ * Returns 0; -EINVAL (NULL or zero argument, unknown flags, @ptr not device
+ * memory, the range runs past its allocation); GPUIPC_E_WHOLEBLOCK;
+ * GPUIPC_E_UNSUPPORTED (memory the driver cannot share this way, e.g. from
+ * a stream-ordered pool); GPUIPC_E_NODRIVER; GPUIPC_E_CUDA.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_buf_export_foreign(void *ptr, size_t size,
+                                         unsigned flags,
+                                         gpuipc_handle_t *out);
+
+/*
+ * gpuipc_fabric_status - whether VMM buffers on local device @device are
+ * created with fabric handles besides POSIX file descriptors.
+ * The answer comes from a probe allocation made once per device and
+ * cached. Returns 0 when fabric handles work; otherwise the reason's code
+ * (GPUIPC_E_UNSUPPORTED, GPUIPC_E_DENIED when the driver said "not
+ * permitted", e.g. without an IMEX channel) with gpuipc_last_error() giving
+ * the one-line reason; -ERANGE for an ordinal that is not visible;
+ * GPUIPC_E_NODRIVER. POSIX file descriptors are used in every case.
+ */
+GPUIPC_API int gpuipc_fabric_status(int device);
+
+/* ------------------------------------------------------------------------ */
+/* Interprocess events                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * An interprocess CUDA event: one process creates and exports it, others
+ * import it; any of them records it on a stream and any of them makes a
+ * stream wait for it, with no host synchronisation.
+ */
+typedef struct gpuipc_event gpuipc_event_t;
+
+#define GPUIPC_EVENT_HANDLE_VERSION 1
+/* Size of a packed event handle (gpuipc_event_handle_pack). */
+#define GPUIPC_EVENT_HANDLE_PACKED_SIZE 144
+
+/* The portable description of an exported event. Plain data, no fd. */
+typedef struct gpuipc_event_handle {
+  uint32_t version;          /* GPUIPC_EVENT_HANDLE_VERSION */
+  uint32_t flags;            /* reserved, 0 */
+  uint8_t device_uuid[16];   /* GPU the event was created on */
+  uint64_t event_id;         /* never reused by the exporting process */
+  uint8_t boot_id[16];       /* exporter's kernel boot id */
+  uint32_t pid;              /* exporter's pid (in its pid namespace) */
+  uint64_t pidns;            /* exporter's pid namespace inode */
+  uint64_t nonce;            /* exporter's random per-process identity */
+  uint8_t bytes[GPUIPC_HANDLE_BYTES]; /* the CUipcEventHandle */
+} gpuipc_event_handle_t;
+
+/*
+ * gpuipc_event_create - a new interprocess event on local device @device
+ * (CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS), with one reference.
+ * @flags: 0 (reserved).
+ * Returns 0; -EINVAL (NULL @out, flags); -ERANGE (@device not visible);
+ * GPUIPC_E_NODRIVER; GPUIPC_E_UNSUPPORTED (no IPC events); GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_event_create(int device, unsigned flags,
+                                   gpuipc_event_t **out);
+
+/*
+ * gpuipc_event_export - describe @ev for another process. Events imported
+ * from another process can be exported again (the record keeps naming the
+ * original exporter). Returns 0; -EINVAL.
+ */
+GPUIPC_API int gpuipc_event_export(const gpuipc_event_t *ev,
+                                   gpuipc_event_handle_t *out);
+
+/*
+ * gpuipc_event_import - open the event @h describes.
+ * @device: local ordinal whose context opens the event; -1 for the GPU the
+ *     handle names (found by UUID).
+ * Imports are cached per process: importing the same event again returns
+ * the same object with one more reference, without a driver call; importing
+ * an event this process exported returns the original.
+ * Returns 0; -EINVAL (NULL argument); GPUIPC_E_BADHANDLE (fields invalid);
+ * GPUIPC_E_NODEVICE (the GPU is not visible here, UUID in the sentence);
+ * GPUIPC_E_PEER_GONE (the exporter has exited); GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_event_import(const gpuipc_event_handle_t *h,
+                                   int device, gpuipc_event_t **out);
+
+/*
+ * gpuipc_event_record - record @ev on @stream (a CUstream / cudaStream_t;
+ * NULL: the default stream of the event's device). The stream must belong
+ * to the event's device. Returns 0; -EINVAL; GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_event_record(gpuipc_event_t *ev, void *stream);
+
+/*
+ * gpuipc_event_wait - make @stream (NULL: the default stream of the
+ * event's device) wait until the last record of @ev has completed, in
+ * whichever process recorded it. Does not block the host.
+ * Returns 0; -EINVAL; GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_event_wait(gpuipc_event_t *ev, void *stream);
+
+/*
+ * gpuipc_event_query - 0 when the last record of @ev has completed (or
+ * nothing was recorded), -EAGAIN while it is pending; -EINVAL;
+ * GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_event_query(gpuipc_event_t *ev);
+
+/* gpuipc_event_sync - block the host until @ev has completed. */
+GPUIPC_API int gpuipc_event_sync(gpuipc_event_t *ev);
+
+/* The local ordinal of @ev's device, -1 for NULL. */
+GPUIPC_API int gpuipc_event_device(const gpuipc_event_t *ev);
+
+/*
+ * gpuipc_event_release - drop one reference; the last one destroys the
+ * event in this process (other processes keep theirs).
+ * Returns 0, -EINVAL (NULL) or GPUIPC_E_CUDA (the reference is dropped all
+ * the same).
+ */
+GPUIPC_API int gpuipc_event_release(gpuipc_event_t *ev);
+
+/*
+ * gpuipc_event_handle_pack - encode @h as GPUIPC_EVENT_HANDLE_PACKED_SIZE
+ * bytes (little-endian, versioned, checksummed). Returns the byte count;
+ * -EINVAL; -ENOSPC; GPUIPC_E_BADHANDLE (@h invalid).
+ * gpuipc_event_handle_unpack - decode and validate (magic, version, length,
+ * checksum, flags, reserved bytes, ids); GPUIPC_E_BADHANDLE naming the
+ * field.
+ */
+GPUIPC_API int gpuipc_event_handle_pack(const gpuipc_event_handle_t *h,
+                                        void *dst, size_t cap);
+GPUIPC_API int gpuipc_event_handle_unpack(const void *src, size_t len,
+                                          gpuipc_event_handle_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* Topology                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* How two GPUs are connected, in the terms of `nvidia-smi topo -m`. */
+typedef enum gpuipc_link {
+  GPUIPC_LINK_UNKNOWN = 0, /* NVML not available */
+  GPUIPC_LINK_SELF = 1,    /* the same GPU ("X") */
+  GPUIPC_LINK_NVLINK = 2,  /* NVLink ("NV#", the count in nvlinks) */
+  GPUIPC_LINK_PIX = 3,     /* at most one PCIe bridge */
+  GPUIPC_LINK_PXB = 4,     /* several PCIe bridges, no host bridge */
+  GPUIPC_LINK_PHB = 5,     /* through a PCIe host bridge */
+  GPUIPC_LINK_NODE = 6,    /* between host bridges of one NUMA node */
+  GPUIPC_LINK_SYS = 7,     /* across NUMA nodes (SMP interconnect) */
+} gpuipc_link_t;
+
+/* gpuipc_link_name - "X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS" or "?". */
+GPUIPC_API const char *gpuipc_link_name(gpuipc_link_t link);
+
+typedef struct gpuipc_p2p {
+  size_t size;           /* set to sizeof(gpuipc_p2p_t) by the caller */
+  int access;            /* @src can map @dst's memory (1/0) */
+  int perf_rank;         /* CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK */
+  int native_atomics;    /* every atomic works over the link (1/0) */
+  int cuda_arrays;       /* CUDA arrays can be accessed over the link */
+  gpuipc_link_t link;    /* from NVML; GPUIPC_LINK_UNKNOWN without it */
+  int nvlinks;           /* active NVLinks between them, -1 unknown */
+} gpuipc_p2p_t;
+
+/*
+ * gpuipc_topo_p2p - how local device @src reaches local device @dst.
+ * @out->size must be set. Driver attributes always; link type and NVLink
+ * count when NVML (libnvidia-ml.so.1) can be loaded.
+ * Returns 0; -EINVAL (NULL, size); -ERANGE (ordinal not visible);
+ * GPUIPC_E_NODRIVER; GPUIPC_E_CUDA. Thread-safe.
+ */
+GPUIPC_API int gpuipc_topo_p2p(int src, int dst, gpuipc_p2p_t *out);
+
+/*
+ * gpuipc_topo_nvml - 0 when NVML is loaded and initialised (loading it
+ * once), else GPUIPC_E_UNSUPPORTED with gpuipc_last_error() saying why.
+ */
+GPUIPC_API int gpuipc_topo_nvml(void);
+
+/*
+ * gpuipc_peer_enable - let kernels on local device @src access memory
+ * allocated (cudaMalloc, cuMemAlloc, LEGACY buffers) on local device @dst,
+ * in the primary contexts (what cudaDeviceEnablePeerAccess does).
+ * Returns 0 (also when already enabled or @src == @dst); -ERANGE;
+ * GPUIPC_E_UNSUPPORTED (no P2P between them); GPUIPC_E_NODRIVER;
+ * GPUIPC_E_CUDA. Thread-safe.
+ */
+GPUIPC_API int gpuipc_peer_enable(int src, int dst);
+
 #ifdef __cplusplus
 }
 #endif
