@@ -223,6 +223,18 @@ int gpuipc_buf_export_foreign(void *ptr, size_t size, unsigned flags,
       &memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
   if (r != CUDA_SUCCESS || memtype != CU_MEMORYTYPE_DEVICE)
     return gpuipc__err(-EINVAL, "%s: %p is not CUDA device memory", who, ptr);
+  /*
+   * Stream-ordered pool memory sits in the pool's larger allocations:
+   * sharing its handle would share the neighbours (share the pool).
+   */
+  CUmemoryPool mempool = NULL;
+  r = gpuipc__cu.cuPointerGetAttribute(&mempool,
+                                       CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p);
+  if (r == CUDA_SUCCESS && mempool != NULL)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "%s: %p comes from a stream-ordered memory pool, "
+                       "whose memory is shared by exporting the pool (the "
+                       "POOL kind), never one allocation by itself", who, ptr);
   int dev = -1;
   rc = ptr_attr(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p,
                 "cuPointerGetAttribute(DEVICE_ORDINAL)");

@@ -41,6 +41,12 @@ bool gpuipc__handle_is_self(const gpuipc_handle_t *h);
 bool gpuipc__exporter_gone(const uint8_t boot_id[16], uint64_t pidns,
                            uint32_t pid);
 
+/*
+ * POOL import statistics for tests: pools imported from other processes
+ * since the start, and imported pools alive now.
+ */
+void gpuipc__pool_stats(uint64_t *imported, uint64_t *live);
+
 #if GPUIPC_HAVE_CUDA
 /* Grant local device @device read-write access to @b (gpuipc_buf_access). */
 int gpuipc__vmm_access(struct gpuipc_buf *b, int device);

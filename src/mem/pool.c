@@ -57,6 +57,8 @@ static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct local_pool local[MAX_DEV];
 static bool local_ready[MAX_DEV];
 static struct remote_pool *remotes;
+static uint64_t remotes_imported; /* pools imported, ever */
+static uint64_t remotes_live;
 
 static int pool_usable(const char *who)
 {
@@ -290,6 +292,8 @@ static int remote_get(const gpuipc_handle_t *h, int owner, int access,
     rp->owner = owner;
     rp->next = remotes;
     remotes = rp;
+    remotes_imported++;
+    remotes_live++;
   }
   rc = remote_grant(rp, access);
   if (rc != 0)
@@ -317,6 +321,7 @@ static void remote_put(struct remote_pool *rp)
     for (struct remote_pool **pp = &remotes; *pp != NULL; pp = &(*pp)->next)
       if (*pp == rp) {
         *pp = rp->next;
+        remotes_live--;
         break;
       }
   pthread_mutex_unlock(&pools_lock);
@@ -434,6 +439,14 @@ int gpuipc__pool_access(struct gpuipc_buf *b, int device)
   return rc;
 }
 
+void gpuipc__pool_stats(uint64_t *imported, uint64_t *live)
+{
+  pthread_mutex_lock(&pools_lock);
+  *imported = remotes_imported;
+  *live = remotes_live;
+  pthread_mutex_unlock(&pools_lock);
+}
+
 const struct gpuipc__kind_ops gpuipc__pool_ops = {
     .kind = GPUIPC_KIND_POOL,
     .available = pool_available,
@@ -442,5 +455,13 @@ const struct gpuipc__kind_ops gpuipc__pool_ops = {
     .import = pool_import,
     .release = pool_release,
 };
+
+#else /* !GPUIPC_HAVE_CUDA */
+
+void gpuipc__pool_stats(uint64_t *imported, uint64_t *live)
+{
+  *imported = 0;
+  *live = 0;
+}
 
 #endif

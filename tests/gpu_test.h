@@ -1,0 +1,161 @@
+/*
+ * What the GPU tests share: starting the CUDA C helper processes, and
+ * reading and writing device memory from the test through the driver that
+ * gpuipc loaded.
+ */
+#ifndef GPUIPC_TEST_GPU_TEST_H
+#define GPUIPC_TEST_GPU_TEST_H
+
+#include "cuda/cuda.h"
+#include "helpers/gpu_proto.h"
+#include "test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GPU_PROC_TIMEOUT_MS 120000
+
+/* Skip unless the CUDA C helper @name was built (it needs nvcc). */
+static inline void gpu_require_helper(const char *name)
+{
+  if (access(test_helper_path(name), X_OK) != 0)
+    SKIP("the CUDA C helper %s was not built (no nvcc at configure time)",
+         name);
+}
+
+static inline const char *gpu_fmt_int(char *buf, size_t cap, long long v)
+{
+  snprintf(buf, cap, "%lld", v);
+  return buf;
+}
+
+/*
+ * Run "gpu_peer export KIND EXP_DEV SIZE SEED <sock> MODE COUNT" and
+ * "gpu_peer import IMP_DEV <sock> EXTRA..." joined by a socket pair, with
+ * CUDA_VISIBLE_DEVICES=@imp_cvd for the importer when not NULL. Both must
+ * exit 0. The exporter is waited for first.
+ */
+static inline void gpu_pair(const char *kind, int exp_dev, int imp_dev,
+                            size_t size, uint64_t seed, const char *mode,
+                            int count, const char *imp_cvd,
+                            const char *const *extra)
+{
+  int sv[2];
+  ASSERT_OK(gpuipc__sock_pair(sv));
+  char d1[16], d2[16], sz[32], sd[32], s0[16], s1[16], cnt[16];
+  const char *eargs[] = {"export", kind, gpu_fmt_int(d1, sizeof(d1), exp_dev),
+                         gpu_fmt_int(sz, sizeof(sz), (long long)size),
+                         gpu_fmt_int(sd, sizeof(sd), (long long)seed),
+                         gpu_fmt_int(s0, sizeof(s0), sv[0]), mode,
+                         gpu_fmt_int(cnt, sizeof(cnt), count), NULL};
+  const char *iargs[16] = {"import", gpu_fmt_int(d2, sizeof(d2), imp_dev),
+                           gpu_fmt_int(s1, sizeof(s1), sv[1])};
+  int n = 3;
+  for (; extra != NULL && *extra != NULL && n < 15; extra++)
+    iargs[n++] = *extra;
+  iargs[n] = NULL;
+  int keep0[] = {sv[0], -1}, keep1[] = {sv[1], -1};
+  printf("--- %s: exporter on GPU %d, importer on GPU %d%s%s\n", kind,
+         exp_dev, imp_dev, imp_cvd != NULL ? ", CUDA_VISIBLE_DEVICES=" : "",
+         imp_cvd != NULL ? imp_cvd : "");
+  pid_t e = test_spawn("gpu_peer", eargs, keep0);
+  if (imp_cvd != NULL)
+    setenv("CUDA_VISIBLE_DEVICES", imp_cvd, 1);
+  pid_t i = test_spawn("gpu_peer", iargs, keep1);
+  if (imp_cvd != NULL)
+    unsetenv("CUDA_VISIBLE_DEVICES");
+  close(sv[0]);
+  close(sv[1]);
+  int est = test_wait(e, GPU_PROC_TIMEOUT_MS);
+  int ist = test_wait(i, GPU_PROC_TIMEOUT_MS);
+  ASSERT_EQ(est, 0);
+  ASSERT_EQ(ist, 0);
+}
+
+/*
+ * Start "gpu_peer export KIND DEV SIZE SEED <sock> exit", take the handle
+ * it sends (with its fd) and wait until it has exited.
+ */
+static inline void gpu_export_and_exit(const char *kind, int dev, size_t size,
+                                       uint64_t seed, gpuipc_handle_t *h)
+{
+  int sv[2];
+  ASSERT_OK(gpuipc__sock_pair(sv));
+  char d[16], sz[32], sd[32], s0[16];
+  const char *args[] = {"export", kind, gpu_fmt_int(d, sizeof(d), dev),
+                        gpu_fmt_int(sz, sizeof(sz), (long long)size),
+                        gpu_fmt_int(sd, sizeof(sd), (long long)seed),
+                        gpu_fmt_int(s0, sizeof(s0), sv[0]), "exit", "1",
+                        NULL};
+  int keep[] = {sv[0], -1};
+  pid_t e = test_spawn("gpu_peer", args, keep);
+  close(sv[0]);
+  uint64_t got_seed = 0;
+  proto_recv_handle(sv[1], h, &got_seed, NULL);
+  ASSERT_EQ_U(got_seed, seed);
+  ASSERT_EQ(test_wait(e, GPU_PROC_TIMEOUT_MS), 0);
+  close(sv[1]);
+}
+
+/*
+ * Start "gpu_peer import DEV <sock> EXTRA..." and return its pid; the test
+ * talks to it through *@sock (the other end of the pair).
+ */
+static inline pid_t gpu_start_importer(int dev, const char *const *extra,
+                                       int *sock)
+{
+  int sv[2];
+  ASSERT_OK(gpuipc__sock_pair(sv));
+  char d[16], s1[16];
+  const char *args[16] = {"import", gpu_fmt_int(d, sizeof(d), dev),
+                          gpu_fmt_int(s1, sizeof(s1), sv[1])};
+  int n = 3;
+  for (; extra != NULL && *extra != NULL && n < 15; extra++)
+    args[n++] = *extra;
+  args[n] = NULL;
+  int keep[] = {sv[1], -1};
+  pid_t p = test_spawn("gpu_peer", args, keep);
+  close(sv[1]);
+  *sock = sv[0];
+  return p;
+}
+
+/* Copy between host and device memory on local device @dev. */
+static inline void gpu_copy(int dev, void *dst, const void *src, size_t n,
+                            bool to_device)
+{
+  struct gpuipc__ctx_saved saved;
+  ASSERT_OK(gpuipc__ctx_enter(dev, &saved));
+  int rc = to_device
+               ? GPUIPC_CU(cuMemcpyHtoD, (CUdeviceptr)(uintptr_t)dst, src, n)
+               : GPUIPC_CU(cuMemcpyDtoH, dst, (CUdeviceptr)(uintptr_t)src, n);
+  gpuipc__ctx_leave(&saved);
+  ASSERT_OK(rc);
+}
+
+/* Fill @n device bytes at @p with pattern @seed (through the host). */
+static inline void gpu_fill_host(int dev, void *p, size_t n, uint64_t seed)
+{
+  uint8_t *tmp = (uint8_t *)malloc(n);
+  ASSERT_TRUE(tmp != NULL);
+  test_fill(tmp, n, seed);
+  gpu_copy(dev, p, tmp, n, true);
+  free(tmp);
+}
+
+/* Check that @n device bytes at @p hold pattern @seed. */
+static inline void gpu_expect(int dev, const void *p, size_t n, uint64_t seed)
+{
+  uint8_t *tmp = (uint8_t *)malloc(n);
+  ASSERT_TRUE(tmp != NULL);
+  gpu_copy(dev, tmp, p, n, false);
+  size_t bad = test_check(tmp, n, seed);
+  if (bad != (size_t)-1)
+    TFAIL("device byte %zu of %zu is 0x%02x, pattern %llu says 0x%02x", bad,
+          n, tmp[bad], (unsigned long long)seed, test_pattern(seed, bad));
+  free(tmp);
+}
+
+#endif
