@@ -11,6 +11,8 @@
 
 #include <fcntl.h>
 
+#if GPUIPC_HAVE_CUDA
+
 #define BLOCK GPUIPC__LEGACY_BLOCK
 
 static CUdeviceptr dev_alloc(size_t n)
@@ -193,3 +195,7 @@ int main(void)
   dev_free(d);
   return 0;
 }
+
+#else
+GPU_TEST_NEEDS_CUDA_HEADER()
+#endif

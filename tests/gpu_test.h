@@ -122,6 +122,7 @@ static inline pid_t gpu_start_importer(int dev, const char *const *extra,
   return p;
 }
 
+#if GPUIPC_HAVE_CUDA
 /* Copy between host and device memory on local device @dev. */
 static inline void gpu_copy(int dev, void *dst, const void *src, size_t n,
                             bool to_device)
@@ -157,5 +158,13 @@ static inline void gpu_expect(int dev, const void *p, size_t n, uint64_t seed)
           n, tmp[bad], (unsigned long long)seed, test_pattern(seed, bad));
   free(tmp);
 }
+#endif /* GPUIPC_HAVE_CUDA */
+
+/* The main() of a GPU test in a build without the CUDA header. */
+#define GPU_TEST_NEEDS_CUDA_HEADER()                                           \
+  int main(void)                                                               \
+  {                                                                            \
+    SKIP("gpuipc was built without the CUDA header: no GPU kinds");          \
+  }
 
 #endif

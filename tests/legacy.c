@@ -8,6 +8,8 @@
 
 #include "mem/gpu.h"
 
+#if GPUIPC_HAVE_CUDA
+
 #define SIZE ((size_t)3 << 20) /* rounded up to 4 MiB */
 
 /* The allocation behind @p must be exactly [p, p + size), block-aligned. */
@@ -112,3 +114,7 @@ int main(void)
   gpu_pair("legacy", 1, 0, SIZE, 260, "verify-exit", 1, NULL, hold);
   return 0;
 }
+
+#else
+GPU_TEST_NEEDS_CUDA_HEADER()
+#endif

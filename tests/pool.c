@@ -9,6 +9,8 @@
 
 #include <fcntl.h>
 
+#if GPUIPC_HAVE_CUDA
+
 #define SIZE ((size_t)3 << 20)
 
 static void check_local(void)
@@ -65,3 +67,7 @@ int main(void)
   gpu_pair("pool", 0, -1, SIZE, 540, "verify", 3, "1,0", expect1);
   return 0;
 }
+
+#else
+GPU_TEST_NEEDS_CUDA_HEADER()
+#endif

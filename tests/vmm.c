@@ -8,6 +8,8 @@
 
 #include <fcntl.h>
 
+#if GPUIPC_HAVE_CUDA
+
 #define SIZE ((size_t)5 << 20) /* not a multiple of the 2 MiB granularity */
 
 static void check_local(void)
@@ -146,3 +148,7 @@ int main(void)
   check_survives_creator(1);
   return 0;
 }
+
+#else
+GPU_TEST_NEEDS_CUDA_HEADER()
+#endif

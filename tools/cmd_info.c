@@ -125,6 +125,9 @@ static void print_text(const struct report *r)
            handle_types(d->pool_handle_types, b2, sizeof(b2)),
            d->granularity ? cli_bytes(d->granularity, b1, sizeof(b1))
                           : "none (no VMM)");
+    int frc = gpuipc_fabric_status(i);
+    printf("     fabric handles for VMM: %s\n",
+           frc == 0 ? "used" : gpuipc_last_error());
   }
 
   printf("kinds:\n");
@@ -194,6 +197,9 @@ static void print_json(const struct report *r)
     cli_json_int(&j, "pool_handle_types", d->pool_handle_types);
     cli_json_bool(&j, "unified_addressing", d->unified_addressing);
     cli_json_uint(&j, "granularity", d->granularity);
+    int frc = gpuipc_fabric_status(i);
+    cli_json_bool(&j, "fabric_usable", frc == 0);
+    cli_json_str(&j, "fabric_reason", frc == 0 ? NULL : gpuipc_last_error());
     cli_json_end(&j);
   }
   cli_json_end(&j);

@@ -92,6 +92,14 @@ const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind)
   switch (kind) {
   case GPUIPC_KIND_HOST:
     return &gpuipc__host_ops;
+#if GPUIPC_HAVE_CUDA
+  case GPUIPC_KIND_VMM:
+    return &gpuipc__vmm_ops;
+  case GPUIPC_KIND_LEGACY:
+    return &gpuipc__legacy_ops;
+  case GPUIPC_KIND_POOL:
+    return &gpuipc__pool_ops;
+#endif
   default:
     return NULL;
   }
