@@ -271,7 +271,7 @@ int gpuipc_event_import(const gpuipc_event_handle_t *h, int device,
   rc = gpuipc__cuda_load();
   if (rc != 0)
     return rc;
-  rc = device < 0 ? gpuipc__dev_by_uuid(h->device_uuid, who)
+  rc = device < 0 ? gpuipc_device_by_uuid(h->device_uuid)
                   : gpuipc__dev_check(device, who);
   if (rc < 0)
     return rc;

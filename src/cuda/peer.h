@@ -9,17 +9,6 @@
 
 #include <stdint.h>
 
-/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" and its NUL. */
-#define GPUIPC__UUID_STR_SIZE 41
-void gpuipc__uuid_fmt(const uint8_t uuid[16], char out[GPUIPC__UUID_STR_SIZE]);
-
-/*
- * The local ordinal of the GPU with @uuid, or GPUIPC_E_NODEVICE with
- * "<who>: GPU-... is not visible in this process (CUDA_VISIBLE_DEVICES=...)".
- * Also GPUIPC_E_NODRIVER.
- */
-int gpuipc__dev_by_uuid(const uint8_t uuid[16], const char *who);
-
 /* 0 when @ordinal is a visible device, else -ERANGE with @who's sentence. */
 int gpuipc__dev_check(int ordinal, const char *who);
 

@@ -4,18 +4,7 @@
 #include "cuda/peer.h"
 
 #include <stdatomic.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-void gpuipc__uuid_fmt(const uint8_t u[16], char out[GPUIPC__UUID_STR_SIZE])
-{
-  snprintf(out, GPUIPC__UUID_STR_SIZE,
-           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
-           "%02x%02x%02x%02x%02x%02x",
-           u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
-           u[11], u[12], u[13], u[14], u[15]);
-}
 
 const char *gpuipc_link_name(gpuipc_link_t link)
 {
@@ -54,27 +43,6 @@ int gpuipc__dev_check(int ordinal, const char *who)
     return gpuipc__err(-ERANGE, "%s: device %d is not visible (%d device%s)",
                        who, ordinal, n, n == 1 ? "" : "s");
   return 0;
-}
-
-int gpuipc__dev_by_uuid(const uint8_t uuid[16], const char *who)
-{
-  int rc = gpuipc__cuda_load();
-  if (rc != 0)
-    return rc;
-  int n = gpuipc__dev_count();
-  for (int i = 0; i < n; i++) {
-    const struct gpuipc__dev *d = gpuipc__dev_get(i);
-    if (d != NULL && memcmp(d->info.uuid, uuid, 16) == 0)
-      return i;
-  }
-  char s[GPUIPC__UUID_STR_SIZE];
-  gpuipc__uuid_fmt(uuid, s);
-  const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-  return gpuipc__err(GPUIPC_E_NODEVICE,
-                     "%s: %s is not visible in this process "
-                     "(%d device%s visible, CUDA_VISIBLE_DEVICES=%s)",
-                     who, s, n, n == 1 ? "" : "s",
-                     cvd != NULL ? cvd : "(unset)");
 }
 
 #if GPUIPC_HAVE_CUDA

@@ -43,7 +43,7 @@ int gpuipc_buf_alive(const gpuipc_buf_t *buf)
 int gpuipc__gpu_import_devices(const gpuipc_handle_t *h, int requested,
                                const char *who, int *owner, int *access)
 {
-  int o = gpuipc__dev_by_uuid(h->device_uuid, who);
+  int o = gpuipc_device_by_uuid(h->device_uuid);
   if (o < 0)
     return o;
   int a = o;
@@ -83,7 +83,7 @@ int gpuipc_buf_access(gpuipc_buf_t *buf, int device)
     return rc;
   if (device == buf->device)
     return 0;
-  int owner = gpuipc__dev_by_uuid(buf->uuid, who);
+  int owner = gpuipc_device_by_uuid(buf->uuid);
   if (owner < 0)
     return owner;
   rc = gpuipc__p2p_check(device, owner, who);
