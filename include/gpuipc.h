@@ -472,8 +472,10 @@ GPUIPC_API int gpuipc_event_export(const gpuipc_event_t *ev,
 
 /*
  * gpuipc_event_import - open the event @h describes.
- * @device: local ordinal whose context opens the event; -1 for the GPU the
- *     handle names (found by UUID).
+ * @device: local ordinal whose primary context opens the event, which is
+ *     the device whose streams will record or wait on it (possibly not the
+ *     GPU the event was created on); -1 for the GPU the handle names (found
+ *     by UUID).
  * Imports are cached per process: importing the same event again returns
  * the same object with one more reference, without a driver call; importing
  * an event this process exported returns the original.
@@ -487,14 +489,18 @@ GPUIPC_API int gpuipc_event_import(const gpuipc_event_handle_t *h,
 /*
  * gpuipc_event_record - record @ev on @stream (a CUstream / cudaStream_t;
  * NULL: the default stream of the event's device). The stream must belong
- * to the event's device. Returns 0; -EINVAL; GPUIPC_E_CUDA.
+ * to the primary context of the event's device (gpuipc_event_device: the
+ * one it was created or imported on), else -EINVAL: the driver cannot use
+ * an interprocess event on another device's stream.
+ * Returns 0; -EINVAL; GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_event_record(gpuipc_event_t *ev, void *stream);
 
 /*
  * gpuipc_event_wait - make @stream (NULL: the default stream of the
  * event's device) wait until the last record of @ev has completed, in
- * whichever process recorded it. Does not block the host.
+ * whichever process recorded it. Does not block the host. As for
+ * gpuipc_event_record, the stream must be on the event's device.
  * Returns 0; -EINVAL; GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_event_wait(gpuipc_event_t *ev, void *stream);

@@ -134,8 +134,12 @@ static void event_pair(int pdev, int cdev)
   pid_t c = test_spawn("gpu_event", cargs, k1);
   close(sv[0]);
   close(sv[1]);
-  ASSERT_EQ(test_wait(p, GPU_PROC_TIMEOUT_MS), 0);
-  ASSERT_EQ(test_wait(c, GPU_PROC_TIMEOUT_MS), 0);
+  int ps = test_wait(p, GPU_PROC_TIMEOUT_MS);
+  int cs = test_wait(c, GPU_PROC_TIMEOUT_MS);
+  if (ps != 0 || cs != 0)
+    printf("producer exit status %d, consumer exit status %d\n", ps, cs);
+  ASSERT_EQ(ps, 0);
+  ASSERT_EQ(cs, 0);
 }
 
 int main(void)

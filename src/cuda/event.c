@@ -327,13 +327,37 @@ unlock:
   return rc;
 }
 
-/* Run @fn-style call with the event's device current when @stream is NULL. */
+/*
+ * A stream used with @ev must belong to the primary context of the event's
+ * device: the driver does not take an interprocess event opened in one
+ * device's context on another device's stream (it crashed on 580.159).
+ */
+static int stream_check(const struct gpuipc_event *ev, CUstream s,
+                        const char *who)
+{
+  if (gpuipc__cu.cuStreamGetCtx == NULL)
+    return 0;
+  CUcontext sc = NULL;
+  int rc = GPUIPC_CU(cuStreamGetCtx, s, &sc);
+  if (rc != 0)
+    return rc;
+  const struct gpuipc__dev *d = gpuipc__dev_get(ev->device);
+  if (sc != __atomic_load_n(&d->primary, __ATOMIC_ACQUIRE))
+    return gpuipc__err(-EINVAL, "%s: the stream is not on the event's "
+                       "device %d (%s) in its primary context: import the "
+                       "event on the device whose streams use it", who,
+                       ev->device, d->info.uuid_str);
+  return 0;
+}
+
 int gpuipc_event_record(gpuipc_event_t *ev, void *stream)
 {
   if (ev == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_event_record: NULL event");
-  if (stream != NULL)
-    return GPUIPC_CU(cuEventRecord, ev->ev, (CUstream)stream);
+  if (stream != NULL) {
+    int rc = stream_check(ev, (CUstream)stream, "gpuipc_event_record");
+    return rc != 0 ? rc : GPUIPC_CU(cuEventRecord, ev->ev, (CUstream)stream);
+  }
   struct gpuipc__ctx_saved saved;
   int rc = gpuipc__ctx_enter(ev->device, &saved);
   if (rc != 0)
@@ -347,8 +371,11 @@ int gpuipc_event_wait(gpuipc_event_t *ev, void *stream)
 {
   if (ev == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_event_wait: NULL event");
-  if (stream != NULL)
-    return GPUIPC_CU(cuStreamWaitEvent, (CUstream)stream, ev->ev, 0);
+  if (stream != NULL) {
+    int rc = stream_check(ev, (CUstream)stream, "gpuipc_event_wait");
+    return rc != 0 ? rc
+                   : GPUIPC_CU(cuStreamWaitEvent, (CUstream)stream, ev->ev, 0);
+  }
   struct gpuipc__ctx_saved saved;
   int rc = gpuipc__ctx_enter(ev->device, &saved);
   if (rc != 0)

@@ -8,6 +8,7 @@
 #include "wire/wire.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,6 +26,14 @@ bool gpuipc__exporter_gone(const uint8_t boot_id[16], uint64_t pidns,
   const struct gpuipc__proc_id *me = gpuipc__proc_self();
   return memcmp(me->boot_id, boot_id, 16) == 0 && me->pidns == pidns &&
          !gpuipc__pid_alive((pid_t)pid);
+}
+
+bool gpuipc__exporter_gone_fast(const uint8_t boot_id[16], uint64_t pidns,
+                                uint32_t pid)
+{
+  const struct gpuipc__proc_id *me = gpuipc__proc_self();
+  return memcmp(me->boot_id, boot_id, 16) == 0 && me->pidns == pidns &&
+         kill((pid_t)pid, 0) < 0 && errno == ESRCH;
 }
 
 int gpuipc_buf_alive(const gpuipc_buf_t *buf)
@@ -118,8 +127,7 @@ static int ptr_attr(void *out, CUpointer_attribute a, CUdeviceptr p,
  * neighbours' bytes out of the importer's reach.
  */
 static int foreign_legacy(CUdeviceptr p, size_t size, CUdeviceptr base,
-                          size_t rsize, int dev, unsigned flags,
-                          gpuipc_handle_t *h)
+                          size_t rsize, unsigned flags, gpuipc_handle_t *h)
 {
   static const char who[] = "gpuipc_buf_export_foreign";
   bool whole = p == base && size == rsize &&
@@ -140,13 +148,8 @@ static int foreign_legacy(CUdeviceptr p, size_t size, CUdeviceptr base,
   if (gpuipc__cu.cuIpcGetMemHandle == NULL)
     return gpuipc__err(GPUIPC_E_UNSUPPORTED, "%s: the driver lacks "
                        "cuIpcGetMemHandle", who);
-  struct gpuipc__ctx_saved saved;
-  int rc = gpuipc__ctx_enter(dev, &saved);
-  if (rc != 0)
-    return rc;
   CUipcMemHandle ipc;
-  rc = GPUIPC_CU(cuIpcGetMemHandle, &ipc, base);
-  gpuipc__ctx_leave(&saved);
+  int rc = GPUIPC_CU(cuIpcGetMemHandle, &ipc, base);
   if (rc != 0)
     return rc;
   h->kind = GPUIPC_KIND_LEGACY;
@@ -203,6 +206,41 @@ static int foreign_vmm(CUdeviceptr p, size_t size, CUdeviceptr base,
   return 0;
 }
 
+/* The export of [p, p + size), in the context of the memory's device. */
+static int foreign_export(CUdeviceptr p, size_t size, unsigned flags,
+                          gpuipc_handle_t *h)
+{
+  static const char who[] = "gpuipc_buf_export_foreign";
+  void *ptr = (void *)(uintptr_t)p;
+  CUdeviceptr base = 0;
+  size_t rsize = 0;
+  int rc = GPUIPC_CU(cuMemGetAddressRange, &base, &rsize, p);
+  if (rc != 0)
+    return rc;
+  if (size > rsize - (size_t)(p - base))
+    return gpuipc__err(-EINVAL, "%s: [%p, +%zu) runs past the end of its "
+                       "allocation [0x%llx, +%zu)", who, ptr, size,
+                       (unsigned long long)base, rsize);
+  h->size = size;
+  h->offset = (uint64_t)(p - base);
+  h->alloc_size = rsize;
+  unsigned long long legacy_ok = 0; /* a boolean of the driver's width */
+  rc = ptr_attr(&legacy_ok, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                p, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)");
+  if (rc != 0)
+    return rc;
+  if (legacy_ok)
+    return foreign_legacy(p, size, base, rsize, flags, h);
+  CUmemGenericAllocationHandle probe;
+  if (gpuipc__cu.cuMemRetainAllocationHandle == NULL ||
+      gpuipc__cu.cuMemRetainAllocationHandle(&probe, ptr) != CUDA_SUCCESS)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "%s: %p is neither cudaMalloc/cuMemAlloc memory nor "
+                       "a cuMemCreate mapping", who, ptr);
+  gpuipc__cu.cuMemRelease(probe);
+  return foreign_vmm(p, size, base, rsize, flags, h);
+}
+
 int gpuipc_buf_export_foreign(void *ptr, size_t size, unsigned flags,
                               gpuipc_handle_t *out)
 {
@@ -242,47 +280,20 @@ int gpuipc_buf_export_foreign(void *ptr, size_t size, unsigned flags,
     rc = gpuipc__dev_check(dev, who);
   if (rc != 0)
     return rc;
-  CUdeviceptr base = 0;
-  size_t rsize = 0;
-  rc = GPUIPC_CU(cuMemGetAddressRange, &base, &rsize, p);
-  if (rc != 0)
-    return rc;
-  if (size > rsize - (size_t)(p - base))
-    return gpuipc__err(-EINVAL, "%s: [%p, +%zu) runs past the end of its "
-                       "allocation [0x%llx, +%zu)", who, ptr, size,
-                       (unsigned long long)base, rsize);
-  int legacy_ok = 0;
-  rc = ptr_attr(&legacy_ok, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                p, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)");
-  if (rc != 0)
-    return rc;
-
   gpuipc_handle_t h;
   memset(&h, 0, sizeof(h));
-  if (legacy_ok) {
-    rc = foreign_legacy(p, size, base, rsize, dev, flags, &h);
-  } else {
-    CUmemGenericAllocationHandle probe;
-    if (gpuipc__cu.cuMemRetainAllocationHandle == NULL ||
-        gpuipc__cu.cuMemRetainAllocationHandle(&probe, (void *)(uintptr_t)p) !=
-            CUDA_SUCCESS)
-      return gpuipc__err(GPUIPC_E_UNSUPPORTED,
-                         "%s: %p is neither cudaMalloc/cuMemAlloc memory nor "
-                         "a cuMemCreate mapping (memory from a stream-ordered "
-                         "pool is shared by exporting its pool: use the POOL "
-                         "kind)", who, ptr);
-    gpuipc__cu.cuMemRelease(probe);
-    rc = foreign_vmm(p, size, base, rsize, flags, &h);
-  }
+  struct gpuipc__ctx_saved saved;
+  rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  rc = foreign_export(p, size, flags, &h);
+  gpuipc__ctx_leave(&saved);
   if (rc != 0)
     return rc;
 
   const struct gpuipc__proc_id *me = gpuipc__proc_self();
   const struct gpuipc__dev *d = gpuipc__dev_get(dev);
   h.version = GPUIPC_HANDLE_VERSION;
-  h.size = size;
-  h.offset = (uint64_t)(p - base);
-  h.alloc_size = rsize;
   memcpy(h.device_uuid, d->info.uuid, 16);
   /* Its own id space (top bit set), apart from the buffers' export ids. */
   h.export_id = (1ull << 63) | atomic_fetch_add(&foreign_ids, 1);

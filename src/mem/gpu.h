@@ -40,6 +40,12 @@ bool gpuipc__handle_is_self(const gpuipc_handle_t *h);
  */
 bool gpuipc__exporter_gone(const uint8_t boot_id[16], uint64_t pidns,
                            uint32_t pid);
+/*
+ * The same by kill(pid, 0) alone: a few hundred nanoseconds, but an exited
+ * process not yet reaped by its parent still counts as alive.
+ */
+bool gpuipc__exporter_gone_fast(const uint8_t boot_id[16], uint64_t pidns,
+                                uint32_t pid);
 
 /*
  * POOL import statistics for tests: pools imported from other processes

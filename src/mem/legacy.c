@@ -22,6 +22,7 @@
 /* A legacy handle this process has opened. */
 struct legacy_open {
   struct legacy_open *next;
+  uint64_t hash;                    /* of the key, compared first */
   uint8_t key[GPUIPC_HANDLE_BYTES]; /* the CUipcMemHandle */
   CUdeviceptr base;
   int device; /* whose context opened it */
@@ -36,6 +37,15 @@ struct legacy {
 
 static pthread_mutex_t opens_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct legacy_open *opens;
+
+/* FNV-1a over the handle bytes. */
+static uint64_t key_hash(const uint8_t *k)
+{
+  uint64_t x = 0xcbf29ce484222325ull;
+  for (int i = 0; i < GPUIPC_HANDLE_BYTES; i++)
+    x = (x ^ k[i]) * 0x100000001b3ull;
+  return x;
+}
 
 static int legacy_usable(const char *who)
 {
@@ -149,7 +159,8 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
     return gpuipc__err(GPUIPC_E_UNSUPPORTED, "%s: a process cannot open its "
                        "own legacy handle (use the pointer it exported)",
                        who);
-  if (gpuipc__exporter_gone(h->boot_id, h->pidns, h->pid))
+  /* Cheap here; a failed open below asks thoroughly. */
+  if (gpuipc__exporter_gone_fast(h->boot_id, h->pidns, h->pid))
     return gone(h, who);
   int owner, access;
   rc = gpuipc__gpu_import_devices(h, b->device, who, &owner, &access);
@@ -169,10 +180,12 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
     return gpuipc__err(-ENOMEM, "%s: out of memory", who);
   memcpy(l->ipc.reserved, h->bytes, GPUIPC_HANDLE_BYTES);
 
+  uint64_t hash = key_hash(h->bytes);
   pthread_mutex_lock(&opens_lock);
   struct legacy_open *o;
   for (o = opens; o != NULL; o = o->next)
-    if (memcmp(o->key, h->bytes, GPUIPC_HANDLE_BYTES) == 0)
+    if (o->hash == hash &&
+        memcmp(o->key, h->bytes, GPUIPC_HANDLE_BYTES) == 0)
       break;
   if (o != NULL) {
     o->refs++;
@@ -196,6 +209,7 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
       goto unlock;
     }
     memcpy(o->key, h->bytes, GPUIPC_HANDLE_BYTES);
+    o->hash = hash;
     o->device = access;
     o->refs = 1;
     o->next = opens;

@@ -166,7 +166,7 @@ static int pool_alloc(struct gpuipc_buf *b)
   rc = gpuipc__ctx_enter(b->device, &saved);
   if (rc != 0)
     goto free_pb;
-  struct local_pool *lp;
+  struct local_pool *lp = NULL;
   rc = local_pool_get(b->device, &lp);
   if (rc != 0)
     goto leave_ctx;

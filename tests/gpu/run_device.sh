@@ -5,9 +5,10 @@
 #
 #   tests/gpu/run_device.sh            # from the repository root
 #
-# Logs go to $OUT when it is set, else to build-gpu/device-logs. The console
-# gets the evidence lines and a summary table; the exit status is 0 only if
-# every step passed.
+# Logs go to build-gpu/device-logs; when $OUT is set, the summary is copied
+# there as summary.txt and every log as device-logs.tgz. The console gets
+# the evidence lines and a summary table; the exit status is 0 only if every
+# step passed.
 #
 # Settings: BUILD_DIR (build-gpu), JOBS (nproc), STEP_TIMEOUT (300 s),
 # RING_MIB (256), BENCH_N (200 imports per row).
@@ -15,7 +16,7 @@ set -u
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-gpu}
-out=${OUT:-$build/device-logs}
+out=$build/device-logs
 jobs=${JOBS:-$(nproc)}
 step_timeout=${STEP_TIMEOUT:-300}
 ring_mib=${RING_MIB:-256}
@@ -44,6 +45,8 @@ step() {
   return $rc
 }
 
+rm -rf "$out"
+mkdir -p "$out"
 echo "== gpuipc device run: $(date -u +%FT%TZ), logs in $out"
 {
   nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total \
@@ -116,9 +119,9 @@ step "kinds_bench" kinds_bench.log "$build/bench/kinds_bench" --n "$bench_n" \
 # ---- evidence, then the summary ----
 {
   echo "== what the GPU tests showed (from ctest.log)"
-  grep -E "^[0-9]+: (--- |export: pid|import: pid|import: .*PEER_GONE|import: after|import: [0-9]+ POOL|two 1000-byte|export_foreign\(first|LEGACY buffers at|pool memory:|a foreign|the creator's bytes|fabric handles on|unknown GPU|producer: |consumer: |GPU[0-9] -> GPU[0-9]:|NVML:|NOTE)" \
+  grep -E "^[0-9]+: (--- |import: |two 1000-byte|export_foreign\(first|LEGACY buffers at|pool memory:|a foreign|the creator's bytes|fabric handles on|unknown GPU|producer: a GPU|consumer: after|producer: after|GPU[0-9] -> GPU[0-9]:|NVML:|NOTE)" \
     "$out/ctest.log" | sed -E 's/^[0-9]+: /  /' |
-    awk '{ if (length($0) > 230) print substr($0, 1, 227) "..."; else print }'
+    awk '{ if (length($0) > 200) print substr($0, 1, 197) "..."; else print }'
   echo
   echo "== gpuipc topo"
   cat "$out/topo.txt"
@@ -138,4 +141,9 @@ step "kinds_bench" kinds_bench.log "$build/bench/kinds_bench" --n "$bench_n" \
     echo "SOME STEPS FAILED: see the logs in $out"
   fi
 } | tee "$out/summary.txt"
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  cp "$out/summary.txt" "$OUT/summary.txt"
+  tar -czf "$OUT/device-logs.tgz" -C "$build" device-logs
+fi
 exit $failed

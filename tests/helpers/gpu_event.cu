@@ -11,7 +11,9 @@
  * pattern, which the kernel writes long after the consumer was told. Then
  * the other way round: the consumer's kernel sleeps and writes pattern 701
  * through its mapping, records its own event, and the producer's stream
- * waits for it before copying.
+ * waits for it before copying. Each process opens the other's event on
+ * its own GPU, whose streams wait on it (the GPUs may differ), and the
+ * producer checks that a stream of another GPU is refused.
  */
 #include "gpu_proto.h"
 
@@ -69,10 +71,19 @@ static void slow_fill(cudaStream_t s, void *p, uint64_t seed)
   CUDA_OK(cudaGetLastError());
 }
 
+static int dev_of(cudaStream_t s)
+{
+  int d = -1;
+  CUDA_OK(cudaStreamGetDevice(s, &d));
+  return d;
+}
+
 /* After @ev, copy the buffer on @s and check it holds pattern @seed. */
 static void wait_and_check(gpuipc_event_t *ev, cudaStream_t s, const void *p,
                            uint8_t *host, uint64_t seed, const char *who)
 {
+  fprintf(stderr, "%s: stream on GPU %d waits for an event opened on GPU %d\n",
+          who, dev_of(s), gpuipc_event_device(ev));
   ASSERT_OK(gpuipc_event_wait(ev, (void *)s));
   CUDA_OK(cudaMemcpyAsync(host, p, SIZE, cudaMemcpyDefault, s));
   int q = gpuipc_event_query(ev);
@@ -118,7 +129,22 @@ static int producer(int dev, int sock)
   gpuipc_event_handle_t ch;
   proto_recv_event(sock, &ch);
   gpuipc_event_t *cev;
-  ASSERT_OK(gpuipc_event_import(&ch, -1, &cev));
+  ASSERT_OK(gpuipc_event_import(&ch, dev, &cev));
+
+  /* A stream of another GPU is refused, not handed to the driver. */
+  if (gpuipc_device_count() > 1) {
+    int other = dev == 0 ? 1 : 0;
+    cudaStream_t os;
+    CUDA_OK(cudaSetDevice(other));
+    CUDA_OK(cudaStreamCreateWithFlags(&os, cudaStreamNonBlocking));
+    ASSERT_RC(gpuipc_event_wait(ev, (void *)os), -EINVAL);
+    ASSERT_ERR_MENTIONS("import the event on the device");
+    ASSERT_RC(gpuipc_event_record(ev, (void *)os), -EINVAL);
+    CUDA_OK(cudaStreamDestroy(os));
+    CUDA_OK(cudaSetDevice(dev));
+    printf("producer: a GPU %d stream is refused for the GPU %d event: %s\n",
+           other, dev, gpuipc_last_error());
+  }
 
   slow_fill(s, gpuipc_buf_ptr(b), 700);
   ASSERT_OK(gpuipc_event_record(ev, (void *)s));
@@ -152,8 +178,9 @@ static int consumer(int dev, int sock)
   gpuipc_event_handle_t eh;
   proto_recv_event(sock, &eh);
   gpuipc_event_t *pev, *again;
-  ASSERT_OK(gpuipc_event_import(&eh, -1, &pev));
-  ASSERT_OK(gpuipc_event_import(&eh, -1, &again)); /* cached */
+  ASSERT_OK(gpuipc_event_import(&eh, dev, &pev));
+  ASSERT_EQ(gpuipc_event_device(pev), dev);
+  ASSERT_OK(gpuipc_event_import(&eh, dev, &again)); /* cached */
   ASSERT_TRUE(again == pev);
   ASSERT_OK(gpuipc_event_release(again));
 

@@ -69,9 +69,14 @@ static void gpu_fill(int dev, void *p, size_t n, uint64_t seed)
   CUDA_OK(cudaDeviceSynchronize());
 }
 
-/* Copy the buffer to the host and check it holds pattern @seed. */
-static void gpu_check(const void *p, size_t n, uint64_t seed, const char *what)
+/*
+ * Copy the buffer to the host on local device @dev (the one its mapping is
+ * for) and check it holds pattern @seed.
+ */
+static void gpu_check(int dev, const void *p, size_t n, uint64_t seed,
+                      const char *what)
 {
+  CUDA_OK(cudaSetDevice(dev));
   std::vector<uint8_t> host(n);
   CUDA_OK(cudaMemcpy(host.data(), p, n, cudaMemcpyDefault));
   size_t bad = test_check(host.data(), n, seed);
@@ -94,14 +99,17 @@ static gpuipc_kind_t parse_kind(const char *s)
   TFAIL("unknown kind %s", s);
 }
 
+/* "GPU-2f7d26e5": the start of the device's UUID, enough to tell GPUs apart. */
 static const char *uuid_of(int dev)
 {
-  static gpuipc_device_info_t d;
+  static char out[16];
+  gpuipc_device_info_t d;
   memset(&d, 0, sizeof(d));
   d.size = sizeof(d);
   if (gpuipc_device_info(dev, &d) != 0)
     return "?";
-  return d.uuid_str;
+  snprintf(out, sizeof(out), "%.12s", d.uuid_str);
+  return out;
 }
 
 static int run_export(int argc, char **argv)
@@ -128,10 +136,9 @@ static int run_export(int argc, char **argv)
     proto_send_handle(sock, &h, s, (uint32_t)(count - 1 - k));
     if (h.fd >= 0)
       close(h.fd);
-    printf("export: pid %d, %s buffer %d of %zu bytes on GPU %d (%s) at %p, "
-           "pattern %llu\n",
-           (int)getpid(), gpuipc_kind_name(kind), k, size, dev, uuid_of(dev),
-           gpuipc_buf_ptr(b), (unsigned long long)s);
+    printf("export: pid %d, %s buffer %d, %zu bytes on GPU %d (%s), "
+           "pattern %llu\n", (int)getpid(), gpuipc_kind_name(kind), k, size,
+           dev, uuid_of(dev), (unsigned long long)s);
   }
   fflush(stdout);
   if (!verify) {
@@ -142,7 +149,7 @@ static int run_export(int argc, char **argv)
     uint64_t s = seed + 1000u * (uint64_t)k;
     uint64_t written = proto_recv_word(sock, TAG_WRITTEN);
     ASSERT_EQ_U(written, s + 1);
-    gpu_check(gpuipc_buf_ptr(bufs[(size_t)k]), size, written,
+    gpu_check(dev, gpuipc_buf_ptr(bufs[(size_t)k]), size, written,
               "export: the importer's bytes");
     printf("export: buffer %d holds the importer's pattern %llu\n", k,
            (unsigned long long)written);
@@ -221,14 +228,17 @@ static int run_import(int argc, char **argv)
       ASSERT_OK(gpuipc_device_info(on, &di));
       ASSERT_TRUE(memcmp(di.uuid, h.device_uuid, 16) == 0);
     }
-    gpu_check(gpuipc_buf_ptr(b), h.size, seed, "import: the exporter's bytes");
+    gpu_check(on, gpuipc_buf_ptr(b), h.size, seed,
+              "import: the exporter's bytes");
     gpu_fill(on, gpuipc_buf_ptr(b), h.size, seed + 1);
-    printf("import: pid %d, %s buffer of %llu bytes from pid %u (GPU %s) "
-           "mapped for local GPU %d (%s, CUDA_VISIBLE_DEVICES=%s) at %p: "
-           "read pattern %llu, a kernel wrote pattern %llu\n",
-           (int)getpid(), gpuipc_kind_name(h.kind),
-           (unsigned long long)h.size, h.pid, uuid_of(on), on, uuid_of(on),
-           cvd != NULL ? cvd : "unset", gpuipc_buf_ptr(b),
+    int owner = gpuipc_device_by_uuid(h.device_uuid);
+    char where[64] = "";
+    if (cvd != NULL)
+      snprintf(where, sizeof(where), " [CUDA_VISIBLE_DEVICES=%s]", cvd);
+    printf("import: %s, %llu bytes of pid %u on %s, mapped for local GPU "
+           "%d (%s)%s: read pattern %llu; a kernel wrote %llu into it\n",
+           gpuipc_kind_name(h.kind), (unsigned long long)h.size, h.pid,
+           owner >= 0 ? uuid_of(owner) : "?", on, uuid_of(on), where,
            (unsigned long long)seed, (unsigned long long)seed + 1);
     proto_send_word(sock, TAG_WRITTEN, seed + 1);
     bufs.push_back(b);
