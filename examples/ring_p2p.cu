@@ -8,6 +8,8 @@
  */
 #include "gpuipc.h"
 
+#include "ring_kernels.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -33,34 +35,6 @@
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
-
-/* The 16 bytes at index @i written by GPU @writer. */
-__device__ static uint4 word(unsigned writer, size_t i)
-{
-  unsigned long long x = (i + 1) * 0x9e3779b97f4a7c15ull ^ (writer + 1) * 0xbf58476d1ce4e5b9ull;
-  return make_uint4((unsigned)x, (unsigned)(x >> 32), (unsigned)(i ^ writer),
-                    0xc0ffee00u + writer);
-}
-
-__global__ static void write_ring(uint4 *dst, size_t n, unsigned writer)
-{
-  size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    dst[i] = word(writer, i);
-}
-
-__global__ static void verify_ring(const uint4 *p, size_t n, unsigned writer,
-                                   unsigned long long *bad)
-{
-  size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    uint4 w = word(writer, i), g = p[i];
-    if (w.x != g.x || w.y != g.y || w.z != g.z || w.w != g.w)
-      atomicAdd(bad, 1ull);
-  }
-}
 
 int main(int argc, char **argv)
 {

@@ -107,7 +107,7 @@
   X(cuMemFreeAsync, 0, 12000)                                                  \
   X(cuDeviceCanAccessPeer, 0, 12000)                                           \
   X(cuDeviceGetP2PAttribute, 0, 12000)                                         \
-  X(cuCtxEnablePeerAccess, 0, 12000)                                          \
+  X(cuCtxEnablePeerAccess, 0, 12000)                                           \
   X(cuStreamGetCtx, 0, 12000)
 
 /* The table of entry points; valid after gpuipc__cuda_load() returned 0. */

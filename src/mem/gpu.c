@@ -72,6 +72,14 @@ int gpuipc__gpu_import_devices(const gpuipc_handle_t *h, int requested,
 
 #if GPUIPC_HAVE_CUDA
 
+void gpuipc__rw_access(CUmemAccessDesc *a, int device)
+{
+  memset(a, 0, sizeof(*a));
+  a->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a->location.id = gpuipc__dev_get(device)->cu_dev;
+  a->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
 int gpuipc__cu_oom(CUresult r, const char *what, size_t size, int device)
 {
   if (r == CUDA_ERROR_OUT_OF_MEMORY)

@@ -58,6 +58,9 @@ void gpuipc__pool_stats(uint64_t *imported, uint64_t *live);
 int gpuipc__vmm_access(struct gpuipc_buf *b, int device);
 int gpuipc__pool_access(struct gpuipc_buf *b, int device);
 
+/* Read-write access for local device @device, for cuMemSetAccess. */
+void gpuipc__rw_access(CUmemAccessDesc *a, int device);
+
 /* The CUDA error in a CUresult, for the few callers that branch on it. */
 int gpuipc__cu_oom(CUresult r, const char *what, size_t size, int device);
 #endif

@@ -224,14 +224,6 @@ static int pool_export(struct gpuipc_buf *b, gpuipc_handle_t *h)
   return 0;
 }
 
-static void access_desc(CUmemAccessDesc *a, int device)
-{
-  memset(a, 0, sizeof(*a));
-  a->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a->location.id = gpuipc__dev_get(device)->cu_dev;
-  a->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-}
-
 /*
  * Let @device use @rp's memory. Imported pools start out reachable from
  * their own device only. Caller holds pools_lock.
@@ -242,7 +234,7 @@ static int remote_grant(struct remote_pool *rp, int device)
   if (device == rp->owner || (rp->access[device / 64] & bit))
     return 0;
   CUmemAccessDesc a;
-  access_desc(&a, device);
+  gpuipc__rw_access(&a, device);
   int rc = GPUIPC_CU(cuMemPoolSetAccess, rp->pool, &a, 1);
   if (rc == 0)
     rp->access[device / 64] |= bit;
@@ -432,7 +424,7 @@ int gpuipc__pool_access(struct gpuipc_buf *b, int device)
     rc = remote_grant(pb->remote, device);
   } else {
     CUmemAccessDesc a;
-    access_desc(&a, device);
+    gpuipc__rw_access(&a, device);
     rc = GPUIPC_CU(cuMemPoolSetAccess, local[b->device].pool, &a, 1);
   }
   pthread_mutex_unlock(&pools_lock);

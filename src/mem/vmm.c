@@ -178,27 +178,18 @@ static int vmm_available(void)
                      "descriptor handles");
 }
 
-static void access_desc(CUmemAccessDesc *a, const struct gpuipc__dev *d)
-{
-  memset(a, 0, sizeof(*a));
-  a->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a->location.id = d->cu_dev;
-  a->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-}
-
 /*
- * Reserve @size bytes aligned to @g, map @mh there and give device @d
- * read-write access. On success v->va and v->map_size are set.
+ * Reserve @size bytes aligned to @g, map v->mh there and give local device
+ * @device read-write access. On success v->va and v->map_size are set.
  */
-static int map_rw(struct vmm *v, size_t size, size_t g,
-                  const struct gpuipc__dev *d)
+static int map_rw(struct vmm *v, size_t size, size_t g, int device)
 {
   int rc;
   CUdeviceptr va = 0;
   GPUIPC_CU_GOTO(rc, out, cuMemAddressReserve, &va, size, g, 0, 0);
   GPUIPC_CU_GOTO(rc, free_va, cuMemMap, va, size, 0, v->mh, 0);
   CUmemAccessDesc a;
-  access_desc(&a, d);
+  gpuipc__rw_access(&a, device);
   GPUIPC_CU_GOTO(rc, unmap, cuMemSetAccess, va, size, &a, 1);
   v->va = va;
   v->map_size = size;
@@ -251,7 +242,7 @@ static int vmm_alloc(struct gpuipc_buf *b)
                       "cuMemCreate", size, b->device);
   if (rc != 0)
     goto leave_ctx;
-  rc = map_rw(v, size, g, d);
+  rc = map_rw(v, size, g, b->device);
   if (rc != 0)
     goto release_mh;
   gpuipc__ctx_leave(&saved);
@@ -319,7 +310,6 @@ static int vmm_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
   if (rc != 0)
     return rc;
   const struct gpuipc__dev *od = gpuipc__dev_get(owner);
-  const struct gpuipc__dev *ad = gpuipc__dev_get(access);
   size_t g;
   rc = granularity(od, &g);
   if (rc != 0)
@@ -367,7 +357,7 @@ static int vmm_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
                      name != NULL ? name : "an unknown error");
     goto leave_ctx;
   }
-  rc = map_rw(v, size, g, ad);
+  rc = map_rw(v, size, g, access);
   if (rc != 0)
     goto release_mh;
   gpuipc__ctx_leave(&saved);
@@ -417,7 +407,7 @@ int gpuipc__vmm_access(struct gpuipc_buf *b, int device)
 {
   struct vmm *v = b->priv;
   CUmemAccessDesc a;
-  access_desc(&a, gpuipc__dev_get(device));
+  gpuipc__rw_access(&a, device);
   return GPUIPC_CU(cuMemSetAccess, v->va, v->map_size, &a, 1);
 }
 

@@ -15,9 +15,7 @@
  * its own GPU, whose streams wait on it (the GPUs may differ), and the
  * producer checks that a stream of another GPU is refused.
  */
-#include "gpu_proto.h"
-
-#include <cuda_runtime.h>
+#include "gpu_kernels.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,20 +24,6 @@
 
 #define SIZE ((size_t)8 << 20)
 #define SPIN_MS 400
-
-#define CUDA_OK(call)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess)                                                     \
-      TFAIL("%s: %s", #call, cudaGetErrorString(e_));                          \
-  } while (0)
-
-__device__ static uint8_t dev_pattern(uint64_t seed, size_t i)
-{
-  uint64_t x = (seed + 0x9e3779b97f4a7c15ull) ^ (i * 0xbf58476d1ce4e5b9ull);
-  x ^= x >> 31;
-  return (uint8_t)(x ^ (x >> 17));
-}
 
 __device__ static uint64_t now_ns(void)
 {
@@ -53,14 +37,6 @@ __global__ static void spin_kernel(uint64_t ns)
   uint64_t start = now_ns();
   while (now_ns() - start < ns)
     ;
-}
-
-__global__ static void fill_kernel(uint8_t *p, size_t n, uint64_t seed)
-{
-  size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    p[i] = dev_pattern(seed, i);
 }
 
 /* Sleep on the GPU, then write pattern @seed, all on @s. */

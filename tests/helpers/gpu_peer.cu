@@ -22,9 +22,7 @@
  *
  * Exits 0 when every check passed, 1 (with the reason) otherwise.
  */
-#include "gpu_proto.h"
-
-#include <cuda_runtime.h>
+#include "gpu_kernels.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,29 +31,6 @@
 #include <vector>
 
 extern "C" void gpuipc__pool_stats(uint64_t *imported, uint64_t *live);
-
-#define CUDA_OK(call)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess)                                                     \
-      TFAIL("%s: %s", #call, cudaGetErrorString(e_));                          \
-  } while (0)
-
-/* The same bytes as test_pattern() in test.h, computed on the GPU. */
-__device__ static uint8_t dev_pattern(uint64_t seed, size_t i)
-{
-  uint64_t x = (seed + 0x9e3779b97f4a7c15ull) ^ (i * 0xbf58476d1ce4e5b9ull);
-  x ^= x >> 31;
-  return (uint8_t)(x ^ (x >> 17));
-}
-
-__global__ static void fill_kernel(uint8_t *p, size_t n, uint64_t seed)
-{
-  size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    p[i] = dev_pattern(seed, i);
-}
 
 /* Fill @n bytes at device pointer @p from a kernel on local device @dev. */
 static void gpu_fill(int dev, void *p, size_t n, uint64_t seed)
