@@ -360,6 +360,15 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
                          (unsigned long long)h->export_id, h->pid,
                          gpuipc_kind_name(hit->kind), hit->size);
     }
+    /* LEGACY memory dies with its allocator: a cached mapping of a dead
+     * exporter must not be handed out (a kill(pid, 0), only for LEGACY). */
+    if (hit->kind == GPUIPC_KIND_LEGACY) {
+      rc = gpuipc_buf_alive(hit);
+      if (rc != 0) {
+        gpuipc_buf_release(hit);
+        return rc;
+      }
+    }
     *out = hit;
     return 0;
   }
