@@ -51,6 +51,24 @@ const char *gpuipc_last_error(void)
   return last_error;
 }
 
+/* Kind names live here, below every layer that prints them. */
+const char *gpuipc_kind_name(gpuipc_kind_t kind)
+{
+  switch (kind) {
+  case GPUIPC_KIND_AUTO:
+    return "auto";
+  case GPUIPC_KIND_HOST:
+    return "host";
+  case GPUIPC_KIND_VMM:
+    return "vmm";
+  case GPUIPC_KIND_LEGACY:
+    return "legacy";
+  case GPUIPC_KIND_POOL:
+    return "pool";
+  }
+  return "?";
+}
+
 const char *gpuipc_version(void)
 {
 #define GPUIPC__STR2(x) #x

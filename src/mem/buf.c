@@ -105,23 +105,6 @@ const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind)
   }
 }
 
-const char *gpuipc_kind_name(gpuipc_kind_t kind)
-{
-  switch (kind) {
-  case GPUIPC_KIND_AUTO:
-    return "auto";
-  case GPUIPC_KIND_HOST:
-    return "host";
-  case GPUIPC_KIND_VMM:
-    return "vmm";
-  case GPUIPC_KIND_LEGACY:
-    return "legacy";
-  case GPUIPC_KIND_POOL:
-    return "pool";
-  }
-  return "?";
-}
-
 static bool kind_valid(gpuipc_kind_t kind)
 {
   return (int)kind >= GPUIPC_KIND_AUTO && kind <= GPUIPC_KIND_POOL;

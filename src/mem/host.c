@@ -84,31 +84,45 @@ static int host_map(int fd, size_t map_size, struct host_priv *p)
   return 0;
 }
 
-static int host_alloc(struct gpuipc_buf *b)
+/*
+ * Map @fd (owned from here on: closed on failure) as @b's memory: @map_size
+ * bytes, the buffer starting @offset bytes in.
+ */
+static int host_attach(struct gpuipc_buf *b, int fd, size_t map_size,
+                       size_t offset)
 {
-  size_t map_size = page_round(b->size);
+  int rc;
   struct host_priv *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return gpuipc__err(-ENOMEM, "HOST buffer: out of memory");
-  int fd;
-  int rc = gpuipc__memfd_create("gpuipc-host", map_size, &fd);
-  if (rc != 0)
-    goto free_priv;
+  if (p == NULL) {
+    rc = gpuipc__err(-ENOMEM, "HOST buffer: out of memory");
+    goto close_fd;
+  }
   rc = host_map(fd, map_size, p);
   if (rc != 0)
-    goto close_fd;
-  b->ptr = p->base;
+    goto free_priv;
+  b->ptr = (uint8_t *)p->base + offset;
   b->alloc_size = map_size;
-  b->offset = 0;
+  b->offset = offset;
+  b->device = -1;
   b->fd = fd;
   b->priv = p;
   return 0;
 
-close_fd:
-  gpuipc__fd_close(&fd);
 free_priv:
   free(p);
+close_fd:
+  gpuipc__fd_close(&fd);
   return rc;
+}
+
+static int host_alloc(struct gpuipc_buf *b)
+{
+  size_t map_size = page_round(b->size);
+  int fd;
+  int rc = gpuipc__memfd_create("gpuipc-host", map_size, &fd);
+  if (rc != 0)
+    return rc;
+  return host_attach(b, fd, map_size, 0);
 }
 
 static int host_export(struct gpuipc_buf *b, gpuipc_handle_t *h)
@@ -133,28 +147,11 @@ static int host_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
                        "gpuipc_buf_import: handle says the allocation is %llu "
                        "bytes but its memfd holds %zu",
                        (unsigned long long)h->alloc_size, actual);
-  struct host_priv *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return gpuipc__err(-ENOMEM, "HOST import: out of memory");
   int fd;
   rc = gpuipc__fd_dup(h->fd, &fd);
   if (rc != 0)
-    goto free_priv;
-  rc = host_map(fd, h->alloc_size, p);
-  if (rc != 0)
-    goto close_fd;
-  b->ptr = (uint8_t *)p->base + h->offset;
-  b->alloc_size = h->alloc_size;
-  b->device = -1;
-  b->fd = fd;
-  b->priv = p;
-  return 0;
-
-close_fd:
-  gpuipc__fd_close(&fd);
-free_priv:
-  free(p);
-  return rc;
+    return rc;
+  return host_attach(b, fd, h->alloc_size, h->offset);
 }
 
 static int host_release(struct gpuipc_buf *b)

@@ -77,22 +77,6 @@ _Static_assert(OFF_CRC + 4 == REC_LEN, "layout");
 #define PID_MAX 4194304u /* PID_MAX_LIMIT on 64-bit Linux */
 #define HOST_PAGE 4096u
 
-static const char *kind_name(int kind)
-{
-  switch (kind) {
-  case GPUIPC_KIND_AUTO:
-    return "auto";
-  case GPUIPC_KIND_HOST:
-    return "host";
-  case GPUIPC_KIND_VMM:
-    return "vmm";
-  case GPUIPC_KIND_LEGACY:
-    return "legacy";
-  case GPUIPC_KIND_POOL:
-    return "pool";
-  }
-  return "?";
-}
 
 static const char *type_name(int type)
 {
@@ -161,11 +145,11 @@ int gpuipc__handle_validate(const gpuipc_handle_t *h, const char *who)
     return gpuipc__err(GPUIPC_E_BADHANDLE,
                        "%s: kind %d (%s) is not a handle kind (1 host, "
                        "2 vmm, 3 legacy, 4 pool)",
-                       who, kind, kind_name(kind));
+                       who, kind, gpuipc_kind_name((gpuipc_kind_t)kind));
   if (!type_suits_kind(kind, type))
     return gpuipc__err(GPUIPC_E_BADHANDLE,
                        "%s: handle type %d (%s) is not valid for kind %s", who,
-                       type, type_name(type), kind_name(kind));
+                       type, type_name(type), gpuipc_kind_name((gpuipc_kind_t)kind));
   if (h->flags != 0)
     return gpuipc__err(GPUIPC_E_BADHANDLE,
                        "%s: flags 0x%x are reserved and must be 0", who,
@@ -204,7 +188,7 @@ int gpuipc__handle_validate(const gpuipc_handle_t *h, const char *who)
   } else if (uuid_zero) {
     return gpuipc__err(GPUIPC_E_BADHANDLE,
                        "%s: device_uuid is all zero for kind %s", who,
-                       kind_name(kind));
+                       gpuipc_kind_name((gpuipc_kind_t)kind));
   }
 
   /* Host handles are always posix_fd, so this also keeps their bytes 0. */
