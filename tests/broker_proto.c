@@ -357,7 +357,7 @@ static void *fake_broker(void *arg)
 static void version_mismatch(void)
 {
   int lock, lfd;
-  ASSERT_OK(gpuipc__broker_claim("v2", &lock, &lfd));
+  ASSERT_OK(gpuipc__broker_claim("v2", &lock, &lfd, NULL));
   pthread_t t;
   ASSERT_EQ(pthread_create(&t, NULL, fake_broker, &lfd), 0);
   gpuipc_domain_t *d;

@@ -32,7 +32,7 @@ struct gpuipc_cmd {
 };
 
 /* The subcommands, in the order `gpuipc --help` lists them. */
-#define GPUIPC_CLI_COMMANDS(X) X(info) X(topo)
+#define GPUIPC_CLI_COMMANDS(X) X(info) X(topo) X(ls) X(serve)
 
 #define GPUIPC__CLI_DECL(name) extern const struct gpuipc_cmd gpuipc_cmd_##name;
 GPUIPC_CLI_COMMANDS(GPUIPC__CLI_DECL)

@@ -1423,7 +1423,8 @@ static void broker_shutdown(struct gpuipc__broker *b)
 /* Life cycle                                                               */
 /* ------------------------------------------------------------------------ */
 
-int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd)
+int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd,
+                         bool *stale)
 {
   struct gpuipc__dom_paths paths;
   int rc = gpuipc__dom_paths(name, &paths);
@@ -1434,10 +1435,16 @@ int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd)
   if (rc != 0)
     return rc;
   /* We hold the lock: any socket file is a dead broker's. */
-  if (unlink(paths.sock) != 0 && errno != ENOENT) {
-    rc = gpuipc__err_errno(errno, "unlink stale socket %s", paths.sock);
-    goto close_lock;
+  bool left = true;
+  if (unlink(paths.sock) != 0) {
+    if (errno != ENOENT) {
+      rc = gpuipc__err_errno(errno, "unlink stale socket %s", paths.sock);
+      goto close_lock;
+    }
+    left = false;
   }
+  if (stale != NULL)
+    *stale = left;
   rc = gpuipc__sock_listen(paths.sock, 128, &sfd);
   if (rc != 0)
     goto close_lock;

@@ -185,8 +185,9 @@ static int become_broker(struct gpuipc_domain *d, bool rejoin)
   struct gpuipc__broker_init init;
   memset(&init, 0, sizeof(init));
   init.lock_fd = init.listen_fd = -1;
-  bool stale = access(d->paths.sock, F_OK) == 0;
-  int rc = gpuipc__broker_claim(d->name, &init.lock_fd, &init.listen_fd);
+  bool stale;
+  int rc = gpuipc__broker_claim(d->name, &init.lock_fd, &init.listen_fd,
+                                &stale);
   if (rc != 0)
     return rc;
   snprintf(init.name, sizeof(init.name), "%s", d->name);

@@ -133,10 +133,14 @@ struct gpuipc__broker;
 
 /*
  * Claim domain @name: take its lock (without waiting) and listen on its
- * socket, unlinking a stale one. -EWOULDBLOCK when another process holds
- * the lock (a broker runs or is starting).
+ * socket, unlinking a stale one. @stale (optional) says whether a socket
+ * was left behind -- by a broker that died, since a broker that shuts down
+ * removes it -- so that the new broker waits for survivors to re-publish.
+ * -EWOULDBLOCK when another process holds the lock (a broker runs or is
+ * starting).
  */
-int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd);
+int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd,
+                         bool *stale);
 
 /*
  * Start a broker thread with @init (whose descriptors and registry it takes

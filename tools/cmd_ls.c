@@ -1,0 +1,263 @@
+/* gpuipc ls: the domains in the runtime directory, or one domain's segments. */
+#include "cli.h"
+
+#include "cuda/cuda.h"
+#include "domain/domain.h"
+#include "os/os.h"
+
+#include <dirent.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: gpuipc ls [--json] [DOMAIN]\n"
+    "\n"
+    "Without DOMAIN: the domains in the runtime directory, each live (a\n"
+    "broker answers) or stale (a socket left by a broker that died).\n"
+    "With DOMAIN: its broker (pid, epoch, members, descriptors held) and its\n"
+    "segments: name, id, size, kind, device, state (creating, published,\n"
+    "unlinked, lost) and holders (pid:opens). Never starts a broker.\n"
+    "\n"
+    "  --json  print one JSON object instead\n";
+
+static const char *device_str(const uint8_t uuid[16], char out[41])
+{
+  static const uint8_t zero[16];
+  if (memcmp(uuid, zero, 16) == 0)
+    return "-";
+  gpuipc__uuid_str(uuid, out);
+  return out;
+}
+
+/* ----- the domains in the runtime directory ----- */
+
+/* Whether a broker answers at @sock (a connection it will see close). */
+static bool live(const char *sock)
+{
+  int fd;
+  if (gpuipc__sock_connect(sock, 200, &fd) != 0)
+    return false;
+  close(fd);
+  return true;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int list_domains(bool json)
+{
+  char dir[PATH_MAX];
+  if (gpuipc__runtime_dir(dir, sizeof(dir)) != 0) {
+    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
+    return CLI_EXIT_FAIL;
+  }
+  DIR *d = opendir(dir);
+  if (d == NULL) {
+    fprintf(stderr, "gpuipc ls: %s: %s\n", dir, strerror(errno));
+    return CLI_EXIT_FAIL;
+  }
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (len <= 5 || strcmp(e->d_name + len - 5, ".sock") != 0)
+      continue;
+    char *name = strndup(e->d_name, len - 5);
+    if (name == NULL || gpuipc__name_check(name, "domain") != 0) {
+      free(name);
+      continue;
+    }
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      char **nn = realloc(names, cap * sizeof(*names));
+      if (nn == NULL) {
+        free(name);
+        break;
+      }
+      names = nn;
+    }
+    names[n++] = name;
+  }
+  closedir(d);
+  qsort(names, n, sizeof(*names), cmp_str);
+
+  struct cli_json j;
+  if (json) {
+    cli_json_init(&j, stdout);
+    cli_json_obj(&j, NULL);
+    cli_json_str(&j, "runtime_dir", dir);
+    cli_json_arr(&j, "domains");
+  } else {
+    printf("runtime directory %s\n", dir);
+    if (n == 0)
+      printf("no domains\n");
+  }
+  for (size_t i = 0; i < n; i++) {
+    struct gpuipc__dom_paths paths;
+    bool up = gpuipc__dom_paths(names[i], &paths) == 0 && live(paths.sock);
+    if (json) {
+      cli_json_obj(&j, NULL);
+      cli_json_str(&j, "name", names[i]);
+      cli_json_str(&j, "state", up ? "live" : "stale");
+      cli_json_end(&j);
+    } else {
+      printf("%-32s %s\n", names[i], up ? "live" : "stale");
+    }
+    free(names[i]);
+  }
+  free(names);
+  if (json) {
+    cli_json_end(&j);
+    cli_json_end(&j);
+    cli_json_finish(&j);
+  }
+  return CLI_EXIT_OK;
+}
+
+/* ----- one domain ----- */
+
+static void holders_str(const gpuipc_segment_info_t *s, char *out, size_t cap)
+{
+  size_t len = 0;
+  out[0] = '\0';
+  int shown = s->nholders < GPUIPC_SEGMENT_HOLDERS ? s->nholders
+                                                    : GPUIPC_SEGMENT_HOLDERS;
+  for (int i = 0; i < shown && len < cap; i++)
+    len += (size_t)snprintf(out + len, cap - len, "%s%d:%d", i ? "," : "",
+                            s->holder_pids[i], s->holder_refs[i]);
+  if (s->nholders > shown && len < cap)
+    snprintf(out + len, cap - len, " +%d more", s->nholders - shown);
+  if (s->nholders == 0)
+    snprintf(out, cap, "-");
+}
+
+static int list_domain(const char *name, bool json)
+{
+  gpuipc_domain_t *dom;
+  gpuipc_domain_opts_t o = {sizeof(o), GPUIPC_JOIN_NO_BROKER, 2000};
+  int rc = gpuipc_domain_join(name, &o, &dom);
+  if (rc != 0) {
+    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
+    return CLI_EXIT_FAIL;
+  }
+  gpuipc_domain_info_t di = {.size = sizeof(di)};
+  gpuipc_segment_info_t *segs = NULL;
+  int n = 0;
+  rc = gpuipc_domain_info(dom, &di);
+  /* The count may grow between two calls: ask until it fits. */
+  for (int cap = di.segments + 16; rc == 0; cap = n + 16) {
+    free(segs);
+    segs = calloc((size_t)cap, sizeof(*segs));
+    if (segs == NULL) {
+      rc = -ENOMEM;
+      break;
+    }
+    for (int i = 0; i < cap; i++)
+      segs[i].size = sizeof(segs[i]);
+    n = gpuipc_domain_list(dom, segs, cap);
+    if (n < 0)
+      rc = n;
+    if (n <= cap)
+      break;
+  }
+  if (rc != 0) {
+    fprintf(stderr, "gpuipc ls: %s: %s\n", name, gpuipc_last_error());
+    free(segs);
+    gpuipc_domain_leave(dom);
+    return CLI_EXIT_FAIL;
+  }
+  char dev[41], hold[512], sz[32];
+  if (json) {
+    struct cli_json j;
+    cli_json_init(&j, stdout);
+    cli_json_obj(&j, NULL);
+    cli_json_str(&j, "domain", name);
+    cli_json_int(&j, "broker_pid", di.broker_pid);
+    char epoch[20];
+    snprintf(epoch, sizeof(epoch), "%016llx", (unsigned long long)di.epoch);
+    cli_json_str(&j, "epoch", epoch);
+    cli_json_int(&j, "members", di.members - 1); /* not counting ls */
+    cli_json_int(&j, "broker_fds", di.broker_fds);
+    cli_json_arr(&j, "segments");
+    for (int i = 0; i < n; i++) {
+      const gpuipc_segment_info_t *s = &segs[i];
+      cli_json_obj(&j, NULL);
+      cli_json_str(&j, "name", s->name);
+      cli_json_uint(&j, "id", s->id);
+      cli_json_uint(&j, "size", s->bytes);
+      cli_json_str(&j, "kind", gpuipc_kind_name(s->kind));
+      const char *d = device_str(s->device_uuid, dev);
+      if (strcmp(d, "-") == 0)
+        cli_json_null(&j, "device");
+      else
+        cli_json_str(&j, "device", d);
+      cli_json_str(&j, "state", gpuipc_segment_state_name(s->state));
+      cli_json_bool(&j, "broker_fd", s->broker_fd != 0);
+      cli_json_int(&j, "nholders", s->nholders);
+      cli_json_arr(&j, "holders");
+      for (int k = 0; k < s->nholders && k < GPUIPC_SEGMENT_HOLDERS; k++) {
+        cli_json_obj(&j, NULL);
+        cli_json_int(&j, "pid", s->holder_pids[k]);
+        cli_json_int(&j, "opens", s->holder_refs[k]);
+        cli_json_end(&j);
+      }
+      cli_json_end(&j);
+      cli_json_end(&j);
+    }
+    cli_json_end(&j);
+    cli_json_end(&j);
+    cli_json_finish(&j);
+  } else {
+    printf("domain %s: broker pid %d, epoch %016llx, %d members, %d "
+           "segments, %d descriptors held by the broker\n",
+           name, di.broker_pid, (unsigned long long)di.epoch, di.members - 1,
+           n, di.broker_fds);
+    if (n > 0)
+      printf("%-24s %16s %10s %-6s %-40s %-9s %s\n", "NAME", "ID", "SIZE",
+             "KIND", "DEVICE", "STATE", "HOLDERS (pid:opens)");
+    for (int i = 0; i < n; i++) {
+      const gpuipc_segment_info_t *s = &segs[i];
+      holders_str(s, hold, sizeof(hold));
+      printf("%-24s %16llu %10s %-6s %-40s %-9s %s\n", s->name,
+             (unsigned long long)s->id, cli_bytes(s->bytes, sz, sizeof(sz)),
+             gpuipc_kind_name(s->kind), device_str(s->device_uuid, dev),
+             gpuipc_segment_state_name(s->state), hold);
+    }
+  }
+  free(segs);
+  gpuipc_domain_leave(dom);
+  return CLI_EXIT_OK;
+}
+
+static int run(int argc, char **argv)
+{
+  bool json = false;
+  const char *name = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0)
+      json = true;
+    else if (argv[i][0] == '-')
+      return cli_usage_error(&gpuipc_cmd_ls, "unknown option %s", argv[i]);
+    else if (name == NULL)
+      name = argv[i];
+    else
+      return cli_usage_error(&gpuipc_cmd_ls, "one domain at a time");
+  }
+  if (name == NULL)
+    return list_domains(json);
+  if (gpuipc__name_check(name, "domain name") != 0)
+    return cli_usage_error(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
+  return list_domain(name, json);
+}
+
+const struct gpuipc_cmd gpuipc_cmd_ls = {
+    .name = "ls",
+    .summary = "list domains, or a domain's segments and their holders",
+    .usage = usage,
+    .run = run,
+};
