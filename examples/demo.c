@@ -1,0 +1,113 @@
+/*
+ * demo: two processes share a named segment.
+ *
+ * The first process joins a fresh domain (and so hosts its broker), creates
+ * the segment "greeting" and writes into it, then starts a second process
+ * (itself, with an argument) that joins the same domain by name, opens the
+ * segment, checks every byte and writes an answer back. No handle, no file
+ * descriptor and no socket appear in this code: the domain carries them.
+ *
+ * The segment is HOST memory (a memfd), so the demo runs on any Linux
+ * machine; GPU memory is shared the same way with another kind
+ * (GPUIPC_SEG_KIND(GPUIPC_KIND_VMM) and a device ordinal).
+ */
+#include <gpuipc.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SIZE (1u << 20)
+
+static int fail(const char *what, int rc)
+{
+  fprintf(stderr, "demo: %s: %s: %s\n", what, gpuipc_err_name(rc),
+          gpuipc_last_error());
+  return 1;
+}
+
+static unsigned char pattern(size_t i)
+{
+  return (unsigned char)(i * 7 + 3);
+}
+
+static int reader(const char *domain)
+{
+  gpuipc_domain_t *dom;
+  int rc = gpuipc_domain_join(domain, NULL, &dom);
+  if (rc != 0)
+    return fail("join", rc);
+  gpuipc_buf_t *seg;
+  /* WAIT: fine even if the writer had not published it yet. */
+  rc = gpuipc_segment_open(dom, "greeting", 0, -1, GPUIPC_WAIT, &seg);
+  if (rc != 0)
+    return fail("open greeting", rc);
+  const unsigned char *p = gpuipc_buf_ptr(seg);
+  size_t n = gpuipc_buf_size(seg);
+  for (size_t i = 64; i < n; i++)
+    if (p[i] != pattern(i)) {
+      fprintf(stderr, "demo: byte %zu is %u, expected %u\n", i, p[i],
+              pattern(i));
+      return 1;
+    }
+  printf("[reader pid %d] opened \"greeting\" (%zu bytes): \"%s\"; all %zu "
+         "bytes after it are right\n",
+         (int)getpid(), n, (const char *)p, n - 64);
+  snprintf((char *)gpuipc_buf_ptr(seg) + 32, 32, "hello from pid %d",
+           (int)getpid());
+  gpuipc_buf_release(seg);
+  gpuipc_domain_leave(dom);
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  if (argc == 3 && strcmp(argv[1], "--reader") == 0)
+    return reader(argv[2]);
+
+  char domain[32];
+  snprintf(domain, sizeof(domain), "demo-%d", (int)getpid());
+  gpuipc_domain_t *dom;
+  int rc = gpuipc_domain_join(domain, NULL, &dom);
+  if (rc != 0)
+    return fail("join", rc);
+  gpuipc_domain_info_t info = {.size = sizeof(info)};
+  gpuipc_domain_info(dom, &info);
+  printf("[writer pid %d] joined domain \"%s\"%s\n", (int)getpid(), domain,
+         info.hosts_broker ? " and hosts its broker" : "");
+
+  gpuipc_buf_t *seg;
+  rc = gpuipc_segment_open(dom, "greeting", SIZE, -1,
+                           GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
+                           &seg);
+  if (rc != 0)
+    return fail("create greeting", rc);
+  unsigned char *p = gpuipc_buf_ptr(seg);
+  snprintf((char *)p, 32, "hello from pid %d", (int)getpid());
+  for (size_t i = 64; i < SIZE; i++)
+    p[i] = pattern(i);
+  printf("[writer pid %d] created \"greeting\" (%s, %u bytes) and wrote it\n",
+         (int)getpid(), gpuipc_kind_name(gpuipc_buf_kind(seg)), SIZE);
+
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/proc/self/exe", argv[0], "--reader", domain, (char *)NULL);
+    _exit(127);
+  }
+  int st;
+  waitpid(pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "demo: the reader failed\n");
+    return 1;
+  }
+  printf("[writer pid %d] the reader answered in the same memory: \"%s\"\n",
+         (int)getpid(), (const char *)p + 32);
+  gpuipc_segment_unlink(dom, "greeting");
+  gpuipc_buf_release(seg);
+  gpuipc_domain_leave(dom);
+  printf("demo: ok\n");
+  return 0;
+}
