@@ -6,7 +6,8 @@
  * thousands of randomly mutated valid messages. Each offender is
  * disconnected (its references dropped); a member holding a segment
  * carries on throughout. A client meeting a broker of another version gets
- * GPUIPC_E_VERSION.
+ * GPUIPC_E_VERSION. A segment without a descriptor is lost with its last
+ * holder.
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
@@ -333,6 +334,87 @@ static void mutations(struct peer *p)
       ASSERT_OK(gpuipc_segment_unlink(dom, list[i].name));
 }
 
+/*
+ * A segment whose memory travels without a descriptor (LEGACY here: a
+ * record only): the broker holds nothing of it, so when its last holder
+ * goes its name reads as lost.
+ */
+static void no_descriptor(void)
+{
+  int fd = raw_connect();
+  hello(fd);
+  uint8_t buf[GPUIPC__MSG_BUF], in[GPUIPC_MSG_MAX];
+  struct gpuipc__msg m, r;
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_OPEN;
+  m.req = 1;
+  snprintf(m.u.open.name, sizeof(m.u.open.name), "legacy");
+  m.u.open.flags = GPUIPC_CREATE;
+  m.u.open.kind = GPUIPC_KIND_LEGACY;
+  m.u.open.size = 4096;
+  send_raw(fd, buf, (size_t)encode(&m, buf), NULL, 0);
+  int nfds = 0;
+  ssize_t n = gpuipc__sock_recv(fd, in, sizeof(in), NULL, &nfds, 5000);
+  ASSERT_GT(n, 0);
+  ASSERT_OK(gpuipc__msg_decode(in, (size_t)n, 0, &r));
+  ASSERT_EQ(r.type, GPUIPC_MSG_CREATE_IT);
+
+  gpuipc_handle_t h;
+  memset(&h, 0, sizeof(h));
+  h.version = GPUIPC_HANDLE_VERSION;
+  h.kind = GPUIPC_KIND_LEGACY;
+  h.type = GPUIPC_HT_LEGACY;
+  h.size = 4096;
+  h.alloc_size = 2u << 20;
+  for (int i = 0; i < 16; i++)
+    h.device_uuid[i] = (uint8_t)(0x10 + i);
+  h.export_id = 1;
+  h.boot_id[0] = 1;
+  h.pid = (uint32_t)getpid();
+  h.pidns = 1;
+  h.nonce = 1;
+  for (int i = 0; i < GPUIPC_HANDLE_BYTES; i++)
+    h.bytes[i] = (uint8_t)(i + 1);
+  h.fd = -1;
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_PUBLISH;
+  m.req = 2;
+  struct gpuipc__seg_wire *w = &m.u.publish.seg;
+  snprintf(w->name, sizeof(w->name), "legacy");
+  w->id = r.u.create_it.id;
+  w->size = 4096;
+  w->kind = GPUIPC_KIND_LEGACY;
+  w->state = GPUIPC__SEG_PUBLISHED;
+  memcpy(w->uuid, h.device_uuid, 16);
+  w->has_handle = true;
+  w->htype = GPUIPC_HT_LEGACY;
+  if (gpuipc_handle_pack(&h, w->handle, sizeof(w->handle)) < 0)
+    TFAIL("pack: %s", gpuipc_last_error());
+  send_raw(fd, buf, (size_t)encode(&m, buf), NULL, 0);
+  n = gpuipc__sock_recv(fd, in, sizeof(in), NULL, &nfds, 5000);
+  ASSERT_GT(n, 0);
+  ASSERT_OK(gpuipc__msg_decode(in, (size_t)n, 0, &r));
+  ASSERT_EQ(r.type, GPUIPC_MSG_OK);
+
+  gpuipc_segment_info_t s = {.size = sizeof(s)};
+  ASSERT_OK(gpuipc_segment_stat(dom, "legacy", &s));
+  ASSERT_EQ(s.state, GPUIPC_SEG_PUBLISHED);
+  ASSERT_EQ(s.kind, GPUIPC_KIND_LEGACY);
+  ASSERT_EQ(s.broker_fd, 0);
+  ASSERT_EQ(s.nholders, 1);
+  close(fd); /* its creator goes, and its memory with it */
+  for (int tries = 0; tries < 3000; tries++) {
+    ASSERT_OK(gpuipc_segment_stat(dom, "legacy", &s));
+    if (s.state != GPUIPC_SEG_PUBLISHED)
+      break;
+    usleep(10000);
+  }
+  ASSERT_EQ(s.state, GPUIPC_SEG_LOST);
+  gpuipc_buf_t *b;
+  ASSERT_RC(gpuipc_segment_open(dom, "legacy", 0, -1, 0, &b), GPUIPC_E_LOST);
+  ASSERT_OK(gpuipc_segment_unlink(dom, "legacy"));
+}
+
 /* A "broker" that answers HELLO in protocol version 2. */
 static void *fake_broker(void *arg)
 {
@@ -385,6 +467,7 @@ int main(void)
   bad_messages(&p);
   deaf_client(&p);
   mutations(&p);
+  no_descriptor();
   version_mismatch();
 
   domain_wait_members(dom, 2);

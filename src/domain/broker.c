@@ -494,14 +494,29 @@ static bool recovering(const struct gpuipc__broker *b)
   return b->recovery_end != 0;
 }
 
-/* Free an unlinked segment nobody holds (not while holders may re-join). */
+/*
+ * A segment nobody holds any more (not while holders may still re-join):
+ * unlinked, it is freed; published but of a kind whose memory travels
+ * without a descriptor (LEGACY, fabric), nothing keeps its memory -- its
+ * creator freed it on its last release -- so its name now reads as lost.
+ */
 static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
 {
-  if (s->w.state != GPUIPC__SEG_UNLINKED || s->nholders != 0 || recovering(b))
+  if (s->nholders != 0 || recovering(b))
     return;
-  GPUIPC_LOG_D("broker %s: segment %s (id %llu) freed", b->name, s->w.name,
-               (unsigned long long)s->w.id);
-  gpuipc__reg_remove(&b->reg, s);
+  if (s->w.state == GPUIPC__SEG_UNLINKED) {
+    GPUIPC_LOG_D("broker %s: segment %s (id %llu) freed", b->name, s->w.name,
+                 (unsigned long long)s->w.id);
+    gpuipc__reg_remove(&b->reg, s);
+  } else if (s->w.state == GPUIPC__SEG_PUBLISHED && s->fd < 0) {
+    GPUIPC_LOG_I("broker %s: segment %s (id %llu) has no holder and no "
+                 "descriptor left: lost", b->name, s->w.name,
+                 (unsigned long long)s->w.id);
+    s->w.state = GPUIPC__SEG_LOST;
+    s->w.has_handle = false;
+    s->w.htype = 0;
+    journal_put(b, s);
+  }
 }
 
 static void redispatch(struct gpuipc__broker *b, const char *name);
