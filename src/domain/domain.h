@@ -11,6 +11,29 @@
  * Locks, always taken in this order: the process-wide segment table lock
  * (segment.c), a domain's state lock, a domain's send lock. The broker owns
  * its data alone (one thread) and takes none of them.
+ *
+ * Files, in the runtime directory: NAME.sock, where the broker listens, and
+ * NAME.lock, whose flock makes the broker (the kernel frees it when the
+ * holder dies) and whose contents are the broker's journal of names.
+ *
+ * How the domain outlives its broker:
+ *  - Clean leave (gpuipc_domain_leave of the hosting member, `serve`
+ *    stopped): the broker sends its successor -- the oldest member of
+ *    another process that may host -- HANDOFF_BEGIN with the lock and
+ *    listener descriptors themselves (the lock never goes free, so no
+ *    election races it), one HANDOFF_SEG per segment with its descriptor,
+ *    and HANDOFF_END; then it closes every connection. The successor's
+ *    reader thread starts a broker with that registry; every member
+ *    reconnects to the same socket and re-publishes what it holds, which
+ *    rebuilds the holders. Nothing is lost: the broker's descriptors moved.
+ *  - Crash: members see their connection end, connect, find nobody
+ *    listening, and race for the lock; the winner starts a broker that
+ *    reads the journal (every name the dead broker had becomes a LOST
+ *    tombstone) and waits GPUIPC__RECOVERY_MS for members to re-publish
+ *    (a re-published segment replaces its tombstone), parking meanwhile
+ *    the requests that name what it does not have. Names nobody re-published
+ *    stay lost until unlinked or created anew. If no member of the dead
+ *    broker comes back, the domain starts afresh instead.
  */
 #ifndef GPUIPC_DOMAIN_H
 #define GPUIPC_DOMAIN_H
@@ -208,10 +231,9 @@ void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id);
 
 /*
  * After a reconnection (reader thread): re-publish every segment this
- * process holds through @d on the new connection @fd, tell the broker the
- * names it saw, then make @fd the domain's connection
- * (gpuipc__dom_set_up) -- all under the segment table lock, so that no
- * release falls in between.
+ * process holds through @d on the new connection @fd, then make @fd the
+ * domain's connection (gpuipc__dom_set_up) -- both under the segment table
+ * lock, so that no release falls in between.
  */
 void gpuipc__seg_republish(gpuipc_domain_t *d, int fd);
 /* Make @fd the connection and wake the callers waiting for one. */
