@@ -85,6 +85,7 @@ int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
                        "domain %s: socket path %s/%s.sock is longer than a "
                        "Unix socket address allows (107 bytes)",
                        name, out->dir, name);
+  gpuipc__dom_fork_guard(out->dir);
   return 0;
 }
 

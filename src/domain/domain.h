@@ -59,6 +59,12 @@ struct gpuipc__dom_paths {
 /* Check @name and fill @out from the runtime directory. */
 int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out);
 
+/*
+ * Make sure a child made by fork() closes its copies of the domain
+ * descriptors of runtime directory @dir (fork.c). Idempotent.
+ */
+void gpuipc__dom_fork_guard(const char *dir);
+
 /* ------------------------------------------------------------------------ */
 /* Registry (the broker's)                                                  */
 /* ------------------------------------------------------------------------ */

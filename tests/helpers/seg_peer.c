@@ -18,6 +18,8 @@
  *   stat NAME                -> ok STATE NHOLDERS BROKER_FD
  *   fds                      -> ok N (open descriptors of this process)
  *   leave                    leave the domain
+ *   fork                     fork a child that sleeps 60 s without exec
+ *                            -> ok CHILD_PID
  *   load I N COUNT SIZE      the load test's work for peer I of N
  *   exit CODE
  */
@@ -296,6 +298,14 @@ static void command(char *line)
       reply_err(rc);
     else
       reply("ok");
+  } else if (strcmp(cmd, "fork") == 0) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      sleep(60);
+      _exit(0);
+    }
+    reply("ok %d", (int)pid);
   } else if (strcmp(cmd, "load") == 0 && argc == 5) {
     rc = load(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]),
               strtoull(argv[4], NULL, 0));
