@@ -4,12 +4,14 @@
  * to another member, and nothing is lost -- not even a segment that no
  * remaining process holds (the broker's descriptor moved with it). Then
  * the new host leaves as well, and the domain moves once more; finally the
- * last member leaves and the domain ends.
+ * last member leaves and the domain ends. A successor that goes away in
+ * the middle of a hand-over is replaced by the next member.
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
 
 #include "domain/domain.h"
+#include "os/os.h"
 
 struct info {
   int broker_pid, hosts, members, segments, fds;
@@ -30,6 +32,60 @@ static int peer_fds(struct peer *p)
   if (sscanf(r, "ok %d", &n) != 1)
     TFAIL("fds: %s", r);
   return n;
+}
+
+/*
+ * The successor chosen first goes away in the middle of the hand-over
+ * (here: a raw member that reads it all and hangs up without
+ * acknowledging): the broker hands the domain to the next member instead.
+ */
+static void successor_gone(void)
+{
+  struct peer host, next;
+  peer_start(&host);
+  PEER_OK(&host, "join ho2");
+  PEER_OK(&host, "open x 4096 c");
+  PEER_OK(&host, "fill x 21");
+  PEER_OK(&host, "release x"); /* only the broker holds it now */
+  struct gpuipc__dom_paths paths;
+  ASSERT_OK(gpuipc__dom_paths("ho2", &paths));
+  int fd;
+  ASSERT_OK(gpuipc__sock_connect(paths.sock, 5000, &fd));
+  struct gpuipc__msg m = {.type = GPUIPC_MSG_HELLO, .req = 1};
+  m.u.hello.pid = (uint32_t)getpid();
+  m.u.hello.token = 99;
+  ASSERT_OK(gpuipc__proto_send(fd, &m, NULL, 0, 5000));
+  static uint8_t in[GPUIPC_MSG_MAX];
+  int nfds = 0;
+  ASSERT_GT(gpuipc__sock_recv(fd, in, sizeof(in), NULL, &nfds, 5000), 0);
+  peer_start(&next); /* joins after the raw member: second in line */
+  PEER_OK(&next, "join ho2");
+
+  peer_send(&host, "leave");
+  int got = 0;
+  for (;;) { /* read the hand-over, keep nothing, say nothing */
+    int fds[GPUIPC_FDS_MAX];
+    nfds = GPUIPC_FDS_MAX;
+    ssize_t n = gpuipc__sock_recv(fd, in, sizeof(in), fds, &nfds, 10000);
+    ASSERT_GT(n, 0);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    ASSERT_OK(gpuipc__msg_decode(in, (size_t)n, nfds, &m));
+    got++;
+    if (m.type == GPUIPC_MSG_HANDOFF_END)
+      break;
+  }
+  ASSERT_EQ(got, 3); /* BEGIN, the one segment, END */
+  close(fd);
+  ASSERT_TRUE(strncmp(peer_read(&host, PEER_REPLY_MS), "ok", 2) == 0);
+  peer_finish(&host);
+  struct info in2;
+  peer_info(&next, &in2);
+  ASSERT_EQ(in2.broker_pid, next.pid);
+  PEER_OK(&next, "open x 4096 -");
+  PEER_OK(&next, "check x 21");
+  PEER_OK(&next, "leave");
+  peer_finish(&next);
 }
 
 int main(void)
@@ -153,6 +209,8 @@ int main(void)
   struct gpuipc__dom_paths paths;
   ASSERT_OK(gpuipc__dom_paths("ho", &paths));
   ASSERT_EQ(access(paths.sock, F_OK), -1);
+
+  successor_gone();
   printf("broker_handoff: ok\n");
   return 0;
 }

@@ -414,6 +414,8 @@ int main(int argc, char **argv)
   m.type = GPUIPC_MSG_HANDOFF_END;
   m.u.handoff_end.count = 2;
   valid("handoff_end", &m);
+  m.type = GPUIPC_MSG_HANDOFF_ACK;
+  valid("handoff_ack", &m);
 
   put_file("bad-empty", 0, NULL, 0);
   return 0;

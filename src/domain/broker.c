@@ -26,8 +26,9 @@
 #define OUTBOX_MAX_BYTES (4u << 20)
 /* Messages read from one member before looking at the others. */
 #define READ_BURST 64
-/* Bound on each blocking send of a hand-over. */
+/* Bound on each blocking send of a hand-over, and on waiting for its ack. */
 #define HANDOFF_SEND_MS 2000
+#define HANDOFF_ACK_MS 5000
 #define ALLOW_MAX 64
 
 struct out_msg {
@@ -1337,7 +1338,41 @@ static void loop(struct gpuipc__broker *b)
 /* Hand-over and shutdown                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Send the whole registry, the lock and the listener to @c. */
+/*
+ * Wait for @c's HANDOFF_ACK: 0 when it came, < 0 when the connection
+ * ended first (the successor is gone, and whatever it took with it), 1 when
+ * nothing came in time (it may run: do not hand the domain to another).
+ */
+static int handoff_ack(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       uint32_t count)
+{
+  uint64_t deadline = gpuipc__deadline(HANDOFF_ACK_MS);
+  for (;;) {
+    int fds[GPUIPC_FDS_MAX];
+    int nfds = GPUIPC_FDS_MAX;
+    ssize_t len = gpuipc__sock_recv(c->fd, b->rbuf, sizeof(b->rbuf), fds,
+                                    &nfds, gpuipc__ms_left(deadline));
+    if (len == -ETIMEDOUT)
+      return 1;
+    if (len < 0)
+      return (int)len;
+    for (int i = 0; i < nfds; i++)
+      gpuipc__fd_close(&fds[i]);
+    /* Requests it sent before it knew are dropped: they will be retried. */
+    if (gpuipc__msg_decode(b->rbuf, (size_t)len, nfds, &b->in) == 0 &&
+        b->in.type == GPUIPC_MSG_HANDOFF_ACK)
+      return b->in.u.handoff_ack.count == count
+                 ? 0
+                 : gpuipc__err(GPUIPC_E_PROTO, "hand-over of %u segments "
+                               "acknowledged as %u", count,
+                               b->in.u.handoff_ack.count);
+  }
+}
+
+/*
+ * Send the whole registry, the lock and the listener to @c and wait for
+ * its acknowledgement. Returns as handoff_ack does.
+ */
 static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
 {
   struct gpuipc__msg *o = &b->out;
@@ -1365,6 +1400,8 @@ static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
     o->u.handoff_end.count = count;
     rc = gpuipc__proto_send(c->fd, o, NULL, 0, HANDOFF_SEND_MS);
   }
+  if (rc == 0)
+    rc = handoff_ack(b, c, count);
   return rc;
 }
 
@@ -1393,6 +1430,12 @@ static bool try_handoff(struct gpuipc__broker *b)
       if (rc == 0) {
         GPUIPC_LOG_I("broker %s: handed %zu segments over to pid %d",
                      b->name, b->reg.count, (int)best->cred.pid);
+        return true;
+      }
+      if (rc == 1) {
+        GPUIPC_LOG_W("broker %s: pid %d took the hand-over but did not "
+                     "acknowledge it; leaving the domain to it",
+                     b->name, (int)best->cred.pid);
         return true;
       }
       GPUIPC_LOG_W("broker %s: hand-over to pid %d failed: %s", b->name,

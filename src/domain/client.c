@@ -504,6 +504,15 @@ static void ho_end(struct gpuipc_domain *d, const struct gpuipc__msg *m)
   pthread_mutex_unlock(&d->mu);
   if (old != NULL)
     gpuipc__broker_stop(old);
+  /* The last broker waits for this before it lets go. */
+  struct gpuipc__msg *ack = &d->rmsg;
+  uint32_t count = m->u.handoff_end.count;
+  ack->type = GPUIPC_MSG_HANDOFF_ACK;
+  ack->req = 0;
+  ack->u.handoff_ack.count = count;
+  pthread_mutex_lock(&d->send_mu);
+  (void)gpuipc__proto_send(d->fd, ack, NULL, 0, 1000);
+  pthread_mutex_unlock(&d->send_mu);
   GPUIPC_LOG_I("domain %s: the broker moved to this process (pid %d)",
                d->name, (int)getpid());
 }

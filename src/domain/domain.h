@@ -22,10 +22,12 @@
  *    another process that may host -- HANDOFF_BEGIN with the lock and
  *    listener descriptors themselves (the lock never goes free, so no
  *    election races it), one HANDOFF_SEG per segment with its descriptor,
- *    and HANDOFF_END; then it closes every connection. The successor's
- *    reader thread starts a broker with that registry; every member
- *    reconnects to the same socket and re-publishes what it holds, which
- *    rebuilds the holders. Nothing is lost: the broker's descriptors moved.
+ *    and HANDOFF_END. The successor's reader thread starts a broker with
+ *    that registry and answers HANDOFF_ACK; then the old broker closes
+ *    every connection (had the successor gone instead, the next one is
+ *    tried). Every member reconnects to the same socket and re-publishes
+ *    what it holds, which rebuilds the holders. Nothing is lost: the
+ *    broker's descriptors moved.
  *  - Crash: members see their connection end, connect, find nobody
  *    listening, and race for the lock; the winner starts a broker that
  *    reads the journal (every name the dead broker had becomes a LOST

@@ -54,6 +54,7 @@ const char *gpuipc__msg_name(unsigned type)
   case GPUIPC_MSG_HANDOFF_BEGIN: return "HANDOFF_BEGIN";
   case GPUIPC_MSG_HANDOFF_SEG: return "HANDOFF_SEG";
   case GPUIPC_MSG_HANDOFF_END: return "HANDOFF_END";
+  case GPUIPC_MSG_HANDOFF_ACK: return "HANDOFF_ACK";
   }
   return "?";
 }
@@ -282,6 +283,7 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
       return PROTO_ERR(m, "HANDOFF_SEG: a CREATING segment");
     return check_seg(&m->u.handoff_seg.seg, -1, nm, decoding);
   case GPUIPC_MSG_HANDOFF_END:
+  case GPUIPC_MSG_HANDOFF_ACK:
     return 0;
   }
   return PROTO_ERR(m, "message type %u unknown", m->type);
@@ -397,6 +399,7 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
     put_seg(w, &m->u.handoff_seg.seg);
     break;
   case GPUIPC_MSG_HANDOFF_END:
+  case GPUIPC_MSG_HANDOFF_ACK:
     gpuipc__put_u32(w, m->u.handoff_end.count);
     break;
   }
@@ -554,6 +557,7 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
     get_seg(r, &m->u.handoff_seg.seg);
     break;
   case GPUIPC_MSG_HANDOFF_END:
+  case GPUIPC_MSG_HANDOFF_ACK:
     m->u.handoff_end.count = gpuipc__get_u32(r);
     break;
   default:

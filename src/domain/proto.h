@@ -65,6 +65,7 @@ enum gpuipc__msg_type {
   GPUIPC_MSG_HANDOFF_BEGIN = 48, /* + the lock fd and the listener fd */
   GPUIPC_MSG_HANDOFF_SEG = 49,   /* + fd for fd kinds */
   GPUIPC_MSG_HANDOFF_END = 50,
+  GPUIPC_MSG_HANDOFF_ACK = 51,   /* successor -> broker: it runs now */
 };
 
 /* HELLO flags. */
@@ -192,7 +193,7 @@ struct gpuipc__msg {
     } handoff_seg;
     struct {
       uint32_t count;
-    } handoff_end;
+    } handoff_end, handoff_ack;
   } u;
 };
 
