@@ -693,8 +693,9 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
  * @size: bytes. 0 opens an existing segment at whatever size it has (not
  *        with CREATE). Otherwise an existing segment must have exactly this
  *        size (GPUIPC_E_MISMATCH, the sentence gives both).
- * @device: local CUDA ordinal that maps the memory (GPU kinds); -1 for the
- *        segment's own GPU, or HOST.
+ * @device: local CUDA ordinal: the GPU a creator allocates on, and the one
+ *        that maps an existing segment; -1 maps it on the segment's own GPU
+ *        (found by UUID), and makes a creator of kind AUTO allocate HOST.
  * @flags: GPUIPC_CREATE: allocate and publish if the name is free, else
  *        import; if another process is creating it, wait until it publishes
  *        (and take over if it dies first). GPUIPC_CREATE | GPUIPC_EXCL: fail

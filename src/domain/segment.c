@@ -381,7 +381,10 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
     if (r->msg.type == GPUIPC_MSG_CREATE_IT) {
       uint64_t id = r->msg.u.create_it.id;
       if (own == NULL) {
-        rc = gpuipc_buf_alloc(size, kind, device, 0, &own);
+        /* AUTO without a device: memory every process can map. */
+        gpuipc_kind_t ak = kind == GPUIPC_KIND_AUTO && device < 0
+                               ? GPUIPC_KIND_HOST : kind;
+        rc = gpuipc_buf_alloc(size, ak, device, 0, &own);
         if (rc != 0) {
           post_abandon(d, id);
           break;
