@@ -2,7 +2,8 @@
  * The broker survives any byte sequence from any client, and one client's
  * bad message never affects another: garbage, truncated and overlong
  * bodies, bad fields, wrong descriptor counts, messages out of order,
- * another protocol version, a client that never reads its replies, and
+ * another protocol version, a client that never reads its replies, one
+ * that floods the broker with waiting requests, and
  * thousands of randomly mutated valid messages. Each offender is
  * disconnected (its references dropped); a member holding a segment
  * carries on throughout. A client meeting a broker of another version gets
@@ -273,6 +274,37 @@ static void deaf_client(struct peer *p)
   members_fine(p);
 }
 
+/* A member may keep 1024 requests waiting; more are refused, not parked. */
+static void flood_waits(struct peer *p)
+{
+  int fd = raw_connect();
+  hello(fd);
+  struct gpuipc__msg m;
+  uint8_t buf[GPUIPC__MSG_BUF];
+  for (int i = 0; i < 1100; i++) {
+    memset(&m, 0, sizeof(m));
+    m.type = GPUIPC_MSG_OPEN;
+    m.req = (uint32_t)i + 1;
+    snprintf(m.u.open.name, sizeof(m.u.open.name), "never.%d", i);
+    m.u.open.flags = GPUIPC_WAIT;
+    m.u.open.timeout_ms = GPUIPC__WAIT_FOREVER;
+    send_raw(fd, buf, (size_t)encode(&m, buf), NULL, 0);
+  }
+  uint8_t in[GPUIPC_MSG_MAX];
+  for (int i = 0; i < 1100 - 1024; i++) {
+    int nfds = 0;
+    ssize_t n = gpuipc__sock_recv(fd, in, sizeof(in), NULL, &nfds, 10000);
+    ASSERT_GT(n, 0);
+    struct gpuipc__msg r;
+    ASSERT_OK(gpuipc__msg_decode(in, (size_t)n, 0, &r));
+    ASSERT_EQ(r.type, GPUIPC_MSG_ERROR);
+    ASSERT_EQ(r.u.error.code, -EAGAIN);
+    ASSERT_GT(r.req, 1024);
+  }
+  members_fine(p);
+  close(fd); /* its 1024 waits go with it */
+}
+
 /* Valid messages with random bytes changed, each on its own connection. */
 static void mutations(struct peer *p)
 {
@@ -466,6 +498,7 @@ int main(void)
   garbage(&p);
   bad_messages(&p);
   deaf_client(&p);
+  flood_waits(&p);
   mutations(&p);
   no_descriptor();
   version_mismatch();

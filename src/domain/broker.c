@@ -30,6 +30,8 @@
 #define HANDOFF_SEND_MS 2000
 #define HANDOFF_ACK_MS 5000
 #define ALLOW_MAX 64
+/* Requests one member may have waiting at once. */
+#define PARKS_MAX 1024
 
 struct out_msg {
   struct out_msg *next;
@@ -54,6 +56,7 @@ struct gpuipc__conn {
   uint32_t hello_flags;
   uint64_t token;
   uint64_t seq; /* accept order */
+  uint32_t nparks; /* its requests waiting */
   struct out_msg *out_head, *out_tail;
   size_t out_msgs, out_bytes;
 };
@@ -528,6 +531,12 @@ static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
 static int park(struct gpuipc__broker *b, struct gpuipc__conn *c,
                 const struct park *p, bool for_recovery)
 {
+  if (c->nparks >= PARKS_MAX) {
+    send_error(b, c, p->req, -EAGAIN,
+               "pid %d has %d requests waiting already", (int)c->cred.pid,
+               PARKS_MAX);
+    return -EAGAIN;
+  }
   struct park *n = malloc(sizeof(*n));
   if (n == NULL) {
     send_error(b, c, p->req, -ENOMEM, "broker out of memory");
@@ -537,11 +546,18 @@ static int park(struct gpuipc__broker *b, struct gpuipc__conn *c,
   n->conn = c;
   n->recovery = for_recovery;
   n->next = NULL;
+  c->nparks++;
   struct park **pp = &b->parks;
   while (*pp != NULL)
     pp = &(*pp)->next;
   *pp = n;
   return 0;
+}
+
+static void park_free(struct park *p)
+{
+  p->conn->nparks--;
+  free(p);
 }
 
 static void reserve(struct gpuipc__broker *b, struct gpuipc__conn *c,
@@ -621,8 +637,8 @@ static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
       return;
     }
     send_error(b, c, p->req, GPUIPC_E_LOST,
-               "segment %s (id %llu) was lost when the broker of domain %s "
-               "failed over: no surviving process held it",
+               "segment %s (id %llu) of domain %s was lost: no surviving "
+               "process held its memory",
                p->name, (unsigned long long)s->w.id, b->name);
     return;
   }
@@ -708,6 +724,7 @@ static void redispatch(struct gpuipc__broker *b, const char *name)
   while (mine != NULL) {
     struct park *p = mine;
     mine = p->next;
+    p->conn->nparks--; /* before dispatch may park it again */
     if (!p->conn->doomed) {
       uint64_t now = gpuipc__now_ns();
       if (p->deadline != UINT64_MAX && now >= p->deadline)
@@ -1075,7 +1092,7 @@ static void conn_drop_state(struct gpuipc__broker *b, struct gpuipc__conn *c)
     if ((*pp)->conn == c) {
       struct park *p = *pp;
       *pp = p->next;
-      free(p);
+      park_free(p);
     } else {
       pp = &(*pp)->next;
     }
@@ -1220,6 +1237,7 @@ static void end_recovery(struct gpuipc__broker *b)
   while (list != NULL) {
     struct park *p = list;
     list = p->next;
+    p->conn->nparks--; /* before dispatch may park it again */
     if (!p->conn->doomed)
       dispatch(b, p->conn, p);
     free(p);
@@ -1239,7 +1257,7 @@ static void expire_parks(struct gpuipc__broker *b, uint64_t now)
     if (p->type == GPUIPC_MSG_OPEN)
       send_error(b, p->conn, p->req, -ETIMEDOUT,
                  "segment %s was not published in time", p->name);
-    free(p);
+    park_free(p);
   }
 }
 
@@ -1467,7 +1485,7 @@ static void broker_shutdown(struct gpuipc__broker *b)
     conn_free(c);
   }
   b->nconns = 0;
-  while (b->parks != NULL) {
+  while (b->parks != NULL) { /* their members are gone: no accounts */
     struct park *p = b->parks;
     b->parks = p->next;
     free(p);
