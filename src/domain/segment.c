@@ -106,9 +106,9 @@ static void release_hook(struct gpuipc_buf *b, void *arg)
   free(e);
 }
 
-/* Build a REPUBLISH of @h for @buf; the caller closes *fd. */
+/* Build a REPUBLISH of @holds grants of @h for @buf; the caller closes *fd. */
 static int republish_one(gpuipc_buf_t *buf, const struct seg_hold *h,
-                         struct gpuipc__msg *m, int *fd)
+                         uint32_t holds, struct gpuipc__msg *m, int *fd)
 {
   gpuipc_handle_t hd;
   int rc = gpuipc_buf_export(buf, &hd);
@@ -117,7 +117,7 @@ static int republish_one(gpuipc_buf_t *buf, const struct seg_hold *h,
   memset(&m->u.republish, 0, sizeof(m->u.republish));
   m->type = GPUIPC_MSG_REPUBLISH;
   m->req = 0;
-  m->u.republish.holds = h->grants;
+  m->u.republish.holds = holds;
   struct gpuipc__seg_wire *w = &m->u.republish.seg;
   snprintf(w->name, sizeof(w->name), "%s", h->name);
   w->id = h->id;
@@ -137,7 +137,7 @@ static void republish_hold(gpuipc_domain_t *d, int fd, gpuipc_buf_t *buf,
 {
   struct gpuipc__msg m;
   int hfd = -1;
-  int rc = republish_one(buf, h, &m, &hfd);
+  int rc = republish_one(buf, h, h->grants, &m, &hfd);
   if (rc == 0)
     rc = gpuipc__proto_send(fd, &m, &hfd, hfd >= 0 ? 1 : 0, 2000);
   if (rc != 0)
@@ -250,11 +250,11 @@ static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
   }
   gpuipc__dom_saw_id(d, w->id);
   if (gpuipc__dom_gen(d) != gen) {
-    /* Re-published already without this hold? Then add it now; if the
+    /* Re-published already without this grant? Then add it now; if the
      * member is still reconnecting, its re-publication will include it. */
     struct gpuipc__msg m;
     int hfd = -1;
-    if (republish_one(buf, h, &m, &hfd) == 0)
+    if (republish_one(buf, h, 1, &m, &hfd) == 0)
       (void)gpuipc__dom_post(d, &m, &hfd, hfd >= 0 ? 1 : 0);
     gpuipc__fd_close(&hfd);
   }
