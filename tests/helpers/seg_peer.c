@@ -21,11 +21,15 @@
  *   fork                     fork a child that sleeps 60 s without exec
  *                            -> ok CHILD_PID
  *   load I N COUNT SIZE      the load test's work for peer I of N
+ *   churn NAME SEED MS       for MS ms: open NAME, check it, release it;
+ *                            create, unlink, release a segment of our own
+ *                            -> ok ROUNDS (any failure ends it: err)
  *   exit CODE
  */
 #include "test.h"
 
 #include "domain/domain.h"
+#include "os/os.h"
 
 #include <grp.h>
 #include <poll.h>
@@ -176,6 +180,34 @@ static int load(int me, int n, int count, size_t size)
   return 0;
 }
 
+static int churn(const char *name, uint64_t seed, int ms)
+{
+  char own[64];
+  snprintf(own, sizeof(own), "churn.%d", (int)getpid());
+  uint64_t end = gpuipc__now_ns() + (uint64_t)ms * 1000000u;
+  int rounds = 0;
+  while (gpuipc__now_ns() < end) {
+    gpuipc_buf_t *b;
+    int rc = gpuipc_segment_open(dom, name, 0, -1, 0, &b);
+    if (rc != 0)
+      return rc;
+    size_t bad = test_check(gpuipc_buf_ptr(b), gpuipc_buf_size(b), seed);
+    gpuipc_buf_release(b);
+    if (bad != (size_t)-1)
+      return gpuipc__err(-EIO, "churn: %s differs at byte %zu", name, bad);
+    rc = gpuipc_segment_open(dom, own, 4096, -1, GPUIPC_CREATE | GPUIPC_EXCL,
+                             &b);
+    if (rc != 0)
+      return rc;
+    rc = gpuipc_segment_unlink(dom, own);
+    gpuipc_buf_release(b);
+    if (rc != 0)
+      return rc;
+    rounds++;
+  }
+  return rounds;
+}
+
 static void command(char *line)
 {
   char *argv[8] = {0};
@@ -313,6 +345,12 @@ static void command(char *line)
       reply_err(rc);
     else
       reply("ok");
+  } else if (strcmp(cmd, "churn") == 0 && argc == 4) {
+    rc = churn(argv[1], strtoull(argv[2], NULL, 0), atoi(argv[3]));
+    if (rc < 0)
+      reply_err(rc);
+    else
+      reply("ok %d", rc);
   } else if (strcmp(cmd, "exit") == 0 && argc == 2) {
     reply("ok");
     exit(atoi(argv[1]));
