@@ -990,6 +990,24 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
 }
 
 #if GPUIPC_HAVE_CUDA
+/*
+ * Make @stream wait for @ev. A NULL stream means the legacy default stream
+ * of device @dev (the one that will use the data), which need not be the
+ * event's own device.
+ */
+static int wait_on(gpuipc_event_t *ev, int dev, void *stream)
+{
+  if (stream != NULL || dev < 0 || dev == gpuipc_event_device(ev))
+    return gpuipc_event_wait(ev, stream);
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  rc = gpuipc_event_wait(ev, (void *)CU_STREAM_LEGACY);
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
+
 static int copy_async(int dev, void *dst, const void *src, size_t n,
                       void *stream)
 {
@@ -1003,6 +1021,11 @@ static int copy_async(int dev, void *dst, const void *src, size_t n,
   return rc;
 }
 #else
+static int wait_on(gpuipc_event_t *ev, int dev, void *stream)
+{
+  return gpuipc_event_wait(ev, stream);
+}
+
 static int copy_async(int dev, void *dst, const void *src, size_t n,
                       void *stream)
 {
@@ -1464,7 +1487,7 @@ int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view, void *stream,
   gpuipc_event_t *ev;
   rc = rx_event(ch, &ev);
   if (rc == 0 && ev != NULL)
-    rc = gpuipc_event_wait(ev, stream);
+    rc = wait_on(ev, gpuipc_buf_device(rx->pbuf), stream);
   if (rc != 0)
     goto unlock;
   struct gpuipc__view *v = calloc(1, sizeof(*v));
@@ -1579,7 +1602,7 @@ int gpuipc_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
     gpuipc_event_t *ev;
     rc = rx_event(ch, &ev);
     if (rc == 0 && ev != NULL)
-      rc = gpuipc_event_wait(ev, stream);
+      rc = wait_on(ev, rel_dev, stream);
     if (rc == 0 && n > 0)
       rc = copy_async(rel_dev, to, src, n, stream);
     if (rc != 0)
