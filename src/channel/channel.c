@@ -1315,7 +1315,8 @@ static int rx_import(struct gpuipc_channel *ch, const struct gpuipc__desc *d,
   }
   h.fd = fd;
   gpuipc_buf_t *b;
-  rc = gpuipc_buf_import(&h, ch->device, 0, &b);
+  rc = gpuipc_buf_import(&h, h.kind == GPUIPC_KIND_HOST ? -1 : ch->device,
+                         0, &b);
   gpuipc__fd_close(&fd);
   if (rc != 0)
     return rc;
