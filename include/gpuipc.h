@@ -970,8 +970,9 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  *     channel's staging buffer, on @stream for device memory.
  * @stream: CUstream / cudaStream_t (NULL: the legacy default stream) of the
  *     buffer's device, on which the sender queued its writes; the message
- *     is ordered after them (an event is recorded there). Ignored for HOST
- *     buffers and staged host memory.
+ *     is ordered after them: an event is recorded there, unless the stream
+ *     has nothing pending at that moment (then nothing needs waiting for).
+ *     Ignored for HOST buffers and staged host memory.
  * @flags: 0 or GPUIPC_SEND_NONBLOCK.
  * @ticket: optional out: the message's number (1, 2, ... per end), for
  *     gpuipc_send_done / gpuipc_send_wait and the release callback.
@@ -1067,8 +1068,9 @@ GPUIPC_API int gpuipc_recv_into(gpuipc_channel_t *ch,
 /*
  * gpuipc_tensor_release - give a received view back to its sender.
  * @stream: for GPU buffers, the stream whose work so far is the last use of
- *     the view (an event is recorded on it for the sender); a stream of the
- *     view's device (NULL: the legacy default stream). Ignored for HOST.
+ *     the view (an event is recorded on it for the sender, unless it has
+ *     nothing pending); a stream of the view's device (NULL: the legacy
+ *     default stream). Ignored for HOST.
  * The view is freed in every case. Returns 0; -EINVAL (NULL or not a
  * view); GPUIPC_E_PEER_GONE (the sender is gone: nothing to tell);
  * GPUIPC_E_CUDA.

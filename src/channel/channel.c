@@ -1008,6 +1008,24 @@ static int wait_on(gpuipc_event_t *ev, int dev, void *stream)
   return rc;
 }
 
+/*
+ * Whether everything queued on @stream (a stream of device @dev) has
+ * completed. Then a message or a release needs no event: what it orders
+ * after is done already, and the peer has nothing to wait for. A NULL
+ * stream is never asked (the answer would depend on the current context).
+ */
+static bool stream_idle(int dev, void *stream)
+{
+  if (stream == NULL || dev < 0 || gpuipc__cu.cuStreamQuery == NULL)
+    return false;
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__ctx_enter(dev, &saved) != 0)
+    return false;
+  CUresult r = gpuipc__cu.cuStreamQuery((CUstream)stream);
+  gpuipc__ctx_leave(&saved);
+  return r == CUDA_SUCCESS;
+}
+
 static int copy_async(int dev, void *dst, const void *src, size_t n,
                       void *stream)
 {
@@ -1021,6 +1039,11 @@ static int copy_async(int dev, void *dst, const void *src, size_t n,
   return rc;
 }
 #else
+static bool stream_idle(int dev, void *stream)
+{
+  return false;
+}
+
 static int wait_on(gpuipc_event_t *ev, int dev, void *stream)
 {
   return gpuipc_event_wait(ev, stream);
@@ -1108,9 +1131,9 @@ int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t, void *stream,
     tx->bufs_sent++;
   }
 
-  /* Order the message after the sender's stream. */
+  /* Order the message after the sender's stream (unless it is idle). */
   uint8_t *ev_sent = NULL;
-  if (ev_dev >= 0) {
+  if (ev_dev >= 0 && !stream_idle(ev_dev, stream)) {
     uint32_t es = (uint32_t)(seq % tx->depth);
     gpuipc_event_t *ev;
     bool is_new;
@@ -1442,7 +1465,7 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   memset(&rl, 0, sizeof(rl));
   rl.seq = seq;
   uint8_t *sent = NULL;
-  if (dev >= 0) {
+  if (dev >= 0 && !stream_idle(dev, stream)) {
     uint32_t es = (uint32_t)(seq % rx->depth);
     gpuipc_event_t *ev;
     bool is_new;
