@@ -4,12 +4,22 @@
  * checks every field and every byte of each against what message i must
  * be. The sender reuses 64 slots of one HOST buffer and rewrites a slot
  * only after gpuipc_send_done says the receiver gave its last message back.
+ * The release callback sees every message come back, in order.
  */
 #include "helpers/chan_common.h"
 
 #include <unistd.h>
 
 #define N 100000
+
+/* Release callbacks come once per message, in order here. */
+static uint64_t released, out_of_order;
+
+static void on_release(gpuipc_channel_t *ch, uint64_t ticket, void *user)
+{
+  out_of_order += ticket != released + 1 || user != &released;
+  released = ticket;
+}
 
 int main(void)
 {
@@ -23,6 +33,7 @@ int main(void)
 
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, "order", NULL, &ch));
+  ASSERT_OK(gpuipc_channel_on_release(ch, on_release, &released));
   gpuipc_buf_t *buf;
   ASSERT_OK(gpuipc_buf_alloc(CHAN_SLOT * CHAN_SLOTS, GPUIPC_KIND_HOST, -1, 0,
                              &buf));
@@ -48,6 +59,8 @@ int main(void)
   ASSERT_OK(gpuipc_channel_progress(ch) >= 0 ? 0 : -1);
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ(info.in_flight, 0);
+  ASSERT_EQ_U(released, N);
+  ASSERT_EQ_U(out_of_order, 0);
   /* The ticket after the last one was never sent. */
   ASSERT_RC(gpuipc_send_done(ch, N + 1, 0), -EINVAL);
   ASSERT_OK(gpuipc_channel_close(ch));
