@@ -11,8 +11,10 @@
  *
  *   latency   4 KiB tensor: send -> recv -> release -> the sender sees it
  *             released (gpuipc_send_wait: host-side, stream-ordered), and
- *             the same until the release's GPU event has completed
- *             (gpuipc_send_done); a HOST-kind round trip; a ping-pong of two
+ *             the same until the buffer is free on the GPU too
+ *             (gpuipc_send_done); the same with a kernel writing the tensor
+ *             just before each send (the stream is busy, so events travel
+ *             both ways); a HOST-kind round trip; a ping-pong of two
  *             one-way messages (one way = half of it).
  *   bandwidth 4 KiB .. 1 GiB, copy mode (gpuipc_recv_into into the
  *             consumer's own memory on its stream) and zero-copy (view +
@@ -69,6 +71,12 @@
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
+
+/* One byte written on the GPU: makes the stream busy when the send comes. */
+__global__ static void touch_kernel(uint8_t *p, uint8_t v)
+{
+  p[0] = v;
+}
 
 static double now_us(void)
 {
@@ -259,6 +267,27 @@ static void latency(prod *p, int n)
       v.push_back(now_us() - t0);
   }
   snprintf(name, sizeof(name), "%s_gpu_rt_done", p->where);
+  result_lat(name, v, 1);
+
+  /*
+   * A kernel writes the tensor right before each send, so the stream is
+   * busy: the message carries an event, the receiver's stream waits on it,
+   * and its release carries one too.
+   */
+  v.clear();
+  control(p, OP_LAT, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    touch_kernel<<<1, 1, 0, p->s>>>((uint8_t *)gpuipc_buf_ptr(p->src),
+                                    (uint8_t)i);
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  CUDA_OK(cudaGetLastError());
+  snprintf(name, sizeof(name), "%s_gpu_rt_kernel", p->where);
   result_lat(name, v, 1);
 
   /* Ping-pong: two one-way messages; one way is half of it. */

@@ -148,8 +148,10 @@ def table(lat, bw, quick):
     for where, desc in (("same", "same GPU"), ("cross", "GPU 0 -> GPU 1")):
         row("gpuipc, VMM, %s, released (send_wait)" % desc,
             where + "_gpu_rt_released", "<= 8")
-        row("gpuipc, VMM, %s, release event done (send_done)" % desc,
+        row("gpuipc, VMM, %s, free on the GPU too (send_done)" % desc,
             where + "_gpu_rt_done")
+        row("gpuipc, VMM, %s, kernel writes it before each send (events "
+            "both ways), released" % desc, where + "_gpu_rt_kernel")
         row("gpuipc, VMM, %s, one way (ping-pong / 2)" % desc,
             where + "_gpu_oneway", "<= 3")
         row("gpuipc, HOST kind (%s run)" % desc, where + "_host_rt")
@@ -173,6 +175,10 @@ def table(lat, bw, quick):
             size_name(s), fmt(g("same", "copy")), fmt(g("same", "zerocopy")),
             fmt(g("same", "memcpy")), fmt(cc), fmt(g("cross", "zerocopy")),
             fmt(cp), fmt(nc), fmt(r1), fmt(r2)))
+    out.append("")
+    out.append("A sender or receiver whose stream has nothing pending at "
+               "send or release needs no event (gpuipc checks with "
+               "cuStreamQuery); the 'kernel' rows show the event path.")
     out.append("")
     out.append("Targets: round trip <= 8 us median (one way <= 3 us); cross-GPU "
                "copy >= 1.0x cudaMemcpyPeerAsync from 64 MiB; >= NCCL at every "
