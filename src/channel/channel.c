@@ -1162,14 +1162,15 @@ int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t, void *stream,
   if (area >= 0)
     tx->stage[area].busy |= 1ull << slot;
 
-  uint32_t head = atomic_load_explicit(&ch->txd->head, memory_order_relaxed);
+  uint32_t head = tx->head; /* ours: never read back from shared memory */
   uint8_t *dst = ch->tx_ring +
                  (size_t)(head % GPUIPC__CHAN_DEPTH_MAX) *
                      GPUIPC__CHAN_DESC_BYTES;
   rc = gpuipc__desc_encode(&d, dst, GPUIPC__CHAN_DESC_BYTES);
   if (rc < 0)
     goto broken;
-  gpuipc__chan_publish(&ch->txd->head, head + 1, &ch->txd->recv_sleep);
+  tx->head = head + 1;
+  gpuipc__chan_publish(&ch->txd->head, tx->head, &ch->txd->recv_sleep);
   if (ev_sent != NULL)
     *ev_sent = 1;
   tx->next_seq++;
@@ -1768,12 +1769,12 @@ int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
   if (bufmsg != NULL)
     rc = gpuipc__sock_send(ch->sock, bufmsg, bufmsg_len, &fd, fd >= 0, 1000);
   if (rc == 0) {
-    uint32_t head = atomic_load(&ch->txd->head);
+    uint32_t head = ch->tx.head++;
     uint8_t *dst = ch->tx_ring + (size_t)(head % GPUIPC__CHAN_DEPTH_MAX) *
                                      GPUIPC__CHAN_DESC_BYTES;
     memset(dst, 0, GPUIPC__CHAN_DESC_BYTES);
     memcpy(dst, bytes, len);
-    gpuipc__chan_publish(&ch->txd->head, head + 1, &ch->txd->recv_sleep);
+    gpuipc__chan_publish(&ch->txd->head, ch->tx.head, &ch->txd->recv_sleep);
   }
   pthread_mutex_unlock(&ch->tx.lock);
   return rc;

@@ -253,6 +253,7 @@ struct gpuipc__tx {
   uint32_t depth;
   uint64_t next_seq; /* the next message's number */
   uint64_t oldest;   /* the oldest message not yet free */
+  uint32_t head;     /* descriptors published */
   struct gpuipc__tx_rec *recs; /* [depth], message s at s % depth */
   uint32_t rel_tail;           /* releases taken in */
   struct gpuipc__known known[GPUIPC__CHAN_BUFS];
