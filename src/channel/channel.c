@@ -38,6 +38,7 @@
 #include "wire/wire.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -712,6 +713,7 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
                    bool (*done)(struct gpuipc_channel *, uint64_t),
                    uint64_t arg, bool poll_events)
 {
+  uint64_t polling = 0; /* when polling a GPU event began */
   for (;;) {
     int rc = tx_progress(ch);
     if (rc != 0)
@@ -725,7 +727,14 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
         return -EAGAIN;
       if (past(deadline))
         return -ETIMEDOUT;
-      gpuipc__sleep_us(5);
+      /* Copies end within microseconds: yield first, sleep after 200 us. */
+      uint64_t now = gpuipc__now_ns();
+      if (polling == 0)
+        polling = now;
+      if (now - polling < 200000)
+        sched_yield();
+      else
+        gpuipc__sleep_us(20);
       continue;
     }
     rc = gpuipc__chan_wait(ch, &ch->txd->rel_head, ch->tx.rel_tail,
