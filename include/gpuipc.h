@@ -774,6 +774,351 @@ GPUIPC_API int gpuipc_domain_list(gpuipc_domain_t *dom,
 GPUIPC_API int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,
                                    gpuipc_segment_info_t *out);
 
+/* ------------------------------------------------------------------------ */
+/* Tensors (DLPack layout)                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * These structs are laid out exactly as DLPack's (dlpack.h, ABI of v0.8 and
+ * v1.x, on LP64): gpuipc_dl_device_t is DLDevice, gpuipc_dl_dtype_t is
+ * DLDataType, gpuipc_dl_tensor_t is DLTensor, gpuipc_dl_managed_tensor_t is
+ * DLManagedTensor and gpuipc_dl_managed_tensor_versioned_t is
+ * DLManagedTensorVersioned, so that a pointer to one can be handed to code
+ * that expects the other (PyTorch, CuPy, JAX through their from_dlpack).
+ */
+
+/* DLDeviceType values gpuipc produces or accepts. */
+#define GPUIPC_DL_CPU 1       /* kDLCPU */
+#define GPUIPC_DL_CUDA 2      /* kDLCUDA */
+#define GPUIPC_DL_CUDA_HOST 3 /* kDLCUDAHost: pinned host memory */
+
+/* DLDataTypeCode values gpuipc accepts. */
+#define GPUIPC_DL_INT 0
+#define GPUIPC_DL_UINT 1
+#define GPUIPC_DL_FLOAT 2
+#define GPUIPC_DL_BFLOAT 4
+#define GPUIPC_DL_COMPLEX 5
+#define GPUIPC_DL_BOOL 6
+/* The 8-bit float formats of DLPack 1.1, codes 7 (e3m4) to 14 (e8m0fnu). */
+#define GPUIPC_DL_FLOAT8_FIRST 7
+#define GPUIPC_DL_FLOAT8_LAST 14
+
+typedef struct gpuipc_dl_device {
+  int32_t device_type; /* GPUIPC_DL_* device type */
+  int32_t device_id;   /* local CUDA ordinal for GPUIPC_DL_CUDA, else 0 */
+} gpuipc_dl_device_t;
+
+typedef struct gpuipc_dl_dtype {
+  uint8_t code;   /* GPUIPC_DL_INT ... */
+  uint8_t bits;   /* bits of one lane */
+  uint16_t lanes; /* 1 for scalars */
+} gpuipc_dl_dtype_t;
+
+typedef struct gpuipc_dl_tensor {
+  void *data;                /* base pointer */
+  gpuipc_dl_device_t device;
+  int32_t ndim;              /* 0 .. GPUIPC_TENSOR_MAX_DIMS for gpuipc */
+  gpuipc_dl_dtype_t dtype;
+  int64_t *shape;            /* ndim extents */
+  int64_t *strides;          /* ndim strides in elements; NULL: row-major */
+  uint64_t byte_offset;      /* first element at (char *)data + byte_offset */
+} gpuipc_dl_tensor_t;
+
+typedef struct gpuipc_dl_managed_tensor {
+  gpuipc_dl_tensor_t dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct gpuipc_dl_managed_tensor *self);
+} gpuipc_dl_managed_tensor_t;
+
+typedef struct gpuipc_dl_version {
+  uint32_t major; /* 1 */
+  uint32_t minor;
+} gpuipc_dl_version_t;
+
+typedef struct gpuipc_dl_managed_tensor_versioned {
+  gpuipc_dl_version_t version;
+  void *manager_ctx;
+  void (*deleter)(struct gpuipc_dl_managed_tensor_versioned *self);
+  uint64_t flags; /* DLPACK_FLAG_BITMASK_*: 0 (writable, not a copy) */
+  gpuipc_dl_tensor_t dl_tensor;
+} gpuipc_dl_managed_tensor_versioned_t;
+
+/* The most dimensions a tensor sent through a channel may have. */
+#define GPUIPC_TENSOR_MAX_DIMS 8
+
+/*
+ * A tensor as gpuipc sends and receives it: DLPack's fields, and the buffer
+ * that holds the data.
+ * @buf: the gpuipc buffer the bytes lie in (dl.data + dl.byte_offset and
+ *       every element reachable through shape and strides must lie inside
+ *       it), sent without copying; or NULL for memory gpuipc did not
+ *       allocate, which is copied ("staged") into slots of a buffer of the
+ *       channel's own and never exported itself.
+ * Received views have @buf set to the buffer as mapped in the receiver.
+ */
+typedef struct gpuipc_tensor {
+  gpuipc_dl_tensor_t dl;
+  gpuipc_buf_t *buf;
+} gpuipc_tensor_t;
+
+/*
+ * gpuipc_tensor_nbytes - bytes of one element times the number of
+ * elements of @t (0 for NULL or an invalid dtype).
+ */
+GPUIPC_API uint64_t gpuipc_tensor_nbytes(const gpuipc_tensor_t *t);
+
+/* ------------------------------------------------------------------------ */
+/* Channels                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A channel is an ordered, two-way pipe for tensors between two processes
+ * of a domain. Descriptors (DLPack layout) travel through rings in shared
+ * memory; a buffer's handle and file descriptor travel once, the first time
+ * the buffer is sent, over a Unix socket of the channel's own. The broker is
+ * only involved in gpuipc_channel_open.
+ *
+ * Zero-copy: gpuipc_send hands the receiver a view of the sender's buffer
+ * (gpuipc_recv), which the receiver gives back with gpuipc_tensor_release.
+ * Copy: gpuipc_recv_into copies the tensor into the receiver's memory on
+ * its stream and gives the sender's buffer back when the copy's event
+ * fires, with no host synchronisation on either side.
+ *
+ * Each message is ordered after the work that the sender queued on its
+ * stream before gpuipc_send (an interprocess event, for GPU kinds), and
+ * the sender's buffer counts as free only after the receiver's work on it
+ * (another event). HOST buffers have no events: the sender must have
+ * written them before sending, and a receiver that reads them from the GPU
+ * must finish that before releasing.
+ *
+ * Each end may have at most its `depth` messages in flight (sent and not
+ * yet given back); a further send waits for a release, or fails at once
+ * with GPUIPC_SEND_NONBLOCK, or after the send timeout. Nothing is ever
+ * dropped or reordered. When the other process dies or closes its end,
+ * calls that need it return GPUIPC_E_PEER_GONE; views already received
+ * stay readable for HOST and VMM/POOL buffers, and LEGACY memory dies with
+ * its exporter (gpuipc_buf_alive(view->buf) says so).
+ *
+ * Thread safety: the send side (gpuipc_send, gpuipc_send_done,
+ * gpuipc_send_wait, gpuipc_channel_progress) and the receive side
+ * (gpuipc_recv, gpuipc_recv_into) each take a lock of their own, so one
+ * thread may send while another receives; gpuipc_tensor_release may be
+ * called from any thread.
+ */
+typedef struct gpuipc_channel gpuipc_channel_t;
+
+/* Channel names: 1 to GPUIPC_CHANNEL_NAME_MAX characters of a domain name. */
+#define GPUIPC_CHANNEL_NAME_MAX 58
+/* The most messages one end may have in flight. */
+#define GPUIPC_CHANNEL_DEPTH_MAX 1024
+
+typedef struct gpuipc_channel_opts {
+  size_t size;       /* sizeof(gpuipc_channel_opts_t) (or an earlier size) */
+  unsigned flags;    /* reserved, 0 */
+  /* Milliseconds gpuipc_channel_open waits for the other end; 0: the
+   * domain's timeout; < 0: forever. */
+  int timeout_ms;
+  /* Messages this end may have in flight: a power of two, 1 ..
+   * GPUIPC_CHANNEL_DEPTH_MAX; 0: 64. */
+  uint32_t depth;
+  /* Local CUDA ordinal that reads received GPU tensors (they are mapped
+   * for it, across NVLink when it is another GPU); -1 (or 0 with
+   * device_set 0): each tensor's own GPU. */
+  int device;
+  int device_set;    /* 1: @device is meant (so that 0 can be chosen) */
+  /* Milliseconds a blocked gpuipc_send waits for a release before
+   * -ETIMEDOUT; 0: forever. */
+  int send_timeout_ms;
+  /* Staging of memory gpuipc did not allocate: slots (1..64; 0: 4) of
+   * stage_slot_bytes (0: 4 MiB) each, per device, allocated on first use. */
+  uint32_t stage_slots;
+  size_t stage_slot_bytes;
+} gpuipc_channel_opts_t;
+
+/*
+ * gpuipc_channel_open - meet the other end of channel @name in @dom.
+ * The first two processes (or threads) that open a name are paired; the
+ * name is free again as soon as they are, so a third and fourth opener
+ * make a channel of their own. The call waits for the other end (see
+ * opts->timeout_ms). An opener that died before its peer came is replaced.
+ * @opts: optional (NULL: defaults).
+ * @out: the channel, to be closed with gpuipc_channel_close.
+ * Returns 0; -EINVAL (NULL argument, bad name or options, with a
+ * sentence); -ETIMEDOUT (nobody came); GPUIPC_E_PROTO (the peer wrote
+ * an impossible ring layout); GPUIPC_E_PEER_GONE / -errno from the domain
+ * or the socket calls.
+ */
+GPUIPC_API int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
+                                   const gpuipc_channel_opts_t *opts,
+                                   gpuipc_channel_t **out);
+
+/*
+ * gpuipc_channel_close - close this end: the peer's calls then return
+ * GPUIPC_E_PEER_GONE once it has received what was sent. Views received
+ * from @ch stay valid until released (releasing them after the close is
+ * allowed). Messages sent and not yet released are abandoned. No other
+ * call on @ch may be running or follow. Returns 0, or -EINVAL for NULL.
+ */
+GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
+
+/* gpuipc_send flags. */
+#define GPUIPC_SEND_NONBLOCK 0x1u /* -EAGAIN instead of waiting for room */
+
+/*
+ * gpuipc_send - send tensor @t to the other end.
+ * @t: the tensor; t->buf NULL stages the bytes (they must be contiguous,
+ *     row-major, and fit a staging slot: -EMSGSIZE otherwise) through the
+ *     channel's staging buffer, on @stream for device memory.
+ * @stream: CUstream / cudaStream_t (NULL: the legacy default stream) of the
+ *     buffer's device, on which the sender queued its writes; the message
+ *     is ordered after them: an event is recorded there, unless the stream
+ *     has nothing pending at that moment (then nothing needs waiting for).
+ *     Ignored for HOST buffers and staged host memory.
+ * @flags: 0 or GPUIPC_SEND_NONBLOCK.
+ * @ticket: optional out: the message's number (1, 2, ... per end), for
+ *     gpuipc_send_done / gpuipc_send_wait and the release callback.
+ * Validation happens before anything is sent: -EINVAL, with a sentence
+ * naming the field, for more than GPUIPC_TENSOR_MAX_DIMS dimensions, a
+ * negative extent, an unknown or unsupported dtype, strides or byte offset
+ * reaching outside the buffer, a data pointer outside it.
+ * Returns 0; -EINVAL; -EMSGSIZE; -EAGAIN (NONBLOCK and `depth` messages in
+ * flight); -ETIMEDOUT (send timeout); GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO
+ * (the peer broke the protocol; the channel is unusable); GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
+                           void *stream, unsigned flags, uint64_t *ticket);
+
+/*
+ * gpuipc_send_done - whether message @ticket's buffer is free again: the
+ * receiver released it and its work on it (its copy, or the work before
+ * its release) has completed. Waits up to @timeout_ms (< 0: forever).
+ * Returns 0 when free; -EAGAIN when @timeout_ms is 0 and it is not yet;
+ * -ETIMEDOUT; -EINVAL (no such ticket yet); GPUIPC_E_PEER_GONE (the
+ * receiver went away without releasing it); GPUIPC_E_PROTO; GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_send_done(gpuipc_channel_t *ch, uint64_t ticket,
+                                int timeout_ms);
+
+/*
+ * gpuipc_send_wait - wait on the host only until the receiver has released
+ * message @ticket, then make @stream (NULL: the legacy default stream of
+ * the release event's device) wait for the receiver's work on it, without
+ * blocking the host for that work. Work queued on @stream afterwards may
+ * overwrite the buffer. Returns as gpuipc_send_done.
+ */
+GPUIPC_API int gpuipc_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
+                                void *stream, int timeout_ms);
+
+/*
+ * A release callback: message @ticket was released by the receiver (its
+ * GPU work may still be running: gpuipc_send_wait orders after it). Called
+ * on the sending side's thread, inside gpuipc_send, gpuipc_send_done,
+ * gpuipc_send_wait or gpuipc_channel_progress, with the send lock held: it
+ * must not call those functions on the same channel.
+ */
+typedef void (*gpuipc_release_fn)(gpuipc_channel_t *ch, uint64_t ticket,
+                                  void *user);
+
+/* gpuipc_channel_on_release - set (or clear, with NULL) the callback. */
+GPUIPC_API int gpuipc_channel_on_release(gpuipc_channel_t *ch,
+                                         gpuipc_release_fn fn, void *user);
+
+/*
+ * gpuipc_channel_progress - take in the releases that have arrived and call
+ * the callback for each, without waiting. Returns how many were taken in;
+ * GPUIPC_E_PROTO; -EINVAL.
+ */
+GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
+
+/*
+ * gpuipc_recv - receive the next tensor as a view of the sender's buffer
+ * (zero-copy). The buffer is imported the first time it arrives and cached
+ * for the life of the channel (up to 256 buffers per direction).
+ * @view: out: the tensor, valid until gpuipc_tensor_release. view->dl.data
+ *     is the buffer's base in this process and view->dl.byte_offset the
+ *     tensor's offset in it; strides are always given; view->buf is the
+ *     buffer. GPU tensors have device {GPUIPC_DL_CUDA, ordinal that maps
+ *     them}, HOST ones {GPUIPC_DL_CPU, 0}.
+ * @stream: the stream that will use the view: it is made to wait for the
+ *     sender's event (no host wait). Ignored for HOST buffers.
+ * @timeout_ms: < 0 waits forever; 0 polls.
+ * Returns 0; -EAGAIN (@timeout_ms 0, nothing there); -ETIMEDOUT;
+ * GPUIPC_E_PEER_GONE (the peer is gone and everything it sent has been
+ * received); GPUIPC_E_PROTO (the peer sent a malformed descriptor, with a
+ * sentence naming the field; the channel is unusable afterwards);
+ * what gpuipc_buf_import returns; GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
+                           void *stream, int timeout_ms);
+
+/*
+ * gpuipc_recv_into - receive the next tensor by copying it into @dst, on
+ * @stream after the sender's event; the sender's buffer is released when
+ * the copy has completed (an event on @stream), without host waits. Both
+ * tensors must be contiguous (row-major) with the same dtype and shape:
+ * otherwise -EINVAL, and the message stays first in line for the next
+ * receive. dst->buf may be NULL (any memory: dst->dl.device says where).
+ * Copies between two host memories are done at once with memcpy; the
+ * others with cuMemcpyAsync on @stream.
+ * Returns as gpuipc_recv, and -EINVAL for @dst.
+ */
+GPUIPC_API int gpuipc_recv_into(gpuipc_channel_t *ch,
+                                const gpuipc_tensor_t *dst, void *stream,
+                                int timeout_ms);
+
+/*
+ * gpuipc_tensor_release - give a received view back to its sender.
+ * @stream: for GPU buffers, the stream whose work so far is the last use of
+ *     the view (an event is recorded on it for the sender, unless it has
+ *     nothing pending); a stream of the view's device (NULL: the legacy
+ *     default stream). Ignored for HOST.
+ * The view is freed in every case. Returns 0; -EINVAL (NULL or not a
+ * view); GPUIPC_E_PEER_GONE (the sender is gone: nothing to tell);
+ * GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_tensor_release(gpuipc_tensor_t *view, void *stream);
+
+/*
+ * gpuipc_tensor_to_dlpack - hand a received view over as a DLManagedTensor
+ * (gpuipc_tensor_to_dlpack_versioned: DLManagedTensorVersioned, version
+ * 1.0). The result owns the view: its deleter releases it on the legacy
+ * default stream of its device. @view must not be used or released after
+ * this. Returns 0; -EINVAL (NULL, or not a received view).
+ */
+GPUIPC_API int gpuipc_tensor_to_dlpack(gpuipc_tensor_t *view,
+                                       gpuipc_dl_managed_tensor_t **out);
+GPUIPC_API int gpuipc_tensor_to_dlpack_versioned(
+    gpuipc_tensor_t *view, gpuipc_dl_managed_tensor_versioned_t **out);
+
+/*
+ * gpuipc_tensor_from_dlpack - describe DLPack tensor @dl (a DLTensor *) as
+ * a gpuipc tensor held by @buf (NULL: memory gpuipc did not allocate, to be
+ * staged). @out borrows @dl's shape and strides arrays. Returns 0; -EINVAL.
+ */
+GPUIPC_API int gpuipc_tensor_from_dlpack(const gpuipc_dl_tensor_t *dl,
+                                         gpuipc_buf_t *buf,
+                                         gpuipc_tensor_t *out);
+
+typedef struct gpuipc_channel_info {
+  size_t size;       /* set by the caller to sizeof(*info) */
+  char name[GPUIPC_CHANNEL_NAME_MAX + 1];
+  int end;           /* 0: the first opener, 1: the second */
+  int peer_pid;
+  uint32_t depth;    /* this end's */
+  uint32_t peer_depth;
+  uint64_t sent;     /* messages sent */
+  uint64_t in_flight;   /* sent and not yet free */
+  uint64_t received;    /* messages received */
+  uint64_t views;       /* received views not yet released */
+  uint64_t buffers_sent;     /* buffer handles sent (first sends) */
+  uint64_t buffers_imported; /* buffer handles received */
+  int peer_gone;
+} gpuipc_channel_info_t;
+
+/* gpuipc_channel_info - counters of @ch. Returns 0 or -EINVAL. */
+GPUIPC_API int gpuipc_channel_info(gpuipc_channel_t *ch,
+                                   gpuipc_channel_info_t *out);
+
 #ifdef __cplusplus
 }
 #endif

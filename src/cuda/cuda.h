@@ -73,6 +73,7 @@
   X(cuStreamDestroy, 1, 12000)                                                 \
   X(cuStreamSynchronize, 1, 12000)                                             \
   X(cuStreamWaitEvent, 1, 12000)                                               \
+  X(cuStreamQuery, 0, 12000)                                                   \
   X(cuEventCreate, 1, 12000)                                                   \
   X(cuEventDestroy, 1, 12000)                                                  \
   X(cuEventRecord, 1, 12000)                                                   \

@@ -1,0 +1,463 @@
+/*
+ * channel_bench: gpuipc channels between two processes, next to
+ * cudaMemcpyPeerAsync / cudaMemcpyAsync run in the producer process in the
+ * same run.
+ *
+ *   channel_bench PDEV CDEV [--quick]
+ *
+ * The producer (this process, GPU PDEV) starts the consumer (this program
+ * again, GPU CDEV) and steers it through the channel itself: before each
+ * step it sends a small HOST "control" tensor {op, bytes, count}.
+ *
+ *   latency   4 KiB tensor: send -> recv -> release -> the sender sees it
+ *             released (gpuipc_send_wait: host-side, stream-ordered), and
+ *             the same until the buffer is free on the GPU too
+ *             (gpuipc_send_done); the same with a kernel writing the tensor
+ *             just before each send (the stream is busy, so events travel
+ *             both ways); a HOST-kind round trip; a ping-pong of two
+ *             one-way messages (one way = half of it).
+ *   bandwidth 4 KiB .. 1 GiB, copy mode (gpuipc_recv_into into the
+ *             consumer's own memory on its stream) and zero-copy (view +
+ *             cudaMemcpyAsync by the consumer + release). The producer sends
+ *             the same VMM buffer `count` times and stops the clock when the
+ *             last message's buffer is free (its copy has completed).
+ *   baseline  the same sizes and counts with cudaMemcpyPeerAsync (PDEV !=
+ *             CDEV, peer access enabled) or cudaMemcpyAsync (same GPU) in
+ *             the producer process.
+ *
+ * Output: "RESULT ..." lines for channel_vs_baselines.py, and a readable
+ * line for each.
+ */
+#include <gpuipc.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <vector>
+
+#define OP_END 0
+#define OP_LAT 1      /* recv view, release on the stream */
+#define OP_PINGPONG 2 /* recv view, release, send our own tensor back */
+#define OP_BW_COPY 3  /* recv_into */
+#define OP_BW_VIEW 4  /* recv view, cudaMemcpyAsync, release */
+#define OP_LAT_HOST 5 /* as OP_LAT for HOST tensors */
+
+#define MAX_BYTES ((size_t)1 << 30)
+#define LAT_BYTES 4096
+
+#define CUDA_OK(call)                                                          \
+  do {                                                                         \
+    cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) {                                                   \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
+              cudaGetErrorString(e_));                                         \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+#define GI_OK(call)                                                            \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    if (rc_ != 0) {                                                            \
+      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
+              gpuipc_err_name(rc_), gpuipc_last_error());                      \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+/* One byte written on the GPU: makes the stream busy when the send comes. */
+__global__ static void touch_kernel(uint8_t *p, uint8_t v)
+{
+  p[0] = v;
+}
+
+static double now_us(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static void stats(std::vector<double> &v, double *median, double *p99)
+{
+  std::sort(v.begin(), v.end());
+  *median = v[v.size() / 2];
+  *p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
+}
+
+/* A 1-D uint8 tensor of @bytes at the start of @buf. */
+struct tens {
+  int64_t shape[1];
+  gpuipc_tensor_t t;
+};
+
+static void tens_init(tens *x, gpuipc_buf_t *buf, void *data, int dev,
+                      size_t bytes)
+{
+  memset(x, 0, sizeof(*x));
+  x->shape[0] = (int64_t)bytes;
+  x->t.buf = buf;
+  x->t.dl.data = data;
+  x->t.dl.device.device_type = dev >= 0 ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
+  x->t.dl.device.device_id = dev >= 0 ? dev : 0;
+  x->t.dl.ndim = 1;
+  x->t.dl.dtype.code = GPUIPC_DL_UINT;
+  x->t.dl.dtype.bits = 8;
+  x->t.dl.dtype.lanes = 1;
+  x->t.dl.shape = x->shape;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Consumer                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int consumer(gpuipc_channel_t *ch, int dev)
+{
+  CUDA_OK(cudaSetDevice(dev));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void *dst;
+  CUDA_OK(cudaMalloc(&dst, MAX_BYTES));
+  gpuipc_buf_t *mine; /* what ping-pong sends back */
+  GI_OK(gpuipc_buf_alloc(LAT_BYTES, GPUIPC_KIND_VMM, dev, 0, &mine));
+  tens back;
+  tens_init(&back, mine, gpuipc_buf_ptr(mine), dev, LAT_BYTES);
+  for (;;) {
+    gpuipc_tensor_t *c;
+    GI_OK(gpuipc_recv(ch, &c, NULL, -1));
+    int64_t ctl[3];
+    memcpy(ctl, (const uint8_t *)c->dl.data + c->dl.byte_offset, sizeof(ctl));
+    GI_OK(gpuipc_tensor_release(c, NULL));
+    int op = (int)ctl[0];
+    size_t bytes = (size_t)ctl[1];
+    long count = (long)ctl[2];
+    if (op == OP_END)
+      break;
+    tens into;
+    tens_init(&into, NULL, dst, dev, bytes);
+    for (long i = 0; i < count; i++) {
+      gpuipc_tensor_t *v;
+      switch (op) {
+      case OP_LAT:
+      case OP_LAT_HOST:
+        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        GI_OK(gpuipc_tensor_release(v, (void *)s));
+        break;
+      case OP_PINGPONG:
+        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        GI_OK(gpuipc_tensor_release(v, (void *)s));
+        GI_OK(gpuipc_send(ch, &back.t, (void *)s, 0, NULL));
+        break;
+      case OP_BW_COPY:
+        GI_OK(gpuipc_recv_into(ch, &into.t, (void *)s, -1));
+        break;
+      case OP_BW_VIEW:
+        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        CUDA_OK(cudaMemcpyAsync(dst,
+                                (const uint8_t *)v->dl.data + v->dl.byte_offset,
+                                bytes, cudaMemcpyDeviceToDevice, s));
+        GI_OK(gpuipc_tensor_release(v, (void *)s));
+        break;
+      default:
+        fprintf(stderr, "consumer: unknown op %d\n", op);
+        return 1;
+      }
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+  }
+  CUDA_OK(cudaStreamSynchronize(s));
+  gpuipc_buf_release(mine);
+  CUDA_OK(cudaFree(dst));
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Producer                                                                 */
+/* ------------------------------------------------------------------------ */
+
+struct prod {
+  gpuipc_channel_t *ch;
+  int pdev, cdev;
+  cudaStream_t s;
+  gpuipc_buf_t *ctl_buf; /* HOST, 64 slots of 64 bytes */
+  uint64_t ctl_tickets[64];
+  int ctl_next;
+  gpuipc_buf_t *src; /* VMM, MAX_BYTES */
+  gpuipc_buf_t *host4k;
+  const char *where;
+};
+
+static void control(prod *p, int op, size_t bytes, long count)
+{
+  int slot = p->ctl_next++ % 64;
+  if (p->ctl_tickets[slot] != 0)
+    GI_OK(gpuipc_send_done(p->ch, p->ctl_tickets[slot], -1));
+  int64_t *c = (int64_t *)((uint8_t *)gpuipc_buf_ptr(p->ctl_buf) + slot * 64);
+  c[0] = op;
+  c[1] = (int64_t)bytes;
+  c[2] = count;
+  tens x;
+  tens_init(&x, p->ctl_buf, gpuipc_buf_ptr(p->ctl_buf), -1, 24);
+  x.t.dl.byte_offset = (uint64_t)slot * 64;
+  GI_OK(gpuipc_send(p->ch, &x.t, NULL, 0, &p->ctl_tickets[slot]));
+}
+
+static void result_lat(const char *name, std::vector<double> &v, double div)
+{
+  double med, p99;
+  for (double &x : v)
+    x /= div;
+  stats(v, &med, &p99);
+  printf("RESULT lat %s %.3f %.3f\n", name, med, p99);
+  printf("  %-28s median %8.2f us   p99 %8.2f us\n", name, med, p99);
+}
+
+static void latency(prod *p, int n)
+{
+  char name[64];
+  int warm = n / 10;
+  std::vector<double> v;
+  tens t;
+
+  /* HOST kind: the channel alone. */
+  tens_init(&t, p->host4k, gpuipc_buf_ptr(p->host4k), -1, LAT_BYTES);
+  control(p, OP_LAT_HOST, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    GI_OK(gpuipc_send(p->ch, &t.t, NULL, 0, &tk));
+    GI_OK(gpuipc_send_done(p->ch, tk, -1));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  snprintf(name, sizeof(name), "%s_host_rt", p->where);
+  result_lat(name, v, 1);
+
+  /* VMM on the GPU: released (host sees it; the stream waits on the GPU). */
+  tens_init(&t, p->src, gpuipc_buf_ptr(p->src), p->pdev, LAT_BYTES);
+  v.clear();
+  control(p, OP_LAT, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  snprintf(name, sizeof(name), "%s_gpu_rt_released", p->where);
+  result_lat(name, v, 1);
+
+  /* VMM: until the receiver's release event has completed on its GPU. */
+  v.clear();
+  control(p, OP_LAT, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_send_done(p->ch, tk, -1));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  snprintf(name, sizeof(name), "%s_gpu_rt_done", p->where);
+  result_lat(name, v, 1);
+
+  /*
+   * A kernel writes the tensor right before each send, so the stream is
+   * busy: the message carries an event, the receiver's stream waits on it,
+   * and its release carries one too.
+   */
+  v.clear();
+  control(p, OP_LAT, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    touch_kernel<<<1, 1, 0, p->s>>>((uint8_t *)gpuipc_buf_ptr(p->src),
+                                    (uint8_t)i);
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  CUDA_OK(cudaGetLastError());
+  snprintf(name, sizeof(name), "%s_gpu_rt_kernel", p->where);
+  result_lat(name, v, 1);
+
+  /* Ping-pong: two one-way messages; one way is half of it. */
+  v.clear();
+  control(p, OP_PINGPONG, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    double t0 = now_us();
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, NULL));
+    gpuipc_tensor_t *r;
+    GI_OK(gpuipc_recv(p->ch, &r, (void *)p->s, -1));
+    GI_OK(gpuipc_tensor_release(r, (void *)p->s));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  snprintf(name, sizeof(name), "%s_gpu_oneway", p->where);
+  result_lat(name, v, 2);
+  CUDA_OK(cudaStreamSynchronize(p->s));
+}
+
+static long count_for(size_t bytes, int quick)
+{
+  size_t target = quick ? ((size_t)1 << 30) : ((size_t)8 << 30);
+  long n = (long)(target / bytes);
+  long cap = quick ? 500 : 4000;
+  return std::max(10L, std::min(cap, n));
+}
+
+static void bandwidth(prod *p, int quick, void *base_dst)
+{
+  tens t;
+  for (size_t bytes = 4096; bytes <= MAX_BYTES; bytes *= 4) {
+    long n = count_for(bytes, quick);
+    tens_init(&t, p->src, gpuipc_buf_ptr(p->src), p->pdev, bytes);
+    for (int op = OP_BW_COPY; op <= OP_BW_VIEW; op++) {
+      control(p, op, bytes, n + 1);
+      uint64_t tk;
+      GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk)); /* warm-up */
+      GI_OK(gpuipc_send_done(p->ch, tk, -1));
+      double t0 = now_us();
+      for (long i = 0; i < n; i++)
+        GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+      GI_OK(gpuipc_send_done(p->ch, tk, -1));
+      double us = now_us() - t0;
+      double gbs = (double)bytes * n / us / 1e3;
+      const char *mode = op == OP_BW_COPY ? "copy" : "zerocopy";
+      printf("RESULT bw %s %s %zu %.2f\n", p->where, mode, bytes, gbs);
+      printf("  %-6s %-9s %10zu B x %5ld: %8.2f GB/s\n", p->where, mode,
+             bytes, n, gbs);
+    }
+    /* The baseline, same sizes and counts, in this process. */
+    void *src = gpuipc_buf_ptr(p->src);
+    for (int w = 0; w < 2; w++) {
+      long m = w == 0 ? 1 : n;
+      double t0 = now_us();
+      for (long i = 0; i < m; i++) {
+        if (p->pdev != p->cdev)
+          CUDA_OK(cudaMemcpyPeerAsync(base_dst, p->cdev, src, p->pdev, bytes,
+                                      p->s));
+        else
+          CUDA_OK(cudaMemcpyAsync(base_dst, src, bytes,
+                                  cudaMemcpyDeviceToDevice, p->s));
+      }
+      CUDA_OK(cudaStreamSynchronize(p->s));
+      if (w == 1) {
+        double gbs = (double)bytes * n / (now_us() - t0) / 1e3;
+        printf("RESULT bw %s memcpy %zu %.2f\n", p->where, bytes, gbs);
+        printf("  %-6s %-9s %10zu B x %5ld: %8.2f GB/s\n", p->where,
+               p->pdev != p->cdev ? "peer" : "d2d", bytes, n, gbs);
+      }
+    }
+  }
+}
+
+static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick)
+{
+  prod p;
+  memset(&p, 0, sizeof(p));
+  p.ch = ch;
+  p.pdev = pdev;
+  p.cdev = cdev;
+  p.where = pdev == cdev ? "same" : "cross";
+  CUDA_OK(cudaSetDevice(pdev));
+  CUDA_OK(cudaStreamCreateWithFlags(&p.s, cudaStreamNonBlocking));
+  GI_OK(gpuipc_buf_alloc(64 * 64, GPUIPC_KIND_HOST, -1, 0, &p.ctl_buf));
+  GI_OK(gpuipc_buf_alloc(LAT_BYTES, GPUIPC_KIND_HOST, -1, 0, &p.host4k));
+  GI_OK(gpuipc_buf_alloc(MAX_BYTES, GPUIPC_KIND_VMM, pdev, 0, &p.src));
+  CUDA_OK(cudaMemset(gpuipc_buf_ptr(p.src), 1, MAX_BYTES));
+  void *base_dst;
+  CUDA_OK(cudaSetDevice(cdev));
+  CUDA_OK(cudaMalloc(&base_dst, MAX_BYTES));
+  if (pdev != cdev) {
+    cudaError_t e = cudaDeviceEnablePeerAccess(pdev, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+      CUDA_OK(e);
+    CUDA_OK(cudaSetDevice(pdev));
+    e = cudaDeviceEnablePeerAccess(cdev, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+      CUDA_OK(e);
+    (void)cudaGetLastError();
+  }
+  CUDA_OK(cudaSetDevice(pdev));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  printf("latency, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
+  latency(&p, quick ? 2000 : 10000);
+  printf("bandwidth, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
+  bandwidth(&p, quick, base_dst);
+  control(&p, OP_END, 0, 0);
+  for (int i = 0; i < 64; i++)
+    if (p.ctl_tickets[i] != 0)
+      GI_OK(gpuipc_send_done(ch, p.ctl_tickets[i], -1));
+  CUDA_OK(cudaFree(base_dst));
+  gpuipc_buf_release(p.src);
+  gpuipc_buf_release(p.host4k);
+  gpuipc_buf_release(p.ctl_buf);
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc < 3) {
+    fprintf(stderr, "usage: channel_bench PDEV CDEV [--quick]\n");
+    return 2;
+  }
+  int pdev = atoi(argv[1]), cdev = atoi(argv[2]);
+  int quick = 0, is_consumer = 0;
+  for (int i = 3; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0)
+      quick = 1;
+    else if (strcmp(argv[i], "--consumer") == 0)
+      is_consumer = 1;
+  }
+  pid_t child = -1;
+  if (!is_consumer) {
+    fflush(NULL);
+    child = fork();
+    if (child == 0) {
+      char **args = (char **)calloc((size_t)argc + 2, sizeof(char *));
+      for (int i = 0; i < argc; i++)
+        args[i] = argv[i];
+      args[argc] = (char *)"--consumer";
+      execv("/proc/self/exe", args);
+      perror("execv");
+      _exit(127);
+    }
+  }
+  char chname[64];
+  snprintf(chname, sizeof(chname), "bench-%d-%d", pdev, cdev);
+  gpuipc_domain_t *dom;
+  GI_OK(gpuipc_domain_join("channel-bench", NULL, &dom));
+  gpuipc_channel_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.size = sizeof(o);
+  o.timeout_ms = 60000;
+  o.depth = 16;
+  o.device = is_consumer ? cdev : pdev;
+  o.device_set = 1;
+  gpuipc_channel_t *ch;
+  GI_OK(gpuipc_channel_open(dom, chname, &o, &ch));
+  int rc = is_consumer ? consumer(ch, cdev) : producer(ch, pdev, cdev, quick);
+  GI_OK(gpuipc_channel_close(ch));
+  GI_OK(gpuipc_domain_leave(dom));
+  if (child > 0) {
+    int st;
+    waitpid(child, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      fprintf(stderr, "channel_bench: the consumer failed\n");
+      rc = 1;
+    }
+  }
+  return rc;
+}

@@ -1,0 +1,353 @@
+/*
+ * src/channel: tensors between two processes.
+ *
+ *   desc.c     the descriptor and release records: strict encode / decode,
+ *              dtype and layout checks (shared by both ends)
+ *   ring.c     waiting on a shared ring word: spin, yield, then futex,
+ *              checking that the peer is still there
+ *   channel.c  open (rendezvous on a segment), close, send, receive,
+ *              release, flow control, the buffer and event tables
+ *   dlpack.c   DLManagedTensor conversions
+ *
+ * Shared memory: one HOST segment "chan.NAME" of GPUIPC__CHAN_SEG_BYTES,
+ * laid out at fixed offsets (never read from the segment):
+ *
+ *   0       struct gpuipc__chan_shm: rendezvous words, per-direction heads
+ *   8 KiB   descriptor ring of direction 0 (A -> B), DEPTH_MAX slots of 512
+ *   +512K   descriptor ring of direction 1 (B -> A)
+ *   +1M     release ring of direction 0 (B -> A), DEPTH_MAX slots of 256
+ *   +1.25M  release ring of direction 1 (A -> B)
+ *
+ * A is the end that claimed the segment first (end 0); it sends on
+ * direction 0. Every word the peer writes is treated as hostile: slots are
+ * copied out before they are decoded and counters are checked against the
+ * depth.
+ */
+#ifndef GPUIPC_CHANNEL_H
+#define GPUIPC_CHANNEL_H
+
+#include "core/core.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPUIPC__CHAN_MAGIC 0x4e414843u /* "CHAN" */
+#define GPUIPC__CHAN_VERSION 1
+#define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
+#define GPUIPC__CHAN_DEPTH_DEFAULT 64
+#define GPUIPC__CHAN_DESC_BYTES 512
+#define GPUIPC__CHAN_REL_BYTES 256
+#define GPUIPC__CHAN_HDR_BYTES 8192
+#define GPUIPC__CHAN_DESC_OFF(d)                                               \
+  (GPUIPC__CHAN_HDR_BYTES +                                                    \
+   (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * GPUIPC__CHAN_DESC_BYTES)
+#define GPUIPC__CHAN_REL_OFF(d)                                                \
+  (GPUIPC__CHAN_DESC_OFF(2) +                                                  \
+   (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * GPUIPC__CHAN_REL_BYTES)
+#define GPUIPC__CHAN_SEG_BYTES ((size_t)2 << 20)
+/* Buffers one direction's receiver keeps mapped (the sender forgets LRU). */
+#define GPUIPC__CHAN_BUFS 256
+/* Event keys: device * DEPTH_MAX + slot, device below this. */
+#define GPUIPC__CHAN_EV_DEVS 64
+
+/* Rendezvous states (gpuipc__chan_shm.state). */
+#define GPUIPC__CHAN_FREE 0
+#define GPUIPC__CHAN_A_INIT 1
+#define GPUIPC__CHAN_A_READY 2
+#define GPUIPC__CHAN_PAIRED 3
+
+#define GPUIPC__CHAN_TOKEN_LEN 32 /* hex characters */
+
+/* One direction's counters; each on a cache line of its own. */
+struct gpuipc__chan_dir {
+  _Alignas(64) _Atomic uint32_t head; /* descriptors published (sender) */
+  uint32_t depth;                     /* sender's depth, set before pairing */
+  _Alignas(64) _Atomic uint32_t recv_sleep; /* receiver sleeps on head */
+  _Alignas(64) _Atomic uint32_t rel_head;   /* releases published (receiver) */
+  _Alignas(64) _Atomic uint32_t send_sleep; /* sender sleeps on rel_head */
+};
+
+struct gpuipc__chan_shm {
+  uint32_t magic;
+  uint32_t version;
+  _Atomic uint32_t state;  /* futex word: GPUIPC__CHAN_* */
+  _Atomic uint32_t a_pid;  /* end 0's pid (claimed by CAS) */
+  _Atomic uint32_t b_pid;  /* end 1's pid (claimed by CAS) */
+  _Atomic uint32_t closed[2]; /* end i closed its side cleanly */
+  char token[GPUIPC__CHAN_TOKEN_LEN + 1]; /* end 0's socket: chan-TOKEN.sock */
+  _Alignas(64) struct gpuipc__chan_dir dir[2];
+};
+
+_Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
+               "channel header overflows its page");
+_Static_assert(GPUIPC__CHAN_REL_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
+               "channel rings overflow the segment");
+
+/* ----- descriptors (desc.c) ----- */
+
+#define GPUIPC__DESC_MAGIC 0x44484347u /* "GCHD" */
+#define GPUIPC__DESC_VERSION 1
+#define GPUIPC__DESC_TENSOR 1
+
+/* Descriptor flags. */
+#define GPUIPC__DESC_NEW_BUF 0x1u   /* the buffer's handle is on the socket */
+#define GPUIPC__DESC_EVENT 0x2u     /* wait for sender event ev_key */
+#define GPUIPC__DESC_NEW_EVENT 0x4u /* ev_handle carries that event */
+#define GPUIPC__DESC_FORGET 0x8u    /* drop buffer forget_key */
+#define GPUIPC__DESC_STAGED 0x10u   /* the bytes are a staged copy */
+#define GPUIPC__DESC_FLAGS 0x1fu
+
+struct gpuipc__desc {
+  uint16_t type;
+  uint32_t flags;
+  uint64_t seq;
+  uint64_t buf_key;
+  uint64_t buf_size;   /* the buffer's size as the sender knows it */
+  uint64_t forget_key;
+  uint32_t ev_key;
+  uint64_t offset;     /* of the first element, in the buffer */
+  int32_t dev_type, dev_id; /* the sender's view (informational) */
+  gpuipc_dl_dtype_t dtype;
+  uint32_t ndim;
+  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
+  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
+  uint8_t ev_handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
+};
+
+/*
+ * Encode @d into @dst as it is, without judging the fields (a test writes
+ * lies with it): ndim is written as given, with min(ndim, MAX) extents.
+ * Returns the length (<= GPUIPC__CHAN_DESC_BYTES) or -ENOSPC.
+ */
+int gpuipc__desc_encode(const struct gpuipc__desc *d, void *dst, size_t cap);
+
+/*
+ * Decode and check a descriptor slot: magic, version, type, length, flags,
+ * ndim, dtype, extents, strides and offset against buf_size, keys, the
+ * event handle's presence. GPUIPC_E_PROTO with a sentence beginning with
+ * @who and naming the field.
+ */
+int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
+                        const char *who);
+
+/* Bytes per element of @dt, 0 when gpuipc does not know the dtype. */
+size_t gpuipc__dtype_size(gpuipc_dl_dtype_t dt);
+
+/*
+ * Check a layout: @ndim <= MAX, a known dtype, extents >= 0, and every
+ * element reachable from @offset through @shape and @strides (in
+ * elements; NULL: row-major) inside [0, @size). Fills @span (bytes from
+ * the lowest to one past the highest element, 0 when empty) when not NULL.
+ * Returns 0 or @code with a sentence beginning with @who.
+ */
+int gpuipc__layout_check(int code, const char *who, gpuipc_dl_dtype_t dt,
+                         int64_t ndim, const int64_t *shape,
+                         const int64_t *strides, uint64_t offset,
+                         uint64_t size, uint64_t *span);
+
+/* Whether @strides (NULL counts as such) are row-major for @shape. */
+bool gpuipc__layout_compact(int ndim, const int64_t *shape,
+                            const int64_t *strides);
+
+/* Number of elements (0 if any extent is 0). */
+uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
+
+/* ----- release records (desc.c) ----- */
+
+#define GPUIPC__REL_MAGIC 0x52484347u /* "GCHR" */
+#define GPUIPC__REL_EVENT 0x1u        /* the sender must wait for ev_key */
+#define GPUIPC__REL_NEW_EVENT 0x2u    /* ev_handle carries it */
+#define GPUIPC__REL_FLAGS 0x3u
+
+struct gpuipc__rel {
+  uint32_t flags;
+  uint64_t seq;
+  uint32_t ev_key;
+  uint8_t ev_handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
+};
+
+int gpuipc__rel_encode(const struct gpuipc__rel *r, void *dst, size_t cap);
+int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
+                       const char *who);
+
+/* ----- the buffer message on the socket (desc.c) ----- */
+
+#define GPUIPC__BUFMSG_MAGIC 0x42484347u /* "GCHB" */
+#define GPUIPC__BUFMSG_BYTES (16 + GPUIPC_HANDLE_PACKED_SIZE)
+
+int gpuipc__bufmsg_encode(uint64_t key, const gpuipc_handle_t *h, void *dst,
+                          size_t cap);
+/* Decode; @out->fd is left -1. */
+int gpuipc__bufmsg_decode(const void *src, size_t len, uint64_t *key,
+                          gpuipc_handle_t *out, const char *who);
+
+/* ----- waiting (ring.c) ----- */
+
+struct gpuipc_channel;
+
+/*
+ * Wait until *@word differs from @seen: spin, then yield, then sleep on
+ * the futex (setting *@sleep so that the writer wakes us), checking the
+ * peer between sleeps. Returns 0; -ETIMEDOUT at @deadline; -EAGAIN when
+ * @deadline is 0 (poll only); GPUIPC_E_PEER_GONE.
+ */
+int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
+                      uint32_t seen, _Atomic uint32_t *sleep,
+                      uint64_t deadline);
+
+/* Publish @val into *@word and wake a sleeper flagged in *@sleep. */
+void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
+                          _Atomic uint32_t *sleep);
+
+/*
+ * Whether the peer is still there: its clean-close flag, a hang-up on the
+ * socket and, when @pid_check, its pid. Returns 0 or GPUIPC_E_PEER_GONE
+ * (sticky, with a sentence).
+ */
+int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check);
+
+
+/* ----- the channel object (channel.c) ----- */
+
+#include <pthread.h>
+#include <sys/types.h>
+
+/* Sender: a buffer the receiver holds, by the exporter's identity. */
+struct gpuipc__known {
+  uint64_t nonce, export_id;
+  uint32_t pid;
+  uint64_t key;
+  uint64_t last_use;
+};
+
+/* Receiver: a buffer the sender introduced. */
+struct gpuipc__rxbuf {
+  uint64_t key;
+  gpuipc_buf_t *buf;
+};
+
+/* An event imported from the peer, by the peer's key. */
+struct gpuipc__event {
+  uint32_t key;
+  gpuipc_event_t *ev;
+};
+
+/* Sender: one message in flight. */
+struct gpuipc__tx_rec {
+  uint64_t seq;       /* 0: free */
+  bool released;      /* the receiver gave it back */
+  gpuipc_buf_t *buf;  /* a reference held while in flight */
+  int stage, slot;    /* staging area (device + 1) and slot, or -1 */
+  gpuipc_event_t *rel_ev; /* the receiver's release event (table's) */
+};
+
+struct gpuipc__stage {
+  gpuipc_buf_t *buf;
+  uint64_t busy; /* slots in use */
+};
+
+struct gpuipc__tx {
+  pthread_mutex_t lock;
+  uint32_t depth;
+  uint64_t next_seq; /* the next message's number */
+  uint64_t oldest;   /* the oldest message not yet free */
+  uint32_t head;     /* descriptors published */
+  struct gpuipc__tx_rec *recs; /* [depth], message s at s % depth */
+  uint32_t rel_tail;           /* releases taken in */
+  struct gpuipc__known known[GPUIPC__CHAN_BUFS];
+  int nknown, last_known;
+  uint64_t next_key, clock, last_key;
+  gpuipc_event_t **ev;  /* [ndev * depth], created on first use */
+  uint8_t *ev_sent;     /* whether the receiver has each one */
+  int ndev;
+  struct gpuipc__event *rel_evs;
+  int nrel_evs, caprel_evs;
+  struct gpuipc__stage *stage; /* [ndev + 1]: host, then devices */
+  gpuipc_release_fn cb;
+  void *cb_user;
+  uint64_t sent, bufs_sent;
+  int err; /* sticky GPUIPC_E_PROTO */
+};
+
+struct gpuipc__rx {
+  pthread_mutex_t lock;     /* receiving */
+  pthread_mutex_t rel_lock; /* the release ring (producer) */
+  uint32_t depth;           /* the sender's */
+  uint32_t tail;            /* descriptors taken */
+  uint64_t expect_seq;
+  struct gpuipc__rxbuf bufs[GPUIPC__CHAN_BUFS];
+  int nbufs, last_buf;
+  struct gpuipc__event *evs; /* the sender's events */
+  int nevs, capevs;
+  gpuipc_event_t **rel_ev; /* [ndev * depth]: our release events */
+  uint8_t *rel_ev_sent;
+  int ndev;
+  uint32_t rel_head;        /* releases published */
+  bool pending;             /* a descriptor taken but not consumed */
+  struct gpuipc__desc pdesc;
+  gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
+  uint64_t received, bufs_imported;
+  _Atomic uint64_t views;
+  int err; /* sticky GPUIPC_E_PROTO */
+};
+
+struct gpuipc_channel {
+  _Atomic long refs; /* the user's, and one per live view */
+  char name[GPUIPC_CHANNEL_NAME_MAX + 1];
+  char who[96];      /* "channel NAME (peer pid P)", for sentences */
+  int end;           /* 0 (A) or 1 (B) */
+  gpuipc_buf_t *seg;
+  struct gpuipc__chan_shm *shm;
+  uint8_t *base;
+  int sock;
+  pid_t peer_pid;
+  int device;        /* receiving device, -1: each tensor's own */
+  int send_timeout_ms;
+  uint32_t stage_slots;
+  size_t stage_slot_bytes;
+  _Atomic int gone;  /* the peer is gone (sticky) */
+  _Atomic int closing;
+  struct gpuipc__chan_dir *txd, *rxd;
+  uint8_t *tx_ring, *rx_ring;   /* descriptor rings */
+  uint8_t *tx_rel, *rx_rel;     /* release rings: we read tx_rel */
+  struct gpuipc__tx tx;
+  struct gpuipc__rx rx;
+};
+
+#define GPUIPC__VIEW_MAGIC 0x57454956u /* "VIEW" */
+
+/* A received view: the user sees .t. */
+struct gpuipc__view {
+  gpuipc_tensor_t t;
+  uint32_t magic;
+  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
+  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
+  struct gpuipc_channel *ch; /* a reference */
+  uint64_t seq;
+  int device;                /* for the release event, -1 for HOST */
+  gpuipc_dl_managed_tensor_t managed;
+  gpuipc_dl_managed_tensor_versioned_t versioned;
+};
+
+/* The view behind a user pointer, or NULL when it is not one. */
+struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t);
+
+/* ----- for tests ----- */
+
+/*
+ * Publish @len raw bytes as the next descriptor on @ch's sending ring,
+ * bypassing every check, with an optional buffer message (@bufmsg,
+ * @bufmsg_len, @fd or -1) sent first on the socket.
+ */
+int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
+                        size_t len, const void *bufmsg, size_t bufmsg_len,
+                        int fd);
+
+/* The key the last send used for its buffer (0 before any). */
+uint64_t gpuipc__chan_last_key(struct gpuipc_channel *ch);
+/* The next sequence number this end will send. */
+uint64_t gpuipc__chan_next_seq(struct gpuipc_channel *ch);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * Waiting on a ring word shared with the peer. The waiter spins a little
+ * (a message usually follows within microseconds), yields for a while, then
+ * sleeps on a futex after raising its sleep flag; the writer publishes
+ * with a sequentially consistent store and wakes only when the flag is
+ * up. Between sleeps the waiter looks at the peer: a process that died
+ * by kill -9 wakes nobody, so sleeps are short slices.
+ */
+#include "channel/channel.h"
+#include "os/os.h"
+
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+
+#define SPIN_ROUNDS 2000      /* busy polls before yielding */
+#define YIELD_NS 200000ull    /* then yield for up to this long */
+#define SLICE_MS 20           /* futex sleeps between peer checks */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check)
+{
+  if (atomic_load_explicit(&ch->gone, memory_order_relaxed))
+    return gpuipc__err(GPUIPC_E_PEER_GONE, "channel %s: the peer (pid %d) "
+                       "is gone", ch->name, (int)ch->peer_pid);
+  const char *why = NULL;
+  if (atomic_load_explicit(&ch->shm->closed[1 - ch->end],
+                           memory_order_acquire))
+    why = "closed its end";
+  if (why == NULL) {
+    struct pollfd p = {.fd = ch->sock, .events = 0};
+    int n = poll(&p, 1, 0);
+    if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)))
+      why = "hung up its socket";
+  }
+  if (why == NULL && pid_check && !gpuipc__pid_alive(ch->peer_pid))
+    why = "exited";
+  if (why == NULL)
+    return 0;
+  atomic_store(&ch->gone, 1);
+  return gpuipc__err(GPUIPC_E_PEER_GONE, "channel %s: the peer (pid %d) %s",
+                     ch->name, (int)ch->peer_pid, why);
+}
+
+void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
+                          _Atomic uint32_t *sleep)
+{
+  atomic_store(word, val); /* seq_cst: ordered before the flag's load */
+  if (atomic_load(sleep))
+    gpuipc__futex_wake((uint32_t *)word, INT_MAX);
+}
+
+int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
+                      uint32_t seen, _Atomic uint32_t *sleep,
+                      uint64_t deadline)
+{
+  if (atomic_load_explicit(word, memory_order_acquire) != seen)
+    return 0;
+  if (deadline == 0) {
+    int rc = gpuipc__chan_peer_check(ch, true);
+    return rc != 0 ? rc : -EAGAIN;
+  }
+  for (int i = 0; i < SPIN_ROUNDS; i++) {
+    if (atomic_load_explicit(word, memory_order_acquire) != seen)
+      return 0;
+    cpu_relax();
+  }
+  uint64_t t0 = gpuipc__now_ns();
+  while (gpuipc__now_ns() - t0 < YIELD_NS) {
+    if (atomic_load_explicit(word, memory_order_acquire) != seen)
+      return 0;
+    if (gpuipc__now_ns() >= deadline)
+      return -ETIMEDOUT;
+    sched_yield();
+  }
+  for (;;) {
+    atomic_store(sleep, 1);
+    if (atomic_load(word) != seen) {
+      atomic_store_explicit(sleep, 0, memory_order_relaxed);
+      return 0;
+    }
+    int rc = gpuipc__chan_peer_check(ch, true);
+    if (rc != 0) {
+      atomic_store_explicit(sleep, 0, memory_order_relaxed);
+      return rc;
+    }
+    int left = gpuipc__ms_left(deadline);
+    if (left == 0) {
+      atomic_store_explicit(sleep, 0, memory_order_relaxed);
+      return -ETIMEDOUT;
+    }
+    int ms = left < 0 || left > SLICE_MS ? SLICE_MS : left;
+    gpuipc__futex_wait((uint32_t *)word, seen, ms);
+    atomic_store_explicit(sleep, 0, memory_order_relaxed);
+    if (atomic_load_explicit(word, memory_order_acquire) != seen)
+      return 0;
+  }
+}
