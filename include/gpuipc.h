@@ -593,6 +593,186 @@ GPUIPC_API int gpuipc_topo_nvml(void);
  */
 GPUIPC_API int gpuipc_peer_enable(int src, int dst);
 
+/* ------------------------------------------------------------------------ */
+/* Domains                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A domain is a named rendezvous of processes on one machine. Its broker
+ * keeps the registry of named segments; it runs in a thread of the first
+ * process to join (or in `gpuipc serve NAME`) and moves to another member
+ * when that process leaves or dies. Its socket and lock live in the runtime
+ * directory (GPUIPC_DIR). Only processes of the broker's uid may join,
+ * unless GPUIPC_ALLOW_UIDS / GPUIPC_ALLOW_GIDS (read by the process hosting
+ * the broker) widen the circle.
+ *
+ * Names of domains and segments: 1 to GPUIPC_NAME_MAX characters from
+ * A-Z a-z 0-9 . _ -, not starting with '.'.
+ */
+typedef struct gpuipc_domain gpuipc_domain_t;
+
+#define GPUIPC_NAME_MAX 63
+
+/* gpuipc_domain_opts_t.flags: never host the broker; fail if none runs. */
+#define GPUIPC_JOIN_NO_BROKER 0x1u
+
+typedef struct gpuipc_domain_opts {
+  size_t size;    /* sizeof(gpuipc_domain_opts_t) (or an earlier size) */
+  unsigned flags; /* GPUIPC_JOIN_* */
+  /*
+   * Milliseconds to wait for the broker when joining and for every request
+   * (gpuipc_segment_open's GPUIPC_WAIT included); 0: the GPUIPC_TIMEOUT_MS
+   * setting; < 0: wait forever.
+   */
+  int timeout_ms;
+} gpuipc_domain_opts_t;
+
+/*
+ * gpuipc_domain_join - join domain @name: connect to its broker, or become
+ * it when none runs (leader election on the domain's lock file; a socket
+ * left by a dead broker is removed).
+ * @opts: optional (NULL: defaults).
+ * @out: the domain, to be left with gpuipc_domain_leave.
+ * Returns 0; -EINVAL (NULL @out, a bad name — the sentence gives the rule —
+ * or bad @opts); GPUIPC_E_DENIED when the broker refused this process's
+ * uid, or the runtime directory is unsafe; GPUIPC_E_VERSION when the broker
+ * speaks another protocol version; -ENOENT with GPUIPC_JOIN_NO_BROKER when
+ * no broker runs; -ETIMEDOUT; -errno from the socket calls.
+ * Thread-safe. A process may join several domains, and the same domain more
+ * than once (each join is a member of its own). A domain does not survive
+ * fork(): a child joins anew.
+ */
+GPUIPC_API int gpuipc_domain_join(const char *name,
+                                  const gpuipc_domain_opts_t *opts,
+                                  gpuipc_domain_t **out);
+
+/*
+ * gpuipc_domain_leave - leave the domain and free @dom. The broker drops the
+ * references @dom held (segment buffers stay mapped until released). If
+ * @dom hosts the broker, the broker first hands its registry, descriptors,
+ * lock and socket to another member, so that nothing is lost; with no
+ * member left the domain ends and its unlinked-or-not segments with it.
+ * Returns 0, or -EINVAL for NULL. No other call on @dom may be running or
+ * follow.
+ */
+GPUIPC_API int gpuipc_domain_leave(gpuipc_domain_t *dom);
+
+typedef struct gpuipc_domain_info {
+  size_t size;                     /* set by the caller to sizeof(*info) */
+  char name[GPUIPC_NAME_MAX + 1];
+  int broker_pid;                  /* process hosting the broker */
+  int hosts_broker;                /* 1 when this very member hosts it */
+  uint64_t epoch;                  /* random identity kept across failovers */
+  int members;                     /* connections to the broker */
+  int segments;                    /* registry entries, every state */
+  int broker_fds;                  /* segment descriptors the broker holds */
+} gpuipc_domain_info_t;
+
+/*
+ * gpuipc_domain_info - ask the broker about the domain.
+ * Returns 0; -EINVAL (NULL argument, @out->size too small);
+ * -ETIMEDOUT or GPUIPC_E_PEER_GONE when the broker did not answer.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
+                                  gpuipc_domain_info_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* Named segments                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* gpuipc_segment_open flags. */
+#define GPUIPC_CREATE 0x1u /* allocate and publish if the name is free */
+#define GPUIPC_EXCL 0x2u   /* with CREATE: fail with -EEXIST if it exists */
+#define GPUIPC_WAIT 0x4u   /* wait until someone publishes the name */
+/* The kind a creator allocates (default GPUIPC_KIND_AUTO). */
+#define GPUIPC_SEG_KIND(k) ((((unsigned)(k)) & 0xfu) << 8)
+
+/*
+ * gpuipc_segment_open - open the segment @name in @dom, as a buffer.
+ * @size: bytes. 0 opens an existing segment at whatever size it has (not
+ *        with CREATE). Otherwise an existing segment must have exactly this
+ *        size (GPUIPC_E_MISMATCH, the sentence gives both).
+ * @device: local CUDA ordinal that maps the memory (GPU kinds); -1 for the
+ *        segment's own GPU, or HOST.
+ * @flags: GPUIPC_CREATE: allocate and publish if the name is free, else
+ *        import; if another process is creating it, wait until it publishes
+ *        (and take over if it dies first). GPUIPC_CREATE | GPUIPC_EXCL: fail
+ *        with -EEXIST if the name exists or is being created. GPUIPC_WAIT:
+ *        wait until the name is published (bounded by the domain's timeout,
+ *        -ETIMEDOUT). Neither: the segment must exist (-ENOENT).
+ *        GPUIPC_SEG_KIND(kind): the kind a creator allocates; an existing
+ *        segment of another kind is GPUIPC_E_MISMATCH (AUTO matches any).
+ * @out: the buffer with one reference; release it with gpuipc_buf_release.
+ *        Opening a segment this process already holds returns the same
+ *        buffer (one mapping, one more reference).
+ * Returns 0; -EINVAL (NULL argument, bad name — the sentence gives the
+ * rule —, unknown flags or kind, EXCL without CREATE, CREATE with size 0);
+ * -ENOENT; -EEXIST; -ETIMEDOUT; GPUIPC_E_MISMATCH; GPUIPC_E_LOST (the
+ * broker failed over and no surviving process held the segment);
+ * GPUIPC_E_PEER_GONE / -ETIMEDOUT when no broker could be reached; what
+ * gpuipc_buf_alloc and gpuipc_buf_import return.
+ * Thread-safe: many threads may open segments of one domain at once.
+ */
+GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
+                                   size_t size, int device, unsigned flags,
+                                   gpuipc_buf_t **out);
+
+/*
+ * gpuipc_segment_unlink - remove @name from the domain, like shm_unlink:
+ * the name is free at once (a later CREATE makes a new segment); the memory
+ * goes when its last holder releases it.
+ * Returns 0; -EINVAL (bad argument); -ENOENT (no such segment, or one still
+ * being created); -ETIMEDOUT / GPUIPC_E_PEER_GONE. Thread-safe.
+ */
+GPUIPC_API int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name);
+
+typedef enum gpuipc_segment_state {
+  GPUIPC_SEG_CREATING = 1,  /* reserved by a creator, not published yet */
+  GPUIPC_SEG_PUBLISHED = 2,
+  GPUIPC_SEG_UNLINKED = 3,  /* nameless, alive while holders hold it */
+  GPUIPC_SEG_LOST = 4,      /* gone in a broker crash: only its name left */
+} gpuipc_segment_state_t;
+
+/* gpuipc_segment_state_name - "creating", "published", ... or "?". */
+GPUIPC_API const char *gpuipc_segment_state_name(gpuipc_segment_state_t st);
+
+#define GPUIPC_SEGMENT_HOLDERS 16
+
+typedef struct gpuipc_segment_info {
+  size_t size;                     /* set by the caller to sizeof(*info) */
+  char name[GPUIPC_NAME_MAX + 1];
+  uint64_t id;                     /* never reused in the domain */
+  uint64_t bytes;                  /* the size its creator asked for */
+  gpuipc_kind_t kind;
+  uint8_t device_uuid[16];         /* all zero for HOST */
+  gpuipc_segment_state_t state;
+  int broker_fd;                   /* 1: the broker holds its descriptor */
+  int nholders;                    /* processes holding it */
+  int holder_pids[GPUIPC_SEGMENT_HOLDERS];  /* the first nholders of them */
+  int holder_refs[GPUIPC_SEGMENT_HOLDERS];  /* opens each holder counts */
+} gpuipc_segment_info_t;
+
+/*
+ * gpuipc_domain_list - describe the domain's segments (every state, in id
+ * order) in @out[0..cap). Each out[i].size must be set by the caller
+ * (0 .. cap may be 0 and @out NULL to count).
+ * Returns the number of segments in the registry (which may exceed @cap:
+ * only the first @cap are filled); -EINVAL; -ETIMEDOUT /
+ * GPUIPC_E_PEER_GONE. The listing is gathered in pages: segments that come
+ * and go meanwhile may or may not appear. Thread-safe.
+ */
+GPUIPC_API int gpuipc_domain_list(gpuipc_domain_t *dom,
+                                  gpuipc_segment_info_t *out, int cap);
+
+/*
+ * gpuipc_segment_stat - describe segment @name (reachable by name: creating,
+ * published or lost) in @out (out->size set by the caller).
+ * Returns 0; -ENOENT; -EINVAL; -ETIMEDOUT / GPUIPC_E_PEER_GONE.
+ */
+GPUIPC_API int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,
+                                   gpuipc_segment_info_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,1434 @@
+/*
+ * The broker: one thread (or `gpuipc serve`'s main thread) polling its
+ * listener, its members and a wake-up pipe. It never blocks on a member:
+ * replies that do not fit in a member's socket wait in a bounded outbox,
+ * and a member that lets its outbox overflow is disconnected. A member whose
+ * message fails to decode is disconnected; nobody else notices.
+ */
+#include "domain/domain.h"
+#include "os/os.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A member's outbox may hold this much before the member is dropped. */
+#define OUTBOX_MAX_MSGS 4096
+#define OUTBOX_MAX_BYTES (4u << 20)
+/* Messages read from one member before looking at the others. */
+#define READ_BURST 64
+/* Bound on each blocking send of a hand-over. */
+#define HANDOFF_SEND_MS 2000
+#define ALLOW_MAX 64
+
+struct out_msg {
+  struct out_msg *next;
+  size_t len;
+  int nfds;
+  int fds[2];
+  uint8_t data[];
+};
+
+enum conn_state {
+  CONN_NEW,     /* accepted, waiting for HELLO */
+  CONN_READY,   /* a member */
+  CONN_CLOSING, /* refused: close once the outbox is flushed */
+};
+
+struct gpuipc__conn {
+  struct gpuipc__conn *next;
+  int fd;
+  enum conn_state state;
+  bool doomed; /* to be dropped at the end of this round */
+  struct gpuipc__cred cred;
+  uint32_t hello_flags;
+  uint64_t token;
+  uint64_t seq; /* accept order */
+  struct out_msg *out_head, *out_tail;
+  size_t out_msgs, out_bytes;
+};
+
+/* A request waiting for an event: a publication, a name, the clock. */
+struct park {
+  struct park *next;
+  struct gpuipc__conn *conn;
+  uint16_t type; /* OPEN or UNLINK */
+  uint32_t req;
+  char name[GPUIPC__NAME_MAX + 1];
+  uint32_t flags;
+  uint8_t kind;
+  uint64_t size;
+  uint64_t deadline;
+  bool recovery; /* parked only until the recovery window ends */
+};
+
+struct gpuipc__broker {
+  char name[GPUIPC__NAME_MAX + 1];
+  struct gpuipc__dom_paths paths;
+  int lock_fd, listen_fd;
+  int wake[2];  /* written to stop the thread */
+  int stop_fd;  /* the fd whose readability stops the loop */
+  pthread_t thread;
+  bool threaded;
+  uint64_t epoch, next_id;
+  uint64_t owner_token;
+  struct gpuipc__registry reg;
+  enum gpuipc__recovery recovery;
+  uint64_t recovery_end; /* 0 once the window closed */
+  struct gpuipc__conn *conns;
+  size_t nconns;
+  uint64_t conn_seq;
+  struct park *parks;
+  pid_t pid;
+  uid_t uid;
+  uint32_t allow_uids[ALLOW_MAX], allow_gids[ALLOW_MAX];
+  int nallow_uids, nallow_gids;
+  struct pollfd *pfds;
+  struct gpuipc__conn **pconns;
+  size_t pcap;
+  uint8_t rbuf[GPUIPC_MSG_MAX];
+  struct gpuipc__msg in, out;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                            */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t random_u64(void)
+{
+  uint64_t v = 0;
+  while (v == 0) {
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+      v = gpuipc__now_ns() ^ ((uint64_t)getpid() << 32);
+  }
+  return v;
+}
+
+/* Ids start from the wall clock in microseconds, so a broker that starts
+ * after a crash (with what survivors remember) continues above old ids. */
+static uint64_t clock_id(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u + 1;
+}
+
+static void parse_list(const char *s, uint32_t *out, int *n)
+{
+  *n = 0;
+  while (s != NULL && *s != '\0' && *n < ALLOW_MAX) {
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (end != s)
+      out[(*n)++] = (uint32_t)v;
+    s = end;
+    while (*s != '\0' && (*s < '0' || *s > '9'))
+      s++;
+  }
+}
+
+static bool in_list(const uint32_t *l, int n, uint32_t v)
+{
+  for (int i = 0; i < n; i++)
+    if (l[i] == v)
+      return true;
+  return false;
+}
+
+/* Whether a supplementary group of @pid is in the allow list. */
+static bool groups_allowed(struct gpuipc__broker *b, pid_t pid)
+{
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return false;
+  char line[1024];
+  bool ok = false;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    if (strncmp(line, "Groups:", 7) != 0)
+      continue;
+    uint32_t g[ALLOW_MAX];
+    int n;
+    parse_list(line + 7, g, &n);
+    for (int i = 0; i < n && !ok; i++)
+      ok = in_list(b->allow_gids, b->nallow_gids, g[i]);
+    break;
+  }
+  fclose(f);
+  return ok;
+}
+
+static bool peer_allowed(struct gpuipc__broker *b,
+                         const struct gpuipc__cred *c)
+{
+  if (c->uid == b->uid)
+    return true;
+  if (in_list(b->allow_uids, b->nallow_uids, c->uid))
+    return true;
+  if (b->nallow_gids == 0)
+    return false;
+  if (in_list(b->allow_gids, b->nallow_gids, c->gid))
+    return true;
+  return groups_allowed(b, c->pid);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sending                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static bool would_block(int rc)
+{
+  return rc == -ETIMEDOUT || rc == -EAGAIN || rc == -EWOULDBLOCK;
+}
+
+static void outbox_free(struct gpuipc__conn *c)
+{
+  struct out_msg *o = c->out_head;
+  while (o != NULL) {
+    struct out_msg *next = o->next;
+    for (int i = 0; i < o->nfds; i++)
+      gpuipc__fd_close(&o->fds[i]);
+    free(o);
+    o = next;
+  }
+  c->out_head = c->out_tail = NULL;
+  c->out_msgs = c->out_bytes = 0;
+}
+
+/* Send what waits in @c's outbox; stop when the socket is full. */
+static void conn_flush(struct gpuipc__conn *c)
+{
+  while (c->out_head != NULL && !c->doomed) {
+    struct out_msg *o = c->out_head;
+    int rc = gpuipc__sock_send(c->fd, o->data, o->len, o->fds, o->nfds, 0);
+    if (would_block(rc))
+      return;
+    if (rc != 0) {
+      c->doomed = true;
+      return;
+    }
+    c->out_head = o->next;
+    if (c->out_head == NULL)
+      c->out_tail = NULL;
+    c->out_msgs--;
+    c->out_bytes -= o->len;
+    for (int i = 0; i < o->nfds; i++)
+      gpuipc__fd_close(&o->fds[i]);
+    free(o);
+  }
+}
+
+/* Queue a copy of an encoded message (and dups of its fds). */
+static void outbox_add(struct gpuipc__conn *c, const void *data, size_t len,
+                       const int *fds, int nfds)
+{
+  if (c->out_msgs >= OUTBOX_MAX_MSGS || c->out_bytes + len > OUTBOX_MAX_BYTES) {
+    GPUIPC_LOG_W("broker: member pid %d does not read its replies; "
+                 "disconnecting it",
+                 (int)c->cred.pid);
+    c->doomed = true;
+    return;
+  }
+  struct out_msg *o = malloc(sizeof(*o) + len);
+  if (o == NULL) {
+    c->doomed = true;
+    return;
+  }
+  o->next = NULL;
+  o->len = len;
+  o->nfds = 0;
+  for (int i = 0; i < nfds; i++) {
+    if (gpuipc__fd_dup(fds[i], &o->fds[i]) != 0) {
+      for (int j = 0; j < i; j++)
+        gpuipc__fd_close(&o->fds[j]);
+      free(o);
+      c->doomed = true;
+      return;
+    }
+    o->nfds++;
+  }
+  memcpy(o->data, data, len);
+  if (c->out_tail != NULL)
+    c->out_tail->next = o;
+  else
+    c->out_head = o;
+  c->out_tail = o;
+  c->out_msgs++;
+  c->out_bytes += len;
+}
+
+/* Send @m to @c without blocking: directly, or through the outbox. */
+static void conn_send(struct gpuipc__conn *c, const struct gpuipc__msg *m,
+                      const int *fds, int nfds)
+{
+  if (c->doomed)
+    return;
+  uint8_t buf[GPUIPC__MSG_BUF];
+  int len = gpuipc__msg_encode(m, buf, sizeof(buf));
+  if (len < 0) { /* a bug in the broker: say so, drop the member */
+    GPUIPC_LOG_E("broker: cannot encode %s: %s", gpuipc__msg_name(m->type),
+                 gpuipc_last_error());
+    c->doomed = true;
+    return;
+  }
+  if (c->out_head == NULL) {
+    int rc = gpuipc__sock_send(c->fd, buf, (size_t)len, fds, nfds, 0);
+    if (rc == 0)
+      return;
+    if (!would_block(rc)) {
+      c->doomed = true;
+      return;
+    }
+  }
+  outbox_add(c, buf, (size_t)len, fds, nfds);
+}
+
+static void send_error(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       uint32_t req, int code, const char *fmt, ...)
+    GPUIPC__PRINTF(5, 6);
+
+static void send_error(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       uint32_t req, int code, const char *fmt, ...)
+{
+  struct gpuipc__msg *m = &b->out;
+  memset(&m->u.error, 0, sizeof(m->u.error));
+  m->type = GPUIPC_MSG_ERROR;
+  m->req = req;
+  m->u.error.code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m->u.error.text, sizeof(m->u.error.text), fmt, ap);
+  va_end(ap);
+  conn_send(c, m, NULL, 0);
+}
+
+static void send_id(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                    uint16_t type, uint32_t req, uint64_t id)
+{
+  struct gpuipc__msg *m = &b->out;
+  m->type = type;
+  m->req = req;
+  m->u.ok.id = id; /* ok, create_it and unlinked share the layout */
+  conn_send(c, m, NULL, 0);
+}
+
+/* Send segment @s as a HANDLE reply (with its fd) and count the hold. */
+static void grant(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                  uint32_t req, struct gpuipc__seg *s)
+{
+  if (gpuipc__reg_hold(s, c, (uint32_t)c->cred.pid, 1) != 0) {
+    send_error(b, c, req, -ENOMEM, "broker out of memory");
+    return;
+  }
+  struct gpuipc__msg *m = &b->out;
+  m->type = GPUIPC_MSG_HANDLE;
+  m->req = req;
+  m->u.handle.seg = s->w;
+  int nfds = s->fd >= 0 ? 1 : 0;
+  conn_send(c, m, &s->fd, nfds);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Segment life                                                             */
+/* ------------------------------------------------------------------------ */
+
+static bool recovering(const struct gpuipc__broker *b)
+{
+  return b->recovery_end != 0;
+}
+
+/* Free an unlinked segment nobody holds (not while holders may re-join). */
+static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
+{
+  if (s->w.state != GPUIPC__SEG_UNLINKED || s->nholders != 0 || recovering(b))
+    return;
+  GPUIPC_LOG_D("broker %s: segment %s (id %llu) freed", b->name, s->w.name,
+               (unsigned long long)s->w.id);
+  gpuipc__reg_remove(&b->reg, s);
+}
+
+static void redispatch(struct gpuipc__broker *b, const char *name);
+
+static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                          const struct park *p);
+
+static int park(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                const struct park *p, bool for_recovery)
+{
+  struct park *n = malloc(sizeof(*n));
+  if (n == NULL) {
+    send_error(b, c, p->req, -ENOMEM, "broker out of memory");
+    return -ENOMEM;
+  }
+  *n = *p;
+  n->conn = c;
+  n->recovery = for_recovery;
+  n->next = NULL;
+  struct park **pp = &b->parks;
+  while (*pp != NULL)
+    pp = &(*pp)->next;
+  *pp = n;
+  return 0;
+}
+
+static void reserve(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                    const struct park *p)
+{
+  struct gpuipc__seg *s;
+  if (gpuipc__reg_add(&b->reg, p->name, b->next_id, &s) != 0) {
+    send_error(b, c, p->req, -ENOMEM, "broker out of memory");
+    return;
+  }
+  b->next_id++;
+  s->w.state = GPUIPC__SEG_CREATING;
+  s->w.size = p->size;
+  s->w.kind = p->kind != GPUIPC_KIND_AUTO ? p->kind : GPUIPC_KIND_HOST;
+  s->creator = c;
+  s->creator_pid = (uint32_t)c->cred.pid;
+  send_id(b, c, GPUIPC_MSG_CREATE_IT, p->req, s->w.id);
+}
+
+static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                          const struct park *p)
+{
+  bool create = p->flags & GPUIPC_CREATE;
+  bool excl = p->flags & GPUIPC_EXCL;
+  bool wait = p->flags & GPUIPC_WAIT;
+  struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, p->name);
+
+  if (recovering(b) && b->recovery == GPUIPC__RECOVER_CRASH &&
+      (s == NULL || s->w.state != GPUIPC__SEG_PUBLISHED)) {
+    park(b, c, p, true); /* a survivor may still re-publish it */
+    return;
+  }
+  if (s != NULL && s->w.state == GPUIPC__SEG_PUBLISHED) {
+    if (create && excl) {
+      send_error(b, c, p->req, -EEXIST, "segment %s exists (id %llu)",
+                 p->name, (unsigned long long)s->w.id);
+      return;
+    }
+    if (p->size != 0 && p->size != s->w.size) {
+      send_error(b, c, p->req, GPUIPC_E_MISMATCH,
+                 "segment %s has %llu bytes, the caller asked for %llu",
+                 p->name, (unsigned long long)s->w.size,
+                 (unsigned long long)p->size);
+      return;
+    }
+    if (p->kind != GPUIPC_KIND_AUTO && p->kind != s->w.kind) {
+      send_error(b, c, p->req, GPUIPC_E_MISMATCH,
+                 "segment %s is of kind %s, the caller asked for %s",
+                 p->name, gpuipc_kind_name((gpuipc_kind_t)s->w.kind),
+                 gpuipc_kind_name((gpuipc_kind_t)p->kind));
+      return;
+    }
+    grant(b, c, p->req, s);
+    return;
+  }
+  if (s != NULL && s->w.state == GPUIPC__SEG_CREATING) {
+    if (create && excl) {
+      send_error(b, c, p->req, -EEXIST,
+                 "segment %s is being created by pid %u", p->name,
+                 s->creator_pid);
+      return;
+    }
+    if (create || wait) {
+      park(b, c, p, false);
+      return;
+    }
+    send_error(b, c, p->req, -ENOENT,
+               "segment %s is being created by pid %u and not published yet",
+               p->name, s->creator_pid);
+    return;
+  }
+  if (s != NULL && s->w.state == GPUIPC__SEG_LOST) {
+    if (create) {
+      gpuipc__reg_remove(&b->reg, s);
+      reserve(b, c, p);
+      return;
+    }
+    send_error(b, c, p->req, GPUIPC_E_LOST,
+               "segment %s (id %llu) was lost when the broker of domain %s "
+               "failed over: no surviving process held it",
+               p->name, (unsigned long long)s->w.id, b->name);
+    return;
+  }
+  /* The name is free. */
+  if (create) {
+    if (p->size == 0) {
+      send_error(b, c, p->req, -EINVAL,
+                 "creating segment %s needs a size above 0", p->name);
+      return;
+    }
+    reserve(b, c, p);
+    return;
+  }
+  if (wait) {
+    park(b, c, p, false);
+    return;
+  }
+  send_error(b, c, p->req, -ENOENT, "no segment %s in domain %s", p->name,
+             b->name);
+}
+
+static void dispatch_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                            const struct park *p)
+{
+  struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, p->name);
+  if (recovering(b) && b->recovery == GPUIPC__RECOVER_CRASH &&
+      (s == NULL || s->w.state != GPUIPC__SEG_PUBLISHED)) {
+    park(b, c, p, true);
+    return;
+  }
+  if (s == NULL) {
+    send_error(b, c, p->req, -ENOENT, "no segment %s in domain %s", p->name,
+               b->name);
+    return;
+  }
+  if (s->w.state == GPUIPC__SEG_CREATING) {
+    send_error(b, c, p->req, -ENOENT,
+               "segment %s is being created by pid %u and not published yet",
+               p->name, s->creator_pid);
+    return;
+  }
+  uint64_t id = s->w.id;
+  if (s->w.state == GPUIPC__SEG_LOST) {
+    gpuipc__reg_remove(&b->reg, s);
+  } else {
+    gpuipc__reg_unname(&b->reg, s);
+    s->w.state = GPUIPC__SEG_UNLINKED;
+    /* Holders keep it alive; tell them, so that after a crash they
+     * re-publish it as unlinked rather than resurrect the name. */
+    for (uint32_t i = 0; i < s->nholders; i++)
+      send_id(b, s->holders[i].conn, GPUIPC_MSG_UNLINKED, 0, id);
+    maybe_free(b, s);
+  }
+  send_id(b, c, GPUIPC_MSG_OK, p->req, id);
+}
+
+static void dispatch(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                     const struct park *p)
+{
+  if (p->type == GPUIPC_MSG_OPEN)
+    dispatch_open(b, c, p);
+  else
+    dispatch_unlink(b, c, p);
+}
+
+/* Re-run every request parked on @name, in arrival order. */
+static void redispatch(struct gpuipc__broker *b, const char *name)
+{
+  struct park *mine = NULL, **tail = &mine;
+  struct park **pp = &b->parks;
+  while (*pp != NULL) {
+    struct park *p = *pp;
+    if (!p->recovery && strcmp(p->name, name) == 0) {
+      *pp = p->next;
+      p->next = NULL;
+      *tail = p;
+      tail = &p->next;
+    } else {
+      pp = &p->next;
+    }
+  }
+  while (mine != NULL) {
+    struct park *p = mine;
+    mine = p->next;
+    if (!p->conn->doomed) {
+      uint64_t now = gpuipc__now_ns();
+      if (p->deadline != UINT64_MAX && now >= p->deadline)
+        send_error(b, p->conn, p->req, -ETIMEDOUT,
+                   "segment %s: not published in time", p->name);
+      else
+        dispatch(b, p->conn, p);
+    }
+    free(p);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Messages                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void on_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                    const struct gpuipc__msg *m)
+{
+  struct park p = {0};
+  p.type = GPUIPC_MSG_OPEN;
+  p.req = m->req;
+  snprintf(p.name, sizeof(p.name), "%s", m->u.open.name);
+  p.flags = m->u.open.flags;
+  p.kind = m->u.open.kind;
+  p.size = m->u.open.size;
+  p.deadline = m->u.open.timeout_ms == GPUIPC__WAIT_FOREVER
+                   ? UINT64_MAX
+                   : gpuipc__now_ns() + (uint64_t)m->u.open.timeout_ms * 1000000u;
+  if ((p.flags & GPUIPC_EXCL) && !(p.flags & GPUIPC_CREATE)) {
+    send_error(b, c, m->req, -EINVAL, "GPUIPC_EXCL needs GPUIPC_CREATE");
+    return;
+  }
+  dispatch_open(b, c, &p);
+}
+
+static void on_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                      const struct gpuipc__msg *m)
+{
+  struct park p = {0};
+  p.type = GPUIPC_MSG_UNLINK;
+  p.req = m->req;
+  snprintf(p.name, sizeof(p.name), "%s", m->u.unlink.name);
+  p.deadline = UINT64_MAX;
+  dispatch_unlink(b, c, &p);
+}
+
+/* Make @s published with @w's record and @fd (taken). */
+static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
+                         const struct gpuipc__seg_wire *w, int *fd,
+                         uint32_t pid)
+{
+  uint64_t id = s->w.id;
+  bool named = s->named;
+  s->w = *w;
+  s->w.id = id;
+  s->w.state = named ? GPUIPC__SEG_PUBLISHED : GPUIPC__SEG_UNLINKED;
+  s->creator = NULL;
+  s->creator_pid = pid;
+  gpuipc__reg_set_fd(&b->reg, s, *fd);
+  *fd = -1;
+}
+
+static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       const struct gpuipc__msg *m, int *fd)
+{
+  const struct gpuipc__seg_wire *w = &m->u.publish.seg;
+  struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, w->name);
+  uint32_t pid = (uint32_t)c->cred.pid;
+  if (s != NULL && s->w.state == GPUIPC__SEG_CREATING) {
+    if (s->creator != c || s->w.id != w->id) {
+      send_error(b, c, m->req, -EEXIST,
+                 "segment %s is being created by pid %u", w->name,
+                 s->creator_pid);
+      return;
+    }
+    if (s->w.size != w->size) {
+      send_error(b, c, m->req, GPUIPC_E_MISMATCH,
+                 "segment %s was reserved with %llu bytes, published with "
+                 "%llu", w->name, (unsigned long long)s->w.size,
+                 (unsigned long long)w->size);
+      return;
+    }
+  } else if (s != NULL && s->w.state == GPUIPC__SEG_PUBLISHED) {
+    /* A creator repeating a publication the last broker accepted. */
+    if (memcmp(s->w.handle, w->handle, sizeof(w->handle)) != 0) {
+      send_error(b, c, m->req, -EEXIST,
+                 "segment %s was created by pid %u meanwhile", w->name,
+                 s->creator_pid);
+      return;
+    }
+    if (gpuipc__reg_hold(s, c, pid, 1) != 0)
+      send_error(b, c, m->req, -ENOMEM, "broker out of memory");
+    else
+      send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
+    return;
+  } else {
+    /* No reservation (the broker changed since CREATE_IT): take it anew. */
+    if (s != NULL) /* LOST */
+      gpuipc__reg_remove(&b->reg, s);
+    if (gpuipc__reg_add(&b->reg, w->name, b->next_id, &s) != 0) {
+      send_error(b, c, m->req, -ENOMEM, "broker out of memory");
+      return;
+    }
+    b->next_id++;
+  }
+  publish_into(b, s, w, fd, pid);
+  if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
+    send_error(b, c, m->req, -ENOMEM, "broker out of memory");
+    return;
+  }
+  GPUIPC_LOG_D("broker %s: pid %u published %s (id %llu, %llu bytes)",
+               b->name, pid, s->w.name, (unsigned long long)s->w.id,
+               (unsigned long long)s->w.size);
+  send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
+  redispatch(b, s->w.name);
+}
+
+static void on_abandon(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       const struct gpuipc__msg *m)
+{
+  struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, m->u.abandon.id);
+  if (s == NULL || s->w.state != GPUIPC__SEG_CREATING || s->creator != c)
+    return;
+  char name[GPUIPC__NAME_MAX + 1];
+  snprintf(name, sizeof(name), "%s", s->w.name);
+  gpuipc__reg_remove(&b->reg, s);
+  redispatch(b, name);
+}
+
+static void on_release(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       const struct gpuipc__msg *m)
+{
+  struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, m->u.release.id);
+  if (s == NULL)
+    return;
+  gpuipc__reg_drop(s, c, m->u.release.count);
+  maybe_free(b, s);
+}
+
+static void fill_list_rec(struct gpuipc__list_rec *lr,
+                          const struct gpuipc__seg *s)
+{
+  lr->seg = s->w;
+  lr->seg.has_handle = false;
+  lr->seg.htype = 0;
+  lr->broker_fd = s->fd >= 0;
+  lr->nholders = s->nholders;
+  lr->nlisted = 0;
+  for (uint32_t i = 0; i < s->nholders && i < GPUIPC__LIST_HOLDERS; i++) {
+    lr->holders[i].pid = s->holders[i].pid;
+    lr->holders[i].refs = s->holders[i].refs;
+    lr->nlisted++;
+  }
+}
+
+static void on_list(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                    const struct gpuipc__msg *m)
+{
+  struct gpuipc__msg *o = &b->out;
+  o->type = GPUIPC_MSG_LIST_REPLY;
+  o->req = m->req;
+  o->u.list_reply.broker_pid = (uint32_t)b->pid;
+  o->u.list_reply.epoch = b->epoch;
+  o->u.list_reply.members = 0;
+  for (struct gpuipc__conn *k = b->conns; k != NULL; k = k->next)
+    o->u.list_reply.members += k->state == CONN_READY && !k->doomed;
+  o->u.list_reply.segments = (uint32_t)b->reg.count;
+  o->u.list_reply.fds = (uint32_t)b->reg.fds;
+  o->u.list_reply.more = 0;
+  o->u.list_reply.count = 0;
+  if (m->u.list.name[0] != '\0') {
+    struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, m->u.list.name);
+    if (s == NULL) {
+      send_error(b, c, m->req, -ENOENT, "no segment %s in domain %s",
+                 m->u.list.name, b->name);
+      return;
+    }
+    fill_list_rec(&o->u.list_reply.recs[0], s);
+    o->u.list_reply.count = 1;
+    conn_send(c, o, NULL, 0);
+    return;
+  }
+  struct gpuipc__seg *s = b->reg.head;
+  if (m->u.list.after_id != 0) {
+    struct gpuipc__seg *a = gpuipc__reg_by_id(&b->reg, m->u.list.after_id);
+    if (a != NULL)
+      s = a->next;
+    else
+      while (s != NULL && s->w.id <= m->u.list.after_id)
+        s = s->next;
+  }
+  for (; s != NULL && o->u.list_reply.count < m->u.list.max; s = s->next)
+    fill_list_rec(&o->u.list_reply.recs[o->u.list_reply.count++], s);
+  o->u.list_reply.more = s != NULL;
+  conn_send(c, o, NULL, 0);
+}
+
+static void learn_id(struct gpuipc__broker *b, uint64_t id)
+{
+  if (id != UINT64_MAX && id >= b->next_id)
+    b->next_id = id + 1;
+}
+
+static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                         const struct gpuipc__msg *m, int *fd)
+{
+  const struct gpuipc__seg_wire *w = &m->u.republish.seg;
+  uint32_t pid = (uint32_t)c->cred.pid;
+  learn_id(b, w->id);
+  struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, w->id);
+  if (s != NULL) {
+    if (s->w.state == GPUIPC__SEG_LOST || s->fd < 0) {
+      /* A tombstone, or a record without memory: this holder brings it. */
+      if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED)
+        gpuipc__reg_unname(&b->reg, s);
+      publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
+    }
+    gpuipc__reg_hold(s, c, pid, m->u.republish.holds);
+    if (s->named)
+      redispatch(b, s->w.name);
+    return;
+  }
+  if (w->state == GPUIPC__SEG_PUBLISHED) {
+    struct gpuipc__seg *n = gpuipc__reg_by_name(&b->reg, w->name);
+    if (n != NULL && n->w.state != GPUIPC__SEG_LOST) {
+      GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu) but "
+                   "the name now belongs to id %llu; keeping the latter",
+                   b->name, pid, w->name, (unsigned long long)w->id,
+                   (unsigned long long)n->w.id);
+      return;
+    }
+    if (n != NULL)
+      gpuipc__reg_remove(&b->reg, n);
+  }
+  /*
+   * An unlinked segment may share its old name with a newer one: adding
+   * indexes it by name for a moment, unnaming removes exactly this entry.
+   */
+  if (gpuipc__reg_add(&b->reg, w->name, w->id, &s) != 0)
+    return;
+  if (w->state == GPUIPC__SEG_UNLINKED)
+    gpuipc__reg_unname(&b->reg, s);
+  publish_into(b, s, w, fd, pid);
+  gpuipc__reg_hold(s, c, pid, m->u.republish.holds);
+  GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)", b->name, pid,
+               w->name, (unsigned long long)w->id);
+  if (s->named)
+    redispatch(b, s->w.name);
+}
+
+static void on_known(struct gpuipc__broker *b, const struct gpuipc__msg *m)
+{
+  for (uint32_t i = 0; i < m->u.known.count; i++) {
+    const struct gpuipc__known_name *k = &m->u.known.names[i];
+    learn_id(b, k->id);
+    if (gpuipc__reg_by_id(&b->reg, k->id) != NULL ||
+        gpuipc__reg_by_name(&b->reg, k->name) != NULL)
+      continue;
+    struct gpuipc__seg *s;
+    if (gpuipc__reg_add(&b->reg, k->name, k->id, &s) != 0)
+      return;
+    s->w.state = GPUIPC__SEG_LOST;
+    s->w.size = k->size;
+    s->w.kind = k->kind;
+  }
+}
+
+static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                     const struct gpuipc__msg *m)
+{
+  c->hello_flags = m->u.hello.flags;
+  c->token = m->u.hello.token;
+  learn_id(b, m->u.hello.max_id);
+  c->state = CONN_READY;
+  struct gpuipc__msg *o = &b->out;
+  o->type = GPUIPC_MSG_WELCOME;
+  o->req = m->req;
+  o->u.welcome.pid = (uint32_t)b->pid;
+  o->u.welcome.flags = 0;
+  o->u.welcome.epoch = b->epoch;
+  conn_send(c, o, NULL, 0);
+  GPUIPC_LOG_D("broker %s: pid %d joined%s", b->name, (int)c->cred.pid,
+               (m->u.hello.flags & GPUIPC__HELLO_REJOIN) ? " again" : "");
+}
+
+/* Handle one decoded message from @c; @fds are ours to keep or close. */
+static void on_message(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                       const struct gpuipc__msg *m, int *fds, int nfds)
+{
+  if (c->state == CONN_NEW) {
+    if (m->type != GPUIPC_MSG_HELLO) {
+      GPUIPC_LOG_W("broker %s: pid %d sent %s before HELLO; disconnecting",
+                   b->name, (int)c->cred.pid, gpuipc__msg_name(m->type));
+      c->doomed = true;
+    } else {
+      on_hello(b, c, m);
+    }
+    goto close_fds;
+  }
+  if (c->state != CONN_READY)
+    goto close_fds;
+  switch (m->type) {
+  case GPUIPC_MSG_OPEN: on_open(b, c, m); break;
+  case GPUIPC_MSG_PUBLISH: on_publish(b, c, m, nfds ? &fds[0] : &(int){-1}); break;
+  case GPUIPC_MSG_ABANDON: on_abandon(b, c, m); break;
+  case GPUIPC_MSG_RELEASE: on_release(b, c, m); break;
+  case GPUIPC_MSG_UNLINK: on_unlink(b, c, m); break;
+  case GPUIPC_MSG_LIST: on_list(b, c, m); break;
+  case GPUIPC_MSG_REPUBLISH:
+    on_republish(b, c, m, nfds ? &fds[0] : &(int){-1});
+    break;
+  case GPUIPC_MSG_KNOWN: on_known(b, m); break;
+  default:
+    GPUIPC_LOG_W("broker %s: pid %d sent %s, which members do not send; "
+                 "disconnecting",
+                 b->name, (int)c->cred.pid, gpuipc__msg_name(m->type));
+    c->doomed = true;
+  }
+close_fds:
+  for (int i = 0; i < nfds; i++)
+    gpuipc__fd_close(&fds[i]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connections                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void accept_all(struct gpuipc__broker *b)
+{
+  for (;;) {
+    int fd;
+    int rc = gpuipc__sock_accept(b->listen_fd, 0, &fd);
+    if (rc != 0) {
+      if (!would_block(rc) && rc != -ECONNABORTED && rc != -EINTR)
+        GPUIPC_LOG_W("broker %s: accept: %s", b->name, gpuipc_last_error());
+      return;
+    }
+    struct gpuipc__conn *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+      gpuipc__fd_close(&fd);
+      return;
+    }
+    c->fd = fd;
+    c->seq = ++b->conn_seq;
+    c->state = CONN_NEW;
+    if (gpuipc__peer_cred(fd, &c->cred) != 0) {
+      GPUIPC_LOG_W("broker %s: %s", b->name, gpuipc_last_error());
+      c->doomed = true;
+    } else if (!peer_allowed(b, &c->cred)) {
+      GPUIPC_LOG_W("broker %s: refused pid %d (uid %u, gid %u): not the "
+                   "broker's uid %u nor in GPUIPC_ALLOW_UIDS / "
+                   "GPUIPC_ALLOW_GIDS",
+                   b->name, (int)c->cred.pid, (unsigned)c->cred.uid,
+                   (unsigned)c->cred.gid, (unsigned)b->uid);
+      struct gpuipc__msg *o = &b->out;
+      o->type = GPUIPC_MSG_DENIED;
+      o->req = 0;
+      snprintf(o->u.denied.reason, sizeof(o->u.denied.reason),
+               "domain %s refuses uid %u (broker uid %u; see "
+               "GPUIPC_ALLOW_UIDS and GPUIPC_ALLOW_GIDS)",
+               b->name, (unsigned)c->cred.uid, (unsigned)b->uid);
+      conn_send(c, o, NULL, 0);
+      c->state = CONN_CLOSING;
+    }
+    c->next = b->conns;
+    b->conns = c;
+    b->nconns++;
+  }
+}
+
+/* Forget everything @c held, reserved or waited for. */
+static void conn_drop_state(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  struct park **pp = &b->parks;
+  while (*pp != NULL) {
+    if ((*pp)->conn == c) {
+      struct park *p = *pp;
+      *pp = p->next;
+      free(p);
+    } else {
+      pp = &(*pp)->next;
+    }
+  }
+  /* Names whose reservation died: the next waiter may create them. */
+  char (*freed)[GPUIPC__NAME_MAX + 1] = NULL;
+  size_t nfreed = 0, capfreed = 0;
+  struct gpuipc__seg *s = b->reg.head;
+  while (s != NULL) {
+    struct gpuipc__seg *next = s->next;
+    if (s->w.state == GPUIPC__SEG_CREATING && s->creator == c) {
+      if (nfreed == capfreed) {
+        size_t cap = capfreed ? capfreed * 2 : 4;
+        void *n = realloc(freed, cap * sizeof(*freed));
+        if (n != NULL) {
+          freed = n;
+          capfreed = cap;
+        }
+      }
+      if (nfreed < capfreed)
+        snprintf(freed[nfreed++], sizeof(freed[0]), "%s", s->w.name);
+      GPUIPC_LOG_I("broker %s: pid %d left before publishing %s; the name "
+                   "is free again",
+                   b->name, (int)c->cred.pid, s->w.name);
+      gpuipc__reg_remove(&b->reg, s);
+    } else if (gpuipc__reg_drop(s, c, UINT32_MAX) != 0) {
+      maybe_free(b, s);
+    }
+    s = next;
+  }
+  for (size_t i = 0; i < nfreed; i++)
+    redispatch(b, freed[i]);
+  free(freed);
+}
+
+static void conn_free(struct gpuipc__conn *c)
+{
+  outbox_free(c);
+  gpuipc__fd_close(&c->fd);
+  free(c);
+}
+
+/* Drop every doomed connection (the state it left may doom no other). */
+static void reap(struct gpuipc__broker *b)
+{
+  struct gpuipc__conn **pp = &b->conns;
+  while (*pp != NULL) {
+    struct gpuipc__conn *c = *pp;
+    if (c->state == CONN_CLOSING && c->out_head == NULL)
+      c->doomed = true;
+    if (!c->doomed) {
+      pp = &c->next;
+      continue;
+    }
+    *pp = c->next;
+    b->nconns--;
+    if (c->state == CONN_READY)
+      GPUIPC_LOG_D("broker %s: pid %d left", b->name, (int)c->cred.pid);
+    conn_drop_state(b, c);
+    conn_free(c);
+    pp = &b->conns; /* dropping state may have doomed others: restart */
+  }
+}
+
+static void conn_read(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  for (int n = 0; n < READ_BURST && !c->doomed; n++) {
+    int fds[GPUIPC_FDS_MAX];
+    int nfds = GPUIPC_FDS_MAX;
+    ssize_t len = gpuipc__sock_recv(c->fd, b->rbuf, sizeof(b->rbuf), fds,
+                                    &nfds, 0);
+    if (would_block((int)len))
+      return;
+    if (len < 0) {
+      if (len != GPUIPC_E_PEER_GONE)
+        GPUIPC_LOG_W("broker %s: pid %d: %s; disconnecting", b->name,
+                     (int)c->cred.pid, gpuipc_last_error());
+      c->doomed = true;
+      return;
+    }
+    int rc = gpuipc__msg_decode(b->rbuf, (size_t)len, nfds, &b->in);
+    if (rc != 0) {
+      for (int i = 0; i < nfds; i++)
+        gpuipc__fd_close(&fds[i]);
+      GPUIPC_LOG_W("broker %s: pid %d sent a malformed message (%s); "
+                   "disconnecting it",
+                   b->name, (int)c->cred.pid, gpuipc_last_error());
+      if (rc == GPUIPC_E_VERSION) {
+        uint32_t req = b->in.req;
+        send_error(b, c, req, GPUIPC_E_VERSION,
+                   "broker of domain %s speaks protocol version %d",
+                   b->name, GPUIPC_PROTO_VERSION);
+        c->state = CONN_CLOSING;
+      } else {
+        c->doomed = true;
+      }
+      return;
+    }
+    on_message(b, c, &b->in, fds, nfds);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void end_recovery(struct gpuipc__broker *b)
+{
+  b->recovery_end = 0;
+  GPUIPC_LOG_I("broker %s: recovery window closed: %zu segments", b->name,
+               b->reg.count);
+  struct gpuipc__seg *s = b->reg.head;
+  while (s != NULL) {
+    struct gpuipc__seg *next = s->next;
+    maybe_free(b, s);
+    s = next;
+  }
+  struct park *list = NULL, **tail = &list;
+  struct park **pp = &b->parks;
+  while (*pp != NULL) {
+    struct park *p = *pp;
+    if (p->recovery) {
+      *pp = p->next;
+      p->next = NULL;
+      *tail = p;
+      tail = &p->next;
+    } else {
+      pp = &p->next;
+    }
+  }
+  while (list != NULL) {
+    struct park *p = list;
+    list = p->next;
+    if (!p->conn->doomed)
+      dispatch(b, p->conn, p);
+    free(p);
+  }
+}
+
+static void expire_parks(struct gpuipc__broker *b, uint64_t now)
+{
+  struct park **pp = &b->parks;
+  while (*pp != NULL) {
+    struct park *p = *pp;
+    if (p->recovery || p->deadline > now) {
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    if (p->type == GPUIPC_MSG_OPEN)
+      send_error(b, p->conn, p->req, -ETIMEDOUT,
+                 "segment %s was not published in time", p->name);
+    free(p);
+  }
+}
+
+/* Poll timeout in ms until the next deadline (-1: none). */
+static int next_timeout(struct gpuipc__broker *b, uint64_t now)
+{
+  uint64_t next = UINT64_MAX;
+  if (b->recovery_end != 0)
+    next = b->recovery_end;
+  for (struct park *p = b->parks; p != NULL; p = p->next)
+    if (!p->recovery && p->deadline < next)
+      next = p->deadline;
+  if (next == UINT64_MAX)
+    return -1;
+  if (next <= now)
+    return 0;
+  uint64_t ms = (next - now + 999999) / 1000000;
+  return ms > 60000 ? 60000 : (int)ms;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The loop                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int ensure_pfds(struct gpuipc__broker *b, size_t n)
+{
+  if (n <= b->pcap)
+    return 0;
+  size_t cap = b->pcap ? b->pcap : 16;
+  while (cap < n)
+    cap *= 2;
+  struct pollfd *p = realloc(b->pfds, cap * sizeof(*p));
+  if (p == NULL)
+    return -ENOMEM;
+  b->pfds = p;
+  struct gpuipc__conn **c = realloc(b->pconns, cap * sizeof(*c));
+  if (c == NULL)
+    return -ENOMEM;
+  b->pconns = c;
+  b->pcap = cap;
+  return 0;
+}
+
+static void loop(struct gpuipc__broker *b)
+{
+  for (;;) {
+    if (ensure_pfds(b, b->nconns + 2) != 0) {
+      usleep(1000);
+      continue;
+    }
+    size_t n = 0;
+    b->pfds[n++] = (struct pollfd){.fd = b->stop_fd, .events = POLLIN};
+    b->pfds[n++] = (struct pollfd){.fd = b->listen_fd, .events = POLLIN};
+    for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
+      short ev = c->state == CONN_CLOSING ? 0 : POLLIN;
+      if (c->out_head != NULL)
+        ev |= POLLOUT;
+      b->pconns[n] = c;
+      b->pfds[n++] = (struct pollfd){.fd = c->fd, .events = ev};
+    }
+    int timeout = next_timeout(b, gpuipc__now_ns());
+    int rc = poll(b->pfds, n, timeout);
+    if (rc < 0 && errno != EINTR) {
+      GPUIPC_LOG_E("broker %s: poll: %s", b->name, strerror(errno));
+      usleep(1000);
+    }
+    if (rc > 0) {
+      if (b->pfds[0].revents != 0)
+        return;
+      if (b->pfds[1].revents & POLLIN)
+        accept_all(b);
+      for (size_t i = 2; i < n; i++) {
+        struct gpuipc__conn *c = b->pconns[i];
+        short re = b->pfds[i].revents;
+        if (re == 0 || c->doomed)
+          continue;
+        if (re & POLLOUT)
+          conn_flush(c);
+        if (re & (POLLIN | POLLHUP | POLLERR)) {
+          if (c->state == CONN_CLOSING)
+            c->doomed = true;
+          else
+            conn_read(b, c);
+        }
+      }
+    }
+    uint64_t now = gpuipc__now_ns();
+    if (b->recovery_end != 0 && now >= b->recovery_end)
+      end_recovery(b);
+    expire_parks(b, now);
+    reap(b);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hand-over and shutdown                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Send the whole registry, the lock and the listener to @c. */
+static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  struct gpuipc__msg *o = &b->out;
+  uint32_t count = 0;
+  for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
+    count += s->w.state != GPUIPC__SEG_CREATING;
+  o->type = GPUIPC_MSG_HANDOFF_BEGIN;
+  o->req = 0;
+  o->u.handoff_begin.epoch = b->epoch;
+  o->u.handoff_begin.next_id = b->next_id;
+  o->u.handoff_begin.count = count;
+  int fds[2] = {b->lock_fd, b->listen_fd};
+  int rc = gpuipc__proto_send(c->fd, o, fds, 2, HANDOFF_SEND_MS);
+  for (struct gpuipc__seg *s = b->reg.head; s != NULL && rc == 0;
+       s = s->next) {
+    if (s->w.state == GPUIPC__SEG_CREATING)
+      continue;
+    o->type = GPUIPC_MSG_HANDOFF_SEG;
+    o->u.handoff_seg.seg = s->w;
+    rc = gpuipc__proto_send(c->fd, o, &s->fd, s->fd >= 0 ? 1 : 0,
+                            HANDOFF_SEND_MS);
+  }
+  if (rc == 0) {
+    o->type = GPUIPC_MSG_HANDOFF_END;
+    o->u.handoff_end.count = count;
+    rc = gpuipc__proto_send(c->fd, o, NULL, 0, HANDOFF_SEND_MS);
+  }
+  return rc;
+}
+
+static bool try_handoff(struct gpuipc__broker *b)
+{
+  /* Oldest members first; a member of another process before our own. */
+  for (int pass = 0; pass < 2; pass++) {
+    struct gpuipc__conn *best;
+    uint64_t after = 0;
+    for (;;) {
+      best = NULL;
+      for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
+        if (c->doomed || c->state != CONN_READY || c->seq <= after ||
+            (c->hello_flags & GPUIPC__HELLO_NO_BROKER) ||
+            c->token == b->owner_token ||
+            ((c->cred.pid == b->pid) != (pass == 1)))
+          continue;
+        if (best == NULL || c->seq < best->seq)
+          best = c;
+      }
+      if (best == NULL)
+        break;
+      after = best->seq;
+      outbox_free(best); /* replies it would get die with the connection */
+      int rc = handoff_to(b, best);
+      if (rc == 0) {
+        GPUIPC_LOG_I("broker %s: handed %zu segments over to pid %d",
+                     b->name, b->reg.count, (int)best->cred.pid);
+        return true;
+      }
+      GPUIPC_LOG_W("broker %s: hand-over to pid %d failed: %s", b->name,
+                   (int)best->cred.pid, gpuipc_last_error());
+      best->doomed = true;
+    }
+  }
+  return false;
+}
+
+static void broker_shutdown(struct gpuipc__broker *b)
+{
+  bool handed = try_handoff(b);
+  if (!handed) {
+    /* Unlink while still holding the lock: a new broker binds anew. */
+    if (unlink(b->paths.sock) != 0 && errno != ENOENT)
+      GPUIPC_LOG_W("broker %s: unlink %s: %s", b->name, b->paths.sock,
+                   strerror(errno));
+    GPUIPC_LOG_I("broker %s: domain closed with %zu segments", b->name,
+                 b->reg.count);
+  }
+  while (b->conns != NULL) {
+    struct gpuipc__conn *c = b->conns;
+    b->conns = c->next;
+    conn_free(c);
+  }
+  b->nconns = 0;
+  while (b->parks != NULL) {
+    struct park *p = b->parks;
+    b->parks = p->next;
+    free(p);
+  }
+  gpuipc__fd_close(&b->listen_fd);
+  gpuipc__fd_close(&b->lock_fd);
+  gpuipc__reg_destroy(&b->reg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Life cycle                                                               */
+/* ------------------------------------------------------------------------ */
+
+int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd)
+{
+  struct gpuipc__dom_paths paths;
+  int rc = gpuipc__dom_paths(name, &paths);
+  if (rc != 0)
+    return rc;
+  int lfd = -1, sfd = -1;
+  rc = gpuipc__flock_open(paths.lock, 0, &lfd);
+  if (rc != 0)
+    return rc;
+  /* We hold the lock: any socket file is a dead broker's. */
+  if (unlink(paths.sock) != 0 && errno != ENOENT) {
+    rc = gpuipc__err_errno(errno, "unlink stale socket %s", paths.sock);
+    goto close_lock;
+  }
+  rc = gpuipc__sock_listen(paths.sock, 128, &sfd);
+  if (rc != 0)
+    goto close_lock;
+  *lock_fd = lfd;
+  *listen_fd = sfd;
+  return 0;
+close_lock:
+  gpuipc__fd_close(&lfd);
+  return rc;
+}
+
+static void init_release(struct gpuipc__broker_init *init)
+{
+  gpuipc__fd_close(&init->lock_fd);
+  gpuipc__fd_close(&init->listen_fd);
+  if (init->have_reg)
+    gpuipc__reg_destroy(&init->reg);
+  init->have_reg = false;
+}
+
+static int broker_new(struct gpuipc__broker_init *init,
+                      struct gpuipc__broker **out)
+{
+  struct gpuipc__broker *b = calloc(1, sizeof(*b));
+  if (b == NULL) {
+    init_release(init);
+    return gpuipc__err(-ENOMEM, "broker: out of memory");
+  }
+  int rc = gpuipc__dom_paths(init->name, &b->paths);
+  if (rc != 0)
+    goto free_b;
+  if (!init->have_reg) {
+    rc = gpuipc__reg_init(&init->reg);
+    if (rc != 0)
+      goto free_b;
+    init->have_reg = true;
+  }
+  if (pipe2(b->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    rc = gpuipc__err_errno(errno, "broker: pipe2");
+    goto free_b;
+  }
+  snprintf(b->name, sizeof(b->name), "%s", init->name);
+  b->lock_fd = init->lock_fd;
+  b->listen_fd = init->listen_fd;
+  init->lock_fd = init->listen_fd = -1;
+  b->reg = init->reg;
+  init->have_reg = false;
+  b->epoch = init->epoch ? init->epoch : random_u64();
+  b->next_id = clock_id();
+  if (init->next_id > b->next_id)
+    b->next_id = init->next_id;
+  for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
+    learn_id(b, s->w.id);
+  b->owner_token = init->owner_token;
+  b->recovery = init->recovery;
+  if (b->recovery != GPUIPC__RECOVER_NONE)
+    b->recovery_end = gpuipc__now_ns() + GPUIPC__RECOVERY_MS * 1000000ull;
+  b->pid = getpid();
+  b->uid = geteuid();
+  parse_list(gpuipc__cfg_str(GPUIPC_CFG_ALLOW_UIDS), b->allow_uids,
+             &b->nallow_uids);
+  parse_list(gpuipc__cfg_str(GPUIPC_CFG_ALLOW_GIDS), b->allow_gids,
+             &b->nallow_gids);
+  b->stop_fd = b->wake[0];
+  GPUIPC_LOG_I("broker %s: started in pid %d (epoch %016llx, %zu segments%s)",
+               b->name, (int)b->pid, (unsigned long long)b->epoch,
+               b->reg.count,
+               b->recovery == GPUIPC__RECOVER_CRASH     ? ", after a crash"
+               : b->recovery == GPUIPC__RECOVER_HANDOFF ? ", handed over"
+                                                        : "");
+  *out = b;
+  return 0;
+free_b:
+  free(b);
+  init_release(init);
+  return rc;
+}
+
+static void broker_free(struct gpuipc__broker *b)
+{
+  gpuipc__fd_close(&b->wake[0]);
+  gpuipc__fd_close(&b->wake[1]);
+  free(b->pfds);
+  free(b->pconns);
+  free(b);
+}
+
+static void *broker_thread(void *arg)
+{
+  struct gpuipc__broker *b = arg;
+  loop(b);
+  broker_shutdown(b);
+  return NULL;
+}
+
+int gpuipc__broker_start(struct gpuipc__broker_init *init,
+                         struct gpuipc__broker **out)
+{
+  struct gpuipc__broker *b;
+  int rc = broker_new(init, &b);
+  if (rc != 0)
+    return rc;
+  /* The broker thread must not take signals meant for the program. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = pthread_create(&b->thread, NULL, broker_thread, b);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    rc = gpuipc__err_errno(rc, "broker: pthread_create");
+    broker_shutdown(b);
+    broker_free(b);
+    return rc;
+  }
+  b->threaded = true;
+  *out = b;
+  return 0;
+}
+
+void gpuipc__broker_stop(struct gpuipc__broker *b)
+{
+  if (b == NULL)
+    return;
+  char c = 1;
+  while (write(b->wake[1], &c, 1) < 0 && errno == EINTR)
+    ;
+  if (b->threaded)
+    pthread_join(b->thread, NULL);
+  broker_free(b);
+}
+
+uint64_t gpuipc__broker_epoch(const struct gpuipc__broker *b)
+{
+  return b->epoch;
+}
+
+int gpuipc__broker_run(struct gpuipc__broker_init *init, int stop_fd)
+{
+  struct gpuipc__broker *b;
+  int rc = broker_new(init, &b);
+  if (rc != 0)
+    return rc;
+  b->stop_fd = stop_fd;
+  loop(b);
+  broker_shutdown(b);
+  broker_free(b);
+  return 0;
+}

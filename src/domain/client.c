@@ -1,0 +1,816 @@
+/*
+ * A domain member: one connection to the broker and one reader thread that
+ * hands replies to the threads waiting for them (by request id), applies
+ * what the broker pushes, receives a broker hand-over, and reconnects --
+ * electing a new broker if need be -- when the connection drops.
+ */
+#include "domain/domain.h"
+#include "os/os.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Bound on one handshake attempt (a broker on its way out may not answer). */
+#define HANDSHAKE_MS 2000
+/* Bound on a fire-and-forget send. */
+#define POST_MS 2000
+
+enum dom_state { DOM_DOWN, DOM_UP, DOM_CLOSED };
+
+struct pending {
+  struct pending *next;
+  uint32_t req;
+  int done; /* 0 waiting, 1 replied, < 0 failed with that code */
+  struct gpuipc__reply *out;
+};
+
+struct gpuipc_domain {
+  char name[GPUIPC__NAME_MAX + 1];
+  struct gpuipc__dom_paths paths;
+  unsigned flags;
+  int timeout_ms;
+  uint64_t token;
+
+  pthread_mutex_t mu; /* state, gen, pending, broker, epoch */
+  pthread_cond_t cv;
+  enum dom_state state;
+  uint64_t gen;
+  uint32_t next_req;
+  struct pending *pending;
+  uint64_t epoch;
+  uint32_t broker_pid;
+  struct gpuipc__broker *broker; /* the broker this member hosts */
+  _Atomic uint64_t max_id;
+  atomic_bool leaving;
+
+  pthread_mutex_t send_mu; /* fd, and sending on it */
+  int fd;
+
+  pthread_t reader;
+  bool reader_started;
+  int wake[2];
+
+  /* A hand-over being received (reader thread only). */
+  struct {
+    bool active;
+    uint32_t expect, got;
+    struct gpuipc__broker_init init;
+  } ho;
+  uint8_t rbuf[GPUIPC_MSG_MAX];
+  struct gpuipc__msg rmsg;
+  struct gpuipc__reply reply; /* scratch for replies nobody waits for */
+};
+
+int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
+{
+  int rc = gpuipc__name_check(name, "domain name");
+  if (rc != 0)
+    return rc;
+  rc = gpuipc__runtime_dir(out->dir, sizeof(out->dir));
+  if (rc != 0)
+    return rc;
+  int n1 = snprintf(out->sock, sizeof(out->sock), "%s/%s.sock", out->dir, name);
+  int n2 = snprintf(out->lock, sizeof(out->lock), "%s/%s.lock", out->dir, name);
+  /* sun_path holds 108 bytes. */
+  if (n1 < 0 || n2 < 0 || (size_t)n1 >= 108 || (size_t)n2 >= sizeof(out->lock))
+    return gpuipc__err(-ENAMETOOLONG,
+                       "domain %s: socket path %s/%s.sock is longer than a "
+                       "Unix socket address allows (107 bytes)",
+                       name, out->dir, name);
+  return 0;
+}
+
+static uint64_t random_token(void)
+{
+  uint64_t v = 0;
+  while (v == 0)
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
+      v = gpuipc__now_ns() ^ ((uint64_t)getpid() << 40);
+  return v;
+}
+
+int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
+                       int nfds, int timeout_ms)
+{
+  uint8_t buf[GPUIPC__MSG_BUF];
+  int len = gpuipc__msg_encode(m, buf, sizeof(buf));
+  if (len < 0)
+    return len;
+  if (fd < 0)
+    return gpuipc__err(GPUIPC_E_PEER_GONE, "no connection to the broker");
+  return gpuipc__sock_send(fd, buf, (size_t)len, fds, nfds, timeout_ms);
+}
+
+static void close_fds(int *fds, int n)
+{
+  for (int i = 0; i < n; i++)
+    gpuipc__fd_close(&fds[i]);
+}
+
+static void sleep_ms(unsigned ms)
+{
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Joining: connect, or become the broker                                   */
+/* ------------------------------------------------------------------------ */
+
+static int handshake(struct gpuipc_domain *d, int fd, bool rejoin,
+                     uint64_t deadline)
+{
+  struct gpuipc__msg *m = &d->rmsg;
+  memset(&m->u.hello, 0, sizeof(m->u.hello));
+  m->type = GPUIPC_MSG_HELLO;
+  m->req = 1;
+  m->u.hello.pid = (uint32_t)getpid();
+  m->u.hello.flags = (rejoin ? GPUIPC__HELLO_REJOIN : 0) |
+                     ((d->flags & GPUIPC_JOIN_NO_BROKER)
+                          ? GPUIPC__HELLO_NO_BROKER : 0);
+  m->u.hello.token = d->token;
+  m->u.hello.epoch = d->epoch;
+  m->u.hello.max_id = atomic_load(&d->max_id);
+  /* A refused peer may find its connection closed already: read anyway,
+   * the refusal waits in the socket. */
+  (void)gpuipc__proto_send(fd, m, NULL, 0, HANDSHAKE_MS);
+  int ms = gpuipc__ms_left(deadline);
+  if (ms < 0 || ms > HANDSHAKE_MS)
+    ms = HANDSHAKE_MS;
+  int fds[GPUIPC_FDS_MAX];
+  int nfds = GPUIPC_FDS_MAX;
+  ssize_t len = gpuipc__sock_recv(fd, d->rbuf, sizeof(d->rbuf), fds, &nfds,
+                                  ms);
+  if (len < 0)
+    return (int)len;
+  int rc = gpuipc__msg_decode(d->rbuf, (size_t)len, nfds, m);
+  close_fds(fds, nfds);
+  if (rc == GPUIPC_E_VERSION)
+    return gpuipc__err(GPUIPC_E_VERSION,
+                       "domain %s: the broker speaks protocol version %u, "
+                       "this library version %d",
+                       d->name, m->version, GPUIPC_PROTO_VERSION);
+  if (rc != 0)
+    return rc;
+  switch (m->type) {
+  case GPUIPC_MSG_WELCOME:
+    pthread_mutex_lock(&d->mu);
+    d->epoch = m->u.welcome.epoch;
+    d->broker_pid = m->u.welcome.pid;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+  case GPUIPC_MSG_DENIED:
+    return gpuipc__err(GPUIPC_E_DENIED, "domain %s: the broker refused "
+                       "this process: %s", d->name, m->u.denied.reason);
+  case GPUIPC_MSG_ERROR:
+    return gpuipc__err(m->u.error.code, "domain %s: %s", d->name,
+                       m->u.error.text);
+  }
+  return gpuipc__err(GPUIPC_E_PROTO, "domain %s: broker answered HELLO "
+                     "with %s", d->name, gpuipc__msg_name(m->type));
+}
+
+/* Claim the domain and start its broker in this process. */
+static int become_broker(struct gpuipc_domain *d, bool rejoin)
+{
+  struct gpuipc__broker_init init;
+  memset(&init, 0, sizeof(init));
+  init.lock_fd = init.listen_fd = -1;
+  bool stale = access(d->paths.sock, F_OK) == 0;
+  int rc = gpuipc__broker_claim(d->name, &init.lock_fd, &init.listen_fd);
+  if (rc != 0)
+    return rc;
+  snprintf(init.name, sizeof(init.name), "%s", d->name);
+  pthread_mutex_lock(&d->mu);
+  init.epoch = d->epoch;
+  pthread_mutex_unlock(&d->mu);
+  init.next_id = atomic_load(&d->max_id) + 1;
+  init.owner_token = d->token;
+  /*
+   * A socket file left behind means the last broker died: its members
+   * (this one, maybe) are about to re-publish what they hold.
+   */
+  init.recovery = (rejoin || stale) ? GPUIPC__RECOVER_CRASH
+                                          : GPUIPC__RECOVER_NONE;
+  struct gpuipc__broker *b;
+  rc = gpuipc__broker_start(&init, &b);
+  if (rc != 0)
+    return rc;
+  pthread_mutex_lock(&d->mu);
+  struct gpuipc__broker *old = d->broker;
+  d->broker = b;
+  pthread_mutex_unlock(&d->mu);
+  if (old != NULL) /* cannot happen: one lock, one broker; be safe */
+    gpuipc__broker_stop(old);
+  GPUIPC_LOG_I("domain %s: this process (pid %d) hosts the broker now",
+               d->name, (int)getpid());
+  return 0;
+}
+
+/*
+ * Connect to the domain's broker, electing one if none listens, until
+ * @deadline. The retries are what make elections and hand-overs safe: only
+ * the holder of the lock file listens, and the kernel frees the lock of a
+ * process that dies.
+ */
+static int dom_connect(struct gpuipc_domain *d, uint64_t deadline,
+                       bool rejoin, int *out_fd)
+{
+  unsigned backoff = 1;
+  for (;;) {
+    if (atomic_load(&d->leaving))
+      return gpuipc__err(GPUIPC_E_CLOSED, "domain %s: leaving", d->name);
+    int fd = -1;
+    int ms = gpuipc__ms_left(deadline);
+    int rc = gpuipc__sock_connect(d->paths.sock,
+                                  ms < 0 || ms > 1000 ? 1000 : ms, &fd);
+    if (rc == 0) {
+      rc = handshake(d, fd, rejoin, deadline);
+      if (rc == 0) {
+        *out_fd = fd;
+        return 0;
+      }
+      gpuipc__fd_close(&fd);
+      if (rc == GPUIPC_E_DENIED || rc == GPUIPC_E_VERSION)
+        return rc;
+      /* Otherwise a broker on its way out: try again. */
+    } else if (rc == -ENOENT || rc == -ECONNREFUSED) {
+      if (!(d->flags & GPUIPC_JOIN_NO_BROKER)) {
+        rc = become_broker(d, rejoin);
+        if (rc == 0)
+          continue; /* now connect to ourselves */
+        /* Held (a contract says -EWOULDBLOCK; a zero wait may also read
+         * as -ETIMEDOUT): someone else is becoming the broker. */
+        if (rc != -EWOULDBLOCK && rc != -ETIMEDOUT)
+          return rc;
+      } else if (!rejoin) {
+        return gpuipc__err(-ENOENT, "domain %s: no broker runs (nothing "
+                           "listens at %s)", d->name, d->paths.sock);
+      }
+    } else if (rc != -EAGAIN && rc != -ETIMEDOUT && rc != -EINTR) {
+      return rc;
+    }
+    if (gpuipc__now_ns() >= deadline)
+      return gpuipc__err(-ETIMEDOUT, "domain %s: no broker answered in time",
+                         d->name);
+    uint32_t jitter;
+    if (getrandom(&jitter, sizeof(jitter), GRND_NONBLOCK) != sizeof(jitter))
+      jitter = (uint32_t)gpuipc__now_ns();
+    sleep_ms(backoff + jitter % (backoff + 1));
+    if (backoff < 16)
+      backoff *= 2;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Requests                                                                 */
+/* ------------------------------------------------------------------------ */
+
+int gpuipc__dom_timeout(const gpuipc_domain_t *d)
+{
+  return d->timeout_ms;
+}
+
+uint64_t gpuipc__dom_gen(gpuipc_domain_t *d)
+{
+  pthread_mutex_lock(&d->mu);
+  uint64_t g = d->gen;
+  pthread_mutex_unlock(&d->mu);
+  return g;
+}
+
+void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id)
+{
+  uint64_t cur = atomic_load(&d->max_id);
+  while (id > cur && !atomic_compare_exchange_weak(&d->max_id, &cur, id))
+    ;
+}
+
+/* Wait on the domain's condition until @deadline; false when it passed. */
+static bool cv_wait(struct gpuipc_domain *d, uint64_t deadline)
+{
+  if (deadline == UINT64_MAX) {
+    pthread_cond_wait(&d->cv, &d->mu);
+    return true;
+  }
+  uint64_t now = gpuipc__now_ns();
+  if (now >= deadline)
+    return false;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec +
+               (deadline - now);
+  ts.tv_sec = (time_t)(t / 1000000000ull);
+  ts.tv_nsec = (long)(t % 1000000000ull);
+  pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+  return true;
+}
+
+static void unlink_pending(struct gpuipc_domain *d, struct pending *p)
+{
+  for (struct pending **pp = &d->pending; *pp != NULL; pp = &(*pp)->next) {
+    if (*pp == p) {
+      *pp = p->next;
+      return;
+    }
+  }
+}
+
+int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
+                     const int *fds, int nfds, int timeout_ms,
+                     const char *what, struct gpuipc__reply *out)
+{
+  uint64_t deadline = gpuipc__deadline(timeout_ms);
+  struct pending p = {.out = out};
+  out->nfds = 0;
+  pthread_mutex_lock(&d->mu);
+  while (d->state == DOM_DOWN) {
+    if (!cv_wait(d, deadline)) {
+      pthread_mutex_unlock(&d->mu);
+      return gpuipc__err(-ETIMEDOUT, "%s: domain %s has no broker "
+                         "reachable", what, d->name);
+    }
+  }
+  if (d->state == DOM_CLOSED) {
+    pthread_mutex_unlock(&d->mu);
+    return gpuipc__err(GPUIPC_E_CLOSED, "%s: domain %s is being left", what,
+                       d->name);
+  }
+  if (++d->next_req == 0)
+    d->next_req = 1;
+  p.req = d->next_req;
+  m->req = p.req;
+  p.next = d->pending;
+  d->pending = &p;
+  uint64_t gen = d->gen;
+  pthread_mutex_unlock(&d->mu);
+
+  pthread_mutex_lock(&d->send_mu);
+  int rc = gpuipc__proto_send(d->fd, m, fds, nfds, timeout_ms);
+  pthread_mutex_unlock(&d->send_mu);
+
+  pthread_mutex_lock(&d->mu);
+  if (rc == 0) {
+    while (p.done == 0 && d->gen == gen && d->state != DOM_CLOSED)
+      if (!cv_wait(d, deadline))
+        break;
+  }
+  if (p.done == 0)
+    unlink_pending(d, &p);
+  bool gen_changed = d->gen != gen;
+  pthread_mutex_unlock(&d->mu);
+
+  if (p.done < 0)
+    return gpuipc__err(p.done, "%s: the connection to the broker of domain "
+                       "%s dropped", what, d->name);
+  if (p.done == 0) {
+    if (rc != 0)
+      return rc == GPUIPC_E_PEER_GONE || rc == -EPIPE || rc == -ECONNRESET
+                 ? gpuipc__err(GPUIPC_E_PEER_GONE, "%s: the connection to "
+                               "the broker of domain %s dropped", what,
+                               d->name)
+                 : rc;
+    if (gen_changed)
+      return gpuipc__err(GPUIPC_E_PEER_GONE, "%s: the broker of domain %s "
+                         "changed", what, d->name);
+    return gpuipc__err(-ETIMEDOUT, "%s: no answer from the broker of domain "
+                       "%s in %d ms", what, d->name, timeout_ms);
+  }
+  if (out->msg.type == GPUIPC_MSG_ERROR) {
+    close_fds(out->fds, out->nfds);
+    out->nfds = 0;
+    return gpuipc__err(out->msg.u.error.code, "%s: %s", what,
+                       out->msg.u.error.text);
+  }
+  return 0;
+}
+
+int gpuipc__dom_post(gpuipc_domain_t *d, struct gpuipc__msg *m,
+                     const int *fds, int nfds)
+{
+  pthread_mutex_lock(&d->mu);
+  bool up = d->state == DOM_UP;
+  pthread_mutex_unlock(&d->mu);
+  if (!up)
+    return gpuipc__err(GPUIPC_E_PEER_GONE, "domain %s: no broker now",
+                       d->name);
+  m->req = 0;
+  pthread_mutex_lock(&d->send_mu);
+  int rc = gpuipc__proto_send(d->fd, m, fds, nfds, POST_MS);
+  pthread_mutex_unlock(&d->send_mu);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The reader thread                                                        */
+/* ------------------------------------------------------------------------ */
+
+static void ho_discard(struct gpuipc_domain *d)
+{
+  if (!d->ho.active)
+    return;
+  gpuipc__fd_close(&d->ho.init.lock_fd);
+  gpuipc__fd_close(&d->ho.init.listen_fd);
+  if (d->ho.init.have_reg)
+    gpuipc__reg_destroy(&d->ho.init.reg);
+  memset(&d->ho, 0, sizeof(d->ho));
+  d->ho.init.lock_fd = d->ho.init.listen_fd = -1;
+}
+
+static void ho_begin(struct gpuipc_domain *d, const struct gpuipc__msg *m,
+                     int *fds)
+{
+  ho_discard(d);
+  struct gpuipc__broker_init *init = &d->ho.init;
+  memset(init, 0, sizeof(*init));
+  if (gpuipc__reg_init(&init->reg) != 0) {
+    close_fds(fds, 2);
+    return;
+  }
+  init->have_reg = true;
+  snprintf(init->name, sizeof(init->name), "%s", d->name);
+  init->lock_fd = fds[0];
+  init->listen_fd = fds[1];
+  fds[0] = fds[1] = -1;
+  init->epoch = m->u.handoff_begin.epoch;
+  init->next_id = m->u.handoff_begin.next_id;
+  init->recovery = GPUIPC__RECOVER_HANDOFF;
+  init->owner_token = d->token;
+  d->ho.expect = m->u.handoff_begin.count;
+  d->ho.got = 0;
+  d->ho.active = true;
+}
+
+static void ho_seg(struct gpuipc_domain *d, const struct gpuipc__msg *m,
+                   int *fds, int nfds)
+{
+  const struct gpuipc__seg_wire *w = &m->u.handoff_seg.seg;
+  struct gpuipc__registry *reg = &d->ho.init.reg;
+  if (!d->ho.active || gpuipc__reg_by_id(reg, w->id) != NULL ||
+      (w->state != GPUIPC__SEG_UNLINKED &&
+       gpuipc__reg_by_name(reg, w->name) != NULL)) {
+    GPUIPC_LOG_W("domain %s: unexpected hand-over record %s", d->name,
+                 w->name);
+    return;
+  }
+  struct gpuipc__seg *s;
+  if (gpuipc__reg_add(reg, w->name, w->id, &s) != 0) {
+    ho_discard(d);
+    return;
+  }
+  s->w = *w;
+  if (w->state == GPUIPC__SEG_UNLINKED)
+    gpuipc__reg_unname(reg, s);
+  if (nfds == 1) {
+    gpuipc__reg_set_fd(reg, s, fds[0]);
+    fds[0] = -1;
+  }
+  d->ho.got++;
+}
+
+static void ho_end(struct gpuipc_domain *d, const struct gpuipc__msg *m)
+{
+  if (!d->ho.active)
+    return;
+  if (d->ho.got != d->ho.expect || m->u.handoff_end.count != d->ho.expect) {
+    GPUIPC_LOG_W("domain %s: hand-over announced %u segments, %u arrived; "
+                 "ignoring it", d->name, d->ho.expect, d->ho.got);
+    ho_discard(d);
+    return;
+  }
+  struct gpuipc__broker *b;
+  d->ho.active = false;
+  int rc = gpuipc__broker_start(&d->ho.init, &b);
+  memset(&d->ho, 0, sizeof(d->ho));
+  d->ho.init.lock_fd = d->ho.init.listen_fd = -1;
+  if (rc != 0) {
+    GPUIPC_LOG_E("domain %s: cannot start the broker handed over: %s",
+                 d->name, gpuipc_last_error());
+    return;
+  }
+  pthread_mutex_lock(&d->mu);
+  struct gpuipc__broker *old = d->broker;
+  d->broker = b;
+  pthread_mutex_unlock(&d->mu);
+  if (old != NULL)
+    gpuipc__broker_stop(old);
+  GPUIPC_LOG_I("domain %s: the broker moved to this process (pid %d)",
+               d->name, (int)getpid());
+}
+
+/* Hand a reply to its waiter, or undo it when nobody waits any more. */
+static void deliver(struct gpuipc_domain *d, int *fds, int nfds)
+{
+  pthread_mutex_lock(&d->mu);
+  struct pending *p = d->pending;
+  while (p != NULL && p->req != d->rmsg.req)
+    p = p->next;
+  if (p != NULL) {
+    unlink_pending(d, p);
+    memcpy(&p->out->msg, &d->rmsg, sizeof(d->rmsg));
+    for (int i = 0; i < nfds && i < 2; i++) {
+      p->out->fds[i] = fds[i];
+      fds[i] = -1;
+    }
+    p->out->nfds = nfds < 2 ? nfds : 2;
+    p->out->gen = d->gen;
+    p->done = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    return;
+  }
+  uint64_t gen = d->gen;
+  pthread_mutex_unlock(&d->mu);
+  memcpy(&d->reply.msg, &d->rmsg, sizeof(d->rmsg));
+  d->reply.nfds = 0;
+  for (int i = 0; i < nfds && i < 2; i++) {
+    d->reply.fds[i] = fds[i];
+    fds[i] = -1;
+    d->reply.nfds++;
+  }
+  d->reply.gen = gen;
+  gpuipc__seg_orphan(d, &d->reply);
+  close_fds(d->reply.fds, d->reply.nfds);
+}
+
+static void on_push(struct gpuipc_domain *d, int *fds, int nfds)
+{
+  const struct gpuipc__msg *m = &d->rmsg;
+  switch (m->type) {
+  case GPUIPC_MSG_UNLINKED:
+    gpuipc__seg_unlinked(d, m->u.unlinked.id);
+    break;
+  case GPUIPC_MSG_HANDOFF_BEGIN:
+    ho_begin(d, m, fds);
+    break;
+  case GPUIPC_MSG_HANDOFF_SEG:
+    ho_seg(d, m, fds, nfds);
+    break;
+  case GPUIPC_MSG_HANDOFF_END:
+    ho_end(d, m);
+    break;
+  default:
+    GPUIPC_LOG_W("domain %s: the broker sent an unexpected %s", d->name,
+                 gpuipc__msg_name(m->type));
+  }
+  close_fds(fds, nfds);
+}
+
+/* The connection dropped: fail what waits, reconnect, re-publish. */
+static void reconnect(struct gpuipc_domain *d)
+{
+  pthread_mutex_lock(&d->mu);
+  if (d->state == DOM_UP)
+    d->state = DOM_DOWN;
+  d->gen++;
+  for (struct pending *p = d->pending; p != NULL; p = p->next)
+    p->done = GPUIPC_E_PEER_GONE;
+  d->pending = NULL;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+
+  pthread_mutex_lock(&d->send_mu);
+  gpuipc__fd_close(&d->fd);
+  pthread_mutex_unlock(&d->send_mu);
+  /* A hand-over that did not finish is void: its sender is gone. */
+  ho_discard(d);
+
+  GPUIPC_LOG_I("domain %s: lost the broker; reconnecting", d->name);
+  int fd;
+  if (dom_connect(d, UINT64_MAX, true, &fd) != 0)
+    return; /* leaving */
+  /* Re-publish what we hold and go up, with no release in between. */
+  gpuipc__seg_republish(d, fd);
+}
+
+void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd)
+{
+  pthread_mutex_lock(&d->mu);
+  pthread_mutex_lock(&d->send_mu);
+  d->fd = fd;
+  pthread_mutex_unlock(&d->send_mu);
+  if (d->state == DOM_DOWN)
+    d->state = DOM_UP;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  GPUIPC_LOG_I("domain %s: connected to the broker in pid %u", d->name,
+               d->broker_pid);
+}
+
+static void *reader_main(void *arg)
+{
+  struct gpuipc_domain *d = arg;
+  while (!atomic_load(&d->leaving)) {
+    struct pollfd pfd[2] = {{.fd = d->fd, .events = POLLIN},
+                            {.fd = d->wake[0], .events = POLLIN}};
+    if (poll(pfd, 2, -1) < 0) {
+      if (errno != EINTR)
+        sleep_ms(1);
+      continue;
+    }
+    if (pfd[1].revents != 0)
+      break;
+    if (pfd[0].revents == 0)
+      continue;
+    int fds[GPUIPC_FDS_MAX];
+    int nfds = GPUIPC_FDS_MAX;
+    ssize_t len = gpuipc__sock_recv(d->fd, d->rbuf, sizeof(d->rbuf), fds,
+                                    &nfds, 0);
+    if (len == -ETIMEDOUT || len == -EAGAIN)
+      continue;
+    if (len < 0) {
+      if (len != GPUIPC_E_PEER_GONE)
+        GPUIPC_LOG_W("domain %s: %s", d->name, gpuipc_last_error());
+      reconnect(d);
+      continue;
+    }
+    int rc = gpuipc__msg_decode(d->rbuf, (size_t)len, nfds, &d->rmsg);
+    if (rc != 0) {
+      close_fds(fds, nfds);
+      GPUIPC_LOG_W("domain %s: malformed message from the broker (%s); "
+                   "reconnecting", d->name, gpuipc_last_error());
+      reconnect(d);
+      continue;
+    }
+    if (d->rmsg.req != 0) {
+      deliver(d, fds, nfds);
+      close_fds(fds, nfds);
+    } else {
+      on_push(d, fds, nfds);
+    }
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void dom_free(struct gpuipc_domain *d)
+{
+  gpuipc__fd_close(&d->wake[0]);
+  gpuipc__fd_close(&d->wake[1]);
+  gpuipc__fd_close(&d->fd);
+  pthread_mutex_destroy(&d->mu);
+  pthread_mutex_destroy(&d->send_mu);
+  pthread_cond_destroy(&d->cv);
+  free(d);
+}
+
+int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
+                       gpuipc_domain_t **out)
+{
+  if (out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_domain_join: out is NULL");
+  int rc = gpuipc__name_check(name, "gpuipc_domain_join: domain name");
+  if (rc != 0)
+    return rc;
+  unsigned flags = 0;
+  int timeout = (int)gpuipc__cfg_long(GPUIPC_CFG_TIMEOUT_MS, 10000);
+  if (opts != NULL) {
+    if (opts->size < offsetof(gpuipc_domain_opts_t, timeout_ms) +
+                         sizeof(opts->timeout_ms))
+      return gpuipc__err(-EINVAL, "gpuipc_domain_join: opts->size %zu is "
+                         "too small", opts->size);
+    if (opts->flags & ~GPUIPC_JOIN_NO_BROKER)
+      return gpuipc__err(-EINVAL, "gpuipc_domain_join: unknown flags 0x%x",
+                         opts->flags & ~GPUIPC_JOIN_NO_BROKER);
+    flags = opts->flags;
+    if (opts->timeout_ms != 0)
+      timeout = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
+  }
+  struct gpuipc_domain *d = calloc(1, sizeof(*d));
+  if (d == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_domain_join: out of memory");
+  d->fd = d->wake[0] = d->wake[1] = -1;
+  d->ho.init.lock_fd = d->ho.init.listen_fd = -1;
+  pthread_mutex_init(&d->mu, NULL);
+  pthread_mutex_init(&d->send_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&d->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  snprintf(d->name, sizeof(d->name), "%s", name);
+  d->flags = flags;
+  d->timeout_ms = timeout;
+  d->token = random_token();
+  d->gen = 1;
+
+  rc = gpuipc__dom_paths(name, &d->paths);
+  if (rc != 0)
+    goto free_d;
+  if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");
+    goto free_d;
+  }
+  int fd;
+  rc = dom_connect(d, gpuipc__deadline(timeout), false, &fd);
+  if (rc != 0)
+    goto stop_broker;
+  d->fd = fd;
+  d->state = DOM_UP;
+
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = pthread_create(&d->reader, NULL, reader_main, d);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    rc = gpuipc__err_errno(rc, "gpuipc_domain_join: pthread_create");
+    goto stop_broker;
+  }
+  d->reader_started = true;
+  GPUIPC_LOG_D("domain %s: joined (broker pid %u)", d->name, d->broker_pid);
+  *out = d;
+  return 0;
+
+stop_broker:
+  if (d->broker != NULL) {
+    gpuipc__fd_close(&d->fd);
+    gpuipc__broker_stop(d->broker);
+  }
+free_d:
+  dom_free(d);
+  return rc;
+}
+
+int gpuipc_domain_leave(gpuipc_domain_t *d)
+{
+  if (d == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_domain_leave: dom is NULL");
+  gpuipc__seg_forget_domain(d);
+  atomic_store(&d->leaving, true);
+  pthread_mutex_lock(&d->mu);
+  d->state = DOM_CLOSED;
+  for (struct pending *p = d->pending; p != NULL; p = p->next)
+    p->done = GPUIPC_E_CLOSED;
+  d->pending = NULL;
+  pthread_cond_broadcast(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+  char c = 1;
+  while (write(d->wake[1], &c, 1) < 0 && errno == EINTR)
+    ;
+  if (d->reader_started)
+    pthread_join(d->reader, NULL);
+  pthread_mutex_lock(&d->send_mu);
+  gpuipc__fd_close(&d->fd);
+  pthread_mutex_unlock(&d->send_mu);
+  ho_discard(d);
+  if (d->broker != NULL)
+    gpuipc__broker_stop(d->broker); /* hands the domain over */
+  dom_free(d);
+  return 0;
+}
+
+int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
+{
+  if (d == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_domain_info: NULL argument");
+  if (out->size < sizeof(*out))
+    return gpuipc__err(-EINVAL, "gpuipc_domain_info: out->size %zu, "
+                       "expected %zu", out->size, sizeof(*out));
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
+  struct gpuipc__msg *m = malloc(sizeof(*m));
+  if (m == NULL) {
+    free(r);
+    return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
+  }
+  memset(&m->u.list, 0, sizeof(m->u.list));
+  m->type = GPUIPC_MSG_LIST;
+  m->u.list.max = 0;
+  int rc = gpuipc__dom_call(d, m, NULL, 0, d->timeout_ms,
+                            "gpuipc_domain_info", r);
+  if (rc == 0 && r->msg.type != GPUIPC_MSG_LIST_REPLY)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_domain_info: broker answered "
+                     "with %s", gpuipc__msg_name(r->msg.type));
+  if (rc == 0) {
+    size_t size = out->size;
+    memset(out, 0, sizeof(*out));
+    out->size = size;
+    snprintf(out->name, sizeof(out->name), "%s", d->name);
+    out->broker_pid = (int)r->msg.u.list_reply.broker_pid;
+    out->epoch = r->msg.u.list_reply.epoch;
+    out->members = (int)r->msg.u.list_reply.members;
+    out->segments = (int)r->msg.u.list_reply.segments;
+    out->broker_fds = (int)r->msg.u.list_reply.fds;
+    pthread_mutex_lock(&d->mu);
+    out->hosts_broker = d->broker != NULL;
+    pthread_mutex_unlock(&d->mu);
+  }
+  close_fds(r->fds, r->nfds);
+  free(m);
+  free(r);
+  return rc;
+}

@@ -1,0 +1,236 @@
+/*
+ * src/domain: domains, their broker and named segments.
+ *
+ *   proto.c     the messages between members and the broker
+ *   registry.c  the broker's segment table (names, ids, holders, fds)
+ *   broker.c    the broker: an event loop over its listener and members
+ *   client.c    a member: one connection, a reader thread, election,
+ *               reconnection and the hand-over it may receive
+ *   segment.c   gpuipc_segment_*: open, publish, release hooks, unlink, list
+ *
+ * Locks, always taken in this order: the process-wide segment table lock
+ * (segment.c), a domain's state lock, a domain's send lock. The broker owns
+ * its data alone (one thread) and takes none of them.
+ */
+#ifndef GPUIPC_DOMAIN_H
+#define GPUIPC_DOMAIN_H
+
+#include "core/core.h"
+#include "domain/proto.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------ */
+/* Paths                                                                    */
+/* ------------------------------------------------------------------------ */
+
+struct gpuipc__dom_paths {
+  char dir[PATH_MAX];
+  char sock[PATH_MAX]; /* DIR/NAME.sock */
+  char lock[PATH_MAX]; /* DIR/NAME.lock */
+};
+
+/* Check @name and fill @out from the runtime directory. */
+int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out);
+
+/* ------------------------------------------------------------------------ */
+/* Registry (the broker's)                                                  */
+/* ------------------------------------------------------------------------ */
+
+struct gpuipc__conn; /* a broker's connection to one member (broker.c) */
+
+struct gpuipc__holder {
+  struct gpuipc__conn *conn;
+  uint32_t pid;
+  uint32_t refs;
+};
+
+struct gpuipc__seg {
+  struct gpuipc__seg *name_next; /* name hash chain (while named) */
+  struct gpuipc__seg *id_next;   /* id hash chain */
+  struct gpuipc__seg *prev, *next; /* every segment, in id order */
+  bool named;                    /* reachable by name */
+  struct gpuipc__seg_wire w;     /* name, id, size, kind, state, handle */
+  int fd;                        /* the broker's descriptor, or -1 */
+  struct gpuipc__conn *creator;  /* CREATING: who reserved the name */
+  uint32_t creator_pid;          /* who published it */
+  struct gpuipc__holder *holders;
+  uint32_t nholders, capholders;
+};
+
+struct gpuipc__registry {
+  struct gpuipc__seg **by_name;
+  struct gpuipc__seg **by_id;
+  size_t nbuckets;  /* of each table, a power of two */
+  size_t count;     /* segments in every state */
+  size_t named;     /* segments reachable by name */
+  size_t fds;       /* descriptors held */
+  struct gpuipc__seg *head, *tail;
+};
+
+int gpuipc__reg_init(struct gpuipc__registry *reg);
+/* Close every descriptor and free every segment. */
+void gpuipc__reg_destroy(struct gpuipc__registry *reg);
+/*
+ * A new segment with @name and @id (both checked by the caller), reachable
+ * by name and id, fd -1, no holders. -ENOMEM.
+ */
+int gpuipc__reg_add(struct gpuipc__registry *reg, const char *name,
+                    uint64_t id, struct gpuipc__seg **out);
+struct gpuipc__seg *gpuipc__reg_by_name(struct gpuipc__registry *reg,
+                                        const char *name);
+struct gpuipc__seg *gpuipc__reg_by_id(struct gpuipc__registry *reg,
+                                      uint64_t id);
+/* Make @s unreachable by name (its name is free again). */
+void gpuipc__reg_unname(struct gpuipc__registry *reg, struct gpuipc__seg *s);
+/* Give @s its descriptor (taking ownership) or close the one it has. */
+void gpuipc__reg_set_fd(struct gpuipc__registry *reg, struct gpuipc__seg *s,
+                        int fd);
+/* Forget @s: close its descriptor and free it. */
+void gpuipc__reg_remove(struct gpuipc__registry *reg, struct gpuipc__seg *s);
+/* Add @n references of @conn (pid @pid). -ENOMEM. */
+int gpuipc__reg_hold(struct gpuipc__seg *s, struct gpuipc__conn *conn,
+                     uint32_t pid, uint32_t n);
+/*
+ * Drop up to @n references of @conn (UINT32_MAX: all of them). Returns the
+ * number dropped.
+ */
+uint32_t gpuipc__reg_drop(struct gpuipc__seg *s, struct gpuipc__conn *conn,
+                          uint32_t n);
+/* The references @conn holds on @s. */
+uint32_t gpuipc__reg_refs(const struct gpuipc__seg *s,
+                          const struct gpuipc__conn *conn);
+
+/* ------------------------------------------------------------------------ */
+/* Broker                                                                   */
+/* ------------------------------------------------------------------------ */
+
+enum gpuipc__recovery {
+  GPUIPC__RECOVER_NONE = 0,    /* a new domain */
+  GPUIPC__RECOVER_HANDOFF = 1, /* registry handed over by the last broker */
+  GPUIPC__RECOVER_CRASH = 2,   /* the last broker died: members re-publish */
+};
+
+/* How long a new broker waits for members to re-publish after a failover. */
+#define GPUIPC__RECOVERY_MS 300
+
+struct gpuipc__broker_init {
+  char name[GPUIPC__NAME_MAX + 1];
+  int lock_fd;   /* the domain's flock, taken over */
+  int listen_fd; /* listening socket at the domain's path, taken over */
+  uint64_t epoch;   /* 0: a new random one */
+  uint64_t next_id; /* 0: start from the clock */
+  struct gpuipc__registry reg; /* taken over (may be empty) */
+  bool have_reg;               /* reg was initialised */
+  enum gpuipc__recovery recovery;
+  uint64_t owner_token; /* the hosting member: never its successor */
+};
+
+struct gpuipc__broker;
+
+/*
+ * Claim domain @name: take its lock (without waiting) and listen on its
+ * socket, unlinking a stale one. -EWOULDBLOCK (or -ETIMEDOUT) when another
+ * process holds the lock (a broker runs or is starting).
+ */
+int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd);
+
+/*
+ * Start a broker thread with @init (whose descriptors and registry it takes
+ * over, also on failure). Returns 0 or a code.
+ */
+int gpuipc__broker_start(struct gpuipc__broker_init *init,
+                         struct gpuipc__broker **out);
+
+/*
+ * Stop the broker: hand the registry, lock and listener over to another
+ * member if one can take them, else shut the domain down (unlink the
+ * socket, close every descriptor). Joins the thread and frees @b.
+ */
+void gpuipc__broker_stop(struct gpuipc__broker *b);
+
+/* The broker's epoch (for tests and `gpuipc ls`). */
+uint64_t gpuipc__broker_epoch(const struct gpuipc__broker *b);
+
+/*
+ * Run a broker in the calling thread until @stop_fd becomes readable, then
+ * stop as gpuipc__broker_stop does. For `gpuipc serve`.
+ */
+int gpuipc__broker_run(struct gpuipc__broker_init *init, int stop_fd);
+
+/* ------------------------------------------------------------------------ */
+/* Members (client.c), used by segment.c                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A reply as a caller receives it. */
+struct gpuipc__reply {
+  struct gpuipc__msg msg;
+  int fds[2];
+  int nfds;
+  uint64_t gen; /* connection generation the reply came on */
+};
+
+/*
+ * Send request @m (its req is assigned here) with @nfds descriptors (kept
+ * by the caller) and wait up to @timeout_ms for its reply.
+ * An ERROR reply becomes its code, with the broker's sentence prefixed by
+ * @what. Returns 0 with @out filled (the caller closes out->fds);
+ * GPUIPC_E_PEER_GONE when the connection dropped (the member reconnects:
+ * retry); -ETIMEDOUT; GPUIPC_E_CLOSED when the domain is being left.
+ */
+int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
+                     const int *fds, int nfds, int timeout_ms,
+                     const char *what, struct gpuipc__reply *out);
+
+/*
+ * Send a message that has no reply (RELEASE, ABANDON) if the connection is
+ * up; dropped otherwise (the broker forgets a dropped connection's state).
+ * Returns 0 or the send's code.
+ */
+int gpuipc__dom_post(gpuipc_domain_t *d, struct gpuipc__msg *m,
+                     const int *fds, int nfds);
+
+/* The domain's default timeout in ms (< 0: none). */
+int gpuipc__dom_timeout(const gpuipc_domain_t *d);
+/* The connection generation now (changes on every reconnection). */
+uint64_t gpuipc__dom_gen(gpuipc_domain_t *d);
+/* Note a segment id seen from the broker (the next broker continues above). */
+void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id);
+
+/* ----- segment.c, called by client.c ----- */
+
+/*
+ * After a reconnection (reader thread): re-publish every segment this
+ * process holds through @d on the new connection @fd, tell the broker the
+ * names it saw, then make @fd the domain's connection
+ * (gpuipc__dom_set_up) -- all under the segment table lock, so that no
+ * release falls in between.
+ */
+void gpuipc__seg_republish(gpuipc_domain_t *d, int fd);
+/* Make @fd the connection and wake the callers waiting for one. */
+void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd);
+/* The broker says segment @id was unlinked. */
+void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id);
+/* A reply arrived for a request whose caller gave up: undo what it did. */
+void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r);
+/* @d is being left: forget its holds. */
+void gpuipc__seg_forget_domain(gpuipc_domain_t *d);
+
+/*
+ * A first step of gpuipc_segment_open, public to tests that must stop a
+ * creator between reserving a name and publishing it: send OPEN and return
+ * the reply: CREATE_IT (the name is reserved for this connection) or HANDLE
+ * (with its fd in out->fds), or an error code.
+ */
+int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
+                        gpuipc_kind_t kind, unsigned flags, int timeout_ms,
+                        struct gpuipc__reply *out);
+
+/* Send a message on @fd in full (blocking, bounded). */
+int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
+                       int nfds, int timeout_ms);
+
+#endif

@@ -1,0 +1,247 @@
+/*
+ * src/domain/proto: the messages between domain members and their broker.
+ *
+ * Every message is a 16-byte header followed by a body, both little-endian
+ * and written with the src/wire encoders:
+ *
+ *   u32 magic (GPUIPC_PROTO_MAGIC)  u16 version  u16 type
+ *   u32 request id                  u32 body length
+ *
+ * A request carries a non-zero id that its reply repeats; messages the
+ * broker pushes on its own (and fire-and-forget client messages) carry id 0.
+ * Decoding is strict: the header, the body length, every field, every name
+ * and every handle record is checked, the body must be consumed exactly, and
+ * the number of descriptors that arrived with the message must be the number
+ * its type carries. A peer whose message fails any check is disconnected.
+ *
+ * The header layout never changes; a peer speaking another version gets an
+ * ERROR with GPUIPC_E_VERSION before it is disconnected.
+ */
+#ifndef GPUIPC_DOMAIN_PROTO_H
+#define GPUIPC_DOMAIN_PROTO_H
+
+#include "core/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPUIPC_PROTO_MAGIC 0x43504947u /* "GIPC" */
+#define GPUIPC_PROTO_VERSION 1
+#define GPUIPC_PROTO_HDR 16
+
+/* Segment and domain names: 1..63 of [A-Za-z0-9._-], not starting with '.'. */
+#define GPUIPC__NAME_MAX 63
+/* Longest free-text field (error sentences, denial reasons). */
+#define GPUIPC__TEXT_MAX 255
+/* Segment records in one LIST_REPLY, holders listed per record. */
+#define GPUIPC__LIST_RECS 16
+#define GPUIPC__LIST_HOLDERS 16
+/* Names in one KNOWN message. */
+#define GPUIPC__KNOWN_NAMES 32
+/* Every encoded message fits in this many bytes. */
+#define GPUIPC__MSG_BUF 8192
+/* OPEN timeout meaning "wait forever". */
+#define GPUIPC__WAIT_FOREVER 0xffffffffu
+
+enum gpuipc__msg_type {
+  /* member -> broker */
+  GPUIPC_MSG_HELLO = 1,     /* first message on a connection */
+  GPUIPC_MSG_OPEN = 2,      /* -> CREATE_IT, HANDLE or ERROR */
+  GPUIPC_MSG_PUBLISH = 3,   /* + fd for fd kinds; -> OK(id) or ERROR */
+  GPUIPC_MSG_ABANDON = 4,   /* give a CREATE_IT reservation back */
+  GPUIPC_MSG_RELEASE = 5,   /* fire-and-forget */
+  GPUIPC_MSG_UNLINK = 6,    /* -> OK or ERROR */
+  GPUIPC_MSG_LIST = 7,      /* -> LIST_REPLY */
+  GPUIPC_MSG_REPUBLISH = 8, /* after a failover; + fd; fire-and-forget */
+  GPUIPC_MSG_KNOWN = 9,     /* after a failover: names seen; no reply */
+  /* broker -> member */
+  GPUIPC_MSG_WELCOME = 32,
+  GPUIPC_MSG_DENIED = 33,
+  GPUIPC_MSG_ERROR = 34,
+  GPUIPC_MSG_OK = 35,
+  GPUIPC_MSG_CREATE_IT = 36, /* the name is reserved for the requester */
+  GPUIPC_MSG_HANDLE = 37,    /* + fd for fd kinds */
+  GPUIPC_MSG_LIST_REPLY = 38,
+  GPUIPC_MSG_UNLINKED = 39,  /* push: a segment you hold was unlinked */
+  /* broker -> its successor, on a clean hand-over */
+  GPUIPC_MSG_HANDOFF_BEGIN = 48, /* + the lock fd and the listener fd */
+  GPUIPC_MSG_HANDOFF_SEG = 49,   /* + fd for fd kinds */
+  GPUIPC_MSG_HANDOFF_END = 50,
+};
+
+/* HELLO flags. */
+#define GPUIPC__HELLO_NO_BROKER 0x1u /* never make this member the broker */
+#define GPUIPC__HELLO_REJOIN 0x2u    /* reconnecting after a broker change */
+#define GPUIPC__HELLO_FLAGS 0x3u
+
+/* OPEN flags: the public GPUIPC_CREATE / EXCL / WAIT bits. */
+#define GPUIPC__OPEN_FLAGS 0x7u
+
+/* Segment states, as in gpuipc_segment_state_t. */
+#define GPUIPC__SEG_CREATING 1
+#define GPUIPC__SEG_PUBLISHED 2
+#define GPUIPC__SEG_UNLINKED 3
+#define GPUIPC__SEG_LOST 4
+
+/* A segment as it travels. */
+struct gpuipc__seg_wire {
+  char name[GPUIPC__NAME_MAX + 1];
+  uint64_t id;
+  uint64_t size;   /* the size its creator asked for */
+  uint8_t kind;    /* gpuipc_kind_t, never AUTO */
+  uint8_t state;   /* GPUIPC__SEG_* */
+  uint8_t uuid[16];
+  bool has_handle; /* false only for LOST and CREATING records */
+  uint8_t handle[GPUIPC_HANDLE_PACKED_SIZE];
+  /*
+   * Not on the wire: the handle's gpuipc_handle_type_t (0 without one).
+   * Decode sets it; encode checks it against the packed record.
+   */
+  uint8_t htype;
+};
+
+struct gpuipc__holder_wire {
+  uint32_t pid;
+  uint32_t refs;
+};
+
+struct gpuipc__list_rec {
+  struct gpuipc__seg_wire seg; /* without handle */
+  uint8_t broker_fd;           /* the broker holds the segment's fd */
+  uint32_t nholders;           /* holders in total */
+  uint32_t nlisted;            /* <= GPUIPC__LIST_HOLDERS */
+  struct gpuipc__holder_wire holders[GPUIPC__LIST_HOLDERS];
+};
+
+struct gpuipc__known_name {
+  char name[GPUIPC__NAME_MAX + 1];
+  uint64_t id;
+  uint64_t size;
+  uint8_t kind;
+};
+
+/* One decoded (or to-be-encoded) message. */
+struct gpuipc__msg {
+  uint16_t type;
+  uint16_t version; /* set by decode; encode always writes ours */
+  uint32_t req;
+  union {
+    struct {
+      uint32_t pid;
+      uint32_t flags; /* GPUIPC__HELLO_* */
+      uint64_t token; /* the member's random identity */
+      uint64_t epoch; /* the domain epoch it knew, 0 if none */
+      uint64_t max_id;
+    } hello;
+    struct {
+      char name[GPUIPC__NAME_MAX + 1];
+      uint32_t flags;
+      uint8_t kind; /* AUTO allowed */
+      uint64_t size;
+      uint32_t timeout_ms; /* GPUIPC__WAIT_FOREVER */
+    } open;
+    struct {
+      uint32_t flags; /* reserved, 0 */
+      struct gpuipc__seg_wire seg;
+    } publish;
+    struct {
+      uint64_t id; /* of the reservation (CREATE_IT) */
+    } abandon;
+    struct {
+      uint64_t id;
+      uint32_t count;
+    } release;
+    struct {
+      char name[GPUIPC__NAME_MAX + 1];
+    } unlink;
+    struct {
+      char name[GPUIPC__NAME_MAX + 1]; /* "" for every segment */
+      uint64_t after_id;               /* resume after this id */
+      uint32_t max;                    /* <= GPUIPC__LIST_RECS */
+    } list;
+    struct {
+      uint32_t holds;
+      struct gpuipc__seg_wire seg; /* PUBLISHED or UNLINKED, with handle */
+    } republish;
+    struct {
+      uint32_t count;
+      struct gpuipc__known_name names[GPUIPC__KNOWN_NAMES];
+    } known;
+    struct {
+      uint32_t pid;
+      uint32_t flags; /* reserved, 0 */
+      uint64_t epoch;
+    } welcome;
+    struct {
+      char reason[GPUIPC__TEXT_MAX + 1];
+    } denied;
+    struct {
+      int32_t code; /* negative */
+      char text[GPUIPC__TEXT_MAX + 1];
+    } error;
+    struct {
+      uint64_t id;
+    } ok, create_it, unlinked;
+    struct {
+      struct gpuipc__seg_wire seg; /* with handle */
+    } handle;
+    struct {
+      uint32_t broker_pid;
+      uint64_t epoch;
+      uint32_t members;
+      uint32_t segments; /* in the registry, every state */
+      uint32_t fds;      /* segment descriptors the broker holds */
+      uint8_t more;      /* more records after the last one */
+      uint32_t count;
+      struct gpuipc__list_rec recs[GPUIPC__LIST_RECS];
+    } list_reply;
+    struct {
+      uint64_t epoch;
+      uint64_t next_id;
+      uint32_t count; /* HANDOFF_SEG messages that follow */
+    } handoff_begin;
+    struct {
+      struct gpuipc__seg_wire seg;
+    } handoff_seg;
+    struct {
+      uint32_t count;
+    } handoff_end;
+  } u;
+};
+
+/*
+ * Check a domain or segment name. @what names it in the sentence ("segment
+ * name"). Returns 0 or -EINVAL with a sentence giving the rule broken.
+ */
+int gpuipc__name_check(const char *name, const char *what);
+
+/* A short name for a message type ("OPEN"), "?" for unknown ones. */
+const char *gpuipc__msg_name(unsigned type);
+
+/*
+ * The number of descriptors message @m carries: 2 for HANDOFF_BEGIN, 1 for
+ * records whose handle type travels with an fd, else 0.
+ */
+int gpuipc__msg_nfds(const struct gpuipc__msg *m);
+
+/*
+ * Encode @m into @buf (capacity @cap, GPUIPC__MSG_BUF is always enough).
+ * Returns the message length, or -EINVAL / -ENOSPC / GPUIPC_E_PROTO with a
+ * sentence when @m itself is not a valid message.
+ */
+int gpuipc__msg_encode(const struct gpuipc__msg *m, void *buf, size_t cap);
+
+/*
+ * Decode @len bytes that arrived with @nfds descriptors into @out.
+ * Returns 0; GPUIPC_E_VERSION when the header is sound but speaks another
+ * version (@out->type, version and req are then set); GPUIPC_E_PROTO with a
+ * sentence naming the field for anything else. @out is scratch on failure.
+ */
+int gpuipc__msg_decode(const void *buf, size_t len, int nfds,
+                       struct gpuipc__msg *out);
+
+/* Whether a handle of type @htype travels with an fd. */
+bool gpuipc__htype_has_fd(unsigned htype);
+
+#endif

@@ -1,0 +1,708 @@
+/*
+ * Named segments, member side.
+ *
+ * The process keeps one table of the segment buffers it holds: for each
+ * buffer, the domains (and segment ids) that granted it and how many opens
+ * each granted. The broker counts the same per connection. A buffer's
+ * last-release hook tells every granting broker (RELEASE with that count),
+ * so the broker's count drops to zero exactly when the process lets go.
+ * After a broker failover the table is what the member re-publishes.
+ */
+#include "domain/domain.h"
+#include "os/os.h"
+#include "wire/wire.h"
+#include "mem/mem.h"
+
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SEG_BUCKETS 4096u
+
+/* One domain's grant of a buffer. */
+struct seg_hold {
+  struct seg_hold *next;
+  gpuipc_domain_t *dom;
+  uint64_t id;
+  uint32_t grants; /* opens the broker counted for this process */
+  bool unlinked;
+  char name[GPUIPC__NAME_MAX + 1];
+  uint64_t size;
+  uint8_t kind;
+  uint8_t uuid[16];
+};
+
+struct seg_entry {
+  struct seg_entry *next;
+  gpuipc_buf_t *buf;
+  struct seg_hold *holds;
+};
+
+/* A name this process saw published in a domain (for LOST after a crash). */
+struct seen {
+  struct seen *next;
+  gpuipc_domain_t *dom;
+  struct gpuipc__known_name k;
+};
+
+static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct seg_entry *entries[SEG_BUCKETS];
+static struct seen *seen_names[SEG_BUCKETS];
+
+static size_t hash_ptr(const void *p)
+{
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return (size_t)(x & (SEG_BUCKETS - 1));
+}
+
+static size_t hash_seen(const gpuipc_domain_t *d, const char *name)
+{
+  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)(uintptr_t)d;
+  for (; *name != '\0'; name++) {
+    h ^= (uint8_t)*name;
+    h *= 0x100000001b3ull;
+  }
+  return (size_t)(h & (SEG_BUCKETS - 1));
+}
+
+/* ----- the seen-names table (seg_mu held) ----- */
+
+static void seen_add(gpuipc_domain_t *d, const struct gpuipc__seg_wire *w)
+{
+  size_t i = hash_seen(d, w->name);
+  struct seen *s = seen_names[i];
+  while (s != NULL && !(s->dom == d && strcmp(s->k.name, w->name) == 0))
+    s = s->next;
+  if (s == NULL) {
+    s = calloc(1, sizeof(*s));
+    if (s == NULL)
+      return; /* only a LOST report is at stake */
+    s->dom = d;
+    s->next = seen_names[i];
+    seen_names[i] = s;
+  }
+  snprintf(s->k.name, sizeof(s->k.name), "%s", w->name);
+  s->k.id = w->id;
+  s->k.size = w->size;
+  s->k.kind = w->kind;
+}
+
+/* Forget @name in @d (any id when @id is 0). */
+static void seen_remove(gpuipc_domain_t *d, const char *name, uint64_t id)
+{
+  size_t i = hash_seen(d, name);
+  for (struct seen **pp = &seen_names[i]; *pp != NULL; pp = &(*pp)->next) {
+    struct seen *s = *pp;
+    if (s->dom == d && strcmp(s->k.name, name) == 0) {
+      if (id == 0 || s->k.id == id) {
+        *pp = s->next;
+        free(s);
+      }
+      return;
+    }
+  }
+}
+
+/* ----- the buffer table (seg_mu held) ----- */
+
+static struct seg_entry *entry_find(const gpuipc_buf_t *buf)
+{
+  for (struct seg_entry *e = entries[hash_ptr(buf)]; e != NULL; e = e->next)
+    if (e->buf == buf)
+      return e;
+  return NULL;
+}
+
+static void entry_unlink(struct seg_entry *e)
+{
+  for (struct seg_entry **pp = &entries[hash_ptr(e->buf)]; *pp != NULL;
+       pp = &(*pp)->next) {
+    if (*pp == e) {
+      *pp = e->next;
+      return;
+    }
+  }
+}
+
+static void post_release(gpuipc_domain_t *d, uint64_t id, uint32_t count)
+{
+  struct gpuipc__msg m;
+  m.type = GPUIPC_MSG_RELEASE;
+  m.u.release.id = id;
+  m.u.release.count = count;
+  (void)gpuipc__dom_post(d, &m, NULL, 0);
+}
+
+static void post_abandon(gpuipc_domain_t *d, uint64_t id)
+{
+  struct gpuipc__msg m;
+  m.type = GPUIPC_MSG_ABANDON;
+  m.u.abandon.id = id;
+  (void)gpuipc__dom_post(d, &m, NULL, 0);
+}
+
+/* The last reference to a segment buffer went: tell the brokers. */
+static void release_hook(struct gpuipc_buf *b, void *arg)
+{
+  struct seg_entry *e = arg;
+  (void)b;
+  pthread_mutex_lock(&seg_mu);
+  entry_unlink(e);
+  while (e->holds != NULL) {
+    struct seg_hold *h = e->holds;
+    e->holds = h->next;
+    if (h->grants != 0)
+      post_release(h->dom, h->id, h->grants);
+    free(h);
+  }
+  pthread_mutex_unlock(&seg_mu);
+  free(e);
+}
+
+/* Build a REPUBLISH of @h for @buf; the caller closes *fd. */
+static int republish_one(gpuipc_buf_t *buf, const struct seg_hold *h,
+                         struct gpuipc__msg *m, int *fd)
+{
+  gpuipc_handle_t hd;
+  int rc = gpuipc_buf_export(buf, &hd);
+  if (rc != 0)
+    return rc;
+  memset(&m->u.republish, 0, sizeof(m->u.republish));
+  m->type = GPUIPC_MSG_REPUBLISH;
+  m->req = 0;
+  m->u.republish.holds = h->grants;
+  struct gpuipc__seg_wire *w = &m->u.republish.seg;
+  snprintf(w->name, sizeof(w->name), "%s", h->name);
+  w->id = h->id;
+  w->size = h->size;
+  w->kind = h->kind;
+  w->state = h->unlinked ? GPUIPC__SEG_UNLINKED : GPUIPC__SEG_PUBLISHED;
+  memcpy(w->uuid, h->uuid, sizeof(w->uuid));
+  w->has_handle = true;
+  w->htype = (uint8_t)hd.type;
+  *fd = hd.fd;
+  rc = gpuipc_handle_pack(&hd, w->handle, sizeof(w->handle));
+  return rc < 0 ? rc : 0;
+}
+
+static void republish_hold(gpuipc_domain_t *d, int fd, gpuipc_buf_t *buf,
+                           const struct seg_hold *h)
+{
+  struct gpuipc__msg m;
+  int hfd = -1;
+  int rc = republish_one(buf, h, &m, &hfd);
+  if (rc == 0)
+    rc = gpuipc__proto_send(fd, &m, &hfd, hfd >= 0 ? 1 : 0, 2000);
+  if (rc != 0)
+    GPUIPC_LOG_W("domain %p: cannot re-publish segment %s: %s", (void *)d,
+                 h->name, gpuipc_last_error());
+  gpuipc__fd_close(&hfd);
+}
+
+void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
+{
+  pthread_mutex_lock(&seg_mu);
+  size_t n = 0;
+  for (size_t i = 0; i < SEG_BUCKETS; i++)
+    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
+      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
+        if (h->dom == d && h->grants != 0) {
+          republish_hold(d, fd, e->buf, h);
+          n++;
+        }
+  /* The names seen: those nobody re-publishes are reported lost. */
+  struct gpuipc__msg m;
+  m.type = GPUIPC_MSG_KNOWN;
+  m.req = 0;
+  m.u.known.count = 0;
+  for (size_t i = 0; i < SEG_BUCKETS; i++) {
+    for (struct seen *s = seen_names[i]; s != NULL; s = s->next) {
+      if (s->dom != d)
+        continue;
+      m.u.known.names[m.u.known.count++] = s->k;
+      if (m.u.known.count == GPUIPC__KNOWN_NAMES) {
+        (void)gpuipc__proto_send(fd, &m, NULL, 0, 2000);
+        m.u.known.count = 0;
+      }
+    }
+  }
+  if (m.u.known.count != 0)
+    (void)gpuipc__proto_send(fd, &m, NULL, 0, 2000);
+  gpuipc__dom_set_up(d, fd);
+  pthread_mutex_unlock(&seg_mu);
+  GPUIPC_LOG_D("re-published %zu segments", n);
+}
+
+void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id)
+{
+  pthread_mutex_lock(&seg_mu);
+  for (size_t i = 0; i < SEG_BUCKETS; i++)
+    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
+      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
+        if (h->dom == d && h->id == id) {
+          h->unlinked = true;
+          seen_remove(d, h->name, id);
+        }
+  pthread_mutex_unlock(&seg_mu);
+}
+
+void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
+{
+  if (r->gen != gpuipc__dom_gen(d))
+    return; /* that broker is gone, and what it counted with it */
+  if (r->msg.type == GPUIPC_MSG_HANDLE)
+    post_release(d, r->msg.u.handle.seg.id, 1);
+  else if (r->msg.type == GPUIPC_MSG_CREATE_IT)
+    post_abandon(d, r->msg.u.create_it.id);
+}
+
+void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
+{
+  pthread_mutex_lock(&seg_mu);
+  for (size_t i = 0; i < SEG_BUCKETS; i++) {
+    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next) {
+      struct seg_hold **pp = &e->holds;
+      while (*pp != NULL) {
+        if ((*pp)->dom == d) {
+          struct seg_hold *h = *pp;
+          *pp = h->next;
+          free(h);
+        } else {
+          pp = &(*pp)->next;
+        }
+      }
+    }
+    struct seen **sp = &seen_names[i];
+    while (*sp != NULL) {
+      if ((*sp)->dom == d) {
+        struct seen *s = *sp;
+        *sp = s->next;
+        free(s);
+      } else {
+        sp = &(*sp)->next;
+      }
+    }
+  }
+  pthread_mutex_unlock(&seg_mu);
+}
+
+/*
+ * Count one grant of segment @w by @d on @buf. @gen: the connection the
+ * grant came on; if it dropped meanwhile and the member already
+ * re-published, tell the new broker about this hold too.
+ */
+static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
+                  const struct gpuipc__seg_wire *w, uint64_t gen)
+{
+  pthread_mutex_lock(&seg_mu);
+  struct seg_entry *e = entry_find(buf);
+  bool fresh = e == NULL;
+  if (fresh) {
+    e = calloc(1, sizeof(*e));
+    if (e == NULL) {
+      pthread_mutex_unlock(&seg_mu);
+      return gpuipc__err(-ENOMEM, "segment %s: out of memory", w->name);
+    }
+    e->buf = buf;
+  }
+  struct seg_hold *h = e->holds;
+  while (h != NULL && !(h->dom == d && h->id == w->id))
+    h = h->next;
+  if (h == NULL) {
+    h = calloc(1, sizeof(*h));
+    if (h == NULL) {
+      if (fresh)
+        free(e);
+      pthread_mutex_unlock(&seg_mu);
+      return gpuipc__err(-ENOMEM, "segment %s: out of memory", w->name);
+    }
+    h->dom = d;
+    h->id = w->id;
+    snprintf(h->name, sizeof(h->name), "%s", w->name);
+    h->size = w->size;
+    h->kind = w->kind;
+    memcpy(h->uuid, w->uuid, sizeof(h->uuid));
+    h->next = e->holds;
+    e->holds = h;
+  }
+  h->grants++;
+  if (fresh) {
+    size_t i = hash_ptr(buf);
+    e->next = entries[i];
+    entries[i] = e;
+  }
+  seen_add(d, w);
+  gpuipc__dom_saw_id(d, w->id);
+  if (gpuipc__dom_gen(d) != gen) {
+    /* Re-published already without this hold? Then add it now; if the
+     * member is still reconnecting, its re-publication will include it. */
+    struct gpuipc__msg m;
+    int hfd = -1;
+    if (republish_one(buf, h, &m, &hfd) == 0)
+      (void)gpuipc__dom_post(d, &m, &hfd, hfd >= 0 ? 1 : 0);
+    gpuipc__fd_close(&hfd);
+  }
+  pthread_mutex_unlock(&seg_mu);
+  /* Still holding our reference: the hook cannot fire before it is set. */
+  if (fresh)
+    gpuipc__buf_set_release_hook(buf, release_hook, e);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Client-side wait beyond the broker's own WAIT deadline. */
+#define REPLY_MARGIN_MS 2000
+
+int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
+                        gpuipc_kind_t kind, unsigned flags, int timeout_ms,
+                        struct gpuipc__reply *out)
+{
+  struct gpuipc__msg *m = &out->msg; /* reused for the reply */
+  memset(&m->u.open, 0, sizeof(m->u.open));
+  m->type = GPUIPC_MSG_OPEN;
+  snprintf(m->u.open.name, sizeof(m->u.open.name), "%s", name);
+  m->u.open.flags = flags & GPUIPC__OPEN_FLAGS;
+  m->u.open.kind = (uint8_t)kind;
+  m->u.open.size = size;
+  m->u.open.timeout_ms =
+      timeout_ms < 0 ? GPUIPC__WAIT_FOREVER : (uint32_t)timeout_ms;
+  int wait_ms = timeout_ms < 0 ? -1 : timeout_ms + REPLY_MARGIN_MS;
+  char what[GPUIPC__NAME_MAX + 48];
+  snprintf(what, sizeof(what), "gpuipc_segment_open(%s)", name);
+  int rc = gpuipc__dom_call(d, m, NULL, 0, wait_ms, what, out);
+  if (rc != 0)
+    return rc;
+  if (out->msg.type == GPUIPC_MSG_CREATE_IT ||
+      out->msg.type == GPUIPC_MSG_HANDLE) {
+    gpuipc__dom_saw_id(d, out->msg.u.ok.id);
+    return 0;
+  }
+  for (int i = 0; i < out->nfds; i++)
+    gpuipc__fd_close(&out->fds[i]);
+  out->nfds = 0;
+  return gpuipc__err(GPUIPC_E_PROTO, "%s: broker answered with %s", what,
+                     gpuipc__msg_name(out->msg.type));
+}
+
+/* Map the segment a HANDLE reply describes. Closes the reply's fds. */
+static int import_reply(struct gpuipc__reply *r, int device,
+                        gpuipc_buf_t **out)
+{
+  const struct gpuipc__seg_wire *w = &r->msg.u.handle.seg;
+  gpuipc_handle_t h;
+  int rc = gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h);
+  if (rc == 0) {
+    h.fd = r->nfds > 0 ? r->fds[0] : -1;
+    rc = gpuipc_buf_import(&h, device, 0, out);
+  }
+  for (int i = 0; i < r->nfds; i++)
+    gpuipc__fd_close(&r->fds[i]);
+  r->nfds = 0;
+  return rc;
+}
+
+/* Publish @buf, allocated for reservation @id. */
+static int publish(gpuipc_domain_t *d, const char *name, uint64_t id,
+                   size_t size, gpuipc_buf_t *buf, int timeout_ms,
+                   struct gpuipc__reply *r, struct gpuipc__seg_wire *pub)
+{
+  gpuipc_handle_t hd;
+  int rc = gpuipc_buf_export(buf, &hd);
+  if (rc != 0)
+    return rc;
+  struct gpuipc__msg *m = &r->msg;
+  memset(&m->u.publish, 0, sizeof(m->u.publish));
+  m->type = GPUIPC_MSG_PUBLISH;
+  struct gpuipc__seg_wire *w = &m->u.publish.seg;
+  snprintf(w->name, sizeof(w->name), "%s", name);
+  w->id = id;
+  w->size = size;
+  w->kind = (uint8_t)gpuipc_buf_kind(buf);
+  w->state = GPUIPC__SEG_PUBLISHED;
+  memcpy(w->uuid, hd.device_uuid, sizeof(w->uuid));
+  w->has_handle = true;
+  w->htype = (uint8_t)hd.type;
+  rc = gpuipc_handle_pack(&hd, w->handle, sizeof(w->handle));
+  if (rc < 0)
+    goto close_fd;
+  *pub = *w;
+  char what[GPUIPC__NAME_MAX + 48];
+  snprintf(what, sizeof(what), "gpuipc_segment_open(%s): publish", name);
+  rc = gpuipc__dom_call(d, m, &hd.fd, hd.fd >= 0 ? 1 : 0, timeout_ms, what,
+                        r);
+  if (rc == 0 && r->msg.type != GPUIPC_MSG_OK)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: broker answered with %s", what,
+                     gpuipc__msg_name(r->msg.type));
+  if (rc == 0)
+    pub->id = r->msg.u.ok.id;
+close_fd:
+  gpuipc__fd_close(&hd.fd);
+  return rc;
+}
+
+static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
+                        int device, unsigned flags, int timeout_ms,
+                        gpuipc_buf_t **out)
+{
+  gpuipc_kind_t kind = (gpuipc_kind_t)((flags >> 8) & 0xfu);
+  uint64_t deadline = gpuipc__deadline(timeout_ms);
+  gpuipc_buf_t *own = NULL; /* allocated for a reservation, not published */
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_segment_open: out of memory");
+  int rc;
+  for (;;) {
+    rc = gpuipc__seg_request(d, name, size, kind, flags,
+                             gpuipc__ms_left(deadline), r);
+    if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
+      continue; /* the broker changed: ask the new one */
+    if (rc != 0)
+      break;
+    uint64_t gen = r->gen;
+    if (r->msg.type == GPUIPC_MSG_CREATE_IT) {
+      uint64_t id = r->msg.u.create_it.id;
+      if (own == NULL) {
+        rc = gpuipc_buf_alloc(size, kind, device, 0, &own);
+        if (rc != 0) {
+          post_abandon(d, id);
+          break;
+        }
+      }
+      struct gpuipc__seg_wire pub;
+      int ms = gpuipc__ms_left(deadline);
+      rc = publish(d, name, id, size, own, ms < 0 || ms > 5000 ? 5000 : ms,
+                   r, &pub);
+      if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
+        continue;
+      if (rc != 0) {
+        post_abandon(d, id);
+        break;
+      }
+      rc = record(d, own, &pub, r->gen);
+      if (rc != 0) {
+        post_release(d, pub.id, 1);
+        break;
+      }
+      *out = own;
+      free(r);
+      return 0;
+    }
+    /* HANDLE */
+    struct gpuipc__seg_wire w = r->msg.u.handle.seg;
+    gpuipc_buf_t *buf;
+    rc = import_reply(r, device, &buf);
+    if (rc != 0) {
+      post_release(d, w.id, 1);
+      break;
+    }
+    rc = record(d, buf, &w, gen);
+    if (rc != 0) {
+      post_release(d, w.id, 1);
+      gpuipc_buf_release(buf);
+      break;
+    }
+    if (own != NULL) /* another creator won (or it was ours: a self-import) */
+      gpuipc_buf_release(own);
+    *out = buf;
+    free(r);
+    return 0;
+  }
+  if (own != NULL)
+    gpuipc_buf_release(own);
+  free(r);
+  return rc;
+}
+
+int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name, size_t size,
+                        int device, unsigned flags, gpuipc_buf_t **out)
+{
+  if (dom == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open: %s is NULL",
+                       dom == NULL ? "dom" : "out");
+  int rc = gpuipc__name_check(name, "gpuipc_segment_open: segment name");
+  if (rc != 0)
+    return rc;
+  unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT |
+                   GPUIPC_SEG_KIND(0xf);
+  if (flags & ~known)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): unknown flags "
+                       "0x%x", name, flags & ~known);
+  unsigned kind = (flags >> 8) & 0xfu;
+  if (kind > GPUIPC_KIND_POOL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): kind %u unknown",
+                       name, kind);
+  if ((flags & GPUIPC_EXCL) && !(flags & GPUIPC_CREATE))
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_EXCL "
+                       "needs GPUIPC_CREATE", name);
+  if ((flags & GPUIPC_CREATE) && size == 0)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_CREATE "
+                       "needs a size above 0", name);
+  if (size > GPUIPC_SIZE_MAX_ABSURD)
+    return gpuipc__err(-EFBIG, "gpuipc_segment_open(%s): size %zu is above "
+                       "2^48", name, size);
+  return segment_open(dom, name, size, device, flags,
+                      gpuipc__dom_timeout(dom), out);
+}
+
+int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
+{
+  if (dom == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_unlink: dom is NULL");
+  int rc = gpuipc__name_check(name, "gpuipc_segment_unlink: segment name");
+  if (rc != 0)
+    return rc;
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_segment_unlink: out of memory");
+  char what[GPUIPC__NAME_MAX + 48];
+  snprintf(what, sizeof(what), "gpuipc_segment_unlink(%s)", name);
+  uint64_t deadline = gpuipc__deadline(gpuipc__dom_timeout(dom));
+  for (;;) {
+    struct gpuipc__msg *m = &r->msg;
+    memset(&m->u.unlink, 0, sizeof(m->u.unlink));
+    m->type = GPUIPC_MSG_UNLINK;
+    snprintf(m->u.unlink.name, sizeof(m->u.unlink.name), "%s", name);
+    rc = gpuipc__dom_call(dom, m, NULL, 0, gpuipc__ms_left(deadline), what,
+                          r);
+    if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
+      continue;
+    break;
+  }
+  for (int i = 0; i < r->nfds; i++)
+    gpuipc__fd_close(&r->fds[i]);
+  if (rc == 0) {
+    pthread_mutex_lock(&seg_mu);
+    seen_remove(dom, name, 0);
+    pthread_mutex_unlock(&seg_mu);
+  }
+  free(r);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Listing                                                                  */
+/* ------------------------------------------------------------------------ */
+
+const char *gpuipc_segment_state_name(gpuipc_segment_state_t st)
+{
+  switch (st) {
+  case GPUIPC_SEG_CREATING: return "creating";
+  case GPUIPC_SEG_PUBLISHED: return "published";
+  case GPUIPC_SEG_UNLINKED: return "unlinked";
+  case GPUIPC_SEG_LOST: return "lost";
+  }
+  return "?";
+}
+
+static void fill_info(gpuipc_segment_info_t *o, const struct gpuipc__list_rec *lr)
+{
+  size_t size = o->size;
+  memset(o, 0, sizeof(*o));
+  o->size = size;
+  snprintf(o->name, sizeof(o->name), "%s", lr->seg.name);
+  o->id = lr->seg.id;
+  o->bytes = lr->seg.size;
+  o->kind = (gpuipc_kind_t)lr->seg.kind;
+  memcpy(o->device_uuid, lr->seg.uuid, sizeof(o->device_uuid));
+  o->state = (gpuipc_segment_state_t)lr->seg.state;
+  o->broker_fd = lr->broker_fd;
+  o->nholders = (int)lr->nholders;
+  for (uint32_t i = 0; i < lr->nlisted && i < GPUIPC_SEGMENT_HOLDERS; i++) {
+    o->holder_pids[i] = (int)lr->holders[i].pid;
+    o->holder_refs[i] = (int)lr->holders[i].refs;
+  }
+}
+
+/* One LIST round trip. */
+static int list_page(gpuipc_domain_t *d, const char *name, uint64_t after,
+                     uint32_t max, struct gpuipc__reply *r, const char *what)
+{
+  int rc;
+  uint64_t deadline = gpuipc__deadline(gpuipc__dom_timeout(d));
+  do {
+    struct gpuipc__msg *m = &r->msg;
+    memset(&m->u.list, 0, sizeof(m->u.list));
+    m->type = GPUIPC_MSG_LIST;
+    snprintf(m->u.list.name, sizeof(m->u.list.name), "%s", name);
+    m->u.list.after_id = after;
+    m->u.list.max = max;
+    rc = gpuipc__dom_call(d, m, NULL, 0, gpuipc__ms_left(deadline), what, r);
+  } while (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline);
+  for (int i = 0; i < r->nfds; i++)
+    gpuipc__fd_close(&r->fds[i]);
+  r->nfds = 0;
+  if (rc == 0 && r->msg.type != GPUIPC_MSG_LIST_REPLY)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: broker answered with %s", what,
+                     gpuipc__msg_name(r->msg.type));
+  return rc;
+}
+
+int gpuipc_domain_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
+                       int cap)
+{
+  if (dom == NULL || cap < 0 || (cap > 0 && out == NULL))
+    return gpuipc__err(-EINVAL, "gpuipc_domain_list: bad argument");
+  for (int i = 0; i < cap; i++)
+    if (out[i].size < sizeof(out[i]))
+      return gpuipc__err(-EINVAL, "gpuipc_domain_list: out[%d].size %zu, "
+                         "expected %zu", i, out[i].size, sizeof(out[i]));
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_domain_list: out of memory");
+  int filled = 0, total = -1;
+  uint64_t after = 0;
+  int rc;
+  for (;;) {
+    uint32_t max = (uint32_t)(cap - filled);
+    if (max > GPUIPC__LIST_RECS)
+      max = GPUIPC__LIST_RECS;
+    rc = list_page(dom, "", after, max, r, "gpuipc_domain_list");
+    if (rc != 0)
+      break;
+    if (total < 0)
+      total = (int)r->msg.u.list_reply.segments;
+    for (uint32_t i = 0; i < r->msg.u.list_reply.count; i++) {
+      fill_info(&out[filled++], &r->msg.u.list_reply.recs[i]);
+      after = r->msg.u.list_reply.recs[i].seg.id;
+    }
+    if (!r->msg.u.list_reply.more || filled >= cap ||
+        r->msg.u.list_reply.count == 0)
+      break;
+  }
+  free(r);
+  if (rc != 0)
+    return rc;
+  return total > filled ? total : filled;
+}
+
+int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,
+                        gpuipc_segment_info_t *out)
+{
+  if (dom == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_stat: NULL argument");
+  if (out->size < sizeof(*out))
+    return gpuipc__err(-EINVAL, "gpuipc_segment_stat: out->size %zu, "
+                       "expected %zu", out->size, sizeof(*out));
+  int rc = gpuipc__name_check(name, "gpuipc_segment_stat: segment name");
+  if (rc != 0)
+    return rc;
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_segment_stat: out of memory");
+  char what[GPUIPC__NAME_MAX + 48];
+  snprintf(what, sizeof(what), "gpuipc_segment_stat(%s)", name);
+  rc = list_page(dom, name, 0, 1, r, what);
+  if (rc == 0 && r->msg.u.list_reply.count != 1)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: broker sent %u records", what,
+                     r->msg.u.list_reply.count);
+  if (rc == 0)
+    fill_info(out, &r->msg.u.list_reply.recs[0]);
+  free(r);
+  return rc;
+}

@@ -1,0 +1,316 @@
+/*
+ * seg_peer IN_FD OUT_FD: a domain member that tests drive line by line.
+ * Each command read from IN_FD gets one reply line on OUT_FD: "ok ..." or
+ * "err CODE_NAME sentence". End of input exits 0.
+ *
+ *   setenv NAME VALUE        (before the first gpuipc call)
+ *   setuid UID               drop to UID (and its gid 65534 group)
+ *   join DOMAIN [nobroker]   -> ok PID
+ *   open NAME SIZE FLAGS     FLAGS: any of c x w (or -) -> ok MINE SIZE
+ *                            (MINE: 1 when this process allocated it)
+ *   fill NAME SEED / check NAME SEED
+ *   release NAME             one reference of the latest open of NAME
+ *   unlink NAME
+ *   reserve NAME SIZE        OPEN with CREATE, no publish -> ok create_it ID
+ *                            or ok handle ID (the test then kills us)
+ *   info                     -> ok BROKER_PID HOSTS MEMBERS SEGMENTS FDS
+ *   stat NAME                -> ok STATE NHOLDERS BROKER_FD
+ *   fds                      -> ok N (open descriptors of this process)
+ *   leave                    leave the domain
+ *   load I N COUNT SIZE      the load test's work for peer I of N
+ *   exit CODE
+ */
+#include "test.h"
+
+#include "domain/domain.h"
+
+#include <grp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+#define MAX_BUFS 4096
+
+static gpuipc_domain_t *dom;
+static struct {
+  char name[GPUIPC_NAME_MAX + 1];
+  gpuipc_buf_t *buf;
+} bufs[MAX_BUFS];
+static int nbufs;
+static FILE *out;
+
+static void reply(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void reply(const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(out, fmt, ap);
+  va_end(ap);
+  fputc('\n', out);
+  fflush(out);
+}
+
+static void reply_err(int rc)
+{
+  char msg[600];
+  snprintf(msg, sizeof(msg), "%s", gpuipc_last_error());
+  for (char *p = msg; *p; p++)
+    if (*p == '\n')
+      *p = ' ';
+  reply("err %s %s", gpuipc_err_name(rc), msg);
+}
+
+static unsigned parse_flags(const char *s)
+{
+  unsigned f = 0;
+  for (; *s; s++) {
+    if (*s == 'c')
+      f |= GPUIPC_CREATE;
+    else if (*s == 'x')
+      f |= GPUIPC_EXCL;
+    else if (*s == 'w')
+      f |= GPUIPC_WAIT;
+  }
+  return f;
+}
+
+/* The latest open of @name, or -1. */
+static int find_buf(const char *name)
+{
+  for (int i = nbufs - 1; i >= 0; i--)
+    if (strcmp(bufs[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
+static void drop_buf(int i)
+{
+  bufs[i] = bufs[--nbufs];
+}
+
+static bool mine(gpuipc_buf_t *b)
+{
+  gpuipc_handle_t h;
+  if (gpuipc_buf_export(b, &h) != 0)
+    return false;
+  if (h.fd >= 0)
+    close(h.fd);
+  return h.pid == (uint32_t)getpid();
+}
+
+/*
+ * The load test: create COUNT segments of our own, read the COUNT segments
+ * of peer I+1, then wait until peer I-1 has read ours, unlink ours.
+ */
+static int load(int me, int n, int count, size_t size)
+{
+  char name[64];
+  int next = (me + 1) % n, prev = (me + n - 1) % n;
+  gpuipc_buf_t **own = calloc((size_t)count, sizeof(*own));
+  gpuipc_buf_t *b, *b2;
+  int rc;
+  for (int k = 0; k < count; k++) {
+    size_t sz = size + (size_t)(k % 3) * 1000;
+    snprintf(name, sizeof(name), "load.%d.%d", me, k);
+    rc = gpuipc_segment_open(dom, name, sz, -1, GPUIPC_CREATE | GPUIPC_EXCL,
+                             &own[k]);
+    if (rc != 0)
+      return rc;
+    test_fill(gpuipc_buf_ptr(own[k]), sz, (uint64_t)me * 100000 + (uint64_t)k);
+    /* A second open of our own segment maps nothing new. */
+    rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b2);
+    if (rc != 0)
+      return rc;
+    if (b2 != own[k] ||
+        test_check(gpuipc_buf_ptr(b2), sz, (uint64_t)me * 100000 + (uint64_t)k) !=
+            (size_t)-1)
+      return gpuipc__err(-EIO, "load: second open of %s differs", name);
+    gpuipc_buf_release(b2);
+  }
+  for (int k = 0; k < count; k++) {
+    size_t sz = size + (size_t)(k % 3) * 1000;
+    snprintf(name, sizeof(name), "load.%d.%d", next, k);
+    rc = gpuipc_segment_open(dom, name, sz, -1, GPUIPC_WAIT, &b);
+    if (rc != 0)
+      return rc;
+    size_t bad = test_check(gpuipc_buf_ptr(b), sz,
+                            (uint64_t)next * 100000 + (uint64_t)k);
+    gpuipc_buf_release(b);
+    if (bad != (size_t)-1)
+      return gpuipc__err(-EIO, "load: %s differs at byte %zu", name, bad);
+  }
+  /* Say that we have read NEXT's segments: NEXT may unlink them now. */
+  snprintf(name, sizeof(name), "load.done.%d", me);
+  rc = gpuipc_segment_open(dom, name, 64, -1, GPUIPC_CREATE | GPUIPC_EXCL, &b);
+  if (rc != 0)
+    return rc;
+  gpuipc_buf_release(b);
+  /* Wait until PREV has read ours, then unlink ours and its marker. */
+  snprintf(name, sizeof(name), "load.done.%d", prev);
+  rc = gpuipc_segment_open(dom, name, 0, -1, GPUIPC_WAIT, &b);
+  if (rc != 0)
+    return rc;
+  gpuipc_buf_release(b);
+  rc = gpuipc_segment_unlink(dom, name);
+  if (rc != 0)
+    return rc;
+  for (int k = 0; k < count; k++) {
+    snprintf(name, sizeof(name), "load.%d.%d", me, k);
+    rc = gpuipc_segment_unlink(dom, name);
+    if (rc != 0)
+      return rc;
+    gpuipc_buf_release(own[k]);
+  }
+  free(own);
+  return 0;
+}
+
+static void command(char *line)
+{
+  char *argv[8] = {0};
+  int argc = 0;
+  for (char *tok = strtok(line, " \n"); tok != NULL && argc < 8;
+       tok = strtok(NULL, " \n"))
+    argv[argc++] = tok;
+  if (argc == 0)
+    return;
+  const char *cmd = argv[0];
+  int rc;
+  gpuipc_buf_t *b;
+  if (strcmp(cmd, "setenv") == 0 && argc == 3) {
+    setenv(argv[1], argv[2], 1);
+    reply("ok");
+  } else if (strcmp(cmd, "setuid") == 0 && argc == 2) {
+    uid_t uid = (uid_t)atoi(argv[1]);
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(uid) != 0)
+      reply("err EPERM %s", strerror(errno));
+    else
+      reply("ok");
+  } else if (strcmp(cmd, "join") == 0 && argc >= 2) {
+    gpuipc_domain_opts_t o = {sizeof(o), 0, 0};
+    if (argc >= 3 && strcmp(argv[2], "nobroker") == 0)
+      o.flags = GPUIPC_JOIN_NO_BROKER;
+    rc = gpuipc_domain_join(argv[1], &o, &dom);
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok %d", (int)getpid());
+  } else if (strcmp(cmd, "open") == 0 && argc == 4) {
+    if (nbufs == MAX_BUFS) {
+      reply("err ENOSPC too many buffers");
+      return;
+    }
+    rc = gpuipc_segment_open(dom, argv[1], strtoull(argv[2], NULL, 0), -1,
+                             parse_flags(argv[3]), &b);
+    if (rc != 0) {
+      reply_err(rc);
+      return;
+    }
+    snprintf(bufs[nbufs].name, sizeof(bufs[nbufs].name), "%s", argv[1]);
+    bufs[nbufs++].buf = b;
+    reply("ok %d %zu", mine(b) ? 1 : 0, gpuipc_buf_size(b));
+  } else if ((strcmp(cmd, "fill") == 0 || strcmp(cmd, "check") == 0) &&
+             argc == 3) {
+    int i = find_buf(argv[1]);
+    if (i < 0) {
+      reply("err ENOENT not open");
+      return;
+    }
+    b = bufs[i].buf;
+    uint64_t seed = strtoull(argv[2], NULL, 0);
+    if (cmd[0] == 'f') {
+      test_fill(gpuipc_buf_ptr(b), gpuipc_buf_size(b), seed);
+      reply("ok");
+    } else {
+      size_t bad = test_check(gpuipc_buf_ptr(b), gpuipc_buf_size(b), seed);
+      if (bad == (size_t)-1)
+        reply("ok");
+      else
+        reply("err EIO byte %zu differs", bad);
+    }
+  } else if (strcmp(cmd, "release") == 0 && argc == 2) {
+    int i = find_buf(argv[1]);
+    if (i < 0) {
+      reply("err ENOENT not open");
+      return;
+    }
+    rc = gpuipc_buf_release(bufs[i].buf);
+    drop_buf(i);
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok");
+  } else if (strcmp(cmd, "unlink") == 0 && argc == 2) {
+    rc = gpuipc_segment_unlink(dom, argv[1]);
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok");
+  } else if (strcmp(cmd, "reserve") == 0 && argc == 3) {
+    struct gpuipc__reply *r = malloc(sizeof(*r));
+    rc = gpuipc__seg_request(dom, argv[1], strtoull(argv[2], NULL, 0),
+                             GPUIPC_KIND_HOST, GPUIPC_CREATE, 10000, r);
+    if (rc != 0)
+      reply_err(rc);
+    else if (r->msg.type == GPUIPC_MSG_CREATE_IT)
+      reply("ok create_it %llu", (unsigned long long)r->msg.u.create_it.id);
+    else
+      reply("ok handle %llu", (unsigned long long)r->msg.u.handle.seg.id);
+    free(r);
+  } else if (strcmp(cmd, "info") == 0) {
+    gpuipc_domain_info_t i = {.size = sizeof(i)};
+    rc = gpuipc_domain_info(dom, &i);
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok %d %d %d %d %d", i.broker_pid, i.hosts_broker, i.members,
+            i.segments, i.broker_fds);
+  } else if (strcmp(cmd, "stat") == 0 && argc == 2) {
+    gpuipc_segment_info_t s = {.size = sizeof(s)};
+    rc = gpuipc_segment_stat(dom, argv[1], &s);
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok %s %d %d", gpuipc_segment_state_name(s.state), s.nholders,
+            s.broker_fd);
+  } else if (strcmp(cmd, "fds") == 0) {
+    reply("ok %d", test_count_fds(0));
+  } else if (strcmp(cmd, "leave") == 0) {
+    rc = gpuipc_domain_leave(dom);
+    dom = NULL;
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok");
+  } else if (strcmp(cmd, "load") == 0 && argc == 5) {
+    rc = load(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]),
+              strtoull(argv[4], NULL, 0));
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok");
+  } else if (strcmp(cmd, "exit") == 0 && argc == 2) {
+    reply("ok");
+    exit(atoi(argv[1]));
+  } else {
+    reply("err EINVAL unknown command %s (%d arguments)", cmd, argc);
+  }
+}
+
+int main(int argc, char **argv)
+{
+  if (argc != 3) {
+    fprintf(stderr, "usage: seg_peer IN_FD OUT_FD\n");
+    return 2;
+  }
+  FILE *in = fdopen(atoi(argv[1]), "r");
+  out = fdopen(atoi(argv[2]), "w");
+  if (in == NULL || out == NULL) {
+    fprintf(stderr, "seg_peer: fdopen: %s\n", strerror(errno));
+    return 2;
+  }
+  char line[512];
+  while (fgets(line, sizeof(line), in) != NULL)
+    command(line);
+  return 0;
+}
