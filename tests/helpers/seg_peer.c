@@ -9,7 +9,8 @@
  *   open NAME SIZE FLAGS     FLAGS: any of c x w (or -) -> ok MINE SIZE
  *                            (MINE: 1 when this process allocated it)
  *   fill NAME SEED / check NAME SEED
- *   release NAME             one reference of the latest open of NAME
+ *   release NAME             one reference of the latest open of NAME,
+ *                            answered once the broker has read the release
  *   unlink NAME
  *   reserve NAME SIZE        OPEN with CREATE, no publish -> ok create_it ID
  *                            or ok handle ID (the test then kills us)
@@ -236,6 +237,11 @@ static void command(char *line)
     }
     rc = gpuipc_buf_release(bufs[i].buf);
     drop_buf(i);
+    /* RELEASE is one-way: a round trip after it on the same connection
+     * means the broker has read it when we answer. */
+    gpuipc_domain_info_t di = {.size = sizeof(di)};
+    if (rc == 0 && dom != NULL)
+      rc = gpuipc_domain_info(dom, &di);
     if (rc != 0)
       reply_err(rc);
     else

@@ -123,6 +123,24 @@ static inline void peer_finish(struct peer *p)
     TFAIL("peer %d exited with %d", (int)p->pid, st);
 }
 
+/*
+ * The broker learns that a member left when it reads the end of its
+ * connection, which comes in its own time: ask until @n members remain.
+ */
+static inline void domain_wait_members(gpuipc_domain_t *d, int n)
+{
+  gpuipc_domain_info_t i;
+  for (int tries = 0; tries < 3000; tries++) {
+    memset(&i, 0, sizeof(i));
+    i.size = sizeof(i);
+    ASSERT_OK(gpuipc_domain_info(d, &i));
+    if (i.members == n)
+      return;
+    usleep(10000);
+  }
+  TFAIL("the domain still has %d members, expected %d", i.members, n);
+}
+
 static inline void peer_kill(struct peer *p)
 {
   kill(p->pid, SIGKILL);
