@@ -7,6 +7,7 @@
  */
 #include "domain/domain.h"
 #include "os/os.h"
+#include "wire/wire.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -79,6 +81,8 @@ struct gpuipc__broker {
   bool threaded;
   uint64_t epoch, next_id;
   uint64_t owner_token;
+  uint64_t jlen, jrecs; /* the journal's length and record count */
+  bool jfailed;         /* a journal write failed (said once) */
   struct gpuipc__registry reg;
   enum gpuipc__recovery recovery;
   uint64_t recovery_end; /* 0 once the window closed */
@@ -337,6 +341,150 @@ static void grant(struct gpuipc__broker *b, struct gpuipc__conn *c,
 }
 
 /* ------------------------------------------------------------------------ */
+/* The journal of names                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The broker keeps, in the domain's lock file, a journal of the names it
+ * publishes and removes: "P id size kind name" (published), "L id size kind
+ * name" (lost), "U id" (the name went). Every broker holds that file (its
+ * descriptor is the lock, and moves with a hand-over), so a broker elected
+ * after a crash reads which names the dead one had: those that no survivor
+ * re-publishes are reported lost. A domain that ends cleanly empties it.
+ */
+#define JOURNAL_MAX (64u << 20)
+
+static void journal_write(struct gpuipc__broker *b, const char *rec, int len)
+{
+  if (len <= 0)
+    return;
+  ssize_t n = pwrite(b->lock_fd, rec, (size_t)len, (off_t)b->jlen);
+  if (n == len) {
+    b->jlen += (uint64_t)len;
+    b->jrecs++;
+    return;
+  }
+  if (!b->jfailed)
+    GPUIPC_LOG_W("broker %s: cannot write the name journal in %s: %s; "
+                 "after a crash, lost segments may read as absent",
+                 b->name, b->paths.lock, n < 0 ? strerror(errno) : "short");
+  b->jfailed = true;
+}
+
+static void journal_rec(struct gpuipc__broker *b, const struct gpuipc__seg *s)
+{
+  char rec[128];
+  int len = snprintf(rec, sizeof(rec), "%c %llu %llu %u %s\n",
+                     s->w.state == GPUIPC__SEG_LOST ? 'L' : 'P',
+                     (unsigned long long)s->w.id,
+                     (unsigned long long)s->w.size, s->w.kind, s->w.name);
+  journal_write(b, rec, len);
+}
+
+/* Rewrite the journal from the registry. */
+static void journal_compact(struct gpuipc__broker *b)
+{
+  if (ftruncate(b->lock_fd, 0) != 0 && !b->jfailed) {
+    GPUIPC_LOG_W("broker %s: cannot truncate %s: %s", b->name, b->paths.lock,
+                 strerror(errno));
+    b->jfailed = true;
+  }
+  b->jlen = b->jrecs = 0;
+  for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
+    if (s->named && (s->w.state == GPUIPC__SEG_PUBLISHED ||
+                     s->w.state == GPUIPC__SEG_LOST))
+      journal_rec(b, s);
+}
+
+static void journal_maybe_compact(struct gpuipc__broker *b)
+{
+  if (b->jrecs > 2 * b->reg.named + 1024)
+    journal_compact(b);
+}
+
+/* @s is published (or lost) under its name. */
+static void journal_put(struct gpuipc__broker *b, const struct gpuipc__seg *s)
+{
+  if (!s->named)
+    return;
+  journal_rec(b, s);
+  journal_maybe_compact(b);
+}
+
+/* Segment @id no longer has a name. */
+static void journal_drop(struct gpuipc__broker *b, uint64_t id)
+{
+  char rec[32];
+  int len = snprintf(rec, sizeof(rec), "U %llu\n", (unsigned long long)id);
+  journal_write(b, rec, len);
+  journal_maybe_compact(b);
+}
+
+static void learn_id(struct gpuipc__broker *b, uint64_t id)
+{
+  if (id != UINT64_MAX && id >= b->next_id)
+    b->next_id = id + 1;
+}
+
+/* Apply one journal line to the registry (of tombstones). */
+static void journal_apply(struct gpuipc__broker *b, char *line)
+{
+  char op;
+  unsigned long long id, size = 0;
+  unsigned kind = 0;
+  char name[GPUIPC__NAME_MAX + 2];
+  struct gpuipc__seg *s;
+  if (sscanf(line, "%c %llu", &op, &id) != 2 || id == 0)
+    return;
+  if (op == 'U') {
+    s = gpuipc__reg_by_id(&b->reg, id);
+    if (s != NULL)
+      gpuipc__reg_remove(&b->reg, s);
+    return;
+  }
+  if ((op != 'P' && op != 'L') ||
+      sscanf(line, "%c %llu %llu %u %64s", &op, &id, &size, &kind, name) != 5 ||
+      size == 0 || size > GPUIPC_SIZE_MAX_ABSURD || kind < GPUIPC_KIND_HOST ||
+      kind > GPUIPC_KIND_POOL || gpuipc__name_check(name, "journal name") != 0)
+    return;
+  if ((s = gpuipc__reg_by_id(&b->reg, id)) != NULL)
+    gpuipc__reg_remove(&b->reg, s);
+  if ((s = gpuipc__reg_by_name(&b->reg, name)) != NULL)
+    gpuipc__reg_remove(&b->reg, s);
+  if (gpuipc__reg_add(&b->reg, name, id, &s) != 0)
+    return;
+  s->w.state = GPUIPC__SEG_LOST;
+  s->w.size = size;
+  s->w.kind = (uint8_t)kind;
+  learn_id(b, id);
+}
+
+/* After a crash: every name the dead broker had is lost until re-published. */
+static void journal_load(struct gpuipc__broker *b)
+{
+  struct stat st;
+  if (fstat(b->lock_fd, &st) != 0 || st.st_size <= 0)
+    return;
+  size_t len = (size_t)st.st_size < JOURNAL_MAX ? (size_t)st.st_size
+                                                : JOURNAL_MAX;
+  char *buf = malloc(len + 1);
+  if (buf == NULL)
+    return;
+  ssize_t n = pread(b->lock_fd, buf, len, 0);
+  if (n > 0) {
+    buf[n] = '\0';
+    char *line = buf;
+    for (char *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
+      *nl = '\0'; /* a torn last line (no newline) is ignored */
+      journal_apply(b, line);
+    }
+  }
+  free(buf);
+  GPUIPC_LOG_I("broker %s: the journal names %zu segments of the last broker",
+               b->name, b->reg.count);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Segment life                                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -450,6 +598,7 @@ static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
   }
   if (s != NULL && s->w.state == GPUIPC__SEG_LOST) {
     if (create) {
+      journal_drop(b, s->w.id);
       gpuipc__reg_remove(&b->reg, s);
       reserve(b, c, p);
       return;
@@ -499,6 +648,7 @@ static void dispatch_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
     return;
   }
   uint64_t id = s->w.id;
+  journal_drop(b, id);
   if (s->w.state == GPUIPC__SEG_LOST) {
     gpuipc__reg_remove(&b->reg, s);
   } else {
@@ -639,8 +789,10 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     return;
   } else {
     /* No reservation (the broker changed since CREATE_IT): take it anew. */
-    if (s != NULL) /* LOST */
+    if (s != NULL) { /* LOST */
+      journal_drop(b, s->w.id);
       gpuipc__reg_remove(&b->reg, s);
+    }
     if (gpuipc__reg_add(&b->reg, w->name, b->next_id, &s) != 0) {
       send_error(b, c, m->req, -ENOMEM, "broker out of memory");
       return;
@@ -648,6 +800,7 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     b->next_id++;
   }
   publish_into(b, s, w, fd, pid);
+  journal_put(b, s);
   if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
     send_error(b, c, m->req, -ENOMEM, "broker out of memory");
     return;
@@ -739,11 +892,6 @@ static void on_list(struct gpuipc__broker *b, struct gpuipc__conn *c,
   conn_send(c, o, NULL, 0);
 }
 
-static void learn_id(struct gpuipc__broker *b, uint64_t id)
-{
-  if (id != UINT64_MAX && id >= b->next_id)
-    b->next_id = id + 1;
-}
 
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                          const struct gpuipc__msg *m, int *fd)
@@ -755,9 +903,12 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   if (s != NULL) {
     if (s->w.state == GPUIPC__SEG_LOST || s->fd < 0) {
       /* A tombstone, or a record without memory: this holder brings it. */
-      if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED)
+      if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED) {
+        journal_drop(b, s->w.id);
         gpuipc__reg_unname(&b->reg, s);
+      }
       publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
+      journal_put(b, s);
     }
     gpuipc__reg_hold(s, c, pid, m->u.republish.holds);
     if (s->named)
@@ -773,8 +924,10 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                    (unsigned long long)n->w.id);
       return;
     }
-    if (n != NULL)
+    if (n != NULL) {
+      journal_drop(b, n->w.id);
       gpuipc__reg_remove(&b->reg, n);
+    }
   }
   /*
    * An unlinked segment may share its old name with a newer one: adding
@@ -785,28 +938,12 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   if (w->state == GPUIPC__SEG_UNLINKED)
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
+  journal_put(b, s);
   gpuipc__reg_hold(s, c, pid, m->u.republish.holds);
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)", b->name, pid,
                w->name, (unsigned long long)w->id);
   if (s->named)
     redispatch(b, s->w.name);
-}
-
-static void on_known(struct gpuipc__broker *b, const struct gpuipc__msg *m)
-{
-  for (uint32_t i = 0; i < m->u.known.count; i++) {
-    const struct gpuipc__known_name *k = &m->u.known.names[i];
-    learn_id(b, k->id);
-    if (gpuipc__reg_by_id(&b->reg, k->id) != NULL ||
-        gpuipc__reg_by_name(&b->reg, k->name) != NULL)
-      continue;
-    struct gpuipc__seg *s;
-    if (gpuipc__reg_add(&b->reg, k->name, k->id, &s) != 0)
-      return;
-    s->w.state = GPUIPC__SEG_LOST;
-    s->w.size = k->size;
-    s->w.kind = k->kind;
-  }
 }
 
 static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,
@@ -853,7 +990,6 @@ static void on_message(struct gpuipc__broker *b, struct gpuipc__conn *c,
   case GPUIPC_MSG_REPUBLISH:
     on_republish(b, c, m, nfds ? &fds[0] : &(int){-1});
     break;
-  case GPUIPC_MSG_KNOWN: on_known(b, m); break;
   default:
     GPUIPC_LOG_W("broker %s: pid %d sent %s, which members do not send; "
                  "disconnecting",
@@ -1242,6 +1378,10 @@ static void broker_shutdown(struct gpuipc__broker *b)
 {
   bool handed = try_handoff(b);
   if (!handed) {
+    /* The domain ends: its names with it. */
+    if (ftruncate(b->lock_fd, 0) != 0)
+      GPUIPC_LOG_W("broker %s: cannot empty %s: %s", b->name, b->paths.lock,
+                   strerror(errno));
     /* Unlink while still holding the lock: a new broker binds anew. */
     if (unlink(b->paths.sock) != 0 && errno != ENOENT)
       GPUIPC_LOG_W("broker %s: unlink %s: %s", b->name, b->paths.sock,
@@ -1339,6 +1479,9 @@ static int broker_new(struct gpuipc__broker_init *init,
     learn_id(b, s->w.id);
   b->owner_token = init->owner_token;
   b->recovery = init->recovery;
+  if (b->recovery == GPUIPC__RECOVER_CRASH)
+    journal_load(b);
+  journal_compact(b); /* empty for a new domain */
   if (b->recovery != GPUIPC__RECOVER_NONE)
     b->recovery_end = gpuipc__now_ns() + GPUIPC__RECOVERY_MS * 1000000ull;
   b->pid = getpid();

@@ -43,7 +43,6 @@ const char *gpuipc__msg_name(unsigned type)
   case GPUIPC_MSG_UNLINK: return "UNLINK";
   case GPUIPC_MSG_LIST: return "LIST";
   case GPUIPC_MSG_REPUBLISH: return "REPUBLISH";
-  case GPUIPC_MSG_KNOWN: return "KNOWN";
   case GPUIPC_MSG_WELCOME: return "WELCOME";
   case GPUIPC_MSG_DENIED: return "DENIED";
   case GPUIPC_MSG_ERROR: return "ERROR";
@@ -227,22 +226,6 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
         m->u.republish.seg.state != GPUIPC__SEG_UNLINKED)
       return PROTO_ERR(m, "REPUBLISH: state %u", m->u.republish.seg.state);
     return check_seg(&m->u.republish.seg, 1, nm, decoding);
-  case GPUIPC_MSG_KNOWN:
-    if (m->u.known.count == 0 || m->u.known.count > GPUIPC__KNOWN_NAMES)
-      return PROTO_ERR(m, "KNOWN: count %u not in 1..%d", m->u.known.count,
-                       GPUIPC__KNOWN_NAMES);
-    for (uint32_t i = 0; i < m->u.known.count; i++) {
-      rc = check_name_field(m->u.known.names[i].name, false, nm, "name");
-      if (rc != 0)
-        return rc;
-      const struct gpuipc__known_name *k = &m->u.known.names[i];
-      if (k->id == 0 || k->size == 0 || k->size > GPUIPC_SIZE_MAX_ABSURD ||
-          k->kind < GPUIPC_KIND_HOST || k->kind > GPUIPC_KIND_POOL)
-        return PROTO_ERR(m, "KNOWN: %s: id %llu size %llu kind %u", k->name,
-                         (unsigned long long)k->id,
-                         (unsigned long long)k->size, k->kind);
-    }
-    return 0;
   case GPUIPC_MSG_WELCOME:
     if (m->u.welcome.flags != 0)
       return PROTO_ERR(m, "WELCOME: flags 0x%x reserved", m->u.welcome.flags);
@@ -358,15 +341,6 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
   case GPUIPC_MSG_REPUBLISH:
     gpuipc__put_u32(w, m->u.republish.holds);
     put_seg(w, &m->u.republish.seg);
-    break;
-  case GPUIPC_MSG_KNOWN:
-    gpuipc__put_u32(w, m->u.known.count);
-    for (uint32_t i = 0; i < m->u.known.count; i++) {
-      gpuipc__put_str(w, m->u.known.names[i].name);
-      gpuipc__put_u64(w, m->u.known.names[i].id);
-      gpuipc__put_u64(w, m->u.known.names[i].size);
-      gpuipc__put_u8(w, m->u.known.names[i].kind);
-    }
     break;
   case GPUIPC_MSG_WELCOME:
     gpuipc__put_u32(w, m->u.welcome.pid);
@@ -514,21 +488,6 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
   case GPUIPC_MSG_REPUBLISH:
     m->u.republish.holds = gpuipc__get_u32(r);
     get_seg(r, &m->u.republish.seg);
-    break;
-  case GPUIPC_MSG_KNOWN:
-    m->u.known.count = gpuipc__get_u32(r);
-    if (m->u.known.count > GPUIPC__KNOWN_NAMES) {
-      if (r->err == 0)
-        r->err = GPUIPC_E_PROTO;
-      break;
-    }
-    for (uint32_t i = 0; i < m->u.known.count; i++) {
-      gpuipc__get_str(r, m->u.known.names[i].name,
-                      sizeof(m->u.known.names[i].name));
-      m->u.known.names[i].id = gpuipc__get_u64(r);
-      m->u.known.names[i].size = gpuipc__get_u64(r);
-      m->u.known.names[i].kind = gpuipc__get_u8(r);
-    }
     break;
   case GPUIPC_MSG_WELCOME:
     m->u.welcome.pid = gpuipc__get_u32(r);

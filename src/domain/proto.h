@@ -37,8 +37,6 @@
 /* Segment records in one LIST_REPLY, holders listed per record. */
 #define GPUIPC__LIST_RECS 16
 #define GPUIPC__LIST_HOLDERS 16
-/* Names in one KNOWN message. */
-#define GPUIPC__KNOWN_NAMES 32
 /* Every encoded message fits in this many bytes. */
 #define GPUIPC__MSG_BUF 8192
 /* OPEN timeout meaning "wait forever". */
@@ -54,7 +52,6 @@ enum gpuipc__msg_type {
   GPUIPC_MSG_UNLINK = 6,    /* -> OK or ERROR */
   GPUIPC_MSG_LIST = 7,      /* -> LIST_REPLY */
   GPUIPC_MSG_REPUBLISH = 8, /* after a failover; + fd; fire-and-forget */
-  GPUIPC_MSG_KNOWN = 9,     /* after a failover: names seen; no reply */
   /* broker -> member */
   GPUIPC_MSG_WELCOME = 32,
   GPUIPC_MSG_DENIED = 33,
@@ -114,13 +111,6 @@ struct gpuipc__list_rec {
   struct gpuipc__holder_wire holders[GPUIPC__LIST_HOLDERS];
 };
 
-struct gpuipc__known_name {
-  char name[GPUIPC__NAME_MAX + 1];
-  uint64_t id;
-  uint64_t size;
-  uint8_t kind;
-};
-
 /* One decoded (or to-be-encoded) message. */
 struct gpuipc__msg {
   uint16_t type;
@@ -164,10 +154,6 @@ struct gpuipc__msg {
       uint32_t holds;
       struct gpuipc__seg_wire seg; /* PUBLISHED or UNLINKED, with handle */
     } republish;
-    struct {
-      uint32_t count;
-      struct gpuipc__known_name names[GPUIPC__KNOWN_NAMES];
-    } known;
     struct {
       uint32_t pid;
       uint32_t flags; /* reserved, 0 */

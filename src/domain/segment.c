@@ -38,16 +38,8 @@ struct seg_entry {
   struct seg_hold *holds;
 };
 
-/* A name this process saw published in a domain (for LOST after a crash). */
-struct seen {
-  struct seen *next;
-  gpuipc_domain_t *dom;
-  struct gpuipc__known_name k;
-};
-
 static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct seg_entry *entries[SEG_BUCKETS];
-static struct seen *seen_names[SEG_BUCKETS];
 
 static size_t hash_ptr(const void *p)
 {
@@ -56,54 +48,6 @@ static size_t hash_ptr(const void *p)
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 32;
   return (size_t)(x & (SEG_BUCKETS - 1));
-}
-
-static size_t hash_seen(const gpuipc_domain_t *d, const char *name)
-{
-  uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)(uintptr_t)d;
-  for (; *name != '\0'; name++) {
-    h ^= (uint8_t)*name;
-    h *= 0x100000001b3ull;
-  }
-  return (size_t)(h & (SEG_BUCKETS - 1));
-}
-
-/* ----- the seen-names table (seg_mu held) ----- */
-
-static void seen_add(gpuipc_domain_t *d, const struct gpuipc__seg_wire *w)
-{
-  size_t i = hash_seen(d, w->name);
-  struct seen *s = seen_names[i];
-  while (s != NULL && !(s->dom == d && strcmp(s->k.name, w->name) == 0))
-    s = s->next;
-  if (s == NULL) {
-    s = calloc(1, sizeof(*s));
-    if (s == NULL)
-      return; /* only a LOST report is at stake */
-    s->dom = d;
-    s->next = seen_names[i];
-    seen_names[i] = s;
-  }
-  snprintf(s->k.name, sizeof(s->k.name), "%s", w->name);
-  s->k.id = w->id;
-  s->k.size = w->size;
-  s->k.kind = w->kind;
-}
-
-/* Forget @name in @d (any id when @id is 0). */
-static void seen_remove(gpuipc_domain_t *d, const char *name, uint64_t id)
-{
-  size_t i = hash_seen(d, name);
-  for (struct seen **pp = &seen_names[i]; *pp != NULL; pp = &(*pp)->next) {
-    struct seen *s = *pp;
-    if (s->dom == d && strcmp(s->k.name, name) == 0) {
-      if (id == 0 || s->k.id == id) {
-        *pp = s->next;
-        free(s);
-      }
-      return;
-    }
-  }
 }
 
 /* ----- the buffer table (seg_mu held) ----- */
@@ -213,24 +157,6 @@ void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
           republish_hold(d, fd, e->buf, h);
           n++;
         }
-  /* The names seen: those nobody re-publishes are reported lost. */
-  struct gpuipc__msg m;
-  m.type = GPUIPC_MSG_KNOWN;
-  m.req = 0;
-  m.u.known.count = 0;
-  for (size_t i = 0; i < SEG_BUCKETS; i++) {
-    for (struct seen *s = seen_names[i]; s != NULL; s = s->next) {
-      if (s->dom != d)
-        continue;
-      m.u.known.names[m.u.known.count++] = s->k;
-      if (m.u.known.count == GPUIPC__KNOWN_NAMES) {
-        (void)gpuipc__proto_send(fd, &m, NULL, 0, 2000);
-        m.u.known.count = 0;
-      }
-    }
-  }
-  if (m.u.known.count != 0)
-    (void)gpuipc__proto_send(fd, &m, NULL, 0, 2000);
   gpuipc__dom_set_up(d, fd);
   pthread_mutex_unlock(&seg_mu);
   GPUIPC_LOG_D("re-published %zu segments", n);
@@ -242,10 +168,8 @@ void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id)
   for (size_t i = 0; i < SEG_BUCKETS; i++)
     for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
       for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && h->id == id) {
+        if (h->dom == d && h->id == id)
           h->unlinked = true;
-          seen_remove(d, h->name, id);
-        }
   pthread_mutex_unlock(&seg_mu);
 }
 
@@ -273,16 +197,6 @@ void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
         } else {
           pp = &(*pp)->next;
         }
-      }
-    }
-    struct seen **sp = &seen_names[i];
-    while (*sp != NULL) {
-      if ((*sp)->dom == d) {
-        struct seen *s = *sp;
-        *sp = s->next;
-        free(s);
-      } else {
-        sp = &(*sp)->next;
       }
     }
   }
@@ -334,7 +248,6 @@ static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     e->next = entries[i];
     entries[i] = e;
   }
-  seen_add(d, w);
   gpuipc__dom_saw_id(d, w->id);
   if (gpuipc__dom_gen(d) != gen) {
     /* Re-published already without this hold? Then add it now; if the
@@ -576,11 +489,6 @@ int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
   }
   for (int i = 0; i < r->nfds; i++)
     gpuipc__fd_close(&r->fds[i]);
-  if (rc == 0) {
-    pthread_mutex_lock(&seg_mu);
-    seen_remove(dom, name, 0);
-    pthread_mutex_unlock(&seg_mu);
-  }
   free(r);
   return rc;
 }
