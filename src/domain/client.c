@@ -787,11 +787,15 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
     free(r);
     return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
   }
-  memset(&m->u.list, 0, sizeof(m->u.list));
-  m->type = GPUIPC_MSG_LIST;
-  m->u.list.max = 0;
-  int rc = gpuipc__dom_call(d, m, NULL, 0, d->timeout_ms,
-                            "gpuipc_domain_info", r);
+  uint64_t deadline = gpuipc__deadline(d->timeout_ms);
+  int rc;
+  do { /* a broker that changed meanwhile: ask the next one */
+    memset(&m->u.list, 0, sizeof(m->u.list));
+    m->type = GPUIPC_MSG_LIST;
+    m->u.list.max = 0;
+    rc = gpuipc__dom_call(d, m, NULL, 0, gpuipc__ms_left(deadline),
+                          "gpuipc_domain_info", r);
+  } while (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline);
   if (rc == 0 && r->msg.type != GPUIPC_MSG_LIST_REPLY)
     rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_domain_info: broker answered "
                      "with %s", gpuipc__msg_name(r->msg.type));

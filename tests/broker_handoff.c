@@ -1,0 +1,158 @@
+/*
+ * The process hosting the broker leaves cleanly while others hold
+ * segments: the broker hands its registry, descriptors, lock and listener
+ * to another member, and nothing is lost -- not even a segment that no
+ * remaining process holds (the broker's descriptor moved with it). Then
+ * the new host leaves as well, and the domain moves once more; finally the
+ * last member leaves and the domain ends.
+ */
+#include "test.h"
+#include "helpers/seg_peer.h"
+
+#include "domain/domain.h"
+
+struct info {
+  int broker_pid, hosts, members, segments, fds;
+};
+
+static void peer_info(struct peer *p, struct info *i)
+{
+  const char *r = peer_cmd(p, "info");
+  if (sscanf(r, "ok %d %d %d %d %d", &i->broker_pid, &i->hosts, &i->members,
+             &i->segments, &i->fds) != 5)
+    TFAIL("info: %s", r);
+}
+
+static int peer_fds(struct peer *p)
+{
+  int n = -1;
+  const char *r = peer_cmd(p, "fds");
+  if (sscanf(r, "ok %d", &n) != 1)
+    TFAIL("fds: %s", r);
+  return n;
+}
+
+int main(void)
+{
+  /* This process hosts the broker first. */
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("ho", NULL, &dom));
+  gpuipc_domain_info_t di = {.size = sizeof(di)};
+  ASSERT_OK(gpuipc_domain_info(dom, &di));
+  ASSERT_EQ(di.hosts_broker, 1);
+  uint64_t epoch = di.epoch;
+
+  struct peer a, b;
+  peer_start(&a);
+  peer_start(&b);
+  PEER_OK(&a, "join ho");
+  PEER_OK(&b, "join ho");
+
+  /* kept: created here, held by a. orphan: created here, held by nobody. */
+  gpuipc_buf_t *kept, *orphan, *gone;
+  ASSERT_OK(gpuipc_segment_open(dom, "kept", 20000, -1, GPUIPC_CREATE, &kept));
+  test_fill(gpuipc_buf_ptr(kept), 20000, 1);
+  PEER_OK(&a, "open kept 20000 -");
+  ASSERT_OK(gpuipc_segment_open(dom, "orphan", 3000, -1, GPUIPC_CREATE,
+                                &orphan));
+  test_fill(gpuipc_buf_ptr(orphan), 3000, 2);
+  /* gone: unlinked, held by b only. */
+  ASSERT_OK(gpuipc_segment_open(dom, "gone", 5000, -1, GPUIPC_CREATE, &gone));
+  test_fill(gpuipc_buf_ptr(gone), 5000, 3);
+  PEER_OK(&b, "open gone 0 -");
+  ASSERT_OK(gpuipc_segment_unlink(dom, "gone"));
+  /* bs: created and held by b. */
+  PEER_OK(&b, "open bs 7000 c");
+  PEER_OK(&b, "fill bs 4");
+  int fds_a = peer_fds(&a), fds_b = peer_fds(&b);
+
+  /* Leave while holding buffers: they stay mapped here. */
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  ASSERT_EQ(test_check(gpuipc_buf_ptr(kept), 20000, 1), (size_t)-1);
+
+  /* The oldest other member, a, hosts the broker now, with the epoch. */
+  struct info ia, ib;
+  peer_info(&a, &ia);
+  peer_info(&b, &ib);
+  ASSERT_EQ(ia.broker_pid, a.pid);
+  ASSERT_EQ(ia.hosts, 1);
+  ASSERT_EQ(ib.broker_pid, a.pid);
+  ASSERT_EQ(ia.segments, 4);
+  /* The broker's descriptors moved along, gone's too (b holds it). */
+  ASSERT_EQ(ia.fds, 4);
+  PEER_OK(&b, "open orphan 3000 -");
+  PEER_OK(&b, "check orphan 2");
+  PEER_OK(&b, "open kept 0 -");
+  PEER_OK(&b, "check kept 1");
+  PEER_OK(&b, "check gone 3");
+  PEER_EXPECT(&b, "err ENOENT", "open gone 0 -");
+  PEER_OK(&a, "open bs 0 -");
+  PEER_OK(&a, "check bs 4");
+
+  /* A later member sees the same domain. */
+  gpuipc_domain_t *again;
+  ASSERT_OK(gpuipc_domain_join("ho", NULL, &again));
+  ASSERT_OK(gpuipc_domain_info(again, &di));
+  ASSERT_EQ_U(di.epoch, epoch);
+  ASSERT_EQ(di.hosts_broker, 0);
+  ASSERT_EQ(di.broker_pid, a.pid);
+  gpuipc_segment_info_t list[8];
+  for (int i = 0; i < 8; i++)
+    list[i].size = sizeof(list[i]);
+  ASSERT_EQ(gpuipc_domain_list(again, list, 8), 4);
+  int unlinked = 0;
+  for (int i = 0; i < 4; i++)
+    if (list[i].state == GPUIPC_SEG_UNLINKED) {
+      ASSERT_STREQ(list[i].name, "gone");
+      ASSERT_EQ(list[i].nholders, 1);
+      ASSERT_EQ(list[i].holder_pids[0], b.pid);
+      unlinked++;
+    }
+  ASSERT_EQ(unlinked, 1);
+  gpuipc_buf_release(kept);
+  gpuipc_buf_release(orphan);
+  gpuipc_buf_release(gone);
+
+  /* The new host leaves too: the broker moves on to b (this process's
+   * member joined later). */
+  PEER_OK(&a, "release kept");
+  PEER_OK(&a, "release bs");
+  PEER_OK(&a, "leave");
+  peer_finish(&a);
+  peer_info(&b, &ib);
+  ASSERT_EQ(ib.broker_pid, b.pid);
+  ASSERT_EQ(ib.hosts, 1);
+  ASSERT_EQ(ib.segments, 4);
+  PEER_OK(&b, "check gone 3");
+  PEER_OK(&b, "release gone"); /* its last holder: freed */
+  /* ...once the new broker's window for members to re-join has closed. */
+  for (int tries = 0; tries < 500; tries++) {
+    peer_info(&b, &ib);
+    if (ib.segments == 3)
+      break;
+    usleep(10000);
+  }
+  ASSERT_EQ(ib.segments, 3);
+  gpuipc_buf_t *x;
+  ASSERT_OK(gpuipc_segment_open(again, "bs", 0, -1, 0, &x));
+  ASSERT_EQ(test_check(gpuipc_buf_ptr(x), 7000, 4), (size_t)-1);
+  gpuipc_buf_release(x);
+
+  /* b hosts: its descriptors are its old ones + lock, listener, wake pipe,
+   * one per member, one per segment, and the buffers it still holds
+   * (orphan, kept, bs). */
+  peer_info(&b, &ib);
+  ASSERT_EQ(peer_fds(&b), fds_b - 1 /* gone */ + 2 /* orphan, kept */ + 4 +
+                              ib.members + ib.fds);
+  (void)fds_a;
+
+  /* The last members leave: the domain ends, its socket goes. */
+  ASSERT_OK(gpuipc_domain_leave(again));
+  PEER_OK(&b, "leave");
+  peer_finish(&b);
+  struct gpuipc__dom_paths paths;
+  ASSERT_OK(gpuipc__dom_paths("ho", &paths));
+  ASSERT_EQ(access(paths.sock, F_OK), -1);
+  printf("broker_handoff: ok\n");
+  return 0;
+}
