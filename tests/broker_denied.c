@@ -1,0 +1,150 @@
+/*
+ * Access control: a process of another uid is refused by the broker
+ * (SO_PEERCRED) with GPUIPC_E_DENIED, and the broker logs who it refused;
+ * GPUIPC_ALLOW_UIDS and GPUIPC_ALLOW_GIDS let it in.
+ *
+ * The refusal tested must be the broker's, not the file system's: the
+ * runtime directory is private (0700) to its owner, so the other uid gets
+ * a directory of its own inside ours (ours made traversable, 0711) and a
+ * hard link there to our domain's socket, writable by all. It connects,
+ * and then only SO_PEERCRED stands in its way.
+ *
+ * Needs root to change uid; exits 77 otherwise.
+ */
+#include "test.h"
+#include "helpers/seg_peer.h"
+
+#include <pthread.h>
+#include <sys/stat.h>
+
+#define NOBODY 65534
+
+static char root_dir[64];
+static char nobody_dir[96];
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char warnings[8192];
+
+static void log_sink(gpuipc_log_level_t level, const char *msg, void *user)
+{
+  (void)user;
+  if (level != GPUIPC_LOG_WARN)
+    return;
+  pthread_mutex_lock(&log_mu);
+  size_t n = strlen(warnings);
+  snprintf(warnings + n, sizeof(warnings) - n, "%s\n", msg);
+  pthread_mutex_unlock(&log_mu);
+}
+
+/* Make domain @dom's socket reachable from the other uid's directory. */
+static void expose(const char *dom)
+{
+  char from[160], to[160];
+  snprintf(from, sizeof(from), "%s/%s.sock", root_dir, dom);
+  snprintf(to, sizeof(to), "%s/%s.sock", nobody_dir, dom);
+  if (link(from, to) != 0)
+    TFAIL("link %s %s: %s", from, to, strerror(errno));
+  ASSERT_EQ(chmod(to, 0666), 0);
+}
+
+/* A peer of uid NOBODY whose runtime directory is nobody_dir. */
+static void start_nobody(struct peer *p)
+{
+  peer_start(p);
+  PEER_OK(p, "setenv GPUIPC_DIR %s", nobody_dir);
+  const char *r = peer_cmd(p, "setuid %d", NOBODY);
+  if (strncmp(r, "ok", 2) != 0) {
+    kill(p->pid, SIGKILL);
+    SKIP("cannot change uid: %s", r);
+  }
+}
+
+/* A root peer hosting domain @dom with setting @var=@val. */
+static void start_host(struct peer *p, const char *dom, const char *var,
+                       const char *val)
+{
+  peer_start(p);
+  PEER_OK(p, "setenv GPUIPC_DIR %s", root_dir);
+  PEER_OK(p, "setenv %s %s", var, val);
+  PEER_OK(p, "join %s", dom);
+  PEER_EXPECT(p, "ok", "open pub 4096 c");
+  PEER_OK(p, "fill pub 9");
+  expose(dom);
+}
+
+int main(void)
+{
+  if (geteuid() != 0)
+    SKIP("changing uid needs root (running as uid %u)", (unsigned)geteuid());
+  snprintf(root_dir, sizeof(root_dir), "/tmp/gpuipc-denied-XXXXXX");
+  if (mkdtemp(root_dir) == NULL)
+    TFAIL("mkdtemp: %s", strerror(errno));
+  ASSERT_EQ(chmod(root_dir, 0711), 0);
+  snprintf(nobody_dir, sizeof(nobody_dir), "%s/nobody", root_dir);
+  ASSERT_EQ(mkdir(nobody_dir, 0700), 0);
+  ASSERT_EQ(chown(nobody_dir, NOBODY, NOBODY), 0);
+  /* Before the first gpuipc call, which reads the settings. */
+  setenv("GPUIPC_DIR", root_dir, 1);
+  ASSERT_OK(gpuipc_log_set(log_sink, GPUIPC_LOG_WARN, NULL));
+
+  /* 1. Our broker, default settings: the other uid is refused. */
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("deny", NULL, &dom));
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_segment_open(dom, "secret", 4096, -1, GPUIPC_CREATE, &b));
+  expose("deny");
+  struct peer nb;
+  start_nobody(&nb);
+  const char *r = peer_cmd(&nb, "join deny nobroker");
+  if (strncmp(r, "err GPUIPC_E_DENIED", 19) != 0)
+    TFAIL("join as uid %d: %s", NOBODY, r);
+  if (strstr(r, "refuses uid 65534") == NULL)
+    TFAIL("the refusal does not say which uid: %s", r);
+  /* Without nobroker it would not try to become the broker either: the
+   * broker is there and answered. */
+  r = peer_cmd(&nb, "join deny");
+  if (strncmp(r, "err GPUIPC_E_DENIED", 19) != 0)
+    TFAIL("join as uid %d: %s", NOBODY, r);
+  char who[64];
+  snprintf(who, sizeof(who), "refused pid %d (uid %d", (int)nb.pid, NOBODY);
+  pthread_mutex_lock(&log_mu);
+  if (strstr(warnings, who) == NULL)
+    TFAIL("the broker did not log \"%s\"; it logged:\n%s", who, warnings);
+  pthread_mutex_unlock(&log_mu);
+  gpuipc_domain_info_t di = {.size = sizeof(di)};
+  ASSERT_OK(gpuipc_domain_info(dom, &di));
+  ASSERT_EQ(di.members, 1);
+  peer_finish(&nb);
+
+  /* 2. A broker with GPUIPC_ALLOW_UIDS lets it in; it maps a segment. */
+  struct peer host;
+  start_host(&host, "allow", "GPUIPC_ALLOW_UIDS", "1,65534");
+  start_nobody(&nb);
+  PEER_OK(&nb, "join allow nobroker");
+  PEER_OK(&nb, "open pub 4096 -");
+  PEER_OK(&nb, "check pub 9");
+  PEER_OK(&nb, "leave");
+  peer_finish(&nb);
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+
+  /* 3. And one with GPUIPC_ALLOW_GIDS, for its group. */
+  start_host(&host, "allowg", "GPUIPC_ALLOW_GIDS", "65534");
+  start_nobody(&nb);
+  PEER_OK(&nb, "join allowg nobroker");
+  PEER_OK(&nb, "open pub 0 -");
+  PEER_OK(&nb, "check pub 9");
+  PEER_OK(&nb, "leave");
+  peer_finish(&nb);
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+
+  ASSERT_OK(gpuipc_buf_release(b));
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  char cmd[200];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", root_dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", root_dir);
+  printf("broker_denied: ok\n");
+  return 0;
+}
