@@ -142,9 +142,11 @@ static int check_seg(struct gpuipc__seg_wire *s, int want_handle,
     return PROTO_ERR(0, "%s: state %u cannot carry a handle", msg, s->state);
   gpuipc_handle_t h;
   rc = gpuipc_handle_unpack(s->handle, sizeof(s->handle), &h);
-  if (rc != 0)
-    return PROTO_ERR(0, "%s: bad handle record: %s", msg,
-                     gpuipc_last_error());
+  if (rc != 0) {
+    char why[256]; /* the sentence is rewritten below: copy it first */
+    snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+    return PROTO_ERR(0, "%s: bad handle record (%s)", msg, why);
+  }
   if ((unsigned)h.kind != s->kind)
     return PROTO_ERR(0, "%s: handle kind %d differs from segment kind %u",
                      msg, (int)h.kind, s->kind);
