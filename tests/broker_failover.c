@@ -4,7 +4,8 @@
  * on: every segment a survivor held still opens (bytes intact, the epoch
  * kept), an unlinked one stays unlinked, and a segment no survivor held is
  * reported lost by name -- also to a process that joins afterwards. No
- * descriptor leaks in the survivors.
+ * descriptor leaks in the survivors. A crash that nobody survives leaves
+ * nothing lost: the next process starts the domain afresh.
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
@@ -158,6 +159,22 @@ int main(void)
     PEER_OK(&s[i], "leave");
     peer_finish(&s[i]);
   }
+
+  /*
+   * A crash nobody survives: nothing was lost to anyone, and the next
+   * process to join starts the domain afresh, its old names free.
+   */
+  struct peer solo, next;
+  peer_start(&solo);
+  PEER_OK(&solo, "join solo");
+  PEER_OK(&solo, "open z 4096 c");
+  peer_kill(&solo);
+  peer_start(&next);
+  PEER_OK(&next, "join solo");
+  PEER_EXPECT(&next, "err ENOENT", "open z 0 -");
+  PEER_EXPECT(&next, "ok 1", "open z 4096 cx");
+  PEER_OK(&next, "leave");
+  peer_finish(&next);
   printf("broker_failover: ok\n");
   return 0;
 }

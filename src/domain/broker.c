@@ -86,6 +86,7 @@ struct gpuipc__broker {
   struct gpuipc__registry reg;
   enum gpuipc__recovery recovery;
   uint64_t recovery_end; /* 0 once the window closed */
+  bool rejoined;         /* a member of the last broker came back */
   struct gpuipc__conn *conns;
   size_t nconns;
   uint64_t conn_seq;
@@ -951,6 +952,8 @@ static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,
 {
   c->hello_flags = m->u.hello.flags;
   c->token = m->u.hello.token;
+  if (m->u.hello.flags & GPUIPC__HELLO_REJOIN)
+    b->rejoined = true;
   learn_id(b, m->u.hello.max_id);
   c->state = CONN_READY;
   struct gpuipc__msg *o = &b->out;
@@ -1166,14 +1169,25 @@ static void conn_read(struct gpuipc__broker *b, struct gpuipc__conn *c)
 static void end_recovery(struct gpuipc__broker *b)
 {
   b->recovery_end = 0;
-  GPUIPC_LOG_I("broker %s: recovery window closed: %zu segments", b->name,
-               b->reg.count);
+  /*
+   * After a crash that no member survived, nothing was lost to anyone:
+   * the domain starts afresh (its old names are free, not lost).
+   */
+  bool fresh = b->recovery == GPUIPC__RECOVER_CRASH && !b->rejoined;
   struct gpuipc__seg *s = b->reg.head;
   while (s != NULL) {
     struct gpuipc__seg *next = s->next;
-    maybe_free(b, s);
+    if (fresh && s->w.state == GPUIPC__SEG_LOST)
+      gpuipc__reg_remove(&b->reg, s);
+    else
+      maybe_free(b, s);
     s = next;
   }
+  if (fresh)
+    journal_compact(b);
+  GPUIPC_LOG_I("broker %s: recovery window closed: %zu segments%s", b->name,
+               b->reg.count,
+               fresh ? " (no member of the last broker came back)" : "");
   struct park *list = NULL, **tail = &list;
   struct park **pp = &b->parks;
   while (*pp != NULL) {

@@ -100,9 +100,27 @@ static bool mine(gpuipc_buf_t *b)
 }
 
 /*
- * The load test: create COUNT segments of our own, read the COUNT segments
- * of peer I+1, then wait until peer I-1 has read ours, unlink ours.
+ * The load test, for peer ME of N: create COUNT segments of our own, fill
+ * them and say so (load.ready.ME); read the COUNT segments of peer NEXT once
+ * it says they are ready; say we have read them (load.done.ME); once PREV
+ * says it has read ours, unlink ours. Each marker is unlinked by the peer
+ * that waited for it.
  */
+static int marker(const char *what, int who, unsigned flags)
+{
+  char name[64];
+  gpuipc_buf_t *b;
+  snprintf(name, sizeof(name), "load.%s.%d", what, who);
+  int rc = gpuipc_segment_open(dom, name, flags & GPUIPC_CREATE ? 64 : 0, -1,
+                               flags, &b);
+  if (rc != 0)
+    return rc;
+  gpuipc_buf_release(b);
+  if (flags & GPUIPC_WAIT)
+    rc = gpuipc_segment_unlink(dom, name);
+  return rc;
+}
+
 static int load(int me, int n, int count, size_t size)
 {
   char name[64];
@@ -112,26 +130,28 @@ static int load(int me, int n, int count, size_t size)
   int rc;
   for (int k = 0; k < count; k++) {
     size_t sz = size + (size_t)(k % 3) * 1000;
+    uint64_t seed = (uint64_t)me * 100000 + (uint64_t)k;
     snprintf(name, sizeof(name), "load.%d.%d", me, k);
     rc = gpuipc_segment_open(dom, name, sz, -1, GPUIPC_CREATE | GPUIPC_EXCL,
                              &own[k]);
     if (rc != 0)
       return rc;
-    test_fill(gpuipc_buf_ptr(own[k]), sz, (uint64_t)me * 100000 + (uint64_t)k);
+    test_fill(gpuipc_buf_ptr(own[k]), sz, seed);
     /* A second open of our own segment maps nothing new. */
     rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b2);
     if (rc != 0)
       return rc;
-    if (b2 != own[k] ||
-        test_check(gpuipc_buf_ptr(b2), sz, (uint64_t)me * 100000 + (uint64_t)k) !=
-            (size_t)-1)
+    if (b2 != own[k] || test_check(gpuipc_buf_ptr(b2), sz, seed) != (size_t)-1)
       return gpuipc__err(-EIO, "load: second open of %s differs", name);
     gpuipc_buf_release(b2);
   }
+  if ((rc = marker("ready", me, GPUIPC_CREATE | GPUIPC_EXCL)) != 0 ||
+      (rc = marker("ready", next, GPUIPC_WAIT)) != 0)
+    return rc;
   for (int k = 0; k < count; k++) {
     size_t sz = size + (size_t)(k % 3) * 1000;
     snprintf(name, sizeof(name), "load.%d.%d", next, k);
-    rc = gpuipc_segment_open(dom, name, sz, -1, GPUIPC_WAIT, &b);
+    rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b);
     if (rc != 0)
       return rc;
     size_t bad = test_check(gpuipc_buf_ptr(b), sz,
@@ -140,20 +160,8 @@ static int load(int me, int n, int count, size_t size)
     if (bad != (size_t)-1)
       return gpuipc__err(-EIO, "load: %s differs at byte %zu", name, bad);
   }
-  /* Say that we have read NEXT's segments: NEXT may unlink them now. */
-  snprintf(name, sizeof(name), "load.done.%d", me);
-  rc = gpuipc_segment_open(dom, name, 64, -1, GPUIPC_CREATE | GPUIPC_EXCL, &b);
-  if (rc != 0)
-    return rc;
-  gpuipc_buf_release(b);
-  /* Wait until PREV has read ours, then unlink ours and its marker. */
-  snprintf(name, sizeof(name), "load.done.%d", prev);
-  rc = gpuipc_segment_open(dom, name, 0, -1, GPUIPC_WAIT, &b);
-  if (rc != 0)
-    return rc;
-  gpuipc_buf_release(b);
-  rc = gpuipc_segment_unlink(dom, name);
-  if (rc != 0)
+  if ((rc = marker("done", me, GPUIPC_CREATE | GPUIPC_EXCL)) != 0 ||
+      (rc = marker("done", prev, GPUIPC_WAIT)) != 0)
     return rc;
   for (int k = 0; k < count; k++) {
     snprintf(name, sizeof(name), "load.%d.%d", me, k);
