@@ -248,9 +248,8 @@ static int dom_connect(struct gpuipc_domain *d, uint64_t deadline,
         rc = become_broker(d, rejoin);
         if (rc == 0)
           continue; /* now connect to ourselves */
-        /* Held (a contract says -EWOULDBLOCK; a zero wait may also read
-         * as -ETIMEDOUT): someone else is becoming the broker. */
-        if (rc != -EWOULDBLOCK && rc != -ETIMEDOUT)
+        /* The lock is held: someone else is becoming the broker. */
+        if (rc != -EWOULDBLOCK)
           return rc;
       } else if (!rejoin) {
         return gpuipc__err(-ENOENT, "domain %s: no broker runs (nothing "

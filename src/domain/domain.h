@@ -133,8 +133,8 @@ struct gpuipc__broker;
 
 /*
  * Claim domain @name: take its lock (without waiting) and listen on its
- * socket, unlinking a stale one. -EWOULDBLOCK (or -ETIMEDOUT) when another
- * process holds the lock (a broker runs or is starting).
+ * socket, unlinking a stale one. -EWOULDBLOCK when another process holds
+ * the lock (a broker runs or is starting).
  */
 int gpuipc__broker_claim(const char *name, int *lock_fd, int *listen_fd);
 
