@@ -64,8 +64,8 @@ int gpuipc_mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
 /*
  * gpuipc_domain_join_mpi - join, with the ranks of @comm in the same
  * @scope, a domain of their own.
- * The domain's name is "mpi-" and 32 hex digits: 128 random bits drawn by
- * the scope's rank 0 and broadcast, so that separate jobs, separate
+ * The domain's name is "mpi-" and 22 characters of [A-Za-z0-9_-]: 128
+ * random bits drawn by the scope's rank 0 and broadcast, so that separate jobs, separate
  * communicators and separate calls never meet in one domain. The scope's
  * rank 0 joins first and hosts the broker; the others join after it (the
  * broker moves to another member if it leaves first, as for any domain).

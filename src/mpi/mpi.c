@@ -282,7 +282,8 @@ GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
 
 /* ---- domains -------------------------------------------------------------*/
 
-/* "mpi-" and 32 hex digits, drawn by rank 0 of @scope and broadcast. */
+/* "mpi-" and 128 random bits in 22 characters, drawn by rank 0 of @scope
+ * and broadcast. */
 static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
 {
   int rank;
@@ -317,9 +318,17 @@ static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
                      : fail(msg.rc, "rank 0 of the scope could not draw the "
                                     "domain's name: %s",
                             gpuipc_strerror(msg.rc));
+  /* 6 bits a character: short names leave room in socket paths. */
+  static const char digits[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
   char *p = name + snprintf(name, GPUIPC_NAME_MAX + 1, "mpi-");
-  for (int i = 0; i < 16; i++)
-    p += sprintf(p, "%02x", msg.id[i]);
+  for (int bit = 0; bit < 128; bit += 6) {
+    unsigned v = 0;
+    for (int b = bit; b < bit + 6; b++)
+      v = v << 1 | (b < 128 ? (msg.id[b / 8] >> (7 - b % 8)) & 1u : 0u);
+    *p++ = digits[v];
+  }
+  *p = '\0';
   return 0;
 }
 

@@ -111,7 +111,7 @@ int main(int argc, char **argv)
   gpuipc_domain_info_t di = {.size = sizeof(di)};
   ASSERT_OK(gpuipc_domain_info(dom, &di));
   ASSERT_EQ(strncmp(di.name, "mpi-", 4), 0);
-  ASSERT_EQ(strlen(di.name), 4 + 32);
+  ASSERT_EQ(strlen(di.name), 4 + 22);
   ASSERT_EQ(di.hosts_broker, rank == leader);
 
   /* Same name as the scope, and no other scope's. */
