@@ -1,0 +1,187 @@
+/*
+ * Umpire's DeviceIpcAllocator example on gpuipc: in each scope (all ranks of
+ * a machine, or those of one GPU) the scope's rank 0 allocates 1024 floats
+ * and fills them with its rank; every rank then reads the second value.
+ * No MPI_Barrier: the readers wait with GPUIPC_WAIT for a small "ready"
+ * segment the filler publishes once the data is in place.
+ *
+ *   mpirun -np 4 umpire_mpi [node|device] [auto|host|vmm|legacy|pool]
+ *
+ * With GPUs each rank uses GPU (local rank % GPUs). The copies to and from
+ * GPU memory use the CUDA driver (loaded at run time, like gpuipc does).
+ */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#include "gpuipc_mpi.h"
+
+#define COUNT 1024
+
+/* The driver calls the copies need. */
+static struct {
+  int (*init)(unsigned);
+  int (*device_get)(int *, int);
+  int (*primary_retain)(void **, int);
+  int (*set_current)(void *);
+  int (*htod)(uint64_t, const void *, size_t);
+  int (*dtoh)(void *, uint64_t, size_t);
+  int (*sync)(void);
+} cu;
+
+static int cuda_load(void)
+{
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h)
+    return -1;
+#define SYM(field, name) *(void **)&cu.field = dlsym(h, name)
+  SYM(init, "cuInit");
+  SYM(device_get, "cuDeviceGet");
+  SYM(primary_retain, "cuDevicePrimaryCtxRetain");
+  SYM(set_current, "cuCtxSetCurrent");
+  SYM(htod, "cuMemcpyHtoD_v2");
+  SYM(dtoh, "cuMemcpyDtoH_v2");
+  SYM(sync, "cuCtxSynchronize");
+#undef SYM
+  if (!cu.init || !cu.device_get || !cu.primary_retain || !cu.set_current ||
+      !cu.htod || !cu.dtoh || !cu.sync || cu.init(0) != 0)
+    return -1;
+  return 0;
+}
+
+/* Make @ordinal's primary context current on this thread. */
+static int cuda_use(int ordinal)
+{
+  int dev;
+  void *ctx;
+  if (cu.device_get(&dev, ordinal) || cu.primary_retain(&ctx, dev) ||
+      cu.set_current(ctx))
+    return -1;
+  return 0;
+}
+
+/* Copy between host memory and @buf, wherever @buf lives. */
+static int copy_in(gpuipc_buf_t *buf, const void *src, size_t n)
+{
+  if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
+    memcpy(gpuipc_buf_ptr(buf), src, n);
+    return 0;
+  }
+  if (cuda_use(gpuipc_buf_device(buf)) ||
+      cu.htod((uint64_t)(uintptr_t)gpuipc_buf_ptr(buf), src, n) || cu.sync())
+    return -1;
+  return 0;
+}
+
+static int copy_out(void *dst, gpuipc_buf_t *buf, size_t off, size_t n)
+{
+  if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
+    memcpy(dst, (char *)gpuipc_buf_ptr(buf) + off, n);
+    return 0;
+  }
+  if (cuda_use(gpuipc_buf_device(buf)) ||
+      cu.dtoh(dst, (uint64_t)(uintptr_t)gpuipc_buf_ptr(buf) + off, n))
+    return -1;
+  return 0;
+}
+
+static int parse_kind(const char *s, gpuipc_kind_t *out)
+{
+  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+    if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0) {
+      *out = (gpuipc_kind_t)k;
+      return 0;
+    }
+  return -1;
+}
+
+#define CHECK(call)                                                            \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    if (rc_ != 0) {                                                            \
+      fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, #call,                   \
+              gpuipc_strerror(rc_), gpuipc_mpi_last_error());                  \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                            \
+    }                                                                          \
+  } while (0)
+
+int main(int argc, char **argv)
+{
+  MPI_Init(&argc, &argv);
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+
+  gpuipc_mpi_scope_t scope = GPUIPC_MPI_SCOPE_NODE;
+  if (argc > 1 && strcmp(argv[1], "device") == 0)
+    scope = GPUIPC_MPI_SCOPE_DEVICE;
+  gpuipc_kind_t kind = GPUIPC_KIND_AUTO;
+  if (argc > 2 && parse_kind(argv[2], &kind) != 0) {
+    fprintf(stderr, "unknown kind %s\n", argv[2]);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+
+  /* With GPUs, this rank's GPU is current before choosing the scope. */
+  int device = -1;
+  int ngpus = gpuipc_driver_status(NULL) == 0 ? gpuipc_device_count() : 0;
+  if (ngpus > 0 && kind != GPUIPC_KIND_HOST) {
+    MPI_Comm local;
+    int local_rank;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
+                        MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &local_rank);
+    MPI_Comm_free(&local);
+    device = local_rank % ngpus;
+    if (cuda_load() || cuda_use(device)) {
+      fprintf(stderr, "rank %d: cannot use GPU %d\n", rank, device);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  } else if (kind == GPUIPC_KIND_AUTO) {
+    kind = GPUIPC_KIND_HOST;
+  }
+
+  gpuipc_domain_t *dom;
+  CHECK(gpuipc_domain_join_mpi(MPI_COMM_WORLD, scope, &dom));
+  MPI_Comm scope_comm;
+  CHECK(gpuipc_mpi_scope_comm(MPI_COMM_WORLD, scope, &scope_comm));
+  int scope_rank;
+  MPI_Comm_rank(scope_comm, &scope_rank);
+
+  const size_t size = COUNT * sizeof(float);
+  unsigned seg_kind = GPUIPC_SEG_KIND(kind);
+  gpuipc_buf_t *data, *ready;
+  if (scope_rank == 0) {
+    /* Only the scope's rank 0 allocates; it fills, then says "ready". */
+    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator", size, device,
+                              GPUIPC_CREATE | seg_kind, &data));
+    float host[COUNT];
+    for (int i = 0; i < COUNT; i++)
+      host[i] = (float)rank;
+    CHECK(copy_in(data, host, size));
+    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator.ready", 64, -1,
+                              GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
+                              &ready));
+  } else {
+    /* Everyone else imports once rank 0 has filled it. */
+    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator.ready", 0, -1,
+                              GPUIPC_WAIT, &ready));
+    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator", size, device, 0,
+                              &data));
+  }
+  printf("Rank %d: got %s memory at %p\n", rank,
+         gpuipc_kind_name(gpuipc_buf_kind(data)), gpuipc_buf_ptr(data));
+
+  float value;
+  CHECK(copy_out(&value, data, sizeof(float), sizeof(float)));
+  printf("Rank %d: second value is %g\n", rank, (double)value);
+
+  gpuipc_buf_release(ready);
+  gpuipc_buf_release(data);
+  gpuipc_domain_leave(dom);
+  MPI_Comm_free(&scope_comm);
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,411 @@
+/*
+ * gpuipc_mpi: scopes of an MPI communicator (machine, GPU) and a domain of
+ * their own for each. Built on the public gpuipc API only, as libgpuipc_mpi.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "gpuipc_mpi.h"
+
+#define GPUIPC_MPI_API __attribute__((visibility("default")))
+
+/* ---- failure sentences ---------------------------------------------------*/
+
+static __thread char g_err[512];
+static __thread int g_err_own; /* 1: g_err; 0: gpuipc_last_error() */
+
+__attribute__((format(printf, 2, 3))) static int fail(int code,
+                                                      const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof(g_err), fmt, ap);
+  va_end(ap);
+  g_err_own = 1;
+  return code;
+}
+
+/* A failure gpuipc described: its sentence stands. */
+static int fail_gpuipc(int code)
+{
+  g_err_own = 0;
+  return code;
+}
+
+static int fail_mpi(int mrc, const char *call)
+{
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS)
+    snprintf(msg, sizeof(msg), "MPI error %d", mrc);
+  return fail(-EIO, "%s failed: %s", call, msg);
+}
+
+GPUIPC_MPI_API const char *gpuipc_mpi_last_error(void)
+{
+  return g_err_own ? g_err : gpuipc_last_error();
+}
+
+/*
+ * The rank of the communicator that a failure already agreed upon came
+ * from, so that agreeing on it again (as callers up the stack do) keeps
+ * naming that rank. -1: none; reset at the start of every public call.
+ */
+static __thread int g_agreed_who = -1;
+
+/*
+ * agree - every rank of @comm learns the outcome of all: 0 when every rank
+ * passed 0, else the code of the lowest rank that failed. A rank that did
+ * not fail itself gets a sentence naming the rank that did.
+ */
+static int agree(MPI_Comm comm, int rc)
+{
+  int rank;
+  int mrc = MPI_Comm_rank(comm, &rank);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_rank");
+  struct {
+    int who;
+    int code;
+  } in = {rc ? (g_agreed_who >= 0 ? g_agreed_who : rank) : INT_MAX, rc}, out;
+  mrc = MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MINLOC, comm);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Allreduce");
+  if (out.who == INT_MAX)
+    return 0;
+  g_agreed_who = out.who;
+  if (out.who != rank)
+    return fail(out.code, "rank %d of the communicator failed: %s (%s)",
+                out.who, gpuipc_err_name(out.code),
+                gpuipc_strerror(out.code));
+  return rc;
+}
+
+/* ---- which machine, which GPU -------------------------------------------*/
+
+/* GPUIPC_NODE_ID as a non-negative int (0 when unset). */
+static int node_id(int *out)
+{
+  const char *s = getenv("GPUIPC_NODE_ID");
+  if (!s || !*s) {
+    *out = 0;
+    return 0;
+  }
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < 0 || v > INT_MAX)
+    return fail(-EINVAL,
+                "GPUIPC_NODE_ID=\"%s\": must be a non-negative integer", s);
+  *out = (int)v;
+  return 0;
+}
+
+/* The few driver calls that find the current context's device. */
+typedef int (*ctx_get_current_fn)(void **ctx);
+typedef int (*ctx_get_device_fn)(int *dev);
+typedef int (*device_get_fn)(int *dev, int ordinal);
+
+/*
+ * The local ordinal of the device of the CUDA context current on this
+ * thread; 0 when none is current or the driver does not say.
+ */
+static int current_ordinal(int count)
+{
+  const char *lib = getenv("GPUIPC_CUDA_LIB");
+  if (!lib || !*lib)
+    lib = "libcuda.so.1";
+  /* gpuipc has loaded the driver already: only look it up. */
+  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!h)
+    return 0;
+  int ordinal = 0;
+  ctx_get_current_fn get_current =
+      (ctx_get_current_fn)(uintptr_t)dlsym(h, "cuCtxGetCurrent");
+  ctx_get_device_fn get_device =
+      (ctx_get_device_fn)(uintptr_t)dlsym(h, "cuCtxGetDevice");
+  device_get_fn device_get = (device_get_fn)(uintptr_t)dlsym(h, "cuDeviceGet");
+  void *ctx = NULL;
+  int dev;
+  if (get_current && get_device && device_get && get_current(&ctx) == 0 &&
+      ctx && get_device(&dev) == 0) {
+    for (int i = 0; i < count; i++) {
+      int d;
+      if (device_get(&d, i) == 0 && d == dev) {
+        ordinal = i;
+        break;
+      }
+    }
+  }
+  dlclose(h);
+  return ordinal;
+}
+
+/* This rank's GPU UUID for the DEVICE scope; all zero for the host. */
+static void device_uuid(uint8_t uuid[16])
+{
+  memset(uuid, 0, 16);
+  if (gpuipc_driver_status(NULL) != 0)
+    return;
+  int count = gpuipc_device_count();
+  if (count <= 0)
+    return;
+  gpuipc_device_info_t info;
+  memset(&info, 0, sizeof(info));
+  info.size = sizeof(info);
+  if (gpuipc_device_info(current_ordinal(count), &info) == 0)
+    memcpy(uuid, info.uuid, 16);
+}
+
+/* ---- scopes --------------------------------------------------------------*/
+
+/* Checks every rank can make alone, before any collective. */
+static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
+{
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (!inited || finalized)
+    return fail(-EINVAL, "MPI is %s", inited ? "finalized" : "not initialised");
+  if (comm == MPI_COMM_NULL)
+    return fail(-EINVAL, "comm is MPI_COMM_NULL");
+  if (scope != GPUIPC_MPI_SCOPE_NODE && scope != GPUIPC_MPI_SCOPE_DEVICE)
+    return fail(-EINVAL, "scope %d is neither GPUIPC_MPI_SCOPE_NODE nor "
+                         "GPUIPC_MPI_SCOPE_DEVICE", (int)scope);
+  return 0;
+}
+
+/* Split @comm by @color, keeping the ranks' order. */
+static int split(MPI_Comm comm, int color, MPI_Comm *out)
+{
+  int rank;
+  int mrc = MPI_Comm_rank(comm, &rank);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_rank");
+  mrc = MPI_Comm_split(comm, color, rank, out);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_split");
+  return 0;
+}
+
+/* The ranks of @node (one machine) that use the same GPU as this one. */
+static int split_device(MPI_Comm node, MPI_Comm *out)
+{
+  int size, rank;
+  int mrc = MPI_Comm_size(node, &size);
+  if (mrc == MPI_SUCCESS)
+    mrc = MPI_Comm_rank(node, &rank);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_size");
+  uint8_t mine[16];
+  device_uuid(mine);
+  uint8_t *all = malloc((size_t)size * 16);
+  if (!all)
+    return fail(-ENOMEM, "no memory for %d GPU UUIDs", size);
+  mrc = MPI_Allgather(mine, 16, MPI_BYTE, all, 16, MPI_BYTE, node);
+  if (mrc != MPI_SUCCESS) {
+    free(all);
+    return fail_mpi(mrc, "MPI_Allgather");
+  }
+  /* The color is the lowest rank on the same GPU. */
+  int color = rank;
+  for (int i = 0; i < size; i++)
+    if (memcmp(all + (size_t)i * 16, mine, 16) == 0) {
+      color = i;
+      break;
+    }
+  free(all);
+  return split(node, color, out);
+}
+
+static int scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
+{
+  int id = 0;
+  int rc = agree(comm, node_id(&id));
+  if (rc)
+    return rc;
+  int rank;
+  int mrc = MPI_Comm_rank(comm, &rank);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_rank");
+  MPI_Comm shared, node;
+  mrc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                            &shared);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  rc = split(shared, id, &node);
+  MPI_Comm_free(&shared);
+  if (rc)
+    return rc;
+  if (scope == GPUIPC_MPI_SCOPE_NODE) {
+    *out = node;
+    return 0;
+  }
+  MPI_Comm dev;
+  rc = split_device(node, &dev);
+  MPI_Comm_free(&node);
+  if (rc)
+    return rc;
+  *out = dev;
+  return 0;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
+                                         gpuipc_mpi_scope_t scope,
+                                         MPI_Comm *out)
+{
+  g_agreed_who = -1;
+  int rc = check_call(comm, scope);
+  if (rc)
+    return rc;
+  rc = agree(comm, out ? 0 : fail(-EINVAL, "out is NULL"));
+  if (rc)
+    return rc;
+  MPI_Comm c;
+  int mine = scope_comm(comm, scope, &c);
+  rc = agree(comm, mine);
+  if (rc) {
+    if (mine == 0)
+      MPI_Comm_free(&c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+/* ---- domains -------------------------------------------------------------*/
+
+/* "mpi-" and 128 random bits in 22 characters, drawn by rank 0 of @scope
+ * and broadcast. */
+static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
+{
+  int rank;
+  int mrc = MPI_Comm_rank(scope, &rank);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_rank");
+  /* The drawing rank's status travels with the bytes. */
+  struct {
+    int32_t rc;
+    uint8_t id[16];
+  } msg;
+  memset(&msg, 0, sizeof(msg));
+  if (rank == 0) {
+    size_t got = 0;
+    while (got < sizeof(msg.id)) {
+      ssize_t n = getrandom(msg.id + got, sizeof(msg.id) - got, 0);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0) {
+        msg.rc = fail(-errno, "getrandom for the domain's name: %s",
+                      strerror(errno));
+        break;
+      }
+      got += (size_t)n;
+    }
+  }
+  mrc = MPI_Bcast(&msg, (int)sizeof(msg), MPI_BYTE, 0, scope);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Bcast of the domain's name");
+  if (msg.rc)
+    return rank == 0 ? msg.rc
+                     : fail(msg.rc, "rank 0 of the scope could not draw the "
+                                    "domain's name: %s",
+                            gpuipc_strerror(msg.rc));
+  /* 6 bits a character: short names leave room in socket paths. */
+  static const char digits[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
+  char *p = name + snprintf(name, GPUIPC_NAME_MAX + 1, "mpi-");
+  for (int bit = 0; bit < 128; bit += 6) {
+    unsigned v = 0;
+    for (int b = bit; b < bit + 6; b++)
+      v = v << 1 | (b < 128 ? (msg.id[b / 8] >> (7 - b % 8)) & 1u : 0u);
+    *p++ = digits[v];
+  }
+  *p = '\0';
+  return 0;
+}
+
+/*
+ * Rank 0 of @scope joins first, so that it hosts the broker; the others
+ * join once it has (its status, broadcast, is the barrier).
+ */
+static int join_in_order(MPI_Comm scope, const char *name,
+                         gpuipc_domain_t **out)
+{
+  int rank;
+  int mrc = MPI_Comm_rank(scope, &rank);
+  if (mrc != MPI_SUCCESS)
+    return fail_mpi(mrc, "MPI_Comm_rank");
+  gpuipc_domain_t *dom = NULL;
+  int rc = 0;
+  if (rank == 0) {
+    rc = gpuipc_domain_join(name, NULL, &dom);
+    if (rc)
+      fail_gpuipc(rc);
+  }
+  int first = rc;
+  mrc = MPI_Bcast(&first, 1, MPI_INT, 0, scope);
+  if (mrc != MPI_SUCCESS) {
+    rc = fail_mpi(mrc, "MPI_Bcast of the first join's status");
+    goto leave;
+  }
+  if (first) {
+    if (rank != 0)
+      rc = fail(first, "rank 0 of the scope could not join domain %s: %s",
+                name, gpuipc_strerror(first));
+    return rc;
+  }
+  if (rank != 0) {
+    rc = gpuipc_domain_join(name, NULL, &dom);
+    if (rc)
+      return fail_gpuipc(rc);
+  }
+  *out = dom;
+  return 0;
+leave:
+  if (dom)
+    gpuipc_domain_leave(dom);
+  return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
+                                          gpuipc_mpi_scope_t scope,
+                                          gpuipc_domain_t **out)
+{
+  g_agreed_who = -1;
+  int rc = check_call(comm, scope);
+  if (rc)
+    return rc;
+  rc = agree(comm, out ? 0 : fail(-EINVAL, "out is NULL"));
+  if (rc)
+    return rc;
+  MPI_Comm sc;
+  int mine = scope_comm(comm, scope, &sc);
+  rc = agree(comm, mine);
+  if (rc) {
+    if (mine == 0)
+      MPI_Comm_free(&sc);
+    return rc;
+  }
+  char name[GPUIPC_NAME_MAX + 1];
+  gpuipc_domain_t *dom = NULL;
+  rc = domain_name(sc, name);
+  if (rc == 0)
+    rc = join_in_order(sc, name, &dom);
+  MPI_Comm_free(&sc);
+  rc = agree(comm, rc);
+  if (rc) {
+    if (dom)
+      gpuipc_domain_leave(dom);
+    return rc;
+  }
+  *out = dom;
+  return 0;
+}
