@@ -82,7 +82,7 @@ int gpuipc__sock_pair(int out[2])
 int gpuipc__sock_listen(const char *path, int backlog, int *out_fd)
 {
   struct sockaddr_un sa;
-  socklen_t salen;
+  socklen_t salen = 0;
   int rc;
 
   if (out_fd == NULL)
@@ -123,7 +123,7 @@ close_fd:
 int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
 {
   struct sockaddr_un sa;
-  socklen_t salen;
+  socklen_t salen = 0;
   int rc;
 
   if (out_fd == NULL)
