@@ -44,6 +44,7 @@ static double now_ms(void)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   struct peer host, s[NS];
   peer_start(&host);
   PEER_OK(&host, "join fo");

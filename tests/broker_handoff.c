@@ -90,6 +90,7 @@ static void successor_gone(void)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   /* This process hosts the broker first. */
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("ho", NULL, &dom));

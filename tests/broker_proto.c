@@ -484,6 +484,7 @@ static void version_mismatch(void)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   ASSERT_OK(gpuipc_domain_join("proto", NULL, &dom));
   ASSERT_OK(gpuipc__dom_paths("proto", &paths));
   gpuipc_buf_t *keep;

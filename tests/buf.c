@@ -190,12 +190,7 @@ static void check_wrong_fds(void)
 
 int main(void)
 {
-  /* Where a GPU is present, the first HOST buffer loads the driver and
-   * retains a context, which opens descriptors of the driver's own; do that
-   * before the checks that count descriptors. */
-  gpuipc_buf_t *warm;
-  ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &warm));
-  ASSERT_OK(gpuipc_buf_release(warm));
+  test_warm_driver(); /* count descriptors with the driver's included */
   check_bad_arguments();
   check_kinds();
   check_alloc_export_import();

@@ -167,6 +167,7 @@ static void no_broker(void)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   /* Settle lazily opened descriptors (settings, runtime directory). */
   gpuipc_domain_t *warm;
   ASSERT_OK(gpuipc_domain_join("warm", NULL, &warm));

@@ -94,6 +94,7 @@ static void exporter_exits_first(size_t size)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   peer_writes_back(4096);
   peer_writes_back((size_t)8 << 20 | 123); /* 8 MiB + an odd tail */
   exporter_exits_first(1 << 20);

@@ -54,6 +54,7 @@ static void wait_not_holder(const char *name, pid_t pid)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   ASSERT_OK(gpuipc_domain_join("kill", NULL, &dom));
   int base = test_count_fds(0);
 

@@ -41,6 +41,7 @@ static void *prober(void *arg)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   ASSERT_OK(gpuipc_domain_join("load", NULL, &dom));
   int fds = test_count_fds(0);
   static struct peer p[NPEERS];

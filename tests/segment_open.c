@@ -256,6 +256,7 @@ static void threads(void)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   ASSERT_OK(gpuipc_domain_join("seg", NULL, &dom));
   int fds = test_count_fds(0);
   bad_arguments();

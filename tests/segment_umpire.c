@@ -21,6 +21,7 @@ static void dom_info(gpuipc_domain_t *d, gpuipc_domain_info_t *i)
 
 int main(void)
 {
+  test_warm_driver(); /* count descriptors with the driver's included */
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("umpire", NULL, &dom));
   gpuipc_domain_info_t di;

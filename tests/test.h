@@ -98,6 +98,15 @@ pid_t test_spawn(const char *name, const char *const *args,
  * when killed, or fails the test on timeout (after killing it). */
 int test_wait(pid_t pid, int timeout_ms);
 
+/*
+ * Where a GPU is present, the first buffer loads the CUDA driver and retains
+ * a context, which opens descriptors of the driver's own for the life of the
+ * process. Tests that count descriptors call this first, so that the count
+ * they start from already includes them. Without a GPU it does nothing
+ * beyond one HOST allocation.
+ */
+void test_warm_driver(void);
+
 /* Number of open descriptors of @pid (0: self) from /proc/PID/fd. */
 int test_count_fds(pid_t pid);
 

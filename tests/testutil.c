@@ -79,6 +79,13 @@ int test_wait(pid_t pid, int timeout_ms)
   }
 }
 
+void test_warm_driver(void)
+{
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b));
+  ASSERT_OK(gpuipc_buf_release(b));
+}
+
 int test_count_fds(pid_t pid)
 {
   char path[64];

@@ -230,6 +230,12 @@ static void command(char *line)
     else
       reply("ok");
   } else if (strcmp(cmd, "join") == 0 && argc >= 2) {
+    /* Not earlier: setenv and setuid must come before the first gpuipc
+     * call. Descriptor counts are taken after the join. */
+    static bool warm;
+    if (!warm)
+      test_warm_driver();
+    warm = true;
     gpuipc_domain_opts_t o = {sizeof(o), 0, 0};
     if (argc >= 3 && strcmp(argv[2], "nobroker") == 0)
       o.flags = GPUIPC_JOIN_NO_BROKER;
