@@ -201,6 +201,15 @@ GPUIPC_API int gpuipc_device_info(int ordinal, gpuipc_device_info_t *out);
  */
 GPUIPC_API int gpuipc_device_by_uuid(const uint8_t uuid[16]);
 
+/*
+ * gpuipc_device_current - the local ordinal of the device of the CUDA
+ * context current on the calling thread (as the runtime API's
+ * cudaGetDevice would say once a context exists).
+ * Returns the ordinal (>= 0); GPUIPC_E_NODRIVER; GPUIPC_E_NODEVICE when no
+ * context is current; GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_device_current(void);
+
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */
 /* ------------------------------------------------------------------------ */

@@ -63,7 +63,10 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
   XX(ALLOW_GIDS, "GPUIPC_ALLOW_GIDS", "",                                      \
      "Comma-separated gids whose members may join.")                           \
   XX(TIMEOUT_MS, "GPUIPC_TIMEOUT_MS", "10000",                                 \
-     "Default timeout in milliseconds for broker requests.")
+     "Default timeout in milliseconds for broker requests.")                   \
+  XX(NODE_ID, "GPUIPC_NODE_ID", "0",                                           \
+     "Testing aid for the MPI component: ranks with different values "         \
+     "behave as if on different machines.")
 
 typedef enum gpuipc__cfg {
 #define GPUIPC__CFG_ENUM(id, name, def, help) GPUIPC_CFG_##id,

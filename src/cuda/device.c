@@ -250,3 +250,28 @@ int gpuipc_device_by_uuid(const uint8_t uuid[16])
                      "process sees %d; CUDA_VISIBLE_DEVICES may hide it)",
                      s, ndev);
 }
+
+int gpuipc_device_current(void)
+{
+  int rc = gpuipc__cuda_load();
+  if (rc != 0)
+    return rc;
+#if GPUIPC_HAVE_CUDA
+  CUcontext ctx = NULL;
+  rc = GPUIPC_CU(cuCtxGetCurrent, &ctx);
+  if (rc != 0)
+    return rc;
+  if (ctx == NULL)
+    return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc_device_current: no CUDA "
+                                          "context is current on this thread");
+  CUdevice dev;
+  rc = GPUIPC_CU(cuCtxGetDevice, &dev);
+  if (rc != 0)
+    return rc;
+  for (int i = 0; i < ndev; i++)
+    if (devs[i].cu_dev == dev)
+      return i;
+#endif
+  return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc_device_current: the current "
+                                        "context's device is not visible");
+}

@@ -2,7 +2,6 @@
  * gpuipc_mpi: scopes of an MPI communicator (machine, GPU) and a domain of
  * their own for each. Built on the public gpuipc API only, as libgpuipc_mpi.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -90,10 +89,17 @@ static int agree(MPI_Comm comm, int rc)
 
 /* ---- which machine, which GPU -------------------------------------------*/
 
-/* GPUIPC_NODE_ID as a non-negative int (0 when unset). */
+/* The GPUIPC_NODE_ID setting as a non-negative int (0 when unset). */
 static int node_id(int *out)
 {
-  const char *s = getenv("GPUIPC_NODE_ID");
+  const char *s = NULL;
+  int n = gpuipc_config_count();
+  for (int i = 0; i < n; i++) {
+    gpuipc_config_item_t item;
+    if (gpuipc_config_get(i, &item) == 0 &&
+        strcmp(item.name, "GPUIPC_NODE_ID") == 0)
+      s = item.value;
+  }
   if (!s || !*s) {
     *out = 0;
     return 0;
@@ -108,44 +114,14 @@ static int node_id(int *out)
   return 0;
 }
 
-/* The few driver calls that find the current context's device. */
-typedef int (*ctx_get_current_fn)(void **ctx);
-typedef int (*ctx_get_device_fn)(int *dev);
-typedef int (*device_get_fn)(int *dev, int ordinal);
-
 /*
  * The local ordinal of the device of the CUDA context current on this
- * thread; 0 when none is current or the driver does not say.
+ * thread; 0 when none is current.
  */
-static int current_ordinal(int count)
+static int current_ordinal(void)
 {
-  const char *lib = getenv("GPUIPC_CUDA_LIB");
-  if (!lib || !*lib)
-    lib = "libcuda.so.1";
-  /* gpuipc has loaded the driver already: only look it up. */
-  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  if (!h)
-    return 0;
-  int ordinal = 0;
-  ctx_get_current_fn get_current =
-      (ctx_get_current_fn)(uintptr_t)dlsym(h, "cuCtxGetCurrent");
-  ctx_get_device_fn get_device =
-      (ctx_get_device_fn)(uintptr_t)dlsym(h, "cuCtxGetDevice");
-  device_get_fn device_get = (device_get_fn)(uintptr_t)dlsym(h, "cuDeviceGet");
-  void *ctx = NULL;
-  int dev;
-  if (get_current && get_device && device_get && get_current(&ctx) == 0 &&
-      ctx && get_device(&dev) == 0) {
-    for (int i = 0; i < count; i++) {
-      int d;
-      if (device_get(&d, i) == 0 && d == dev) {
-        ordinal = i;
-        break;
-      }
-    }
-  }
-  dlclose(h);
-  return ordinal;
+  int ordinal = gpuipc_device_current();
+  return ordinal >= 0 ? ordinal : 0;
 }
 
 /* This rank's GPU UUID for the DEVICE scope; all zero for the host. */
@@ -154,13 +130,10 @@ static void device_uuid(uint8_t uuid[16])
   memset(uuid, 0, 16);
   if (gpuipc_driver_status(NULL) != 0)
     return;
-  int count = gpuipc_device_count();
-  if (count <= 0)
-    return;
   gpuipc_device_info_t info;
   memset(&info, 0, sizeof(info));
   info.size = sizeof(info);
-  if (gpuipc_device_info(current_ordinal(count), &info) == 0)
+  if (gpuipc_device_info(current_ordinal(), &info) == 0)
     memcpy(uuid, info.uuid, 16);
 }
 
