@@ -117,6 +117,25 @@ static void check_alloc_export_import(void)
   /* Same memory: a write through one mapping shows in the other. */
   ((uint8_t *)gpuipc_buf_ptr(m1))[5] ^= 0xff;
   ASSERT_EQ(p[5], (uint8_t)(test_pattern(7, 5) ^ 0xff));
+
+  /* A handle that claims a cached identity but carries another memfd is
+   * refused: the cache never hands out one memory under another's name. */
+  gpuipc_buf_t *c;
+  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &c));
+  gpuipc_handle_t hc;
+  ASSERT_OK(gpuipc_buf_export(c, &hc));
+  gpuipc_handle_t forged = other;
+  forged.fd = hc.fd;
+  gpuipc_buf_t *f = (gpuipc_buf_t *)0x1;
+  ASSERT_RC(gpuipc_buf_import(&forged, -1, 0, &f), GPUIPC_E_BADHANDLE);
+  ASSERT_ERR_MENTIONS("another memory object");
+  forged = h; /* this process's own identity */
+  forged.fd = hc.fd;
+  ASSERT_RC(gpuipc_buf_import(&forged, -1, 0, &f), GPUIPC_E_BADHANDLE);
+  ASSERT_PTR_EQ(f, (gpuipc_buf_t *)0x1);
+  close(hc.fd);
+  ASSERT_OK(gpuipc_buf_release(c));
+
   ASSERT_OK(gpuipc_buf_release(m1));
   ASSERT_OK(gpuipc_buf_release(m2));
 

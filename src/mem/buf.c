@@ -343,6 +343,13 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
                          (unsigned long long)h->export_id, h->pid,
                          gpuipc_kind_name(hit->kind), hit->size);
     }
+    if (hit->ops->same_memory != NULL && h->fd >= 0) {
+      rc = hit->ops->same_memory(hit, h->fd);
+      if (rc != 0) {
+        gpuipc_buf_release(hit);
+        return rc;
+      }
+    }
     /* LEGACY memory dies with its allocator: a cached mapping of a dead
      * exporter must not be handed out (a kill(pid, 0), only for LEGACY). */
     if (hit->kind == GPUIPC_KIND_LEGACY) {

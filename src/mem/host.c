@@ -10,9 +10,12 @@
 
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct host_priv {
+  dev_t st_dev;     /* identity of the memfd, for the import cache */
+  ino_t st_ino;
   void *base;       /* start of the mapping */
   size_t map_size;  /* bytes mapped */
   bool registered;  /* cuMemHostRegister succeeded */
@@ -97,6 +100,13 @@ static int host_attach(struct gpuipc_buf *b, int fd, size_t map_size,
     rc = gpuipc__err(-ENOMEM, "HOST buffer: out of memory");
     goto close_fd;
   }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    rc = gpuipc__err_errno(errno, "fstat of a HOST buffer's memfd");
+    goto free_priv;
+  }
+  p->st_dev = st.st_dev;
+  p->st_ino = st.st_ino;
   rc = host_map(fd, map_size, p);
   if (rc != 0)
     goto free_priv;
@@ -167,6 +177,26 @@ static int host_release(struct gpuipc_buf *b)
   return rc;
 }
 
+/*
+ * A handle that claims the identity of a buffer this process already maps
+ * must carry a descriptor of that very memfd: otherwise a peer could make
+ * the import cache hand out its own memory under another export's name.
+ */
+static int host_same_memory(const struct gpuipc_buf *b, int fd)
+{
+  const struct host_priv *p = b->priv;
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return gpuipc__err_errno(errno, "gpuipc_buf_import: fstat of the "
+                                    "handle's descriptor");
+  if (st.st_dev != p->st_dev || st.st_ino != p->st_ino)
+    return gpuipc__err(GPUIPC_E_BADHANDLE,
+                       "gpuipc_buf_import: the handle names export %llu of "
+                       "pid %u, but its descriptor is another memory object",
+                       (unsigned long long)b->export_id, b->pid);
+  return 0;
+}
+
 const struct gpuipc__kind_ops gpuipc__host_ops = {
     .kind = GPUIPC_KIND_HOST,
     .available = host_available,
@@ -174,4 +204,5 @@ const struct gpuipc__kind_ops gpuipc__host_ops = {
     .export = host_export,
     .import = host_import,
     .release = host_release,
+    .same_memory = host_same_memory,
 };

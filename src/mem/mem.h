@@ -40,6 +40,13 @@ struct gpuipc__kind_ops {
   int (*import)(struct gpuipc_buf *b, const gpuipc_handle_t *h);
   /* Unmap and free whatever alloc/import set up. */
   int (*release)(struct gpuipc_buf *b);
+  /*
+   * Optional: whether descriptor @fd refers to the memory of @b, which the
+   * import cache found by the identity a handle claims. 0 when it does,
+   * GPUIPC_E_BADHANDLE when it does not. Without it (kinds whose
+   * descriptors carry no stable identity) the claim is taken as is.
+   */
+  int (*same_memory)(const struct gpuipc_buf *b, int fd);
 };
 
 struct gpuipc_buf {
