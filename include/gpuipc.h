@@ -485,9 +485,10 @@ GPUIPC_API int gpuipc_event_export(const gpuipc_event_t *ev,
  *     the device whose streams will record or wait on it (possibly not the
  *     GPU the event was created on); -1 for the GPU the handle names (found
  *     by UUID).
- * Imports are cached per process: importing the same event again returns
- * the same object with one more reference, without a driver call; importing
- * an event this process exported returns the original.
+ * Imports are cached per process and device: importing the same event for
+ * the same device again returns the same object with one more reference,
+ * without a driver call; importing an event this process exported returns
+ * the original.
  * Returns 0; -EINVAL (NULL argument); GPUIPC_E_BADHANDLE (fields invalid);
  * GPUIPC_E_NODEVICE (the GPU is not visible here, UUID in the sentence);
  * GPUIPC_E_PEER_GONE (the exporter has exited); GPUIPC_E_CUDA.
@@ -1049,7 +1050,12 @@ GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
  *     buffer. GPU tensors have device {GPUIPC_DL_CUDA, ordinal that maps
  *     them}, HOST ones {GPUIPC_DL_CPU, 0}.
  * @stream: the stream that will use the view: it is made to wait for the
- *     sender's event (no host wait). Ignored for HOST buffers.
+ *     sender's event (no host wait), which is opened on the stream's device.
+ *     An event that has completed needs no wait; a pending one is polled
+ *     for up to GPUIPC_CHAN_EVENT_POLL_US (30 us) first, because a stream
+ *     waiting on another process's event on the same GPU waits for a
+ *     switch between the two processes' contexts (~140 us on H200).
+ *     Ignored for HOST buffers.
  * @timeout_ms: < 0 waits forever; 0 polls.
  * Returns 0; -EAGAIN (@timeout_ms 0, nothing there); -ETIMEDOUT;
  * GPUIPC_E_PEER_GONE (the peer is gone and everything it sent has been

@@ -546,56 +546,74 @@ static int pack_event(gpuipc_event_t *ev, uint8_t dst[GPUIPC_EVENT_HANDLE_PACKED
   return rc < 0 ? rc : 0;
 }
 
+static bool same_event(const gpuipc_event_handle_t *a,
+                       const gpuipc_event_handle_t *b)
+{
+  return a->event_id == b->event_id && a->pid == b->pid &&
+         a->pidns == b->pidns && a->nonce == b->nonce &&
+         memcmp(a->boot_id, b->boot_id, sizeof(a->boot_id)) == 0 &&
+         memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0;
+}
+
 /*
- * The peer's event @key from table (@tab, @n, @cap); imports @packed when
- * not NULL (replacing what the key named).
+ * The peer's event @key from table (@tab, @n, @cap), opened for local
+ * device @dev (-1: the GPU the handle names). @packed, when not NULL, is
+ * the handle the peer sends with the key's first use; a key keeps its
+ * event for the life of the channel (a second, different handle for it is
+ * a protocol error). The event is opened on each device that asks for it,
+ * once (an open costs about 200 us).
  */
 static int event_peer(struct gpuipc__event **tab, int *n, int *cap,
-                      uint32_t key, const uint8_t *packed, const char *who,
-                      gpuipc_event_t **out)
+                      uint32_t key, const uint8_t *packed, int dev,
+                      const char *who, gpuipc_event_t **out)
 {
-  int i;
-  for (i = 0; i < *n; i++)
-    if ((*tab)[i].key == key)
-      break;
+  gpuipc_event_handle_t h;
+  int rc, any = -1;
+  if (packed != NULL) {
+    rc = gpuipc_event_handle_unpack(packed, GPUIPC_EVENT_HANDLE_PACKED_SIZE,
+                                    &h);
+    if (rc != 0)
+      return gpuipc__err(GPUIPC_E_PROTO, "%s: malformed event handle for "
+                         "key %u", who, key);
+  }
+  for (int i = 0; i < *n; i++) {
+    struct gpuipc__event *e = &(*tab)[i];
+    if (e->key != key)
+      continue;
+    if (packed != NULL && !same_event(&e->h, &h))
+      return gpuipc__err(GPUIPC_E_PROTO, "%s: event key %u was sent again "
+                         "for another event", who, key);
+    if (e->dev == dev || dev < 0) {
+      *out = e->ev;
+      return 0;
+    }
+    any = i;
+  }
   if (packed == NULL) {
-    if (i == *n)
+    if (any < 0)
       return gpuipc__err(GPUIPC_E_PROTO, "%s: event key %u was never sent",
                          who, key);
-    *out = (*tab)[i].ev;
-    return 0;
+    h = (*tab)[any].h;
   }
-  gpuipc_event_handle_t h;
-  int rc = gpuipc_event_handle_unpack(packed, GPUIPC_EVENT_HANDLE_PACKED_SIZE,
-                                      &h);
-  if (rc != 0)
-    return gpuipc__err(GPUIPC_E_PROTO, "%s: malformed event handle for key "
-                       "%u", who, key);
+  if (*n == *cap) {
+    int ncap = *cap ? *cap * 2 : 16;
+    if (ncap > 4 * GPUIPC__CHAN_EV_DEVS * GPUIPC__CHAN_DEPTH_MAX)
+      return gpuipc__err(GPUIPC_E_PROTO, "%s: too many events", who);
+    struct gpuipc__event *t = realloc(*tab, (size_t)ncap * sizeof(*t));
+    if (t == NULL)
+      return gpuipc__err(-ENOMEM, "%s: out of memory", who);
+    *tab = t;
+    *cap = ncap;
+  }
   gpuipc_event_t *ev;
-  rc = gpuipc_event_import(&h, -1, &ev);
+  rc = gpuipc_event_import(&h, dev, &ev);
   if (rc != 0)
     return rc;
-  if (i == *n) {
-    if (*n == *cap) {
-      int ncap = *cap ? *cap * 2 : 16;
-      if (ncap > GPUIPC__CHAN_EV_DEVS * GPUIPC__CHAN_DEPTH_MAX) {
-        gpuipc_event_release(ev);
-        return gpuipc__err(GPUIPC_E_PROTO, "%s: too many events", who);
-      }
-      struct gpuipc__event *t = realloc(*tab, (size_t)ncap * sizeof(*t));
-      if (t == NULL) {
-        gpuipc_event_release(ev);
-        return gpuipc__err(-ENOMEM, "%s: out of memory", who);
-      }
-      *tab = t;
-      *cap = ncap;
-    }
-    (*n)++;
-  } else {
-    gpuipc_event_release((*tab)[i].ev);
-  }
-  (*tab)[i].key = key;
-  (*tab)[i].ev = ev;
+  struct gpuipc__event *e = &(*tab)[(*n)++];
+  e->key = key;
+  e->dev = gpuipc_event_device(ev);
+  e->ev = ev;
+  e->h = h;
   *out = ev;
   return 0;
 }
@@ -655,16 +673,19 @@ static int tx_take(struct gpuipc_channel *ch)
       rc = gpuipc__err(GPUIPC_E_PROTO, "%s: release of message %llu, which "
                        "is not in flight", who, (unsigned long long)rl.seq);
     gpuipc_event_t *ev = NULL;
+    /* Opened where the sender's streams most likely wait: the buffer's GPU. */
     if (rc == 0 && (rl.flags & GPUIPC__REL_EVENT))
       rc = event_peer(&tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs, rl.ev_key,
                       (rl.flags & GPUIPC__REL_NEW_EVENT) ? rl.ev_handle : NULL,
-                      who, &ev);
+                      r->buf != NULL ? gpuipc_buf_device(r->buf) : -1, who,
+                      &ev);
     if (rc != 0) {
       tx->err = rc == GPUIPC_E_PROTO ? rc : tx->err;
       return rc;
     }
     r->released = true;
     r->rel_ev = ev;
+    r->rel_key = rl.ev_key;
     tx->rel_tail++;
     taken++;
     if (tx->cb != NULL)
@@ -998,23 +1019,73 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
   return 0;
 }
 
+/*
+ * How long to poll a peer's pending event before making a stream wait for
+ * it (GPUIPC_CHAN_EVENT_POLL_US). A stream waiting on another process's
+ * event on the same GPU waits for the GPU to switch between the two
+ * processes' contexts (about 140 us on H200); an event that completes
+ * within microseconds costs less to poll for.
+ */
+static uint64_t ev_poll_ns(void)
+{
+  long us = gpuipc__cfg_long(GPUIPC_CFG_CHAN_EVENT_POLL_US, 30);
+  return (uint64_t)(us > 1000000 ? 1000000 : us) * 1000;
+}
+
 #if GPUIPC_HAVE_CUDA
 /*
- * Make @stream wait for @ev. A NULL stream means the legacy default stream
- * of device @dev (the one that will use the data), which need not be the
- * event's own device.
+ * The local ordinal whose primary context @stream belongs to; @fallback
+ * for a NULL stream (the legacy default stream of the device that uses the
+ * data) or when the driver cannot say. A stream of another context gives
+ * its device, and the event calls then refuse it with a sentence.
  */
-static int wait_on(gpuipc_event_t *ev, int dev, void *stream)
+static int stream_dev(void *stream, int fallback)
 {
-  if (stream != NULL || dev < 0 || dev == gpuipc_event_device(ev))
-    return gpuipc_event_wait(ev, stream);
-  struct gpuipc__ctx_saved saved;
-  int rc = gpuipc__ctx_enter(dev, &saved);
-  if (rc != 0)
-    return rc;
-  rc = gpuipc_event_wait(ev, (void *)CU_STREAM_LEGACY);
-  gpuipc__ctx_leave(&saved);
-  return rc;
+  if (stream == NULL || gpuipc__cu.cuStreamGetCtx == NULL)
+    return fallback;
+  CUcontext sc = NULL;
+  if (gpuipc__cu.cuStreamGetCtx((CUstream)stream, &sc) != CUDA_SUCCESS ||
+      sc == NULL)
+    return fallback;
+  int n = gpuipc__dev_count();
+  for (int i = 0; i < n; i++)
+    if (__atomic_load_n(&gpuipc__dev_get(i)->primary, __ATOMIC_ACQUIRE) ==
+        sc)
+      return i;
+  /* A context gpuipc has not retained: ask it for its device. */
+  CUcontext cur = NULL;
+  CUdevice cd;
+  int dev = fallback;
+  if (gpuipc__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+    return fallback;
+  if (gpuipc__cu.cuCtxSetCurrent(sc) == CUDA_SUCCESS &&
+      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS)
+    for (int i = 0; i < n; i++)
+      if (gpuipc__dev_get(i)->cu_dev == cd)
+        dev = i;
+  gpuipc__cu.cuCtxSetCurrent(cur);
+  return dev;
+}
+
+/*
+ * Make @stream (NULL: the legacy default stream of the event's device)
+ * wait for @ev, unless its last record has completed already or completes
+ * within @poll_ns: then the stream gets nothing to wait for and stays
+ * idle, so that a release after it needs no event either.
+ */
+static int wait_on(gpuipc_event_t *ev, void *stream, uint64_t poll_ns)
+{
+  int q = gpuipc_event_query(ev);
+  if (q == -EAGAIN && poll_ns > 0) {
+    uint64_t end = gpuipc__now_ns() + poll_ns;
+    while (q == -EAGAIN && gpuipc__now_ns() < end)
+      q = gpuipc_event_query(ev);
+  }
+  if (q == 0)
+    return 0;
+  if (q != -EAGAIN)
+    return q;
+  return gpuipc_event_wait(ev, stream);
 }
 
 /*
@@ -1048,12 +1119,17 @@ static int copy_async(int dev, void *dst, const void *src, size_t n,
   return rc;
 }
 #else
+static int stream_dev(void *stream, int fallback)
+{
+  return fallback;
+}
+
 static bool stream_idle(int dev, void *stream)
 {
   return false;
 }
 
-static int wait_on(gpuipc_event_t *ev, int dev, void *stream)
+static int wait_on(gpuipc_event_t *ev, void *stream, uint64_t poll_ns)
 {
   return gpuipc_event_wait(ev, stream);
 }
@@ -1142,6 +1218,8 @@ int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t, void *stream,
 
   /* Order the message after the sender's stream (unless it is idle). */
   uint8_t *ev_sent = NULL;
+  if (ev_dev >= 0)
+    ev_dev = stream_dev(stream, ev_dev);
   if (ev_dev >= 0 && !stream_idle(ev_dev, stream)) {
     uint32_t es = (uint32_t)(seq % tx->depth);
     gpuipc_event_t *ev;
@@ -1241,8 +1319,14 @@ int gpuipc_send_wait(gpuipc_channel_t *ch, uint64_t ticket, void *stream,
   rc = tx_wait(ch, deadline_of(timeout_ms), ticket_released, ticket, false);
   if (rc == 0 && ticket >= tx->oldest) {
     struct gpuipc__tx_rec *r = &tx->recs[ticket % tx->depth];
-    if (r->rel_ev != NULL)
-      rc = gpuipc_event_wait(r->rel_ev, stream);
+    gpuipc_event_t *ev = r->rel_ev;
+    int dev = ev != NULL ? stream_dev(stream, gpuipc_event_device(ev)) : -1;
+    /* The stream's device needs the event opened there. */
+    if (ev != NULL && dev != gpuipc_event_device(ev))
+      rc = event_peer(&tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs,
+                      r->rel_key, NULL, dev, ch->who, &ev);
+    if (rc == 0 && ev != NULL)
+      rc = wait_on(ev, stream, ev_poll_ns());
   } else if (rc == -EAGAIN) {
     rc = gpuipc__err(-EAGAIN, "gpuipc_send_wait: message %llu is not "
                      "released yet", (unsigned long long)ticket);
@@ -1438,8 +1522,8 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   return 0;
 }
 
-/* The sender's event of the pending message, or NULL. */
-static int rx_event(struct gpuipc_channel *ch, gpuipc_event_t **out)
+/* The sender's event of the pending message, opened for @dev, or NULL. */
+static int rx_event(struct gpuipc_channel *ch, int dev, gpuipc_event_t **out)
 {
   struct gpuipc__rx *rx = &ch->rx;
   struct gpuipc__desc *d = &rx->pdesc;
@@ -1449,7 +1533,7 @@ static int rx_event(struct gpuipc_channel *ch, gpuipc_event_t **out)
   int rc = event_peer(&rx->evs, &rx->nevs, &rx->capevs, d->ev_key,
                       (d->flags & GPUIPC__DESC_NEW_EVENT) ? d->ev_handle
                                                           : NULL,
-                      "channel", out);
+                      dev, ch->who, out);
   if (rc == 0)
     d->flags &= ~GPUIPC__DESC_NEW_EVENT; /* imported: a retry looks it up */
   else if (rc == GPUIPC_E_PROTO)
@@ -1457,9 +1541,13 @@ static int rx_event(struct gpuipc_channel *ch, gpuipc_event_t **out)
   return rc;
 }
 
-/* Publish the release of message @seq, with an event on @stream for @dev. */
+/*
+ * Publish the release of message @seq, with an event on @stream (of device
+ * @dev, -1 for none) unless the stream is idle; @busy: it is known not to
+ * be (work was just queued on it), no need to ask.
+ */
 static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
-                      void *stream)
+                      void *stream, bool busy)
 {
   struct gpuipc__rx *rx = &ch->rx;
   int rc = 0;
@@ -1475,7 +1563,7 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   memset(&rl, 0, sizeof(rl));
   rl.seq = seq;
   uint8_t *sent = NULL;
-  if (dev >= 0 && !stream_idle(dev, stream)) {
+  if (dev >= 0 && (busy || !stream_idle(dev, stream))) {
     uint32_t es = (uint32_t)(seq % rx->depth);
     gpuipc_event_t *ev;
     bool is_new;
@@ -1519,9 +1607,9 @@ int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view, void *stream,
   if (rc != 0)
     goto unlock;
   gpuipc_event_t *ev;
-  rc = rx_event(ch, &ev);
+  rc = rx_event(ch, stream_dev(stream, gpuipc_buf_device(rx->pbuf)), &ev);
   if (rc == 0 && ev != NULL)
-    rc = wait_on(ev, gpuipc_buf_device(rx->pbuf), stream);
+    rc = wait_on(ev, stream, ev_poll_ns());
   if (rc != 0)
     goto unlock;
   struct gpuipc__view *v = calloc(1, sizeof(*v));
@@ -1633,10 +1721,11 @@ int gpuipc_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
                        dl->device.device_type);
       goto unlock;
     }
+    rel_dev = stream_dev(stream, rel_dev);
     gpuipc_event_t *ev;
-    rc = rx_event(ch, &ev);
+    rc = rx_event(ch, rel_dev, &ev);
     if (rc == 0 && ev != NULL)
-      rc = wait_on(ev, rel_dev, stream);
+      rc = wait_on(ev, stream, ev_poll_ns());
     if (rc == 0 && n > 0)
       rc = copy_async(rel_dev, to, src, n, stream);
     if (rc != 0)
@@ -1645,7 +1734,7 @@ int gpuipc_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
   uint64_t seq = d->seq;
   rx->pending = false;
   rx->received++;
-  rc = rx_release(ch, seq, rel_dev, stream);
+  rc = rx_release(ch, seq, rel_dev, stream, n > 0 && rel_dev >= 0);
 unlock:
   pthread_mutex_unlock(&rx->lock);
   return rc;
@@ -1666,7 +1755,9 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
     return gpuipc__err(-EINVAL, "gpuipc_tensor_release: not a received "
                        "view");
   struct gpuipc_channel *ch = v->ch;
-  int rc = rx_release(ch, v->seq, v->device, stream);
+  int rc = rx_release(ch, v->seq,
+                      v->device >= 0 ? stream_dev(stream, v->device) : -1,
+                      stream, false);
   gpuipc_buf_release(v->t.buf);
   v->magic = 0;
   free(v);

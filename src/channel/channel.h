@@ -228,10 +228,16 @@ struct gpuipc__rxbuf {
   gpuipc_buf_t *buf;
 };
 
-/* An event imported from the peer, by the peer's key. */
+/*
+ * An event of the peer's, by the peer's key, as opened for local device
+ * @dev (a stream can only use an interprocess event opened on its own
+ * device); @h is kept to open it on another device later.
+ */
 struct gpuipc__event {
   uint32_t key;
+  int dev;
   gpuipc_event_t *ev;
+  gpuipc_event_handle_t h;
 };
 
 /* Sender: one message in flight. */
@@ -241,6 +247,7 @@ struct gpuipc__tx_rec {
   gpuipc_buf_t *buf;  /* a reference held while in flight */
   int stage, slot;    /* staging area (device + 1) and slot, or -1 */
   gpuipc_event_t *rel_ev; /* the receiver's release event (table's) */
+  uint32_t rel_key;       /* its key */
 };
 
 struct gpuipc__stage {

@@ -66,7 +66,10 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "Default timeout in milliseconds for broker requests.")                   \
   XX(NODE_ID, "GPUIPC_NODE_ID", "0",                                           \
      "Testing aid for the MPI component: ranks with different values "         \
-     "behave as if on different machines.")
+     "behave as if on different machines.")                                  \
+  XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "30",                    \
+     "Microseconds a channel end polls a peer's pending event before "         \
+     "making its stream wait for it (0: never poll).")
 
 typedef enum gpuipc__cfg {
 #define GPUIPC__CFG_ENUM(id, name, def, help) GPUIPC_CFG_##id,

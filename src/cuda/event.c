@@ -150,13 +150,18 @@ static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gpuipc_event *events;
 static _Atomic uint64_t next_event_id = 1;
 
-/* Caller holds events_lock. */
-static struct gpuipc_event *event_find(const gpuipc_event_handle_t *h)
+/*
+ * The event @h names, as opened for @device (an event this process
+ * created matches on any device). Caller holds events_lock.
+ */
+static struct gpuipc_event *event_find(const gpuipc_event_handle_t *h,
+                                       int device)
 {
   for (struct gpuipc_event *e = events; e != NULL; e = e->next)
     if (e->h.event_id == h->event_id && e->h.nonce == h->nonce &&
         e->h.pid == h->pid && e->h.pidns == h->pidns &&
-        memcmp(e->h.boot_id, h->boot_id, 16) == 0)
+        memcmp(e->h.boot_id, h->boot_id, 16) == 0 &&
+        (!e->imported || e->device == device))
       return e;
   return NULL;
 }
@@ -257,17 +262,6 @@ int gpuipc_event_import(const gpuipc_event_handle_t *h, int device,
   if (rc != 0)
     return rc;
 
-  /* The cache first: a hit makes no driver call. */
-  pthread_mutex_lock(&events_lock);
-  struct gpuipc_event *e = event_find(h);
-  if (e != NULL) {
-    e->refs++;
-    pthread_mutex_unlock(&events_lock);
-    *out = e;
-    return 0;
-  }
-  pthread_mutex_unlock(&events_lock);
-
   rc = gpuipc__cuda_load();
   if (rc != 0)
     return rc;
@@ -276,6 +270,18 @@ int gpuipc_event_import(const gpuipc_event_handle_t *h, int device,
   if (rc < 0)
     return rc;
   device = device < 0 ? rc : device;
+
+  /* The cache first, per device: a hit makes no driver call. */
+  pthread_mutex_lock(&events_lock);
+  struct gpuipc_event *e = event_find(h, device);
+  if (e != NULL) {
+    e->refs++;
+    pthread_mutex_unlock(&events_lock);
+    *out = e;
+    return 0;
+  }
+  pthread_mutex_unlock(&events_lock);
+
   rc = events_supported(who);
   if (rc != 0)
     return rc;
@@ -295,7 +301,7 @@ int gpuipc_event_import(const gpuipc_event_handle_t *h, int device,
 
   /* Under the lock, so that two threads never open the same event twice. */
   pthread_mutex_lock(&events_lock);
-  struct gpuipc_event *raced = event_find(h);
+  struct gpuipc_event *raced = event_find(h, device);
   if (raced != NULL) {
     raced->refs++;
     pthread_mutex_unlock(&events_lock);
