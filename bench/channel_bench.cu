@@ -3,7 +3,7 @@
  * cudaMemcpyPeerAsync / cudaMemcpyAsync run in the producer process in the
  * same run.
  *
- *   channel_bench PDEV CDEV [--quick]
+ *   channel_bench PDEV CDEV [--quick] [--latency]
  *
  * The producer (this process, GPU PDEV) starts the consumer (this program
  * again, GPU CDEV) and steers it through the channel itself: before each
@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +49,7 @@
 #define OP_BW_COPY 3  /* recv_into */
 #define OP_BW_VIEW 4  /* recv view, cudaMemcpyAsync, release */
 #define OP_LAT_HOST 5 /* as OP_LAT for HOST tensors */
+#define OP_ONEWAY 6   /* as OP_LAT, timed here against the sender's clock */
 
 #define MAX_BYTES ((size_t)1 << 30)
 #define LAT_BYTES 4096
@@ -92,6 +94,17 @@ static void stats(std::vector<double> &v, double *median, double *p99)
   *p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
 }
 
+static void result_lat(const char *name, std::vector<double> &v, double div);
+
+/*
+ * The producer's send time for one way, in a page both processes map: a
+ * memfd the producer creates and the consumer inherits across exec
+ * (--clock-fd N). Not a channel view: a view held by the consumer would
+ * keep the producer's oldest message in flight and stop it after `depth`
+ * sends.
+ */
+static volatile double *g_clock;
+
 /* A 1-D uint8 tensor of @bytes at the start of @buf. */
 struct tens {
   int64_t shape[1];
@@ -118,7 +131,7 @@ static void tens_init(tens *x, gpuipc_buf_t *buf, void *data, int dev,
 /* Consumer                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static int consumer(gpuipc_channel_t *ch, int dev)
+static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
 {
   CUDA_OK(cudaSetDevice(dev));
   cudaStream_t s;
@@ -142,14 +155,28 @@ static int consumer(gpuipc_channel_t *ch, int dev)
       break;
     tens into;
     tens_init(&into, NULL, dst, dev, bytes);
+    std::vector<double> oneway;
+    std::vector<double> t_rel; /* release call times (host), latency ops */
     for (long i = 0; i < count; i++) {
       gpuipc_tensor_t *v;
+      double t0, t1;
       switch (op) {
       case OP_LAT:
       case OP_LAT_HOST:
         GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        t0 = now_us();
+        GI_OK(gpuipc_tensor_release(v, (void *)s));
+        t1 = now_us();
+        t_rel.push_back(t1 - t0);
+        break;
+      case OP_ONEWAY: {
+        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        double t = now_us();
+        if (i >= count / 11) /* after the warm-up */
+          oneway.push_back(t - *g_clock);
         GI_OK(gpuipc_tensor_release(v, (void *)s));
         break;
+      }
       case OP_PINGPONG:
         GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
         GI_OK(gpuipc_tensor_release(v, (void *)s));
@@ -171,6 +198,17 @@ static int consumer(gpuipc_channel_t *ch, int dev)
       }
     }
     CUDA_OK(cudaStreamSynchronize(s));
+    if (op == OP_ONEWAY) {
+      char name[64];
+      snprintf(name, sizeof(name), "%s_gpu_oneway", where);
+      result_lat(name, oneway, 1);
+    }
+    if (!t_rel.empty()) {
+      double med, p99;
+      stats(t_rel, &med, &p99);
+      printf("    consumer op %d: gpuipc_tensor_release call median %.2f us, "
+             "p99 %.2f us\n", op, med, p99);
+    }
   }
   CUDA_OK(cudaStreamSynchronize(s));
   gpuipc_buf_release(mine);
@@ -275,22 +313,52 @@ static void latency(prod *p, int n)
    * and its release carries one too.
    */
   v.clear();
+  std::vector<double> c_launch, c_send, c_wait;
   control(p, OP_LAT, LAT_BYTES, n + warm);
   for (int i = 0; i < n + warm; i++) {
     uint64_t tk;
     double t0 = now_us();
     touch_kernel<<<1, 1, 0, p->s>>>((uint8_t *)gpuipc_buf_ptr(p->src),
                                     (uint8_t)i);
+    double t1 = now_us();
     GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    double t2 = now_us();
     GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
-    if (i >= warm)
-      v.push_back(now_us() - t0);
+    double t3 = now_us();
+    if (i >= warm) {
+      v.push_back(t3 - t0);
+      c_launch.push_back(t1 - t0);
+      c_send.push_back(t2 - t1);
+      c_wait.push_back(t3 - t2);
+    }
   }
   CUDA_OK(cudaGetLastError());
   snprintf(name, sizeof(name), "%s_gpu_rt_kernel", p->where);
   result_lat(name, v, 1);
+  {
+    double a, b, c, x;
+    stats(c_launch, &a, &x);
+    stats(c_send, &b, &x);
+    stats(c_wait, &c, &x);
+    printf("    kernel row, medians: launch %.2f us, gpuipc_send %.2f us, "
+           "gpuipc_send_wait %.2f us\n", a, b, c);
+  }
 
-  /* Ping-pong: two one-way messages; one way is half of it. */
+  /*
+   * One way: from the call to gpuipc_send until gpuipc_recv returns in the
+   * receiver, which reads the send time from a HOST view it keeps (one
+   * clock for both processes: CLOCK_MONOTONIC). The buffer is mapped
+   * already; each message is released before the next is sent.
+   */
+  control(p, OP_ONEWAY, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    *g_clock = now_us(); /* the send's store of its ring head publishes it */
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+  }
+
+  /* Ping-pong: send, the receiver releases and replies; half of it. */
   v.clear();
   control(p, OP_PINGPONG, LAT_BYTES, n + warm);
   for (int i = 0; i < n + warm; i++) {
@@ -302,9 +370,92 @@ static void latency(prod *p, int n)
     if (i >= warm)
       v.push_back(now_us() - t0);
   }
-  snprintf(name, sizeof(name), "%s_gpu_oneway", p->where);
+  snprintf(name, sizeof(name), "%s_gpu_pingpong", p->where);
   result_lat(name, v, 2);
   CUDA_OK(cudaStreamSynchronize(p->s));
+
+  /* The same with a kernel writing the tensor before each of our sends. */
+  v.clear();
+  control(p, OP_PINGPONG, LAT_BYTES, n + warm);
+  for (int i = 0; i < n + warm; i++) {
+    double t0 = now_us();
+    touch_kernel<<<1, 1, 0, p->s>>>((uint8_t *)gpuipc_buf_ptr(p->src),
+                                    (uint8_t)i);
+    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, NULL));
+    gpuipc_tensor_t *r;
+    GI_OK(gpuipc_recv(p->ch, &r, (void *)p->s, -1));
+    GI_OK(gpuipc_tensor_release(r, (void *)p->s));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  snprintf(name, sizeof(name), "%s_gpu_pingpong_kernel", p->where);
+  result_lat(name, v, 2);
+  CUDA_OK(cudaStreamSynchronize(p->s));
+}
+
+/*
+ * What the event calls cost in one process, interprocess events next to
+ * plain ones: the host time of a record, a query of a completed event and
+ * a stream wait, and a kernel -> record -> wait (other stream) -> kernel
+ * chain until the host sees the end.
+ */
+static void diag(prod *p)
+{
+  cudaStream_t s2;
+  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t end;
+  CUDA_OK(cudaEventCreateWithFlags(&end, cudaEventDisableTiming));
+  uint8_t *x = (uint8_t *)gpuipc_buf_ptr(p->src);
+  for (int ipc = 0; ipc < 2; ipc++) {
+    cudaEvent_t ev;
+    CUDA_OK(cudaEventCreateWithFlags(
+        &ev, cudaEventDisableTiming | (ipc ? cudaEventInterprocess : 0)));
+    std::vector<double> rec, qry, wt, sq, chain;
+    for (int i = 0; i < 2200; i++) {
+      double t0 = now_us();
+      CUDA_OK(cudaEventRecord(ev, p->s));
+      double t1 = now_us();
+      while (cudaEventQuery(ev) == cudaErrorNotReady)
+        ;
+      double t2 = now_us();
+      CUDA_OK(cudaEventQuery(ev));
+      double t3 = now_us();
+      CUDA_OK(cudaStreamWaitEvent(s2, ev, 0));
+      double t4 = now_us();
+      (void)cudaStreamQuery(s2);
+      double t5 = now_us();
+      CUDA_OK(cudaStreamSynchronize(s2));
+      double c0 = now_us();
+      touch_kernel<<<1, 1, 0, p->s>>>(x, 1);
+      CUDA_OK(cudaEventRecord(ev, p->s));
+      CUDA_OK(cudaStreamWaitEvent(s2, ev, 0));
+      touch_kernel<<<1, 1, 0, s2>>>(x + 1, 2);
+      CUDA_OK(cudaEventRecord(end, s2));
+      while (cudaEventQuery(end) == cudaErrorNotReady)
+        ;
+      double c1 = now_us();
+      if (i >= 200) {
+        rec.push_back(t1 - t0);
+        qry.push_back(t3 - t2);
+        wt.push_back(t4 - t3);
+        sq.push_back(t5 - t4);
+        chain.push_back(c1 - c0);
+      }
+    }
+    double a, b, c, d, e, z;
+    stats(rec, &a, &z);
+    stats(qry, &b, &z);
+    stats(wt, &c, &z);
+    stats(sq, &d, &z);
+    stats(chain, &e, &z);
+    printf("    diag %s event, medians: record %.2f us, query (done) %.2f us, "
+           "stream wait %.2f us, stream query %.2f us; kernel->event->other "
+           "stream->kernel chain %.2f us\n",
+           ipc ? "interprocess" : "plain", a, b, c, d, e);
+    CUDA_OK(cudaEventDestroy(ev));
+  }
+  CUDA_OK(cudaEventDestroy(end));
+  CUDA_OK(cudaStreamDestroy(s2));
 }
 
 static long count_for(size_t bytes, int quick)
@@ -361,7 +512,8 @@ static void bandwidth(prod *p, int quick, void *base_dst)
   }
 }
 
-static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick)
+static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick,
+                    int lat_only)
 {
   prod p;
   memset(&p, 0, sizeof(p));
@@ -391,10 +543,13 @@ static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick)
   CUDA_OK(cudaSetDevice(pdev));
   CUDA_OK(cudaDeviceSynchronize());
 
+  diag(&p);
   printf("latency, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
   latency(&p, quick ? 2000 : 10000);
-  printf("bandwidth, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
-  bandwidth(&p, quick, base_dst);
+  if (!lat_only) {
+    printf("bandwidth, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
+    bandwidth(&p, quick, base_dst);
+  }
   control(&p, OP_END, 0, 0);
   for (int i = 0; i < 64; i++)
     if (p.ctl_tickets[i] != 0)
@@ -410,25 +565,50 @@ int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 3) {
-    fprintf(stderr, "usage: channel_bench PDEV CDEV [--quick]\n");
+    fprintf(stderr, "usage: channel_bench PDEV CDEV [--quick] [--latency]\n");
     return 2;
   }
   int pdev = atoi(argv[1]), cdev = atoi(argv[2]);
-  int quick = 0, is_consumer = 0;
+  int quick = 0, is_consumer = 0, lat_only = 0, clock_fd = -1;
   for (int i = 3; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0)
       quick = 1;
+    else if (strcmp(argv[i], "--latency") == 0)
+      lat_only = 1;
+    else if (strcmp(argv[i], "--clock-fd") == 0 && i + 1 < argc)
+      clock_fd = atoi(argv[++i]);
     else if (strcmp(argv[i], "--consumer") == 0)
       is_consumer = 1;
   }
   pid_t child = -1;
+  char fdarg[16];
+  if (!is_consumer) {
+    clock_fd = memfd_create("channel-bench-clock", 0); /* kept across exec */
+    if (clock_fd < 0 || ftruncate(clock_fd, 4096) != 0) {
+      perror("memfd_create");
+      return 1;
+    }
+    snprintf(fdarg, sizeof(fdarg), "%d", clock_fd);
+  }
+  if (clock_fd < 0) {
+    fprintf(stderr, "channel_bench: --consumer needs --clock-fd\n");
+    return 2;
+  }
+  void *cm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, clock_fd, 0);
+  if (cm == MAP_FAILED) {
+    perror("mmap");
+    return 1;
+  }
+  g_clock = (volatile double *)cm;
   if (!is_consumer) {
     fflush(NULL);
     child = fork();
     if (child == 0) {
-      char **args = (char **)calloc((size_t)argc + 2, sizeof(char *));
+      char **args = (char **)calloc((size_t)argc + 4, sizeof(char *));
       for (int i = 0; i < argc; i++)
         args[i] = argv[i];
+      args[argc++] = (char *)"--clock-fd";
+      args[argc++] = fdarg;
       args[argc] = (char *)"--consumer";
       execv("/proc/self/exe", args);
       perror("execv");
@@ -448,7 +628,8 @@ int main(int argc, char **argv)
   o.device_set = 1;
   gpuipc_channel_t *ch;
   GI_OK(gpuipc_channel_open(dom, chname, &o, &ch));
-  int rc = is_consumer ? consumer(ch, cdev) : producer(ch, pdev, cdev, quick);
+  int rc = is_consumer ? consumer(ch, cdev, pdev == cdev ? "same" : "cross")
+                       : producer(ch, pdev, cdev, quick, lat_only);
   GI_OK(gpuipc_channel_close(ch));
   GI_OK(gpuipc_domain_leave(dom));
   if (child > 0) {

@@ -152,8 +152,13 @@ def table(lat, bw, quick):
             where + "_gpu_rt_done")
         row("gpuipc, VMM, %s, kernel writes it before each send (events "
             "both ways), released" % desc, where + "_gpu_rt_kernel")
-        row("gpuipc, VMM, %s, one way (ping-pong / 2)" % desc,
+        row("gpuipc, VMM, %s, one way: gpuipc_send called -> gpuipc_recv "
+            "returns in the receiver (buffer mapped)" % desc,
             where + "_gpu_oneway", "<= 3")
+        row("gpuipc, VMM, %s, ping-pong / 2 (send, recv, release, reply)"
+            % desc, where + "_gpu_pingpong")
+        row("gpuipc, VMM, %s, ping-pong / 2, kernel writes it before each "
+            "send" % desc, where + "_gpu_pingpong_kernel")
         row("gpuipc, HOST kind (%s run)" % desc, where + "_host_rt")
     row("NCCL 2.28 send/recv ping-pong, GPU 0 <-> 1", "nccl_rt")
     row("PyTorch torch.multiprocessing queue, put/get/touch/ack", "torch_rt")
@@ -178,7 +183,11 @@ def table(lat, bw, quick):
     out.append("")
     out.append("A sender or receiver whose stream has nothing pending at "
                "send or release needs no event (gpuipc checks with "
-               "cuStreamQuery); the 'kernel' rows show the event path.")
+               "cuStreamQuery); the 'kernel' rows show the event path: a "
+               "peer's event that is still pending is polled for up to "
+               "GPUIPC_CHAN_EVENT_POLL_US (30 us) before a stream is made to "
+               "wait for it (on one GPU such a wait costs a switch between "
+               "the two processes' contexts, about 140 us).")
     out.append("")
     out.append("Targets: round trip <= 8 us median (one way <= 3 us); cross-GPU "
                "copy >= 1.0x cudaMemcpyPeerAsync from 64 MiB; >= NCCL at every "
