@@ -877,6 +877,31 @@ typedef struct gpuipc_tensor {
  */
 GPUIPC_API uint64_t gpuipc_tensor_nbytes(const gpuipc_tensor_t *t);
 
+/* Where a tensor's bytes lie (gpuipc_tensor_layout). */
+typedef struct gpuipc_tensor_layout {
+  size_t size;      /* set by the caller to sizeof(gpuipc_tensor_layout_t) */
+  /* Offset of the lowest byte an element reaches: from the buffer's start
+   * when t->buf is set, else from t->dl.data. */
+  uint64_t first;
+  /* Bytes from @first to one past the highest byte reached (0 when a
+   * dimension has extent 0); gaps between strided elements included. */
+  uint64_t span;
+  uint64_t nbytes;  /* gpuipc_tensor_nbytes */
+  int contiguous;   /* 1: row-major without gaps (strides NULL or compact) */
+} gpuipc_tensor_layout_t;
+
+/*
+ * gpuipc_tensor_layout - check @t as gpuipc_send checks a tensor's layout
+ * (dimensions, dtype, extents, strides, byte offset, and with t->buf the
+ * data pointer and every element inside the buffer; without t->buf no
+ * element before t->dl.data) and say where its bytes lie in @out, for
+ * code that moves tensors by other means than a channel. It does not
+ * require contiguity (gpuipc_send does, for t->buf NULL: @out says).
+ * Returns 0; -EINVAL with a sentence naming the field.
+ */
+GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
+                                    gpuipc_tensor_layout_t *out);
+
 /* ------------------------------------------------------------------------ */
 /* Channels                                                                 */
 /* ------------------------------------------------------------------------ */

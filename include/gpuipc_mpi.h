@@ -80,6 +80,112 @@ int gpuipc_mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
 int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
                            gpuipc_domain_t **out);
 
+/* ---- channels between two ranks ---------------------------------------- */
+
+/*
+ * A channel between two ranks of a communicator, with the semantics of a
+ * gpuipc channel (gpuipc.h, "Channels"): ordered, nothing dropped, at most
+ * `depth` messages in flight per end, GPUIPC_E_PEER_GONE once the other
+ * end has closed and everything it sent has been received. The functions
+ * gpuipc_mpi_send ... gpuipc_mpi_channel_close take the same arguments as
+ * their gpuipc_ namesakes and return the same codes; they are not
+ * collective (only gpuipc_channel_open_mpi is, over the two ranks).
+ *
+ * Two paths, chosen when the channel opens:
+ *  - Shared memory, when the peer is on the same machine (the two ranks
+ *    share MPI_COMM_TYPE_SHARED and GPUIPC_NODE_ID): the two join a domain
+ *    of their own (named from 128 random bits, as gpuipc_domain_join_mpi)
+ *    and open a gpuipc channel in it; every call passes through to it, and
+ *    gpuipc_mpi_channel_shm() hands it out for the calls not mirrored here.
+ *  - MPI, otherwise: descriptors, data and releases travel by MPI_Isend /
+ *    MPI_Irecv on a communicator of the two ranks (MPI_Comm_create_group
+ *    with @tag) whose error handler is MPI_ERRORS_RETURN. A received view
+ *    is a buffer of the receiver's own, allocated by gpuipc (HOST, or on
+ *    the receiving GPU: opts->device, else the current device; HOST when
+ *    the receiver has no GPU) and reused once released. GPU memory is
+ *    staged through pinned host memory with a host wait on the stream
+ *    unless MPIX_Query_cuda_support() says the MPI library takes device
+ *    pointers (then, for buffers gpuipc allocated, it gets them after a
+ *    stream synchronisation). HOST buffers are sent from where they lie:
+ *    as with gpuipc_send, they must not be written until released
+ *    (gpuipc_mpi_send_done); t->buf NULL copies the bytes at once. A
+ *    received view's strides and byte offset are the sender's, in a copy
+ *    of the bytes from the lowest to the highest element. Both machines
+ *    must share byte order and type sizes.
+ *    MPI progresses a large message only inside MPI calls: the sending
+ *    rank keeps it moving from any gpuipc_mpi call on the channel
+ *    (gpuipc_mpi_channel_progress does nothing else).
+ *
+ * What each end can learn of the other: gpuipc_mpi_channel_close tells
+ * the peer (so its calls return GPUIPC_E_PEER_GONE once it has received
+ * what was sent). A rank that dies is another matter: Open MPI usually
+ * ends the whole job when a rank dies, whatever the error handler; an MPI
+ * library that reports it (MPI_ERR_PROC_FAILED, ULFM) makes the calls
+ * return GPUIPC_E_PEER_GONE, and other MPI errors return -EIO with MPI's
+ * sentence. Within a machine (shared memory) a death is always seen.
+ *
+ * Thread safety: as for gpuipc channels, one thread may send while another
+ * receives, and gpuipc_mpi_tensor_release may be called from any thread,
+ * provided MPI was initialised with MPI_THREAD_MULTIPLE; otherwise the
+ * MPI path must be used from one thread at a time.
+ */
+typedef struct gpuipc_mpi_channel gpuipc_mpi_channel_t;
+
+/*
+ * gpuipc_channel_open_mpi - open the channel between this rank and rank
+ * @peer of @comm. Collective over the two ranks: @peer calls it with this
+ * rank as its peer and the same @tag; (@comm, the pair, @tag) names the
+ * channel, so that two channels of one pair need two tags (0..MPI_TAG_UB).
+ * @opts: as for gpuipc_channel_open (NULL: defaults); depth,
+ *     send_timeout_ms and device apply to both paths, timeout_ms and the
+ *     staging fields to the shared-memory one.
+ * @out: the channel, to be closed with gpuipc_mpi_channel_close.
+ * Returns 0 on both ranks or the same code on both: -EINVAL (MPI not
+ * initialised, MPI_COMM_NULL, @peer not another rank of @comm, bad @tag,
+ * NULL @out, bad options); -EIO (an MPI call failed); what
+ * gpuipc_domain_join and gpuipc_channel_open return.
+ */
+int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
+                            const gpuipc_channel_opts_t *opts,
+                            gpuipc_mpi_channel_t **out);
+
+/* gpuipc_mpi_channel_close - as gpuipc_channel_close. Views received stay
+ * valid until released with gpuipc_mpi_tensor_release. */
+int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch);
+
+/* gpuipc_mpi_send - as gpuipc_send (tickets 1, 2, ...; same checks).
+ * -EMSGSIZE is not returned on the MPI path (no staging slots). */
+int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *t,
+                    void *stream, unsigned flags, uint64_t *ticket);
+
+/* gpuipc_mpi_send_done - as gpuipc_send_done. */
+int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch, uint64_t ticket,
+                         int timeout_ms);
+
+/* gpuipc_mpi_channel_progress - as gpuipc_channel_progress: takes in the
+ * releases that have arrived and moves MPI sends along. */
+int gpuipc_mpi_channel_progress(gpuipc_mpi_channel_t *ch);
+
+/* gpuipc_mpi_recv - as gpuipc_recv; release the view with
+ * gpuipc_mpi_tensor_release. On the MPI path @stream orders the copy into a
+ * GPU view (which has completed on return). */
+int gpuipc_mpi_recv(gpuipc_mpi_channel_t *ch, gpuipc_tensor_t **view,
+                    void *stream, int timeout_ms);
+
+/* gpuipc_mpi_recv_into - as gpuipc_recv_into (on the MPI path the copy has
+ * completed on return). */
+int gpuipc_mpi_recv_into(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *dst,
+                         void *stream, int timeout_ms);
+
+/* gpuipc_mpi_tensor_release - release a view from gpuipc_mpi_recv (either
+ * path), as gpuipc_tensor_release. */
+int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view, void *stream);
+
+/* gpuipc_mpi_channel_shm - the gpuipc channel under @ch when it took the
+ * shared-memory path (for gpuipc_send_wait, gpuipc_channel_info, ...);
+ * NULL on the MPI path. */
+gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch);
+
 /*
  * gpuipc_mpi_last_error - the sentence of the last failure of a gpuipc_mpi
  * call on this thread ("" when none). Valid until the next gpuipc call on

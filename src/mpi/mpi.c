@@ -11,17 +11,14 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "gpuipc_mpi.h"
-
-#define GPUIPC_MPI_API __attribute__((visibility("default")))
+#include "mpi/mpi_int.h"
 
 /* ---- failure sentences ---------------------------------------------------*/
 
 static __thread char g_err[512];
 static __thread int g_err_own; /* 1: g_err; 0: gpuipc_last_error() */
 
-__attribute__((format(printf, 2, 3))) static int fail(int code,
-                                                      const char *fmt, ...)
+int gpuipc__mpi_fail(int code, const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
@@ -32,19 +29,19 @@ __attribute__((format(printf, 2, 3))) static int fail(int code,
 }
 
 /* A failure gpuipc described: its sentence stands. */
-static int fail_gpuipc(int code)
+int gpuipc__mpi_fail_gpuipc(int code)
 {
   g_err_own = 0;
   return code;
 }
 
-static int fail_mpi(int mrc, const char *call)
+int gpuipc__mpi_fail_mpi(int mrc, const char *call)
 {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS)
     snprintf(msg, sizeof(msg), "MPI error %d", mrc);
-  return fail(-EIO, "%s failed: %s", call, msg);
+  return gpuipc__mpi_fail(-EIO, "%s failed: %s", call, msg);
 }
 
 GPUIPC_MPI_API const char *gpuipc_mpi_last_error(void)
@@ -59,29 +56,34 @@ GPUIPC_MPI_API const char *gpuipc_mpi_last_error(void)
  */
 static __thread int g_agreed_who = -1;
 
+void gpuipc__mpi_call_begin(void)
+{
+  g_agreed_who = -1;
+}
+
 /*
  * agree - every rank of @comm learns the outcome of all: 0 when every rank
  * passed 0, else the code of the lowest rank that failed. A rank that did
  * not fail itself gets a sentence naming the rank that did.
  */
-static int agree(MPI_Comm comm, int rc)
+int gpuipc__mpi_agree(MPI_Comm comm, int rc)
 {
   int rank;
   int mrc = MPI_Comm_rank(comm, &rank);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_rank");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_rank");
   struct {
     int who;
     int code;
   } in = {rc ? (g_agreed_who >= 0 ? g_agreed_who : rank) : INT_MAX, rc}, out;
   mrc = MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MINLOC, comm);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Allreduce");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Allreduce");
   if (out.who == INT_MAX)
     return 0;
   g_agreed_who = out.who;
   if (out.who != rank)
-    return fail(out.code, "rank %d of the communicator failed: %s (%s)",
+    return gpuipc__mpi_fail(out.code, "rank %d of the communicator failed: %s (%s)",
                 out.who, gpuipc_err_name(out.code),
                 gpuipc_strerror(out.code));
   return rc;
@@ -108,7 +110,7 @@ static int node_id(int *out)
   errno = 0;
   long v = strtol(s, &end, 10);
   if (errno || *end || v < 0 || v > INT_MAX)
-    return fail(-EINVAL,
+    return gpuipc__mpi_fail(-EINVAL,
                 "GPUIPC_NODE_ID=\"%s\": must be a non-negative integer", s);
   *out = (int)v;
   return 0;
@@ -146,11 +148,11 @@ static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (!inited || finalized)
-    return fail(-EINVAL, "MPI is %s", inited ? "finalized" : "not initialised");
+    return gpuipc__mpi_fail(-EINVAL, "MPI is %s", inited ? "finalized" : "not initialised");
   if (comm == MPI_COMM_NULL)
-    return fail(-EINVAL, "comm is MPI_COMM_NULL");
+    return gpuipc__mpi_fail(-EINVAL, "comm is MPI_COMM_NULL");
   if (scope != GPUIPC_MPI_SCOPE_NODE && scope != GPUIPC_MPI_SCOPE_DEVICE)
-    return fail(-EINVAL, "scope %d is neither GPUIPC_MPI_SCOPE_NODE nor "
+    return gpuipc__mpi_fail(-EINVAL, "scope %d is neither GPUIPC_MPI_SCOPE_NODE nor "
                          "GPUIPC_MPI_SCOPE_DEVICE", (int)scope);
   return 0;
 }
@@ -161,10 +163,10 @@ static int split(MPI_Comm comm, int color, MPI_Comm *out)
   int rank;
   int mrc = MPI_Comm_rank(comm, &rank);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_rank");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_rank");
   mrc = MPI_Comm_split(comm, color, rank, out);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_split");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_split");
   return 0;
 }
 
@@ -176,16 +178,16 @@ static int split_device(MPI_Comm node, MPI_Comm *out)
   if (mrc == MPI_SUCCESS)
     mrc = MPI_Comm_rank(node, &rank);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_size");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_size");
   uint8_t mine[16];
   device_uuid(mine);
   uint8_t *all = malloc((size_t)size * 16);
   if (!all)
-    return fail(-ENOMEM, "no memory for %d GPU UUIDs", size);
+    return gpuipc__mpi_fail(-ENOMEM, "no memory for %d GPU UUIDs", size);
   mrc = MPI_Allgather(mine, 16, MPI_BYTE, all, 16, MPI_BYTE, node);
   if (mrc != MPI_SUCCESS) {
     free(all);
-    return fail_mpi(mrc, "MPI_Allgather");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Allgather");
   }
   /* The color is the lowest rank on the same GPU. */
   int color = rank;
@@ -198,21 +200,21 @@ static int split_device(MPI_Comm node, MPI_Comm *out)
   return split(node, color, out);
 }
 
-static int scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
+int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
 {
   int id = 0;
-  int rc = agree(comm, node_id(&id));
+  int rc = gpuipc__mpi_agree(comm, node_id(&id));
   if (rc)
     return rc;
   int rank;
   int mrc = MPI_Comm_rank(comm, &rank);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_rank");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_rank");
   MPI_Comm shared, node;
   mrc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
                             &shared);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   rc = split(shared, id, &node);
   MPI_Comm_free(&shared);
   if (rc)
@@ -238,12 +240,12 @@ GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
   int rc = check_call(comm, scope);
   if (rc)
     return rc;
-  rc = agree(comm, out ? 0 : fail(-EINVAL, "out is NULL"));
+  rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
   if (rc)
     return rc;
   MPI_Comm c;
-  int mine = scope_comm(comm, scope, &c);
-  rc = agree(comm, mine);
+  int mine = gpuipc__mpi_scope_comm(comm, scope, &c);
+  rc = gpuipc__mpi_agree(comm, mine);
   if (rc) {
     if (mine == 0)
       MPI_Comm_free(&c);
@@ -257,12 +259,12 @@ GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
 
 /* "mpi-" and 128 random bits in 22 characters, drawn by rank 0 of @scope
  * and broadcast. */
-static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
+int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
 {
   int rank;
   int mrc = MPI_Comm_rank(scope, &rank);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_rank");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_rank");
   /* The drawing rank's status travels with the bytes. */
   struct {
     int32_t rc;
@@ -276,7 +278,7 @@ static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0) {
-        msg.rc = fail(-errno, "getrandom for the domain's name: %s",
+        msg.rc = gpuipc__mpi_fail(-errno, "getrandom for the domain's name: %s",
                       strerror(errno));
         break;
       }
@@ -285,10 +287,10 @@ static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
   }
   mrc = MPI_Bcast(&msg, (int)sizeof(msg), MPI_BYTE, 0, scope);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Bcast of the domain's name");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Bcast of the domain's name");
   if (msg.rc)
     return rank == 0 ? msg.rc
-                     : fail(msg.rc, "rank 0 of the scope could not draw the "
+                     : gpuipc__mpi_fail(msg.rc, "rank 0 of the scope could not draw the "
                                     "domain's name: %s",
                             gpuipc_strerror(msg.rc));
   /* 6 bits a character: short names leave room in socket paths. */
@@ -309,36 +311,36 @@ static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
  * Rank 0 of @scope joins first, so that it hosts the broker; the others
  * join once it has (its status, broadcast, is the barrier).
  */
-static int join_in_order(MPI_Comm scope, const char *name,
+int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
                          gpuipc_domain_t **out)
 {
   int rank;
   int mrc = MPI_Comm_rank(scope, &rank);
   if (mrc != MPI_SUCCESS)
-    return fail_mpi(mrc, "MPI_Comm_rank");
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_rank");
   gpuipc_domain_t *dom = NULL;
   int rc = 0;
   if (rank == 0) {
     rc = gpuipc_domain_join(name, NULL, &dom);
     if (rc)
-      fail_gpuipc(rc);
+      gpuipc__mpi_fail_gpuipc(rc);
   }
   int first = rc;
   mrc = MPI_Bcast(&first, 1, MPI_INT, 0, scope);
   if (mrc != MPI_SUCCESS) {
-    rc = fail_mpi(mrc, "MPI_Bcast of the first join's status");
+    rc = gpuipc__mpi_fail_mpi(mrc, "MPI_Bcast of the first join's status");
     goto leave;
   }
   if (first) {
     if (rank != 0)
-      rc = fail(first, "rank 0 of the scope could not join domain %s: %s",
+      rc = gpuipc__mpi_fail(first, "rank 0 of the scope could not join domain %s: %s",
                 name, gpuipc_strerror(first));
     return rc;
   }
   if (rank != 0) {
     rc = gpuipc_domain_join(name, NULL, &dom);
     if (rc)
-      return fail_gpuipc(rc);
+      return gpuipc__mpi_fail_gpuipc(rc);
   }
   *out = dom;
   return 0;
@@ -356,12 +358,12 @@ GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
   int rc = check_call(comm, scope);
   if (rc)
     return rc;
-  rc = agree(comm, out ? 0 : fail(-EINVAL, "out is NULL"));
+  rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
   if (rc)
     return rc;
   MPI_Comm sc;
-  int mine = scope_comm(comm, scope, &sc);
-  rc = agree(comm, mine);
+  int mine = gpuipc__mpi_scope_comm(comm, scope, &sc);
+  rc = gpuipc__mpi_agree(comm, mine);
   if (rc) {
     if (mine == 0)
       MPI_Comm_free(&sc);
@@ -369,11 +371,11 @@ GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
   }
   char name[GPUIPC_NAME_MAX + 1];
   gpuipc_domain_t *dom = NULL;
-  rc = domain_name(sc, name);
+  rc = gpuipc__mpi_domain_name(sc, name);
   if (rc == 0)
-    rc = join_in_order(sc, name, &dom);
+    rc = gpuipc__mpi_join_in_order(sc, name, &dom);
   MPI_Comm_free(&sc);
-  rc = agree(comm, rc);
+  rc = gpuipc__mpi_agree(comm, rc);
   if (rc) {
     if (dom)
       gpuipc_domain_leave(dom);

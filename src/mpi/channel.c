@@ -1,0 +1,1173 @@
+/*
+ * Channels between two ranks of a communicator: a gpuipc channel in a
+ * domain of the pair's own when the two share a machine, else MPI
+ * point-to-point on a communicator of the pair.
+ *
+ * MPI path, on the pair's communicator (ranks 0 and 1), three tags:
+ *   TAG_DESC  descriptors (struct wire, MSG_TENSOR) and, last, MSG_CLOSE
+ *   TAG_DATA  the bytes of each tensor, in chunks of at most CHUNK bytes,
+ *             in the order of the descriptors (MPI does not overtake)
+ *   TAG_REL   the receiver's releases (MSG_REL with the message's seq)
+ *             and, last, MSG_CLOSE
+ * Each end keeps one receive posted on TAG_DESC and one on TAG_REL. A
+ * message stays in flight from gpuipc_mpi_send until its release came
+ * back and its MPI sends completed: `depth` of them at most.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mpi/mpi_int.h"
+
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+enum { TAG_DESC = 1, TAG_DATA = 2, TAG_REL = 3 };
+enum { MSG_TENSOR = 1, MSG_CLOSE = 2, MSG_REL = 3 };
+#define WIRE_MAGIC 0x4d435047u /* "GPCM" */
+#define CHUNK ((size_t)1 << 30)
+#define CACHE_MAX 16
+#define SIZE_ABSURD ((uint64_t)1 << 48)
+
+/* Descriptor, release and close records (native layout: one machine
+ * type on both ends). */
+struct wire {
+  uint32_t magic;
+  uint32_t type;
+  uint64_t seq;
+  uint64_t nbytes; /* bytes on TAG_DATA: lowest to highest element */
+  uint64_t offset; /* element 0 in those bytes */
+  int32_t dev_type;
+  int32_t ndim;
+  gpuipc_dl_dtype_t dtype;
+  uint32_t reserved;
+  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
+  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
+};
+
+/* A message in flight. */
+struct slot {
+  uint64_t seq; /* 0: free */
+  bool released;
+  int nreq;
+  MPI_Request *req; /* descriptor, then data chunks */
+  int req_cap;
+  struct wire w;
+  gpuipc_buf_t *stage; /* pinned copy of staged bytes, kept for reuse */
+};
+
+struct ack {
+  struct ack *next;
+  MPI_Request req;
+  struct wire w;
+};
+
+struct gpuipc_mpi_channel {
+  /* Shared-memory path. */
+  gpuipc_channel_t *shm;
+  gpuipc_domain_t *dom;
+  /* MPI path. */
+  MPI_Comm pair;
+  int peer; /* in @pair */
+  uint32_t depth;
+  int send_timeout_ms;
+  int rx_device; /* ordinal for GPU views; -1: HOST */
+  bool aware;
+  int refs;      /* the open channel and each live view (atomic) */
+  int peer_closed; /* the peer's MSG_CLOSE arrived (atomic) */
+
+  pthread_mutex_t tx_lock;
+  uint64_t next_seq;
+  uint32_t in_flight;
+  struct slot *slots;
+  MPI_Request rel_req;
+  struct wire rel_w;
+  bool tx_gone;
+
+  pthread_mutex_t rx_lock;
+  MPI_Request desc_req;
+  struct wire desc_w;
+  uint64_t rx_seq; /* the next seq expected */
+  bool have;       /* desc_w holds the next message */
+  bool rx_gone;
+  bool rx_broken;
+  gpuipc_buf_t *rx_stage;
+
+  pthread_mutex_t ack_lock; /* acks, cache, closed */
+  struct ack *acks;
+  gpuipc_buf_t *cache[CACHE_MAX];
+  int ncache;
+  bool closed;
+};
+
+/* A view received on the MPI path: a buffer of the receiver's own. */
+struct mview {
+  gpuipc_tensor_t t;
+  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
+  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
+  struct gpuipc_mpi_channel *ch;
+  uint64_t seq;
+  struct mview *prev, *next;
+};
+
+/* Live MPI-path views, so that gpuipc_mpi_tensor_release tells them from
+ * gpuipc's without reading past a view it does not own. */
+static pthread_mutex_t g_views_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mview *g_views;
+
+/* ---- small things --------------------------------------------------------*/
+
+static int64_t now_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* -1: forever. */
+static int64_t deadline_of(int timeout_ms)
+{
+  return timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+}
+
+static bool expired(int64_t deadline)
+{
+  return deadline >= 0 && now_ms() >= deadline;
+}
+
+/* An MPI failure on the pair: a dead peer where MPI says so, else -EIO. */
+static int mpi_err(int mrc, const char *call)
+{
+#if defined(MPIX_ERR_PROC_FAILED)
+  int cls = 0;
+  if (MPI_Error_class(mrc, &cls) == MPI_SUCCESS &&
+      cls == MPIX_ERR_PROC_FAILED)
+    return gpuipc__mpi_fail(GPUIPC_E_PEER_GONE,
+                            "%s: the peer rank has failed", call);
+#endif
+  return gpuipc__mpi_fail_mpi(mrc, call);
+}
+
+static void ch_unref(struct gpuipc_mpi_channel *ch)
+{
+  if (__atomic_sub_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL) != 0)
+    return;
+  pthread_mutex_destroy(&ch->tx_lock);
+  pthread_mutex_destroy(&ch->rx_lock);
+  pthread_mutex_destroy(&ch->ack_lock);
+  free(ch);
+}
+
+/* Post @n bytes of @buf as chunks on TAG_DATA into @reqs (cap enough). */
+static int chunk_count(uint64_t n)
+{
+  return (int)((n + CHUNK - 1) / CHUNK);
+}
+
+/* ---- opening -------------------------------------------------------------*/
+
+static int check_opts(const gpuipc_channel_opts_t *o)
+{
+  if (o == NULL)
+    return 0;
+  if (o->size < offsetof(gpuipc_channel_opts_t, stage_slots))
+    return gpuipc__mpi_fail(-EINVAL, "opts->size %zu is too small", o->size);
+  if (o->flags != 0)
+    return gpuipc__mpi_fail(-EINVAL, "opts->flags 0x%x: reserved, must be 0",
+                            o->flags);
+  if (o->depth != 0 && (o->depth > GPUIPC_CHANNEL_DEPTH_MAX ||
+                        (o->depth & (o->depth - 1)) != 0))
+    return gpuipc__mpi_fail(-EINVAL, "opts->depth %u is not a power of two "
+                            "in 1..%d", o->depth, GPUIPC_CHANNEL_DEPTH_MAX);
+  if (o->send_timeout_ms < 0)
+    return gpuipc__mpi_fail(-EINVAL, "opts->send_timeout_ms %d is negative",
+                            o->send_timeout_ms);
+  return 0;
+}
+
+/* The communicator of the two ranks, erroring by return codes. */
+static int make_pair(MPI_Comm comm, int me, int peer, int tag, MPI_Comm *out)
+{
+  MPI_Group all, two;
+  int ranks[2] = {me < peer ? me : peer, me < peer ? peer : me};
+  int mrc = MPI_Comm_group(comm, &all);
+  if (mrc != MPI_SUCCESS)
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_group");
+  mrc = MPI_Group_incl(all, 2, ranks, &two);
+  MPI_Group_free(&all);
+  if (mrc != MPI_SUCCESS)
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Group_incl");
+  MPI_Comm pair;
+  mrc = MPI_Comm_create_group(comm, two, tag, &pair);
+  MPI_Group_free(&two);
+  if (mrc != MPI_SUCCESS)
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_create_group");
+  mrc = MPI_Comm_set_errhandler(pair, MPI_ERRORS_RETURN);
+  if (mrc != MPI_SUCCESS) {
+    MPI_Comm_free(&pair);
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_set_errhandler");
+  }
+  *out = pair;
+  return 0;
+}
+
+/* Shared memory: a domain of the pair's own, and channel "c" in it. */
+static int open_shm(struct gpuipc_mpi_channel *ch,
+                    const gpuipc_channel_opts_t *opts)
+{
+  char name[GPUIPC_NAME_MAX + 1];
+  int rc = gpuipc__mpi_domain_name(ch->pair, name);
+  if (rc == 0)
+    rc = gpuipc__mpi_join_in_order(ch->pair, name, &ch->dom);
+  rc = gpuipc__mpi_agree(ch->pair, rc);
+  if (rc != 0)
+    goto leave;
+  rc = gpuipc_channel_open(ch->dom, "c", opts, &ch->shm);
+  if (rc != 0)
+    gpuipc__mpi_fail_gpuipc(rc);
+  rc = gpuipc__mpi_agree(ch->pair, rc);
+  if (rc == 0)
+    return 0;
+  if (ch->shm)
+    gpuipc_channel_close(ch->shm);
+  ch->shm = NULL;
+leave:
+  if (ch->dom)
+    gpuipc_domain_leave(ch->dom);
+  ch->dom = NULL;
+  return rc;
+}
+
+static int open_mpi(struct gpuipc_mpi_channel *ch,
+                    const gpuipc_channel_opts_t *opts)
+{
+  ch->depth = opts && opts->depth ? opts->depth : 64;
+  ch->send_timeout_ms = opts ? opts->send_timeout_ms : 0;
+  ch->aware = gpuipc__mpi_cuda_aware();
+  ch->rx_device = -1;
+  if (gpuipc_driver_status(NULL) == 0 && gpuipc_device_count() > 0) {
+    if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0))
+      ch->rx_device = opts->device;
+    else
+      ch->rx_device = gpuipc_device_current() >= 0 ? gpuipc_device_current()
+                                                    : 0;
+  }
+  ch->next_seq = 1;
+  ch->rx_seq = 1;
+  ch->rel_req = MPI_REQUEST_NULL;
+  ch->desc_req = MPI_REQUEST_NULL;
+  ch->slots = calloc(ch->depth, sizeof(*ch->slots));
+  if (ch->slots == NULL)
+    return gpuipc__mpi_fail(-ENOMEM, "no memory for %u message slots",
+                            ch->depth);
+  int mrc = MPI_Irecv(&ch->rel_w, (int)sizeof(ch->rel_w), MPI_BYTE, ch->peer,
+                      TAG_REL, ch->pair, &ch->rel_req);
+  if (mrc == MPI_SUCCESS)
+    mrc = MPI_Irecv(&ch->desc_w, (int)sizeof(ch->desc_w), MPI_BYTE, ch->peer,
+                    TAG_DESC, ch->pair, &ch->desc_req);
+  if (mrc != MPI_SUCCESS) {
+    int rc = gpuipc__mpi_fail_mpi(mrc, "MPI_Irecv");
+    if (ch->rel_req != MPI_REQUEST_NULL) {
+      MPI_Cancel(&ch->rel_req);
+      MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
+    }
+    free(ch->slots);
+    ch->slots = NULL;
+    return rc;
+  }
+  return 0;
+}
+
+GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
+                                           const gpuipc_channel_opts_t *opts,
+                                           gpuipc_mpi_channel_t **out)
+{
+  gpuipc__mpi_call_begin();
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (!inited || finalized)
+    return gpuipc__mpi_fail(-EINVAL, "MPI is %s",
+                            inited ? "finalized" : "not initialised");
+  if (comm == MPI_COMM_NULL)
+    return gpuipc__mpi_fail(-EINVAL, "comm is MPI_COMM_NULL");
+  int me, size, *ub = NULL, flag = 0;
+  int mrc = MPI_Comm_rank(comm, &me);
+  if (mrc == MPI_SUCCESS)
+    mrc = MPI_Comm_size(comm, &size);
+  if (mrc == MPI_SUCCESS)
+    mrc = MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  if (mrc != MPI_SUCCESS)
+    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_rank");
+  if (peer < 0 || peer >= size || peer == me)
+    return gpuipc__mpi_fail(-EINVAL, "peer %d is not another rank of the "
+                            "%d-rank communicator (this is rank %d)", peer,
+                            size, me);
+  if (tag < 0 || (flag && ub && tag > *ub))
+    return gpuipc__mpi_fail(-EINVAL, "tag %d is outside 0..MPI_TAG_UB", tag);
+  /* Checks that one rank alone fails are agreed on after the pair exists:
+   * both then return the same code. */
+  int rc = out == NULL ? gpuipc__mpi_fail(-EINVAL, "out is NULL")
+                       : check_opts(opts);
+  struct gpuipc_mpi_channel *ch = calloc(1, sizeof(*ch));
+  if (ch == NULL && rc == 0)
+    rc = gpuipc__mpi_fail(-ENOMEM, "no memory for a channel");
+  MPI_Comm pair;
+  int prc = make_pair(comm, me, peer, tag, &pair);
+  if (prc != 0) {
+    free(ch);
+    return prc;
+  }
+  rc = gpuipc__mpi_agree(pair, rc);
+  if (rc != 0)
+    goto free_pair;
+  ch->pair = pair;
+  ch->peer = me < peer ? 1 : 0;
+  ch->refs = 1;
+  pthread_mutex_init(&ch->tx_lock, NULL);
+  pthread_mutex_init(&ch->rx_lock, NULL);
+  pthread_mutex_init(&ch->ack_lock, NULL);
+
+  MPI_Comm node;
+  int mine = gpuipc__mpi_scope_comm(pair, GPUIPC_MPI_SCOPE_NODE, &node);
+  rc = gpuipc__mpi_agree(pair, mine);
+  if (rc != 0) {
+    if (mine == 0)
+      MPI_Comm_free(&node);
+    goto destroy;
+  }
+  int nsize = 0;
+  mrc = MPI_Comm_size(node, &nsize);
+  MPI_Comm_free(&node);
+  rc = gpuipc__mpi_agree(
+      pair, mrc == MPI_SUCCESS ? 0 : gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_size"));
+  if (rc != 0)
+    goto destroy;
+  if (nsize == 2) {
+    rc = open_shm(ch, opts);
+  } else {
+    rc = gpuipc__mpi_agree(pair, open_mpi(ch, opts));
+    if (rc != 0 && ch->slots != NULL) {
+      /* The other rank failed: undo this one's posted receives. */
+      MPI_Cancel(&ch->rel_req);
+      MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
+      MPI_Cancel(&ch->desc_req);
+      MPI_Wait(&ch->desc_req, MPI_STATUS_IGNORE);
+      free(ch->slots);
+    }
+  }
+  if (rc != 0)
+    goto destroy;
+  if (ch->shm != NULL) {
+    MPI_Comm_free(&ch->pair);
+    ch->pair = MPI_COMM_NULL;
+  }
+  *out = ch;
+  return 0;
+destroy:
+  pthread_mutex_destroy(&ch->tx_lock);
+  pthread_mutex_destroy(&ch->rx_lock);
+  pthread_mutex_destroy(&ch->ack_lock);
+free_pair:
+  MPI_Comm_free(&pair);
+  free(ch);
+  return rc;
+}
+
+GPUIPC_MPI_API gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch)
+{
+  return ch ? ch->shm : NULL;
+}
+
+/* ---- sending -------------------------------------------------------------*/
+
+/* Take in the releases that arrived and retire finished messages. Returns
+ * how many releases were taken in, or a negative code. tx_lock held. */
+static int tx_poll(struct gpuipc_mpi_channel *ch)
+{
+  int taken = 0;
+  while (!ch->tx_gone) {
+    int flag = 0, count = 0;
+    MPI_Status st;
+    int mrc = MPI_Test(&ch->rel_req, &flag, &st);
+    if (mrc != MPI_SUCCESS)
+      return mpi_err(mrc, "MPI_Test of a release");
+    if (!flag)
+      break;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    const struct wire *w = &ch->rel_w;
+    if (count != (int)sizeof(*w) || w->magic != WIRE_MAGIC ||
+        (w->type != MSG_REL && w->type != MSG_CLOSE))
+      return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a release of %d bytes, magic "
+                              "0x%x, type %u: not a gpuipc release", count,
+                              w->magic, w->type);
+    if (w->type == MSG_CLOSE) {
+      ch->tx_gone = true;
+      __atomic_store_n(&ch->peer_closed, 1, __ATOMIC_RELEASE);
+      break;
+    }
+    uint32_t i;
+    for (i = 0; i < ch->depth; i++)
+      if (ch->slots[i].seq == w->seq && !ch->slots[i].released)
+        break;
+    if (w->seq == 0 || i == ch->depth)
+      return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a release of message %llu, "
+                              "which is not in flight",
+                              (unsigned long long)w->seq);
+    ch->slots[i].released = true;
+    taken++;
+    mrc = MPI_Irecv(&ch->rel_w, (int)sizeof(ch->rel_w), MPI_BYTE, ch->peer,
+                    TAG_REL, ch->pair, &ch->rel_req);
+    if (mrc != MPI_SUCCESS)
+      return mpi_err(mrc, "MPI_Irecv of a release");
+  }
+  for (uint32_t i = 0; i < ch->depth; i++) {
+    struct slot *s = &ch->slots[i];
+    if (s->seq == 0)
+      continue;
+    if (s->nreq > 0) {
+      int flag = 0;
+      int mrc = MPI_Testall(s->nreq, s->req, &flag, MPI_STATUSES_IGNORE);
+      if (mrc != MPI_SUCCESS)
+        return mpi_err(mrc, "MPI_Testall of a message's sends");
+      if (flag)
+        s->nreq = 0;
+    }
+    if (s->released && s->nreq == 0) {
+      s->seq = 0;
+      ch->in_flight--;
+    }
+  }
+  return taken;
+}
+
+static bool is_host_type(int32_t t)
+{
+  return t == GPUIPC_DL_CPU || t == GPUIPC_DL_CUDA_HOST;
+}
+
+/* Grow @*buf (HOST, pinned when a GPU is there) to hold @n bytes. */
+static int stage_fit(gpuipc_buf_t **buf, uint64_t n)
+{
+  if (*buf != NULL && gpuipc_buf_size(*buf) >= n)
+    return 0;
+  gpuipc_buf_t *b;
+  int rc = gpuipc_buf_alloc(n, GPUIPC_KIND_HOST, -1, 0, &b);
+  if (rc != 0)
+    return gpuipc__mpi_fail_gpuipc(rc);
+  if (*buf != NULL)
+    gpuipc_buf_release(*buf);
+  *buf = b;
+  return 0;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
+                                   const gpuipc_tensor_t *t, void *stream,
+                                   unsigned flags, uint64_t *ticket)
+{
+  static const char who[] = "gpuipc_mpi_send";
+  gpuipc__mpi_call_begin();
+  if (ch == NULL || t == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "%s: NULL %s", who,
+                            ch == NULL ? "channel" : "tensor");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_send(ch->shm, t, stream, flags, ticket);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  if (flags & ~GPUIPC_SEND_NONBLOCK)
+    return gpuipc__mpi_fail(-EINVAL, "%s: flags 0x%x", who, flags);
+  gpuipc_tensor_layout_t lay = {.size = sizeof(lay)};
+  int rc = gpuipc_tensor_layout(t, &lay);
+  if (rc != 0)
+    return gpuipc__mpi_fail_gpuipc(rc);
+  const gpuipc_dl_tensor_t *dl = &t->dl;
+  bool gpu;
+  int dev = -1;
+  const uint8_t *base;
+  uint64_t at; /* element 0 from base */
+  if (t->buf != NULL) {
+    gpu = gpuipc_buf_kind(t->buf) != GPUIPC_KIND_HOST;
+    dev = gpuipc_buf_device(t->buf);
+    base = gpuipc_buf_ptr(t->buf);
+    at = (uint64_t)((const uint8_t *)dl->data - base) + dl->byte_offset;
+  } else {
+    if (!lay.contiguous)
+      return gpuipc__mpi_fail(-EINVAL, "%s: memory gpuipc did not allocate "
+                              "is staged, and must be contiguous "
+                              "(row-major)", who);
+    if (!is_host_type(dl->device.device_type) &&
+        dl->device.device_type != GPUIPC_DL_CUDA)
+      return gpuipc__mpi_fail(-EINVAL, "%s: device type %d (CPU, CUDA or "
+                              "CUDA host memory only)", who,
+                              dl->device.device_type);
+    gpu = dl->device.device_type == GPUIPC_DL_CUDA;
+    dev = dl->device.device_id;
+    if (gpu && (dev < 0 || dev >= gpuipc_device_count()))
+      return gpuipc__mpi_fail(-EINVAL, "%s: CUDA device %d is not visible",
+                              who, dev);
+    base = dl->data;
+    at = dl->byte_offset;
+  }
+
+  pthread_mutex_lock(&ch->tx_lock);
+  int64_t deadline = ch->send_timeout_ms > 0
+                         ? deadline_of(ch->send_timeout_ms)
+                         : -1;
+  for (;;) {
+    rc = tx_poll(ch);
+    if (rc < 0)
+      goto unlock;
+    if (ch->tx_gone) {
+      rc = gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "%s: the peer has closed "
+                            "its end", who);
+      goto unlock;
+    }
+    if (ch->in_flight < ch->depth)
+      break;
+    if (flags & GPUIPC_SEND_NONBLOCK) {
+      rc = gpuipc__mpi_fail(-EAGAIN, "%s: %u messages in flight", who,
+                            ch->depth);
+      goto unlock;
+    }
+    if (expired(deadline)) {
+      rc = gpuipc__mpi_fail(-ETIMEDOUT, "%s: no release within %d ms", who,
+                            ch->send_timeout_ms);
+      goto unlock;
+    }
+    sched_yield();
+  }
+  struct slot *s = NULL;
+  for (uint32_t i = 0; i < ch->depth && s == NULL; i++)
+    if (ch->slots[i].seq == 0)
+      s = &ch->slots[i];
+  int nchunks = chunk_count(lay.span);
+  if (s->req_cap < 1 + nchunks) {
+    MPI_Request *r = realloc(s->req, sizeof(*r) * (size_t)(1 + nchunks));
+    if (r == NULL) {
+      rc = gpuipc__mpi_fail(-ENOMEM, "%s: no memory for %d requests", who,
+                            1 + nchunks);
+      goto unlock;
+    }
+    s->req = r;
+    s->req_cap = 1 + nchunks;
+  }
+  const uint8_t *from = base + lay.first;
+  if (lay.span > 0 && (t->buf == NULL || (gpu && !ch->aware))) {
+    rc = stage_fit(&s->stage, lay.span);
+    if (rc != 0)
+      goto unlock;
+    uint8_t *to = gpuipc_buf_ptr(s->stage);
+    if (gpu)
+      rc = gpuipc__mpi_copy(dev, to, from, lay.span, stream);
+    else
+      memcpy(to, from, lay.span);
+    if (rc != 0)
+      goto unlock;
+    from = to;
+  } else if (lay.span > 0 && gpu) {
+    /* The MPI library reads the device memory: after the sender's work. */
+    rc = gpuipc__mpi_stream_sync(dev, stream);
+    if (rc != 0)
+      goto unlock;
+  }
+  struct wire *w = &s->w;
+  memset(w, 0, sizeof(*w));
+  w->magic = WIRE_MAGIC;
+  w->type = MSG_TENSOR;
+  w->seq = ch->next_seq;
+  w->nbytes = lay.span;
+  w->offset = at - lay.first;
+  w->dev_type = gpu ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
+  w->ndim = dl->ndim;
+  w->dtype = dl->dtype;
+  int64_t compact = 1;
+  for (int i = dl->ndim - 1; i >= 0; i--) {
+    w->shape[i] = dl->shape[i];
+    w->strides[i] = dl->strides != NULL && t->buf != NULL ? dl->strides[i]
+                                                          : compact;
+    compact *= dl->shape[i] > 0 ? dl->shape[i] : 1;
+  }
+  int mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
+                      ch->pair, &s->req[0]);
+  if (mrc != MPI_SUCCESS) {
+    rc = mpi_err(mrc, "MPI_Isend of a descriptor");
+    goto unlock;
+  }
+  s->nreq = 1;
+  for (int c = 0; c < nchunks; c++) {
+    uint64_t off = (uint64_t)c * CHUNK;
+    uint64_t n = lay.span - off < CHUNK ? lay.span - off : CHUNK;
+    mrc = MPI_Isend(from + off, (int)n, MPI_BYTE, ch->peer, TAG_DATA,
+                    ch->pair, &s->req[s->nreq]);
+    if (mrc != MPI_SUCCESS) {
+      /* The descriptor is out: the channel cannot recover. */
+      rc = mpi_err(mrc, "MPI_Isend of a tensor's bytes");
+      ch->tx_gone = true;
+      goto unlock;
+    }
+    s->nreq++;
+  }
+  s->seq = ch->next_seq++;
+  s->released = false;
+  ch->in_flight++;
+  if (ticket != NULL)
+    *ticket = s->seq;
+  rc = 0;
+unlock:
+  pthread_mutex_unlock(&ch->tx_lock);
+  return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch,
+                                        uint64_t ticket, int timeout_ms)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_done: NULL channel");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_send_done(ch->shm, ticket, timeout_ms);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  int64_t deadline = deadline_of(timeout_ms);
+  int rc;
+  pthread_mutex_lock(&ch->tx_lock);
+  if (ticket == 0 || ticket >= ch->next_seq) {
+    rc = gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_done: no message %llu "
+                          "yet", (unsigned long long)ticket);
+    goto unlock;
+  }
+  for (;;) {
+    rc = tx_poll(ch);
+    if (rc < 0)
+      goto unlock;
+    bool busy = false;
+    for (uint32_t i = 0; i < ch->depth; i++)
+      busy |= ch->slots[i].seq == ticket;
+    rc = 0;
+    if (!busy)
+      break;
+    if (ch->tx_gone) {
+      rc = gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "gpuipc_mpi_send_done: the "
+                            "peer closed without releasing message %llu",
+                            (unsigned long long)ticket);
+      break;
+    }
+    if (timeout_ms == 0) {
+      rc = gpuipc__mpi_fail(-EAGAIN, "gpuipc_mpi_send_done: message %llu is "
+                            "in flight", (unsigned long long)ticket);
+      break;
+    }
+    if (expired(deadline)) {
+      rc = gpuipc__mpi_fail(-ETIMEDOUT, "gpuipc_mpi_send_done: message %llu "
+                            "still in flight after %d ms",
+                            (unsigned long long)ticket, timeout_ms);
+      break;
+    }
+    sched_yield();
+  }
+unlock:
+  pthread_mutex_unlock(&ch->tx_lock);
+  return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_channel_progress(gpuipc_mpi_channel_t *ch)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL)
+    return gpuipc__mpi_fail(-EINVAL,
+                            "gpuipc_mpi_channel_progress: NULL channel");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_channel_progress(ch->shm);
+    return rc < 0 ? gpuipc__mpi_fail_gpuipc(rc) : rc;
+  }
+  pthread_mutex_lock(&ch->tx_lock);
+  int rc = tx_poll(ch);
+  pthread_mutex_unlock(&ch->tx_lock);
+  return rc;
+}
+
+/* ---- receiving -----------------------------------------------------------*/
+
+/* Check descriptor @w (@count bytes) as the next message. */
+static int rx_check(struct gpuipc_mpi_channel *ch, const struct wire *w,
+                    int count)
+{
+  if (count != (int)sizeof(*w) || w->magic != WIRE_MAGIC ||
+      (w->type != MSG_TENSOR && w->type != MSG_CLOSE))
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a descriptor of %d bytes, "
+                            "magic 0x%x, type %u: not a gpuipc descriptor",
+                            count, w->magic, w->type);
+  if (w->type == MSG_CLOSE)
+    return 0;
+  if (w->seq != ch->rx_seq)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor seq %llu where %llu "
+                            "was due", (unsigned long long)w->seq,
+                            (unsigned long long)ch->rx_seq);
+  if (w->dev_type != GPUIPC_DL_CPU && w->dev_type != GPUIPC_DL_CUDA)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: device type "
+                            "%d", (unsigned long long)w->seq, w->dev_type);
+  if (w->ndim < 0 || w->ndim > GPUIPC_TENSOR_MAX_DIMS ||
+      w->nbytes > SIZE_ABSURD)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: ndim %d, "
+                            "%llu bytes", (unsigned long long)w->seq,
+                            w->ndim, (unsigned long long)w->nbytes);
+  gpuipc_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.dl.data = (void *)w; /* any non-NULL base: offsets are checked */
+  t.dl.ndim = w->ndim;
+  t.dl.dtype = w->dtype;
+  t.dl.shape = (int64_t *)w->shape;
+  t.dl.strides = (int64_t *)w->strides;
+  t.dl.byte_offset = w->offset;
+  gpuipc_tensor_layout_t lay = {.size = sizeof(lay)};
+  if (gpuipc_tensor_layout(&t, &lay) != 0)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: %s",
+                            (unsigned long long)w->seq, gpuipc_last_error());
+  if (lay.first != 0 || lay.span != w->nbytes)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: its elements "
+                            "reach bytes %llu..+%llu of the %llu sent",
+                            (unsigned long long)w->seq,
+                            (unsigned long long)lay.first,
+                            (unsigned long long)lay.span,
+                            (unsigned long long)w->nbytes);
+  return 0;
+}
+
+/* The next descriptor into ch->desc_w (ch->have). rx_lock held. */
+static int rx_fetch(struct gpuipc_mpi_channel *ch, int timeout_ms)
+{
+  if (ch->rx_broken)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "the channel broke on an "
+                            "earlier message and is unusable");
+  if (ch->have)
+    return 0;
+  if (ch->rx_gone)
+    return gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "the peer has closed its end "
+                            "and everything it sent was received");
+  int64_t deadline = deadline_of(timeout_ms);
+  MPI_Status st;
+  for (;;) {
+    int flag = 0;
+    int mrc = MPI_Test(&ch->desc_req, &flag, &st);
+    if (mrc != MPI_SUCCESS)
+      return mpi_err(mrc, "MPI_Test of a descriptor");
+    if (flag)
+      break;
+    if (timeout_ms == 0)
+      return gpuipc__mpi_fail(-EAGAIN, "no message yet");
+    if (expired(deadline))
+      return gpuipc__mpi_fail(-ETIMEDOUT, "no message within %d ms",
+                              timeout_ms);
+    sched_yield();
+  }
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  int rc = rx_check(ch, &ch->desc_w, count);
+  if (rc != 0) {
+    ch->rx_broken = true;
+    return rc;
+  }
+  if (ch->desc_w.type == MSG_CLOSE) {
+    ch->rx_gone = true;
+    __atomic_store_n(&ch->peer_closed, 1, __ATOMIC_RELEASE);
+    return gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "the peer has closed its "
+                            "end and everything it sent was received");
+  }
+  ch->have = true;
+  return 0;
+}
+
+/* Done with the message in desc_w: wait for the next. rx_lock held. */
+static int rx_next(struct gpuipc_mpi_channel *ch)
+{
+  ch->have = false;
+  ch->rx_seq++;
+  int mrc = MPI_Irecv(&ch->desc_w, (int)sizeof(ch->desc_w), MPI_BYTE,
+                      ch->peer, TAG_DESC, ch->pair, &ch->desc_req);
+  if (mrc != MPI_SUCCESS) {
+    ch->rx_broken = true;
+    return mpi_err(mrc, "MPI_Irecv of a descriptor");
+  }
+  return 0;
+}
+
+/* The bytes of the message in desc_w into @dst (on device @dev, or host
+ * when < 0), through the staging buffer when MPI cannot write there. */
+static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
+                   void *stream)
+{
+  uint64_t n = ch->desc_w.nbytes;
+  if (n == 0)
+    return 0;
+  uint8_t *into = dst;
+  bool staged = dev >= 0 && !ch->aware;
+  if (staged) {
+    int rc = stage_fit(&ch->rx_stage, n);
+    if (rc != 0)
+      return rc;
+    into = gpuipc_buf_ptr(ch->rx_stage);
+  }
+  int nchunks = chunk_count(n);
+  MPI_Request reqs[16];
+  int rc = 0;
+  /* At most 16 chunks at once (16 GiB); in turn beyond. */
+  for (int c0 = 0; c0 < nchunks && rc == 0; c0 += 16) {
+    int k = 0;
+    for (int c = c0; c < nchunks && k < 16; c++, k++) {
+      uint64_t off = (uint64_t)c * CHUNK;
+      uint64_t len = n - off < CHUNK ? n - off : CHUNK;
+      int mrc = MPI_Irecv(into + off, (int)len, MPI_BYTE, ch->peer, TAG_DATA,
+                          ch->pair, &reqs[k]);
+      if (mrc != MPI_SUCCESS) {
+        rc = mpi_err(mrc, "MPI_Irecv of a tensor's bytes");
+        break;
+      }
+    }
+    int mrc = MPI_Waitall(k, reqs, MPI_STATUSES_IGNORE);
+    if (rc == 0 && mrc != MPI_SUCCESS)
+      rc = mpi_err(mrc, "MPI_Waitall of a tensor's bytes");
+  }
+  if (rc != 0) {
+    ch->rx_broken = true;
+    return rc;
+  }
+  if (staged)
+    rc = gpuipc__mpi_copy(dev, dst, into, n, stream);
+  return rc;
+}
+
+/* Tell the sender that message @seq is free. ack_lock held. */
+static int send_ack(struct gpuipc_mpi_channel *ch, uint64_t seq)
+{
+  /* Retire acks that went out. */
+  for (struct ack **pp = &ch->acks; *pp != NULL;) {
+    int flag = 0;
+    MPI_Test(&(*pp)->req, &flag, MPI_STATUS_IGNORE);
+    if (flag) {
+      struct ack *a = *pp;
+      *pp = a->next;
+      free(a);
+    } else {
+      pp = &(*pp)->next;
+    }
+  }
+  if (__atomic_load_n(&ch->peer_closed, __ATOMIC_ACQUIRE))
+    return gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "the sender has closed its "
+                            "end: nothing to tell");
+  struct ack *a = calloc(1, sizeof(*a));
+  if (a == NULL)
+    return gpuipc__mpi_fail(-ENOMEM, "no memory for a release");
+  a->w.magic = WIRE_MAGIC;
+  a->w.type = MSG_REL;
+  a->w.seq = seq;
+  int mrc = MPI_Isend(&a->w, (int)sizeof(a->w), MPI_BYTE, ch->peer, TAG_REL,
+                      ch->pair, &a->req);
+  if (mrc != MPI_SUCCESS) {
+    free(a);
+    return mpi_err(mrc, "MPI_Isend of a release");
+  }
+  a->next = ch->acks;
+  ch->acks = a;
+  return 0;
+}
+
+/* A buffer for a view: a released one of the right place and about the
+ * right size, else a new one. */
+static int view_buf(struct gpuipc_mpi_channel *ch, int dev, uint64_t n,
+                    gpuipc_buf_t **out)
+{
+  if (n == 0)
+    n = 1;
+  pthread_mutex_lock(&ch->ack_lock);
+  int best = -1;
+  for (int i = 0; i < ch->ncache; i++) {
+    gpuipc_buf_t *b = ch->cache[i];
+    size_t sz = gpuipc_buf_size(b);
+    if (gpuipc_buf_device(b) == dev && sz >= n && sz / 2 <= n &&
+        (best < 0 || sz < gpuipc_buf_size(ch->cache[best])))
+      best = i;
+  }
+  if (best >= 0) {
+    *out = ch->cache[best];
+    ch->cache[best] = ch->cache[--ch->ncache];
+  }
+  pthread_mutex_unlock(&ch->ack_lock);
+  if (best >= 0)
+    return 0;
+  int rc = gpuipc_buf_alloc(n, dev >= 0 ? GPUIPC_KIND_AUTO : GPUIPC_KIND_HOST,
+                            dev, 0, out);
+  return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_recv(gpuipc_mpi_channel_t *ch,
+                                   gpuipc_tensor_t **view, void *stream,
+                                   int timeout_ms)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL || view == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_recv: NULL %s",
+                            ch == NULL ? "channel" : "view");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_recv(ch->shm, view, stream, timeout_ms);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  struct mview *v = calloc(1, sizeof(*v));
+  if (v == NULL)
+    return gpuipc__mpi_fail(-ENOMEM, "gpuipc_mpi_recv: no memory for a view");
+  pthread_mutex_lock(&ch->rx_lock);
+  int rc = rx_fetch(ch, timeout_ms);
+  if (rc != 0)
+    goto unlock;
+  const struct wire *w = &ch->desc_w;
+  int dev = w->dev_type == GPUIPC_DL_CUDA ? ch->rx_device : -1;
+  gpuipc_buf_t *b;
+  rc = view_buf(ch, dev, w->nbytes, &b);
+  if (rc != 0)
+    goto unlock; /* the message stays first in line */
+  rc = rx_data(ch, gpuipc_buf_ptr(b), dev, stream);
+  if (rc != 0) {
+    gpuipc_buf_release(b);
+    goto unlock;
+  }
+  v->t.dl.data = gpuipc_buf_ptr(b);
+  v->t.dl.device.device_type = dev >= 0 ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
+  v->t.dl.device.device_id = dev >= 0 ? dev : 0;
+  v->t.dl.ndim = w->ndim;
+  v->t.dl.dtype = w->dtype;
+  memcpy(v->shape, w->shape, sizeof(v->shape));
+  memcpy(v->strides, w->strides, sizeof(v->strides));
+  v->t.dl.shape = v->shape;
+  v->t.dl.strides = v->strides;
+  v->t.dl.byte_offset = w->offset;
+  v->t.buf = b;
+  v->seq = w->seq;
+  v->ch = ch;
+  __atomic_add_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL);
+  rc = rx_next(ch);
+  pthread_mutex_lock(&g_views_lock);
+  v->next = g_views;
+  if (g_views != NULL)
+    g_views->prev = v;
+  g_views = v;
+  pthread_mutex_unlock(&g_views_lock);
+  *view = &v->t;
+  v = NULL;
+unlock:
+  pthread_mutex_unlock(&ch->rx_lock);
+  free(v);
+  return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_recv_into(gpuipc_mpi_channel_t *ch,
+                                        const gpuipc_tensor_t *dst,
+                                        void *stream, int timeout_ms)
+{
+  static const char who[] = "gpuipc_mpi_recv_into";
+  gpuipc__mpi_call_begin();
+  if (ch == NULL || dst == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "%s: NULL %s", who,
+                            ch == NULL ? "channel" : "destination");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_recv_into(ch->shm, dst, stream, timeout_ms);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  gpuipc_tensor_layout_t lay = {.size = sizeof(lay)};
+  int rc = gpuipc_tensor_layout(dst, &lay);
+  if (rc != 0)
+    return gpuipc__mpi_fail_gpuipc(rc);
+  if (!lay.contiguous)
+    return gpuipc__mpi_fail(-EINVAL, "%s: the destination must be contiguous "
+                            "(row-major)", who);
+  const gpuipc_dl_tensor_t *dl = &dst->dl;
+  int dev = -1;
+  if (dst->buf != NULL)
+    dev = gpuipc_buf_kind(dst->buf) != GPUIPC_KIND_HOST
+              ? gpuipc_buf_device(dst->buf)
+              : -1;
+  else if (dl->device.device_type == GPUIPC_DL_CUDA)
+    dev = dl->device.device_id;
+  else if (!is_host_type(dl->device.device_type))
+    return gpuipc__mpi_fail(-EINVAL, "%s: destination device type %d", who,
+                            dl->device.device_type);
+  pthread_mutex_lock(&ch->rx_lock);
+  rc = rx_fetch(ch, timeout_ms);
+  if (rc != 0)
+    goto unlock;
+  const struct wire *w = &ch->desc_w;
+  bool same = w->ndim == dl->ndim && w->dtype.code == dl->dtype.code &&
+              w->dtype.bits == dl->dtype.bits &&
+              w->dtype.lanes == dl->dtype.lanes;
+  for (int i = 0; same && i < w->ndim; i++)
+    same = w->shape[i] == dl->shape[i];
+  if (!same) {
+    rc = gpuipc__mpi_fail(-EINVAL, "%s: message %llu (ndim %d, dtype "
+                          "%u/%u/%u) does not match the destination (ndim "
+                          "%d, dtype %u/%u/%u) in shape or dtype; it stays "
+                          "first in line", who, (unsigned long long)w->seq,
+                          w->ndim, w->dtype.code, w->dtype.bits,
+                          w->dtype.lanes, dl->ndim, dl->dtype.code,
+                          dl->dtype.bits, dl->dtype.lanes);
+    goto unlock;
+  }
+  if (w->offset != 0 || w->nbytes != lay.nbytes) {
+    rc = gpuipc__mpi_fail(-EINVAL, "%s: message %llu is not contiguous; it "
+                          "stays first in line", who,
+                          (unsigned long long)w->seq);
+    goto unlock;
+  }
+  uint64_t seq = w->seq;
+  uint8_t *to = (uint8_t *)dl->data + dl->byte_offset;
+  rc = rx_data(ch, to, dev, stream);
+  if (rc != 0)
+    goto unlock;
+  rc = rx_next(ch);
+  pthread_mutex_lock(&ch->ack_lock);
+  int arc = send_ack(ch, seq);
+  pthread_mutex_unlock(&ch->ack_lock);
+  /* A sender that has closed needs no release: the copy still counts. */
+  if (rc == 0 && arc != 0 && arc != GPUIPC_E_PEER_GONE)
+    rc = arc;
+unlock:
+  pthread_mutex_unlock(&ch->rx_lock);
+  return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view,
+                                             void *stream)
+{
+  gpuipc__mpi_call_begin();
+  if (view == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_tensor_release: NULL view");
+  struct mview *v;
+  pthread_mutex_lock(&g_views_lock);
+  for (v = g_views; v != NULL && &v->t != view; v = v->next)
+    ;
+  if (v != NULL) {
+    if (v->prev != NULL)
+      v->prev->next = v->next;
+    else
+      g_views = v->next;
+    if (v->next != NULL)
+      v->next->prev = v->prev;
+  }
+  pthread_mutex_unlock(&g_views_lock);
+  if (v == NULL) {
+    int rc = gpuipc_tensor_release(view, stream);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  struct gpuipc_mpi_channel *ch = v->ch;
+  gpuipc_buf_t *b = v->t.buf;
+  int rc = 0;
+  /* The buffer is reused: the receiver's work on it must be over. */
+  if (v->t.dl.device.device_type == GPUIPC_DL_CUDA)
+    rc = gpuipc__mpi_stream_sync(v->t.dl.device.device_id, stream);
+  pthread_mutex_lock(&ch->ack_lock);
+  if (ch->closed) {
+    gpuipc_buf_release(b);
+  } else {
+    int arc = send_ack(ch, v->seq);
+    if (rc == 0)
+      rc = arc;
+    if (rc == 0 && ch->ncache < CACHE_MAX)
+      ch->cache[ch->ncache++] = b;
+    else
+      gpuipc_buf_release(b);
+  }
+  pthread_mutex_unlock(&ch->ack_lock);
+  ch_unref(ch);
+  free(v);
+  return rc;
+}
+
+/* ---- closing -------------------------------------------------------------*/
+
+static void cancel(MPI_Request *r)
+{
+  if (*r == MPI_REQUEST_NULL)
+    return;
+  MPI_Cancel(r);
+  MPI_Wait(r, MPI_STATUS_IGNORE);
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_channel_close: NULL channel");
+  if (ch->shm != NULL) {
+    gpuipc_channel_close(ch->shm);
+    gpuipc_domain_leave(ch->dom);
+    ch_unref(ch);
+    return 0;
+  }
+  pthread_mutex_lock(&ch->tx_lock);
+  pthread_mutex_lock(&ch->rx_lock);
+  pthread_mutex_lock(&ch->ack_lock);
+  /* Tell both of the peer's sides, after everything sent. */
+  struct wire bye[2];
+  MPI_Request breq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  for (int i = 0; i < 2; i++) {
+    memset(&bye[i], 0, sizeof(bye[i]));
+    bye[i].magic = WIRE_MAGIC;
+    bye[i].type = MSG_CLOSE;
+    MPI_Isend(&bye[i], (int)sizeof(bye[i]), MPI_BYTE, ch->peer,
+              i == 0 ? TAG_DESC : TAG_REL, ch->pair, &breq[i]);
+  }
+  /* Until the peer has the bytes of every message in flight, or closes:
+   * MPI still reads them (the user's buffer, or a staging copy). */
+  for (;;) {
+    if (tx_poll(ch) < 0 || ch->tx_gone)
+      break;
+    bool busy = false;
+    for (uint32_t i = 0; i < ch->depth; i++)
+      busy |= ch->slots[i].seq != 0 && ch->slots[i].nreq > 0;
+    if (!busy)
+      break;
+    sched_yield();
+  }
+  for (uint32_t i = 0; i < ch->depth; i++) {
+    struct slot *s = &ch->slots[i];
+    bool pending = false;
+    for (int k = 0; k < s->nreq; k++) {
+      int flag = 0;
+      MPI_Test(&s->req[k], &flag, MPI_STATUS_IGNORE);
+      if (!flag) {
+        /* The peer left without taking them: MPI frees the request when
+         * it can, and the staging copy must outlive it. */
+        MPI_Request_free(&s->req[k]);
+        pending = true;
+      }
+    }
+    if (s->stage != NULL && !pending)
+      gpuipc_buf_release(s->stage);
+    free(s->req);
+  }
+  free(ch->slots);
+  cancel(&ch->rel_req);
+  cancel(&ch->desc_req);
+  MPI_Waitall(2, breq, MPI_STATUSES_IGNORE);
+  while (ch->acks != NULL) {
+    struct ack *a = ch->acks;
+    ch->acks = a->next;
+    MPI_Wait(&a->req, MPI_STATUS_IGNORE);
+    free(a);
+  }
+  for (int i = 0; i < ch->ncache; i++)
+    gpuipc_buf_release(ch->cache[i]);
+  ch->ncache = 0;
+  if (ch->rx_stage != NULL)
+    gpuipc_buf_release(ch->rx_stage);
+  MPI_Comm_free(&ch->pair);
+  ch->closed = true;
+  pthread_mutex_unlock(&ch->ack_lock);
+  pthread_mutex_unlock(&ch->rx_lock);
+  pthread_mutex_unlock(&ch->tx_lock);
+  ch_unref(ch);
+  return 0;
+}

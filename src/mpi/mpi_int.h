@@ -1,0 +1,52 @@
+/*
+ * Internals of libgpuipc_mpi shared by its files: failure sentences,
+ * agreement of outcomes, scopes and domains (mpi.c), staging copies for
+ * GPU memory (stage.c). Never exported: the library hides every symbol
+ * not marked GPUIPC_MPI_API.
+ */
+#ifndef GPUIPC_MPI_INT_H
+#define GPUIPC_MPI_INT_H
+
+#include <stddef.h>
+
+#include "gpuipc_mpi.h"
+
+#define GPUIPC_MPI_API __attribute__((visibility("default")))
+
+/* Record a failure sentence for gpuipc_mpi_last_error(); returns @code. */
+__attribute__((format(printf, 2, 3))) int gpuipc__mpi_fail(int code,
+                                                           const char *fmt,
+                                                           ...);
+/* A failure gpuipc described: its sentence stands. Returns @code. */
+int gpuipc__mpi_fail_gpuipc(int code);
+/* An MPI call failed with @mrc: -EIO with MPI's sentence. */
+int gpuipc__mpi_fail_mpi(int mrc, const char *call);
+/* Start of a public call: forget which rank an earlier failure came from. */
+void gpuipc__mpi_call_begin(void);
+/* Every rank of @comm learns the outcome of all (lowest failing rank's). */
+int gpuipc__mpi_agree(MPI_Comm comm, int rc);
+/* The ranks of @comm sharing @scope with this one (collective). */
+int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
+                           MPI_Comm *out);
+/* "mpi-" and 128 bits drawn by rank 0 of @scope, broadcast. */
+int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1]);
+/* Rank 0 of @scope joins domain @name first, then the others. */
+int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
+                              gpuipc_domain_t **out);
+
+/* ---- GPU memory (stage.c) ------------------------------------------------*/
+
+/* 1 when the MPI library takes device pointers (MPIX_Query_cuda_support). */
+int gpuipc__mpi_cuda_aware(void);
+/*
+ * Copy @n bytes between any two memories (unified addressing) on @stream
+ * (NULL: the legacy default stream) of device @device, and wait for the
+ * copy and everything queued on @stream before it. Returns 0 or
+ * GPUIPC_E_NODRIVER / GPUIPC_E_CUDA with a sentence.
+ */
+int gpuipc__mpi_copy(int device, void *dst, const void *src, size_t n,
+                     void *stream);
+/* Wait for the work queued on @stream of @device. */
+int gpuipc__mpi_stream_sync(int device, void *stream);
+
+#endif /* GPUIPC_MPI_INT_H */
