@@ -210,6 +210,26 @@ GPUIPC_API int gpuipc_device_by_uuid(const uint8_t uuid[16]);
  */
 GPUIPC_API int gpuipc_device_current(void);
 
+/*
+ * gpuipc_memcpy - copy @n bytes from @src to @dst on @stream of local
+ * device @device (NULL: that device's legacy default stream), then wait
+ * for the copy and the work queued before it on @stream. Either side may
+ * be device memory, a mapping gpuipc made (any kind), or host memory the
+ * driver can reach (unified addressing). With @device -1 both sides must
+ * be host memory and the copy is a plain memcpy (no driver needed).
+ * Returns 0; -EINVAL (NULL pointers with @n > 0, a device not visible);
+ * GPUIPC_E_NODRIVER; GPUIPC_E_CUDA. Thread-safe.
+ */
+GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
+                             void *stream);
+
+/*
+ * gpuipc_stream_sync - wait until the work queued on @stream of local
+ * device @device (NULL: its legacy default stream) has finished.
+ * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA.
+ */
+GPUIPC_API int gpuipc_stream_sync(int device, void *stream);
+
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */
 /* ------------------------------------------------------------------------ */
