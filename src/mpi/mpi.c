@@ -232,9 +232,12 @@ int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *ou
   return 0;
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
-                                         gpuipc_mpi_scope_t scope,
-                                         MPI_Comm *out)
+/*
+ * The checks and the split both public entry points begin with, agreed by
+ * every rank: on success @sc is this rank's scope communicator.
+ */
+static int scope_begin(MPI_Comm comm, gpuipc_mpi_scope_t scope,
+                       const void *out, MPI_Comm *sc)
 {
   g_agreed_who = -1;
   int rc = check_call(comm, scope);
@@ -243,14 +246,21 @@ GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
   rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
   if (rc)
     return rc;
-  MPI_Comm c;
-  int mine = gpuipc__mpi_scope_comm(comm, scope, &c);
+  int mine = gpuipc__mpi_scope_comm(comm, scope, sc);
   rc = gpuipc__mpi_agree(comm, mine);
-  if (rc) {
-    if (mine == 0)
-      MPI_Comm_free(&c);
+  if (rc && mine == 0)
+    MPI_Comm_free(sc);
+  return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
+                                         gpuipc_mpi_scope_t scope,
+                                         MPI_Comm *out)
+{
+  MPI_Comm c;
+  int rc = scope_begin(comm, scope, out, &c);
+  if (rc)
     return rc;
-  }
   *out = c;
   return 0;
 }
@@ -354,21 +364,10 @@ GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
                                           gpuipc_mpi_scope_t scope,
                                           gpuipc_domain_t **out)
 {
-  g_agreed_who = -1;
-  int rc = check_call(comm, scope);
-  if (rc)
-    return rc;
-  rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
-  if (rc)
-    return rc;
   MPI_Comm sc;
-  int mine = gpuipc__mpi_scope_comm(comm, scope, &sc);
-  rc = gpuipc__mpi_agree(comm, mine);
-  if (rc) {
-    if (mine == 0)
-      MPI_Comm_free(&sc);
+  int rc = scope_begin(comm, scope, out, &sc);
+  if (rc)
     return rc;
-  }
   char name[GPUIPC_NAME_MAX + 1];
   gpuipc_domain_t *dom = NULL;
   rc = gpuipc__mpi_domain_name(sc, name);
