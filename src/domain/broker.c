@@ -772,15 +772,22 @@ static void on_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
   dispatch_unlink(b, c, &p);
 }
 
-/* Make @s published with @w's record and @fd (taken). */
+/*
+ * Make @s published with @w's record and @fd (taken). The record keeps its
+ * id and its name: the name is what indexes it, and a peer's word must not
+ * move it to another bucket.
+ */
 static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
                          const struct gpuipc__seg_wire *w, int *fd,
                          uint32_t pid)
 {
   uint64_t id = s->w.id;
   bool named = s->named;
+  char name[sizeof(s->w.name)];
+  memcpy(name, s->w.name, sizeof(name));
   s->w = *w;
   s->w.id = id;
+  memcpy(s->w.name, name, sizeof(name));
   s->w.state = named ? GPUIPC__SEG_PUBLISHED : GPUIPC__SEG_UNLINKED;
   s->creator = NULL;
   s->creator_pid = pid;
@@ -935,6 +942,25 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   learn_id(b, w->id);
   struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, w->id);
   if (s != NULL) {
+    /*
+     * Only the segment the id names may come back under it: a record of
+     * another name, kind or size, or a reservation still being created
+     * (another member's), is not what this member held.
+     */
+    if (s->w.state == GPUIPC__SEG_CREATING ||
+        strcmp(s->w.name, w->name) != 0 || s->w.kind != w->kind ||
+        s->w.size != w->size) {
+      GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu, "
+                   "kind %u, %llu bytes) but that id is %s%s (kind %u, "
+                   "%llu bytes); disconnecting it",
+                   b->name, pid, w->name, (unsigned long long)w->id,
+                   w->kind, (unsigned long long)w->size,
+                   s->w.state == GPUIPC__SEG_CREATING ? "a reservation of "
+                                                      : "segment ",
+                   s->w.name, s->w.kind, (unsigned long long)s->w.size);
+      c->doomed = true;
+      return;
+    }
     if (s->w.state == GPUIPC__SEG_LOST || s->fd < 0) {
       /* A tombstone, or a record without memory: this holder brings it. */
       if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED) {
