@@ -933,6 +933,25 @@ static void on_list(struct gpuipc__broker *b, struct gpuipc__conn *c,
   conn_send(c, o, NULL, 0);
 }
 
+/*
+ * Count the holds a re-publication brings. REPUBLISH has no reply: a member
+ * whose holds cannot be counted is disconnected, so that it re-publishes
+ * them all again (to this broker or the next) rather than have the broker
+ * count fewer than it holds.
+ */
+static int republish_hold(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                          struct gpuipc__seg *s, uint32_t holds)
+{
+  int rc = gpuipc__reg_hold(s, c, (uint32_t)c->cred.pid, holds);
+  if (rc != 0) {
+    GPUIPC_LOG_W("broker %s: cannot count the %u holds pid %d re-published "
+                 "on segment %s (%s); disconnecting it",
+                 b->name, holds, (int)c->cred.pid, s->w.name,
+                 gpuipc_last_error());
+    c->doomed = true;
+  }
+  return rc;
+}
 
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                          const struct gpuipc__msg *m, int *fd)
@@ -970,7 +989,8 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
       journal_put(b, s);
     }
-    gpuipc__reg_hold(s, c, pid, m->u.republish.holds);
+    if (republish_hold(b, c, s, m->u.republish.holds) != 0)
+      return;
     if (s->named)
       redispatch(b, s->w.name);
     return;
@@ -999,7 +1019,8 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
-  gpuipc__reg_hold(s, c, pid, m->u.republish.holds);
+  if (republish_hold(b, c, s, m->u.republish.holds) != 0)
+    return;
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)", b->name, pid,
                w->name, (unsigned long long)w->id);
   if (s->named)
