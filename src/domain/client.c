@@ -23,7 +23,11 @@
 /* Bound on a fire-and-forget send. */
 #define POST_MS 2000
 
-enum dom_state { DOM_DOWN, DOM_UP, DOM_CLOSED };
+/*
+ * DOM_FAILED: a broker refused this member (DENIED, another protocol
+ * version) on reconnecting; every request fails at once with that code.
+ */
+enum dom_state { DOM_DOWN, DOM_UP, DOM_FAILED, DOM_CLOSED };
 
 struct pending {
   struct pending *next;
@@ -42,6 +46,8 @@ struct gpuipc_domain {
   pthread_mutex_t mu; /* state, gen, pending, broker, epoch */
   pthread_cond_t cv;
   enum dom_state state;
+  int failed_code;                       /* DOM_FAILED: why */
+  char failed_why[GPUIPC__TEXT_MAX + 1];
   uint64_t gen;
   uint32_t next_req;
   struct pending *pending;
@@ -346,6 +352,13 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
     return gpuipc__err(GPUIPC_E_CLOSED, "%s: domain %s is being left", what,
                        d->name);
   }
+  if (d->state == DOM_FAILED) {
+    int code = d->failed_code;
+    char why[sizeof(d->failed_why)];
+    memcpy(why, d->failed_why, sizeof(why));
+    pthread_mutex_unlock(&d->mu);
+    return gpuipc__err(code, "%s: %s", what, why);
+  }
   if (++d->next_req == 0)
     d->next_req = 1;
   p.req = d->next_req;
@@ -596,8 +609,40 @@ static void reconnect(struct gpuipc_domain *d)
 
   GPUIPC_LOG_I("domain %s: lost the broker; reconnecting", d->name);
   int fd;
-  if (dom_connect(d, UINT64_MAX, true, &fd) != 0)
-    return; /* leaving */
+  unsigned backoff = 10;
+  int last = 0;
+  for (;;) {
+    int rc = dom_connect(d, UINT64_MAX, true, &fd);
+    if (rc == 0)
+      break;
+    if (atomic_load(&d->leaving))
+      return;
+    if (rc == GPUIPC_E_DENIED || rc == GPUIPC_E_VERSION) {
+      /* No retry changes that answer: fail every request with it. */
+      GPUIPC_LOG_E("domain %s: cannot reconnect: %s", d->name,
+                   gpuipc_last_error());
+      pthread_mutex_lock(&d->mu);
+      if (d->state != DOM_CLOSED) {
+        d->state = DOM_FAILED;
+        d->failed_code = rc;
+        snprintf(d->failed_why, sizeof(d->failed_why), "%s",
+                 gpuipc_last_error());
+      }
+      pthread_cond_broadcast(&d->cv);
+      pthread_mutex_unlock(&d->mu);
+      return;
+    }
+    /* Anything else may pass (no descriptor free, no memory): retry. */
+    if (rc != last)
+      GPUIPC_LOG_W("domain %s: cannot reconnect (%s); retrying", d->name,
+                   gpuipc_last_error());
+    last = rc;
+    struct pollfd pfd = {.fd = d->wake[0], .events = POLLIN};
+    if (poll(&pfd, 1, (int)backoff) > 0 || atomic_load(&d->leaving))
+      return; /* leaving */
+    if (backoff < 1000)
+      backoff *= 2;
+  }
   /* Re-publish what we hold and go up, with no release in between. */
   gpuipc__seg_republish(d, fd);
 }
