@@ -29,9 +29,19 @@
  */
 enum dom_state { DOM_DOWN, DOM_UP, DOM_FAILED, DOM_CLOSED };
 
+/* A request whose caller gave up; its reply, if it comes, is undone. */
+struct orphan {
+  struct orphan *next;
+  uint32_t req;
+  uint16_t type;
+};
+/* Orphans remembered per connection; the oldest are forgotten beyond. */
+#define ORPHANS_MAX 1024
+
 struct pending {
   struct pending *next;
   uint32_t req;
+  uint16_t type; /* of the request */
   int done; /* 0 waiting, 1 replied, < 0 failed with that code */
   struct gpuipc__reply *out;
 };
@@ -51,14 +61,17 @@ struct gpuipc_domain {
   uint64_t gen;
   uint32_t next_req;
   struct pending *pending;
+  struct orphan *orphans; /* newest first */
+  unsigned norphans;
   uint64_t epoch;
   uint32_t broker_pid;
   struct gpuipc__broker *broker; /* the broker this member hosts */
   _Atomic uint64_t max_id;
   atomic_bool leaving;
 
-  pthread_mutex_t send_mu; /* fd, and sending on it */
+  pthread_mutex_t send_mu; /* fd, fd_gen, and sending on it */
   int fd;
+  uint64_t fd_gen; /* the generation fd belongs to */
 
   pthread_t reader;
   bool reader_started;
@@ -332,6 +345,53 @@ static void unlink_pending(struct gpuipc_domain *d, struct pending *p)
   }
 }
 
+/* The caller of request @req gave up waiting (d->mu held). */
+static void remember_orphan(struct gpuipc_domain *d, uint32_t req,
+                            uint16_t type)
+{
+  struct orphan *o = malloc(sizeof(*o));
+  if (o == NULL)
+    return; /* its reply will not be undone: what it did stays counted */
+  o->req = req;
+  o->type = type;
+  o->next = d->orphans;
+  d->orphans = o;
+  if (++d->norphans > ORPHANS_MAX) {
+    struct orphan **pp = &d->orphans;
+    while ((*pp)->next != NULL)
+      pp = &(*pp)->next;
+    free(*pp);
+    *pp = NULL;
+    d->norphans--;
+  }
+}
+
+/* The type of orphaned request @req, forgotten now; 0 if unknown. */
+static uint16_t take_orphan(struct gpuipc_domain *d, uint32_t req)
+{
+  for (struct orphan **pp = &d->orphans; *pp != NULL; pp = &(*pp)->next) {
+    struct orphan *o = *pp;
+    if (o->req == req) {
+      uint16_t type = o->type;
+      *pp = o->next;
+      free(o);
+      d->norphans--;
+      return type;
+    }
+  }
+  return 0;
+}
+
+static void forget_orphans(struct gpuipc_domain *d)
+{
+  while (d->orphans != NULL) {
+    struct orphan *o = d->orphans;
+    d->orphans = o->next;
+    free(o);
+  }
+  d->norphans = 0;
+}
+
 int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
                      const int *fds, int nfds, int timeout_ms,
                      const char *what, struct gpuipc__reply *out)
@@ -362,14 +422,22 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
   if (++d->next_req == 0)
     d->next_req = 1;
   p.req = d->next_req;
+  p.type = m->type;
   m->req = p.req;
   p.next = d->pending;
   d->pending = &p;
   uint64_t gen = d->gen;
   pthread_mutex_unlock(&d->mu);
 
+  /*
+   * Only on the connection this request was registered for: had it
+   * dropped meanwhile, the caller is told so (and retries), and the
+   * request must not reach the next broker behind its back.
+   */
   pthread_mutex_lock(&d->send_mu);
-  int rc = gpuipc__proto_send(d->fd, m, fds, nfds, timeout_ms);
+  int rc = d->fd_gen == gen
+               ? gpuipc__proto_send(d->fd, m, fds, nfds, timeout_ms)
+               : GPUIPC_E_PEER_GONE;
   pthread_mutex_unlock(&d->send_mu);
 
   pthread_mutex_lock(&d->mu);
@@ -378,8 +446,11 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
       if (!cv_wait(d, deadline))
         break;
   }
-  if (p.done == 0)
+  if (p.done == 0) {
     unlink_pending(d, &p);
+    if (rc == 0 && d->gen == gen && d->state == DOM_UP)
+      remember_orphan(d, p.req, p.type);
+  }
   bool gen_changed = d->gen != gen;
   pthread_mutex_unlock(&d->mu);
 
@@ -552,8 +623,10 @@ static void deliver(struct gpuipc_domain *d, int *fds, int nfds)
     return;
   }
   uint64_t gen = d->gen;
+  uint16_t type = take_orphan(d, d->rmsg.req);
   pthread_mutex_unlock(&d->mu);
   memcpy(&d->reply.msg, &d->rmsg, sizeof(d->rmsg));
+  d->reply.req_type = type;
   d->reply.nfds = 0;
   for (int i = 0; i < nfds && i < 2; i++) {
     d->reply.fds[i] = fds[i];
@@ -598,6 +671,7 @@ static void reconnect(struct gpuipc_domain *d)
   for (struct pending *p = d->pending; p != NULL; p = p->next)
     p->done = GPUIPC_E_PEER_GONE;
   d->pending = NULL;
+  forget_orphans(d); /* that broker forgets what they did */
   pthread_cond_broadcast(&d->cv);
   pthread_mutex_unlock(&d->mu);
 
@@ -652,6 +726,7 @@ void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd)
   pthread_mutex_lock(&d->mu);
   pthread_mutex_lock(&d->send_mu);
   d->fd = fd;
+  d->fd_gen = d->gen;
   pthread_mutex_unlock(&d->send_mu);
   if (d->state == DOM_DOWN)
     d->state = DOM_UP;
@@ -712,6 +787,7 @@ static void *reader_main(void *arg)
 
 static void dom_free(struct gpuipc_domain *d)
 {
+  forget_orphans(d);
   gpuipc__fd_close(&d->wake[0]);
   gpuipc__fd_close(&d->wake[1]);
   gpuipc__fd_close(&d->fd);
@@ -773,6 +849,7 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   if (rc != 0)
     goto stop_broker;
   d->fd = fd;
+  d->fd_gen = d->gen;
   d->state = DOM_UP;
 
   sigset_t all, old;

@@ -206,6 +206,7 @@ struct gpuipc__reply {
   int fds[2];
   int nfds;
   uint64_t gen; /* connection generation the reply came on */
+  uint16_t req_type; /* an orphan's: the request it answers (0: unknown) */
 };
 
 /*

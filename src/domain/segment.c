@@ -181,6 +181,11 @@ void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
     post_release(d, r->msg.u.handle.seg.id, 1);
   else if (r->msg.type == GPUIPC_MSG_CREATE_IT)
     post_abandon(d, r->msg.u.create_it.id);
+  else if (r->msg.type == GPUIPC_MSG_OK &&
+           r->req_type == GPUIPC_MSG_PUBLISH)
+    /* A publication that timed out went through: the broker counts its
+     * creator as a holder, but the creator let its buffer go. */
+    post_release(d, r->msg.u.ok.id, 1);
 }
 
 void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
