@@ -277,10 +277,80 @@ static void corpus(void)
   ASSERT_GE(bad, 20);
 }
 
+/* Encode @m with @id written over the u64 at body offset @off; decode. */
+static int decode_with_u64(struct gpuipc__msg *m, size_t off, uint64_t id)
+{
+  int n = gpuipc__msg_encode(m, buf, sizeof(buf));
+  if (n < 0)
+    TFAIL("encode %s: %s", gpuipc__msg_name(m->type), gpuipc_last_error());
+  for (int i = 0; i < 8; i++)
+    buf[GPUIPC_PROTO_HDR + off + (size_t)i] = (uint8_t)(id >> (8 * i));
+  return gpuipc__msg_decode(buf, (size_t)n, gpuipc__msg_nfds(m), &out);
+}
+
+/*
+ * Ids above 2^62 are refused both ways, wherever a peer gives one: a
+ * broker learning such an id would run its counter to the wrap.
+ */
+static void huge_ids(void)
+{
+  const uint64_t max = 1ull << 62;
+  struct gpuipc__msg m;
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_HELLO;
+  m.u.hello.token = 1;
+  m.u.hello.max_id = max;
+  round_trip(&m);
+  ASSERT_OK(decode_with_u64(&m, 24, max));
+  ASSERT_RC(decode_with_u64(&m, 24, max + 1), GPUIPC_E_PROTO);
+  ASSERT_RC(decode_with_u64(&m, 24, UINT64_MAX - 1), GPUIPC_E_PROTO);
+  ASSERT_RC(decode_with_u64(&m, 24, UINT64_MAX), GPUIPC_E_PROTO);
+  m.u.hello.max_id = max + 1;
+  ASSERT_RC(gpuipc__msg_encode(&m, buf, sizeof(buf)), GPUIPC_E_PROTO);
+
+  static const uint16_t id_types[] = {GPUIPC_MSG_ABANDON, GPUIPC_MSG_RELEASE,
+                                      GPUIPC_MSG_CREATE_IT,
+                                      GPUIPC_MSG_UNLINKED, GPUIPC_MSG_OK};
+  for (size_t i = 0; i < sizeof(id_types) / sizeof(id_types[0]); i++) {
+    memset(&m, 0, sizeof(m));
+    m.type = id_types[i];
+    m.u.release.id = max; /* every one of them begins with the id */
+    m.u.release.count = 1;
+    if (m.type != GPUIPC_MSG_RELEASE)
+      m.u.ok.id = max;
+    ASSERT_OK(decode_with_u64(&m, 0, max));
+    ASSERT_RC(decode_with_u64(&m, 0, max + 1), GPUIPC_E_PROTO);
+    ASSERT_RC(decode_with_u64(&m, 0, UINT64_MAX), GPUIPC_E_PROTO);
+  }
+
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_PUBLISH;
+  m.u.publish.seg = host_seg("p", GPUIPC__SEG_PUBLISHED);
+  m.u.publish.seg.id = max;
+  round_trip(&m);
+  m.u.publish.seg.id = max + 1;
+  ASSERT_RC(gpuipc__msg_encode(&m, buf, sizeof(buf)), GPUIPC_E_PROTO);
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_REPUBLISH;
+  m.u.republish.holds = 1;
+  m.u.republish.seg = host_seg("r", GPUIPC__SEG_PUBLISHED);
+  /* holds u32, then the record: name (u16 length + bytes), then its id */
+  ASSERT_OK(decode_with_u64(&m, 4 + 2 + 1, max));
+  ASSERT_RC(decode_with_u64(&m, 4 + 2 + 1, max + 1), GPUIPC_E_PROTO);
+
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_HANDOFF_BEGIN;
+  m.u.handoff_begin.epoch = 1;
+  m.u.handoff_begin.next_id = max + 1;
+  round_trip(&m);
+  ASSERT_RC(decode_with_u64(&m, 8, UINT64_MAX), GPUIPC_E_PROTO);
+}
+
 int main(void)
 {
   every_type();
   encoder_refuses();
+  huge_ids();
   names();
   corpus();
   printf("broker_messages: ok\n");

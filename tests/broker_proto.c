@@ -8,7 +8,7 @@
  * disconnected (its references dropped); a member holding a segment
  * carries on throughout. A client meeting a broker of another version gets
  * GPUIPC_E_VERSION. A segment without a descriptor is lost with its last
- * holder.
+ * holder. Ids a member claims near 2^64 are refused.
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
@@ -447,6 +447,41 @@ static void no_descriptor(void)
   ASSERT_OK(gpuipc_segment_unlink(dom, "legacy"));
 }
 
+/*
+ * A member claiming ids near 2^64 (HELLO max_id, REPUBLISH) is refused:
+ * the broker's id counter would wrap to 0. Ids stay non-zero and distinct.
+ */
+static void huge_ids(struct peer *p)
+{
+  uint8_t buf[GPUIPC__MSG_BUF];
+  struct gpuipc__msg m;
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_HELLO;
+  m.req = 1;
+  m.u.hello.pid = (uint32_t)getpid();
+  m.u.hello.token = 4;
+  int len = encode(&m, buf);
+  for (int i = 0; i < 8; i++) /* max_id = UINT64_MAX - 1 */
+    buf[GPUIPC_PROTO_HDR + 24 + i] = i == 0 ? 0xfe : 0xff;
+  int fd = raw_connect();
+  send_raw(fd, buf, (size_t)len, NULL, 0);
+  expect_hangup(fd, "HELLO with max id 2^64 - 2");
+  gpuipc_buf_t *a, *b;
+  ASSERT_OK(gpuipc_segment_open(dom, "id.a", 4096, -1, GPUIPC_CREATE, &a));
+  ASSERT_OK(gpuipc_segment_open(dom, "id.b", 4096, -1, GPUIPC_CREATE, &b));
+  gpuipc_segment_info_t sa = {.size = sizeof(sa)}, sb = {.size = sizeof(sb)};
+  ASSERT_OK(gpuipc_segment_stat(dom, "id.a", &sa));
+  ASSERT_OK(gpuipc_segment_stat(dom, "id.b", &sb));
+  ASSERT_GT(sa.id, 0);
+  ASSERT_GT(sb.id, sa.id);
+  ASSERT_TRUE(sb.id <= (1ull << 62));
+  ASSERT_OK(gpuipc_buf_release(a));
+  ASSERT_OK(gpuipc_buf_release(b));
+  ASSERT_OK(gpuipc_segment_unlink(dom, "id.a"));
+  ASSERT_OK(gpuipc_segment_unlink(dom, "id.b"));
+  members_fine(p);
+}
+
 /* A "broker" that answers HELLO in protocol version 2. */
 static void *fake_broker(void *arg)
 {
@@ -502,6 +537,7 @@ int main(void)
   flood_waits(&p);
   mutations(&p);
   no_descriptor();
+  huge_ids(&p);
   version_mismatch();
 
   domain_wait_members(dom, 2);

@@ -427,8 +427,20 @@ static void journal_drop(struct gpuipc__broker *b, uint64_t id)
 
 static void learn_id(struct gpuipc__broker *b, uint64_t id)
 {
-  if (id != UINT64_MAX && id >= b->next_id)
+  if (id <= GPUIPC__ID_MAX && id >= b->next_id)
     b->next_id = id + 1;
+}
+
+/* A new segment id: never 0, never above GPUIPC__ID_MAX, never in use. */
+static uint64_t take_id(struct gpuipc__broker *b)
+{
+  for (;;) {
+    if (b->next_id == 0 || b->next_id > GPUIPC__ID_MAX)
+      b->next_id = 1;
+    uint64_t id = b->next_id++;
+    if (gpuipc__reg_by_id(&b->reg, id) == NULL)
+      return id;
+  }
 }
 
 /* Apply one journal line to the registry (of tombstones). */
@@ -447,7 +459,7 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
       gpuipc__reg_remove(&b->reg, s);
     return;
   }
-  if ((op != 'P' && op != 'L') ||
+  if (id > GPUIPC__ID_MAX || (op != 'P' && op != 'L') ||
       sscanf(line, "%c %llu %llu %u %64s", &op, &id, &size, &kind, name) != 5 ||
       size == 0 || size > GPUIPC_SIZE_MAX_ABSURD || kind < GPUIPC_KIND_HOST ||
       kind > GPUIPC_KIND_POOL || gpuipc__name_check(name, "journal name") != 0)
@@ -564,11 +576,10 @@ static void reserve(struct gpuipc__broker *b, struct gpuipc__conn *c,
                     const struct park *p)
 {
   struct gpuipc__seg *s;
-  if (gpuipc__reg_add(&b->reg, p->name, b->next_id, &s) != 0) {
+  if (gpuipc__reg_add(&b->reg, p->name, take_id(b), &s) != 0) {
     send_error(b, c, p->req, -ENOMEM, "broker out of memory");
     return;
   }
-  b->next_id++;
   s->w.state = GPUIPC__SEG_CREATING;
   s->w.size = p->size;
   s->w.kind = p->kind != GPUIPC_KIND_AUTO ? p->kind : GPUIPC_KIND_HOST;
@@ -834,11 +845,10 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       journal_drop(b, s->w.id);
       gpuipc__reg_remove(&b->reg, s);
     }
-    if (gpuipc__reg_add(&b->reg, w->name, b->next_id, &s) != 0) {
+    if (gpuipc__reg_add(&b->reg, w->name, take_id(b), &s) != 0) {
       send_error(b, c, m->req, -ENOMEM, "broker out of memory");
       return;
     }
-    b->next_id++;
   }
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);

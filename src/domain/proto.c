@@ -113,8 +113,9 @@ static int check_seg(struct gpuipc__seg_wire *s, int want_handle,
   int rc = check_name_field(s->name, false, msg, "name");
   if (rc != 0)
     return rc;
-  if (s->id == 0)
-    return PROTO_ERR(0, "%s: segment id is 0", msg);
+  if (s->id == 0 || s->id > GPUIPC__ID_MAX)
+    return PROTO_ERR(0, "%s: segment id %llu out of range", msg,
+                     (unsigned long long)s->id);
   if (s->kind < GPUIPC_KIND_HOST || s->kind > GPUIPC_KIND_POOL)
     return PROTO_ERR(0, "%s: kind %u is not a buffer kind", msg, s->kind);
   if (s->state < GPUIPC__SEG_CREATING || s->state > GPUIPC__SEG_LOST)
@@ -181,6 +182,9 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
       return PROTO_ERR(m, "HELLO: unknown flags 0x%x", m->u.hello.flags);
     if (m->u.hello.token == 0)
       return PROTO_ERR(m, "HELLO: member token is 0");
+    if (m->u.hello.max_id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "HELLO: max id %llu above 2^62",
+                       (unsigned long long)m->u.hello.max_id);
     return 0;
   case GPUIPC_MSG_OPEN:
     rc = check_name_field(m->u.open.name, false, nm, "name");
@@ -203,11 +207,13 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
                        m->u.publish.seg.state);
     return check_seg(&m->u.publish.seg, 1, nm, decoding);
   case GPUIPC_MSG_ABANDON:
-    if (m->u.abandon.id == 0)
-      return PROTO_ERR(m, "ABANDON: id is 0");
+    if (m->u.abandon.id == 0 || m->u.abandon.id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "ABANDON: id %llu out of range",
+                       (unsigned long long)m->u.abandon.id);
     return 0;
   case GPUIPC_MSG_RELEASE:
-    if (m->u.release.id == 0 || m->u.release.count == 0)
+    if (m->u.release.id == 0 || m->u.release.id > GPUIPC__ID_MAX ||
+        m->u.release.count == 0)
       return PROTO_ERR(m, "RELEASE: id %llu count %u",
                        (unsigned long long)m->u.release.id,
                        m->u.release.count);
@@ -243,14 +249,19 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
                        (int)m->u.error.code);
     return 0;
   case GPUIPC_MSG_OK:
+    if (m->u.ok.id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "OK: id %llu above 2^62",
+                       (unsigned long long)m->u.ok.id);
     return 0;
   case GPUIPC_MSG_CREATE_IT:
-    if (m->u.create_it.id == 0)
-      return PROTO_ERR(m, "CREATE_IT: id is 0");
+    if (m->u.create_it.id == 0 || m->u.create_it.id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "CREATE_IT: id %llu out of range",
+                       (unsigned long long)m->u.create_it.id);
     return 0;
   case GPUIPC_MSG_UNLINKED:
-    if (m->u.unlinked.id == 0)
-      return PROTO_ERR(m, "UNLINKED: id is 0");
+    if (m->u.unlinked.id == 0 || m->u.unlinked.id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "UNLINKED: id %llu out of range",
+                       (unsigned long long)m->u.unlinked.id);
     return 0;
   case GPUIPC_MSG_HANDLE:
     if (m->u.handle.seg.state != GPUIPC__SEG_PUBLISHED)
@@ -277,6 +288,9 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
   case GPUIPC_MSG_HANDOFF_BEGIN:
     if (m->u.handoff_begin.epoch == 0 || m->u.handoff_begin.next_id == 0)
       return PROTO_ERR(m, "HANDOFF_BEGIN: epoch or next id is 0");
+    if (m->u.handoff_begin.next_id > GPUIPC__ID_MAX + 1)
+      return PROTO_ERR(m, "HANDOFF_BEGIN: next id %llu above 2^62",
+                       (unsigned long long)m->u.handoff_begin.next_id);
     return 0;
   case GPUIPC_MSG_HANDOFF_SEG:
     if (m->u.handoff_seg.seg.state == GPUIPC__SEG_CREATING)

@@ -39,6 +39,12 @@
 #define GPUIPC__LIST_HOLDERS 16
 /* Every encoded message fits in this many bytes. */
 #define GPUIPC__MSG_BUF 8192
+/*
+ * Largest segment id: ids start from the clock in microseconds (about
+ * 2^51 now) and grow by one; an id above this is refused on the wire, so
+ * that no peer can push a broker's counter near its wrap.
+ */
+#define GPUIPC__ID_MAX (1ull << 62)
 /* OPEN timeout meaning "wait forever". */
 #define GPUIPC__WAIT_FOREVER 0xffffffffu
 
