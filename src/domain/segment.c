@@ -569,8 +569,16 @@ int gpuipc_domain_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
       return gpuipc__err(-EINVAL, "gpuipc_domain_list: out[%d].size %zu, "
                          "expected %zu", i, out[i].size, sizeof(out[i]));
   struct gpuipc__reply *r = malloc(sizeof(*r));
-  if (r == NULL)
+  /* Filled page by page; out[] is written only once every page came. */
+  gpuipc_segment_info_t *tmp =
+      cap > 0 ? calloc((size_t)cap, sizeof(*tmp)) : NULL;
+  if (r == NULL || (cap > 0 && tmp == NULL)) {
+    free(r);
+    free(tmp);
     return gpuipc__err(-ENOMEM, "gpuipc_domain_list: out of memory");
+  }
+  for (int i = 0; i < cap; i++)
+    tmp[i].size = sizeof(tmp[i]);
   int filled = 0, total = -1;
   uint64_t after = 0;
   int rc;
@@ -581,17 +589,29 @@ int gpuipc_domain_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
     rc = list_page(dom, "", after, max, r, "gpuipc_domain_list");
     if (rc != 0)
       break;
+    uint32_t count = r->msg.u.list_reply.count;
+    if (count > max) {
+      rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_domain_list: asked the "
+                       "broker for %u records, it sent %u", max, count);
+      break;
+    }
     if (total < 0)
       total = (int)r->msg.u.list_reply.segments;
-    for (uint32_t i = 0; i < r->msg.u.list_reply.count; i++) {
-      fill_info(&out[filled++], &r->msg.u.list_reply.recs[i]);
+    for (uint32_t i = 0; i < count; i++) {
+      fill_info(&tmp[filled++], &r->msg.u.list_reply.recs[i]);
       after = r->msg.u.list_reply.recs[i].seg.id;
     }
-    if (!r->msg.u.list_reply.more || filled >= cap ||
-        r->msg.u.list_reply.count == 0)
+    if (!r->msg.u.list_reply.more || filled >= cap || count == 0)
       break;
   }
   free(r);
+  if (rc == 0)
+    for (int i = 0; i < filled; i++) {
+      size_t size = out[i].size;
+      out[i] = tmp[i];
+      out[i].size = size;
+    }
+  free(tmp);
   if (rc != 0)
     return rc;
   return total > filled ? total : filled;
