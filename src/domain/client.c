@@ -479,6 +479,27 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
   return 0;
 }
 
+uint64_t gpuipc__dom_conn_gen(gpuipc_domain_t *d)
+{
+  pthread_mutex_lock(&d->mu);
+  uint64_t g = d->state == DOM_UP ? d->gen : 0;
+  pthread_mutex_unlock(&d->mu);
+  return g;
+}
+
+int gpuipc__dom_post_on(gpuipc_domain_t *d, uint64_t gen,
+                        struct gpuipc__msg *m, const int *fds, int nfds)
+{
+  m->req = 0;
+  pthread_mutex_lock(&d->send_mu);
+  int rc = gen != 0 && d->fd_gen == gen
+               ? gpuipc__proto_send(d->fd, m, fds, nfds, POST_MS)
+               : gpuipc__err(GPUIPC_E_PEER_GONE, "domain %s: the connection "
+                             "changed", d->name);
+  pthread_mutex_unlock(&d->send_mu);
+  return rc;
+}
+
 int gpuipc__dom_post(gpuipc_domain_t *d, struct gpuipc__msg *m,
                      const int *fds, int nfds)
 {

@@ -229,6 +229,19 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
 int gpuipc__dom_post(gpuipc_domain_t *d, struct gpuipc__msg *m,
                      const int *fds, int nfds);
 
+/*
+ * The generation of the connection up now, 0 when none is (the member is
+ * reconnecting). With gpuipc__dom_post_on, a message decided on now goes
+ * out later only on that same connection.
+ */
+uint64_t gpuipc__dom_conn_gen(gpuipc_domain_t *d);
+/*
+ * gpuipc__dom_post on connection generation @gen only: dropped (with
+ * GPUIPC_E_PEER_GONE) when @gen is 0 or another connection is up now.
+ */
+int gpuipc__dom_post_on(gpuipc_domain_t *d, uint64_t gen,
+                        struct gpuipc__msg *m, const int *fds, int nfds);
+
 /* The domain's default timeout in ms (< 0: none). */
 int gpuipc__dom_timeout(const gpuipc_domain_t *d);
 /* The connection generation now (changes on every reconnection). */
@@ -241,8 +254,9 @@ void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id);
 /*
  * After a reconnection (reader thread): re-publish every segment this
  * process holds through @d on the new connection @fd, then make @fd the
- * domain's connection (gpuipc__dom_set_up) -- both under the segment table
- * lock, so that no release falls in between.
+ * domain's connection (gpuipc__dom_set_up). The sends happen outside the
+ * segment table lock; releases and late grants meanwhile are queued and
+ * sent on @fd, in order, before it goes up, so that none falls in between.
  */
 void gpuipc__seg_republish(gpuipc_domain_t *d, int fd);
 /* Make @fd the connection and wake the callers waiting for one. */

@@ -88,77 +88,244 @@ static void post_abandon(gpuipc_domain_t *d, uint64_t id)
   (void)gpuipc__dom_post(d, &m, NULL, 0);
 }
 
+/*
+ * Messages decided under seg_mu and sent after it is released: a send may
+ * block (a broker that does not read), and seg_mu is the whole process's.
+ */
+struct outgoing {
+  struct outgoing *next;
+  gpuipc_domain_t *dom;
+  uint64_t gen;   /* the connection it is for (gpuipc__dom_post_on) */
+  uint16_t type;  /* RELEASE or REPUBLISH */
+  uint32_t count; /* RELEASE's count, REPUBLISH's holds */
+  struct gpuipc__seg_wire w; /* REPUBLISH's record; RELEASE: w.id only */
+  int fd;         /* REPUBLISH's descriptor, or -1 */
+};
+
+/*
+ * A domain re-publishing on a new connection: what would be sent to it
+ * meanwhile waits here, and goes out on that connection before it is up.
+ */
+struct republishing {
+  struct republishing *next;
+  gpuipc_domain_t *dom;
+  struct outgoing *head, **tail;
+};
+
+static struct republishing *republishing; /* seg_mu */
+/* Threads sending messages decided under seg_mu (seg_mu). */
+static unsigned posting;
+static pthread_cond_t posted = PTHREAD_COND_INITIALIZER;
+
+static struct republishing *republishing_of(gpuipc_domain_t *d)
+{
+  for (struct republishing *r = republishing; r != NULL; r = r->next)
+    if (r->dom == d)
+      return r;
+  return NULL;
+}
+
+static void out_free(struct outgoing *o)
+{
+  gpuipc__fd_close(&o->fd);
+  free(o);
+}
+
+static struct outgoing *out_new(gpuipc_domain_t *d, uint16_t type,
+                                uint32_t count)
+{
+  struct outgoing *o = calloc(1, sizeof(*o));
+  if (o == NULL)
+    return NULL;
+  o->dom = d;
+  o->type = type;
+  o->count = count;
+  o->fd = -1;
+  return o;
+}
+
+static void out_msg(const struct outgoing *o, struct gpuipc__msg *m)
+{
+  m->type = o->type;
+  m->req = 0;
+  if (o->type == GPUIPC_MSG_RELEASE) {
+    m->u.release.id = o->w.id;
+    m->u.release.count = o->count;
+  } else {
+    m->u.republish.holds = o->count;
+    m->u.republish.seg = o->w;
+  }
+}
+
+/* Send @o on @fd (>= 0: a connection not up yet) or on its connection. */
+static void out_send(struct outgoing *o, int fd)
+{
+  struct gpuipc__msg m;
+  out_msg(o, &m);
+  int n = o->fd >= 0 ? 1 : 0;
+  int rc = fd >= 0 ? gpuipc__proto_send(fd, &m, &o->fd, n, 2000)
+                   : gpuipc__dom_post_on(o->dom, o->gen, &m, &o->fd, n);
+  if (rc != 0 && o->type == GPUIPC_MSG_REPUBLISH)
+    GPUIPC_LOG_W("cannot re-publish segment %s: %s", o->w.name,
+                 gpuipc_last_error());
+}
+
+static void send_all(struct outgoing *list, int fd)
+{
+  while (list != NULL) {
+    struct outgoing *o = list;
+    list = o->next;
+    out_send(o, fd);
+    out_free(o);
+  }
+}
+
+/*
+ * Send what the caller decided under seg_mu (which it released), then let
+ * a departing domain's gpuipc__seg_forget_domain go on.
+ */
+static void send_posted(struct outgoing *list)
+{
+  if (list == NULL)
+    return;
+  send_all(list, -1);
+  pthread_mutex_lock(&seg_mu);
+  if (--posting == 0)
+    pthread_cond_broadcast(&posted);
+  pthread_mutex_unlock(&seg_mu);
+}
+
+/*
+ * Route @o (seg_mu held): into @d's queue while it re-publishes, onto
+ * @list for the connection up now, or nowhere when none is (the broker of
+ * the next one never learns of it: nothing to tell it).
+ */
+static void route(struct outgoing *o, struct outgoing **list)
+{
+  struct republishing *r = republishing_of(o->dom);
+  if (r != NULL) {
+    *r->tail = o;
+    r->tail = &o->next;
+    return;
+  }
+  o->gen = gpuipc__dom_conn_gen(o->dom);
+  if (o->gen == 0) {
+    out_free(o);
+    return;
+  }
+  if (*list == NULL)
+    posting++;
+  o->next = *list;
+  *list = o;
+}
+
 /* The last reference to a segment buffer went: tell the brokers. */
 static void release_hook(struct gpuipc_buf *b, void *arg)
 {
   struct seg_entry *e = arg;
   (void)b;
+  struct outgoing *list = NULL;
   pthread_mutex_lock(&seg_mu);
   entry_unlink(e);
   while (e->holds != NULL) {
     struct seg_hold *h = e->holds;
     e->holds = h->next;
-    if (h->grants != 0)
-      post_release(h->dom, h->id, h->grants);
+    if (h->grants != 0) {
+      struct outgoing *o = out_new(h->dom, GPUIPC_MSG_RELEASE, h->grants);
+      if (o != NULL) {
+        o->w.id = h->id;
+        route(o, &list);
+      } else {
+        post_release(h->dom, h->id, h->grants); /* no memory: send now */
+      }
+    }
     free(h);
   }
   pthread_mutex_unlock(&seg_mu);
   free(e);
+  send_posted(list);
 }
 
-/* Build a REPUBLISH of @holds grants of @h for @buf; the caller closes *fd. */
-static int republish_one(gpuipc_buf_t *buf, const struct seg_hold *h,
-                         uint32_t holds, struct gpuipc__msg *m, int *fd)
+/*
+ * A REPUBLISH of @holds grants of @h for @buf (seg_mu held: @buf is
+ * alive), exported now.
+ */
+static struct outgoing *republish_out(gpuipc_domain_t *d, gpuipc_buf_t *buf,
+                                      const struct seg_hold *h,
+                                      uint32_t holds)
 {
+  struct outgoing *o = out_new(d, GPUIPC_MSG_REPUBLISH, holds);
+  if (o == NULL) {
+    GPUIPC_LOG_W("cannot re-publish segment %s: out of memory", h->name);
+    return NULL;
+  }
   gpuipc_handle_t hd;
   int rc = gpuipc_buf_export(buf, &hd);
-  if (rc != 0)
-    return rc;
-  memset(&m->u.republish, 0, sizeof(m->u.republish));
-  m->type = GPUIPC_MSG_REPUBLISH;
-  m->req = 0;
-  m->u.republish.holds = holds;
-  struct gpuipc__seg_wire *w = &m->u.republish.seg;
-  snprintf(w->name, sizeof(w->name), "%s", h->name);
-  w->id = h->id;
-  w->size = h->size;
-  w->kind = h->kind;
-  w->state = h->unlinked ? GPUIPC__SEG_UNLINKED : GPUIPC__SEG_PUBLISHED;
-  memcpy(w->uuid, h->uuid, sizeof(w->uuid));
-  w->has_handle = true;
-  w->htype = (uint8_t)hd.type;
-  *fd = hd.fd;
-  rc = gpuipc_handle_pack(&hd, w->handle, sizeof(w->handle));
-  return rc < 0 ? rc : 0;
-}
-
-static void republish_hold(gpuipc_domain_t *d, int fd, gpuipc_buf_t *buf,
-                           const struct seg_hold *h)
-{
-  struct gpuipc__msg m;
-  int hfd = -1;
-  int rc = republish_one(buf, h, h->grants, &m, &hfd);
-  if (rc == 0)
-    rc = gpuipc__proto_send(fd, &m, &hfd, hfd >= 0 ? 1 : 0, 2000);
-  if (rc != 0)
-    GPUIPC_LOG_W("domain %p: cannot re-publish segment %s: %s", (void *)d,
-                 h->name, gpuipc_last_error());
-  gpuipc__fd_close(&hfd);
+  if (rc == 0) {
+    o->fd = hd.fd;
+    struct gpuipc__seg_wire *w = &o->w;
+    snprintf(w->name, sizeof(w->name), "%s", h->name);
+    w->id = h->id;
+    w->size = h->size;
+    w->kind = h->kind;
+    w->state = h->unlinked ? GPUIPC__SEG_UNLINKED : GPUIPC__SEG_PUBLISHED;
+    memcpy(w->uuid, h->uuid, sizeof(w->uuid));
+    w->has_handle = true;
+    w->htype = (uint8_t)hd.type;
+    rc = gpuipc_handle_pack(&hd, w->handle, sizeof(w->handle));
+  }
+  if (rc < 0) {
+    GPUIPC_LOG_W("cannot re-publish segment %s: %s", h->name,
+                 gpuipc_last_error());
+    out_free(o);
+    return NULL;
+  }
+  return o;
 }
 
 void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
 {
-  pthread_mutex_lock(&seg_mu);
+  struct republishing rp = {.dom = d};
+  rp.tail = &rp.head;
+  struct outgoing *snap = NULL, **tail = &snap;
   size_t n = 0;
+  pthread_mutex_lock(&seg_mu);
   for (size_t i = 0; i < SEG_BUCKETS; i++)
     for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
       for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
         if (h->dom == d && h->grants != 0) {
-          republish_hold(d, fd, e->buf, h);
-          n++;
+          struct outgoing *o = republish_out(d, e->buf, h, h->grants);
+          if (o != NULL) {
+            *tail = o;
+            tail = &o->next;
+            n++;
+          }
         }
-  gpuipc__dom_set_up(d, fd);
+  rp.next = republishing;
+  republishing = &rp;
   pthread_mutex_unlock(&seg_mu);
+
+  send_all(snap, fd);
+  /* Then what came meanwhile, until nothing did: then go up. */
+  for (;;) {
+    pthread_mutex_lock(&seg_mu);
+    struct outgoing *queued = rp.head;
+    rp.head = NULL;
+    rp.tail = &rp.head;
+    if (queued == NULL) {
+      for (struct republishing **pp = &republishing; *pp != NULL;
+           pp = &(*pp)->next)
+        if (*pp == &rp) {
+          *pp = rp.next;
+          break;
+        }
+      gpuipc__dom_set_up(d, fd);
+      pthread_mutex_unlock(&seg_mu);
+      break;
+    }
+    pthread_mutex_unlock(&seg_mu);
+    send_all(queued, fd);
+  }
   GPUIPC_LOG_D("re-published %zu segments", n);
 }
 
@@ -191,6 +358,9 @@ void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
 void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
 {
   pthread_mutex_lock(&seg_mu);
+  /* Messages to @d decided before: sent before @d goes. */
+  while (posting != 0)
+    pthread_cond_wait(&posted, &seg_mu);
   for (size_t i = 0; i < SEG_BUCKETS; i++) {
     for (struct seg_entry *e = entries[i]; e != NULL; e = e->next) {
       struct seg_hold **pp = &e->holds;
@@ -254,16 +424,18 @@ static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     entries[i] = e;
   }
   gpuipc__dom_saw_id(d, w->id);
-  if (gpuipc__dom_gen(d) != gen) {
-    /* Re-published already without this grant? Then add it now; if the
-     * member is still reconnecting, its re-publication will include it. */
-    struct gpuipc__msg m;
-    int hfd = -1;
-    if (republish_one(buf, h, 1, &m, &hfd) == 0)
-      (void)gpuipc__dom_post(d, &m, &hfd, hfd >= 0 ? 1 : 0);
-    gpuipc__fd_close(&hfd);
+  struct outgoing *list = NULL;
+  if (gpuipc__dom_gen(d) != gen &&
+      (republishing_of(d) != NULL || gpuipc__dom_conn_gen(d) != 0)) {
+    /* Re-published already without this grant (or being re-published)?
+     * Then add it; if the member has not begun re-publishing, its
+     * re-publication will include it. */
+    struct outgoing *o = republish_out(d, buf, h, 1);
+    if (o != NULL)
+      route(o, &list);
   }
   pthread_mutex_unlock(&seg_mu);
+  send_posted(list);
   /* Still holding our reference: the hook cannot fire before it is set. */
   if (fresh)
     gpuipc__buf_set_release_hook(buf, release_hook, e);
