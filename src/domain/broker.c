@@ -32,6 +32,12 @@
 #define ALLOW_MAX 64
 /* Requests one member may have waiting at once. */
 #define PARKS_MAX 1024
+/* Names one member may have reserved (CREATE_IT, not published) at once. */
+#define RESERVED_MAX 1024
+/* Connections at once; beyond, new ones are closed at once. */
+#define CONNS_MAX 4096
+/* How long a new connection may take to say HELLO (or read a refusal). */
+#define HELLO_MS 5000
 
 struct out_msg {
   struct out_msg *next;
@@ -57,6 +63,8 @@ struct gpuipc__conn {
   uint64_t token;
   uint64_t seq; /* accept order */
   uint32_t nparks; /* its requests waiting */
+  uint32_t nreserved; /* names it reserved, not published yet */
+  uint64_t deadline;  /* CONN_NEW, CONN_CLOSING: dropped after this */
   struct out_msg *out_head, *out_tail;
   size_t out_msgs, out_bytes;
 };
@@ -93,6 +101,7 @@ struct gpuipc__broker {
   bool rejoined;         /* a member of the last broker came back */
   struct gpuipc__conn *conns;
   size_t nconns;
+  bool conns_full_said; /* the connection cap was logged */
   uint64_t conn_seq;
   struct park *parks;
   pid_t pid;
@@ -576,10 +585,17 @@ static void reserve(struct gpuipc__broker *b, struct gpuipc__conn *c,
                     const struct park *p)
 {
   struct gpuipc__seg *s;
+  if (c->nreserved >= RESERVED_MAX) {
+    send_error(b, c, p->req, -EAGAIN,
+               "pid %d has %d names reserved and not published already",
+               (int)c->cred.pid, RESERVED_MAX);
+    return;
+  }
   if (gpuipc__reg_add(&b->reg, p->name, take_id(b), &s) != 0) {
     send_error(b, c, p->req, -ENOMEM, "broker out of memory");
     return;
   }
+  c->nreserved++;
   s->w.state = GPUIPC__SEG_CREATING;
   s->w.size = p->size;
   s->w.kind = p->kind != GPUIPC_KIND_AUTO ? p->kind : GPUIPC_KIND_HOST;
@@ -800,6 +816,8 @@ static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
   s->w.id = id;
   memcpy(s->w.name, name, sizeof(name));
   s->w.state = named ? GPUIPC__SEG_PUBLISHED : GPUIPC__SEG_UNLINKED;
+  if (s->creator != NULL)
+    s->creator->nreserved--;
   s->creator = NULL;
   s->creator_pid = pid;
   gpuipc__reg_set_fd(&b->reg, s, *fd);
@@ -869,6 +887,7 @@ static void on_abandon(struct gpuipc__broker *b, struct gpuipc__conn *c,
   struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, m->u.abandon.id);
   if (s == NULL || s->w.state != GPUIPC__SEG_CREATING || s->creator != c)
     return;
+  c->nreserved--;
   char name[GPUIPC__NAME_MAX + 1];
   snprintf(name, sizeof(name), "%s", s->w.name);
   gpuipc__reg_remove(&b->reg, s);
@@ -1108,6 +1127,16 @@ static void accept_all(struct gpuipc__broker *b)
         GPUIPC_LOG_W("broker %s: accept: %s", b->name, gpuipc_last_error());
       return;
     }
+    if (b->nconns >= CONNS_MAX) {
+      if (!b->conns_full_said)
+        GPUIPC_LOG_W("broker %s: %d connections already; refusing more "
+                     "until some close", b->name, CONNS_MAX);
+      b->conns_full_said = true;
+      gpuipc__fd_close(&fd);
+      continue;
+    }
+    if (b->nconns < CONNS_MAX / 2)
+      b->conns_full_said = false;
     struct gpuipc__conn *c = calloc(1, sizeof(*c));
     if (c == NULL) {
       gpuipc__fd_close(&fd);
@@ -1116,6 +1145,7 @@ static void accept_all(struct gpuipc__broker *b)
     c->fd = fd;
     c->seq = ++b->conn_seq;
     c->state = CONN_NEW;
+    c->deadline = gpuipc__deadline(HELLO_MS);
     if (gpuipc__peer_cred(fd, &c->cred) != 0) {
       GPUIPC_LOG_W("broker %s: %s", b->name, gpuipc_last_error());
       c->doomed = true;
@@ -1318,12 +1348,30 @@ static void expire_parks(struct gpuipc__broker *b, uint64_t now)
   }
 }
 
+/* Drop connections that did not say HELLO (or read a refusal) in time. */
+static void expire_conns(struct gpuipc__broker *b, uint64_t now)
+{
+  for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
+    if (c->state == CONN_READY || c->doomed || c->deadline > now)
+      continue;
+    GPUIPC_LOG_W("broker %s: pid %d %s within %d ms; disconnecting it",
+                 b->name, (int)c->cred.pid,
+                 c->state == CONN_NEW ? "did not say HELLO"
+                                      : "did not read its refusal",
+                 HELLO_MS);
+    c->doomed = true;
+  }
+}
+
 /* Poll timeout in ms until the next deadline (-1: none). */
 static int next_timeout(struct gpuipc__broker *b, uint64_t now)
 {
   uint64_t next = UINT64_MAX;
   if (b->recovery_end != 0)
     next = b->recovery_end;
+  for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
+    if (c->state != CONN_READY && !c->doomed && c->deadline < next)
+      next = c->deadline;
   for (struct park *p = b->parks; p != NULL; p = p->next)
     if (!p->recovery && p->deadline < next)
       next = p->deadline;
@@ -1405,6 +1453,7 @@ static void loop(struct gpuipc__broker *b)
     if (b->recovery_end != 0 && now >= b->recovery_end)
       end_recovery(b);
     expire_parks(b, now);
+    expire_conns(b, now);
     reap(b);
   }
 }
