@@ -5,12 +5,22 @@
  *    go) although the child still runs;
  *  - the broker's host forks, then dies: the survivors elect a new broker
  *    although the child still runs (it must not hold the lock, the
- *    listener or the members' connections).
+ *    listener or the members' connections);
+ *  - a child (of this process: fork() without exec is the point) that
+ *    joins anew and releases a segment buffer it inherited tells no
+ *    broker: the parent's domain is not its own (its calls fail with
+ *    GPUIPC_E_CLOSED), and its own holds stay as they are;
+ *  - fork() while another thread opens and releases segments: the child
+ *    never inherits a segment or buffer lock held by a thread it lacks.
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/wait.h>
 
 static pid_t peer_fork(struct peer *p)
 {
@@ -20,6 +30,102 @@ static pid_t peer_fork(struct peer *p)
     TFAIL("fork: %s", r);
   ASSERT_GT(child, 0);
   return child;
+}
+
+/* The child's side of case 3; returns its exit code. */
+static int child_of_member(gpuipc_domain_t *old, gpuipc_buf_t *inherited)
+{
+  gpuipc_domain_t *d;
+  if (gpuipc_domain_join("fk3", NULL, &d) != 0)
+    return 10;
+  gpuipc_buf_t *b;
+  if (gpuipc_segment_open(d, "s", 0, -1, 0, &b) != 0)
+    return 11;
+  gpuipc_segment_info_t s = {.size = sizeof(s)};
+  if (gpuipc_segment_stat(old, "s", &s) != GPUIPC_E_CLOSED)
+    return 12; /* the parent's domain is not ours */
+  gpuipc_buf_release(inherited); /* the parent's grant: nobody is told */
+  for (int i = 0; i < 20; i++) { /* a RELEASE would have landed by now */
+    if (gpuipc_segment_stat(d, "s", &s) != 0)
+      return 13;
+  }
+  int mine = -1;
+  for (int i = 0; i < s.nholders && i < GPUIPC_SEGMENT_HOLDERS; i++)
+    if (s.holder_pids[i] == getpid())
+      mine = s.holder_refs[i];
+  if (mine != 1)
+    return 14;
+  if (gpuipc_domain_leave(old) != 0)
+    return 15;
+  gpuipc_buf_release(b);
+  if (gpuipc_domain_leave(d) != 0)
+    return 16;
+  return 0;
+}
+
+static void member_child(void)
+{
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("fk3", NULL, &dom));
+  gpuipc_buf_t *a;
+  ASSERT_OK(gpuipc_segment_open(dom, "s", 4096, -1, GPUIPC_CREATE, &a));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT_TRUE(pid >= 0);
+  if (pid == 0)
+    _exit(child_of_member(dom, a));
+  ASSERT_EQ(test_wait(pid, 60000), 0);
+  gpuipc_segment_info_t s = {.size = sizeof(s)};
+  ASSERT_OK(gpuipc_segment_stat(dom, "s", &s));
+  ASSERT_EQ(s.nholders, 1); /* ours; the child's went with it */
+  ASSERT_EQ(s.holder_pids[0], getpid());
+  ASSERT_OK(gpuipc_buf_release(a));
+  ASSERT_OK(gpuipc_domain_leave(dom));
+}
+
+static gpuipc_domain_t *busy_dom;
+static atomic_bool busy_stop;
+
+static void *busy(void *arg)
+{
+  (void)arg;
+  while (!atomic_load(&busy_stop)) {
+    gpuipc_buf_t *b;
+    ASSERT_OK(gpuipc_segment_open(busy_dom, "busy", 4096, -1, GPUIPC_CREATE,
+                                  &b));
+    ASSERT_OK(gpuipc_buf_release(b));
+  }
+  return NULL;
+}
+
+/* fork() while another thread takes and lets go of segment locks. */
+static void fork_while_busy(void)
+{
+  ASSERT_OK(gpuipc_domain_join("fk4", NULL, &busy_dom));
+  gpuipc_buf_t *held;
+  ASSERT_OK(gpuipc_segment_open(busy_dom, "held", 4096, -1, GPUIPC_CREATE,
+                                &held));
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, busy, NULL), 0);
+  for (int i = 0; i < 40; i++) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+      /* Takes the buffer registry's lock and the segment table's. */
+      gpuipc_buf_release(held);
+      gpuipc_buf_t *b;
+      if (gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b) != 0)
+        _exit(2);
+      gpuipc_buf_release(b);
+      _exit(0);
+    }
+    ASSERT_EQ(test_wait(pid, 30000), 0);
+  }
+  atomic_store(&busy_stop, true);
+  pthread_join(t, NULL);
+  ASSERT_OK(gpuipc_buf_release(held));
+  ASSERT_OK(gpuipc_domain_leave(busy_dom));
 }
 
 int main(void)
@@ -67,6 +173,11 @@ int main(void)
   kill(child, SIGKILL);
   PEER_OK(&survivor, "leave");
   peer_finish(&survivor);
+
+  /* 3. A member's child joins anew and lets an inherited buffer go. */
+  member_child();
+  /* 4. fork() while another thread is busy with segments. */
+  fork_while_busy();
   printf("domain_fork: ok\n");
   return 0;
 }

@@ -75,6 +75,8 @@ struct gpuipc_domain {
 
   pthread_t reader;
   bool reader_started;
+  uint64_t fork_gen;                 /* gpuipc__fork_gen() when joined */
+  struct gpuipc_domain *next_joined; /* joined (doms_mu) */
   int wake[2];
 
   /* A hand-over being received (reader thread only). */
@@ -87,6 +89,48 @@ struct gpuipc_domain {
   struct gpuipc__msg rmsg;
   struct gpuipc__reply reply; /* scratch for replies nobody waits for */
 };
+
+/* Every domain joined in this process, for fork(). */
+static pthread_mutex_t doms_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gpuipc_domain *doms;
+
+void gpuipc__dom_fork_lock(void)
+{
+  pthread_mutex_lock(&doms_mu);
+  for (struct gpuipc_domain *d = doms; d != NULL; d = d->next_joined)
+    pthread_mutex_lock(&d->mu);
+}
+
+void gpuipc__dom_fork_unlock(void)
+{
+  for (struct gpuipc_domain *d = doms; d != NULL; d = d->next_joined)
+    pthread_mutex_unlock(&d->mu);
+  pthread_mutex_unlock(&doms_mu);
+}
+
+bool gpuipc__dom_stale(const gpuipc_domain_t *d)
+{
+  return d->fork_gen != gpuipc__fork_gen();
+}
+
+static void dom_list_remove(struct gpuipc_domain *d)
+{
+  pthread_mutex_lock(&doms_mu);
+  for (struct gpuipc_domain **pp = &doms; *pp != NULL;
+       pp = &(*pp)->next_joined)
+    if (*pp == d) {
+      *pp = d->next_joined;
+      break;
+    }
+  pthread_mutex_unlock(&doms_mu);
+}
+
+static int stale_err(const gpuipc_domain_t *d, const char *what)
+{
+  return gpuipc__err(GPUIPC_E_CLOSED, "%s: domain %s was joined by the "
+                     "parent of this process (before fork()); join it anew",
+                     what, d->name);
+}
 
 int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
 {
@@ -399,6 +443,8 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
   uint64_t deadline = gpuipc__deadline(timeout_ms);
   struct pending p = {.out = out};
   out->nfds = 0;
+  if (gpuipc__dom_stale(d))
+    return stale_err(d, what);
   pthread_mutex_lock(&d->mu);
   while (d->state == DOM_DOWN) {
     if (!cv_wait(d, deadline)) {
@@ -481,6 +527,8 @@ int gpuipc__dom_call(gpuipc_domain_t *d, struct gpuipc__msg *m,
 
 uint64_t gpuipc__dom_conn_gen(gpuipc_domain_t *d)
 {
+  if (gpuipc__dom_stale(d))
+    return 0;
   pthread_mutex_lock(&d->mu);
   uint64_t g = d->state == DOM_UP ? d->gen : 0;
   pthread_mutex_unlock(&d->mu);
@@ -490,6 +538,8 @@ uint64_t gpuipc__dom_conn_gen(gpuipc_domain_t *d)
 int gpuipc__dom_post_on(gpuipc_domain_t *d, uint64_t gen,
                         struct gpuipc__msg *m, const int *fds, int nfds)
 {
+  if (gpuipc__dom_stale(d))
+    return stale_err(d, "post");
   m->req = 0;
   pthread_mutex_lock(&d->send_mu);
   int rc = gen != 0 && d->fd_gen == gen
@@ -503,6 +553,8 @@ int gpuipc__dom_post_on(gpuipc_domain_t *d, uint64_t gen,
 int gpuipc__dom_post(gpuipc_domain_t *d, struct gpuipc__msg *m,
                      const int *fds, int nfds)
 {
+  if (gpuipc__dom_stale(d))
+    return stale_err(d, "post");
   pthread_mutex_lock(&d->mu);
   bool up = d->state == DOM_UP;
   pthread_mutex_unlock(&d->mu);
@@ -858,9 +910,10 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   d->token = random_token();
   d->gen = 1;
 
-  rc = gpuipc__dom_paths(name, &d->paths);
+  rc = gpuipc__dom_paths(name, &d->paths); /* installs the fork handlers */
   if (rc != 0)
     goto free_d;
+  d->fork_gen = gpuipc__fork_gen();
   if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");
     goto free_d;
@@ -883,6 +936,10 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
     goto stop_broker;
   }
   d->reader_started = true;
+  pthread_mutex_lock(&doms_mu);
+  d->next_joined = doms;
+  doms = d;
+  pthread_mutex_unlock(&doms_mu);
   GPUIPC_LOG_D("domain %s: joined (broker pid %u)", d->name, d->broker_pid);
   *out = d;
   return 0;
@@ -902,6 +959,19 @@ int gpuipc_domain_leave(gpuipc_domain_t *d)
   if (d == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_domain_leave: dom is NULL");
   gpuipc__seg_forget_domain(d);
+  dom_list_remove(d);
+  if (gpuipc__dom_stale(d)) {
+    /*
+     * The parent's: its threads are not here, and its connection and
+     * broker descriptors were closed at fork() (their numbers may be
+     * reused since). Free what is ours only.
+     */
+    gpuipc__fd_close(&d->wake[0]);
+    gpuipc__fd_close(&d->wake[1]);
+    forget_orphans(d);
+    free(d);
+    return 0;
+  }
   atomic_store(&d->leaving, true);
   pthread_mutex_lock(&d->mu);
   d->state = DOM_CLOSED;

@@ -67,6 +67,22 @@ int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out);
  */
 void gpuipc__dom_fork_guard(const char *dir);
 
+/*
+ * How many fork()s made this process from the one that first used a
+ * domain (0 in that one). A domain joined under another value is its
+ * parent's: unusable here.
+ */
+uint64_t gpuipc__fork_gen(void);
+
+/* fork() handlers of the domain module's process-wide locks, in order. */
+void gpuipc__seg_fork_lock(void);   /* segment.c: seg_mu */
+void gpuipc__seg_fork_unlock(void);
+void gpuipc__seg_fork_child(void);  /* unlock, forget the parent's sends */
+void gpuipc__dom_fork_lock(void);   /* client.c: every domain's state lock */
+void gpuipc__dom_fork_unlock(void);
+/* Whether @d was joined before this process was made by fork(). */
+bool gpuipc__dom_stale(const gpuipc_domain_t *d);
+
 /* ------------------------------------------------------------------------ */
 /* Registry (the broker's)                                                  */
 /* ------------------------------------------------------------------------ */

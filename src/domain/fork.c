@@ -13,7 +13,10 @@
  */
 #include "domain/domain.h"
 
+#include "mem/mem.h"
+
 #include <dirent.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -25,6 +28,7 @@
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static bool installed;
+static _Atomic uint64_t fork_gen;
 static char run_dir[PATH_MAX];
 static size_t run_dir_len;
 
@@ -123,6 +127,36 @@ static void child_after_fork(void)
     close(victims[i]);
 }
 
+uint64_t gpuipc__fork_gen(void)
+{
+  return atomic_load(&fork_gen);
+}
+
+/*
+ * The locks a child would otherwise inherit held by threads it does not
+ * have: taken before fork() in their documented order (the buffer
+ * registry's last: its handlers were registered first), released after.
+ */
+static void prepare_fork(void)
+{
+  gpuipc__seg_fork_lock();
+  gpuipc__dom_fork_lock();
+}
+
+static void parent_after_fork(void)
+{
+  gpuipc__dom_fork_unlock();
+  gpuipc__seg_fork_unlock();
+}
+
+static void child_handler(void)
+{
+  atomic_fetch_add(&fork_gen, 1); /* the parent's domains are not ours */
+  gpuipc__dom_fork_unlock();
+  gpuipc__seg_fork_child();
+  child_after_fork();
+}
+
 void gpuipc__dom_fork_guard(const char *dir)
 {
   size_t n = strlen(dir);
@@ -130,7 +164,9 @@ void gpuipc__dom_fork_guard(const char *dir)
   if (!installed && n > 0 && n < sizeof(run_dir)) {
     memcpy(run_dir, dir, n + 1);
     run_dir_len = n;
-    installed = pthread_atfork(NULL, NULL, child_after_fork) == 0;
+    gpuipc__buf_fork_install(); /* its prepare handler runs after ours */
+    installed = pthread_atfork(prepare_fork, parent_after_fork,
+                               child_handler) == 0;
   }
   pthread_mutex_unlock(&mu);
 }

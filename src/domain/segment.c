@@ -71,6 +71,12 @@ static void entry_unlink(struct seg_entry *e)
   }
 }
 
+void gpuipc__seg_fork_lock(void)
+{
+  pthread_mutex_lock(&seg_mu);
+}
+
+
 static void post_release(gpuipc_domain_t *d, uint64_t id, uint32_t count)
 {
   struct gpuipc__msg m;
@@ -116,6 +122,22 @@ static struct republishing *republishing; /* seg_mu */
 /* Threads sending messages decided under seg_mu (seg_mu). */
 static unsigned posting;
 static pthread_cond_t posted = PTHREAD_COND_INITIALIZER;
+
+void gpuipc__seg_fork_unlock(void)
+{
+  pthread_mutex_unlock(&seg_mu);
+}
+
+/*
+ * In a child made by fork(): the threads sending or re-publishing are the
+ * parent's, and so are the domains they send to.
+ */
+void gpuipc__seg_fork_child(void)
+{
+  posting = 0;
+  republishing = NULL;
+  pthread_mutex_unlock(&seg_mu);
+}
 
 static struct republishing *republishing_of(gpuipc_domain_t *d)
 {
@@ -230,7 +252,8 @@ static void release_hook(struct gpuipc_buf *b, void *arg)
   while (e->holds != NULL) {
     struct seg_hold *h = e->holds;
     e->holds = h->next;
-    if (h->grants != 0) {
+    /* A domain of the parent (after fork) is not this process's to tell. */
+    if (h->grants != 0 && !gpuipc__dom_stale(h->dom)) {
       struct outgoing *o = out_new(h->dom, GPUIPC_MSG_RELEASE, h->grants);
       if (o != NULL) {
         o->w.id = h->id;

@@ -35,6 +35,28 @@ static struct registry reg = {
     .ready = PTHREAD_COND_INITIALIZER,
 };
 
+static void reg_fork_prepare(void)
+{
+  pthread_mutex_lock(&reg.lock);
+}
+
+static void reg_fork_release(void)
+{
+  pthread_mutex_unlock(&reg.lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_install(void)
+{
+  (void)pthread_atfork(reg_fork_prepare, reg_fork_release, reg_fork_release);
+}
+
+void gpuipc__buf_fork_install(void)
+{
+  pthread_once(&fork_once, fork_install);
+}
+
 /* Export ids start at 1 and are never reused by this process. */
 static atomic_uint_fast64_t next_export_id = 1;
 
@@ -152,6 +174,7 @@ static void set_identity_self(struct gpuipc_buf *b)
 int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
                      unsigned flags, gpuipc_buf_t **out)
 {
+  gpuipc__buf_fork_install();
   if (out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: out is NULL");
   if (size == 0)
@@ -293,6 +316,7 @@ struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h)
 int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
                       gpuipc_buf_t **out)
 {
+  gpuipc__buf_fork_install();
   if (h == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_import: %s is NULL",
                        h == NULL ? "handle" : "out");

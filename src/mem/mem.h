@@ -78,6 +78,14 @@ struct gpuipc_buf {
   void *release_arg;
 };
 
+/*
+ * Make fork() take the buffer registry's lock first (pthread_atfork), so
+ * that a child never inherits it held by a thread it does not have.
+ * Idempotent; a caller registering fork handlers that take locks taken
+ * before the registry's calls this first.
+ */
+void gpuipc__buf_fork_install(void);
+
 /* Install (or clear, with @fn NULL) the last-release hook of @b. */
 void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
                                   void (*fn)(struct gpuipc_buf *, void *),
