@@ -753,6 +753,9 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
  * gpuipc_segment_unlink - remove @name from the domain, like shm_unlink:
  * the name is free at once (a later CREATE makes a new segment); the memory
  * goes when its last holder releases it.
+ * If the broker dies during the call, the request goes to its successor;
+ * when the first attempt may have reached the dead broker, a name found
+ * gone by the retry counts as unlinked (0), not -ENOENT.
  * Returns 0; -EINVAL (bad argument); -ENOENT (no such segment, or one still
  * being created); -ETIMEDOUT / GPUIPC_E_PEER_GONE. Thread-safe.
  */

@@ -679,6 +679,10 @@ int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
   char what[GPUIPC__NAME_MAX + 48];
   snprintf(what, sizeof(what), "gpuipc_segment_unlink(%s)", name);
   uint64_t deadline = gpuipc__deadline(gpuipc__dom_timeout(dom));
+  /* An attempt cut off by the broker's death may have unlinked the name
+   * before the broker died; then the retry finds no such name, and the
+   * caller's wish -- the name is gone -- has come true. */
+  bool retried = false;
   for (;;) {
     struct gpuipc__msg *m = &r->msg;
     memset(&m->u.unlink, 0, sizeof(m->u.unlink));
@@ -686,10 +690,14 @@ int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
     snprintf(m->u.unlink.name, sizeof(m->u.unlink.name), "%s", name);
     rc = gpuipc__dom_call(dom, m, NULL, 0, gpuipc__ms_left(deadline), what,
                           r);
-    if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
+    if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline) {
+      retried = true;
       continue;
+    }
     break;
   }
+  if (rc == -ENOENT && retried)
+    rc = 0;
   for (int i = 0; i < r->nfds; i++)
     gpuipc__fd_close(&r->fds[i]);
   free(r);
