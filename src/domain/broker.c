@@ -928,9 +928,11 @@ static void on_list(struct gpuipc__broker *b, struct gpuipc__conn *c,
   o->req = m->req;
   o->u.list_reply.broker_pid = (uint32_t)b->pid;
   o->u.list_reply.epoch = b->epoch;
+  /* A doomed connection still counts until reap() drops what it held, so
+   * that members, segments and fds in one reply agree with each other. */
   o->u.list_reply.members = 0;
   for (struct gpuipc__conn *k = b->conns; k != NULL; k = k->next)
-    o->u.list_reply.members += k->state == CONN_READY && !k->doomed;
+    o->u.list_reply.members += k->state == CONN_READY;
   o->u.list_reply.segments = (uint32_t)b->reg.count;
   o->u.list_reply.fds = (uint32_t)b->reg.fds;
   o->u.list_reply.more = 0;
