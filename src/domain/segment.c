@@ -242,7 +242,7 @@ static void route(struct outgoing *o, struct outgoing **list)
 }
 
 /* The last reference to a segment buffer went: tell the brokers. */
-static void release_hook(struct gpuipc_buf *b, void *arg)
+static bool release_hook(struct gpuipc_buf *b, void *arg)
 {
   struct seg_entry *e = arg;
   (void)b;
@@ -267,6 +267,7 @@ static void release_hook(struct gpuipc_buf *b, void *arg)
   pthread_mutex_unlock(&seg_mu);
   free(e);
   send_posted(list);
+  return false; /* the memory goes */
 }
 
 /*

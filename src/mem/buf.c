@@ -27,7 +27,7 @@ struct registry {
   pthread_mutex_t lock;
   pthread_cond_t ready; /* a placeholder became ready or went away */
   struct gpuipc_buf *bucket[REG_BUCKETS];
-  uint64_t hits, misses, live;
+  uint64_t hits, misses, live, kept;
 };
 
 static struct registry reg = {
@@ -60,7 +60,11 @@ void gpuipc__buf_fork_install(void)
 /* Export ids start at 1 and are never reused by this process. */
 static atomic_uint_fast64_t next_export_id = 1;
 
-/* refs == 0 marks a placeholder whose import is still in progress. */
+/*
+ * refs == 0 marks a buffer nobody may take now: a placeholder whose import
+ * is in progress, or one whose release hook is deciding its fate -- unless
+ * it is kept, then an import takes it back.
+ */
 #define PLACEHOLDER_REFS 0
 
 static unsigned bucket_of(uint64_t nonce, uint64_t export_id)
@@ -292,6 +296,14 @@ static struct gpuipc_buf *lookup_or_reserve(const gpuipc_handle_t *h,
     struct gpuipc_buf *b = reg_find(h);
     if (b == NULL)
       break;
+    if (b->kept) { /* no reference, memory kept: take it back */
+      b->kept = false;
+      reg.kept--;
+      b->refs = 1;
+      reg.hits++;
+      pthread_mutex_unlock(&reg.lock);
+      return b;
+    }
     if (b->refs != PLACEHOLDER_REFS) {
       b->refs++;
       reg.hits++;
@@ -423,8 +435,7 @@ void gpuipc__buf_ref(struct gpuipc_buf *b)
 }
 
 void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
-                                  void (*fn)(struct gpuipc_buf *, void *),
-                                  void *arg)
+                                  gpuipc__release_hook_fn fn, void *arg)
 {
   pthread_mutex_lock(&reg.lock);
   b->release_hook = fn;
@@ -432,26 +443,70 @@ void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
   pthread_mutex_unlock(&reg.lock);
 }
 
+void gpuipc__buf_keep(struct gpuipc_buf *b)
+{
+  pthread_mutex_lock(&reg.lock);
+  if (!b->kept && b->refs == 0) {
+    b->kept = true;
+    reg.kept++;
+  }
+  pthread_cond_broadcast(&reg.ready); /* importers waiting may take it */
+  pthread_mutex_unlock(&reg.lock);
+}
+
+bool gpuipc__buf_unkeep(struct gpuipc_buf *b)
+{
+  pthread_mutex_lock(&reg.lock);
+  bool was = b->kept;
+  if (was) {
+    b->kept = false;
+    reg.kept--;
+    reg_remove(b);
+  }
+  pthread_mutex_unlock(&reg.lock);
+  return was;
+}
+
+int gpuipc__buf_destroy(struct gpuipc_buf *b)
+{
+  int rc = b->ops->release(b);
+  GPUIPC_LOG_D("released %s buffer (export %llu of pid %u)",
+               gpuipc_kind_name(b->kind), (unsigned long long)b->export_id,
+               b->pid);
+  free(b);
+  return rc;
+}
+
 int gpuipc_buf_release(gpuipc_buf_t *buf)
 {
   if (buf == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_release: buf is NULL");
   pthread_mutex_lock(&reg.lock);
+  if (buf->refs <= 0) {
+    pthread_mutex_unlock(&reg.lock);
+    return gpuipc__err(-EINVAL, "gpuipc_buf_release: buffer %p has no "
+                       "reference left", (void *)buf);
+  }
   if (--buf->refs > 0) {
     pthread_mutex_unlock(&reg.lock);
     return 0;
   }
-  reg_remove(buf);
+  gpuipc__release_hook_fn hook = buf->release_hook;
+  void *arg = buf->release_arg;
+  /* With a hook, stay registered (and untakeable) while it decides. */
+  if (hook == NULL)
+    reg_remove(buf);
   pthread_mutex_unlock(&reg.lock);
 
-  if (buf->release_hook != NULL)
-    buf->release_hook(buf, buf->release_arg);
-  int rc = buf->ops->release(buf);
-  GPUIPC_LOG_D("released %s buffer (export %llu of pid %u)",
-               gpuipc_kind_name(buf->kind), (unsigned long long)buf->export_id,
-               buf->pid);
-  free(buf);
-  return rc;
+  if (hook != NULL) {
+    if (hook(buf, arg))
+      return 0; /* kept: no longer ours to touch */
+    pthread_mutex_lock(&reg.lock);
+    reg_remove(buf);
+    pthread_cond_broadcast(&reg.ready); /* importers waiting import anew */
+    pthread_mutex_unlock(&reg.lock);
+  }
+  return gpuipc__buf_destroy(buf);
 }
 
 void gpuipc__cache_stats(struct gpuipc__cache_stats *out)
@@ -460,5 +515,6 @@ void gpuipc__cache_stats(struct gpuipc__cache_stats *out)
   out->hits = reg.hits;
   out->misses = reg.misses;
   out->live = reg.live;
+  out->kept = reg.kept;
   pthread_mutex_unlock(&reg.lock);
 }

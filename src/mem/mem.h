@@ -15,6 +15,13 @@
 struct gpuipc_buf;
 
 /*
+ * A buffer's last-release hook. Returns false to let the kind free the
+ * memory; true after calling gpuipc__buf_keep(@b) to keep it, in which
+ * case the releasing thread touches @b no more.
+ */
+typedef bool (*gpuipc__release_hook_fn)(struct gpuipc_buf *b, void *arg);
+
+/*
  * What a kind implements. Each function returns 0 or a negative code with
  * gpuipc__err() detail, and on failure leaves nothing allocated.
  */
@@ -70,12 +77,18 @@ struct gpuipc_buf {
   uint64_t export_id;
   void *priv;                    /* the kind's own state */
   /*
-   * Called once, when the last reference goes and before the kind releases
-   * the memory (a segment tells its broker here). Set through
-   * gpuipc__buf_set_release_hook.
+   * Called each time the last reference goes, before the kind releases the
+   * memory (a segment tells its broker here). Set through
+   * gpuipc__buf_set_release_hook; see gpuipc__release_hook_fn.
    */
-  void (*release_hook)(struct gpuipc_buf *b, void *arg);
+  gpuipc__release_hook_fn release_hook;
   void *release_arg;
+  /*
+   * No reference is left but the memory is kept (a segment whose creator
+   * must keep it for other processes): still registered, so that an
+   * import of its identity takes it back. Guarded by the registry lock.
+   */
+  bool kept;
 };
 
 /*
@@ -88,8 +101,26 @@ void gpuipc__buf_fork_install(void);
 
 /* Install (or clear, with @fn NULL) the last-release hook of @b. */
 void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
-                                  void (*fn)(struct gpuipc_buf *, void *),
-                                  void *arg);
+                                  gpuipc__release_hook_fn fn, void *arg);
+
+/*
+ * From a release hook: keep @b's memory although its last reference went.
+ * @b stays registered with no reference: an import of its identity (its
+ * creator opening the segment again) takes it back with one reference, and
+ * the hook runs again at the next last release. gpuipc__buf_unkeep ends
+ * it. Thread-safe.
+ */
+void gpuipc__buf_keep(struct gpuipc_buf *b);
+
+/*
+ * End the keeping of @b: true when @b was kept (and nobody took it back):
+ * it is unregistered and the caller must free it with gpuipc__buf_destroy;
+ * false when it is in use again (its next last release decides anew).
+ */
+bool gpuipc__buf_unkeep(struct gpuipc_buf *b);
+
+/* Free the memory of an unregistered buffer and the buffer itself. */
+int gpuipc__buf_destroy(struct gpuipc_buf *b);
 
 /* Take one more reference on @b (which the caller already holds). */
 void gpuipc__buf_ref(struct gpuipc_buf *b);
@@ -118,7 +149,8 @@ extern const struct gpuipc__kind_ops gpuipc__pool_ops;
 struct gpuipc__cache_stats {
   uint64_t hits;
   uint64_t misses;
-  uint64_t live; /* buffers in the registry now */
+  uint64_t live; /* buffers in the registry now (kept ones included) */
+  uint64_t kept; /* of which kept without a reference */
 };
 void gpuipc__cache_stats(struct gpuipc__cache_stats *out);
 
