@@ -353,7 +353,10 @@ GPUIPC_API int gpuipc_buf_import(const gpuipc_handle_t *h, int device,
 /*
  * gpuipc_buf_release - drop one reference; the last one unmaps (and frees,
  * for the allocating process) the memory. Other processes that imported it
- * keep their mappings (HOST, VMM). Releasing NULL returns -EINVAL.
+ * keep their mappings (HOST, VMM). The creator of a named segment whose
+ * memory only it holds (LEGACY, POOL) keeps that memory after its last
+ * release until the segment is unlinked and held by nobody (see
+ * gpuipc_segment_open). Releasing NULL returns -EINVAL.
  * Returns 0 or GPUIPC_E_CUDA (the reference is dropped all the same).
  */
 GPUIPC_API int gpuipc_buf_release(gpuipc_buf_t *buf);
@@ -737,6 +740,21 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
  * @out: the buffer with one reference; release it with gpuipc_buf_release.
  *        Opening a segment this process already holds returns the same
  *        buffer (one mapping, one more reference).
+ * Lifetime. VMM and HOST memory travels with a descriptor that the broker
+ * and every holder keep: the segment outlives its creator until it is
+ * unlinked and released by all. LEGACY memory (and fabric memory, and a
+ * POOL allocation, which the driver wants freed by its importers first)
+ * lives in the creating process alone, which therefore keeps it after its
+ * own last gpuipc_buf_release for as long as the segment is published, or
+ * unlinked but still held; it frees it once the broker reports the segment
+ * unlinked and held by nobody. A creator opening its kept segment again
+ * gets the same buffer back. When the creator leaves the domain the
+ * segment is lost for new opens (GPUIPC_E_LOST); its memory is freed at
+ * once if nobody else holds it, else kept until the creator exits
+ * (gpuipc_domain_leave never waits for holders). When the creator exits,
+ * its memory goes with it: holders then get GPUIPC_E_PEER_GONE from
+ * gpuipc_buf_alive (LEGACY) and new opens GPUIPC_E_LOST. gpuipc_segment_stat
+ * shows such a segment's keeper_pid.
  * Returns 0; -EINVAL (NULL argument, bad name — the sentence gives the
  * rule —, unknown flags or kind, EXCL without CREATE, CREATE with size 0);
  * -ENOENT; -EEXIST; -ETIMEDOUT; GPUIPC_E_MISMATCH; GPUIPC_E_LOST (the
@@ -752,7 +770,9 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
 /*
  * gpuipc_segment_unlink - remove @name from the domain, like shm_unlink:
  * the name is free at once (a later CREATE makes a new segment); the memory
- * goes when its last holder releases it.
+ * goes when its last holder releases it -- for memory its creator keeps
+ * (LEGACY, POOL), the creator frees it then, told by the broker, even if it
+ * released its own references long before (see gpuipc_segment_open).
  * If the broker dies during the call, the request goes to its successor;
  * when the first attempt may have reached the dead broker, a name found
  * gone by the retry counts as unlinked (0), not -ENOENT.
@@ -785,6 +805,8 @@ typedef struct gpuipc_segment_info {
   int nholders;                    /* processes holding it */
   int holder_pids[GPUIPC_SEGMENT_HOLDERS];  /* the first nholders of them */
   int holder_refs[GPUIPC_SEGMENT_HOLDERS];  /* opens each holder counts */
+  int creator_held;  /* 1: its memory lives in its creator (LEGACY, POOL) */
+  int keeper_pid;    /* the creator keeping that memory now, or 0 */
 } gpuipc_segment_info_t;
 
 /*

@@ -109,6 +109,14 @@ static void every_type(void)
   round_trip(&m);
   ASSERT_EQ(out.u.republish.holds, 3);
   ASSERT_EQ(out.u.republish.seg.state, GPUIPC__SEG_UNLINKED);
+  /* The creator keeping memory no descriptor keeps: no open of its own. */
+  m.u.republish.holds = 0;
+  m.u.republish.flags = GPUIPC__REPUB_KEEPER;
+  m.u.republish.seg.flags = GPUIPC__SEGF_CREATOR_HELD;
+  round_trip(&m);
+  ASSERT_EQ(out.u.republish.holds, 0);
+  ASSERT_EQ(out.u.republish.flags, GPUIPC__REPUB_KEEPER);
+  ASSERT_EQ(out.u.republish.seg.flags, GPUIPC__SEGF_CREATOR_HELD);
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_HANDLE;
@@ -132,8 +140,9 @@ static void every_type(void)
   ASSERT_EQ(out.u.handoff_begin.count, 7);
 
   static const uint16_t id_types[] = {GPUIPC_MSG_OK, GPUIPC_MSG_CREATE_IT,
-                                      GPUIPC_MSG_UNLINKED, GPUIPC_MSG_ABANDON};
-  for (size_t i = 0; i < 4; i++) {
+                                      GPUIPC_MSG_UNLINKED, GPUIPC_MSG_ABANDON,
+                                      GPUIPC_MSG_DISOWN, GPUIPC_MSG_LET_GO};
+  for (size_t i = 0; i < sizeof(id_types) / sizeof(id_types[0]); i++) {
     memset(&m, 0, sizeof(m));
     m.type = id_types[i];
     m.u.ok.id = 1000 + i;
@@ -182,6 +191,8 @@ static void every_type(void)
     memset(lr->seg.name, 'n', GPUIPC__NAME_MAX);
     lr->seg.has_handle = false;
     lr->seg.htype = 0;
+    lr->seg.flags = GPUIPC__SEGF_CREATOR_HELD;
+    lr->keeper_pid = 4194304;
     lr->nholders = 1000;
     lr->nlisted = GPUIPC__LIST_HOLDERS;
     for (int k = 0; k < GPUIPC__LIST_HOLDERS; k++)
@@ -189,6 +200,8 @@ static void every_type(void)
   }
   round_trip(&m);
   ASSERT_EQ(out.u.list_reply.recs[15].holders[15].pid, 16);
+  ASSERT_EQ(out.u.list_reply.recs[15].keeper_pid, 4194304);
+  ASSERT_EQ(out.u.list_reply.recs[15].seg.flags, GPUIPC__SEGF_CREATOR_HELD);
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_HANDOFF_END;
@@ -310,7 +323,8 @@ static void huge_ids(void)
 
   static const uint16_t id_types[] = {GPUIPC_MSG_ABANDON, GPUIPC_MSG_RELEASE,
                                       GPUIPC_MSG_CREATE_IT,
-                                      GPUIPC_MSG_UNLINKED, GPUIPC_MSG_OK};
+                                      GPUIPC_MSG_UNLINKED, GPUIPC_MSG_OK,
+                                      GPUIPC_MSG_DISOWN, GPUIPC_MSG_LET_GO};
   for (size_t i = 0; i < sizeof(id_types) / sizeof(id_types[0]); i++) {
     memset(&m, 0, sizeof(m));
     m.type = id_types[i];
@@ -334,9 +348,10 @@ static void huge_ids(void)
   m.type = GPUIPC_MSG_REPUBLISH;
   m.u.republish.holds = 1;
   m.u.republish.seg = host_seg("r", GPUIPC__SEG_PUBLISHED);
-  /* holds u32, then the record: name (u16 length + bytes), then its id */
-  ASSERT_OK(decode_with_u64(&m, 4 + 2 + 1, max));
-  ASSERT_RC(decode_with_u64(&m, 4 + 2 + 1, max + 1), GPUIPC_E_PROTO);
+  /* holds and flags u32, then the record: name (u16 length + bytes),
+   * then its id */
+  ASSERT_OK(decode_with_u64(&m, 4 + 4 + 2 + 1, max));
+  ASSERT_RC(decode_with_u64(&m, 4 + 4 + 2 + 1, max + 1), GPUIPC_E_PROTO);
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_HANDOFF_BEGIN;

@@ -131,9 +131,14 @@ static void holders_str(const gpuipc_segment_info_t *s, char *out, size_t cap)
     len += (size_t)snprintf(out + len, cap - len, "%s%d:%d", i ? "," : "",
                             s->holder_pids[i], s->holder_refs[i]);
   if (s->nholders > shown && len < cap)
-    snprintf(out + len, cap - len, " +%d more", s->nholders - shown);
+    len += (size_t)snprintf(out + len, cap - len, " +%d more",
+                            s->nholders - shown);
   if (s->nholders == 0)
-    snprintf(out, cap, "-");
+    len = (size_t)snprintf(out, cap, "-");
+  /* Memory only its creator holds: who keeps it after its own release. */
+  if (s->keeper_pid != 0 && len < cap)
+    snprintf(out + len, cap - len, " (memory kept by creator pid %d)",
+             s->keeper_pid);
 }
 
 static int list_domain(const char *name, bool json)
@@ -198,6 +203,11 @@ static int list_domain(const char *name, bool json)
         cli_json_str(&j, "device", d);
       cli_json_str(&j, "state", gpuipc_segment_state_name(s->state));
       cli_json_bool(&j, "broker_fd", s->broker_fd != 0);
+      cli_json_bool(&j, "creator_held", s->creator_held != 0);
+      if (s->keeper_pid != 0)
+        cli_json_int(&j, "keeper_pid", s->keeper_pid);
+      else
+        cli_json_null(&j, "keeper_pid");
       cli_json_int(&j, "nholders", s->nholders);
       cli_json_arr(&j, "holders");
       for (int k = 0; k < s->nholders && k < GPUIPC_SEGMENT_HOLDERS; k++) {

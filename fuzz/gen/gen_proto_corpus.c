@@ -201,6 +201,12 @@ static size_t has_handle_2(uint8_t *b, size_t n)
   b[GPUIPC_PROTO_HDR + 2 + name + 8 + 8 + 1 + 1 + 16] = 2;
   return n;
 }
+/* A seg record ending a message with an unknown flag. */
+static size_t last_byte_0x80(uint8_t *b, size_t n)
+{
+  b[n - 1] = 0x80;
+  return n;
+}
 /* A handle record with a broken CRC (first handle byte flipped). */
 static size_t handle_crc(uint8_t *b, size_t n)
 {
@@ -276,6 +282,7 @@ int main(int argc, char **argv)
   valid("publish-vmm-fabric", &m);
   m.u.publish.seg = seg("grads.legacy", GPUIPC__SEG_PUBLISHED,
                         GPUIPC_KIND_LEGACY, GPUIPC_HT_LEGACY);
+  m.u.publish.seg.flags = GPUIPC__SEGF_CREATOR_HELD;
   valid("publish-legacy", &m);
 
   memset(&m, 0, sizeof(m));
@@ -315,9 +322,29 @@ int main(int argc, char **argv)
   m.u.republish.seg = seg("held", GPUIPC__SEG_UNLINKED, GPUIPC_KIND_HOST,
                           GPUIPC_HT_POSIX_FD);
   valid("republish-unlinked", &m);
+  bad_field("republish-holds-0", &m, 1, 0, 0, 4);
+  /* A keeper of memory the record says no creator holds. */
+  bad_field("republish-keeper", &m, 1, 4, GPUIPC__REPUB_KEEPER, 4);
   m.u.republish.seg = seg("held.pool", GPUIPC__SEG_PUBLISHED,
                           GPUIPC_KIND_POOL, GPUIPC_HT_POOL);
   valid("republish-pool", &m);
+  /* The creator keeping the memory, with no open of its own left. */
+  m.u.republish.holds = 0;
+  m.u.republish.flags = GPUIPC__REPUB_KEEPER;
+  m.u.republish.seg = seg("kept.legacy", GPUIPC__SEG_UNLINKED,
+                          GPUIPC_KIND_LEGACY, GPUIPC_HT_LEGACY);
+  m.u.republish.seg.flags = GPUIPC__SEGF_CREATOR_HELD;
+  valid("republish-keeper", &m);
+
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_DISOWN;
+  m.req = 9;
+  m.u.disown.id = 1795300000000011ull;
+  valid("disown", &m);
+  bad_field("disown-id-0", &m, 0, 0, 0, 8);
+  m.type = GPUIPC_MSG_LET_GO;
+  m.req = 0;
+  valid("let_go", &m);
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_WELCOME;
@@ -359,6 +386,7 @@ int main(int argc, char **argv)
                        GPUIPC_HT_POSIX_FD);
   valid("handle", &m);
   bad("handle-has-handle-2", &m, 1, has_handle_2);
+  bad("handle-seg-flags", &m, 1, last_byte_0x80);
   m.u.handle.seg = seg("w", GPUIPC__SEG_PUBLISHED, GPUIPC_KIND_VMM,
                        GPUIPC_HT_FABRIC);
   valid("handle-vmm-fabric", &m);
@@ -382,6 +410,10 @@ int main(int argc, char **argv)
     struct gpuipc__list_rec *lr = &m.u.list_reply.recs[i];
     lr->seg = seg(names[i], states[i], GPUIPC_KIND_HOST, 0);
     lr->broker_fd = i == 0;
+    if (i == 0) { /* published, its memory kept by its creator */
+      lr->seg.flags = GPUIPC__SEGF_CREATOR_HELD;
+      lr->keeper_pid = 4321;
+    }
     lr->nholders = (uint32_t)(20 * (i == 0));
     lr->nlisted = i == 0 ? GPUIPC__LIST_HOLDERS : 0;
     for (uint32_t k = 0; k < lr->nlisted; k++)
@@ -389,7 +421,7 @@ int main(int argc, char **argv)
   }
   valid("list_reply", &m);
   /* Fewer holders in total than listed; more = 2. */
-  bad_field("list_reply-holders", &m, 0, 29 + after_name("a", 36), 2, 4);
+  bad_field("list_reply-holders", &m, 0, 29 + after_name("a", 41), 2, 4);
   bad_field("list_reply-more", &m, 0, 24, 2, 1);
 
   memset(&m, 0, sizeof(m));

@@ -519,29 +519,75 @@ static bool recovering(const struct gpuipc__broker *b)
   return b->recovery_end != 0;
 }
 
+static bool creator_held(const struct gpuipc__seg *s)
+{
+  return (s->w.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
+}
+
+/* Published @s has no memory any more: its name reads as lost. */
+static void lose(struct gpuipc__broker *b, struct gpuipc__seg *s,
+                 const char *why)
+{
+  GPUIPC_LOG_I("broker %s: segment %s (id %llu) %s: lost", b->name,
+               s->w.name, (unsigned long long)s->w.id, why);
+  s->w.state = GPUIPC__SEG_LOST;
+  s->w.has_handle = false;
+  s->w.htype = 0;
+  gpuipc__reg_set_fd(&b->reg, s, -1);
+  journal_put(b, s);
+}
+
 /*
  * A segment nobody holds any more (not while holders may still re-join):
- * unlinked, it is freed; published but of a kind whose memory travels
- * without a descriptor (LEGACY, fabric), nothing keeps its memory -- its
- * creator freed it on its last release -- so its name now reads as lost.
+ * unlinked, it is freed, and a creator keeping its memory is told to let
+ * go of it. Published, it stays while its memory is kept: by the broker's
+ * descriptor, or by its creator (LEGACY, fabric, a POOL allocation: those
+ * travel without a descriptor that keeps the memory). Nothing keeping it,
+ * its name now reads as lost.
  */
 static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
 {
   if (s->nholders != 0 || recovering(b))
     return;
   if (s->w.state == GPUIPC__SEG_UNLINKED) {
+    if (s->keeper != NULL) {
+      GPUIPC_LOG_D("broker %s: segment %s (id %llu): pid %u may free it",
+                   b->name, s->w.name, (unsigned long long)s->w.id,
+                   s->keeper_pid);
+      send_id(b, s->keeper, GPUIPC_MSG_LET_GO, 0, s->w.id);
+    }
     GPUIPC_LOG_D("broker %s: segment %s (id %llu) freed", b->name, s->w.name,
                  (unsigned long long)s->w.id);
     gpuipc__reg_remove(&b->reg, s);
-  } else if (s->w.state == GPUIPC__SEG_PUBLISHED && s->fd < 0) {
-    GPUIPC_LOG_I("broker %s: segment %s (id %llu) has no holder and no "
-                 "descriptor left: lost", b->name, s->w.name,
-                 (unsigned long long)s->w.id);
-    s->w.state = GPUIPC__SEG_LOST;
-    s->w.has_handle = false;
-    s->w.htype = 0;
-    journal_put(b, s);
+  } else if (s->w.state == GPUIPC__SEG_PUBLISHED && s->keeper == NULL &&
+             (s->fd < 0 || creator_held(s))) {
+    lose(b, s, "has no holder and nothing keeps its memory");
   }
+}
+
+static void set_keeper(struct gpuipc__seg *s, struct gpuipc__conn *c,
+                       uint32_t pid)
+{
+  s->keeper = c;
+  s->keeper_pid = pid;
+}
+
+/*
+ * The creator that kept @s's memory let go of it or left: the memory goes
+ * with that process, so a published @s is lost at once (its holders learn
+ * it from gpuipc_buf_alive or their next import); an unlinked one goes
+ * with its last holder. May free @s.
+ */
+static void keeper_gone(struct gpuipc__broker *b, struct gpuipc__seg *s)
+{
+  s->keeper = NULL;
+  s->keeper_pid = 0;
+  if (recovering(b))
+    return; /* end_recovery decides */
+  if (s->w.state == GPUIPC__SEG_PUBLISHED)
+    lose(b, s, "went with its creator, which kept its memory");
+  else
+    maybe_free(b, s);
 }
 
 static void redispatch(struct gpuipc__broker *b, const char *name);
@@ -852,10 +898,13 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                  s->creator_pid);
       return;
     }
-    if (gpuipc__reg_hold(s, c, pid, 1) != 0)
+    if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
       send_error(b, c, m->req, -ENOMEM, "broker out of memory");
-    else
-      send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
+      return;
+    }
+    if (creator_held(s))
+      set_keeper(s, c, pid);
+    send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
     return;
   } else {
     /* No reservation (the broker changed since CREATE_IT): take it anew. */
@@ -870,6 +919,8 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   }
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
+  if (creator_held(s))
+    set_keeper(s, c, pid);
   if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
     send_error(b, c, m->req, -ENOMEM, "broker out of memory");
     return;
@@ -904,6 +955,38 @@ static void on_release(struct gpuipc__broker *b, struct gpuipc__conn *c,
   maybe_free(b, s);
 }
 
+/*
+ * The creator keeping segment id's memory leaves the domain. OK: nobody
+ * else holds it, free it now; -EBUSY: others do (or may, while the broker
+ * recovers), keep it until the process exits. Either way the segment no
+ * longer has a keeper: published, it is lost.
+ */
+static void on_disown(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                      const struct gpuipc__msg *m)
+{
+  uint64_t id = m->u.disown.id;
+  struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, id);
+  if (s == NULL) {
+    send_id(b, c, GPUIPC_MSG_OK, m->req, id);
+    return;
+  }
+  char name[GPUIPC__NAME_MAX + 1];
+  snprintf(name, sizeof(name), "%s", s->w.name);
+  uint32_t others = s->nholders - (gpuipc__reg_refs(s, c) != 0 ? 1u : 0u);
+  if (s->keeper == c)
+    keeper_gone(b, s); /* may free s */
+  if (recovering(b))
+    send_error(b, c, m->req, -EBUSY, "segment %s (id %llu): the broker of "
+               "domain %s is recovering from a failover and may not know "
+               "every holder yet", name, (unsigned long long)id, b->name);
+  else if (others != 0)
+    send_error(b, c, m->req, -EBUSY, "segment %s (id %llu) is still held "
+               "by %u other process%s", name, (unsigned long long)id, others,
+               others == 1 ? "" : "es");
+  else
+    send_id(b, c, GPUIPC_MSG_OK, m->req, id);
+}
+
 static void fill_list_rec(struct gpuipc__list_rec *lr,
                           const struct gpuipc__seg *s)
 {
@@ -911,6 +994,7 @@ static void fill_list_rec(struct gpuipc__list_rec *lr,
   lr->seg.has_handle = false;
   lr->seg.htype = 0;
   lr->broker_fd = s->fd >= 0;
+  lr->keeper_pid = s->keeper != NULL ? s->keeper_pid : 0;
   lr->nholders = s->nholders;
   lr->nlisted = 0;
   for (uint32_t i = 0; i < s->nholders && i < GPUIPC__LIST_HOLDERS; i++) {
@@ -989,6 +1073,8 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
 {
   const struct gpuipc__seg_wire *w = &m->u.republish.seg;
   uint32_t pid = (uint32_t)c->cred.pid;
+  uint32_t holds = m->u.republish.holds;
+  bool keeper = (m->u.republish.flags & GPUIPC__REPUB_KEEPER) != 0;
   learn_id(b, w->id);
   struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, w->id);
   if (s != NULL) {
@@ -1011,7 +1097,14 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       c->doomed = true;
       return;
     }
-    if (s->w.state == GPUIPC__SEG_LOST || s->fd < 0) {
+    /*
+     * Memory its creator held comes back with the creator, or with any
+     * survivor while the broker recovers (end_recovery then checks that
+     * the creator came back too); a holder alone does not revive it.
+     */
+    bool may_bring = keeper || recovering(b) ||
+                     !(w->flags & GPUIPC__SEGF_CREATOR_HELD);
+    if (may_bring && (s->w.state == GPUIPC__SEG_LOST || s->fd < 0)) {
       /* A tombstone, or a record without memory: this holder brings it. */
       if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED) {
         journal_drop(b, s->w.id);
@@ -1020,10 +1113,14 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
       journal_put(b, s);
     }
-    if (republish_hold(b, c, s, m->u.republish.holds) != 0)
+    if (holds != 0 && republish_hold(b, c, s, holds) != 0)
       return;
+    if (keeper)
+      set_keeper(s, c, pid);
     if (s->named)
       redispatch(b, s->w.name);
+    else if (holds == 0)
+      maybe_free(b, s); /* kept by its creator alone: may free s */
     return;
   }
   if (w->state == GPUIPC__SEG_PUBLISHED) {
@@ -1050,12 +1147,17 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
-  if (republish_hold(b, c, s, m->u.republish.holds) != 0)
+  if (holds != 0 && republish_hold(b, c, s, holds) != 0)
     return;
-  GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)", b->name, pid,
-               w->name, (unsigned long long)w->id);
+  if (keeper)
+    set_keeper(s, c, pid);
+  GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,
+               w->name, (unsigned long long)w->id,
+               keeper ? ", keeping its memory" : "");
   if (s->named)
     redispatch(b, s->w.name);
+  else if (holds == 0)
+    maybe_free(b, s);
 }
 
 static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,
@@ -1099,6 +1201,7 @@ static void on_message(struct gpuipc__broker *b, struct gpuipc__conn *c,
   case GPUIPC_MSG_PUBLISH: on_publish(b, c, m, nfds ? &fds[0] : &(int){-1}); break;
   case GPUIPC_MSG_ABANDON: on_abandon(b, c, m); break;
   case GPUIPC_MSG_RELEASE: on_release(b, c, m); break;
+  case GPUIPC_MSG_DISOWN: on_disown(b, c, m); break;
   case GPUIPC_MSG_UNLINK: on_unlink(b, c, m); break;
   case GPUIPC_MSG_LIST: on_list(b, c, m); break;
   case GPUIPC_MSG_REPUBLISH:
@@ -1207,8 +1310,13 @@ static void conn_drop_state(struct gpuipc__broker *b, struct gpuipc__conn *c)
                    "is free again",
                    b->name, (int)c->cred.pid, s->w.name);
       gpuipc__reg_remove(&b->reg, s);
-    } else if (gpuipc__reg_drop(s, c, UINT32_MAX) != 0) {
-      maybe_free(b, s);
+    } else {
+      bool kept = s->keeper == c;
+      uint32_t dropped = gpuipc__reg_drop(s, c, UINT32_MAX);
+      if (kept)
+        keeper_gone(b, s); /* the creator left without letting go */
+      else if (dropped != 0)
+        maybe_free(b, s);
     }
     s = next;
   }
@@ -1301,6 +1409,10 @@ static void end_recovery(struct gpuipc__broker *b)
     struct gpuipc__seg *next = s->next;
     if (fresh && s->w.state == GPUIPC__SEG_LOST)
       gpuipc__reg_remove(&b->reg, s);
+    else if (creator_held(s) && s->keeper == NULL &&
+             s->w.state == GPUIPC__SEG_PUBLISHED)
+      lose(b, s, "did not come back with its creator, which kept its "
+               "memory");
     else
       maybe_free(b, s);
     s = next;

@@ -718,6 +718,9 @@ static void on_push(struct gpuipc_domain *d, int *fds, int nfds)
   case GPUIPC_MSG_UNLINKED:
     gpuipc__seg_unlinked(d, m->u.unlinked.id);
     break;
+  case GPUIPC_MSG_LET_GO:
+    gpuipc__seg_let_go(d, m->u.let_go.id);
+    break;
   case GPUIPC_MSG_HANDOFF_BEGIN:
     ho_begin(d, m, fds);
     break;
@@ -958,6 +961,7 @@ int gpuipc_domain_leave(gpuipc_domain_t *d)
 {
   if (d == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_domain_leave: dom is NULL");
+  gpuipc__seg_disown_domain(d);
   gpuipc__seg_forget_domain(d);
   dom_list_remove(d);
   if (gpuipc__dom_stale(d)) {

@@ -36,6 +36,16 @@
  *    the requests that name what it does not have. Names nobody re-published
  *    stay lost until unlinked or created anew. If no member of the dead
  *    broker comes back, the domain starts afresh instead.
+ *
+ * Memory its creator holds (GPUIPC__SEGF_CREATOR_HELD: LEGACY, fabric, a
+ * POOL allocation) has no descriptor that keeps it: the creator keeps it
+ * after its own last release (segment.c), and the broker remembers that
+ * connection as the segment's keeper. Unlinked and held by nobody, the
+ * broker pushes LET_GO to the keeper, which frees it. A keeper leaving
+ * asks first (DISOWN: OK, nobody else holds it; -EBUSY, keep it until the
+ * process exits); a keeper whose connection ends took the memory along: a
+ * published segment reads as lost. Keepers re-publish with the KEEPER flag
+ * after a broker change. See docs/segment-lifetime.md.
  */
 #ifndef GPUIPC_DOMAIN_H
 #define GPUIPC_DOMAIN_H
@@ -104,6 +114,13 @@ struct gpuipc__seg {
   int fd;                        /* the broker's descriptor, or -1 */
   struct gpuipc__conn *creator;  /* CREATING: who reserved the name */
   uint32_t creator_pid;          /* who published it */
+  /*
+   * GPUIPC__SEGF_CREATOR_HELD segments: the creator's connection while it
+   * keeps the memory (told LET_GO once the segment is unlinked and nobody
+   * holds it), NULL once it let go or left.
+   */
+  struct gpuipc__conn *keeper;
+  uint32_t keeper_pid;
   struct gpuipc__holder *holders;
   uint32_t nholders, capholders;
 };
@@ -281,8 +298,28 @@ void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd);
 void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id);
 /* A reply arrived for a request whose caller gave up: undo what it did. */
 void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r);
+/*
+ * The broker says segment @id, whose memory this process created and kept,
+ * is unlinked and held by nobody: free it (reader thread).
+ */
+void gpuipc__seg_let_go(gpuipc_domain_t *d, uint64_t id);
+/*
+ * @d is being left: for each segment whose memory this process keeps for
+ * @d, ask the broker (DISOWN, at most 2 s in all); free the memory when
+ * nobody else holds it, else keep it until the process exits. Never waits
+ * for holders.
+ */
+void gpuipc__seg_disown_domain(gpuipc_domain_t *d);
 /* @d is being left: forget its holds. */
 void gpuipc__seg_forget_domain(gpuipc_domain_t *d);
+
+/*
+ * For tests only: when @on, every segment this process creates from now on
+ * is published as held by its creator (GPUIPC__SEGF_CREATOR_HELD), as
+ * LEGACY and POOL ones are, whatever its kind -- so that the deferred
+ * release of such memory runs, with real processes, on HOST segments.
+ */
+void gpuipc__seg_test_creator_held(bool on);
 
 /*
  * A first step of gpuipc_segment_open, public to tests that must stop a

@@ -43,6 +43,7 @@ const char *gpuipc__msg_name(unsigned type)
   case GPUIPC_MSG_UNLINK: return "UNLINK";
   case GPUIPC_MSG_LIST: return "LIST";
   case GPUIPC_MSG_REPUBLISH: return "REPUBLISH";
+  case GPUIPC_MSG_DISOWN: return "DISOWN";
   case GPUIPC_MSG_WELCOME: return "WELCOME";
   case GPUIPC_MSG_DENIED: return "DENIED";
   case GPUIPC_MSG_ERROR: return "ERROR";
@@ -51,6 +52,7 @@ const char *gpuipc__msg_name(unsigned type)
   case GPUIPC_MSG_HANDLE: return "HANDLE";
   case GPUIPC_MSG_LIST_REPLY: return "LIST_REPLY";
   case GPUIPC_MSG_UNLINKED: return "UNLINKED";
+  case GPUIPC_MSG_LET_GO: return "LET_GO";
   case GPUIPC_MSG_HANDOFF_BEGIN: return "HANDOFF_BEGIN";
   case GPUIPC_MSG_HANDOFF_SEG: return "HANDOFF_SEG";
   case GPUIPC_MSG_HANDOFF_END: return "HANDOFF_END";
@@ -124,6 +126,8 @@ static int check_seg(struct gpuipc__seg_wire *s, int want_handle,
   if (s->size == 0 || s->size > GPUIPC_SIZE_MAX_ABSURD)
     return PROTO_ERR(0, "%s: size %llu out of range", msg,
                      (unsigned long long)s->size);
+  if (s->flags & ~GPUIPC__SEGF_ALL)
+    return PROTO_ERR(0, "%s: unknown segment flags 0x%x", msg, s->flags);
   bool state_has = s->state == GPUIPC__SEG_PUBLISHED ||
                    s->state == GPUIPC__SEG_UNLINKED;
   if (want_handle == 1 && !s->has_handle)
@@ -229,7 +233,15 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
                        GPUIPC__LIST_RECS);
     return 0;
   case GPUIPC_MSG_REPUBLISH:
-    if (m->u.republish.holds == 0)
+    if (m->u.republish.flags & ~GPUIPC__REPUB_FLAGS)
+      return PROTO_ERR(m, "REPUBLISH: unknown flags 0x%x",
+                       m->u.republish.flags);
+    if ((m->u.republish.flags & GPUIPC__REPUB_KEEPER) &&
+        !(m->u.republish.seg.flags & GPUIPC__SEGF_CREATOR_HELD))
+      return PROTO_ERR(m, "REPUBLISH: a keeper of a segment whose memory "
+                       "its creator does not hold");
+    if (m->u.republish.holds == 0 &&
+        !(m->u.republish.flags & GPUIPC__REPUB_KEEPER))
       return PROTO_ERR(m, "REPUBLISH: holds is 0");
     if (m->u.republish.seg.state != GPUIPC__SEG_PUBLISHED &&
         m->u.republish.seg.state != GPUIPC__SEG_UNLINKED)
@@ -259,8 +271,11 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
                        (unsigned long long)m->u.create_it.id);
     return 0;
   case GPUIPC_MSG_UNLINKED:
+  case GPUIPC_MSG_DISOWN:
+  case GPUIPC_MSG_LET_GO:
+    /* The same layout for the three. */
     if (m->u.unlinked.id == 0 || m->u.unlinked.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "UNLINKED: id %llu out of range",
+      return PROTO_ERR(m, "%s: id %llu out of range", nm,
                        (unsigned long long)m->u.unlinked.id);
     return 0;
   case GPUIPC_MSG_HANDLE:
@@ -318,6 +333,7 @@ static void put_seg(struct gpuipc__wbuf *w, const struct gpuipc__seg_wire *s)
   gpuipc__put_u8(w, s->has_handle ? 1 : 0);
   if (s->has_handle)
     gpuipc__put_bytes(w, s->handle, sizeof(s->handle));
+  gpuipc__put_u8(w, s->flags);
 }
 
 static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
@@ -358,6 +374,7 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_REPUBLISH:
     gpuipc__put_u32(w, m->u.republish.holds);
+    gpuipc__put_u32(w, m->u.republish.flags);
     put_seg(w, &m->u.republish.seg);
     break;
   case GPUIPC_MSG_WELCOME:
@@ -381,6 +398,12 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
   case GPUIPC_MSG_UNLINKED:
     gpuipc__put_u64(w, m->u.unlinked.id);
     break;
+  case GPUIPC_MSG_DISOWN:
+    gpuipc__put_u64(w, m->u.disown.id);
+    break;
+  case GPUIPC_MSG_LET_GO:
+    gpuipc__put_u64(w, m->u.let_go.id);
+    break;
   case GPUIPC_MSG_HANDLE:
     put_seg(w, &m->u.handle.seg);
     break;
@@ -396,6 +419,7 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
       const struct gpuipc__list_rec *lr = &m->u.list_reply.recs[i];
       put_seg(w, &lr->seg);
       gpuipc__put_u8(w, lr->broker_fd);
+      gpuipc__put_u32(w, lr->keeper_pid);
       gpuipc__put_u32(w, lr->nholders);
       gpuipc__put_u32(w, lr->nlisted);
       for (uint32_t j = 0; j < lr->nlisted; j++) {
@@ -465,6 +489,7 @@ static void get_seg(struct gpuipc__rbuf *r, struct gpuipc__seg_wire *s)
   s->has_handle = hh == 1;
   if (s->has_handle)
     gpuipc__get_bytes(r, s->handle, sizeof(s->handle));
+  s->flags = gpuipc__get_u8(r);
   s->htype = 0;
 }
 
@@ -506,6 +531,7 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_REPUBLISH:
     m->u.republish.holds = gpuipc__get_u32(r);
+    m->u.republish.flags = gpuipc__get_u32(r);
     get_seg(r, &m->u.republish.seg);
     break;
   case GPUIPC_MSG_WELCOME:
@@ -529,6 +555,12 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
   case GPUIPC_MSG_UNLINKED:
     m->u.unlinked.id = gpuipc__get_u64(r);
     break;
+  case GPUIPC_MSG_DISOWN:
+    m->u.disown.id = gpuipc__get_u64(r);
+    break;
+  case GPUIPC_MSG_LET_GO:
+    m->u.let_go.id = gpuipc__get_u64(r);
+    break;
   case GPUIPC_MSG_HANDLE:
     get_seg(r, &m->u.handle.seg);
     break;
@@ -549,6 +581,7 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
       struct gpuipc__list_rec *lr = &m->u.list_reply.recs[i];
       get_seg(r, &lr->seg);
       lr->broker_fd = gpuipc__get_u8(r);
+      lr->keeper_pid = gpuipc__get_u32(r);
       lr->nholders = gpuipc__get_u32(r);
       lr->nlisted = gpuipc__get_u32(r);
       if (lr->nlisted > GPUIPC__LIST_HOLDERS) {

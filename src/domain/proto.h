@@ -58,6 +58,8 @@ enum gpuipc__msg_type {
   GPUIPC_MSG_UNLINK = 6,    /* -> OK or ERROR */
   GPUIPC_MSG_LIST = 7,      /* -> LIST_REPLY */
   GPUIPC_MSG_REPUBLISH = 8, /* after a failover; + fd; fire-and-forget */
+  /* (9 was spoken once and is retired) */
+  GPUIPC_MSG_DISOWN = 10,   /* the keeper lets go -> OK (free it) or ERROR */
   /* broker -> member */
   GPUIPC_MSG_WELCOME = 32,
   GPUIPC_MSG_DENIED = 33,
@@ -67,6 +69,7 @@ enum gpuipc__msg_type {
   GPUIPC_MSG_HANDLE = 37,    /* + fd for fd kinds */
   GPUIPC_MSG_LIST_REPLY = 38,
   GPUIPC_MSG_UNLINKED = 39,  /* push: a segment you hold was unlinked */
+  GPUIPC_MSG_LET_GO = 40,    /* push: free the memory you keep for it */
   /* broker -> its successor, on a clean hand-over */
   GPUIPC_MSG_HANDOFF_BEGIN = 48, /* + the lock fd and the listener fd */
   GPUIPC_MSG_HANDOFF_SEG = 49,   /* + fd for fd kinds */
@@ -81,6 +84,21 @@ enum gpuipc__msg_type {
 
 /* OPEN flags: the public GPUIPC_CREATE / EXCL / WAIT bits. */
 #define GPUIPC__OPEN_FLAGS 0x7u
+
+/*
+ * Segment flags (seg_wire.flags). CREATOR_HELD: the memory lives in its
+ * creator's process and no descriptor keeps it (LEGACY and fabric memory,
+ * a POOL allocation): the creator keeps it after its own last release for
+ * as long as the segment is published or held, until the broker says
+ * LET_GO; the segment dies with the creator.
+ */
+#define GPUIPC__SEGF_CREATOR_HELD 0x1u
+#define GPUIPC__SEGF_ALL 0x1u
+
+/* REPUBLISH flags. KEEPER: the sender created the segment and keeps its
+ * memory (CREATOR_HELD); holds may then be 0. */
+#define GPUIPC__REPUB_KEEPER 0x1u
+#define GPUIPC__REPUB_FLAGS 0x1u
 
 /* Segment states, as in gpuipc_segment_state_t. */
 #define GPUIPC__SEG_CREATING 1
@@ -98,6 +116,7 @@ struct gpuipc__seg_wire {
   uint8_t uuid[16];
   bool has_handle; /* false only for LOST and CREATING records */
   uint8_t handle[GPUIPC_HANDLE_PACKED_SIZE];
+  uint8_t flags;   /* GPUIPC__SEGF_* (last on the wire) */
   /*
    * Not on the wire: the handle's gpuipc_handle_type_t (0 without one).
    * Decode sets it; encode checks it against the packed record.
@@ -113,6 +132,7 @@ struct gpuipc__holder_wire {
 struct gpuipc__list_rec {
   struct gpuipc__seg_wire seg; /* without handle */
   uint8_t broker_fd;           /* the broker holds the segment's fd */
+  uint32_t keeper_pid;         /* the creator keeping its memory, or 0 */
   uint32_t nholders;           /* holders in total */
   uint32_t nlisted;            /* <= GPUIPC__LIST_HOLDERS */
   struct gpuipc__holder_wire holders[GPUIPC__LIST_HOLDERS];
@@ -158,7 +178,8 @@ struct gpuipc__msg {
       uint32_t max;                    /* <= GPUIPC__LIST_RECS */
     } list;
     struct {
-      uint32_t holds;
+      uint32_t holds;              /* 0 only with GPUIPC__REPUB_KEEPER */
+      uint32_t flags;              /* GPUIPC__REPUB_* */
       struct gpuipc__seg_wire seg; /* PUBLISHED or UNLINKED, with handle */
     } republish;
     struct {
@@ -175,7 +196,7 @@ struct gpuipc__msg {
     } error;
     struct {
       uint64_t id;
-    } ok, create_it, unlinked;
+    } ok, create_it, unlinked, disown, let_go;
     struct {
       struct gpuipc__seg_wire seg; /* with handle */
     } handle;

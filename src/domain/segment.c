@@ -7,12 +7,22 @@
  * last-release hook tells every granting broker (RELEASE with that count),
  * so the broker's count drops to zero exactly when the process lets go.
  * After a broker failover the table is what the member re-publishes.
+ *
+ * Memory held by its creator (LEGACY and fabric memory, a POOL allocation:
+ * no descriptor keeps it alive elsewhere) outlives the creator's own last
+ * release: the hook keeps the buffer (gpuipc__buf_keep) while the hold of
+ * the publishing domain is marked "keeper", until that domain's broker says
+ * LET_GO (the segment was unlinked and nobody holds it). Leaving the domain
+ * asks the broker (DISOWN): with nobody else holding it the memory goes at
+ * once, otherwise it stays until the process exits, so that no holder ever
+ * reads freed memory while the creator lives.
  */
 #include "domain/domain.h"
 #include "os/os.h"
 #include "wire/wire.h"
 #include "mem/mem.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,9 +36,11 @@ struct seg_hold {
   uint64_t id;
   uint32_t grants; /* opens the broker counted for this process */
   bool unlinked;
+  bool keeper;     /* we created it and keep its memory for the domain */
   char name[GPUIPC__NAME_MAX + 1];
   uint64_t size;
   uint8_t kind;
+  uint8_t flags;   /* GPUIPC__SEGF_* */
   uint8_t uuid[16];
 };
 
@@ -36,10 +48,20 @@ struct seg_entry {
   struct seg_entry *next;
   gpuipc_buf_t *buf;
   struct seg_hold *holds;
+  /* Keep the memory until the process exits: its domain went, others
+   * still held it. */
+  bool forever;
 };
 
 static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct seg_entry *entries[SEG_BUCKETS];
+/* Tests: publish every segment created here as held by its creator. */
+static atomic_bool test_creator_held;
+
+void gpuipc__seg_test_creator_held(bool on)
+{
+  atomic_store(&test_creator_held, on);
+}
 
 static size_t hash_ptr(const void *p)
 {
@@ -104,6 +126,7 @@ struct outgoing {
   uint64_t gen;   /* the connection it is for (gpuipc__dom_post_on) */
   uint16_t type;  /* RELEASE or REPUBLISH */
   uint32_t count; /* RELEASE's count, REPUBLISH's holds */
+  uint32_t flags; /* REPUBLISH's flags */
   struct gpuipc__seg_wire w; /* REPUBLISH's record; RELEASE: w.id only */
   int fd;         /* REPUBLISH's descriptor, or -1 */
 };
@@ -175,6 +198,7 @@ static void out_msg(const struct outgoing *o, struct gpuipc__msg *m)
     m->u.release.count = o->count;
   } else {
     m->u.republish.holds = o->count;
+    m->u.republish.flags = o->flags;
     m->u.republish.seg = o->w;
   }
 }
@@ -241,19 +265,31 @@ static void route(struct outgoing *o, struct outgoing **list)
   *list = o;
 }
 
-/* The last reference to a segment buffer went: tell the brokers. */
+static bool entry_keeps(const struct seg_entry *e)
+{
+  if (e->forever)
+    return true;
+  for (const struct seg_hold *h = e->holds; h != NULL; h = h->next)
+    if (h->keeper)
+      return true;
+  return false;
+}
+
+/*
+ * The last reference to a segment buffer went: tell the brokers, and keep
+ * the memory if this process created it for a domain that still has it.
+ */
 static bool release_hook(struct gpuipc_buf *b, void *arg)
 {
   struct seg_entry *e = arg;
-  (void)b;
   struct outgoing *list = NULL;
   pthread_mutex_lock(&seg_mu);
-  entry_unlink(e);
-  while (e->holds != NULL) {
-    struct seg_hold *h = e->holds;
-    e->holds = h->next;
+  struct seg_hold **pp = &e->holds;
+  while (*pp != NULL) {
+    struct seg_hold *h = *pp;
     /* A domain of the parent (after fork) is not this process's to tell. */
-    if (h->grants != 0 && !gpuipc__dom_stale(h->dom)) {
+    bool stale = gpuipc__dom_stale(h->dom);
+    if (h->grants != 0 && !stale) {
       struct outgoing *o = out_new(h->dom, GPUIPC_MSG_RELEASE, h->grants);
       if (o != NULL) {
         o->w.id = h->id;
@@ -262,12 +298,168 @@ static bool release_hook(struct gpuipc_buf *b, void *arg)
         post_release(h->dom, h->id, h->grants); /* no memory: send now */
       }
     }
+    h->grants = 0;
+    if (h->keeper && !stale) {
+      pp = &h->next;
+    } else {
+      *pp = h->next;
+      free(h);
+    }
+  }
+  bool keep = entry_keeps(e);
+  if (keep)
+    gpuipc__buf_keep(b); /* @b and @e may go once seg_mu is released */
+  else
+    entry_unlink(e);
+  pthread_mutex_unlock(&seg_mu);
+  if (!keep)
+    free(e);
+  send_posted(list);
+  return keep;
+}
+
+/* Forget @e (seg_mu held); its buffer was unkept or freed. */
+static void entry_free(struct seg_entry *e)
+{
+  entry_unlink(e);
+  while (e->holds != NULL) {
+    struct seg_hold *h = e->holds;
+    e->holds = h->next;
     free(h);
   }
-  pthread_mutex_unlock(&seg_mu);
   free(e);
-  send_posted(list);
-  return false; /* the memory goes */
+}
+
+/*
+ * @h of @e no longer keeps the memory (seg_mu held). Returns the buffer
+ * to destroy (the caller does, without seg_mu) when nothing keeps it and
+ * nobody uses it any more, else NULL.
+ */
+static gpuipc_buf_t *hold_unkeep(struct seg_entry *e, struct seg_hold *h)
+{
+  h->keeper = false;
+  if (h->grants == 0) {
+    for (struct seg_hold **pp = &e->holds; *pp != NULL; pp = &(*pp)->next)
+      if (*pp == h) {
+        *pp = h->next;
+        free(h);
+        break;
+      }
+  }
+  if (entry_keeps(e) || !gpuipc__buf_unkeep(e->buf))
+    return NULL; /* still kept, or in use: its last release decides */
+  gpuipc_buf_t *b = e->buf;
+  entry_free(e);
+  return b;
+}
+
+/* The keeper hold of segment @id in @d, with its entry, or NULL. */
+static struct seg_hold *find_keeper(gpuipc_domain_t *d, uint64_t id,
+                                    struct seg_entry **entry)
+{
+  for (size_t i = 0; i < SEG_BUCKETS; i++)
+    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
+      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
+        if (h->dom == d && h->id == id && h->keeper) {
+          *entry = e;
+          return h;
+        }
+  return NULL;
+}
+
+void gpuipc__seg_let_go(gpuipc_domain_t *d, uint64_t id)
+{
+  pthread_mutex_lock(&seg_mu);
+  struct seg_entry *e;
+  struct seg_hold *h = find_keeper(d, id, &e);
+  gpuipc_buf_t *b = h != NULL ? hold_unkeep(e, h) : NULL;
+  pthread_mutex_unlock(&seg_mu);
+  if (b != NULL) {
+    GPUIPC_LOG_D("segment id %llu: unlinked and held by nobody: freeing the "
+                 "memory this process kept", (unsigned long long)id);
+    gpuipc__buf_destroy(b);
+  }
+}
+
+/* Leaving a domain: how long its DISOWNs may take in all. */
+#define DISOWN_MS 2000
+
+/*
+ * Tell @d's broker that this process stops keeping segment @id's memory.
+ * 0: nobody else holds it, free it; -EBUSY: others do; or the call's code.
+ */
+static int disown(gpuipc_domain_t *d, uint64_t id, int timeout_ms)
+{
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "disowning segment id %llu: out of memory",
+                       (unsigned long long)id);
+  struct gpuipc__msg *m = &r->msg;
+  memset(&m->u.disown, 0, sizeof(m->u.disown));
+  m->type = GPUIPC_MSG_DISOWN;
+  m->u.disown.id = id;
+  int rc = gpuipc__dom_call(d, m, NULL, 0, timeout_ms, "disown", r);
+  for (int i = 0; rc == 0 && i < r->nfds; i++)
+    gpuipc__fd_close(&r->fds[i]);
+  free(r);
+  return rc;
+}
+
+void gpuipc__seg_disown_domain(gpuipc_domain_t *d)
+{
+  /* The parent's domain (after fork): nothing of it is this process's to
+   * tell, nor its memory to free. */
+  if (gpuipc__dom_stale(d))
+    return;
+  /* The ids this process keeps memory for in @d. */
+  uint64_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  pthread_mutex_lock(&seg_mu);
+  for (size_t i = 0; i < SEG_BUCKETS; i++)
+    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
+      for (struct seg_hold *h = e->holds; h != NULL; h = h->next) {
+        if (h->dom != d || !h->keeper)
+          continue;
+        if (n == cap) {
+          size_t nc = cap ? cap * 2 : 16;
+          uint64_t *ni = realloc(ids, nc * sizeof(*ids));
+          if (ni == NULL) {
+            h->keeper = false; /* no memory to ask: keep it until exit */
+            e->forever = true;
+            continue;
+          }
+          ids = ni;
+          cap = nc;
+        }
+        ids[n++] = h->id;
+      }
+  pthread_mutex_unlock(&seg_mu);
+
+  int ms = gpuipc__dom_timeout(d);
+  uint64_t deadline = gpuipc__deadline(ms < 0 || ms > DISOWN_MS ? DISOWN_MS
+                                                                : ms);
+  for (size_t k = 0; k < n; k++) {
+    /* 0: nobody else holds it. Anything else (held elsewhere, no broker,
+     * no answer in time): keep the memory until this process exits. */
+    int rc = disown(d, ids[k], gpuipc__ms_left(deadline));
+    pthread_mutex_lock(&seg_mu);
+    struct seg_entry *e;
+    struct seg_hold *h = find_keeper(d, ids[k], &e);
+    gpuipc_buf_t *b = NULL;
+    if (h != NULL) {
+      if (rc != 0) {
+        e->forever = true;
+        GPUIPC_LOG_D("segment %s (id %llu): keeping its memory until this "
+                     "process exits: %s", h->name,
+                     (unsigned long long)ids[k], gpuipc_last_error());
+      }
+      b = hold_unkeep(e, h);
+    }
+    pthread_mutex_unlock(&seg_mu);
+    if (b != NULL)
+      gpuipc__buf_destroy(b);
+  }
+  free(ids);
 }
 
 /*
@@ -283,6 +475,8 @@ static struct outgoing *republish_out(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     GPUIPC_LOG_W("cannot re-publish segment %s: out of memory", h->name);
     return NULL;
   }
+  if (h->keeper)
+    o->flags = GPUIPC__REPUB_KEEPER;
   gpuipc_handle_t hd;
   int rc = gpuipc_buf_export(buf, &hd);
   if (rc == 0) {
@@ -292,6 +486,7 @@ static struct outgoing *republish_out(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     w->id = h->id;
     w->size = h->size;
     w->kind = h->kind;
+    w->flags = h->flags;
     w->state = h->unlinked ? GPUIPC__SEG_UNLINKED : GPUIPC__SEG_PUBLISHED;
     memcpy(w->uuid, h->uuid, sizeof(w->uuid));
     w->has_handle = true;
@@ -317,7 +512,7 @@ void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
   for (size_t i = 0; i < SEG_BUCKETS; i++)
     for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
       for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && h->grants != 0) {
+        if (h->dom == d && (h->grants != 0 || h->keeper)) {
           struct outgoing *o = republish_out(d, e->buf, h, h->grants);
           if (o != NULL) {
             *tail = o;
@@ -405,10 +600,11 @@ void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
 /*
  * Count one grant of segment @w by @d on @buf. @gen: the connection the
  * grant came on; if it dropped meanwhile and the member already
- * re-published, tell the new broker about this hold too.
+ * re-published, tell the new broker about this hold too. @keeper: we
+ * published it and its memory is held by its creator.
  */
 static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
-                  const struct gpuipc__seg_wire *w, uint64_t gen)
+                  const struct gpuipc__seg_wire *w, uint64_t gen, bool keeper)
 {
   pthread_mutex_lock(&seg_mu);
   struct seg_entry *e = entry_find(buf);
@@ -437,11 +633,14 @@ static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     snprintf(h->name, sizeof(h->name), "%s", w->name);
     h->size = w->size;
     h->kind = w->kind;
+    h->flags = w->flags;
     memcpy(h->uuid, w->uuid, sizeof(h->uuid));
     h->next = e->holds;
     e->holds = h;
   }
   h->grants++;
+  if (keeper)
+    h->keeper = true;
   if (fresh) {
     size_t i = hash_ptr(buf);
     e->next = entries[i];
@@ -542,6 +741,10 @@ static int publish(gpuipc_domain_t *d, const char *name, uint64_t id,
   memcpy(w->uuid, hd.device_uuid, sizeof(w->uuid));
   w->has_handle = true;
   w->htype = (uint8_t)hd.type;
+  /* No descriptor keeps this memory alive: only this process does. */
+  if (!gpuipc__htype_has_fd(hd.type) || hd.type == GPUIPC_HT_POOL ||
+      atomic_load(&test_creator_held))
+    w->flags = GPUIPC__SEGF_CREATOR_HELD;
   rc = gpuipc_handle_pack(&hd, w->handle, sizeof(w->handle));
   if (rc < 0)
     goto close_fd;
@@ -601,9 +804,16 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
         post_abandon(d, id);
         break;
       }
-      rc = record(d, own, &pub, r->gen);
+      bool keeper = (pub.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
+      rc = record(d, own, &pub, r->gen, keeper);
       if (rc != 0) {
         post_release(d, pub.id, 1);
+        if (keeper && disown(d, pub.id, 2000) != 0) {
+          /* Others may map it already: never free it under them. */
+          GPUIPC_LOG_W("segment %s: keeping memory nobody tracks until "
+                       "this process exits", name);
+          own = NULL;
+        }
         break;
       }
       *out = own;
@@ -618,7 +828,7 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
       post_release(d, w.id, 1);
       break;
     }
-    rc = record(d, buf, &w, gen);
+    rc = record(d, buf, &w, gen, false);
     if (rc != 0) {
       post_release(d, w.id, 1);
       gpuipc_buf_release(buf);
@@ -737,6 +947,8 @@ static void fill_info(gpuipc_segment_info_t *o, const struct gpuipc__list_rec *l
     o->holder_pids[i] = (int)lr->holders[i].pid;
     o->holder_refs[i] = (int)lr->holders[i].refs;
   }
+  o->creator_held = (lr->seg.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
+  o->keeper_pid = (int)lr->keeper_pid;
 }
 
 /* One LIST round trip. */

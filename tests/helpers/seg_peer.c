@@ -15,7 +15,23 @@
  *   reserve NAME SIZE        OPEN with CREATE, no publish -> ok create_it ID
  *                            or ok handle ID (the test then kills us)
  *   info                     -> ok BROKER_PID HOSTS MEMBERS SEGMENTS FDS
- *   stat NAME                -> ok STATE NHOLDERS BROKER_FD
+ *   stat NAME                -> ok STATE NHOLDERS BROKER_FD CREATOR_HELD
+ *                               KEEPER_PID
+ *   keep                     publish what we create as held by its creator
+ *                            (the test hook: as LEGACY and POOL memory is)
+ *   live                     -> ok LIVE KEPT (this process's buffers, and
+ *                               those of them kept without a reference)
+ *   waitlive N MS            until LIVE is N (at most MS ms) -> ok LIVE
+ *   gopen NAME SIZE FLAGS KIND DEV
+ *                            open with kind KIND (host, vmm, legacy, pool)
+ *                            on local GPU DEV (-1: the segment's own)
+ *                            -> ok MINE SIZE DEVICE
+ *   gfill NAME SEED / gcheck NAME SEED
+ *                            through the driver, as a program would: the
+ *                            primary context of gpuipc_buf_device current,
+ *                            cuMemcpyHtoD / cuMemcpyDtoH
+ *   alive NAME               -> ok, or err GPUIPC_E_PEER_GONE ...
+ *   waitgone NAME MS         until gpuipc_buf_alive says PEER_GONE -> ok
  *   fds                      -> ok N (open descriptors of this process)
  *   leave                    leave the domain
  *   fork                     fork a child that sleeps 60 s without exec
@@ -28,7 +44,9 @@
  */
 #include "test.h"
 
+#include "cuda/cuda.h"
 #include "domain/domain.h"
+#include "mem/mem.h"
 #include "os/os.h"
 
 #include <grp.h>
@@ -180,6 +198,75 @@ static int load(int me, int n, int count, size_t size)
   return 0;
 }
 
+#if GPUIPC_HAVE_CUDA
+/*
+ * Copy between the host and GPU buffer @b the way a program does it: make
+ * the primary context of gpuipc_buf_device(@b) current and call
+ * cuMemcpyHtoD / cuMemcpyDtoH on the buffer's pointer.
+ */
+static int gpu_copy(gpuipc_buf_t *b, void *host, size_t n, bool to_device)
+{
+  static CUcontext prim[64];
+  int dev = gpuipc_buf_device(b);
+  const struct gpuipc__dev *d = gpuipc__dev_get(dev);
+  if (d == NULL || dev >= 64)
+    return gpuipc__err(-ERANGE, "gpuipc_buf_device says %d", dev);
+  int rc = 0;
+  if (prim[dev] == NULL)
+    rc = GPUIPC_CU(cuDevicePrimaryCtxRetain, &prim[dev], d->cu_dev);
+  if (rc == 0)
+    rc = GPUIPC_CU(cuCtxSetCurrent, prim[dev]);
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)gpuipc_buf_ptr(b);
+  if (rc == 0)
+    rc = to_device ? GPUIPC_CU(cuMemcpyHtoD, p, host, n)
+                   : GPUIPC_CU(cuMemcpyDtoH, host, p, n);
+  return rc;
+}
+#endif
+
+/* Fill (@fill) or check @b's bytes against pattern @seed. */
+static int pattern(gpuipc_buf_t *b, uint64_t seed, bool fill)
+{
+  size_t n = gpuipc_buf_size(b);
+  if (gpuipc_buf_kind(b) == GPUIPC_KIND_HOST) {
+    if (fill) {
+      test_fill(gpuipc_buf_ptr(b), n, seed);
+      return 0;
+    }
+    size_t bad = test_check(gpuipc_buf_ptr(b), n, seed);
+    return bad == (size_t)-1 ? 0
+                             : gpuipc__err(-EIO, "byte %zu differs", bad);
+  }
+#if GPUIPC_HAVE_CUDA
+  uint8_t *tmp = malloc(n);
+  if (tmp == NULL)
+    return -ENOMEM;
+  if (fill)
+    test_fill(tmp, n, seed);
+  int rc = gpu_copy(b, tmp, n, fill);
+  if (rc == 0 && !fill) {
+    size_t bad = test_check(tmp, n, seed);
+    if (bad != (size_t)-1)
+      rc = gpuipc__err(-EIO, "device byte %zu of %zu (GPU %d) is 0x%02x, "
+                       "pattern %llu says 0x%02x", bad, n,
+                       gpuipc_buf_device(b), tmp[bad],
+                       (unsigned long long)seed, test_pattern(seed, bad));
+  }
+  free(tmp);
+  return rc;
+#else
+  return gpuipc__err(GPUIPC_E_UNSUPPORTED, "built without CUDA");
+#endif
+}
+
+static gpuipc_kind_t kind_of(const char *s)
+{
+  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+    if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0)
+      return (gpuipc_kind_t)k;
+  return (gpuipc_kind_t)-1;
+}
+
 static int churn(const char *name, uint64_t seed, int ms)
 {
   char own[64];
@@ -244,20 +331,90 @@ static void command(char *line)
       reply_err(rc);
     else
       reply("ok %d", (int)getpid());
-  } else if (strcmp(cmd, "open") == 0 && argc == 4) {
+  } else if ((strcmp(cmd, "open") == 0 && argc == 4) ||
+             (strcmp(cmd, "gopen") == 0 && argc == 6)) {
     if (nbufs == MAX_BUFS) {
       reply("err ENOSPC too many buffers");
       return;
     }
-    rc = gpuipc_segment_open(dom, argv[1], strtoull(argv[2], NULL, 0), -1,
-                             parse_flags(argv[3]), &b);
+    unsigned flags = parse_flags(argv[3]);
+    int dev = -1;
+    if (cmd[0] == 'g') {
+      gpuipc_kind_t k = kind_of(argv[4]);
+      if ((int)k < 0) {
+        reply("err EINVAL unknown kind %s", argv[4]);
+        return;
+      }
+      flags |= GPUIPC_SEG_KIND(k);
+      dev = atoi(argv[5]);
+    }
+    rc = gpuipc_segment_open(dom, argv[1], strtoull(argv[2], NULL, 0), dev,
+                             flags, &b);
     if (rc != 0) {
       reply_err(rc);
       return;
     }
     snprintf(bufs[nbufs].name, sizeof(bufs[nbufs].name), "%s", argv[1]);
     bufs[nbufs++].buf = b;
-    reply("ok %d %zu", mine(b) ? 1 : 0, gpuipc_buf_size(b));
+    if (cmd[0] == 'g')
+      reply("ok %d %zu %d", mine(b) ? 1 : 0, gpuipc_buf_size(b),
+            gpuipc_buf_device(b));
+    else
+      reply("ok %d %zu", mine(b) ? 1 : 0, gpuipc_buf_size(b));
+  } else if ((strcmp(cmd, "gfill") == 0 || strcmp(cmd, "gcheck") == 0) &&
+             argc == 3) {
+    int i = find_buf(argv[1]);
+    if (i < 0) {
+      reply("err ENOENT not open");
+      return;
+    }
+    rc = pattern(bufs[i].buf, strtoull(argv[2], NULL, 0), cmd[1] == 'f');
+    if (rc != 0)
+      reply_err(rc);
+    else
+      reply("ok");
+  } else if ((strcmp(cmd, "alive") == 0 && argc == 2) ||
+             (strcmp(cmd, "waitgone") == 0 && argc == 3)) {
+    int i = find_buf(argv[1]);
+    if (i < 0) {
+      reply("err ENOENT not open");
+      return;
+    }
+    rc = gpuipc_buf_alive(bufs[i].buf);
+    if (cmd[0] == 'w') {
+      uint64_t end = gpuipc__now_ns() + strtoull(argv[2], NULL, 0) * 1000000u;
+      while (rc == 0 && gpuipc__now_ns() < end) {
+        usleep(5000);
+        rc = gpuipc_buf_alive(bufs[i].buf);
+      }
+      if (rc == GPUIPC_E_PEER_GONE)
+        reply("ok %s", gpuipc_last_error());
+      else if (rc == 0)
+        reply("err ETIMEDOUT still alive");
+      else
+        reply_err(rc);
+    } else if (rc != 0) {
+      reply_err(rc);
+    } else {
+      reply("ok");
+    }
+  } else if (strcmp(cmd, "keep") == 0 && argc == 1) {
+    gpuipc__seg_test_creator_held(true);
+    reply("ok");
+  } else if ((strcmp(cmd, "live") == 0 && argc == 1) ||
+             (strcmp(cmd, "waitlive") == 0 && argc == 3)) {
+    struct gpuipc__cache_stats st;
+    gpuipc__cache_stats(&st);
+    if (cmd[0] == 'w') {
+      uint64_t want = strtoull(argv[1], NULL, 0);
+      uint64_t end = gpuipc__now_ns() + strtoull(argv[2], NULL, 0) * 1000000u;
+      while (st.live != want && gpuipc__now_ns() < end) {
+        usleep(2000);
+        gpuipc__cache_stats(&st);
+      }
+    }
+    reply("ok %llu %llu", (unsigned long long)st.live,
+          (unsigned long long)st.kept);
   } else if ((strcmp(cmd, "fill") == 0 || strcmp(cmd, "check") == 0) &&
              argc == 3) {
     int i = find_buf(argv[1]);
@@ -325,8 +482,8 @@ static void command(char *line)
     if (rc != 0)
       reply_err(rc);
     else
-      reply("ok %s %d %d", gpuipc_segment_state_name(s.state), s.nholders,
-            s.broker_fd);
+      reply("ok %s %d %d %d %d", gpuipc_segment_state_name(s.state),
+            s.nholders, s.broker_fd, s.creator_held, s.keeper_pid);
   } else if (strcmp(cmd, "fds") == 0) {
     reply("ok %d", test_count_fds(0));
   } else if (strcmp(cmd, "leave") == 0) {
