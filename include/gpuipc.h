@@ -316,7 +316,16 @@ GPUIPC_API int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
 GPUIPC_API void *gpuipc_buf_ptr(const gpuipc_buf_t *buf);
 GPUIPC_API size_t gpuipc_buf_size(const gpuipc_buf_t *buf);
 GPUIPC_API gpuipc_kind_t gpuipc_buf_kind(const gpuipc_buf_t *buf);
-/* The local CUDA ordinal the buffer is on (GPU kinds), -1 for HOST. */
+/*
+ * gpuipc_buf_device - the local CUDA ordinal whose primary context should
+ * touch the buffer (copies, kernels): for an allocated buffer, the GPU its
+ * memory is on; for an imported one, the local GPU its mapping was made
+ * for -- the @device given to the import (or segment open), which may be
+ * another GPU than the owner's, or the owner's GPU when that was -1. A
+ * later import of the same memory for another device returns the same
+ * buffer, granted access from that device too, and this keeps naming the
+ * first. -1 for HOST (and NULL).
+ */
 GPUIPC_API int gpuipc_buf_device(const gpuipc_buf_t *buf);
 
 /*
@@ -341,7 +350,9 @@ GPUIPC_API int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out);
  * @flags: 0 (reserved).
  * @out: the buffer. Importing an export of this very process returns the
  *     original buffer with one more reference (same pointer). Importing the
- *     same export twice maps it once and counts references.
+ *     same export twice maps it once and counts references; when the later
+ *     import names another @device, that device is granted access to the
+ *     mapping (as gpuipc_buf_access does) before it is returned.
  * Returns 0; -EINVAL (NULL argument, flags); GPUIPC_E_BADHANDLE (fields
  * inconsistent, fd missing, of the wrong type or smaller than the handle
  * says); GPUIPC_E_UNSUPPORTED; GPUIPC_E_NODEVICE (the GPU is not visible

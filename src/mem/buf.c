@@ -395,6 +395,15 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
         return rc;
       }
     }
+    /* Mapped for another device first: this one must reach it too. */
+    if (device >= 0 && device != hit->device &&
+        hit->kind != GPUIPC_KIND_HOST) {
+      rc = gpuipc_buf_access(hit, device);
+      if (rc != 0) {
+        gpuipc_buf_release(hit);
+        return rc;
+      }
+    }
     *out = hit;
     return 0;
   }

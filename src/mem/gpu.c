@@ -106,11 +106,18 @@ int gpuipc_buf_access(gpuipc_buf_t *buf, int device)
   rc = gpuipc__p2p_check(device, owner, who);
   if (rc != 0)
     return rc;
+  struct gpuipc__ctx_saved saved;
   switch (buf->kind) {
   case GPUIPC_KIND_VMM:
-    return gpuipc__vmm_access(buf, device);
   case GPUIPC_KIND_POOL:
-    return gpuipc__pool_access(buf, device);
+    /* In the context of the device granted, as imports do. */
+    rc = gpuipc__ctx_enter(device, &saved);
+    if (rc != 0)
+      return rc;
+    rc = buf->kind == GPUIPC_KIND_VMM ? gpuipc__vmm_access(buf, device)
+                                      : gpuipc__pool_access(buf, device);
+    gpuipc__ctx_leave(&saved);
+    return rc;
   case GPUIPC_KIND_LEGACY:
     /* cuMemAlloc memory (and its IPC mappings) follow peer access. */
     return gpuipc_peer_enable(device, owner);
