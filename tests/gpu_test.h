@@ -8,6 +8,7 @@
 
 #include "cuda/cuda.h"
 #include "helpers/gpu_proto.h"
+#include "helpers/seg_peer.h"
 #include "test.h"
 
 #include <stdio.h>
@@ -159,6 +160,119 @@ static inline void gpu_expect(int dev, const void *p, size_t n, uint64_t seed)
   free(tmp);
 }
 #endif /* GPUIPC_HAVE_CUDA */
+
+/* The reply of seg_peer's "live": LIVE KEPT. */
+static inline void gpu_peer_live(struct peer *p, int live, int kept)
+{
+  const char *r = peer_cmd(p, "live");
+  int l = -1, k = -1;
+  if (sscanf(r, "ok %d %d", &l, &k) != 2)
+    TFAIL("peer %d: live: %s", (int)p->pid, r);
+  ASSERT_EQ(l, live);
+  ASSERT_EQ(k, kept);
+}
+
+/*
+ * Umpire's pattern with named segments, across processes and GPUs: a
+ * creator on local GPU @cdev makes a @kind segment in domain @domain (which
+ * this process joins first, to host the broker), fills it through the
+ * driver and releases it at once. Afterwards two processes open it on
+ * @odev and one on @cdev, and read the creator's bytes the way a program
+ * does: cuMemcpyDtoH in the primary context of gpuipc_buf_device, which
+ * must be the device each opened it for.
+ * Memory its creator holds (LEGACY, POOL) must stay in the creator after
+ * its release: kept until the segment is unlinked and released by all,
+ * then freed (its registry empties). With @creator_exits (LEGACY) the
+ * creator exits instead while the others hold it: they must hear
+ * GPUIPC_E_PEER_GONE from gpuipc_buf_alive, and new opens GPUIPC_E_LOST.
+ * VMM memory lives in descriptors: the creator frees its part at once.
+ */
+static inline void gpu_segment_share(const char *domain, const char *kind,
+                                     int cdev, int odev, uint64_t seed,
+                                     bool creator_exits)
+{
+  bool held = strcmp(kind, "legacy") == 0 || strcmp(kind, "pool") == 0;
+  printf("--- %s segment: the creator on GPU %d releases it, then two "
+         "processes on GPU %d and one on GPU %d open it%s\n", kind, cdev,
+         odev, cdev, creator_exits ? "; the creator exits" : "");
+  fflush(stdout);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join(domain, NULL, &dom));
+  const size_t size = 3000000;
+  struct peer c, o[3];
+  const int odevs[3] = {odev, odev, cdev};
+  peer_start(&c);
+  PEER_OK(&c, "join %s", domain);
+  char want[64];
+  snprintf(want, sizeof(want), "ok 1 %zu %d", size, cdev);
+  PEER_EXPECT(&c, want, "gopen S %zu c %s %d", size, kind, cdev);
+  PEER_OK(&c, "gfill S %llu", (unsigned long long)seed);
+  PEER_OK(&c, "release S");
+  gpu_peer_live(&c, held ? 1 : 0, held ? 1 : 0);
+
+  for (int i = 0; i < 3; i++) {
+    peer_start(&o[i]);
+    PEER_OK(&o[i], "join %s", domain);
+    snprintf(want, sizeof(want), "ok 0 %zu %d", size, odevs[i]);
+    PEER_EXPECT(&o[i], want, "gopen S 0 - %s %d", kind, odevs[i]);
+    PEER_OK(&o[i], "gcheck S %llu", (unsigned long long)seed);
+  }
+  gpuipc_segment_info_t si;
+  memset(&si, 0, sizeof(si));
+  si.size = sizeof(si);
+  ASSERT_OK(gpuipc_segment_stat(dom, "S", &si));
+  ASSERT_EQ(si.state, GPUIPC_SEG_PUBLISHED);
+  ASSERT_EQ(si.nholders, 3);
+  ASSERT_EQ(si.creator_held, held ? 1 : 0);
+  ASSERT_EQ(si.keeper_pid, held ? (int)c.pid : 0);
+  printf("%s segment: 3 processes read the bytes of pid %d, which %s\n",
+         kind, (int)c.pid,
+         held ? "keeps the memory after its release" : "released it");
+
+  if (creator_exits) {
+    PEER_OK(&c, "exit 0");
+    ASSERT_EQ(test_wait(c.pid, PEER_REPLY_MS), 0);
+    close(c.in);
+    close(c.out);
+    for (int i = 0; i < 3; i++) {
+      const char *r = peer_cmd(&o[i], "waitgone S 20000");
+      if (strncmp(r, "ok", 2) != 0)
+        TFAIL("holder %d after the creator exited: %s", i, r);
+      if (i == 0)
+        printf("%s segment: after the creator exited, gpuipc_buf_alive: "
+               "%s\n", kind, r + 3);
+    }
+    for (int t = 0; t < 3000; t++) {
+      ASSERT_OK(gpuipc_segment_stat(dom, "S", &si));
+      if (si.state == GPUIPC_SEG_LOST)
+        break;
+      usleep(2000);
+    }
+    ASSERT_EQ(si.state, GPUIPC_SEG_LOST);
+    gpuipc_buf_t *b;
+    ASSERT_RC(gpuipc_segment_open(dom, "S", 0, -1, 0, &b), GPUIPC_E_LOST);
+    for (int i = 0; i < 3; i++) {
+      /* The driver may or may not complain when closing dead memory. */
+      printf("%s segment: holder %d releases the dead mapping: %s\n", kind,
+             i, peer_cmd(&o[i], "release S"));
+      peer_finish(&o[i]);
+    }
+    ASSERT_OK(gpuipc_segment_unlink(dom, "S")); /* the tombstone */
+  } else {
+    ASSERT_OK(gpuipc_segment_unlink(dom, "S"));
+    for (int i = 0; i < 3; i++) {
+      if (held)
+        gpu_peer_live(&c, 1, 1);
+      PEER_OK(&o[i], "release S");
+      peer_finish(&o[i]);
+    }
+    PEER_EXPECT(&c, "ok 0 0", "waitlive 0 10000");
+    printf("%s segment: unlinked and released by all: the creator freed "
+           "it\n", kind);
+    peer_finish(&c);
+  }
+  ASSERT_OK(gpuipc_domain_leave(dom));
+}
 
 /* The main() of a GPU test in a build without the CUDA header. */
 #define GPU_TEST_NEEDS_CUDA_HEADER()                                           \

@@ -102,7 +102,14 @@ int main(void)
   /* A holder whose creator dies learns it from gpuipc_buf_alive. */
   const char *const hold[] = {"--hold-until-gone", NULL};
   gpu_pair("legacy", 0, 0, SIZE, 210, "verify-exit", 1, NULL, hold);
+  /*
+   * A named segment: the creator releases it and keeps the memory for
+   * those who open it afterwards; it frees it after unlink and the last
+   * release, or takes it along when it exits (holders: PEER_GONE).
+   */
   if (n < 2) {
+    gpu_segment_share("legacyseg", "legacy", 0, 0, 270, false);
+    gpu_segment_share("legacyseg", "legacy", 0, 0, 275, true);
     printf("NOTE: one GPU: the cross-GPU cases need two\n");
     return 0;
   }
@@ -112,6 +119,9 @@ int main(void)
   const char *const expect1[] = {"--expect-ordinal", "1", NULL};
   gpu_pair("legacy", 0, -1, SIZE, 250, "verify", 1, "1,0", expect1);
   gpu_pair("legacy", 1, 0, SIZE, 260, "verify-exit", 1, NULL, hold);
+  /* Named segments, the creator on GPU 0, the others on GPU 1 too. */
+  gpu_segment_share("legacyseg", "legacy", 0, 1, 280, false);
+  gpu_segment_share("legacyseg", "legacy", 0, 1, 290, true);
   return 0;
 }
 

@@ -146,6 +146,9 @@ int main(void)
   const char *const expect0[] = {"--expect-ordinal", "0", NULL};
   gpu_pair("vmm", 1, -1, SIZE, 150, "verify", 1, "1,0", expect0);
   check_survives_creator(1);
+  /* A named segment: the creator frees its part at once, the descriptors
+   * keep the memory for those who open it afterwards, on either GPU. */
+  gpu_segment_share("vmmseg", "vmm", 0, 1, 160, false);
   return 0;
 }
 
