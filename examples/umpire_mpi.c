@@ -2,8 +2,13 @@
  * Umpire's DeviceIpcAllocator example on gpuipc: in each scope (all ranks of
  * a machine, or those of one GPU) the scope's rank 0 allocates 1024 floats
  * and fills them with its rank; every rank then reads the second value.
- * No MPI_Barrier: the readers wait with GPUIPC_WAIT for a small "ready"
- * segment the filler publishes once the data is in place.
+ * No MPI_Barrier before reading: the readers wait with GPUIPC_WAIT for a
+ * small "ready" segment the filler publishes once the data is in place.
+ * Every rank releases the segment as soon as it has read it, the filler
+ * too: LEGACY and POOL memory lives in the filler's process, which keeps
+ * it for the others until the segment is unlinked and released by all.
+ * That memory still goes with the filler's process, so the one barrier
+ * comes at the end: the filler unlinks and leaves once everyone has read.
  *
  *   mpirun -np 4 umpire_mpi [node|device] [auto|host|vmm|legacy|pool]
  *
@@ -64,17 +69,22 @@ static int cuda_use(int ordinal)
   return 0;
 }
 
-/* Copy between host memory and @buf, wherever @buf lives. */
+/*
+ * Copy between host memory and @buf, wherever @buf lives: a GPU buffer in
+ * the primary context of gpuipc_buf_device (for an imported buffer, the
+ * local GPU it was opened for). Returns 0, -1 when that device cannot be
+ * made current, or the CUresult of the copy.
+ */
 static int copy_in(gpuipc_buf_t *buf, const void *src, size_t n)
 {
   if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
     memcpy(gpuipc_buf_ptr(buf), src, n);
     return 0;
   }
-  if (cuda_use(gpuipc_buf_device(buf)) ||
-      cu.htod((uint64_t)(uintptr_t)gpuipc_buf_ptr(buf), src, n) || cu.sync())
+  if (cuda_use(gpuipc_buf_device(buf)))
     return -1;
-  return 0;
+  int r = cu.htod((uint64_t)(uintptr_t)gpuipc_buf_ptr(buf), src, n);
+  return r != 0 ? r : cu.sync();
 }
 
 static int copy_out(void *dst, gpuipc_buf_t *buf, size_t off, size_t n)
@@ -83,10 +93,9 @@ static int copy_out(void *dst, gpuipc_buf_t *buf, size_t off, size_t n)
     memcpy(dst, (char *)gpuipc_buf_ptr(buf) + off, n);
     return 0;
   }
-  if (cuda_use(gpuipc_buf_device(buf)) ||
-      cu.dtoh(dst, (uint64_t)(uintptr_t)gpuipc_buf_ptr(buf) + off, n))
+  if (cuda_use(gpuipc_buf_device(buf)))
     return -1;
-  return 0;
+  return cu.dtoh(dst, (uint64_t)(uintptr_t)gpuipc_buf_ptr(buf) + off, n);
 }
 
 static int parse_kind(const char *s, gpuipc_kind_t *out)
@@ -105,6 +114,18 @@ static int parse_kind(const char *s, gpuipc_kind_t *out)
     if (rc_ != 0) {                                                            \
       fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, #call,                   \
               gpuipc_strerror(rc_), gpuipc_mpi_last_error());                  \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                            \
+    }                                                                          \
+  } while (0)
+
+/* A copy: -1 (no context) or a CUresult. */
+#define COPY(call, buf)                                                        \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    if (rc_ != 0) {                                                            \
+      fprintf(stderr, "rank %d: %s: %s on GPU %d: %s %d\n", rank, #call,       \
+              gpuipc_kind_name(gpuipc_buf_kind(buf)), gpuipc_buf_device(buf),  \
+              rc_ < 0 ? "cannot use the device" : "CUDA error", rc_);         \
       MPI_Abort(MPI_COMM_WORLD, 1);                                            \
     }                                                                          \
   } while (0)
@@ -160,7 +181,7 @@ int main(int argc, char **argv)
     float host[COUNT];
     for (int i = 0; i < COUNT; i++)
       host[i] = (float)rank;
-    CHECK(copy_in(data, host, size));
+    COPY(copy_in(data, host, size), data);
     CHECK(gpuipc_segment_open(dom, "device_ipc_allocator.ready", 64, -1,
                               GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
                               &ready));
@@ -175,11 +196,19 @@ int main(int argc, char **argv)
          gpuipc_kind_name(gpuipc_buf_kind(data)), gpuipc_buf_ptr(data));
 
   float value;
-  CHECK(copy_out(&value, data, sizeof(float), sizeof(float)));
+  COPY(copy_out(&value, data, sizeof(float), sizeof(float)), data);
   printf("Rank %d: second value is %g\n", rank, (double)value);
 
+  /* Done with it: the filler's memory stays for those still reading. */
   gpuipc_buf_release(ready);
   gpuipc_buf_release(data);
+  /* LEGACY and POOL memory goes with the filler's process (and its
+   * membership): it leaves only once every rank of its scope has read. */
+  MPI_Barrier(scope_comm);
+  if (scope_rank == 0) {
+    CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator"));
+    CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator.ready"));
+  }
   gpuipc_domain_leave(dom);
   MPI_Comm_free(&scope_comm);
   MPI_Finalize();
