@@ -795,6 +795,7 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
         }
       }
       struct gpuipc__seg_wire pub;
+      memset(&pub, 0, sizeof(pub));
       int ms = gpuipc__ms_left(deadline);
       rc = publish(d, name, id, size, own, ms < 0 || ms > 5000 ? 5000 : ms,
                    r, &pub);
@@ -802,6 +803,13 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
         continue;
       if (rc != 0) {
         post_abandon(d, id);
+        if (rc == -ETIMEDOUT && (pub.flags & GPUIPC__SEGF_CREATOR_HELD)) {
+          /* The publication may have gone through unanswered, and others
+           * may map the memory by now: never free it under them. */
+          GPUIPC_LOG_W("segment %s: publication unanswered; keeping its "
+                       "memory until this process exits", name);
+          own = NULL;
+        }
         break;
       }
       bool keeper = (pub.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
