@@ -7,8 +7,8 @@
  * Every rank releases the segment as soon as it has read it, the filler
  * too: LEGACY and POOL memory lives in the filler's process, which keeps
  * it for the others until the segment is unlinked and released by all.
- * That memory still goes with the filler's process, so the one barrier
- * comes at the end: the filler unlinks and leaves once everyone has read.
+ * That memory still goes with the filler's process, so for those two kinds
+ * one barrier comes at the end: the filler leaves once everyone has read.
  *
  *   mpirun -np 4 umpire_mpi [node|device] [auto|host|vmm|legacy|pool]
  *
@@ -200,14 +200,21 @@ int main(int argc, char **argv)
   printf("Rank %d: second value is %g\n", rank, (double)value);
 
   /* Done with it: the filler's memory stays for those still reading. */
+  gpuipc_kind_t got = gpuipc_buf_kind(data);
   gpuipc_buf_release(ready);
   gpuipc_buf_release(data);
-  /* LEGACY and POOL memory goes with the filler's process (and its
-   * membership): it leaves only once every rank of its scope has read. */
-  MPI_Barrier(scope_comm);
-  if (scope_rank == 0) {
-    CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator"));
-    CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator.ready"));
+  /*
+   * HOST and VMM memory outlives its creator (the broker holds its fd), so
+   * nobody waits for anybody: the segments go with the domain when its last
+   * member leaves. LEGACY and POOL memory goes with the filler's process:
+   * it unlinks and leaves only once every rank of its scope has read.
+   */
+  if (got == GPUIPC_KIND_LEGACY || got == GPUIPC_KIND_POOL) {
+    MPI_Barrier(scope_comm);
+    if (scope_rank == 0) {
+      CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator"));
+      CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator.ready"));
+    }
   }
   gpuipc_domain_leave(dom);
   MPI_Comm_free(&scope_comm);
