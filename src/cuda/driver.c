@@ -249,13 +249,27 @@ static int load_driver(char *why, size_t cap)
 
 #endif /* GPUIPC_HAVE_CUDA */
 
+/*
+ * CUDA cannot be used in a child made by fork() once the parent has
+ * initialised it. Such a child sees no driver: the HOST kind keeps working
+ * (unregistered), and the GPU kinds say why they are not there.
+ */
+static void forked_child(void)
+{
+  load_code = GPUIPC_E_NODRIVER;
+  gpuipc__why(load_msg, sizeof(load_msg),
+              "CUDA cannot be used in a process made by fork() after its "
+              "parent initialised CUDA: exec a program to use the GPU");
+}
+
 static void load_once_fn(void)
 {
   load_code = load_driver(load_msg, sizeof(load_msg));
-  if (load_code == 0)
+  if (load_code == 0) {
+    pthread_atfork(NULL, NULL, forked_child);
     GPUIPC_LOG_I("CUDA driver %d.%d from %s", drv_version / 1000,
                  drv_version % 1000 / 10, lib_path);
-  else
+  } else
     GPUIPC_LOG_I("no CUDA (%s): %s", gpuipc_err_name(load_code), load_msg);
 }
 

@@ -16,6 +16,7 @@
 
 #include "../fake_cuda/fake_cuda.h"
 
+#include <unistd.h>
 #include <ctype.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -359,10 +360,43 @@ static int probe_table(int argc, char **argv)
 }
 #endif /* GPUIPC_HAVE_CUDA */
 
+/*
+ * The driver loads here; a child made by fork() then sees none (CUDA is
+ * unusable there), says why, and still has the HOST kind.
+ */
+static int probe_fork(void)
+{
+  ASSERT_OK(gpuipc_driver_status(NULL));
+  ASSERT_GT(gpuipc_device_count(), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT_TRUE(pid >= 0);
+  if (pid == 0) {
+    if (gpuipc_driver_status(NULL) != GPUIPC_E_NODRIVER ||
+        strstr(gpuipc_last_error(), "fork()") == NULL ||
+        gpuipc_device_count() != 0)
+      _exit(1);
+    gpuipc_buf_t *b;
+    if (gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b) != 0)
+      _exit(2);
+    if (gpuipc_buf_alloc(4096, GPUIPC_KIND_AUTO, -1, 0, &b) != 0 ||
+        gpuipc_buf_kind(b) != GPUIPC_KIND_HOST)
+      _exit(3);
+    _exit(0);
+  }
+  ASSERT_EQ(test_wait(pid, 10000), 0);
+  ASSERT_OK(gpuipc_driver_status(NULL)); /* the parent keeps its driver */
+  printf("fork: the child sees no driver and keeps the HOST kind\n");
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
   if (argc < 2)
-    TFAIL("usage: driver_probe expect CODE [NEEDLE...] | table [fake]");
+    TFAIL("usage: driver_probe expect CODE [NEEDLE...] | table [fake] | "
+          "fork");
+  if (strcmp(argv[1], "fork") == 0)
+    return probe_fork();
   if (strcmp(argv[1], "expect") == 0)
     return probe_expect(argc - 2, argv + 2);
   if (strcmp(argv[1], "table") == 0)
