@@ -1,0 +1,41 @@
+# Installs gpuipc into a scratch prefix, then builds and runs a program
+# against it twice: through find_package(gpuipc) and through pkg-config.
+set(prefix ${WORK}/prefix)
+file(REMOVE_RECURSE ${WORK})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${prefix}
+  RESULT_VARIABLE rc OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "cmake --install failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/consumer
+  -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_C_COMPILER=${CC} RESULT_VARIABLE rc OUTPUT_QUIET)
+if(rc EQUAL 0)
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/consumer
+    RESULT_VARIABLE rc OUTPUT_QUIET)
+endif()
+if(rc EQUAL 0)
+  execute_process(COMMAND ${WORK}/consumer/c RESULT_VARIABLE rc)
+endif()
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "find_package(gpuipc) consumer failed")
+endif()
+find_program(PKG_CONFIG pkg-config)
+if(PKG_CONFIG)
+  set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs gpuipc
+    OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config does not know gpuipc")
+  endif()
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  execute_process(COMMAND ${CC} ${SRC}/main.c ${flags} -Wl,-rpath,${prefix}/lib
+    -o ${WORK}/c2 RESULT_VARIABLE rc)
+  if(rc EQUAL 0)
+    execute_process(COMMAND ${WORK}/c2 RESULT_VARIABLE rc)
+  endif()
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config consumer failed")
+  endif()
+else()
+  message(STATUS "pkg-config not installed: that half left out")
+endif()
