@@ -354,6 +354,10 @@ uint64_t gpuipc__dom_gen(gpuipc_domain_t *d)
 
 void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id)
 {
+  /* No broker hands out such an id, and every HELLO carrying it would be
+   * refused as malformed: this member could never reconnect. */
+  if (id > GPUIPC__ID_MAX)
+    return;
   uint64_t cur = atomic_load(&d->max_id);
   while (id > cur && !atomic_compare_exchange_weak(&d->max_id, &cur, id))
     ;

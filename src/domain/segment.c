@@ -691,9 +691,14 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
   int rc = gpuipc__dom_call(d, m, NULL, 0, wait_ms, what, out);
   if (rc != 0)
     return rc;
-  if (out->msg.type == GPUIPC_MSG_CREATE_IT ||
-      out->msg.type == GPUIPC_MSG_HANDLE) {
-    gpuipc__dom_saw_id(d, out->msg.u.ok.id);
+  /* The two replies keep the id at different places: a HANDLE's union
+   * starts with the segment's name. */
+  if (out->msg.type == GPUIPC_MSG_CREATE_IT) {
+    gpuipc__dom_saw_id(d, out->msg.u.create_it.id);
+    return 0;
+  }
+  if (out->msg.type == GPUIPC_MSG_HANDLE) {
+    gpuipc__dom_saw_id(d, out->msg.u.handle.seg.id);
     return 0;
   }
   for (int i = 0; i < out->nfds; i++)
