@@ -1520,15 +1520,40 @@ static int ensure_pfds(struct gpuipc__broker *b, size_t n)
   return 0;
 }
 
-static void loop(struct gpuipc__broker *b)
+/* Whether @c may take the domain over from this broker. */
+static bool may_succeed(const struct gpuipc__broker *b,
+                        const struct gpuipc__conn *c)
+{
+  return !c->doomed && c->state == CONN_READY &&
+         !(c->hello_flags & GPUIPC__HELLO_NO_BROKER) &&
+         c->token != b->owner_token;
+}
+
+static bool successor_ready(const struct gpuipc__broker *b)
+{
+  for (const struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
+    if (may_succeed(b, c))
+      return true;
+  return false;
+}
+
+/*
+ * Serve until the stop descriptor is readable; or, @stopping (it is
+ * already), until a member that may take the domain over is connected or
+ * the recovery window has closed.
+ */
+static void loop(struct gpuipc__broker *b, bool stopping)
 {
   for (;;) {
+    if (stopping && (!recovering(b) || successor_ready(b)))
+      return;
     if (ensure_pfds(b, b->nconns + 2) != 0) {
       usleep(1000);
       continue;
     }
     size_t n = 0;
-    b->pfds[n++] = (struct pollfd){.fd = b->stop_fd, .events = POLLIN};
+    b->pfds[n++] = (struct pollfd){.fd = stopping ? -1 : b->stop_fd,
+                                   .events = POLLIN};
     b->pfds[n++] = (struct pollfd){.fd = b->listen_fd, .events = POLLIN};
     for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
       short ev = c->state == CONN_CLOSING ? 0 : POLLIN;
@@ -1652,9 +1677,7 @@ static bool try_handoff(struct gpuipc__broker *b)
     for (;;) {
       best = NULL;
       for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
-        if (c->doomed || c->state != CONN_READY || c->seq <= after ||
-            (c->hello_flags & GPUIPC__HELLO_NO_BROKER) ||
-            c->token == b->owner_token ||
+        if (!may_succeed(b, c) || c->seq <= after ||
             ((c->cred.pid == b->pid) != (pass == 1)))
           continue;
         if (best == NULL || c->seq < best->seq)
@@ -1687,6 +1710,20 @@ static bool try_handoff(struct gpuipc__broker *b)
 static void broker_shutdown(struct gpuipc__broker *b)
 {
   bool handed = try_handoff(b);
+  /*
+   * A broker that has just taken the domain over (a hand-over, or an
+   * election after a crash) has no members yet when its host leaves at
+   * once: they are reconnecting, and only it holds the segments'
+   * descriptors. Ending the domain now would lose every segment nobody
+   * maps; so serve until one of them may take the domain, or the window
+   * in which they come back closes.
+   */
+  while (!handed && recovering(b)) {
+    GPUIPC_LOG_D("broker %s: leaving before its members came back; "
+                 "waiting for one to take the domain over", b->name);
+    loop(b, true);
+    handed = try_handoff(b);
+  }
   if (!handed) {
     /* The domain ends: its names with it. */
     if (ftruncate(b->lock_fd, 0) != 0)
@@ -1834,7 +1871,7 @@ static void broker_free(struct gpuipc__broker *b)
 static void *broker_thread(void *arg)
 {
   struct gpuipc__broker *b = arg;
-  loop(b);
+  loop(b, false);
   broker_shutdown(b);
   return NULL;
 }
@@ -1887,7 +1924,7 @@ int gpuipc__broker_run(struct gpuipc__broker_init *init, int stop_fd)
   if (rc != 0)
     return rc;
   b->stop_fd = stop_fd;
-  loop(b);
+  loop(b, false);
   broker_shutdown(b);
   broker_free(b);
   return 0;

@@ -27,7 +27,10 @@
  *    every connection (had the successor gone instead, the next one is
  *    tried). Every member reconnects to the same socket and re-publishes
  *    what it holds, which rebuilds the holders. Nothing is lost: the
- *    broker's descriptors moved.
+ *    broker's descriptors moved. A broker whose host leaves before any
+ *    member came back to it (members leaving together pass the domain
+ *    along) serves on until one may take it over, or its recovery window
+ *    closes: only then does the domain end.
  *  - Crash: members see their connection end, connect, find nobody
  *    listening, and race for the lock; the winner starts a broker that
  *    reads the journal (every name the dead broker had becomes a LOST
