@@ -14,27 +14,6 @@
 
 #define NS 3
 
-struct info {
-  int broker_pid, hosts, members, segments, fds;
-};
-
-static void peer_info(struct peer *p, struct info *i)
-{
-  const char *r = peer_cmd(p, "info");
-  if (sscanf(r, "ok %d %d %d %d %d", &i->broker_pid, &i->hosts, &i->members,
-             &i->segments, &i->fds) != 5)
-    TFAIL("info: %s", r);
-}
-
-static int peer_fds(struct peer *p)
-{
-  int n = -1;
-  const char *r = peer_cmd(p, "fds");
-  if (sscanf(r, "ok %d", &n) != 1)
-    TFAIL("fds: %s", r);
-  return n;
-}
-
 static double now_ms(void)
 {
   struct timespec ts;
@@ -48,7 +27,7 @@ int main(void)
   struct peer host, s[NS];
   peer_start(&host);
   PEER_OK(&host, "join fo");
-  struct info hi;
+  struct peer_info hi;
   peer_info(&host, &hi);
   ASSERT_EQ(hi.hosts, 1);
   ASSERT_EQ(hi.broker_pid, host.pid);
@@ -88,7 +67,7 @@ int main(void)
   peer_kill(&host);
 
   /* Every survivor finds the new broker, one of them. */
-  struct info si[NS];
+  struct peer_info si[NS];
   peer_info(&s[0], &si[0]);
   double t1 = now_ms();
   printf("new broker in pid %d answered %.1f ms after the kill\n",
@@ -152,7 +131,7 @@ int main(void)
   }
   /* The new host: + lock, listener, wake pipe, an accepted socket per
    * member and a descriptor per segment. */
-  struct info h;
+  struct peer_info h;
   peer_info(&s[hosting], &h);
   ASSERT_EQ(peer_fds(&s[hosting]), fds[hosting] + 4 + h.members + h.fds);
 

@@ -13,27 +13,6 @@
 #include "domain/domain.h"
 #include "os/os.h"
 
-struct info {
-  int broker_pid, hosts, members, segments, fds;
-};
-
-static void peer_info(struct peer *p, struct info *i)
-{
-  const char *r = peer_cmd(p, "info");
-  if (sscanf(r, "ok %d %d %d %d %d", &i->broker_pid, &i->hosts, &i->members,
-             &i->segments, &i->fds) != 5)
-    TFAIL("info: %s", r);
-}
-
-static int peer_fds(struct peer *p)
-{
-  int n = -1;
-  const char *r = peer_cmd(p, "fds");
-  if (sscanf(r, "ok %d", &n) != 1)
-    TFAIL("fds: %s", r);
-  return n;
-}
-
 /*
  * The successor chosen first goes away in the middle of the hand-over
  * (here: a raw member that reads it all and hangs up without
@@ -79,7 +58,7 @@ static void successor_gone(void)
   close(fd);
   ASSERT_TRUE(strncmp(peer_read(&host, PEER_REPLY_MS), "ok", 2) == 0);
   peer_finish(&host);
-  struct info in2;
+  struct peer_info in2;
   peer_info(&next, &in2);
   ASSERT_EQ(in2.broker_pid, next.pid);
   PEER_OK(&next, "open x 4096 -");
@@ -128,7 +107,7 @@ int main(void)
   ASSERT_EQ(test_check(gpuipc_buf_ptr(kept), 20000, 1), (size_t)-1);
 
   /* The oldest other member, a, hosts the broker now, with the epoch. */
-  struct info ia, ib;
+  struct peer_info ia, ib;
   peer_info(&a, &ia);
   peer_info(&b, &ib);
   ASSERT_EQ(ia.broker_pid, a.pid);

@@ -22,15 +22,6 @@ static void stat_seg(const char *name, gpuipc_segment_info_t *s)
   ASSERT_OK(gpuipc_segment_stat(dom, name, s));
 }
 
-static int peer_fds(struct peer *p)
-{
-  int n = -1;
-  const char *r = peer_cmd(p, "fds");
-  if (sscanf(r, "ok %d", &n) != 1)
-    TFAIL("fds: %s", r);
-  return n;
-}
-
 static bool holds(const gpuipc_segment_info_t *s, pid_t pid)
 {
   for (int i = 0; i < s->nholders && i < GPUIPC_SEGMENT_HOLDERS; i++)

@@ -141,6 +141,29 @@ static inline void domain_wait_members(gpuipc_domain_t *d, int n)
   TFAIL("the domain still has %d members, expected %d", i.members, n);
 }
 
+/* The member's open descriptors ("fds" command). */
+static inline int peer_fds(struct peer *p)
+{
+  int n = -1;
+  const char *r = peer_cmd(p, "fds");
+  if (sscanf(r, "ok %d", &n) != 1)
+    TFAIL("fds: %s", r);
+  return n;
+}
+
+/* What the member's domain says of itself ("info" command). */
+struct peer_info {
+  int broker_pid, hosts, members, segments, fds;
+};
+
+static inline void peer_info(struct peer *p, struct peer_info *i)
+{
+  const char *r = peer_cmd(p, "info");
+  if (sscanf(r, "ok %d %d %d %d %d", &i->broker_pid, &i->hosts, &i->members,
+             &i->segments, &i->fds) != 5)
+    TFAIL("info: %s", r);
+}
+
 static inline void peer_kill(struct peer *p)
 {
   kill(p->pid, SIGKILL);
