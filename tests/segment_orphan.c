@@ -17,21 +17,11 @@ static bool abandoned;
 static void *late_broker(void *arg)
 {
   (void)arg;
-  int fd;
-  if (gpuipc__sock_accept(listen_fd, 20000, &fd) != 0)
-    TFAIL("accept: %s", gpuipc_last_error());
+  int fd = raw_accept_member(listen_fd);
   struct gpuipc__msg m;
-  raw_expect(fd, &m, GPUIPC_MSG_HELLO);
-  uint32_t req = m.req;
-  memset(&m, 0, sizeof(m));
-  m.type = GPUIPC_MSG_WELCOME;
-  m.req = req;
-  m.u.welcome.pid = (uint32_t)getpid();
-  m.u.welcome.epoch = 1;
-  raw_send(fd, &m, NULL, 0);
 
   raw_expect(fd, &m, GPUIPC_MSG_OPEN);
-  req = m.req;
+  uint32_t req = m.req;
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_CREATE_IT;
   m.req = req;

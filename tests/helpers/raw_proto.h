@@ -136,6 +136,27 @@ static inline uint16_t raw_open(int fd, const char *name, unsigned flags,
   return r->type;
 }
 
+/*
+ * Play a broker: accept one member on @listen_fd, read its HELLO and
+ * welcome it. Returns the member's connection.
+ */
+static inline int raw_accept_member(int listen_fd)
+{
+  int fd;
+  if (gpuipc__sock_accept(listen_fd, 20000, &fd) != 0)
+    TFAIL("accept: %s", gpuipc_last_error());
+  struct gpuipc__msg m;
+  raw_expect(fd, &m, GPUIPC_MSG_HELLO);
+  uint32_t req = m.req;
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_WELCOME;
+  m.req = req;
+  m.u.welcome.pid = (uint32_t)getpid();
+  m.u.welcome.epoch = 1;
+  raw_send(fd, &m, NULL, 0);
+  return fd;
+}
+
 /* A LEGACY segment record: its memory travels without a descriptor. */
 static inline struct gpuipc__seg_wire raw_legacy_seg(const char *name,
                                                      uint64_t id,
