@@ -12,8 +12,10 @@
  *
  *   mpirun -np 4 umpire_mpi [node|device] [auto|host|vmm|legacy|pool]
  *
- * With GPUs each rank uses GPU (local rank % GPUs). The copies to and from
- * GPU memory use the CUDA driver (loaded at run time, like gpuipc does).
+ * With GPUs each rank uses GPU (local rank % GPUs), made current the way an
+ * application would (cudaSetDevice; here the driver's primary context,
+ * loaded at run time): the DEVICE scope goes by the current GPU. Copies to
+ * and from GPU memory go through gpuipc_memcpy.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -27,15 +29,12 @@
 
 #define COUNT 1024
 
-/* The driver calls the copies need. */
+/* The driver calls that make a GPU current. */
 static struct {
   int (*init)(unsigned);
   int (*device_get)(int *, int);
   int (*primary_retain)(void **, int);
   int (*set_current)(void *);
-  int (*htod)(uint64_t, const void *, size_t);
-  int (*dtoh)(void *, uint64_t, size_t);
-  int (*sync)(void);
 } cu;
 
 static int cuda_load(void)
@@ -48,12 +47,9 @@ static int cuda_load(void)
   SYM(device_get, "cuDeviceGet");
   SYM(primary_retain, "cuDevicePrimaryCtxRetain");
   SYM(set_current, "cuCtxSetCurrent");
-  SYM(htod, "cuMemcpyHtoD_v2");
-  SYM(dtoh, "cuMemcpyDtoH_v2");
-  SYM(sync, "cuCtxSynchronize");
 #undef SYM
   if (!cu.init || !cu.device_get || !cu.primary_retain || !cu.set_current ||
-      !cu.htod || !cu.dtoh || !cu.sync || cu.init(0) != 0)
+      cu.init(0) != 0)
     return -1;
   return 0;
 }
@@ -70,32 +66,22 @@ static int cuda_use(int ordinal)
 }
 
 /*
- * Copy between host memory and @buf, wherever @buf lives: a GPU buffer in
- * the primary context of gpuipc_buf_device (for an imported buffer, the
- * local GPU it was opened for). Returns 0, -1 when that device cannot be
- * made current, or the CUresult of the copy.
+ * Copy between host memory and @buf, wherever @buf lives (for an imported
+ * GPU buffer, on the local GPU it was opened for). Returns 0 or a gpuipc
+ * code.
  */
 static int copy_in(gpuipc_buf_t *buf, const void *src, size_t n)
 {
-  if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
-    memcpy(gpuipc_buf_ptr(buf), src, n);
-    return 0;
-  }
-  if (cuda_use(gpuipc_buf_device(buf)))
-    return -1;
-  int r = cu.htod((uint64_t)(uintptr_t)gpuipc_buf_ptr(buf), src, n);
-  return r != 0 ? r : cu.sync();
+  int dev = gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST ? -1
+                                                     : gpuipc_buf_device(buf);
+  return gpuipc_memcpy(gpuipc_buf_ptr(buf), src, n, dev, NULL);
 }
 
 static int copy_out(void *dst, gpuipc_buf_t *buf, size_t off, size_t n)
 {
-  if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
-    memcpy(dst, (char *)gpuipc_buf_ptr(buf) + off, n);
-    return 0;
-  }
-  if (cuda_use(gpuipc_buf_device(buf)))
-    return -1;
-  return cu.dtoh(dst, (uint64_t)(uintptr_t)gpuipc_buf_ptr(buf) + off, n);
+  int dev = gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST ? -1
+                                                     : gpuipc_buf_device(buf);
+  return gpuipc_memcpy(dst, (char *)gpuipc_buf_ptr(buf) + off, n, dev, NULL);
 }
 
 static int parse_kind(const char *s, gpuipc_kind_t *out)
@@ -114,18 +100,6 @@ static int parse_kind(const char *s, gpuipc_kind_t *out)
     if (rc_ != 0) {                                                            \
       fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, #call,                   \
               gpuipc_strerror(rc_), gpuipc_mpi_last_error());                  \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                            \
-    }                                                                          \
-  } while (0)
-
-/* A copy: -1 (no context) or a CUresult. */
-#define COPY(call, buf)                                                        \
-  do {                                                                         \
-    int rc_ = (call);                                                          \
-    if (rc_ != 0) {                                                            \
-      fprintf(stderr, "rank %d: %s: %s on GPU %d: %s %d\n", rank, #call,       \
-              gpuipc_kind_name(gpuipc_buf_kind(buf)), gpuipc_buf_device(buf),  \
-              rc_ < 0 ? "cannot use the device" : "CUDA error", rc_);         \
       MPI_Abort(MPI_COMM_WORLD, 1);                                            \
     }                                                                          \
   } while (0)
@@ -181,7 +155,7 @@ int main(int argc, char **argv)
     float host[COUNT];
     for (int i = 0; i < COUNT; i++)
       host[i] = (float)rank;
-    COPY(copy_in(data, host, size), data);
+    CHECK(copy_in(data, host, size));
     CHECK(gpuipc_segment_open(dom, "device_ipc_allocator.ready", 64, -1,
                               GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
                               &ready));
@@ -196,7 +170,7 @@ int main(int argc, char **argv)
          gpuipc_kind_name(gpuipc_buf_kind(data)), gpuipc_buf_ptr(data));
 
   float value;
-  COPY(copy_out(&value, data, sizeof(float), sizeof(float)), data);
+  CHECK(copy_out(&value, data, sizeof(float), sizeof(float)));
   printf("Rank %d: second value is %g\n", rank, (double)value);
 
   /* Done with it: the filler's memory stays for those still reading. */
