@@ -162,8 +162,31 @@ int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *t,
 int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch, uint64_t ticket,
                          int timeout_ms);
 
+/* gpuipc_mpi_send_wait - as gpuipc_send_wait. On the MPI path the
+ * receiver's work on the bytes has ended before its release is sent, so
+ * this waits as gpuipc_mpi_send_done and @stream has nothing to wait for. */
+int gpuipc_mpi_send_wait(gpuipc_mpi_channel_t *ch, uint64_t ticket,
+                         void *stream, int timeout_ms);
+
+/*
+ * A release callback, as gpuipc_release_fn: message @ticket was released
+ * by the receiver. Called on the sending side's thread inside
+ * gpuipc_mpi_send, gpuipc_mpi_send_done, gpuipc_mpi_send_wait or
+ * gpuipc_mpi_channel_progress, with the send lock held: it must not call
+ * those functions on the same channel. Never called from
+ * gpuipc_mpi_channel_close.
+ */
+typedef void (*gpuipc_mpi_release_fn)(gpuipc_mpi_channel_t *ch,
+                                      uint64_t ticket, void *user);
+
+/* gpuipc_mpi_channel_on_release - set (or clear, with NULL) the callback,
+ * on either path. Returns 0 or -EINVAL (NULL @ch). */
+int gpuipc_mpi_channel_on_release(gpuipc_mpi_channel_t *ch,
+                                  gpuipc_mpi_release_fn fn, void *user);
+
 /* gpuipc_mpi_channel_progress - as gpuipc_channel_progress: takes in the
- * releases that have arrived and moves MPI sends along. */
+ * releases that have arrived (calling the callback for each) and moves MPI
+ * sends along. Returns how many were taken in, or a negative code. */
 int gpuipc_mpi_channel_progress(gpuipc_mpi_channel_t *ch);
 
 /* gpuipc_mpi_recv - as gpuipc_recv; release the view with
@@ -182,7 +205,7 @@ int gpuipc_mpi_recv_into(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *dst,
 int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view, void *stream);
 
 /* gpuipc_mpi_channel_shm - the gpuipc channel under @ch when it took the
- * shared-memory path (for gpuipc_send_wait, gpuipc_channel_info, ...);
+ * shared-memory path (for gpuipc_channel_info, ...);
  * NULL on the MPI path. */
 gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch);
 

@@ -83,6 +83,8 @@ struct gpuipc_mpi_channel {
   int peer_closed; /* the peer's MSG_CLOSE arrived (atomic) */
 
   pthread_mutex_t tx_lock;
+  gpuipc_mpi_release_fn on_release; /* or NULL */
+  void *on_release_user;
   uint64_t next_seq;
   uint32_t in_flight;
   struct slot *slots;
@@ -422,6 +424,8 @@ static int tx_poll(struct gpuipc_mpi_channel *ch)
                               (unsigned long long)w->seq);
     ch->slots[i].released = true;
     taken++;
+    if (ch->on_release != NULL)
+      ch->on_release(ch, w->seq, ch->on_release_user);
     mrc = MPI_Irecv(&ch->rel_w, (int)sizeof(ch->rel_w), MPI_BYTE, ch->peer,
                     TAG_REL, ch->pair, &ch->rel_req);
     if (mrc != MPI_SUCCESS)
@@ -624,22 +628,16 @@ unlock:
   return rc;
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch,
-                                        uint64_t ticket, int timeout_ms)
+/* Wait until message @ticket is free: released and its MPI sends done. */
+static int tx_wait_free(struct gpuipc_mpi_channel *ch, uint64_t ticket,
+                        int timeout_ms, const char *who)
 {
-  gpuipc__mpi_call_begin();
-  if (ch == NULL)
-    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_done: NULL channel");
-  if (ch->shm != NULL) {
-    int rc = gpuipc_send_done(ch->shm, ticket, timeout_ms);
-    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
-  }
   int64_t deadline = deadline_of(timeout_ms);
   int rc;
   pthread_mutex_lock(&ch->tx_lock);
   if (ticket == 0 || ticket >= ch->next_seq) {
-    rc = gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_done: no message %llu "
-                          "yet", (unsigned long long)ticket);
+    rc = gpuipc__mpi_fail(-EINVAL, "%s: no message %llu yet", who,
+                          (unsigned long long)ticket);
     goto unlock;
   }
   for (;;) {
@@ -653,20 +651,20 @@ GPUIPC_MPI_API int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch,
     if (!busy)
       break;
     if (ch->tx_gone) {
-      rc = gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "gpuipc_mpi_send_done: the "
-                            "peer closed without releasing message %llu",
+      rc = gpuipc__mpi_fail(GPUIPC_E_PEER_GONE, "%s: the peer closed without "
+                            "releasing message %llu", who,
                             (unsigned long long)ticket);
       break;
     }
     if (timeout_ms == 0) {
-      rc = gpuipc__mpi_fail(-EAGAIN, "gpuipc_mpi_send_done: message %llu is "
-                            "in flight", (unsigned long long)ticket);
+      rc = gpuipc__mpi_fail(-EAGAIN, "%s: message %llu is in flight", who,
+                            (unsigned long long)ticket);
       break;
     }
     if (expired(deadline)) {
-      rc = gpuipc__mpi_fail(-ETIMEDOUT, "gpuipc_mpi_send_done: message %llu "
-                            "still in flight after %d ms",
-                            (unsigned long long)ticket, timeout_ms);
+      rc = gpuipc__mpi_fail(-ETIMEDOUT, "%s: message %llu still in flight "
+                            "after %d ms", who, (unsigned long long)ticket,
+                            timeout_ms);
       break;
     }
     sched_yield();
@@ -674,6 +672,66 @@ GPUIPC_MPI_API int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch,
 unlock:
   pthread_mutex_unlock(&ch->tx_lock);
   return rc;
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch,
+                                        uint64_t ticket, int timeout_ms)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_done: NULL channel");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_send_done(ch->shm, ticket, timeout_ms);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  return tx_wait_free(ch, ticket, timeout_ms, "gpuipc_mpi_send_done");
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_send_wait(gpuipc_mpi_channel_t *ch,
+                                        uint64_t ticket, void *stream,
+                                        int timeout_ms)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL)
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_wait: NULL channel");
+  if (ch->shm != NULL) {
+    int rc = gpuipc_send_wait(ch->shm, ticket, stream, timeout_ms);
+    return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+  }
+  /* The receiver's work on the bytes ended before its release was sent:
+   * nothing is left for @stream to wait for. */
+  return tx_wait_free(ch, ticket, timeout_ms, "gpuipc_mpi_send_wait");
+}
+
+/* The shared-memory path's callback, handed on with the MPI channel. */
+static void shm_released(gpuipc_channel_t *shm, uint64_t ticket, void *user)
+{
+  struct gpuipc_mpi_channel *ch = user;
+  (void)shm;
+  ch->on_release(ch, ticket, ch->on_release_user);
+}
+
+GPUIPC_MPI_API int gpuipc_mpi_channel_on_release(gpuipc_mpi_channel_t *ch,
+                                                 gpuipc_mpi_release_fn fn,
+                                                 void *user)
+{
+  gpuipc__mpi_call_begin();
+  if (ch == NULL)
+    return gpuipc__mpi_fail(-EINVAL,
+                            "gpuipc_mpi_channel_on_release: NULL channel");
+  /* On the shared-memory path the callback runs under the gpuipc
+   * channel's send lock, which gpuipc_channel_on_release takes: clearing
+   * it there first means no call reads the fields while they change. */
+  int rc = 0;
+  if (ch->shm != NULL)
+    rc = gpuipc_channel_on_release(ch->shm, NULL, NULL);
+  pthread_mutex_lock(&ch->tx_lock);
+  ch->on_release = fn;
+  ch->on_release_user = user;
+  pthread_mutex_unlock(&ch->tx_lock);
+  if (rc == 0 && ch->shm != NULL && fn != NULL)
+    rc = gpuipc_channel_on_release(ch->shm, shm_released, ch);
+  return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_channel_progress(gpuipc_mpi_channel_t *ch)
@@ -1109,6 +1167,7 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
   pthread_mutex_lock(&ch->tx_lock);
   pthread_mutex_lock(&ch->rx_lock);
   pthread_mutex_lock(&ch->ack_lock);
+  ch->on_release = NULL; /* as gpuipc_channel_close: no calls from here */
   /* Tell both of the peer's sides, after everything sent. */
   struct wire bye[2];
   MPI_Request breq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};

@@ -89,8 +89,34 @@ static void bad_tensors(gpuipc_mpi_channel_t *ch, gpuipc_buf_t *buf)
   ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0x80, NULL), -EINVAL);
 }
 
+/* Release callback: each ticket once, none that was not sent. */
+struct released {
+  gpuipc_mpi_channel_t *ch;
+  uint64_t sent; /* tickets 1..sent were handed out */
+  uint64_t count;
+  uint8_t seen[NMSG + DEPTH + 2];
+};
+
+static void on_release(gpuipc_mpi_channel_t *ch, uint64_t ticket, void *user)
+{
+  struct released *r = user;
+  if (ch != r->ch)
+    TFAIL("release callback for channel %p, not %p", (void *)ch,
+          (void *)r->ch);
+  if (ticket == 0 || ticket > r->sent || r->seen[ticket])
+    TFAIL("release callback for ticket %llu (%llu sent, seen before: %d)",
+          (unsigned long long)ticket, (unsigned long long)r->sent,
+          ticket <= r->sent ? r->seen[ticket] : 0);
+  r->seen[ticket] = 1;
+  r->count++;
+}
+
 static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
 {
+  static struct released rel;
+  rel.ch = ch;
+  ASSERT_RC(gpuipc_mpi_channel_on_release(NULL, on_release, &rel), -EINVAL);
+  ASSERT_OK(gpuipc_mpi_channel_on_release(ch, on_release, &rel));
   gpuipc_buf_t *bufs[DEPTH];
   uint64_t last[DEPTH] = {0};
   for (int i = 0; i < DEPTH; i++)
@@ -110,6 +136,7 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
                                 .dtype = {GPUIPC_DL_UINT, 8, 1},
                                 .shape = &one}};
     memset(scratch, k, 16);
+    rel.sent += k < DEPTH;
     ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL),
               k < DEPTH ? 0 : -EAGAIN);
   }
@@ -118,8 +145,11 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
   for (int k = 0; k < NMSG; k++) {
     uint64_t seq = (uint64_t)k + DEPTH + 1; /* tickets so far + 1 */
     gpuipc_buf_t *b = bufs[k % DEPTH];
-    if (last[k % DEPTH] != 0)
+    /* The buffer is reused: wait for the message that had it, both ways. */
+    if (last[k % DEPTH] != 0 && k % 2)
       ASSERT_OK(gpuipc_mpi_send_done(ch, last[k % DEPTH], -1));
+    else if (last[k % DEPTH] != 0)
+      ASSERT_OK(gpuipc_mpi_send_wait(ch, last[k % DEPTH], NULL, -1));
     uint8_t *p = gpuipc_buf_ptr(b);
     int64_t shape[2], strides[2];
     gpuipc_tensor_t t = {.dl = {.device = {GPUIPC_DL_CPU, 0},
@@ -159,6 +189,7 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
       }
     }
     uint64_t ticket = 0;
+    rel.sent++;
     ASSERT_OK(gpuipc_mpi_send(ch, &t, NULL, 0, &ticket));
     ASSERT_EQ_U(ticket, seq);
     if (t.buf != NULL)
@@ -176,9 +207,13 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
   ASSERT_OK(gpuipc_mpi_recv_into(ch, &into, NULL, -1));
   for (int i = 0; i < 4; i++)
     ASSERT_EQ_U(back[i], 0x1234000ull + (uint64_t)i);
-  for (int i = 0; i < DEPTH; i++)
-    if (last[i] != 0)
-      ASSERT_OK(gpuipc_mpi_send_done(ch, last[i], -1));
+  /* Every message is free once everything was received, and each was
+   * reported to the callback exactly once. */
+  ASSERT_RC(gpuipc_mpi_send_wait(ch, rel.sent + 1, NULL, 0), -EINVAL);
+  for (uint64_t tk = 1; tk <= rel.sent; tk++)
+    ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
+  ASSERT_EQ_U(rel.count, rel.sent);
+  ASSERT_OK(gpuipc_mpi_channel_on_release(ch, NULL, NULL));
   ASSERT_OK(gpuipc_mpi_channel_close(ch));
   for (int i = 0; i < DEPTH; i++)
     gpuipc_buf_release(bufs[i]);
@@ -291,13 +326,16 @@ static void receiver(gpuipc_mpi_channel_t *ch, MPI_Comm world)
 }
 
 /*
- * Device memory across the channel, when both ranks have a GPU: HOST bytes
- * go into the odd rank's device buffer (recv_into), come back as staged
- * device memory (buf NULL) to a device view, go out again from that view
- * (a GPU buffer) and are checked in HOST memory: every byte made four
- * trips, two of them from and two into GPU memory.
+ * Device memory across the channel, when both ranks have a GPU (rank r
+ * uses GPU r % count, so on two GPUs each pair spans both and each GPU
+ * serves two ranks): HOST bytes go into the odd rank's device buffer
+ * (recv_into), come back as staged device memory (buf NULL) to a device
+ * view, go out again from that view and are checked in HOST memory: every
+ * byte made four trips, two of them from and two into GPU memory. Each
+ * side waits for its sends only after it has taken what the other sent
+ * (a release needs the peer's receive).
  */
-static void gpu_part(gpuipc_mpi_channel_t *ch, int even)
+static void gpu_part(gpuipc_mpi_channel_t *ch, int even, int dev)
 {
   const uint64_t n = 3u << 20;
   int64_t shape = (int64_t)n;
@@ -310,35 +348,36 @@ static void gpu_part(gpuipc_mpi_channel_t *ch, int even)
                                .dtype = {GPUIPC_DL_UINT, 8, 1},
                                .shape = &shape},
                         .buf = host};
-  uint64_t tk;
+  uint64_t tk, tk_host;
   if (even) {
     for (uint64_t i = 0; i < n; i++)
       h[i] = pattern(77, i);
-    ASSERT_OK(gpuipc_mpi_send(ch, &ht, NULL, 0, &tk));
+    ASSERT_OK(gpuipc_mpi_send(ch, &ht, NULL, 0, &tk_host));
     gpuipc_tensor_t *v;
     ASSERT_OK(gpuipc_mpi_recv(ch, &v, NULL, -1));
     ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
     ASSERT_EQ(v->dl.shape[0], shape);
     ASSERT_OK(gpuipc_mpi_send(ch, v, NULL, 0, &tk));
     ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
+    ASSERT_OK(gpuipc_mpi_send_done(ch, tk_host, -1));
     ASSERT_OK(gpuipc_mpi_tensor_release(v, NULL));
   } else {
-    gpuipc_buf_t *dev;
-    ASSERT_OK(gpuipc_buf_alloc(n, GPUIPC_KIND_AUTO, 0, 0, &dev));
-    gpuipc_tensor_t dt = {.dl = {.data = gpuipc_buf_ptr(dev),
-                                 .device = {GPUIPC_DL_CUDA, 0},
+    gpuipc_buf_t *gbuf;
+    ASSERT_OK(gpuipc_buf_alloc(n, GPUIPC_KIND_AUTO, dev, 0, &gbuf));
+    gpuipc_tensor_t dt = {.dl = {.data = gpuipc_buf_ptr(gbuf),
+                                 .device = {GPUIPC_DL_CUDA, dev},
                                  .ndim = 1,
                                  .dtype = {GPUIPC_DL_UINT, 8, 1},
                                  .shape = &shape},
-                          .buf = dev};
+                          .buf = gbuf};
     ASSERT_OK(gpuipc_mpi_recv_into(ch, &dt, NULL, -1));
     dt.buf = NULL; /* staged: memory gpuipc did not allocate, as it were */
     ASSERT_OK(gpuipc_mpi_send(ch, &dt, NULL, 0, &tk));
-    ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
     memset(h, 0, n);
     ASSERT_OK(gpuipc_mpi_recv_into(ch, &ht, NULL, -1));
     check_bytes(h, n, -1, 77);
-    gpuipc_buf_release(dev);
+    ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
+    gpuipc_buf_release(gbuf);
   }
   gpuipc_buf_release(host);
 }
@@ -383,8 +422,11 @@ int main(int argc, char **argv)
   int all = 0;
   MPI_Allreduce(&gpus, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (all > 0) {
+    int dev = rank % all;
+    opts.device = dev;
+    opts.device_set = 1;
     ASSERT_OK(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, 8, &opts, &ch));
-    gpu_part(ch, rank % 2 == 0);
+    gpu_part(ch, rank % 2 == 0, dev);
     ASSERT_OK(gpuipc_mpi_channel_close(ch));
   } else if (rank == 0) {
     printf("no GPU on every rank: device tensors not tried\n");
