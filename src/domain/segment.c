@@ -801,7 +801,10 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
       }
       struct gpuipc__seg_wire pub;
       memset(&pub, 0, sizeof(pub));
-      int ms = gpuipc__ms_left(deadline);
+      /* The broker's answer gets the timeout from now: the allocation is
+       * local work (the first one may start CUDA, hundreds of ms, or map
+       * gigabytes) and must not use up the wait for the broker. */
+      int ms = timeout_ms;
       rc = publish(d, name, id, size, own, ms < 0 || ms > 5000 ? 5000 : ms,
                    r, &pub);
       if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)

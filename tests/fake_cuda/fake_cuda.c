@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct CUctx_st {
   int dev;
@@ -267,6 +268,45 @@ fake_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
   return CUDA_SUCCESS;
 }
 
+/* Host registration: accepted, after FAKE_CUDA_REGISTER_MS (a driver
+ * starting up takes that long on its first real call). */
+static atomic_int registered;
+
+static CUresult fake_cuMemHostRegister(void *p, size_t n, unsigned int flags)
+{
+  NEED_INIT();
+  if (p == NULL || n == 0 ||
+      (flags & ~(unsigned)(CU_MEMHOSTREGISTER_PORTABLE |
+                           CU_MEMHOSTREGISTER_DEVICEMAP)))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  int ms = env_int("FAKE_CUDA_REGISTER_MS", 0);
+  if (ms > 0) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) != 0)
+      ;
+  }
+  atomic_fetch_add(&registered, 1);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuMemHostUnregister(void *p)
+{
+  NEED_INIT();
+  if (p == NULL || atomic_load(&registered) == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  atomic_fetch_sub(&registered, 1);
+  return CUDA_SUCCESS;
+}
+
+/* How many host ranges are registered now (for tests, through dlsym). */
+int fake_cuda_registered(void);
+int fake_cuda_registered(void)
+{
+  return atomic_load(&registered);
+}
+
 /* Whatever else gpuipc asks for: present, but never to be called here. */
 static CUresult fake_unsupported(void)
 {
@@ -303,6 +343,8 @@ static const struct {
     ENTRY(cuCtxSetCurrent),
     ENTRY(cuCtxGetDevice),
     ENTRY(cuMemGetAllocationGranularity),
+    ENTRY(cuMemHostRegister),
+    ENTRY(cuMemHostUnregister),
 };
 
 static int hidden(const char *symbol)

@@ -9,6 +9,7 @@
  *   FAKE_CUDA_INIT     CUresult that cuInit returns (default 0)
  *   FAKE_CUDA_NDEV     number of devices (default 2, at most 2)
  *   FAKE_CUDA_BAD_ATTR a device attribute number it refuses to answer
+ *   FAKE_CUDA_REGISTER_MS  milliseconds cuMemHostRegister takes
  * Built three ways: libfake_cuda_full.so (exports cuGetProcAddress_v2),
  * libfake_cuda_v1.so (only the CUDA 11 cuGetProcAddress) and
  * libfake_cuda_nogpa.so (exports no cuGetProcAddress at all).

@@ -390,13 +390,53 @@ static int probe_fork(void)
   return 0;
 }
 
+/*
+ * A creator whose allocation outlasts the domain's timeout (a HOST buffer
+ * registered by a driver that takes FAKE_CUDA_REGISTER_MS, longer than the
+ * 100 ms timeout here, as a driver starting up does) still publishes: the
+ * wait for the broker's answer begins after the allocation. A reader then
+ * sees the creator's bytes.
+ */
+static int probe_slow_publish(void)
+{
+  char name[32];
+  snprintf(name, sizeof(name), "slowpub%d", (int)getpid());
+  gpuipc_domain_opts_t o = {.size = sizeof(o), .timeout_ms = 100};
+  gpuipc_domain_t *d;
+  ASSERT_OK(gpuipc_domain_join(name, &o, &d));
+  ASSERT_OK(gpuipc_driver_status(NULL));
+  void *h = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_TRUE(h != NULL);
+  int (*registered)(void) = (int (*)(void))dlsym(h, "fake_cuda_registered");
+  ASSERT_TRUE(registered != NULL);
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_segment_open(d, "slow", 8192, -1,
+                                GPUIPC_CREATE |
+                                    GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
+                                &b));
+  ASSERT_EQ(registered(), 1); /* the slow path was taken */
+  memset(gpuipc_buf_ptr(b), 0x5c, 8192);
+  gpuipc_segment_info_t st = {.size = sizeof(st)};
+  ASSERT_OK(gpuipc_segment_stat(d, "slow", &st));
+  ASSERT_EQ(st.state, GPUIPC_SEG_PUBLISHED);
+  ASSERT_OK(gpuipc_buf_release(b));
+  ASSERT_OK(gpuipc_domain_leave(d));
+  ASSERT_EQ(registered(), 0);
+  dlclose(h);
+  printf("slow-publish: published after a %s ms registration\n",
+         getenv("FAKE_CUDA_REGISTER_MS"));
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
   if (argc < 2)
     TFAIL("usage: driver_probe expect CODE [NEEDLE...] | table [fake] | "
-          "fork");
+          "fork | slow-publish");
   if (strcmp(argv[1], "fork") == 0)
     return probe_fork();
+  if (strcmp(argv[1], "slow-publish") == 0)
+    return probe_slow_publish();
   if (strcmp(argv[1], "expect") == 0)
     return probe_expect(argc - 2, argv + 2);
   if (strcmp(argv[1], "table") == 0)
