@@ -1,15 +1,23 @@
 /*
- * mpi_channel_bench: the MPI path of gpuipc_channel_open_mpi next to plain
- * MPI_Send / MPI_Recv of the same buffers, 4 KiB to 256 MiB, HOST memory
- * and (with a GPU on both ranks) device memory. Two ranks on two
+ * mpi_channel_bench: the MPI path of gpuipc_channel_open_mpi next to what a
+ * user would write by hand for the same buffers, 4 KiB to 256 MiB, HOST
+ * memory and (with a GPU on both ranks) device memory. Two ranks on two
  * "machines":
  *   mpirun -np 2 --bind-to none sh -c \
  *     'GPUIPC_NODE_ID=$OMPI_COMM_WORLD_RANK exec build/bench/mpi_channel_bench'
  * Rank 0 sends ITERS messages of one buffer (after WARMUP), rank 1 takes
  * each with gpuipc_mpi_recv_into into a buffer of the same kind; the time
- * runs from a barrier to rank 1's last byte (a 1-byte reply). Plain MPI
- * takes device pointers only when MPIX_Query_cuda_support() says so.
+ * runs from a barrier to rank 1's last byte (a 1-byte reply). The baseline:
+ *  - HOST memory, or device memory when MPIX_Query_cuda_support() says MPI
+ *    takes device pointers: MPI_Send / MPI_Recv of the buffers themselves;
+ *  - device memory otherwise: the whole buffer copied to pinned host memory
+ *    (gpuipc_memcpy), MPI_Send; MPI_Recv into pinned host memory, copied to
+ *    the device; one step after the other, as one writes it by hand.
+ * "ratio" is channel / baseline bandwidth. Rank 1's bytes are checked
+ * against the pattern rank 0 sent after each run (both), so that no speed
+ * is reported for wrong bytes.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,8 +74,13 @@ static double run_channel(gpuipc_mpi_channel_t *ch, int rank,
   return MPI_Wtime() - t0;
 }
 
-static double run_plain(int rank, void *p, size_t n, int iters)
+/* The baseline: @p (device @dev, or host when < 0) by MPI_Send /
+ * MPI_Recv, through @host (pinned) when @staged. */
+static double run_plain(int rank, void *p, int dev, void *host, int staged,
+                        size_t n, int iters)
 {
+  const size_t big = (size_t)1 << 30;
+  void *wire = staged ? host : p;
   char one = 0;
   double t0 = 0;
   for (int k = 0; k < WARMUP + iters; k++) {
@@ -75,20 +88,80 @@ static double run_plain(int rank, void *p, size_t n, int iters)
       MPI_Barrier(MPI_COMM_WORLD);
       t0 = MPI_Wtime();
     }
-    for (size_t off = 0; off < n; off += (size_t)1 << 30) {
-      int len = (int)(n - off < ((size_t)1 << 30) ? n - off : (size_t)1 << 30);
+    int rc = 0;
+    if (staged && rank == 0)
+      rc = gpuipc_memcpy(host, p, n, dev, NULL);
+    if (rc != 0)
+      die("gpuipc_memcpy", rc);
+    for (size_t off = 0; off < n; off += big) {
+      int len = (int)(n - off < big ? n - off : big);
       if (rank == 0)
-        MPI_Send((char *)p + off, len, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
+        MPI_Send((char *)wire + off, len, MPI_BYTE, 1, 1, MPI_COMM_WORLD);
       else
-        MPI_Recv((char *)p + off, len, MPI_BYTE, 0, 1, MPI_COMM_WORLD,
+        MPI_Recv((char *)wire + off, len, MPI_BYTE, 0, 1, MPI_COMM_WORLD,
                  MPI_STATUS_IGNORE);
     }
+    if (staged && rank == 1)
+      rc = gpuipc_memcpy(p, host, n, dev, NULL);
+    if (rc != 0)
+      die("gpuipc_memcpy", rc);
   }
   if (rank == 1)
     MPI_Send(&one, 1, MPI_CHAR, 0, 99, MPI_COMM_WORLD);
   else
     MPI_Recv(&one, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
   return MPI_Wtime() - t0;
+}
+
+/* Byte @i of the pattern for @n-byte messages: no period a chunk size
+ * (a power of two) could hide a misplaced chunk behind. */
+static uint8_t pattern(size_t n, size_t i)
+{
+  uint64_t x = ((uint64_t)i + n) * 0x9E3779B97F4A7C15ull;
+  return (uint8_t)(x >> 56);
+}
+
+/* Rank 0: @buf gets the pattern; rank 1: zeros. Through @host (pinned,
+ * @n bytes) for device memory. */
+static void fill(int rank, gpuipc_buf_t *buf, uint8_t *host, size_t n)
+{
+  int gpu = gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST;
+  uint8_t *at = gpu ? host : gpuipc_buf_ptr(buf);
+  for (size_t i = 0; i < n; i++)
+    at[i] = rank == 0 ? pattern(n, i) : 0;
+  int rc = gpu ? gpuipc_memcpy(gpuipc_buf_ptr(buf), host, n,
+                               gpuipc_buf_device(buf), NULL)
+               : 0;
+  if (rc != 0)
+    die("gpuipc_memcpy", rc);
+}
+
+/* Rank 1: @buf must hold the pattern. Rank 0 learns the verdict. */
+static void check(int rank, gpuipc_buf_t *buf, uint8_t *host, size_t n,
+                  const char *what)
+{
+  long bad = -1;
+  if (rank == 1) {
+    int gpu = gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST;
+    const uint8_t *at = gpuipc_buf_ptr(buf);
+    if (gpu) {
+      int rc = gpuipc_memcpy(host, gpuipc_buf_ptr(buf), n,
+                             gpuipc_buf_device(buf), NULL);
+      if (rc != 0)
+        die("gpuipc_memcpy", rc);
+      at = host;
+    }
+    for (size_t i = 0; i < n && bad < 0; i++)
+      if (at[i] != pattern(n, i))
+        bad = (long)i;
+  }
+  MPI_Bcast(&bad, 1, MPI_LONG, 1, MPI_COMM_WORLD);
+  if (bad >= 0) {
+    if (rank == 0)
+      fprintf(stderr, "%s, %zu bytes: byte %ld is wrong on the receiver\n",
+              what, n, bad);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
 }
 
 int main(int argc, char **argv)
@@ -120,34 +193,40 @@ int main(int argc, char **argv)
                                         "per rank for the MPI path)"
                                       : "MPI",
            aware ? "yes" : "no", all);
-    printf("%-6s %10s %6s %14s %14s\n", "memory", "bytes", "iters",
-           "channel GB/s", "MPI_Send GB/s");
+    printf("%-6s %10s %6s %13s %14s %6s  %s\n", "memory", "bytes",
+           "iters", "channel GB/s", "baseline GB/s", "ratio", "baseline");
   }
   for (int mem = 0; mem < (all > 0 ? 2 : 1); mem++) {
+    int staged = mem && !aware;
     for (size_t n = 4096; n <= ((size_t)256 << 20); n *= 4) {
-      gpuipc_buf_t *buf;
+      gpuipc_buf_t *buf, *host;
       rc = gpuipc_buf_alloc(n, mem ? GPUIPC_KIND_AUTO : GPUIPC_KIND_HOST,
                             mem ? 0 : -1, 0, &buf);
+      if (rc == 0)
+        rc = gpuipc_buf_alloc(n, GPUIPC_KIND_HOST, -1, 0, &host);
       if (rc != 0)
         die("gpuipc_buf_alloc", rc);
-      if (!mem)
-        memset(gpuipc_buf_ptr(buf), rank + 1, n);
+      uint8_t *h = gpuipc_buf_ptr(host);
       int iters = iters_for(n);
+      fill(rank, buf, h, n);
       double tc = run_channel(ch, rank, buf, n, iters);
-      double tp = mem && !aware ? -1 : run_plain(rank, gpuipc_buf_ptr(buf),
-                                                 n, iters);
+      check(rank, buf, h, n, "channel");
+      fill(rank, buf, h, n);
+      double tp = run_plain(rank, gpuipc_buf_ptr(buf), mem ? 0 : -1, h,
+                            staged, n, iters);
+      check(rank, buf, h, n, "baseline");
       if (rank == 0) {
         double gb = (double)n * iters / 1e9;
-        if (tp < 0)
-          printf("%-6s %10zu %6d %14.2f %14s\n", mem ? "device" : "host", n,
-                 iters, gb / tc, "n/a (not CUDA-aware)");
-        else
-          printf("%-6s %10zu %6d %14.2f %14.2f\n", mem ? "device" : "host",
-                 n, iters, gb / tc, gb / tp);
+        printf("%-6s %10zu %6d %13.2f %14.2f %6.2f  %s\n",
+               mem ? "device" : "host", n, iters, gb / tc, gb / tp,
+               tp / tc,
+               staged ? "copy to pinned host, MPI_Send/Recv, copy back"
+                      : "MPI_Send/Recv of the buffers");
       }
       /* Rank 0's last sends may still be in flight: released first. */
       MPI_Barrier(MPI_COMM_WORLD);
       gpuipc_mpi_channel_progress(ch);
+      gpuipc_buf_release(host);
       gpuipc_buf_release(buf);
     }
   }
