@@ -176,7 +176,13 @@ int main(int argc, char **argv)
     MPI_Finalize();
     return 2;
   }
-  gpuipc_channel_opts_t opts = {.size = sizeof(opts), .depth = 16};
+  /* Each rank on a GPU of its own where there are two (as on two
+   * machines): two processes copying on one GPU take turns on it. */
+  int gpus = gpuipc_driver_status(NULL) == 0 ? gpuipc_device_count() : 0, all;
+  MPI_Allreduce(&gpus, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int gpu = all > 0 ? rank % all : -1;
+  gpuipc_channel_opts_t opts = {.size = sizeof(opts), .depth = 16,
+                                .device = gpu, .device_set = gpu >= 0};
   gpuipc_mpi_channel_t *ch;
   int rc = gpuipc_channel_open_mpi(MPI_COMM_WORLD, 1 - rank, 1, &opts, &ch);
   if (rc != 0)
@@ -185,8 +191,6 @@ int main(int argc, char **argv)
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
   aware = MPIX_Query_cuda_support() == 1;
 #endif
-  int gpus = gpuipc_driver_status(NULL) == 0 ? gpuipc_device_count() : 0, all;
-  MPI_Allreduce(&gpus, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (rank == 0) {
     printf("# path: %s; MPI CUDA-aware: %s; GPUs on every rank: %d\n",
            gpuipc_mpi_channel_shm(ch) ? "shared memory (set GPUIPC_NODE_ID "
@@ -201,7 +205,7 @@ int main(int argc, char **argv)
     for (size_t n = 4096; n <= ((size_t)256 << 20); n *= 4) {
       gpuipc_buf_t *buf, *host;
       rc = gpuipc_buf_alloc(n, mem ? GPUIPC_KIND_AUTO : GPUIPC_KIND_HOST,
-                            mem ? 0 : -1, 0, &buf);
+                            mem ? gpu : -1, 0, &buf);
       if (rc == 0)
         rc = gpuipc_buf_alloc(n, GPUIPC_KIND_HOST, -1, 0, &host);
       if (rc != 0)
@@ -212,7 +216,7 @@ int main(int argc, char **argv)
       double tc = run_channel(ch, rank, buf, n, iters);
       check(rank, buf, h, n, "channel");
       fill(rank, buf, h, n);
-      double tp = run_plain(rank, gpuipc_buf_ptr(buf), mem ? 0 : -1, h,
+      double tp = run_plain(rank, gpuipc_buf_ptr(buf), mem ? gpu : -1, h,
                             staged, n, iters);
       check(rank, buf, h, n, "baseline");
       if (rank == 0) {
