@@ -136,11 +136,12 @@ static void fill(int rank, gpuipc_buf_t *buf, uint8_t *host, size_t n)
     die("gpuipc_memcpy", rc);
 }
 
-/* Rank 1: @buf must hold the pattern. Rank 0 learns the verdict. */
+/* Rank 1: @buf must hold the pattern. Rank 0 learns the verdict: how
+ * many bytes are wrong, the first and the last. */
 static void check(int rank, gpuipc_buf_t *buf, uint8_t *host, size_t n,
                   const char *what)
 {
-  long bad = -1;
+  long bad[3] = {0, -1, -1};
   if (rank == 1) {
     int gpu = gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST;
     const uint8_t *at = gpuipc_buf_ptr(buf);
@@ -151,15 +152,18 @@ static void check(int rank, gpuipc_buf_t *buf, uint8_t *host, size_t n,
         die("gpuipc_memcpy", rc);
       at = host;
     }
-    for (size_t i = 0; i < n && bad < 0; i++)
-      if (at[i] != pattern(n, i))
-        bad = (long)i;
+    for (size_t i = 0; i < n; i++)
+      if (at[i] != pattern(n, i)) {
+        if (bad[0]++ == 0)
+          bad[1] = (long)i;
+        bad[2] = (long)i;
+      }
   }
-  MPI_Bcast(&bad, 1, MPI_LONG, 1, MPI_COMM_WORLD);
-  if (bad >= 0) {
+  MPI_Bcast(bad, 3, MPI_LONG, 1, MPI_COMM_WORLD);
+  if (bad[0] > 0) {
     if (rank == 0)
-      fprintf(stderr, "%s, %zu bytes: byte %ld is wrong on the receiver\n",
-              what, n, bad);
+      fprintf(stderr, "%s, %zu bytes: %ld bytes are wrong on the receiver, "
+              "%ld to %ld\n", what, n, bad[0], bad[1], bad[2]);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
 }
