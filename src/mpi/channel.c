@@ -91,6 +91,7 @@ struct gpuipc_mpi_channel {
   MPI_Request rel_req;
   struct wire rel_w;
   bool tx_gone;
+  bool tx_broken; /* the peer sent a release that breaks the protocol */
 
   pthread_mutex_t rx_lock;
   MPI_Request desc_req;
@@ -393,6 +394,10 @@ GPUIPC_MPI_API gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch
  * how many releases were taken in, or a negative code. tx_lock held. */
 static int tx_poll(struct gpuipc_mpi_channel *ch)
 {
+  if (ch->tx_broken)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "the peer broke the protocol "
+                            "with an earlier release; the channel is "
+                            "unusable");
   int taken = 0;
   while (!ch->tx_gone) {
     int flag = 0, count = 0;
@@ -405,10 +410,12 @@ static int tx_poll(struct gpuipc_mpi_channel *ch)
     MPI_Get_count(&st, MPI_BYTE, &count);
     const struct wire *w = &ch->rel_w;
     if (count != (int)sizeof(*w) || w->magic != WIRE_MAGIC ||
-        (w->type != MSG_REL && w->type != MSG_CLOSE))
+        (w->type != MSG_REL && w->type != MSG_CLOSE)) {
+      ch->tx_broken = true;
       return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a release of %d bytes, magic "
                               "0x%x, type %u: not a gpuipc release", count,
                               w->magic, w->type);
+    }
     if (w->type == MSG_CLOSE) {
       ch->tx_gone = true;
       __atomic_store_n(&ch->peer_closed, 1, __ATOMIC_RELEASE);
@@ -418,10 +425,12 @@ static int tx_poll(struct gpuipc_mpi_channel *ch)
     for (i = 0; i < ch->depth; i++)
       if (ch->slots[i].seq == w->seq && !ch->slots[i].released)
         break;
-    if (w->seq == 0 || i == ch->depth)
+    if (w->seq == 0 || i == ch->depth) {
+      ch->tx_broken = true;
       return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a release of message %llu, "
                               "which is not in flight",
                               (unsigned long long)w->seq);
+    }
     ch->slots[i].released = true;
     taken++;
     if (ch->on_release != NULL)
