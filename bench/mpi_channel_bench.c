@@ -209,7 +209,7 @@ int main(int argc, char **argv)
   for (int mem = 0; mem < (all > 0 ? 2 : 1); mem++) {
     int staged = mem && !aware;
     for (size_t n = 4096; n <= ((size_t)256 << 20); n *= 4) {
-      gpuipc_buf_t *buf, *host;
+      gpuipc_buf_t *buf, *host = NULL;
       rc = gpuipc_buf_alloc(n, mem ? GPUIPC_KIND_AUTO : GPUIPC_KIND_HOST,
                             mem ? gpu : -1, 0, &buf);
       if (rc == 0)
