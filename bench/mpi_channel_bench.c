@@ -45,6 +45,18 @@ static void die(const char *what, int rc)
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+/* The end of a timed run: rank 1's last byte is in, told to rank 0 by a
+ * one-byte reply. Returns the seconds since @t0. */
+static double run_end(int rank, double t0)
+{
+  char one = 0;
+  if (rank == 1)
+    MPI_Send(&one, 1, MPI_CHAR, 0, 99, MPI_COMM_WORLD);
+  else
+    MPI_Recv(&one, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  return MPI_Wtime() - t0;
+}
+
 static double run_channel(gpuipc_mpi_channel_t *ch, int rank,
                           gpuipc_buf_t *buf, size_t n, int iters)
 {
@@ -57,7 +69,6 @@ static double run_channel(gpuipc_mpi_channel_t *ch, int rank,
                               .dtype = {GPUIPC_DL_UINT, 8, 1},
                               .shape = &shape},
                        .buf = buf};
-  char one = 0;
   double t0 = 0;
   for (int k = 0; k < WARMUP + iters; k++) {
     if (k == WARMUP) {
@@ -69,11 +80,7 @@ static double run_channel(gpuipc_mpi_channel_t *ch, int rank,
     if (rc != 0)
       die(rank == 0 ? "gpuipc_mpi_send" : "gpuipc_mpi_recv_into", rc);
   }
-  if (rank == 1)
-    MPI_Send(&one, 1, MPI_CHAR, 0, 99, MPI_COMM_WORLD);
-  else
-    MPI_Recv(&one, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  return MPI_Wtime() - t0;
+  return run_end(rank, t0);
 }
 
 /* The baseline: @p (device @dev, or host when < 0) by MPI_Send /
@@ -83,7 +90,6 @@ static double run_plain(int rank, void *p, int dev, void *host, int staged,
 {
   const size_t big = (size_t)1 << 30;
   void *wire = staged ? host : p;
-  char one = 0;
   double t0 = 0;
   for (int k = 0; k < WARMUP + iters; k++) {
     if (k == WARMUP) {
@@ -108,11 +114,7 @@ static double run_plain(int rank, void *p, int dev, void *host, int staged,
     if (rc != 0)
       die("gpuipc_memcpy", rc);
   }
-  if (rank == 1)
-    MPI_Send(&one, 1, MPI_CHAR, 0, 99, MPI_COMM_WORLD);
-  else
-    MPI_Recv(&one, 1, MPI_CHAR, 1, 99, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-  return MPI_Wtime() - t0;
+  return run_end(rank, t0);
 }
 
 /* Byte @i of the pattern for @n-byte messages: no period a chunk size

@@ -11,6 +11,7 @@
  * holder. Ids a member claims near 2^64 are refused.
  */
 #include "test.h"
+#include "helpers/raw_proto.h"
 #include "helpers/seg_peer.h"
 
 #include "domain/domain.h"
@@ -31,7 +32,7 @@ static uint32_t rnd(void)
   return (uint32_t)(rng >> 11);
 }
 
-static int raw_connect(void)
+static int broker_connect(void)
 {
   int fd;
   ASSERT_OK(gpuipc__sock_connect(paths.sock, 5000, &fd));
@@ -105,7 +106,7 @@ static void garbage(struct peer *p)
 {
   /* Random bytes instead of HELLO, and after it. */
   for (int round = 0; round < 200; round++) {
-    int fd = raw_connect();
+    int fd = broker_connect();
     if (round % 2)
       hello(fd);
     uint8_t junk[512];
@@ -129,7 +130,7 @@ static void bad_messages(struct peer *p)
   int len, fd;
 
   /* An OPEN before HELLO. */
-  fd = raw_connect();
+  fd = broker_connect();
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_OPEN;
   m.req = 1;
@@ -140,7 +141,7 @@ static void bad_messages(struct peer *p)
 
   /* A body one byte short, one byte long, a header that lies. */
   for (int k = 0; k < 3; k++) {
-    fd = raw_connect();
+    fd = broker_connect();
     hello(fd);
     len = encode(&m, buf);
     if (k == 0)
@@ -154,7 +155,7 @@ static void bad_messages(struct peer *p)
   }
 
   /* A name with a slash, written by hand past the encoder's checks. */
-  fd = raw_connect();
+  fd = broker_connect();
   hello(fd);
   len = encode(&m, buf);
   buf[GPUIPC_PROTO_HDR + 2 + 1] = '/'; /* "k/ep" */
@@ -162,7 +163,7 @@ static void bad_messages(struct peer *p)
   expect_hangup(fd, "bad name");
 
   /* Descriptors with a message that carries none. */
-  fd = raw_connect();
+  fd = broker_connect();
   hello(fd);
   len = encode(&m, buf);
   int extra[2] = {0, 1};
@@ -170,7 +171,7 @@ static void bad_messages(struct peer *p)
   expect_hangup(fd, "unexpected descriptors");
 
   /* A message only brokers send. */
-  fd = raw_connect();
+  fd = broker_connect();
   hello(fd);
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_WELCOME;
@@ -181,7 +182,7 @@ static void bad_messages(struct peer *p)
   expect_hangup(fd, "WELCOME from a member");
 
   /* A PUBLISH whose handle fd is missing. */
-  fd = raw_connect();
+  fd = broker_connect();
   hello(fd);
   gpuipc_buf_t *b;
   ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b));
@@ -206,7 +207,7 @@ static void bad_messages(struct peer *p)
   gpuipc_buf_release(b);
 
   /* Another version: ERROR(VERSION), then the hang-up. */
-  fd = raw_connect();
+  fd = broker_connect();
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_HELLO;
   m.req = 3;
@@ -226,7 +227,7 @@ static void bad_messages(struct peer *p)
   expect_hangup(fd, "version 2");
 
   /* A holder that turns bad loses its references. */
-  fd = raw_connect();
+  fd = broker_connect();
   hello(fd);
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_OPEN;
@@ -253,7 +254,7 @@ static void bad_messages(struct peer *p)
 /* A client that sends and never reads is cut off; nobody else notices. */
 static void deaf_client(struct peer *p)
 {
-  int fd = raw_connect();
+  int fd = broker_connect();
   hello(fd);
   struct gpuipc__msg m;
   memset(&m, 0, sizeof(m));
@@ -277,7 +278,7 @@ static void deaf_client(struct peer *p)
 /* A member may keep 1024 requests waiting; more are refused, not parked. */
 static void flood_waits(struct peer *p)
 {
-  int fd = raw_connect();
+  int fd = broker_connect();
   hello(fd);
   struct gpuipc__msg m;
   uint8_t buf[GPUIPC__MSG_BUF];
@@ -346,7 +347,7 @@ static void mutations(struct peer *p)
     int flips = 1 + (int)(rnd() % 3);
     for (int f = 0; f < flips; f++)
       buf[rnd() % (uint32_t)len] ^= (uint8_t)(1u << (rnd() % 8));
-    int fd = raw_connect();
+    int fd = broker_connect();
     hello(fd);
     int nfds = gpuipc__msg_nfds(m);
     send_raw(fd, buf, (size_t)len, &h.fd, nfds);
@@ -373,7 +374,7 @@ static void mutations(struct peer *p)
  */
 static void no_descriptor(void)
 {
-  int fd = raw_connect();
+  int fd = broker_connect();
   hello(fd);
   uint8_t buf[GPUIPC__MSG_BUF], in[GPUIPC_MSG_MAX];
   struct gpuipc__msg m, r;
@@ -391,37 +392,11 @@ static void no_descriptor(void)
   ASSERT_OK(gpuipc__msg_decode(in, (size_t)n, 0, &r));
   ASSERT_EQ(r.type, GPUIPC_MSG_CREATE_IT);
 
-  gpuipc_handle_t h;
-  memset(&h, 0, sizeof(h));
-  h.version = GPUIPC_HANDLE_VERSION;
-  h.kind = GPUIPC_KIND_LEGACY;
-  h.type = GPUIPC_HT_LEGACY;
-  h.size = 4096;
-  h.alloc_size = 2u << 20;
-  for (int i = 0; i < 16; i++)
-    h.device_uuid[i] = (uint8_t)(0x10 + i);
-  h.export_id = 1;
-  h.boot_id[0] = 1;
-  h.pid = (uint32_t)getpid();
-  h.pidns = 1;
-  h.nonce = 1;
-  for (int i = 0; i < GPUIPC_HANDLE_BYTES; i++)
-    h.bytes[i] = (uint8_t)(i + 1);
-  h.fd = -1;
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_PUBLISH;
   m.req = 2;
-  struct gpuipc__seg_wire *w = &m.u.publish.seg;
-  snprintf(w->name, sizeof(w->name), "legacy");
-  w->id = r.u.create_it.id;
-  w->size = 4096;
-  w->kind = GPUIPC_KIND_LEGACY;
-  w->state = GPUIPC__SEG_PUBLISHED;
-  memcpy(w->uuid, h.device_uuid, 16);
-  w->has_handle = true;
-  w->htype = GPUIPC_HT_LEGACY;
-  if (gpuipc_handle_pack(&h, w->handle, sizeof(w->handle)) < 0)
-    TFAIL("pack: %s", gpuipc_last_error());
+  m.u.publish.seg = raw_legacy_seg("legacy", r.u.create_it.id, 4096,
+                                   GPUIPC__SEG_PUBLISHED);
   send_raw(fd, buf, (size_t)encode(&m, buf), NULL, 0);
   n = gpuipc__sock_recv(fd, in, sizeof(in), NULL, &nfds, 5000);
   ASSERT_GT(n, 0);
@@ -463,7 +438,7 @@ static void huge_ids(struct peer *p)
   int len = encode(&m, buf);
   for (int i = 0; i < 8; i++) /* max_id = UINT64_MAX - 1 */
     buf[GPUIPC_PROTO_HDR + 24 + i] = i == 0 ? 0xfe : 0xff;
-  int fd = raw_connect();
+  int fd = broker_connect();
   send_raw(fd, buf, (size_t)len, NULL, 0);
   expect_hangup(fd, "HELLO with max id 2^64 - 2");
   gpuipc_buf_t *a, *b;

@@ -33,20 +33,13 @@ static void *refusing_broker(void *arg)
 {
   (void)arg;
   struct gpuipc__msg m;
-  int fd = fake_accept(&m);
-  uint32_t req = m.req;
-  memset(&m, 0, sizeof(m));
-  m.type = GPUIPC_MSG_WELCOME;
-  m.req = req;
-  m.u.welcome.pid = (uint32_t)getpid();
-  m.u.welcome.epoch = 1;
-  raw_send(fd, &m, NULL, 0);
+  int fd = raw_accept_member(listen_fd);
   char c;
   if (read(drop_pipe[0], &c, 1) != 1)
     TFAIL("read: %s", strerror(errno));
   close(fd);
   fd = fake_accept(&m);
-  req = m.req;
+  uint32_t req = m.req;
   uint8_t buf[GPUIPC__MSG_BUF];
   memset(&m, 0, sizeof(m));
   if (refusal == GPUIPC_E_DENIED) {

@@ -77,21 +77,9 @@ static void st(uint8_t *p, size_t off, uint64_t v, int n)
     p[off + (size_t)i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Bit-at-a-time CRC-32C from the definition. */
-static uint32_t crc_ref(const uint8_t *p, size_t n)
-{
-  uint32_t crc = 0xffffffffu;
-  for (size_t i = 0; i < n; i++) {
-    crc ^= p[i];
-    for (int k = 0; k < 8; k++)
-      crc = (crc & 1) ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
-  }
-  return ~crc;
-}
-
 static void fix_crc(uint8_t *rec)
 {
-  st(rec, 188, crc_ref(rec, 188), 4);
+  st(rec, 188, test_crc32c_ref(rec, 188), 4);
 }
 
 static void pack_ok(const gpuipc_handle_t *h, uint8_t *rec)

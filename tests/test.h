@@ -121,4 +121,17 @@ void test_fill(void *p, size_t n, uint64_t seed);
 /* Returns the index of the first mismatching byte, or (size_t)-1. */
 size_t test_check(const void *p, size_t n, uint64_t seed);
 
+/* CRC-32C bit at a time, written from the definition: the reference the
+ * table-driven gpuipc__crc32c is checked against. */
+static inline uint32_t test_crc32c_ref(const uint8_t *p, size_t n)
+{
+  uint32_t crc = 0xffffffffu;
+  for (size_t i = 0; i < n; i++) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; k++)
+      crc = (crc & 1) ? (crc >> 1) ^ 0x82f63b78u : crc >> 1;
+  }
+  return ~crc;
+}
+
 #endif

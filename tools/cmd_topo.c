@@ -1,8 +1,17 @@
 /* gpuipc topo: the GPU-to-GPU matrix, in the manner of `nvidia-smi topo -m`. */
 #include "cli.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Device @i's description; false when it cannot be had. */
+static bool device_info(int i, gpuipc_device_info_t *d)
+{
+  memset(d, 0, sizeof(*d));
+  d->size = sizeof(*d);
+  return gpuipc_device_info(i, d) == 0;
+}
 
 static const char topo_usage[] =
     "usage: gpuipc topo [--json]\n"
@@ -48,9 +57,7 @@ static int topo_json(int n, const gpuipc_p2p_t *m, int nvml_rc,
   cli_json_arr(&j, "devices");
   for (int i = 0; i < n; i++) {
     gpuipc_device_info_t d;
-    memset(&d, 0, sizeof(d));
-    d.size = sizeof(d);
-    if (gpuipc_device_info(i, &d) != 0)
+    if (!device_info(i, &d))
       continue;
     cli_json_obj(&j, NULL);
     cli_json_int(&j, "ordinal", i);
@@ -119,9 +126,7 @@ static int topo_text(int n, const gpuipc_p2p_t *m, int nvml_rc,
 {
   for (int i = 0; i < n; i++) {
     gpuipc_device_info_t d;
-    memset(&d, 0, sizeof(d));
-    d.size = sizeof(d);
-    if (gpuipc_device_info(i, &d) != 0)
+    if (!device_info(i, &d))
       continue;
     int frc = gpuipc_fabric_status(i);
     printf("GPU%d  %s  %s  %s\n      fabric handles: %s\n", i, d.uuid_str,

@@ -3,15 +3,11 @@
  * domain of the pair's own when the two share a machine, else MPI
  * point-to-point on a communicator of the pair.
  *
- * MPI path, on the pair's communicator (ranks 0 and 1), three tags:
- *   TAG_DESC  descriptors (struct wire, MSG_TENSOR) and, last, MSG_CLOSE
- *   TAG_DATA  the bytes of each tensor, in chunks of at most CHUNK bytes,
- *             in the order of the descriptors (MPI does not overtake)
- *   TAG_REL   the receiver's releases (MSG_REL with the message's seq)
- *             and, last, MSG_CLOSE
- * Each end keeps one receive posted on TAG_DESC and one on TAG_REL. A
- * message stays in flight from gpuipc_mpi_send until its release came
- * back and its MPI sends completed: `depth` of them at most.
+ * MPI path: the records and tags of mpi/mpi_wire.h; a tensor's bytes go
+ * in chunks of at most CHUNK bytes. Each end keeps one receive posted on
+ * TAG_DESC and one on TAG_REL. A message stays in flight from
+ * gpuipc_mpi_send until its release came back and its MPI sends
+ * completed: `depth` of them at most.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -23,33 +19,15 @@
 #include <time.h>
 
 #include "mpi/mpi_int.h"
+#include "mpi/mpi_wire.h"
 
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>
 #endif
 
-enum { TAG_DESC = 1, TAG_DATA = 2, TAG_REL = 3 };
-enum { MSG_TENSOR = 1, MSG_CLOSE = 2, MSG_REL = 3 };
-#define WIRE_MAGIC 0x4d435047u /* "GPCM" */
 #define CHUNK ((size_t)1 << 30)
 #define CACHE_MAX 16
 #define SIZE_ABSURD ((uint64_t)1 << 48)
-
-/* Descriptor, release and close records (native layout: one machine
- * type on both ends). */
-struct wire {
-  uint32_t magic;
-  uint32_t type;
-  uint64_t seq;
-  uint64_t nbytes; /* bytes on TAG_DATA: lowest to highest element */
-  uint64_t offset; /* element 0 in those bytes */
-  int32_t dev_type;
-  int32_t ndim;
-  gpuipc_dl_dtype_t dtype;
-  uint32_t reserved;
-  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
-  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
-};
 
 /* A message in flight. */
 struct slot {

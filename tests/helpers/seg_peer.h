@@ -72,19 +72,27 @@ static inline const char *peer_read(struct peer *p, int timeout_ms)
   }
 }
 
+/* Write one command line to the peer. */
+static inline void peer_vsend(struct peer *p, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+static inline void peer_vsend(struct peer *p, const char *fmt, va_list ap)
+{
+  char cmd[512];
+  int n = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+  cmd[n++] = '\n';
+  if (write(p->in, cmd, (size_t)n) != n)
+    TFAIL("write to peer %d: %s", (int)p->pid, strerror(errno));
+}
+
 /* Send a command without waiting for the reply. */
 static inline void peer_send(struct peer *p, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static inline void peer_send(struct peer *p, const char *fmt, ...)
 {
-  char cmd[512];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+  peer_vsend(p, fmt, ap);
   va_end(ap);
-  cmd[n++] = '\n';
-  if (write(p->in, cmd, (size_t)n) != n)
-    TFAIL("write to peer %d: %s", (int)p->pid, strerror(errno));
 }
 
 /* Send a command and return its reply line. */
@@ -92,14 +100,10 @@ static inline const char *peer_cmd(struct peer *p, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static inline const char *peer_cmd(struct peer *p, const char *fmt, ...)
 {
-  char cmd[512];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+  peer_vsend(p, fmt, ap);
   va_end(ap);
-  cmd[n++] = '\n';
-  if (write(p->in, cmd, (size_t)n) != n)
-    TFAIL("write to peer %d: %s", (int)p->pid, strerror(errno));
   return peer_read(p, PEER_REPLY_MS);
 }
 

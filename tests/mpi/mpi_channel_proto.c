@@ -12,28 +12,11 @@
  */
 #include "gpuipc_mpi.h"
 #include "test.h"
+#include "mpi/mpi_wire.h"
 
 #include <limits.h>
 #include <mpi.h>
 #include <stdbool.h>
-
-/* The channel's records, as src/mpi/channel.c lays them out. */
-enum { TAG_DESC = 1, TAG_DATA = 2, TAG_REL = 3 };
-enum { MSG_TENSOR = 1, MSG_CLOSE = 2, MSG_REL = 3 };
-#define WIRE_MAGIC 0x4d435047u
-struct wire {
-  uint32_t magic;
-  uint32_t type;
-  uint64_t seq;
-  uint64_t nbytes;
-  uint64_t offset;
-  int32_t dev_type;
-  int32_t ndim;
-  gpuipc_dl_dtype_t dtype;
-  uint32_t reserved;
-  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
-  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
-};
 
 #define GOOD_BYTES 10000
 
