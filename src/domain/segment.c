@@ -804,9 +804,9 @@ static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
       /* The broker's answer gets the timeout from now: the allocation is
        * local work (the first one may start CUDA, hundreds of ms, or map
        * gigabytes) and must not use up the wait for the broker. */
-      int ms = timeout_ms;
-      rc = publish(d, name, id, size, own, ms < 0 || ms > 5000 ? 5000 : ms,
-                   r, &pub);
+      rc = publish(d, name, id, size, own,
+                   timeout_ms < 0 || timeout_ms > 5000 ? 5000 : timeout_ms, r,
+                   &pub);
       if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
         continue;
       if (rc != 0) {
