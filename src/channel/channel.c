@@ -1263,7 +1263,6 @@ int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t, void *stream,
   tx->next_seq++;
   tx->sent++;
   tx->last_key = d.buf_key;
-  (void)new_buf;
   pthread_mutex_unlock(&tx->lock);
   if (ticket != NULL)
     *ticket = seq;
