@@ -224,6 +224,18 @@ GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
                              void *stream);
 
 /*
+ * gpuipc_memcpy_async - as gpuipc_memcpy, but only queue the copy on
+ * @stream and return: the copy has completed once the stream's later work
+ * (an event recorded after it, gpuipc_stream_sync) says so. @src and @dst
+ * must stay valid until then; pinned host memory (a HOST buffer of gpuipc)
+ * lets the copy run alongside the host. With @device -1 the copy is a
+ * plain memcpy, done on return.
+ * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA. Thread-safe.
+ */
+GPUIPC_API int gpuipc_memcpy_async(void *dst, const void *src, size_t n,
+                                   int device, void *stream);
+
+/*
  * gpuipc_stream_sync - wait until the work queued on @stream of local
  * device @device (NULL: its legacy default stream) has finished.
  * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA.

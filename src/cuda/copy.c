@@ -1,6 +1,7 @@
 /* Copies and stream waits in a device's primary context. */
 #include "cuda/cuda.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 static int device_check(int device, const char *who)
@@ -14,18 +15,19 @@ static int device_check(int device, const char *who)
   return 0;
 }
 
-int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
-                  void *stream)
+/* Queue the copy on @stream; with @wait, wait for it too. */
+static int copy(void *dst, const void *src, size_t n, int device,
+                void *stream, bool wait, const char *who)
 {
   if (n > 0 && (dst == NULL || src == NULL))
-    return gpuipc__err(-EINVAL, "gpuipc_memcpy: %s is NULL",
+    return gpuipc__err(-EINVAL, "%s: %s is NULL", who,
                        dst == NULL ? "dst" : "src");
   if (device == -1) {
     if (n > 0)
       memmove(dst, src, n);
     return 0;
   }
-  int rc = device_check(device, "gpuipc_memcpy");
+  int rc = device_check(device, who);
   if (rc != 0)
     return rc;
 #if GPUIPC_HAVE_CUDA
@@ -38,14 +40,27 @@ int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
   CUstream s = (CUstream)stream;
   rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
                  (CUdeviceptr)(uintptr_t)src, n, s);
-  if (rc == 0)
+  if (rc == 0 && wait)
     rc = GPUIPC_CU(cuStreamSynchronize, s);
   gpuipc__ctx_leave(&saved);
   return rc;
 #else
   (void)stream;
+  (void)wait;
   return rc;
 #endif
+}
+
+int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
+                  void *stream)
+{
+  return copy(dst, src, n, device, stream, true, "gpuipc_memcpy");
+}
+
+int gpuipc_memcpy_async(void *dst, const void *src, size_t n, int device,
+                        void *stream)
+{
+  return copy(dst, src, n, device, stream, false, "gpuipc_memcpy_async");
 }
 
 int gpuipc_stream_sync(int device, void *stream)
