@@ -67,6 +67,10 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
   XX(NODE_ID, "GPUIPC_NODE_ID", "0",                                           \
      "Testing aid for the MPI component: ranks with different values "         \
      "behave as if on different machines.")                                  \
+  XX(MPI_CHUNK_KB, "GPUIPC_MPI_CHUNK_KB", "0",                                 \
+     "MPI component: KiB in each data chunk of every message on the MPI "      \
+     "path, a power of two in 4..1048576 (0: 1 to 4 MiB pipelined for "       \
+     "staged GPU memory, 1 GiB otherwise).")                                   \
   XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "30",                    \
      "Microseconds a channel end polls a peer's pending event before "         \
      "making its stream wait for it (0: never poll).")

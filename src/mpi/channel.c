@@ -3,11 +3,24 @@
  * domain of the pair's own when the two share a machine, else MPI
  * point-to-point on a communicator of the pair.
  *
- * MPI path: the records and tags of mpi/mpi_wire.h; a tensor's bytes go
- * in chunks of at most CHUNK bytes. Each end keeps one receive posted on
- * TAG_DESC and one on TAG_REL. A message stays in flight from
- * gpuipc_mpi_send until its release came back and its MPI sends
+ * MPI path: the records and tags of mpi/mpi_wire.h. Each end keeps one
+ * receive posted on TAG_DESC and one on TAG_REL. A message stays in flight
+ * from gpuipc_mpi_send until its release came back and its MPI sends
  * completed: `depth` of them at most.
+ *
+ * GPU memory that MPI cannot read (not CUDA-aware, or memory gpuipc did not
+ * allocate) is staged through pinned host memory in a pipeline: the sender
+ * queues device->host copies of the chunks on the stream (NEV at most in
+ * flight, an event after each) and posts each chunk's MPI_Isend once its
+ * copy is done; the receiver keeps NEV chunk receives posted into a ring
+ * of staging chunks and queues each chunk's host->device copy as it
+ * arrives, reusing a staging chunk once the copy out of it is done. So the
+ * copies on both ends overlap the transfer. Staged chunks are 1 to 4 MiB:
+ * large enough that a chunk's fixed costs (a copy launch, an event, an MPI
+ * message: tens of microseconds) stay a few per cent of its transfer,
+ * small enough that filling and draining the pipeline (one chunk's copy
+ * on each end) costs little; a message is cut into four at least when it
+ * can be. Other messages go in 1 GiB chunks (MPI counts are ints).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,7 +38,13 @@
 #include <mpi-ext.h>
 #endif
 
-#define CHUNK ((size_t)1 << 30)
+#define CHUNK_SHIFT_MIN 12 /* 4 KiB */
+#define CHUNK_SHIFT_MAX 30 /* 1 GiB: MPI counts are ints */
+#define PIPE_SHIFT_MIN 20  /* staged chunks: 1 MiB .. */
+#define PIPE_SHIFT_MAX 22  /* .. 4 MiB */
+#define PIPE_CHUNKS 4      /* a staged message in this many chunks at least */
+#define CHUNKS_MAX ((uint64_t)1 << 20) /* chunks of one message */
+#define NEV 16 /* staging copies (and receives) in flight per direction */
 #define CACHE_MAX 16
 #define SIZE_ABSURD ((uint64_t)1 << 48)
 
@@ -57,6 +76,7 @@ struct gpuipc_mpi_channel {
   int send_timeout_ms;
   int rx_device; /* ordinal for GPU views; -1: HOST */
   bool aware;
+  unsigned chunk_shift; /* GPUIPC_MPI_CHUNK_KB; 0: built-in sizes */
   int refs;      /* the open channel and each live view (atomic) */
   int peer_closed; /* the peer's MSG_CLOSE arrived (atomic) */
 
@@ -69,7 +89,11 @@ struct gpuipc_mpi_channel {
   MPI_Request rel_req;
   struct wire rel_w;
   bool tx_gone;
-  bool tx_broken; /* the peer sent a release that breaks the protocol */
+  bool tx_bad_rel; /* the peer sent a release that breaks the protocol */
+  bool tx_torn; /* a message was cut short after its descriptor went out:
+                 * the peer waits for bytes that will not come */
+  gpuipc_event_t *tx_ev[NEV]; /* staging copies, on device tx_ev_dev */
+  int tx_ev_dev;
 
   pthread_mutex_t rx_lock;
   MPI_Request desc_req;
@@ -78,7 +102,9 @@ struct gpuipc_mpi_channel {
   bool have;       /* desc_w holds the next message */
   bool rx_gone;
   bool rx_broken;
-  gpuipc_buf_t *rx_stage;
+  gpuipc_buf_t *rx_stage; /* a ring of staging chunks */
+  gpuipc_event_t *rx_ev[NEV]; /* copies out of them, on rx_ev_dev */
+  int rx_ev_dev;
 
   pthread_mutex_t ack_lock; /* acks, cache, closed */
   struct ack *acks;
@@ -145,10 +171,73 @@ static void ch_unref(struct gpuipc_mpi_channel *ch)
   free(ch);
 }
 
-/* Post @n bytes of @buf as chunks on TAG_DATA into @reqs (cap enough). */
-static int chunk_count(uint64_t n)
+/* Chunks of 2^@shift bytes in @n bytes. */
+static uint64_t chunk_count(uint64_t n, unsigned shift)
 {
-  return (int)((n + CHUNK - 1) / CHUNK);
+  return (n >> shift) + ((n & (((uint64_t)1 << shift) - 1)) != 0);
+}
+
+/* Bytes in chunk @c of a message of @n bytes in chunks of 2^@shift. */
+static uint64_t chunk_len(uint64_t n, unsigned shift, uint64_t c)
+{
+  uint64_t off = c << shift, len = (uint64_t)1 << shift;
+  return n - off < len ? n - off : len;
+}
+
+/* The chunk size (log2) of a message of @n bytes; @staged: GPU memory
+ * staged through host memory, in a pipeline. */
+static unsigned chunk_shift_for(const struct gpuipc_mpi_channel *ch,
+                                uint64_t n, bool staged)
+{
+  unsigned sh = CHUNK_SHIFT_MAX;
+  if (ch->chunk_shift != 0) {
+    sh = ch->chunk_shift;
+  } else if (staged) {
+    sh = PIPE_SHIFT_MAX;
+    while (sh > PIPE_SHIFT_MIN && (n >> sh) < PIPE_CHUNKS)
+      sh--;
+  }
+  while (sh < CHUNK_SHIFT_MAX && chunk_count(n, sh) > CHUNKS_MAX)
+    sh++;
+  return sh;
+}
+
+static void cancel(MPI_Request *r)
+{
+  if (*r == MPI_REQUEST_NULL)
+    return;
+  MPI_Cancel(r);
+  MPI_Wait(r, MPI_STATUS_IGNORE);
+}
+
+static void ev_free(gpuipc_event_t **ev, int *ev_dev)
+{
+  for (int i = 0; i < NEV; i++) {
+    if (ev[i] != NULL)
+      gpuipc_event_release(ev[i]);
+    ev[i] = NULL;
+  }
+  *ev_dev = -1;
+}
+
+/*
+ * Events @ev[NEV] for copies on device @dev, made once and kept (anew when
+ * the device changes). Where the device cannot make them, ev[0] stays NULL
+ * and the copies are waited for one by one.
+ */
+static void ev_fit(gpuipc_event_t **ev, int *ev_dev, int dev)
+{
+  if (*ev_dev == dev)
+    return;
+  ev_free(ev, ev_dev);
+  *ev_dev = dev;
+  for (int i = 0; i < NEV; i++) {
+    if (gpuipc_event_create(dev, 0, &ev[i]) != 0) {
+      ev_free(ev, ev_dev);
+      *ev_dev = dev;
+      return;
+    }
+  }
 }
 
 /* ---- opening -------------------------------------------------------------*/
@@ -232,6 +321,11 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
   ch->send_timeout_ms = opts ? opts->send_timeout_ms : 0;
   ch->aware = gpuipc__mpi_cuda_aware();
   ch->rx_device = -1;
+  ch->tx_ev_dev = -1;
+  ch->rx_ev_dev = -1;
+  int rc = gpuipc__mpi_chunk_setting(&ch->chunk_shift);
+  if (rc != 0)
+    return rc;
   if (gpuipc_driver_status(NULL) == 0 && gpuipc_device_count() > 0) {
     if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0))
       ch->rx_device = opts->device;
@@ -253,7 +347,7 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
     mrc = MPI_Irecv(&ch->desc_w, (int)sizeof(ch->desc_w), MPI_BYTE, ch->peer,
                     TAG_DESC, ch->pair, &ch->desc_req);
   if (mrc != MPI_SUCCESS) {
-    int rc = gpuipc__mpi_fail_mpi(mrc, "MPI_Irecv");
+    rc = gpuipc__mpi_fail_mpi(mrc, "MPI_Irecv");
     if (ch->rel_req != MPI_REQUEST_NULL) {
       MPI_Cancel(&ch->rel_req);
       MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
@@ -372,10 +466,14 @@ GPUIPC_MPI_API gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch
  * how many releases were taken in, or a negative code. tx_lock held. */
 static int tx_poll(struct gpuipc_mpi_channel *ch)
 {
-  if (ch->tx_broken)
+  if (ch->tx_bad_rel)
     return gpuipc__mpi_fail(GPUIPC_E_PROTO, "the peer broke the protocol "
                             "with an earlier release; the channel is "
                             "unusable");
+  if (ch->tx_torn)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "an earlier message was cut "
+                            "short after its descriptor went out; the "
+                            "channel is unusable");
   int taken = 0;
   while (!ch->tx_gone) {
     int flag = 0, count = 0;
@@ -389,7 +487,7 @@ static int tx_poll(struct gpuipc_mpi_channel *ch)
     const struct wire *w = &ch->rel_w;
     if (count != (int)sizeof(*w) || w->magic != WIRE_MAGIC ||
         (w->type != MSG_REL && w->type != MSG_CLOSE)) {
-      ch->tx_broken = true;
+      ch->tx_bad_rel = true;
       return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a release of %d bytes, magic "
                               "0x%x, type %u: not a gpuipc release", count,
                               w->magic, w->type);
@@ -404,7 +502,7 @@ static int tx_poll(struct gpuipc_mpi_channel *ch)
       if (ch->slots[i].seq == w->seq && !ch->slots[i].released)
         break;
     if (w->seq == 0 || i == ch->depth) {
-      ch->tx_broken = true;
+      ch->tx_bad_rel = true;
       return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a release of message %llu, "
                               "which is not in flight",
                               (unsigned long long)w->seq);
@@ -456,6 +554,147 @@ static int stage_fit(gpuipc_buf_t **buf, uint64_t n)
     gpuipc_buf_release(*buf);
   *buf = b;
   return 0;
+}
+
+/* A failure of message @s after its descriptor went out: the peer waits
+ * for bytes that will not come. Returns @rc. tx_lock held. */
+static int tx_break(struct gpuipc_mpi_channel *ch, int rc)
+{
+  ch->tx_torn = true;
+  ch->tx_gone = true;
+  return rc;
+}
+
+/* Post chunk @c of message @s from @from (the message's first byte) on
+ * TAG_DATA, after its descriptor when @c is 0. tx_lock held. */
+static int tx_chunk(struct gpuipc_mpi_channel *ch, struct slot *s,
+                    const uint8_t *from, uint64_t c)
+{
+  const struct wire *w = &s->w;
+  int mrc;
+  if (c == 0) {
+    mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
+                    ch->pair, &s->req[0]);
+    if (mrc != MPI_SUCCESS)
+      return mpi_err(mrc, "MPI_Isend of a descriptor");
+    s->nreq = 1;
+  }
+  uint64_t len = chunk_len(w->nbytes, w->chunk_shift, c);
+  mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
+                  TAG_DATA, ch->pair, &s->req[s->nreq]);
+  if (mrc != MPI_SUCCESS)
+    return tx_break(ch, mpi_err(mrc, "MPI_Isend of a tensor's bytes"));
+  s->nreq++;
+  return 0;
+}
+
+/* Message @s: its descriptor and every chunk of its bytes at @from (host
+ * memory, or device memory for a CUDA-aware MPI). tx_lock held. */
+static int tx_post(struct gpuipc_mpi_channel *ch, struct slot *s,
+                   const uint8_t *from)
+{
+  uint64_t n = chunk_count(s->w.nbytes, s->w.chunk_shift);
+  if (n == 0) {
+    int mrc = MPI_Isend(&s->w, (int)sizeof(s->w), MPI_BYTE, ch->peer,
+                        TAG_DESC, ch->pair, &s->req[0]);
+    if (mrc != MPI_SUCCESS)
+      return mpi_err(mrc, "MPI_Isend of a descriptor");
+    s->nreq = 1;
+  }
+  for (uint64_t c = 0; c < n; c++) {
+    int rc = tx_chunk(ch, s, from, c);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* MPI moves sends along only inside MPI calls: test the oldest request of
+ * @s not known complete (from @*oldest on), or probe when none is left.
+ * tx_lock held. */
+static int tx_kick(struct gpuipc_mpi_channel *ch, struct slot *s, int *oldest)
+{
+  while (*oldest < s->nreq && s->req[*oldest] == MPI_REQUEST_NULL)
+    (*oldest)++;
+  int flag = 0, mrc;
+  if (*oldest < s->nreq)
+    mrc = MPI_Test(&s->req[*oldest], &flag, MPI_STATUS_IGNORE);
+  else
+    mrc = MPI_Iprobe(ch->peer, MPI_ANY_TAG, ch->pair, &flag,
+                     MPI_STATUS_IGNORE);
+  if (mrc != MPI_SUCCESS)
+    return s->nreq > 0 ? tx_break(ch, mpi_err(mrc, "MPI_Test of a tensor's "
+                                                   "sends"))
+                       : mpi_err(mrc, "MPI_Iprobe");
+  return 0;
+}
+
+/*
+ * Message @s from device memory at @from (device @dev, after the work
+ * queued on @stream): copied chunk by chunk into the slot's pinned staging
+ * buffer, NEV copies in flight, each chunk posted as soon as its copy is
+ * done (the descriptor with the first). Returns once every chunk is
+ * posted. tx_lock held.
+ */
+static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
+                     const uint8_t *from, void *stream)
+{
+  const struct wire *w = &s->w;
+  uint64_t n = chunk_count(w->nbytes, w->chunk_shift);
+  int rc = stage_fit(&s->stage, w->nbytes);
+  if (rc != 0)
+    return rc;
+  ev_fit(ch->tx_ev, &ch->tx_ev_dev, dev);
+  gpuipc_event_t **ev = ch->tx_ev;
+  bool async = ev[0] != NULL;
+  uint8_t *to = gpuipc_buf_ptr(s->stage);
+  uint64_t issued = 0, posted = 0;
+  int oldest = 0;
+  while (posted < n) {
+    /* Queue copies while events are free: synchronous ones one at a time. */
+    while (issued < n && issued - posted < (async ? NEV : 1)) {
+      uint64_t off = issued << w->chunk_shift;
+      uint64_t len = chunk_len(w->nbytes, w->chunk_shift, issued);
+      if (async) {
+        rc = gpuipc__mpi_copy_async(dev, to + off, from + off, len, stream);
+        if (rc == 0) {
+          rc = gpuipc_event_record(ev[issued % NEV], stream);
+          if (rc != 0)
+            rc = gpuipc__mpi_fail_gpuipc(rc);
+        }
+      } else {
+        rc = gpuipc__mpi_copy(dev, to + off, from + off, len, stream);
+      }
+      if (rc != 0)
+        goto fail;
+      issued++;
+    }
+    if (async) {
+      rc = gpuipc_event_query(ev[posted % NEV]);
+      if (rc == -EAGAIN) {
+        rc = tx_kick(ch, s, &oldest);
+        if (rc != 0)
+          goto fail;
+        continue;
+      }
+      if (rc != 0) {
+        rc = gpuipc__mpi_fail_gpuipc(rc);
+        goto fail;
+      }
+    }
+    rc = tx_chunk(ch, s, to, posted);
+    if (rc != 0)
+      goto fail;
+    posted++;
+  }
+  return 0;
+fail:
+  /* Copies still queued write into the staging buffer: let them end. */
+  if (issued > posted)
+    (void)gpuipc_stream_sync(dev, stream);
+  if (s->nreq > 0)
+    tx_break(ch, rc);
+  return rc;
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
@@ -537,36 +776,8 @@ GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
   for (uint32_t i = 0; i < ch->depth && s == NULL; i++)
     if (ch->slots[i].seq == 0)
       s = &ch->slots[i];
-  int nchunks = chunk_count(lay.span);
-  if (s->req_cap < 1 + nchunks) {
-    MPI_Request *r = realloc(s->req, sizeof(*r) * (size_t)(1 + nchunks));
-    if (r == NULL) {
-      rc = gpuipc__mpi_fail(-ENOMEM, "%s: no memory for %d requests", who,
-                            1 + nchunks);
-      goto unlock;
-    }
-    s->req = r;
-    s->req_cap = 1 + nchunks;
-  }
-  const uint8_t *from = base + lay.first;
-  if (lay.span > 0 && (t->buf == NULL || (gpu && !ch->aware))) {
-    rc = stage_fit(&s->stage, lay.span);
-    if (rc != 0)
-      goto unlock;
-    uint8_t *to = gpuipc_buf_ptr(s->stage);
-    if (gpu)
-      rc = gpuipc__mpi_copy(dev, to, from, lay.span, stream);
-    else
-      memcpy(to, from, lay.span);
-    if (rc != 0)
-      goto unlock;
-    from = to;
-  } else if (lay.span > 0 && gpu) {
-    /* The MPI library reads the device memory: after the sender's work. */
-    rc = gpuipc__mpi_stream_sync(dev, stream);
-    if (rc != 0)
-      goto unlock;
-  }
+  /* GPU memory MPI cannot read goes through host memory, in a pipeline. */
+  bool staged = lay.span > 0 && gpu && (t->buf == NULL || !ch->aware);
   struct wire *w = &s->w;
   memset(w, 0, sizeof(*w));
   w->magic = WIRE_MAGIC;
@@ -577,6 +788,7 @@ GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
   w->dev_type = gpu ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
   w->ndim = dl->ndim;
   w->dtype = dl->dtype;
+  w->chunk_shift = chunk_shift_for(ch, lay.span, staged);
   int64_t compact = 1;
   for (int i = dl->ndim - 1; i >= 0; i--) {
     w->shape[i] = dl->shape[i];
@@ -584,26 +796,39 @@ GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
                                                           : compact;
     compact *= dl->shape[i] > 0 ? dl->shape[i] : 1;
   }
-  int mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
-                      ch->pair, &s->req[0]);
-  if (mrc != MPI_SUCCESS) {
-    rc = mpi_err(mrc, "MPI_Isend of a descriptor");
-    goto unlock;
-  }
-  s->nreq = 1;
-  for (int c = 0; c < nchunks; c++) {
-    uint64_t off = (uint64_t)c * CHUNK;
-    uint64_t n = lay.span - off < CHUNK ? lay.span - off : CHUNK;
-    mrc = MPI_Isend(from + off, (int)n, MPI_BYTE, ch->peer, TAG_DATA,
-                    ch->pair, &s->req[s->nreq]);
-    if (mrc != MPI_SUCCESS) {
-      /* The descriptor is out: the channel cannot recover. */
-      rc = mpi_err(mrc, "MPI_Isend of a tensor's bytes");
-      ch->tx_gone = true;
+  int nreq = 1 + (int)chunk_count(lay.span, w->chunk_shift);
+  if (s->req_cap < nreq) {
+    MPI_Request *r = realloc(s->req, sizeof(*r) * (size_t)nreq);
+    if (r == NULL) {
+      rc = gpuipc__mpi_fail(-ENOMEM, "%s: no memory for %d requests", who,
+                            nreq);
       goto unlock;
     }
-    s->nreq++;
+    s->req = r;
+    s->req_cap = nreq;
   }
+  s->nreq = 0;
+  const uint8_t *from = base + lay.first;
+  if (staged) {
+    rc = tx_staged(ch, s, dev, from, stream);
+  } else {
+    if (lay.span > 0 && t->buf == NULL) {
+      /* Memory of the caller's, free again on return: copied. */
+      rc = stage_fit(&s->stage, lay.span);
+      if (rc != 0)
+        goto unlock;
+      memcpy(gpuipc_buf_ptr(s->stage), from, lay.span);
+      from = gpuipc_buf_ptr(s->stage);
+    } else if (lay.span > 0 && gpu) {
+      /* The MPI library reads the device memory: after the sender's work. */
+      rc = gpuipc__mpi_stream_sync(dev, stream);
+      if (rc != 0)
+        goto unlock;
+    }
+    rc = tx_post(ch, s, from);
+  }
+  if (rc != 0)
+    goto unlock;
   s->seq = ch->next_seq++;
   s->released = false;
   ch->in_flight++;
@@ -762,6 +987,14 @@ static int rx_check(struct gpuipc_mpi_channel *ch, const struct wire *w,
     return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: ndim %d, "
                             "%llu bytes", (unsigned long long)w->seq,
                             w->ndim, (unsigned long long)w->nbytes);
+  if (w->chunk_shift < CHUNK_SHIFT_MIN || w->chunk_shift > CHUNK_SHIFT_MAX ||
+      chunk_count(w->nbytes, w->chunk_shift) > CHUNKS_MAX)
+    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: chunk_shift "
+                            "%u for %llu bytes: chunks must be 2^%d to 2^%d "
+                            "bytes, %llu of them at most",
+                            (unsigned long long)w->seq, w->chunk_shift,
+                            (unsigned long long)w->nbytes, CHUNK_SHIFT_MIN,
+                            CHUNK_SHIFT_MAX, (unsigned long long)CHUNKS_MAX);
   gpuipc_tensor_t t;
   memset(&t, 0, sizeof(t));
   t.dl.data = (void *)w; /* any non-NULL base: offsets are checked */
@@ -842,48 +1075,111 @@ static int rx_next(struct gpuipc_mpi_channel *ch)
   return 0;
 }
 
-/* The bytes of the message in desc_w into @dst (on device @dev, or host
- * when < 0), through the staging buffer when MPI cannot write there. */
+/*
+ * The bytes of the message in desc_w into @dst (on device @dev, or host
+ * when < 0). Up to NEV chunk receives stay posted, in order. When MPI
+ * cannot write to @dst they land in a ring of staging chunks in pinned
+ * host memory, and each chunk's copy to @dst is queued on @stream as soon
+ * as it arrived; a staging chunk takes the next receive once the copy out
+ * of it is done. Returns once every copy is. A failure after the first
+ * receive was posted breaks the channel: the rest of the message may be
+ * on its way. rx_lock held.
+ */
 static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
                    void *stream)
 {
-  uint64_t n = ch->desc_w.nbytes;
+  const struct wire *w = &ch->desc_w;
+  uint64_t n = w->nbytes;
   if (n == 0)
     return 0;
-  uint8_t *into = dst;
+  unsigned sh = w->chunk_shift;
+  uint64_t nchunks = chunk_count(n, sh);
+  uint64_t win = nchunks < NEV ? nchunks : NEV;
   bool staged = dev >= 0 && !ch->aware;
+  uint8_t *into = dst;
+  gpuipc_event_t **ev = ch->rx_ev;
   if (staged) {
-    int rc = stage_fit(&ch->rx_stage, n);
+    uint64_t ring = win << sh;
+    int rc = stage_fit(&ch->rx_stage, ring < n ? ring : n);
     if (rc != 0)
-      return rc;
+      return rc; /* the message stays first in line */
     into = gpuipc_buf_ptr(ch->rx_stage);
+    ev_fit(ev, &ch->rx_ev_dev, dev);
   }
-  int nchunks = chunk_count(n);
-  MPI_Request reqs[16];
-  int rc = 0;
-  /* At most 16 chunks at once (16 GiB); in turn beyond. */
-  for (int c0 = 0; c0 < nchunks && rc == 0; c0 += 16) {
-    int k = 0;
-    for (int c = c0; c < nchunks && k < 16; c++, k++) {
-      uint64_t off = (uint64_t)c * CHUNK;
-      uint64_t len = n - off < CHUNK ? n - off : CHUNK;
-      int mrc = MPI_Irecv(into + off, (int)len, MPI_BYTE, ch->peer, TAG_DATA,
-                          ch->pair, &reqs[k]);
+  bool async = staged && ev[0] != NULL;
+  MPI_Request reqs[NEV];
+  uint64_t posted = 0, done = 0;
+  int rc = 0, mrc;
+  while (done < nchunks) {
+    bool post = posted < nchunks && posted - done < win;
+    if (post && async && posted >= win) {
+      /* The staging chunk's last copy out must be over. */
+      rc = gpuipc_event_query(ev[posted % win]);
+      if (rc != 0 && rc != -EAGAIN) {
+        rc = gpuipc__mpi_fail_gpuipc(rc);
+        goto fail;
+      }
+      post = rc == 0;
+      rc = 0;
+    }
+    if (post) {
+      uint8_t *at = staged ? into + ((posted % win) << sh)
+                           : into + (posted << sh);
+      mrc = MPI_Irecv(at, (int)chunk_len(n, sh, posted), MPI_BYTE, ch->peer,
+                      TAG_DATA, ch->pair, &reqs[posted % win]);
       if (mrc != MPI_SUCCESS) {
         rc = mpi_err(mrc, "MPI_Irecv of a tensor's bytes");
-        break;
+        goto fail;
+      }
+      posted++;
+      continue;
+    }
+    /* The oldest chunk: waited for, unless copies may free a staging
+     * chunk meanwhile. */
+    int flag = 1;
+    MPI_Request *r = &reqs[done % win];
+    mrc = async ? MPI_Test(r, &flag, MPI_STATUS_IGNORE)
+                : MPI_Wait(r, MPI_STATUS_IGNORE);
+    if (mrc != MPI_SUCCESS) {
+      rc = mpi_err(mrc, "MPI_Test of a tensor's bytes");
+      goto fail;
+    }
+    if (!flag)
+      continue;
+    if (staged) {
+      uint8_t *from = into + ((done % win) << sh);
+      uint8_t *to = (uint8_t *)dst + (done << sh);
+      uint64_t len = chunk_len(n, sh, done);
+      if (async) {
+        rc = gpuipc__mpi_copy_async(dev, to, from, len, stream);
+        if (rc == 0) {
+          rc = gpuipc_event_record(ev[done % win], stream);
+          if (rc != 0)
+            rc = gpuipc__mpi_fail_gpuipc(rc);
+        }
+      } else {
+        rc = gpuipc__mpi_copy(dev, to, from, len, stream);
+      }
+      if (rc != 0) {
+        done++;
+        goto fail;
       }
     }
-    int mrc = MPI_Waitall(k, reqs, MPI_STATUSES_IGNORE);
-    if (rc == 0 && mrc != MPI_SUCCESS)
-      rc = mpi_err(mrc, "MPI_Waitall of a tensor's bytes");
+    done++;
   }
-  if (rc != 0) {
-    ch->rx_broken = true;
-    return rc;
+  if (async) {
+    rc = gpuipc__mpi_stream_sync(dev, stream);
+    if (rc != 0)
+      goto fail;
   }
-  if (staged)
-    rc = gpuipc__mpi_copy(dev, dst, into, n, stream);
+  return 0;
+fail:
+  /* Nothing may write into the staging ring or @dst after return. */
+  for (uint64_t c = done; c < posted; c++)
+    cancel(&reqs[c % win]);
+  if (async)
+    (void)gpuipc_stream_sync(dev, stream);
+  ch->rx_broken = true;
   return rc;
 }
 
@@ -1132,14 +1428,6 @@ GPUIPC_MPI_API int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view,
 
 /* ---- closing -------------------------------------------------------------*/
 
-static void cancel(MPI_Request *r)
-{
-  if (*r == MPI_REQUEST_NULL)
-    return;
-  MPI_Cancel(r);
-  MPI_Wait(r, MPI_STATUS_IGNORE);
-}
-
 GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
 {
   gpuipc__mpi_call_begin();
@@ -1209,6 +1497,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
   ch->ncache = 0;
   if (ch->rx_stage != NULL)
     gpuipc_buf_release(ch->rx_stage);
+  ev_free(ch->tx_ev, &ch->tx_ev_dev);
+  ev_free(ch->rx_ev, &ch->rx_ev_dev);
   MPI_Comm_free(&ch->pair);
   ch->closed = true;
   pthread_mutex_unlock(&ch->ack_lock);

@@ -46,7 +46,17 @@ int gpuipc__mpi_cuda_aware(void);
  */
 int gpuipc__mpi_copy(int device, void *dst, const void *src, size_t n,
                      void *stream);
+/* Queue that copy on @stream and return (gpuipc_memcpy_async). */
+int gpuipc__mpi_copy_async(int device, void *dst, const void *src, size_t n,
+                           void *stream);
 /* Wait for the work queued on @stream of @device. */
 int gpuipc__mpi_stream_sync(int device, void *stream);
+
+/*
+ * GPUIPC_MPI_CHUNK_KB as the log2 of a chunk size in bytes (12..30), or 0
+ * when unset or 0 (the built-in sizes). -EINVAL with a sentence for a
+ * value that is not a power of two in 4..1048576.
+ */
+int gpuipc__mpi_chunk_setting(unsigned *shift);
 
 #endif /* GPUIPC_MPI_INT_H */

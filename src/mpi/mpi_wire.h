@@ -4,8 +4,10 @@
  *
  * On the pair's communicator (ranks 0 and 1), three tags:
  *   TAG_DESC  descriptors (struct wire, MSG_TENSOR) and, last, MSG_CLOSE
- *   TAG_DATA  the bytes of each tensor, in chunks, in the order of the
- *             descriptors (MPI does not overtake)
+ *   TAG_DATA  the bytes of each tensor, in chunks of 2^chunk_shift bytes
+ *             (the last one shorter; the sender picks the size for each
+ *             message), in the order of the descriptors (MPI does not
+ *             overtake)
  *   TAG_REL   the receiver's releases (MSG_REL with the message's seq)
  *             and, last, MSG_CLOSE
  */
@@ -31,7 +33,7 @@ struct wire {
   int32_t dev_type;
   int32_t ndim;
   gpuipc_dl_dtype_t dtype;
-  uint32_t reserved;
+  uint32_t chunk_shift; /* TAG_DATA chunks of 2^chunk_shift bytes */
   int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
   int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
 };
