@@ -3,12 +3,14 @@
  * "machines" through node_id.sh) share channels, but the odd rank plays
  * the other end by hand: it makes the same communicator and agreements as
  * gpuipc_channel_open_mpi and then writes records itself. The even rank, a
- * real channel end, must take a well-formed message (bytes checked,
- * release sent back) and must refuse with GPUIPC_E_PROTO, and a sentence
- * naming the fault, every lie: a record of the wrong size, a bad magic or
- * type, a sequence number out of turn, an unknown device type, too many
- * dimensions, elements reaching past the bytes sent, and a release of a
- * message never sent. One channel per case (a refusal breaks it for good).
+ * real channel end, must take a well-formed message cut into chunks of the
+ * size its descriptor names (bytes checked, release sent back) and must
+ * refuse with GPUIPC_E_PROTO, and a sentence naming the fault, every lie: a
+ * record of the wrong size, a bad magic or type, a sequence number out of
+ * turn, an unknown device type, too many dimensions, elements reaching past
+ * the bytes sent, a chunk size out of range (0, as the field was before it
+ * existed; 2^31; more than 2^20 chunks), and a release of a message never
+ * sent. One channel per case (a refusal breaks it for good).
  */
 #include "gpuipc_mpi.h"
 #include "test.h"
@@ -18,7 +20,7 @@
 #include <mpi.h>
 #include <stdbool.h>
 
-#define GOOD_BYTES 10000
+#define GOOD_BYTES 10000 /* in chunks of 4096, 4096, 1808 */
 
 /* One agreement of gpuipc's (MPI_MINLOC of {rank, code}): this end's 0. */
 static void agree_ok(MPI_Comm pair)
@@ -79,7 +81,7 @@ static void fake_close(MPI_Comm pair)
   MPI_Comm_free(&pair);
 }
 
-static struct wire descriptor(uint64_t nbytes)
+static struct wire descriptor(uint64_t nbytes, uint32_t shift)
 {
   struct wire w;
   memset(&w, 0, sizeof(w));
@@ -90,6 +92,7 @@ static struct wire descriptor(uint64_t nbytes)
   w.dev_type = GPUIPC_DL_CPU;
   w.ndim = 1;
   w.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
+  w.chunk_shift = shift;
   w.shape[0] = (int64_t)nbytes;
   w.strides[0] = 1;
   return w;
@@ -97,27 +100,30 @@ static struct wire descriptor(uint64_t nbytes)
 
 /* The lies, each on a channel of its own (tags 21, 22, ...). */
 enum { LIE_SIZE, LIE_MAGIC, LIE_TYPE, LIE_SEQ, LIE_DEV, LIE_NDIM, LIE_SPAN,
-       LIE_RELEASE, NLIES };
+       LIE_SHIFT_ZERO, LIE_SHIFT_BIG, LIE_CHUNKS_MANY, LIE_RELEASE, NLIES };
 static const char *const lie_words[NLIES] = {
     "bytes", "magic", "type", "seq", "device type", "ndim", "reach",
-    "not in flight"};
+    "chunk_shift", "chunk_shift", "chunk_shift", "not in flight"};
 
-/* Odd rank: a good message, then the lies. */
+/* Odd rank: a good message in three chunks, then the lies. */
 static void fake_end(int me, int peer)
 {
   MPI_Comm pair = fake_open(me, peer, 20);
   int other = 0;
   MPI_Comm_rank(pair, &other);
   other ^= 1;
-  struct wire w = descriptor(GOOD_BYTES);
+  struct wire w = descriptor(GOOD_BYTES, 12);
   uint8_t *bytes = malloc(GOOD_BYTES);
   ASSERT_TRUE(bytes != NULL);
   for (size_t i = 0; i < GOOD_BYTES; i++)
     bytes[i] = test_pattern(77, i);
   ASSERT_EQ(MPI_Send(&w, (int)sizeof(w), MPI_BYTE, other, TAG_DESC, pair),
             MPI_SUCCESS);
-  ASSERT_EQ(MPI_Send(bytes, GOOD_BYTES, MPI_BYTE, other, TAG_DATA, pair),
-            MPI_SUCCESS);
+  for (size_t off = 0; off < GOOD_BYTES; off += 4096) {
+    int len = GOOD_BYTES - off < 4096 ? (int)(GOOD_BYTES - off) : 4096;
+    ASSERT_EQ(MPI_Send(bytes + off, len, MPI_BYTE, other, TAG_DATA, pair),
+              MPI_SUCCESS);
+  }
   struct wire rel;
   ASSERT_EQ(MPI_Recv(&rel, (int)sizeof(rel), MPI_BYTE, other, TAG_REL, pair,
                      MPI_STATUS_IGNORE), MPI_SUCCESS);
@@ -129,7 +135,7 @@ static void fake_end(int me, int peer)
 
   for (int k = 0; k < NLIES; k++) {
     pair = fake_open(me, peer, 21 + k);
-    w = descriptor(64);
+    w = descriptor(64, 12); /* one chunk of 4 KiB at most */
     int len = (int)sizeof(w), tag = TAG_DESC;
     switch (k) {
     case LIE_SIZE: len = 10; break;
@@ -139,6 +145,9 @@ static void fake_end(int me, int peer)
     case LIE_DEV: w.dev_type = 99; break;
     case LIE_NDIM: w.ndim = GPUIPC_TENSOR_MAX_DIMS + 1; break;
     case LIE_SPAN: w.shape[0] = 65; break; /* 65 elements in 64 bytes */
+    case LIE_SHIFT_ZERO: w.chunk_shift = 0; break;
+    case LIE_SHIFT_BIG: w.chunk_shift = 31; break;
+    case LIE_CHUNKS_MANY: w = descriptor((uint64_t)1 << 33, 12); break;
     case LIE_RELEASE: /* to the real end's sending side */
       w.type = MSG_REL;
       w.seq = 5;
