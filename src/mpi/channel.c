@@ -565,6 +565,34 @@ static int tx_break(struct gpuipc_mpi_channel *ch, int rc)
   return rc;
 }
 
+/*
+ * A staging buffer of @n bytes for slot @s: its own when large enough,
+ * else that of a slot whose sends are over (free, or awaiting only its
+ * release), swapped, so that pinning new memory (milliseconds for a few
+ * MiB) is rare. Else a new one. tx_lock held, after tx_poll.
+ */
+static int tx_stage(struct gpuipc_mpi_channel *ch, struct slot *s, uint64_t n)
+{
+  if (s->stage != NULL && gpuipc_buf_size(s->stage) >= n)
+    return 0;
+  struct slot *best = NULL;
+  for (uint32_t i = 0; i < ch->depth; i++) {
+    struct slot *d = &ch->slots[i];
+    if (d == s || d->stage == NULL || d->nreq != 0 ||
+        gpuipc_buf_size(d->stage) < n)
+      continue;
+    if (best == NULL ||
+        gpuipc_buf_size(d->stage) < gpuipc_buf_size(best->stage))
+      best = d;
+  }
+  if (best == NULL)
+    return stage_fit(&s->stage, n);
+  gpuipc_buf_t *mine = s->stage;
+  s->stage = best->stage;
+  best->stage = mine;
+  return 0;
+}
+
 /* Post chunk @c of message @s from @from (the message's first byte) on
  * TAG_DATA, after its descriptor when @c is 0. tx_lock held. */
 static int tx_chunk(struct gpuipc_mpi_channel *ch, struct slot *s,
@@ -641,7 +669,7 @@ static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
 {
   const struct wire *w = &s->w;
   uint64_t n = chunk_count(w->nbytes, w->chunk_shift);
-  int rc = stage_fit(&s->stage, w->nbytes);
+  int rc = tx_stage(ch, s, w->nbytes);
   if (rc != 0)
     return rc;
   ev_fit(ch->tx_ev, &ch->tx_ev_dev, dev);
@@ -814,7 +842,7 @@ GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
   } else {
     if (lay.span > 0 && t->buf == NULL) {
       /* Memory of the caller's, free again on return: copied. */
-      rc = stage_fit(&s->stage, lay.span);
+      rc = tx_stage(ch, s, lay.span);
       if (rc != 0)
         goto unlock;
       memcpy(gpuipc_buf_ptr(s->stage), from, lay.span);
