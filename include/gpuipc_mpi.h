@@ -118,9 +118,9 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  *    Staged GPU memory moves in a pipeline of 1-4 MiB chunks: the
  *    device->host copies, the MPI transfer and the host->device copies
  *    overlap (gpuipc_mpi_send returns once every chunk is copied and
- *    posted). GPUIPC_MPI_CHUNK_KB (a power of two in 4..1048576; read at
- *    open) sets the chunk size of every message, HOST ones (else 1 GiB)
- *    included.
+ *    posted). GPUIPC_MPI_CHUNK_KB (KiB, a power of two in 4..1048576,
+ *    read at open) sets the chunk size of every message instead, HOST ones
+ *    too (which otherwise go in 1 GiB chunks).
  *
  * What each end can learn of the other: gpuipc_mpi_channel_close tells
  * the peer (so its calls return GPUIPC_E_PEER_GONE once it has received
