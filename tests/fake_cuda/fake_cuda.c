@@ -1,14 +1,17 @@
 /*
- * A fake CUDA driver (see fake_cuda.h). Only what the loader and the device
- * table use is implemented; every other entry point resolves to a function
- * that answers CUDA_ERROR_NOT_SUPPORTED and must never be called by the
- * tests that use this library.
+ * A fake CUDA driver (see fake_cuda.h). What the loader and the device
+ * table use is implemented, and host registration, copies, streams and
+ * events over host memory posing as device memory; every other entry
+ * point resolves to a function that answers CUDA_ERROR_NOT_SUPPORTED and
+ * must never be called by the tests that use this library.
  */
 #include <cuda.h>
 
 #include "fake_cuda.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +310,273 @@ int fake_cuda_registered(void)
   return atomic_load(&registered);
 }
 
+/* ---- copies, streams and events ------------------------------------------
+ *
+ * "Device memory" is host memory: a CUdeviceptr is a host address. A copy
+ * queued with cuMemcpyAsync is not made at once: it waits, in order, in
+ * its stream's queue until something shows it done. An event recorded on
+ * a stream marks the work queued there before it; cuEventQuery answers
+ * CUDA_ERROR_NOT_READY until that work is done, and does it (every copy
+ * up to the mark, in order) on its FAKE_CUDA_COPY_LAG-th query since the
+ * record (default 1: the first) once FAKE_CUDA_COPY_LAG_US microseconds
+ * have passed since the record (default 0). cuEventSynchronize,
+ * cuStreamSynchronize and cuMemcpy do the work at once. So code that
+ * reads a copy's destination, or writes its source, before an event or a
+ * synchronisation said the copy is over sees the old bytes, or has the
+ * new ones copied: as on a GPU whose copies lag.
+ *
+ * The stream is keyed by its handle and, for the NULL (legacy) stream, by
+ * the current context. One lock over all of it.
+ */
+struct copy_op {
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t n;
+};
+
+#define FAKE_STREAMS 8
+
+struct fake_stream {
+  bool used;
+  CUcontext ctx; /* NULL stream: the context it belongs to */
+  CUstream handle;
+  struct copy_op *ops; /* not yet done: ops[start..len) */
+  size_t start, len, cap;
+  uint64_t queued, done; /* copies queued and done, ever */
+};
+
+struct CUevent_st {
+  unsigned flags;
+  struct fake_stream *s; /* NULL: never recorded (complete) */
+  uint64_t mark;         /* s->queued when recorded */
+  int queries;           /* since the record */
+  struct timespec at;    /* of the record */
+};
+
+static pthread_mutex_t work_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_stream streams[FAKE_STREAMS];
+static atomic_int copies_done;
+static atomic_int not_ready;
+
+/* The stream @h means now, made on first use; NULL when the table is full
+ * (the tests use the NULL stream only). work_lock held. */
+static struct fake_stream *stream_of(CUstream h)
+{
+  CUcontext ctx = h == NULL ? current : NULL;
+  struct fake_stream *fresh = NULL;
+  for (int i = 0; i < FAKE_STREAMS; i++) {
+    struct fake_stream *s = &streams[i];
+    if (s->used && s->handle == h && s->ctx == ctx)
+      return s;
+    if (!s->used && fresh == NULL)
+      fresh = s;
+  }
+  if (fresh != NULL) {
+    fresh->used = true;
+    fresh->ctx = ctx;
+    fresh->handle = h;
+  }
+  return fresh;
+}
+
+/* Do the copies of @s up to number @mark. work_lock held. */
+static void stream_run(struct fake_stream *s, uint64_t mark)
+{
+  while (s->done < mark && s->start < s->len) {
+    struct copy_op *op = &s->ops[s->start++];
+    if (op->n > 0)
+      memmove(op->dst, op->src, op->n);
+    s->done++;
+    atomic_fetch_add(&copies_done, 1);
+  }
+  if (s->start == s->len)
+    s->start = s->len = 0;
+}
+
+static void all_run(void)
+{
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    if (streams[i].used)
+      stream_run(&streams[i], streams[i].queued);
+}
+
+static long long usec_since(const struct timespec *t)
+{
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (long long)(now.tv_sec - t->tv_sec) * 1000000 +
+         (now.tv_nsec - t->tv_nsec) / 1000;
+}
+
+static CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
+                                   size_t n, CUstream h)
+{
+  NEED_INIT();
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (n > 0 && (dst == 0 || src == 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s == NULL) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+    goto unlock;
+  }
+  if (s->len == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    struct copy_op *ops = realloc(s->ops, cap * sizeof(*ops));
+    if (ops == NULL) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+      goto unlock;
+    }
+    s->ops = ops;
+    s->cap = cap;
+  }
+  s->ops[s->len++] = (struct copy_op){(uint8_t *)(uintptr_t)dst,
+                                      (const uint8_t *)(uintptr_t)src, n};
+  s->queued++;
+unlock:
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+/* Synchronous: after the work queued before it, as on the legacy stream. */
+static CUresult fake_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+  NEED_INIT();
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (n > 0 && (dst == 0 || src == 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&work_lock);
+  all_run();
+  if (n > 0)
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  pthread_mutex_unlock(&work_lock);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuStreamSynchronize(CUstream h)
+{
+  NEED_INIT();
+  if (h == NULL && current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s != NULL)
+    stream_run(s, s->queued);
+  else
+    r = CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+static CUresult fake_cuEventCreate(CUevent *ev, unsigned int flags)
+{
+  NEED_INIT();
+  const unsigned all = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                       CU_EVENT_INTERPROCESS;
+  if (ev == NULL || (flags & ~all) != 0 ||
+      ((flags & CU_EVENT_INTERPROCESS) &&
+       !(flags & CU_EVENT_DISABLE_TIMING)))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  struct CUevent_st *e = calloc(1, sizeof(*e));
+  if (e == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  e->flags = flags;
+  *ev = e;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuEventDestroy(CUevent ev)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  free(ev);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuEventRecord(CUevent ev, CUstream h)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (h == NULL && current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s != NULL) {
+    ev->s = s;
+    ev->mark = s->queued;
+    ev->queries = 0;
+    clock_gettime(CLOCK_MONOTONIC, &ev->at);
+  } else {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+static CUresult fake_cuEventQuery(CUevent ev)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  if (ev->s != NULL && ev->s->done < ev->mark) {
+    ev->queries++;
+    if (ev->queries >= env_int("FAKE_CUDA_COPY_LAG", 1) &&
+        usec_since(&ev->at) >= env_int("FAKE_CUDA_COPY_LAG_US", 0))
+      stream_run(ev->s, ev->mark);
+    else
+      r = CUDA_ERROR_NOT_READY;
+  }
+  if (r == CUDA_ERROR_NOT_READY)
+    atomic_fetch_add(&not_ready, 1);
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+static CUresult fake_cuEventSynchronize(CUevent ev)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&work_lock);
+  if (ev->s != NULL)
+    stream_run(ev->s, ev->mark);
+  pthread_mutex_unlock(&work_lock);
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
+{
+  NEED_INIT();
+  if (h == NULL || ev == NULL || !(ev->flags & CU_EVENT_INTERPROCESS))
+    return CUDA_ERROR_INVALID_VALUE;
+  memset(h, 0, sizeof(*h));
+  memcpy(h->reserved, &ev, sizeof(ev));
+  h->reserved[sizeof(h->reserved) - 1] = 0x5a; /* never all zero */
+  return CUDA_SUCCESS;
+}
+
+int fake_cuda_copies_done(void)
+{
+  return atomic_load(&copies_done);
+}
+
+int fake_cuda_not_ready(void)
+{
+  return atomic_load(&not_ready);
+}
+
 /* Whatever else gpuipc asks for: present, but never to be called here. */
 static CUresult fake_unsupported(void)
 {
@@ -345,6 +615,15 @@ static const struct {
     ENTRY(cuMemGetAllocationGranularity),
     ENTRY(cuMemHostRegister),
     ENTRY(cuMemHostUnregister),
+    ENTRY(cuMemcpyAsync),
+    ENTRY(cuMemcpy),
+    ENTRY(cuStreamSynchronize),
+    ENTRY(cuEventCreate),
+    ENTRY(cuEventDestroy),
+    ENTRY(cuEventRecord),
+    ENTRY(cuEventQuery),
+    ENTRY(cuEventSynchronize),
+    ENTRY(cuIpcGetEventHandle),
 };
 
 static int hidden(const char *symbol)

@@ -10,6 +10,7 @@ if(GPUIPC_HAVE_CUDA)
     target_include_directories(fake_cuda_${variant} SYSTEM PRIVATE
       ${GPUIPC_CUDA_INCLUDE_DIR})
     target_compile_options(fake_cuda_${variant} PRIVATE ${GPUIPC_WARNINGS})
+    target_link_libraries(fake_cuda_${variant} PRIVATE Threads::Threads)
     set_target_properties(fake_cuda_${variant} PROPERTIES
       C_VISIBILITY_PRESET default
       LIBRARY_OUTPUT_DIRECTORY ${GPUIPC_FAKE_CUDA_DIR})

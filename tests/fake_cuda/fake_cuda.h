@@ -10,6 +10,13 @@
  *   FAKE_CUDA_NDEV     number of devices (default 2, at most 2)
  *   FAKE_CUDA_BAD_ATTR a device attribute number it refuses to answer
  *   FAKE_CUDA_REGISTER_MS  milliseconds cuMemHostRegister takes
+ *   FAKE_CUDA_COPY_LAG     a queued copy is done on this query of an event
+ *                          recorded after it (default 1), not before ...
+ *   FAKE_CUDA_COPY_LAG_US  ... nor before this many microseconds since
+ *                          the record (default 0); synchronising calls do
+ *                          the work at once. "Device memory" is host
+ *                          memory: copies are memmove, done in order per
+ *                          stream (see fake_cuda.c)
  * Built three ways: libfake_cuda_full.so (exports cuGetProcAddress_v2),
  * libfake_cuda_v1.so (only the CUDA 11 cuGetProcAddress) and
  * libfake_cuda_nogpa.so (exports no cuGetProcAddress at all).
@@ -56,5 +63,9 @@ int fake_cuda_retains(int dev);
 int fake_cuda_calls_before_init(void);
 /* Calls of cuCtxSetCurrent so far, from any thread. */
 int fake_cuda_set_current_calls(void);
+/* Queued copies done so far (each when its turn came, not when queued). */
+int fake_cuda_copies_done(void);
+/* Times cuEventQuery answered CUDA_ERROR_NOT_READY so far. */
+int fake_cuda_not_ready(void);
 
 #endif
