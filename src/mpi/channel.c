@@ -1138,29 +1138,50 @@ static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
   MPI_Request reqs[NEV];
   uint64_t posted = 0, done = 0;
   int rc = 0, mrc;
+  /* Chunks [done, posted) have a receive in flight, in reqs[c % win]; the
+   * others' entries are spent (MPI_REQUEST_NULL, which MPI_Test reports
+   * complete at once): only those in flight are ever tested. */
   while (done < nchunks) {
-    bool post = posted < nchunks && posted - done < win;
-    if (post && async && posted >= win) {
-      /* The staging chunk's last copy out must be over. */
-      rc = gpuipc_event_query(ev[posted % win]);
-      if (rc != 0 && rc != -EAGAIN) {
-        rc = gpuipc__mpi_fail_gpuipc(rc);
-        goto fail;
+    if (posted < nchunks && posted - done < win) {
+      bool free_chunk = true;
+      if (async && posted >= win) {
+        /* The staging chunk's last copy out (chunk posted - win's) must be
+         * over. While receives are in flight, a copy still running is no
+         * reason to stop: the oldest receive is tested meanwhile. With
+         * none in flight there is nothing to do but wait for the copy. */
+        gpuipc_event_t *e = ev[posted % win];
+        rc = done < posted ? gpuipc_event_query(e) : gpuipc_event_sync(e);
+        if (rc != 0 && rc != -EAGAIN) {
+          rc = gpuipc__mpi_fail_gpuipc(rc);
+          goto fail;
+        }
+        free_chunk = rc == 0;
+        rc = 0;
       }
-      post = rc == 0;
-      rc = 0;
+      if (free_chunk) {
+        uint8_t *at = staged ? into + ((posted % win) << sh)
+                             : into + (posted << sh);
+        mrc = MPI_Irecv(at, (int)chunk_len(n, sh, posted), MPI_BYTE,
+                        ch->peer, TAG_DATA, ch->pair, &reqs[posted % win]);
+        if (mrc != MPI_SUCCESS) {
+          rc = mpi_err(mrc, "MPI_Irecv of a tensor's bytes");
+          goto fail;
+        }
+        posted++;
+        continue;
+      }
     }
-    if (post) {
-      uint8_t *at = staged ? into + ((posted % win) << sh)
-                           : into + (posted << sh);
-      mrc = MPI_Irecv(at, (int)chunk_len(n, sh, posted), MPI_BYTE, ch->peer,
-                      TAG_DATA, ch->pair, &reqs[posted % win]);
-      if (mrc != MPI_SUCCESS) {
-        rc = mpi_err(mrc, "MPI_Irecv of a tensor's bytes");
-        goto fail;
-      }
-      posted++;
-      continue;
+    /* Not reached with nothing in flight (the ring had room, and the
+     * copy was waited for); were it, the test below would take a spent
+     * request for chunk `done` and copy a stale staging chunk. */
+    if (done >= posted) {
+      rc = gpuipc__mpi_fail(-EIO, "message %llu: no receive in flight for "
+                            "chunk %llu of %llu (%llu posted)",
+                            (unsigned long long)w->seq,
+                            (unsigned long long)done,
+                            (unsigned long long)nchunks,
+                            (unsigned long long)posted);
+      goto fail;
     }
     /* The oldest chunk: waited for, unless copies may free a staging
      * chunk meanwhile. */
