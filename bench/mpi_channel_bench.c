@@ -5,6 +5,9 @@
  * "machines":
  *   mpirun -np 2 --bind-to none sh -c \
  *     'GPUIPC_NODE_ID=$OMPI_COMM_WORLD_RANK exec build/bench/mpi_channel_bench'
+ * An argument sets the channel's depth (default 16, at most WARMUP): how
+ * many messages the sender may have in flight, so how far its staging
+ * copies run ahead of the receiver.
  * Rank 0 sends ITERS messages of one buffer (after WARMUP), rank 1 takes
  * each with gpuipc_mpi_recv_into into a buffer of the same kind; the time
  * runs from a barrier to rank 1's last byte (a 1-byte reply). The baseline:
@@ -189,7 +192,14 @@ int main(int argc, char **argv)
   int gpus = gpuipc_driver_status(NULL) == 0 ? gpuipc_device_count() : 0, all;
   MPI_Allreduce(&gpus, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   int gpu = all > 0 ? rank % all : -1;
-  gpuipc_channel_opts_t opts = {.size = sizeof(opts), .depth = 16,
+  int depth = argc > 1 ? atoi(argv[1]) : 16;
+  if (depth < 1 || depth > WARMUP) {
+    if (rank == 0)
+      fprintf(stderr, "depth \"%s\": 1 to %d\n", argv[1], WARMUP);
+    MPI_Finalize();
+    return 2;
+  }
+  gpuipc_channel_opts_t opts = {.size = sizeof(opts), .depth = (uint32_t)depth,
                                 .device = gpu, .device_set = gpu >= 0};
   gpuipc_mpi_channel_t *ch;
   int rc = gpuipc_channel_open_mpi(MPI_COMM_WORLD, 1 - rank, 1, &opts, &ch);
@@ -200,11 +210,12 @@ int main(int argc, char **argv)
   aware = MPIX_Query_cuda_support() == 1;
 #endif
   if (rank == 0) {
-    printf("# path: %s; MPI CUDA-aware: %s; GPUs on every rank: %d\n",
+    printf("# path: %s; MPI CUDA-aware: %s; GPUs on every rank: %d; "
+           "depth %d\n",
            gpuipc_mpi_channel_shm(ch) ? "shared memory (set GPUIPC_NODE_ID "
                                         "per rank for the MPI path)"
                                       : "MPI",
-           aware ? "yes" : "no", all);
+           aware ? "yes" : "no", all, depth);
     printf("%-6s %10s %6s %13s %14s %6s  %s\n", "memory", "bytes",
            "iters", "channel GB/s", "baseline GB/s", "ratio", "baseline");
   }
