@@ -103,27 +103,22 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  *    is a buffer of the receiver's own, allocated by gpuipc (HOST, or on
  *    the receiving GPU: opts->device, else the current device; HOST when
  *    the receiver has no GPU) and reused once released. GPU memory is
- *    staged through pinned host memory unless MPIX_Query_cuda_support()
- *    says the MPI library takes device pointers (then, for buffers gpuipc
- *    allocated, it gets them after a stream synchronisation). Buffers
- *    gpuipc allocated, HOST or GPU, are sent from where they lie: as with
- *    gpuipc_send, they must not be written until released
- *    (gpuipc_mpi_send_done); t->buf NULL copies the bytes at once (GPU
- *    memory after a wait for @stream). A
+ *    staged through pinned host memory with a host wait on the stream
+ *    unless MPIX_Query_cuda_support() says the MPI library takes device
+ *    pointers (then, for buffers gpuipc allocated, it gets them after a
+ *    stream synchronisation). HOST buffers are sent from where they lie:
+ *    as with gpuipc_send, they must not be written until released
+ *    (gpuipc_mpi_send_done); t->buf NULL copies the bytes at once. A
  *    received view's strides and byte offset are the sender's, in a copy
  *    of the bytes from the lowest to the highest element. Both machines
  *    must share byte order and type sizes.
  *    MPI progresses a large message only inside MPI calls: the sending
  *    rank keeps it moving from any gpuipc_mpi call on the channel
- *    (gpuipc_mpi_channel_progress does nothing else). The bytes of the
- *    messages go out in the order of the messages.
- *    A staged GPU buffer of gpuipc's moves in a pipeline of 1-4 MiB
- *    chunks: gpuipc_mpi_send records where @stream stands and returns;
- *    the sending side then copies each chunk to pinned host memory on a
- *    stream of the channel's (after that point of @stream), just before
- *    MPI takes it, four chunks ahead at most, inside the calls above. The
+ *    (gpuipc_mpi_channel_progress does nothing else).
+ *    Staged GPU memory moves in a pipeline of 1-4 MiB chunks: the
  *    device->host copies, the MPI transfer and the host->device copies
- *    overlap. GPUIPC_MPI_CHUNK_KB (KiB, a power of two in 4..1048576,
+ *    overlap (gpuipc_mpi_send returns once every chunk is copied and
+ *    posted). GPUIPC_MPI_CHUNK_KB (KiB, a power of two in 4..1048576,
  *    read at open) sets the chunk size of every message instead, HOST ones
  *    too (which otherwise go in 1 GiB chunks).
  *
@@ -165,10 +160,7 @@ int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
 int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch);
 
 /* gpuipc_mpi_send - as gpuipc_send (tickets 1, 2, ...; same checks).
- * -EMSGSIZE is not returned on the MPI path (no staging slots). There, a
- * copy or MPI send that fails once a message's descriptor is out breaks
- * the sending side: that call or a later one returns the failure, and
- * every send after it GPUIPC_E_PROTO. */
+ * -EMSGSIZE is not returned on the MPI path (no staging slots). */
 int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *t,
                     void *stream, unsigned flags, uint64_t *ticket);
 

@@ -8,27 +8,14 @@
  * from gpuipc_mpi_send until its release came back and its MPI sends
  * completed: `depth` of them at most.
  *
- * Descriptors go out when gpuipc_mpi_send is called; the chunks of the
- * messages go out in the order of the messages, each message's once every
- * earlier one's are posted (tx_pump, from any call on the sending side).
- *
- * GPU memory that MPI cannot read (not CUDA-aware) is staged through pinned
- * host memory in a pipeline. A buffer gpuipc allocated (which the sender
- * leaves alone until its release) is copied just in time: the sender
- * copies chunks into a ring of TX_RING staging chunks on a stream of the
- * channel's (after the work queued on the caller's stream when it sent),
- * and posts each chunk's MPI_Isend once its copy is done; a staging chunk
- * takes the next copy once its send has completed. So the sender is never
- * more than TX_RING chunks ahead of MPI, and the bytes MPI reads were
- * copied moments before, not a whole `depth` of messages before (staging
- * a message at once costs a quarter of the bandwidth at 4-16 MiB: the
- * copies have left the caches by the time MPI reads them). Memory gpuipc
- * did not allocate is copied whole before gpuipc_mpi_send returns, as
- * the caller may write it then. The receiver keeps NEV chunk receives
- * posted into a ring of staging chunks and queues each chunk's
- * host->device copy as it arrives, reusing a staging chunk once the copy
- * out of it is done. So the copies on both ends overlap the transfer.
- * Staged chunks are 1 to 4 MiB:
+ * GPU memory that MPI cannot read (not CUDA-aware, or memory gpuipc did not
+ * allocate) is staged through pinned host memory in a pipeline: the sender
+ * queues device->host copies of the chunks on the stream (NEV at most in
+ * flight, an event after each) and posts each chunk's MPI_Isend once its
+ * copy is done; the receiver keeps NEV chunk receives posted into a ring
+ * of staging chunks and queues each chunk's host->device copy as it
+ * arrives, reusing a staging chunk once the copy out of it is done. So the
+ * copies on both ends overlap the transfer. Staged chunks are 1 to 4 MiB:
  * large enough that a chunk's fixed costs (a copy launch, an event, an MPI
  * message: tens of microseconds) stay a few per cent of its transfer,
  * small enough that filling and draining the pipeline (one chunk's copy
@@ -57,8 +44,7 @@
 #define PIPE_SHIFT_MAX 22  /* .. 4 MiB */
 #define PIPE_CHUNKS 4      /* a staged message in this many chunks at least */
 #define CHUNKS_MAX ((uint64_t)1 << 20) /* chunks of one message */
-#define NEV 16 /* receives (and copies out of them) in flight */
-#define TX_RING 4 /* staging chunks of a sender */
+#define NEV 16 /* staging copies (and receives) in flight per direction */
 #define CACHE_MAX 16
 #define SIZE_ABSURD ((uint64_t)1 << 48)
 
@@ -67,15 +53,10 @@ struct slot {
   uint64_t seq; /* 0: free */
   bool released;
   int nreq;
-  MPI_Request *req; /* descriptor, then data chunks (not staged ones) */
+  MPI_Request *req; /* descriptor, then data chunks */
   int req_cap;
   struct wire w;
   gpuipc_buf_t *stage; /* pinned copy of staged bytes, kept for reuse */
-  const uint8_t *src; /* the bytes: host memory, or device memory (@dev) */
-  int dev;            /* >= 0: copied just in time through the ring */
-  uint64_t issued;    /* chunks whose copy to the ring is queued */
-  uint64_t posted;    /* chunks posted */
-  gpuipc_event_t *ready; /* recorded on the sender's stream, made once */
 };
 
 struct ack {
@@ -111,14 +92,8 @@ struct gpuipc_mpi_channel {
   bool tx_bad_rel; /* the peer sent a release that breaks the protocol */
   bool tx_torn; /* a message was cut short after its descriptor went out:
                  * the peer waits for bytes that will not come */
-  uint64_t tx_next_post; /* the first message with chunks not posted */
-  gpuipc_buf_t *tx_ring;    /* TX_RING staging chunks of tx_stride bytes */
-  uint64_t tx_stride;
-  MPI_Request tx_rreq[TX_RING]; /* each staging chunk's last send */
-  uint64_t tx_rnext, tx_rposted; /* chunks copied into it, and posted */
-  gpuipc_event_t *tx_ev[TX_RING]; /* after each copy, on device tx_ev_dev */
+  gpuipc_event_t *tx_ev[NEV]; /* staging copies, on device tx_ev_dev */
   int tx_ev_dev;
-  void *tx_stream; /* on tx_ev_dev; NULL: none made */
 
   pthread_mutex_t rx_lock;
   MPI_Request desc_req;
@@ -235,9 +210,9 @@ static void cancel(MPI_Request *r)
   MPI_Wait(r, MPI_STATUS_IGNORE);
 }
 
-static void ev_free(gpuipc_event_t **ev, int n, int *ev_dev)
+static void ev_free(gpuipc_event_t **ev, int *ev_dev)
 {
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < NEV; i++) {
     if (ev[i] != NULL)
       gpuipc_event_release(ev[i]);
     ev[i] = NULL;
@@ -246,19 +221,19 @@ static void ev_free(gpuipc_event_t **ev, int n, int *ev_dev)
 }
 
 /*
- * Events @ev[@n] for copies on device @dev, made once and kept (anew when
+ * Events @ev[NEV] for copies on device @dev, made once and kept (anew when
  * the device changes). Where the device cannot make them, ev[0] stays NULL
  * and the copies are waited for one by one.
  */
-static void ev_fit(gpuipc_event_t **ev, int n, int *ev_dev, int dev)
+static void ev_fit(gpuipc_event_t **ev, int *ev_dev, int dev)
 {
   if (*ev_dev == dev)
     return;
-  ev_free(ev, n, ev_dev);
+  ev_free(ev, ev_dev);
   *ev_dev = dev;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < NEV; i++) {
     if (gpuipc_event_create(dev, 0, &ev[i]) != 0) {
-      ev_free(ev, n, ev_dev);
+      ev_free(ev, ev_dev);
       *ev_dev = dev;
       return;
     }
@@ -347,8 +322,6 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
   ch->aware = gpuipc__mpi_cuda_aware();
   ch->rx_device = -1;
   ch->tx_ev_dev = -1;
-  for (int i = 0; i < TX_RING; i++)
-    ch->tx_rreq[i] = MPI_REQUEST_NULL;
   ch->rx_ev_dev = -1;
   int rc = gpuipc__mpi_chunk_setting(&ch->chunk_shift);
   if (rc != 0)
@@ -361,7 +334,6 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
                                                     : 0;
   }
   ch->next_seq = 1;
-  ch->tx_next_post = 1;
   ch->rx_seq = 1;
   ch->rel_req = MPI_REQUEST_NULL;
   ch->desc_req = MPI_REQUEST_NULL;
@@ -490,11 +462,7 @@ GPUIPC_MPI_API gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch
 
 /* ---- sending -------------------------------------------------------------*/
 
-static int tx_pump(struct gpuipc_mpi_channel *ch);
-
-/* Take in the releases that arrived, move chunks along (tx_pump) and retire
- * finished messages (released, every MPI send of theirs over; the sends of
- * staging chunks are the ring's, tested as it needs them). Returns
+/* Take in the releases that arrived and retire finished messages. Returns
  * how many releases were taken in, or a negative code. tx_lock held. */
 static int tx_poll(struct gpuipc_mpi_channel *ch)
 {
@@ -548,12 +516,9 @@ static int tx_poll(struct gpuipc_mpi_channel *ch)
     if (mrc != MPI_SUCCESS)
       return mpi_err(mrc, "MPI_Irecv of a release");
   }
-  int rc = tx_pump(ch);
-  if (rc != 0)
-    return rc;
   for (uint32_t i = 0; i < ch->depth; i++) {
     struct slot *s = &ch->slots[i];
-    if (s->seq == 0 || s->seq >= ch->tx_next_post)
+    if (s->seq == 0)
       continue;
     if (s->nreq > 0) {
       int flag = 0;
@@ -628,176 +593,136 @@ static int tx_stage(struct gpuipc_mpi_channel *ch, struct slot *s, uint64_t n)
   return 0;
 }
 
-/* Post chunk @c of message @s, its bytes at @at, on TAG_DATA; its
- * request in @req. tx_lock held. */
-static int tx_chunk(struct gpuipc_mpi_channel *ch, const struct slot *s,
-                    const uint8_t *at, uint64_t c, MPI_Request *req)
+/* Post chunk @c of message @s from @from (the message's first byte) on
+ * TAG_DATA, after its descriptor when @c is 0. tx_lock held. */
+static int tx_chunk(struct gpuipc_mpi_channel *ch, struct slot *s,
+                    const uint8_t *from, uint64_t c)
 {
   const struct wire *w = &s->w;
-  uint64_t len = chunk_len(w->nbytes, w->chunk_shift, c);
-  int mrc = MPI_Isend(at, (int)len, MPI_BYTE, ch->peer, TAG_DATA, ch->pair,
-                      req);
-  return mrc == MPI_SUCCESS ? 0
-                            : mpi_err(mrc, "MPI_Isend of a tensor's bytes");
-}
-
-/* The message whose chunks go out next, or NULL. tx_lock held. */
-static struct slot *tx_head(struct gpuipc_mpi_channel *ch)
-{
-  if (ch->tx_next_post >= ch->next_seq)
-    return NULL;
-  for (uint32_t i = 0; i < ch->depth; i++)
-    if (ch->slots[i].seq == ch->tx_next_post)
-      return &ch->slots[i];
-  return NULL; /* not reached: a message stays until it is posted */
-}
-
-/* Whether every staging chunk's last send is over (testing them, which
- * also moves MPI along). tx_lock held. */
-static int ring_idle(struct gpuipc_mpi_channel *ch, bool *idle)
-{
-  *idle = ch->tx_rnext == ch->tx_rposted;
-  for (int e = 0; e < TX_RING; e++) {
-    if (ch->tx_rreq[e] == MPI_REQUEST_NULL)
-      continue;
-    int flag = 0;
-    int mrc = MPI_Test(&ch->tx_rreq[e], &flag, MPI_STATUS_IGNORE);
+  int mrc;
+  if (c == 0) {
+    mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
+                    ch->pair, &s->req[0]);
     if (mrc != MPI_SUCCESS)
-      return mpi_err(mrc, "MPI_Test of a tensor's bytes");
-    *idle &= flag != 0;
+      return mpi_err(mrc, "MPI_Isend of a descriptor");
+    s->nreq = 1;
+  }
+  uint64_t len = chunk_len(w->nbytes, w->chunk_shift, c);
+  mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
+                  TAG_DATA, ch->pair, &s->req[s->nreq]);
+  if (mrc != MPI_SUCCESS)
+    return tx_break(ch, mpi_err(mrc, "MPI_Isend of a tensor's bytes"));
+  s->nreq++;
+  return 0;
+}
+
+/* Message @s: its descriptor and every chunk of its bytes at @from (host
+ * memory, or device memory for a CUDA-aware MPI). tx_lock held. */
+static int tx_post(struct gpuipc_mpi_channel *ch, struct slot *s,
+                   const uint8_t *from)
+{
+  uint64_t n = chunk_count(s->w.nbytes, s->w.chunk_shift);
+  if (n == 0) {
+    int mrc = MPI_Isend(&s->w, (int)sizeof(s->w), MPI_BYTE, ch->peer,
+                        TAG_DESC, ch->pair, &s->req[0]);
+    if (mrc != MPI_SUCCESS)
+      return mpi_err(mrc, "MPI_Isend of a descriptor");
+    s->nreq = 1;
+  }
+  for (uint64_t c = 0; c < n; c++) {
+    int rc = tx_chunk(ch, s, from, c);
+    if (rc != 0)
+      return rc;
   }
   return 0;
 }
 
+/* MPI moves sends along only inside MPI calls: test the oldest request of
+ * @s not known complete (from @*oldest on), or probe when none is left.
+ * tx_lock held. */
+static int tx_kick(struct gpuipc_mpi_channel *ch, struct slot *s, int *oldest)
+{
+  while (*oldest < s->nreq && s->req[*oldest] == MPI_REQUEST_NULL)
+    (*oldest)++;
+  int flag = 0, mrc;
+  if (*oldest < s->nreq)
+    mrc = MPI_Test(&s->req[*oldest], &flag, MPI_STATUS_IGNORE);
+  else
+    mrc = MPI_Iprobe(ch->peer, MPI_ANY_TAG, ch->pair, &flag,
+                     MPI_STATUS_IGNORE);
+  if (mrc != MPI_SUCCESS)
+    return s->nreq > 0 ? tx_break(ch, mpi_err(mrc, "MPI_Test of a tensor's "
+                                                   "sends"))
+                       : mpi_err(mrc, "MPI_Iprobe");
+  return 0;
+}
+
 /*
- * Copies of head message @s (device memory) into free staging chunks, and
- * sends of those whose copy is done, in order. Returns 0 with nothing
- * more to do now, or a negative code. tx_lock held.
+ * Message @s from device memory at @from (device @dev, after the work
+ * queued on @stream): copied chunk by chunk into the slot's pinned staging
+ * buffer, NEV copies in flight, each chunk posted as soon as its copy is
+ * done (the descriptor with the first). Returns once every chunk is
+ * posted. tx_lock held.
  */
-static int tx_pump_ring(struct gpuipc_mpi_channel *ch, struct slot *s)
+static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
+                     const uint8_t *from, void *stream)
 {
   const struct wire *w = &s->w;
   uint64_t n = chunk_count(w->nbytes, w->chunk_shift);
-  uint64_t len_max = (uint64_t)1 << w->chunk_shift;
-  if (len_max > w->nbytes)
-    len_max = w->nbytes;
-  if (s->issued == 0 && (ch->tx_ring == NULL || ch->tx_stride < len_max)) {
-    /* A ring of larger chunks, once the old one is out of use. */
-    bool idle;
-    int rc = ring_idle(ch, &idle);
-    if (rc != 0 || !idle)
-      return rc;
-    rc = stage_fit(&ch->tx_ring, (uint64_t)TX_RING * len_max);
-    if (rc != 0)
-      return rc;
-    ch->tx_stride = len_max;
-  }
-  uint8_t *ring = gpuipc_buf_ptr(ch->tx_ring);
-  while (s->issued < n && ch->tx_rnext - ch->tx_rposted < TX_RING) {
-    int e = (int)(ch->tx_rnext % TX_RING);
-    if (ch->tx_rreq[e] != MPI_REQUEST_NULL) {
-      int flag = 0;
-      int mrc = MPI_Test(&ch->tx_rreq[e], &flag, MPI_STATUS_IGNORE);
-      if (mrc != MPI_SUCCESS)
-        return mpi_err(mrc, "MPI_Test of a tensor's bytes");
-      if (!flag)
-        break;
+  int rc = tx_stage(ch, s, w->nbytes);
+  if (rc != 0)
+    return rc;
+  ev_fit(ch->tx_ev, &ch->tx_ev_dev, dev);
+  gpuipc_event_t **ev = ch->tx_ev;
+  bool async = ev[0] != NULL;
+  uint8_t *to = gpuipc_buf_ptr(s->stage);
+  uint64_t issued = 0, posted = 0;
+  int oldest = 0;
+  while (posted < n) {
+    /* Queue copies while events are free: synchronous ones one at a time. */
+    while (issued < n && issued - posted < (async ? NEV : 1)) {
+      uint64_t off = issued << w->chunk_shift;
+      uint64_t len = chunk_len(w->nbytes, w->chunk_shift, issued);
+      if (async) {
+        rc = gpuipc__mpi_copy_async(dev, to + off, from + off, len, stream);
+        if (rc == 0) {
+          rc = gpuipc_event_record(ev[issued % NEV], stream);
+          if (rc != 0)
+            rc = gpuipc__mpi_fail_gpuipc(rc);
+        }
+      } else {
+        rc = gpuipc__mpi_copy(dev, to + off, from + off, len, stream);
+      }
+      if (rc != 0)
+        goto fail;
+      issued++;
     }
-    int rc = 0;
-    if (s->issued == 0)
-      rc = gpuipc_event_wait(s->ready, ch->tx_stream);
-    if (rc == 0)
-      rc = gpuipc_memcpy_async(ring + (uint64_t)e * ch->tx_stride,
-                               s->src + (s->issued << w->chunk_shift),
-                               chunk_len(w->nbytes, w->chunk_shift,
-                                         s->issued),
-                               s->dev, ch->tx_stream);
-    if (rc == 0)
-      rc = gpuipc_event_record(ch->tx_ev[e], ch->tx_stream);
-    if (rc != 0)
-      return gpuipc__mpi_fail_gpuipc(rc);
-    ch->tx_rnext++;
-    s->issued++;
-  }
-  while (s->posted < s->issued) {
-    int e = (int)(ch->tx_rposted % TX_RING);
-    int rc = gpuipc_event_query(ch->tx_ev[e]);
-    if (rc == -EAGAIN)
-      break;
-    if (rc != 0)
-      return gpuipc__mpi_fail_gpuipc(rc);
-    rc = tx_chunk(ch, s, ring + (uint64_t)e * ch->tx_stride, s->posted,
-                  &ch->tx_rreq[e]);
-    if (rc != 0)
-      return rc;
-    ch->tx_rposted++;
-    s->posted++;
-  }
-  return 0;
-}
-
-/*
- * Move the chunks of the messages along, in order: a message's all at
- * once from host memory, through the staging ring from device memory.
- * A failure cuts a message short after its descriptor went out, which
- * breaks the channel. tx_lock held.
- */
-static int tx_pump(struct gpuipc_mpi_channel *ch)
-{
-  struct slot *s;
-  while (!ch->tx_torn && (s = tx_head(ch)) != NULL) {
-    uint64_t n = chunk_count(s->w.nbytes, s->w.chunk_shift);
-    int rc = 0;
-    if (s->dev >= 0) {
-      rc = tx_pump_ring(ch, s);
-    } else {
-      for (; rc == 0 && s->posted < n; s->posted++) {
-        rc = tx_chunk(ch, s, s->src + (s->posted << s->w.chunk_shift),
-                      s->posted, &s->req[s->nreq]);
-        s->nreq += rc == 0;
+    if (async) {
+      rc = gpuipc_event_query(ev[posted % NEV]);
+      if (rc == -EAGAIN) {
+        rc = tx_kick(ch, s, &oldest);
+        if (rc != 0)
+          goto fail;
+        continue;
+      }
+      if (rc != 0) {
+        rc = gpuipc__mpi_fail_gpuipc(rc);
+        goto fail;
       }
     }
+    rc = tx_chunk(ch, s, to, posted);
     if (rc != 0)
-      return tx_break(ch, rc);
-    if (s->posted < n)
-      return 0;
-    ch->tx_next_post++;
+      goto fail;
+    posted++;
   }
   return 0;
-}
-
-/*
- * Ready the channel to copy just in time from device @dev: its staging
- * events and stream on @dev, and @s's ready event. False where they cannot
- * be made, or the ring still copies from another device: the message is
- * then copied at once. tx_lock held.
- */
-static bool tx_lazy_fit(struct gpuipc_mpi_channel *ch, struct slot *s, int dev)
-{
-  if (ch->tx_ev_dev != dev || ch->tx_stream == NULL) {
-    if (ch->tx_rnext != ch->tx_rposted)
-      return false;
-    if (ch->tx_stream != NULL) {
-      (void)gpuipc_stream_sync(ch->tx_ev_dev, ch->tx_stream);
-      (void)gpuipc_stream_destroy(ch->tx_ev_dev, ch->tx_stream);
-      ch->tx_stream = NULL;
-    }
-    ev_fit(ch->tx_ev, TX_RING, &ch->tx_ev_dev, dev);
-    if (ch->tx_ev[0] == NULL ||
-        gpuipc_stream_create(dev, &ch->tx_stream) != 0) {
-      ch->tx_stream = NULL;
-      return false;
-    }
-  }
-  if (s->ready != NULL && gpuipc_event_device(s->ready) != dev) {
-    gpuipc_event_release(s->ready);
-    s->ready = NULL;
-  }
-  if (s->ready == NULL && gpuipc_event_create(dev, 0, &s->ready) != 0) {
-    s->ready = NULL;
-    return false;
-  }
-  return true;
+fail:
+  /* Copies still queued write into the staging buffer: let them end. */
+  if (issued > posted)
+    (void)gpuipc_stream_sync(dev, stream);
+  if (s->nreq > 0)
+    tx_break(ch, rc);
+  return rc;
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
@@ -879,7 +804,7 @@ GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
   for (uint32_t i = 0; i < ch->depth && s == NULL; i++)
     if (ch->slots[i].seq == 0)
       s = &ch->slots[i];
-  /* GPU memory MPI cannot read goes through host memory. */
+  /* GPU memory MPI cannot read goes through host memory, in a pipeline. */
   bool staged = lay.span > 0 && gpu && (t->buf == NULL || !ch->aware);
   struct wire *w = &s->w;
   memset(w, 0, sizeof(*w));
@@ -911,49 +836,33 @@ GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
     s->req_cap = nreq;
   }
   s->nreq = 0;
-  s->issued = s->posted = 0;
-  s->dev = -1;
-  s->src = base + lay.first;
-  if (staged && t->buf != NULL && tx_lazy_fit(ch, s, dev)) {
-    /* Copied just in time (tx_pump), after the work queued on @stream. */
-    rc = gpuipc_event_record(s->ready, stream);
-    if (rc != 0) {
-      rc = gpuipc__mpi_fail_gpuipc(rc);
-      goto unlock;
+  const uint8_t *from = base + lay.first;
+  if (staged) {
+    rc = tx_staged(ch, s, dev, from, stream);
+  } else {
+    if (lay.span > 0 && t->buf == NULL) {
+      /* Memory of the caller's, free again on return: copied. */
+      rc = tx_stage(ch, s, lay.span);
+      if (rc != 0)
+        goto unlock;
+      memcpy(gpuipc_buf_ptr(s->stage), from, lay.span);
+      from = gpuipc_buf_ptr(s->stage);
+    } else if (lay.span > 0 && gpu) {
+      /* The MPI library reads the device memory: after the sender's work. */
+      rc = gpuipc__mpi_stream_sync(dev, stream);
+      if (rc != 0)
+        goto unlock;
     }
-    s->dev = dev;
-  } else if (staged || (lay.span > 0 && t->buf == NULL)) {
-    /* Memory the caller may write on return, or a GPU whose copies
-     * cannot be queued: copied now. */
-    rc = tx_stage(ch, s, lay.span);
-    if (rc == 0)
-      rc = gpu ? gpuipc__mpi_copy(dev, gpuipc_buf_ptr(s->stage), s->src,
-                                  lay.span, stream)
-               : (memcpy(gpuipc_buf_ptr(s->stage), s->src, lay.span), 0);
-    if (rc != 0)
-      goto unlock;
-    s->src = gpuipc_buf_ptr(s->stage);
-  } else if (lay.span > 0 && gpu) {
-    /* The MPI library reads the device memory: after the sender's work. */
-    rc = gpuipc__mpi_stream_sync(dev, stream);
-    if (rc != 0)
-      goto unlock;
+    rc = tx_post(ch, s, from);
   }
-  int mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
-                      ch->pair, &s->req[0]);
-  if (mrc != MPI_SUCCESS) {
-    rc = mpi_err(mrc, "MPI_Isend of a descriptor");
+  if (rc != 0)
     goto unlock;
-  }
-  s->nreq = 1;
   s->seq = ch->next_seq++;
   s->released = false;
   ch->in_flight++;
   if (ticket != NULL)
     *ticket = s->seq;
-  /* The first chunks go now. A failure breaks the channel (its
-   * descriptor is out): reported here, and by every later call. */
-  rc = tx_pump(ch);
+  rc = 0;
 unlock:
   pthread_mutex_unlock(&ch->tx_lock);
   return rc;
@@ -1223,7 +1132,7 @@ static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
     if (rc != 0)
       return rc; /* the message stays first in line */
     into = gpuipc_buf_ptr(ch->rx_stage);
-    ev_fit(ev, NEV, &ch->rx_ev_dev, dev);
+    ev_fit(ev, &ch->rx_ev_dev, dev);
   }
   bool async = staged && ev[0] != NULL;
   MPI_Request reqs[NEV];
@@ -1598,32 +1507,13 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
   for (;;) {
     if (tx_poll(ch) < 0 || ch->tx_gone)
       break;
-    bool idle;
-    if (ring_idle(ch, &idle) != 0)
-      break;
-    bool busy = !idle || ch->tx_next_post < ch->next_seq;
+    bool busy = false;
     for (uint32_t i = 0; i < ch->depth; i++)
       busy |= ch->slots[i].seq != 0 && ch->slots[i].nreq > 0;
     if (!busy)
       break;
     sched_yield();
   }
-  /* Copies still queued write into the staging ring. */
-  if (ch->tx_stream != NULL) {
-    (void)gpuipc_stream_sync(ch->tx_ev_dev, ch->tx_stream);
-    (void)gpuipc_stream_destroy(ch->tx_ev_dev, ch->tx_stream);
-  }
-  bool ring_pending = false;
-  for (int e = 0; e < TX_RING; e++) {
-    int flag = 0;
-    MPI_Test(&ch->tx_rreq[e], &flag, MPI_STATUS_IGNORE);
-    if (!flag) {
-      MPI_Request_free(&ch->tx_rreq[e]);
-      ring_pending = true;
-    }
-  }
-  if (ch->tx_ring != NULL && !ring_pending)
-    gpuipc_buf_release(ch->tx_ring);
   for (uint32_t i = 0; i < ch->depth; i++) {
     struct slot *s = &ch->slots[i];
     bool pending = false;
@@ -1639,8 +1529,6 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
     }
     if (s->stage != NULL && !pending)
       gpuipc_buf_release(s->stage);
-    if (s->ready != NULL)
-      gpuipc_event_release(s->ready);
     free(s->req);
   }
   free(ch->slots);
@@ -1658,8 +1546,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch)
   ch->ncache = 0;
   if (ch->rx_stage != NULL)
     gpuipc_buf_release(ch->rx_stage);
-  ev_free(ch->tx_ev, TX_RING, &ch->tx_ev_dev);
-  ev_free(ch->rx_ev, NEV, &ch->rx_ev_dev);
+  ev_free(ch->tx_ev, &ch->tx_ev_dev);
+  ev_free(ch->rx_ev, &ch->rx_ev_dev);
   MPI_Comm_free(&ch->pair);
   ch->closed = true;
   pthread_mutex_unlock(&ch->ack_lock);
