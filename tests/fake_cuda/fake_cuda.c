@@ -310,97 +310,6 @@ int fake_cuda_registered(void)
   return atomic_load(&registered);
 }
 
-/* ---- device memory --------------------------------------------------------
- *
- * cuMemAlloc hands out 2 MiB-aligned host memory (the size rounded up to
- * 2 MiB, as gpuipc's LEGACY kind asks), remembered so that
- * cuMemGetAddressRange and cuMemFree know it; cuIpcGetMemHandle describes
- * it by its address. Enough for LEGACY buffers within one process.
- */
-#define FAKE_ALLOCS 64
-
-static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-  uintptr_t base;
-  size_t size;
-} allocs[FAKE_ALLOCS];
-
-static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t n)
-{
-  NEED_INIT();
-  if (current == NULL)
-    return CUDA_ERROR_INVALID_CONTEXT;
-  if (p == NULL || n == 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  const size_t block = (size_t)2 << 20;
-  size_t size = (n + block - 1) / block * block;
-  void *m = aligned_alloc(block, size);
-  if (m == NULL)
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&alloc_lock);
-  for (int i = 0; i < FAKE_ALLOCS; i++)
-    if (allocs[i].base == 0) {
-      allocs[i].base = (uintptr_t)m;
-      allocs[i].size = size;
-      r = CUDA_SUCCESS;
-      break;
-    }
-  pthread_mutex_unlock(&alloc_lock);
-  if (r != CUDA_SUCCESS)
-    free(m);
-  else
-    *p = (CUdeviceptr)(uintptr_t)m;
-  return r;
-}
-
-static CUresult fake_cuMemFree(CUdeviceptr p)
-{
-  NEED_INIT();
-  CUresult r = CUDA_ERROR_INVALID_VALUE;
-  pthread_mutex_lock(&alloc_lock);
-  for (int i = 0; i < FAKE_ALLOCS; i++)
-    if (allocs[i].base != 0 && allocs[i].base == (uintptr_t)p) {
-      free((void *)allocs[i].base);
-      allocs[i].base = 0;
-      r = CUDA_SUCCESS;
-    }
-  pthread_mutex_unlock(&alloc_lock);
-  return r;
-}
-
-static CUresult fake_cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
-                                          CUdeviceptr p)
-{
-  NEED_INIT();
-  CUresult r = CUDA_ERROR_NOT_FOUND;
-  pthread_mutex_lock(&alloc_lock);
-  for (int i = 0; i < FAKE_ALLOCS; i++)
-    if (allocs[i].base != 0 && (uintptr_t)p >= allocs[i].base &&
-        (uintptr_t)p - allocs[i].base < allocs[i].size) {
-      if (base != NULL)
-        *base = (CUdeviceptr)allocs[i].base;
-      if (size != NULL)
-        *size = allocs[i].size;
-      r = CUDA_SUCCESS;
-    }
-  pthread_mutex_unlock(&alloc_lock);
-  return r;
-}
-
-static CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
-{
-  NEED_INIT();
-  if (h == NULL)
-    return CUDA_ERROR_INVALID_VALUE;
-  CUdeviceptr base;
-  if (fake_cuMemGetAddressRange(&base, NULL, p) != CUDA_SUCCESS || base != p)
-    return CUDA_ERROR_INVALID_VALUE;
-  memset(h, 0, sizeof(*h));
-  memcpy(h->reserved, &p, sizeof(p));
-  return CUDA_SUCCESS;
-}
-
 /* ---- copies, streams and events ------------------------------------------
  *
  * "Device memory" is host memory: a CUdeviceptr is a host address. A copy
@@ -416,22 +325,13 @@ static CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
  * synchronisation said the copy is over sees the old bytes, or has the
  * new ones copied: as on a GPU whose copies lag.
  *
- * cuStreamWaitEvent queues a wait: when the waiting stream's work reaches
- * it, the event's stream does its work up to the event's mark first.
- *
  * The stream is keyed by its handle and, for the NULL (legacy) stream, by
- * the current context; cuStreamCreate hands out handles that are not
- * addresses. One lock over all of it.
+ * the current context. One lock over all of it.
  */
-struct fake_stream;
-
-/* A copy, or (wait != NULL) a wait for stream @wait's work up to @mark. */
 struct copy_op {
   uint8_t *dst;
   const uint8_t *src;
   size_t n;
-  struct fake_stream *wait;
-  uint64_t mark;
 };
 
 #define FAKE_STREAMS 8
@@ -442,7 +342,7 @@ struct fake_stream {
   CUstream handle;
   struct copy_op *ops; /* not yet done: ops[start..len) */
   size_t start, len, cap;
-  uint64_t queued, done; /* copies and waits queued and done, ever */
+  uint64_t queued, done; /* copies queued and done, ever */
 };
 
 struct CUevent_st {
@@ -479,20 +379,15 @@ static struct fake_stream *stream_of(CUstream h)
   return fresh;
 }
 
-/* Do the work of @s up to number @mark. work_lock held. */
+/* Do the copies of @s up to number @mark. work_lock held. */
 static void stream_run(struct fake_stream *s, uint64_t mark)
 {
   while (s->done < mark && s->start < s->len) {
     struct copy_op *op = &s->ops[s->start++];
-    if (op->wait != NULL) {
-      if (op->wait != s)
-        stream_run(op->wait, op->mark);
-    } else {
-      if (op->n > 0)
-        memmove(op->dst, op->src, op->n);
-      atomic_fetch_add(&copies_done, 1);
-    }
+    if (op->n > 0)
+      memmove(op->dst, op->src, op->n);
     s->done++;
+    atomic_fetch_add(&copies_done, 1);
   }
   if (s->start == s->len)
     s->start = s->len = 0;
@@ -513,9 +408,14 @@ static long long usec_since(const struct timespec *t)
          (now.tv_nsec - t->tv_nsec) / 1000;
 }
 
-/* Queue @op on the stream @h means. */
-static CUresult stream_queue(CUstream h, struct copy_op op)
+static CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
+                                   size_t n, CUstream h)
 {
+  NEED_INIT();
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (n > 0 && (dst == 0 || src == 0))
+    return CUDA_ERROR_INVALID_VALUE;
   CUresult r = CUDA_SUCCESS;
   pthread_mutex_lock(&work_lock);
   struct fake_stream *s = stream_of(h);
@@ -533,113 +433,12 @@ static CUresult stream_queue(CUstream h, struct copy_op op)
     s->ops = ops;
     s->cap = cap;
   }
-  s->ops[s->len++] = op;
+  s->ops[s->len++] = (struct copy_op){(uint8_t *)(uintptr_t)dst,
+                                      (const uint8_t *)(uintptr_t)src, n};
   s->queued++;
 unlock:
   pthread_mutex_unlock(&work_lock);
   return r;
-}
-
-static CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
-                                   size_t n, CUstream h)
-{
-  NEED_INIT();
-  if (current == NULL)
-    return CUDA_ERROR_INVALID_CONTEXT;
-  if (n > 0 && (dst == 0 || src == 0))
-    return CUDA_ERROR_INVALID_VALUE;
-  return stream_queue(h, (struct copy_op){.dst = (uint8_t *)(uintptr_t)dst,
-                                          .src = (const uint8_t *)(uintptr_t)
-                                              src,
-                                          .n = n});
-}
-
-/* Streams made by cuStreamCreate, and their contexts. work_lock. */
-static uintptr_t next_stream = 16;
-static struct {
-  CUstream h;
-  CUcontext ctx;
-} made[FAKE_STREAMS];
-
-static CUresult fake_cuStreamCreate(CUstream *h, unsigned int flags)
-{
-  NEED_INIT();
-  if (h == NULL || (flags & ~1u) != 0) /* CU_STREAM_NON_BLOCKING */
-    return CUDA_ERROR_INVALID_VALUE;
-  if (current == NULL)
-    return CUDA_ERROR_INVALID_CONTEXT;
-  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&work_lock);
-  for (int i = 0; i < FAKE_STREAMS; i++)
-    if (made[i].h == NULL) {
-      made[i].h = (CUstream)next_stream;
-      made[i].ctx = current;
-      next_stream += 16;
-      *h = made[i].h;
-      r = CUDA_SUCCESS;
-      break;
-    }
-  pthread_mutex_unlock(&work_lock);
-  return r;
-}
-
-static CUresult fake_cuStreamGetCtx(CUstream h, CUcontext *ctx)
-{
-  NEED_INIT();
-  if (ctx == NULL)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (h == NULL) {
-    *ctx = current;
-    return current != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
-  }
-  CUresult r = CUDA_ERROR_INVALID_HANDLE;
-  pthread_mutex_lock(&work_lock);
-  for (int i = 0; i < FAKE_STREAMS; i++)
-    if (made[i].h == h) {
-      *ctx = made[i].ctx;
-      r = CUDA_SUCCESS;
-    }
-  pthread_mutex_unlock(&work_lock);
-  return r;
-}
-
-/* Its work is done first (on a GPU it completes after the call). */
-static CUresult fake_cuStreamDestroy(CUstream h)
-{
-  NEED_INIT();
-  if (h == NULL)
-    return CUDA_ERROR_INVALID_HANDLE;
-  pthread_mutex_lock(&work_lock);
-  for (int i = 0; i < FAKE_STREAMS; i++)
-    if (made[i].h == h)
-      made[i].h = NULL;
-  for (int i = 0; i < FAKE_STREAMS; i++) {
-    struct fake_stream *s = &streams[i];
-    if (s->used && s->handle == h && s->ctx == NULL) {
-      stream_run(s, s->queued);
-      free(s->ops);
-      memset(s, 0, sizeof(*s));
-    }
-  }
-  pthread_mutex_unlock(&work_lock);
-  return CUDA_SUCCESS;
-}
-
-static CUresult fake_cuStreamWaitEvent(CUstream h, CUevent ev,
-                                       unsigned int flags)
-{
-  NEED_INIT();
-  if (ev == NULL || flags != 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  if (h == NULL && current == NULL)
-    return CUDA_ERROR_INVALID_CONTEXT;
-  pthread_mutex_lock(&work_lock);
-  struct fake_stream *on = ev->s;
-  uint64_t mark = ev->mark;
-  pthread_mutex_unlock(&work_lock);
-  if (on == NULL) /* never recorded: complete */
-    return CUDA_SUCCESS;
-  return stream_queue(h, (struct copy_op){.wait = on, .mark = mark});
 }
 
 /* Synchronous: after the work queued before it, as on the legacy stream. */
@@ -816,17 +615,9 @@ static const struct {
     ENTRY(cuMemGetAllocationGranularity),
     ENTRY(cuMemHostRegister),
     ENTRY(cuMemHostUnregister),
-    ENTRY(cuMemAlloc),
-    ENTRY(cuMemFree),
-    ENTRY(cuMemGetAddressRange),
-    ENTRY(cuIpcGetMemHandle),
     ENTRY(cuMemcpyAsync),
     ENTRY(cuMemcpy),
     ENTRY(cuStreamSynchronize),
-    ENTRY(cuStreamCreate),
-    ENTRY(cuStreamDestroy),
-    ENTRY(cuStreamWaitEvent),
-    ENTRY(cuStreamGetCtx),
     ENTRY(cuEventCreate),
     ENTRY(cuEventDestroy),
     ENTRY(cuEventRecord),
