@@ -242,23 +242,6 @@ GPUIPC_API int gpuipc_memcpy_async(void *dst, const void *src, size_t n,
  */
 GPUIPC_API int gpuipc_stream_sync(int device, void *stream);
 
-/*
- * gpuipc_stream_create - a new stream (CUstream) on local device @device
- * that does not wait for, nor hold up, the legacy default stream: for
- * copies the caller queues apart from its own work (gpuipc_event_wait
- * orders it after that work). Destroy it with gpuipc_stream_destroy.
- * Returns 0 and sets *@out; -EINVAL (NULL @out, a device not visible);
- * GPUIPC_E_NODRIVER; GPUIPC_E_CUDA.
- */
-GPUIPC_API int gpuipc_stream_create(int device, void **out);
-
-/*
- * gpuipc_stream_destroy - destroy @stream of device @device, made by
- * gpuipc_stream_create. Work queued on it still completes. Returns 0;
- * -EINVAL (NULL @stream, a device not visible); GPUIPC_E_CUDA.
- */
-GPUIPC_API int gpuipc_stream_destroy(int device, void *stream);
-
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */
 /* ------------------------------------------------------------------------ */

@@ -1,4 +1,4 @@
-/* Copies, streams and stream waits in a device's primary context. */
+/* Copies and stream waits in a device's primary context. */
 #include "cuda/cuda.h"
 
 #include <stdbool.h>
@@ -78,51 +78,6 @@ int gpuipc_stream_sync(int device, void *stream)
   return rc;
 #else
   (void)stream;
-  return rc;
-#endif
-}
-
-int gpuipc_stream_create(int device, void **out)
-{
-  if (out == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_stream_create: out is NULL");
-  int rc = device_check(device, "gpuipc_stream_create");
-  if (rc != 0)
-    return rc;
-#if GPUIPC_HAVE_CUDA
-  struct gpuipc__ctx_saved saved;
-  rc = gpuipc__ctx_enter(device, &saved);
-  if (rc != 0)
-    return rc;
-  CUstream s;
-  rc = GPUIPC_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
-  gpuipc__ctx_leave(&saved);
-  if (rc == 0)
-    *out = s;
-  return rc;
-#else
-  return gpuipc__err(GPUIPC_E_NODRIVER, "gpuipc_stream_create: built "
-                     "without CUDA headers");
-#endif
-}
-
-int gpuipc_stream_destroy(int device, void *stream)
-{
-  if (stream == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_stream_destroy: NULL stream (the "
-                       "legacy default stream is not to be destroyed)");
-  int rc = device_check(device, "gpuipc_stream_destroy");
-  if (rc != 0)
-    return rc;
-#if GPUIPC_HAVE_CUDA
-  struct gpuipc__ctx_saved saved;
-  rc = gpuipc__ctx_enter(device, &saved);
-  if (rc != 0)
-    return rc;
-  rc = GPUIPC_CU(cuStreamDestroy, (CUstream)stream);
-  gpuipc__ctx_leave(&saved);
-  return rc;
-#else
   return rc;
 #endif
 }
