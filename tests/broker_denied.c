@@ -9,13 +9,20 @@
  * hard link there to our domain's socket, writable by all. It connects,
  * and then only SO_PEERCRED stands in its way.
  *
+ * The refusal must reach the member however the HELLO and the answer
+ * cross: a broker that answers (late) while the HELLO waits unread in the
+ * socket must not reset the connection by closing it.
+ *
  * Needs root to change uid; exits 77 otherwise.
  */
 #include "test.h"
+#include "helpers/raw_proto.h"
 #include "helpers/seg_peer.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #define NOBODY 65534
 
@@ -59,6 +66,47 @@ static void start_nobody(struct peer *p)
   }
 }
 
+/*
+ * 4. A broker that answers while the HELLO waits unread: a peer of uid
+ * NOBODY hosting domain "late" in nobody_dir, stopped while we (root,
+ * whom it refuses) connect and say HELLO. Once it runs again we must read
+ * its refusal and then the end of the connection, not a reset.
+ */
+static void refusal_after_hello(void)
+{
+  struct peer host;
+  start_nobody(&host);
+  PEER_OK(&host, "join late");
+  char path[160];
+  snprintf(path, sizeof(path), "%s/late.sock", nobody_dir);
+  ASSERT_EQ(kill(host.pid, SIGSTOP), 0);
+  int st;
+  ASSERT_EQ(waitpid(host.pid, &st, WUNTRACED), host.pid);
+  ASSERT_TRUE(WIFSTOPPED(st));
+  int fd;
+  ASSERT_OK(gpuipc__sock_connect(path, 5000, &fd));
+  struct gpuipc__msg m = {.type = GPUIPC_MSG_HELLO, .req = 1};
+  m.u.hello.pid = (uint32_t)getpid();
+  m.u.hello.token = 1;
+  ASSERT_OK(raw_send(fd, &m, NULL, 0));
+  ASSERT_EQ(kill(host.pid, SIGCONT), 0);
+  int rc = raw_recv(fd, &m, NULL, NULL, 10000);
+  if (rc != 0)
+    TFAIL("reading the refusal: %s", gpuipc_last_error());
+  ASSERT_EQ(m.type, GPUIPC_MSG_DENIED);
+  if (strstr(m.u.denied.reason, "refuses uid 0 (broker uid 65534") == NULL)
+    TFAIL("the refusal does not say which uid: %s", m.u.denied.reason);
+  /* The end (EOF), not a reset: the broker did not close on our HELLO. */
+  char c;
+  ssize_t n = recv(fd, &c, 1, 0);
+  if (n != 0)
+    TFAIL("after the refusal: recv returned %zd (%s), expected the end",
+          n, n < 0 ? strerror(errno) : "a message");
+  close(fd);
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+}
+
 /* A root peer hosting domain @dom with setting @var=@val. */
 static void start_host(struct peer *p, const char *dom, const char *var,
                        const char *val)
@@ -70,6 +118,14 @@ static void start_host(struct peer *p, const char *dom, const char *var,
   PEER_EXPECT(p, "ok", "open pub 4096 c");
   PEER_OK(p, "fill pub 9");
   expose(dom);
+}
+
+static void remove_root_dir(void)
+{
+  char cmd[200];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", root_dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", root_dir);
 }
 
 int main(void)
@@ -139,12 +195,11 @@ int main(void)
   PEER_OK(&host, "leave");
   peer_finish(&host);
 
+  refusal_after_hello();
+
   ASSERT_OK(gpuipc_buf_release(b));
   ASSERT_OK(gpuipc_domain_leave(dom));
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", root_dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", root_dir);
+  remove_root_dir();
   printf("broker_denied: ok\n");
   return 0;
 }
