@@ -9,13 +9,24 @@
  * hard link there to our domain's socket, writable by all. It connects,
  * and then only SO_PEERCRED stands in its way.
  *
- * Needs root to change uid; exits 77 otherwise.
+ * The refusal must reach the member however the HELLO and the answer
+ * cross: a broker that answers (late) while the HELLO waits unread in the
+ * socket must not reset the connection by closing it, and a member reset
+ * that way (by a broker of an older gpuipc) still reads the refusal queued
+ * before the reset.
+ *
+ * Needs root to change uid (the first check does not); exits 77 otherwise.
  */
 #include "test.h"
+#include "helpers/raw_proto.h"
 #include "helpers/seg_peer.h"
 
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #define NOBODY 65534
 
@@ -59,6 +70,110 @@ static void start_nobody(struct peer *p)
   }
 }
 
+/*
+ * A broker as gpuipc's were before: it refuses a connection once the
+ * member's HELLO has arrived, without reading it, and closes it -- which
+ * resets it (ECONNRESET) with the refusal queued in front of the member.
+ * The member (rude_member) is stopped meanwhile, so that it reads the
+ * refusal only after the reset.
+ */
+static atomic_bool rude_stop;
+static pid_t rude_member;
+
+static void *rude_broker(void *arg)
+{
+  int lfd = *(int *)arg;
+  while (!atomic_load(&rude_stop)) {
+    int fd;
+    if (gpuipc__sock_accept(lfd, 100, &fd) != 0)
+      continue;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 10000) != 1)
+      TFAIL("no HELLO arrived in 10 s");
+    if (kill(rude_member, SIGSTOP) != 0)
+      TFAIL("kill SIGSTOP: %s", strerror(errno));
+    int st;
+    if (waitpid(rude_member, &st, WUNTRACED) != rude_member ||
+        !WIFSTOPPED(st))
+      TFAIL("pid %d did not stop", (int)rude_member);
+    struct gpuipc__msg m = {.type = GPUIPC_MSG_DENIED, .req = 1};
+    snprintf(m.u.denied.reason, sizeof(m.u.denied.reason), "rude refusal");
+    raw_send(fd, &m, NULL, 0);
+    close(fd);
+    if (kill(rude_member, SIGCONT) != 0)
+      TFAIL("kill SIGCONT: %s", strerror(errno));
+  }
+  return NULL;
+}
+
+/* 0. A member reads a refusal that came with a reset. */
+static void refusal_then_reset(void)
+{
+  int lock, lfd;
+  ASSERT_OK(gpuipc__broker_claim("rude", &lock, &lfd, NULL));
+  struct peer p;
+  peer_start(&p);
+  rude_member = p.pid;
+  PEER_OK(&p, "setenv GPUIPC_TIMEOUT_MS 5000");
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, rude_broker, &lfd), 0);
+  /* nobroker or not: the broker is there and answered */
+  const char *r = peer_cmd(&p, "join rude nobroker");
+  if (strncmp(r, "err GPUIPC_E_DENIED", 19) != 0 ||
+      strstr(r, "rude refusal") == NULL)
+    TFAIL("join after a refusal and a reset: %s", r);
+  r = peer_cmd(&p, "join rude");
+  if (strncmp(r, "err GPUIPC_E_DENIED", 19) != 0 ||
+      strstr(r, "rude refusal") == NULL)
+    TFAIL("join after a refusal and a reset: %s", r);
+  atomic_store(&rude_stop, true);
+  pthread_join(t, NULL);
+  peer_finish(&p);
+  close(lfd);
+  close(lock);
+}
+
+/*
+ * 4. A broker that answers while the HELLO waits unread: a peer of uid
+ * NOBODY hosting domain "late" in nobody_dir, stopped while we (root,
+ * whom it refuses) connect and say HELLO. Once it runs again we must read
+ * its refusal and then the end of the connection, not a reset.
+ */
+static void refusal_after_hello(void)
+{
+  struct peer host;
+  start_nobody(&host);
+  PEER_OK(&host, "join late");
+  char path[160];
+  snprintf(path, sizeof(path), "%s/late.sock", nobody_dir);
+  ASSERT_EQ(kill(host.pid, SIGSTOP), 0);
+  int st;
+  ASSERT_EQ(waitpid(host.pid, &st, WUNTRACED), host.pid);
+  ASSERT_TRUE(WIFSTOPPED(st));
+  int fd;
+  ASSERT_OK(gpuipc__sock_connect(path, 5000, &fd));
+  struct gpuipc__msg m = {.type = GPUIPC_MSG_HELLO, .req = 1};
+  m.u.hello.pid = (uint32_t)getpid();
+  m.u.hello.token = 1;
+  ASSERT_OK(raw_send(fd, &m, NULL, 0));
+  ASSERT_EQ(kill(host.pid, SIGCONT), 0);
+  int rc = raw_recv(fd, &m, NULL, NULL, 10000);
+  if (rc != 0)
+    TFAIL("reading the refusal: %s", gpuipc_last_error());
+  ASSERT_EQ(m.type, GPUIPC_MSG_DENIED);
+  if (strstr(m.u.denied.reason, "refuses uid 0 (broker uid 65534") == NULL)
+    TFAIL("the refusal does not say which uid: %s", m.u.denied.reason);
+  /* The end (EOF), not a reset: the broker did not close on our HELLO. */
+  char c;
+  ssize_t n = recv(fd, &c, 1, 0);
+  if (n != 0)
+    TFAIL("after the refusal: recv returned %zd (%s), expected the end",
+          n, n < 0 ? strerror(errno) : "a message");
+  close(fd);
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+}
+
 /* A root peer hosting domain @dom with setting @var=@val. */
 static void start_host(struct peer *p, const char *dom, const char *var,
                        const char *val)
@@ -72,20 +187,32 @@ static void start_host(struct peer *p, const char *dom, const char *var,
   expose(dom);
 }
 
+static void remove_root_dir(void)
+{
+  char cmd[200];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", root_dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", root_dir);
+}
+
 int main(void)
 {
-  if (geteuid() != 0)
-    SKIP("changing uid needs root (running as uid %u)", (unsigned)geteuid());
   snprintf(root_dir, sizeof(root_dir), "/tmp/gpuipc-denied-XXXXXX");
   if (mkdtemp(root_dir) == NULL)
     TFAIL("mkdtemp: %s", strerror(errno));
+  /* Before the first gpuipc call, which reads the settings. */
+  setenv("GPUIPC_DIR", root_dir, 1);
+  ASSERT_OK(gpuipc_log_set(log_sink, GPUIPC_LOG_WARN, NULL));
+
+  refusal_then_reset();
+  if (geteuid() != 0) {
+    remove_root_dir();
+    SKIP("changing uid needs root (running as uid %u)", (unsigned)geteuid());
+  }
   ASSERT_EQ(chmod(root_dir, 0711), 0);
   snprintf(nobody_dir, sizeof(nobody_dir), "%s/nobody", root_dir);
   ASSERT_EQ(mkdir(nobody_dir, 0700), 0);
   ASSERT_EQ(chown(nobody_dir, NOBODY, NOBODY), 0);
-  /* Before the first gpuipc call, which reads the settings. */
-  setenv("GPUIPC_DIR", root_dir, 1);
-  ASSERT_OK(gpuipc_log_set(log_sink, GPUIPC_LOG_WARN, NULL));
 
   /* 1. Our broker, default settings: the other uid is refused. */
   gpuipc_domain_t *dom;
@@ -139,12 +266,11 @@ int main(void)
   PEER_OK(&host, "leave");
   peer_finish(&host);
 
+  refusal_after_hello();
+
   ASSERT_OK(gpuipc_buf_release(b));
   ASSERT_OK(gpuipc_domain_leave(dom));
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", root_dir);
-  if (system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", root_dir);
+  remove_root_dir();
   printf("broker_denied: ok\n");
   return 0;
 }

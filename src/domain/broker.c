@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,7 +51,7 @@ struct out_msg {
 enum conn_state {
   CONN_NEW,     /* accepted, waiting for HELLO */
   CONN_READY,   /* a member */
-  CONN_CLOSING, /* refused: close once the outbox is flushed */
+  CONN_CLOSING, /* refused: answered; dropped once the member hangs up */
 };
 
 struct gpuipc__conn {
@@ -58,6 +59,7 @@ struct gpuipc__conn {
   int fd;
   enum conn_state state;
   bool doomed; /* to be dropped at the end of this round */
+  bool shut;   /* CONN_CLOSING: answer sent, our end shut for writing */
   struct gpuipc__cred cred;
   uint32_t hello_flags;
   uint64_t token;
@@ -1332,14 +1334,52 @@ static void conn_free(struct gpuipc__conn *c)
   free(c);
 }
 
+/*
+ * A refused connection (CONN_CLOSING) is closed by its member first, not
+ * by us: closing our end while the member's HELLO waits unread in it resets
+ * the connection, and the member's next read reports the reset
+ * (ECONNRESET) instead of the refusal queued before it. So once the answer
+ * is out, shut our end for writing -- the member reads the answer, then the
+ * end -- and read and drop what it sends until it hangs up (closing_read)
+ * or its deadline passes (expire_conns).
+ */
+static void shut_answered(struct gpuipc__broker *b)
+{
+  for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
+    if (c->state != CONN_CLOSING || c->shut || c->doomed ||
+        c->out_head != NULL)
+      continue;
+    c->shut = true;
+    if (shutdown(c->fd, SHUT_WR) != 0)
+      c->doomed = true; /* the member is gone already */
+  }
+}
+
+/* Read and drop what a refused member sends; doom it once it hangs up. */
+static void closing_read(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  for (int n = 0; n < READ_BURST; n++) {
+    int fds[GPUIPC_FDS_MAX];
+    int nfds = GPUIPC_FDS_MAX;
+    ssize_t len = gpuipc__sock_recv(c->fd, b->rbuf, sizeof(b->rbuf), fds,
+                                    &nfds, 0);
+    if (would_block((int)len))
+      return;
+    if (len < 0) { /* the end, a reset, or nonsense: it is over either way */
+      c->doomed = true;
+      return;
+    }
+    for (int i = 0; i < nfds; i++)
+      gpuipc__fd_close(&fds[i]);
+  }
+}
+
 /* Drop every doomed connection (the state it left may doom no other). */
 static void reap(struct gpuipc__broker *b)
 {
   struct gpuipc__conn **pp = &b->conns;
   while (*pp != NULL) {
     struct gpuipc__conn *c = *pp;
-    if (c->state == CONN_CLOSING && c->out_head == NULL)
-      c->doomed = true;
     if (!c->doomed) {
       pp = &c->next;
       continue;
@@ -1462,7 +1502,8 @@ static void expire_parks(struct gpuipc__broker *b, uint64_t now)
   }
 }
 
-/* Drop connections that did not say HELLO (or read a refusal) in time. */
+/* Drop connections that did not say HELLO (or hang up after a refusal)
+ * in time. */
 static void expire_conns(struct gpuipc__broker *b, uint64_t now)
 {
   for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
@@ -1471,7 +1512,7 @@ static void expire_conns(struct gpuipc__broker *b, uint64_t now)
     GPUIPC_LOG_W("broker %s: pid %d %s within %d ms; disconnecting it",
                  b->name, (int)c->cred.pid,
                  c->state == CONN_NEW ? "did not say HELLO"
-                                      : "did not read its refusal",
+                                      : "did not hang up after its refusal",
                  HELLO_MS);
     c->doomed = true;
   }
@@ -1556,7 +1597,7 @@ static void loop(struct gpuipc__broker *b, bool stopping)
                                    .events = POLLIN};
     b->pfds[n++] = (struct pollfd){.fd = b->listen_fd, .events = POLLIN};
     for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
-      short ev = c->state == CONN_CLOSING ? 0 : POLLIN;
+      short ev = POLLIN;
       if (c->out_head != NULL)
         ev |= POLLOUT;
       b->pconns[n] = c;
@@ -1582,7 +1623,7 @@ static void loop(struct gpuipc__broker *b, bool stopping)
           conn_flush(c);
         if (re & (POLLIN | POLLHUP | POLLERR)) {
           if (c->state == CONN_CLOSING)
-            c->doomed = true;
+            closing_read(b, c);
           else
             conn_read(b, c);
         }
@@ -1593,6 +1634,7 @@ static void loop(struct gpuipc__broker *b, bool stopping)
       end_recovery(b);
     expire_parks(b, now);
     expire_conns(b, now);
+    shut_answered(b);
     reap(b);
   }
 }

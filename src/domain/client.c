@@ -214,6 +214,16 @@ static int handshake(struct gpuipc_domain *d, int fd, bool rejoin,
   int nfds = GPUIPC_FDS_MAX;
   ssize_t len = gpuipc__sock_recv(fd, d->rbuf, sizeof(d->rbuf), fds, &nfds,
                                   ms);
+  if (len == GPUIPC_E_PEER_GONE) {
+    /*
+     * A broker that closed its end with our HELLO unread (as brokers
+     * before this version did when refusing) resets the connection: the
+     * first read reports the reset (ECONNRESET), the next one the answer
+     * queued before it -- or the end, at once, if there is none.
+     */
+    nfds = GPUIPC_FDS_MAX;
+    len = gpuipc__sock_recv(fd, d->rbuf, sizeof(d->rbuf), fds, &nfds, 0);
+  }
   if (len < 0)
     return (int)len;
   int rc = gpuipc__msg_decode(d->rbuf, (size_t)len, nfds, m);
