@@ -120,7 +120,10 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  *    overlap (gpuipc_mpi_send returns once every chunk is copied and
  *    posted). GPUIPC_MPI_CHUNK_KB (KiB, a power of two in 4..1048576,
  *    read at open) sets the chunk size of every message instead, HOST ones
- *    too (which otherwise go in 1 GiB chunks).
+ *    too (which otherwise go in 1 GiB chunks). Staged messages are copied
+ *    when sent, so a deep sender stages far ahead of what MPI reads: for
+ *    GPU tensors of 64 KiB to 64 MiB a depth of 2 to 4 is faster than 16
+ *    (bytes copied just before MPI reads them are still in the caches).
  *
  * What each end can learn of the other: gpuipc_mpi_channel_close tells
  * the peer (so its calls return GPUIPC_E_PEER_GONE once it has received
