@@ -1340,8 +1340,8 @@ static void conn_free(struct gpuipc__conn *c)
  * the connection, and the member's next read reports the reset
  * (ECONNRESET) instead of the refusal queued before it. So once the answer
  * is out, shut our end for writing -- the member reads the answer, then the
- * end -- and read and drop what it sends until it hangs up (closing_read)
- * or its deadline passes (expire_conns).
+ * end -- and read and drop what it sends until it hangs up (conn_read) or
+ * its deadline passes (expire_conns).
  */
 static void shut_answered(struct gpuipc__broker *b)
 {
@@ -1352,25 +1352,6 @@ static void shut_answered(struct gpuipc__broker *b)
     c->shut = true;
     if (shutdown(c->fd, SHUT_WR) != 0)
       c->doomed = true; /* the member is gone already */
-  }
-}
-
-/* Read and drop what a refused member sends; doom it once it hangs up. */
-static void closing_read(struct gpuipc__broker *b, struct gpuipc__conn *c)
-{
-  for (int n = 0; n < READ_BURST; n++) {
-    int fds[GPUIPC_FDS_MAX];
-    int nfds = GPUIPC_FDS_MAX;
-    ssize_t len = gpuipc__sock_recv(c->fd, b->rbuf, sizeof(b->rbuf), fds,
-                                    &nfds, 0);
-    if (would_block((int)len))
-      return;
-    if (len < 0) { /* the end, a reset, or nonsense: it is over either way */
-      c->doomed = true;
-      return;
-    }
-    for (int i = 0; i < nfds; i++)
-      gpuipc__fd_close(&fds[i]);
   }
 }
 
@@ -1404,11 +1385,16 @@ static void conn_read(struct gpuipc__broker *b, struct gpuipc__conn *c)
     if (would_block((int)len))
       return;
     if (len < 0) {
-      if (len != GPUIPC_E_PEER_GONE)
+      if (len != GPUIPC_E_PEER_GONE && c->state != CONN_CLOSING)
         GPUIPC_LOG_W("broker %s: pid %d: %s; disconnecting", b->name,
                      (int)c->cred.pid, gpuipc_last_error());
-      c->doomed = true;
+      c->doomed = true; /* a refused member hung up: what we waited for */
       return;
+    }
+    if (c->state == CONN_CLOSING) { /* refused: what it sends is dropped */
+      for (int i = 0; i < nfds; i++)
+        gpuipc__fd_close(&fds[i]);
+      continue;
     }
     int rc = gpuipc__msg_decode(b->rbuf, (size_t)len, nfds, &b->in);
     if (rc != 0) {
@@ -1621,12 +1607,8 @@ static void loop(struct gpuipc__broker *b, bool stopping)
           continue;
         if (re & POLLOUT)
           conn_flush(c);
-        if (re & (POLLIN | POLLHUP | POLLERR)) {
-          if (c->state == CONN_CLOSING)
-            closing_read(b, c);
-          else
-            conn_read(b, c);
-        }
+        if (re & (POLLIN | POLLHUP | POLLERR))
+          conn_read(b, c);
       }
     }
     uint64_t now = gpuipc__now_ns();
