@@ -17,7 +17,8 @@
   do {                                                                         \
     fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                      \
     fprintf(stderr, __VA_ARGS__);                                              \
-    fprintf(stderr, "\n  last_error: %s\n", gpuipc_last_error());              \
+    fprintf(stderr, "\n  this thread's last gpuipc error (may predate a "      \
+                    "peer's reply): %s\n", gpuipc_last_error());               \
     exit(1);                                                                   \
   } while (0)
 
