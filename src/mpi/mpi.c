@@ -64,7 +64,8 @@ void gpuipc__mpi_call_begin(void)
 /*
  * agree - every rank of @comm learns the outcome of all: 0 when every rank
  * passed 0, else the code of the lowest rank that failed. A rank that did
- * not fail itself gets a sentence naming the rank that did.
+ * not fail itself, or failed with another code, gets a sentence naming the
+ * rank that did.
  */
 int gpuipc__mpi_agree(MPI_Comm comm, int rc)
 {
@@ -82,11 +83,12 @@ int gpuipc__mpi_agree(MPI_Comm comm, int rc)
   if (out.who == INT_MAX)
     return 0;
   g_agreed_who = out.who;
-  if (out.who != rank)
-    return gpuipc__mpi_fail(out.code, "rank %d of the communicator failed: %s (%s)",
-                out.who, gpuipc_err_name(out.code),
-                gpuipc_strerror(out.code));
-  return rc;
+  /* A rank that failed the same way keeps its own sentence. */
+  if (out.who != rank && rc != out.code)
+    return gpuipc__mpi_fail(out.code, "rank %d of the communicator failed: "
+                            "%s (%s)", out.who, gpuipc_err_name(out.code),
+                            gpuipc_strerror(out.code));
+  return out.code;
 }
 
 /* ---- which machine, which GPU -------------------------------------------*/
