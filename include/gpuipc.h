@@ -309,7 +309,9 @@ typedef struct gpuipc_handle {
 /*
  * gpuipc_buf_alloc - allocate a shareable buffer.
  * @size: bytes, > 0; rounded up to the kind's granularity (a page for HOST).
- * @kind: GPUIPC_KIND_AUTO picks VMM when a GPU is usable, else HOST.
+ * @kind: GPUIPC_KIND_AUTO picks VMM when a GPU is usable, else HOST; on a
+ *        @device that lacks VMM with POSIX descriptors while another GPU
+ *        has it, LEGACY.
  * @device: this process's CUDA ordinal for the GPU kinds; ignored for HOST
  *          (pass -1).
  * @flags: 0 (reserved).

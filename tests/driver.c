@@ -501,6 +501,7 @@ static void check_variants(void)
   /* GPUIPC_NO_CUDA wins over a library that would load. */
   probe(V(full), V("fork"));
   probe(V(full, "FAKE_CUDA_REGISTER_MS=400"), V("slow-publish"));
+  probe(V(full), V("auto-kind"));
   probe(V(full, "GPUIPC_NO_CUDA=1"),
         V("expect", "GPUIPC_E_NODRIVER", "--version=0", "GPUIPC_NO_CUDA"));
   /* Not a CUDA driver at all. */

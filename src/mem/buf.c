@@ -136,15 +136,29 @@ static bool kind_valid(gpuipc_kind_t kind)
   return (int)kind >= GPUIPC_KIND_AUTO && kind <= GPUIPC_KIND_POOL;
 }
 
-/* AUTO: VMM when a GPU can do it, else HOST. */
-static gpuipc_kind_t kind_resolve(gpuipc_kind_t kind)
+/*
+ * AUTO: VMM when a GPU can do it, else HOST. For visible device @device
+ * (-1: none named), VMM when that device can do it, else LEGACY when it
+ * can (a GPU without POSIX-descriptor VMM beside one with it).
+ */
+static gpuipc_kind_t kind_resolve(gpuipc_kind_t kind, int device)
 {
   if (kind != GPUIPC_KIND_AUTO)
     return kind;
   const struct gpuipc__kind_ops *vmm = gpuipc__kind_ops(GPUIPC_KIND_VMM);
-  if (vmm != NULL && vmm->available() == 0)
+  if (vmm == NULL || vmm->available() != 0)
+    return GPUIPC_KIND_HOST;
+  const struct gpuipc__dev *d =
+      device >= 0 && device < gpuipc__dev_count() ? gpuipc__dev_get(device)
+                                                  : NULL;
+  if (d == NULL || (d->info.vmm && d->info.posix_fd))
     return GPUIPC_KIND_VMM;
-  return GPUIPC_KIND_HOST;
+  const struct gpuipc__kind_ops *legacy =
+      gpuipc__kind_ops(GPUIPC_KIND_LEGACY);
+  if (legacy != NULL && d->info.unified_addressing &&
+      legacy->available() == 0)
+    return GPUIPC_KIND_LEGACY;
+  return GPUIPC_KIND_VMM; /* which says why this device cannot */
 }
 
 static int kind_check(gpuipc_kind_t kind, const char *who)
@@ -162,7 +176,7 @@ int gpuipc_kind_available(gpuipc_kind_t kind)
   if (!kind_valid(kind))
     return gpuipc__err(-EINVAL, "gpuipc_kind_available: unknown kind %d",
                        (int)kind);
-  return kind_check(kind_resolve(kind), "gpuipc_kind_available");
+  return kind_check(kind_resolve(kind, -1), "gpuipc_kind_available");
 }
 
 static void set_identity_self(struct gpuipc_buf *b)
@@ -194,7 +208,7 @@ int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
   if (flags != 0)
     return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown flags 0x%x", flags);
 
-  kind = kind_resolve(kind);
+  kind = kind_resolve(kind, device);
   int rc = kind_check(kind, "gpuipc_buf_alloc");
   if (rc != 0)
     return rc;

@@ -1,7 +1,8 @@
 /*
  * A fake CUDA driver (see fake_cuda.h). What the loader and the device
- * table use is implemented, and host registration, copies, streams and
- * events over host memory posing as device memory; every other entry
+ * table use is implemented, and host registration, LEGACY device memory
+ * (cuMemAlloc), copies, streams and events over host memory posing as
+ * device memory; every other entry
  * point resolves to a function that answers CUDA_ERROR_NOT_SUPPORTED and
  * must never be called by the tests that use this library.
  */
@@ -310,6 +311,97 @@ int fake_cuda_registered(void)
   return atomic_load(&registered);
 }
 
+/* ---- device memory --------------------------------------------------------
+ *
+ * cuMemAlloc hands out 2 MiB-aligned host memory (the size rounded up to
+ * 2 MiB, as gpuipc's LEGACY kind asks), remembered so that
+ * cuMemGetAddressRange and cuMemFree know it; cuIpcGetMemHandle describes
+ * it by its address. Enough for LEGACY buffers within one process.
+ */
+#define FAKE_ALLOCS 256
+
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  uintptr_t base;
+  size_t size;
+} allocs[FAKE_ALLOCS];
+
+static CUresult fake_cuMemAlloc(CUdeviceptr *p, size_t n)
+{
+  NEED_INIT();
+  if (current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (p == NULL || n == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  const size_t block = (size_t)2 << 20;
+  size_t size = (n + block - 1) / block * block;
+  void *m = aligned_alloc(block, size);
+  if (m == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&alloc_lock);
+  for (int i = 0; i < FAKE_ALLOCS; i++)
+    if (allocs[i].base == 0) {
+      allocs[i].base = (uintptr_t)m;
+      allocs[i].size = size;
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&alloc_lock);
+  if (r != CUDA_SUCCESS)
+    free(m);
+  else
+    *p = (CUdeviceptr)(uintptr_t)m;
+  return r;
+}
+
+static CUresult fake_cuMemFree(CUdeviceptr p)
+{
+  NEED_INIT();
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&alloc_lock);
+  for (int i = 0; i < FAKE_ALLOCS; i++)
+    if (allocs[i].base != 0 && allocs[i].base == (uintptr_t)p) {
+      free((void *)allocs[i].base);
+      allocs[i].base = 0;
+      r = CUDA_SUCCESS;
+    }
+  pthread_mutex_unlock(&alloc_lock);
+  return r;
+}
+
+static CUresult fake_cuMemGetAddressRange(CUdeviceptr *base, size_t *size,
+                                          CUdeviceptr p)
+{
+  NEED_INIT();
+  CUresult r = CUDA_ERROR_NOT_FOUND;
+  pthread_mutex_lock(&alloc_lock);
+  for (int i = 0; i < FAKE_ALLOCS; i++)
+    if (allocs[i].base != 0 && (uintptr_t)p >= allocs[i].base &&
+        (uintptr_t)p - allocs[i].base < allocs[i].size) {
+      if (base != NULL)
+        *base = (CUdeviceptr)allocs[i].base;
+      if (size != NULL)
+        *size = allocs[i].size;
+      r = CUDA_SUCCESS;
+    }
+  pthread_mutex_unlock(&alloc_lock);
+  return r;
+}
+
+static CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+  NEED_INIT();
+  if (h == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr base;
+  if (fake_cuMemGetAddressRange(&base, NULL, p) != CUDA_SUCCESS || base != p)
+    return CUDA_ERROR_INVALID_VALUE;
+  memset(h, 0, sizeof(*h));
+  memcpy(h->reserved, &p, sizeof(p));
+  return CUDA_SUCCESS;
+}
+
 /* ---- copies, streams and events ------------------------------------------
  *
  * "Device memory" is host memory: a CUdeviceptr is a host address. A copy
@@ -615,6 +707,10 @@ static const struct {
     ENTRY(cuMemGetAllocationGranularity),
     ENTRY(cuMemHostRegister),
     ENTRY(cuMemHostUnregister),
+    ENTRY(cuMemAlloc),
+    ENTRY(cuMemFree),
+    ENTRY(cuMemGetAddressRange),
+    ENTRY(cuIpcGetMemHandle),
     ENTRY(cuMemcpyAsync),
     ENTRY(cuMemcpy),
     ENTRY(cuStreamSynchronize),

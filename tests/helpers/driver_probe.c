@@ -428,11 +428,43 @@ static int probe_slow_publish(void)
   return 0;
 }
 
+/*
+ * GPUIPC_KIND_AUTO names a kind per device: VMM on the fake's device 0
+ * (which claims VMM with POSIX descriptors), LEGACY on its device 1 (which
+ * does not); the LEGACY buffer is usable (the fake's cuMemAlloc), and
+ * gpuipc_kind_available(AUTO) still answers for VMM.
+ */
+static int probe_auto_kind(void)
+{
+  ASSERT_OK(gpuipc_driver_status(NULL));
+  ASSERT_EQ(gpuipc_device_count(), 2);
+  gpuipc_device_info_t i0 = {.size = sizeof(i0)};
+  gpuipc_device_info_t i1 = {.size = sizeof(i1)};
+  ASSERT_OK(gpuipc_device_info(0, &i0));
+  ASSERT_OK(gpuipc_device_info(1, &i1));
+  ASSERT_TRUE(i0.vmm && i0.posix_fd && !(i1.vmm && i1.posix_fd));
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_buf_alloc(5000, GPUIPC_KIND_AUTO, 1, 0, &b));
+  ASSERT_EQ(gpuipc_buf_kind(b), GPUIPC_KIND_LEGACY);
+  ASSERT_EQ(gpuipc_buf_device(b), 1);
+  memset(gpuipc_buf_ptr(b), 0x3c, 5000);
+  ASSERT_OK(gpuipc_buf_release(b));
+  /* Device 0: VMM, which this fake cannot make (no cuMemCreate). */
+  ASSERT_RC(gpuipc_buf_alloc(5000, GPUIPC_KIND_AUTO, 0, 0, &b),
+            GPUIPC_E_CUDA);
+  ASSERT_ERR_MENTIONS("cuMem");
+  ASSERT_OK(gpuipc_kind_available(GPUIPC_KIND_AUTO));
+  printf("auto-kind: LEGACY on a GPU without VMM beside one with it\n");
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
   if (argc < 2)
     TFAIL("usage: driver_probe expect CODE [NEEDLE...] | table [fake] | "
-          "fork | slow-publish");
+          "fork | slow-publish | auto-kind");
+  if (strcmp(argv[1], "auto-kind") == 0)
+    return probe_auto_kind();
   if (strcmp(argv[1], "fork") == 0)
     return probe_fork();
   if (strcmp(argv[1], "slow-publish") == 0)
