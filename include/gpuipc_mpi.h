@@ -104,9 +104,13 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  *    the receiving GPU: opts->device, else the current device; HOST when
  *    the receiver has no GPU) and reused once released. GPU memory is
  *    staged through pinned host memory with a host wait on the stream
- *    unless MPIX_Query_cuda_support() says the MPI library takes device
- *    pointers (then, for buffers gpuipc allocated, it gets them after a
- *    stream synchronisation). HOST buffers are sent from where they lie:
+ *    unless the MPI library takes device pointers (then, for buffers
+ *    gpuipc allocated and for receive destinations, it gets them after a
+ *    stream synchronisation). Whether it does: GPUIPC_MPI_CUDA_AWARE
+ *    (read at open): "auto" (the default) asks MPIX_Query_cuda_support(),
+ *    "1" says yes (an MPI that takes device pointers but cannot say so),
+ *    "0" says no (stage even so); another value fails the open with
+ *    -EINVAL. HOST buffers are sent from where they lie:
  *    as with gpuipc_send, they must not be written until released
  *    (gpuipc_mpi_send_done); t->buf NULL copies the bytes at once. A
  *    received view's strides and byte offset are the sender's, in a copy

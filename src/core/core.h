@@ -71,6 +71,10 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "MPI component: KiB in each data chunk of every message on the MPI "      \
      "path, a power of two in 4..1048576 (0: 1 to 4 MiB pipelined for "       \
      "staged GPU memory, 1 GiB otherwise).")                                   \
+  XX(MPI_CUDA_AWARE, "GPUIPC_MPI_CUDA_AWARE", "auto",                          \
+     "MPI component: 1 hands device pointers of gpuipc buffers to MPI, 0 "    \
+     "stages GPU memory through pinned host memory, auto asks the MPI "       \
+     "library (MPIX_Query_cuda_support).")                                    \
   XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "30",                    \
      "Microseconds a channel end polls a peer's pending event before "         \
      "making its stream wait for it (0: never poll).")

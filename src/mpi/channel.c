@@ -319,11 +319,12 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
 {
   ch->depth = opts && opts->depth ? opts->depth : 64;
   ch->send_timeout_ms = opts ? opts->send_timeout_ms : 0;
-  ch->aware = gpuipc__mpi_cuda_aware();
   ch->rx_device = -1;
   ch->tx_ev_dev = -1;
   ch->rx_ev_dev = -1;
-  int rc = gpuipc__mpi_chunk_setting(&ch->chunk_shift);
+  int rc = gpuipc__mpi_cuda_aware(&ch->aware);
+  if (rc == 0)
+    rc = gpuipc__mpi_chunk_setting(&ch->chunk_shift);
   if (rc != 0)
     return rc;
   if (gpuipc_driver_status(NULL) == 0 && gpuipc_device_count() > 0) {
@@ -1105,7 +1106,9 @@ static int rx_next(struct gpuipc_mpi_channel *ch)
 
 /*
  * The bytes of the message in desc_w into @dst (on device @dev, or host
- * when < 0). Up to NEV chunk receives stay posted, in order. When MPI
+ * when < 0), after the work queued on @stream before the call (MPI writes
+ * device memory only once it is done). Up to NEV chunk receives stay
+ * posted, in order. When MPI
  * cannot write to @dst they land in a ring of staging chunks in pinned
  * host memory, and each chunk's copy to @dst is queued on @stream as soon
  * as it arrived; a staging chunk takes the next receive once the copy out
@@ -1133,6 +1136,12 @@ static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
       return rc; /* the message stays first in line */
     into = gpuipc_buf_ptr(ch->rx_stage);
     ev_fit(ev, &ch->rx_ev_dev, dev);
+  }
+  if (dev >= 0 && !staged) {
+    /* MPI writes the device memory itself: after the receiver's work. */
+    int rc = gpuipc__mpi_stream_sync(dev, stream);
+    if (rc != 0)
+      return rc; /* the message stays first in line */
   }
   bool async = staged && ev[0] != NULL;
   MPI_Request reqs[NEV];

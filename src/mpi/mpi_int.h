@@ -7,6 +7,7 @@
 #ifndef GPUIPC_MPI_INT_H
 #define GPUIPC_MPI_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "gpuipc_mpi.h"
@@ -36,8 +37,12 @@ int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
 
 /* ---- GPU memory (stage.c) ------------------------------------------------*/
 
-/* 1 when the MPI library takes device pointers (MPIX_Query_cuda_support). */
-int gpuipc__mpi_cuda_aware(void);
+/*
+ * Whether to hand device pointers to MPI: GPUIPC_MPI_CUDA_AWARE "1" or
+ * "0", else (unset, "auto") what MPIX_Query_cuda_support says. -EINVAL
+ * with a sentence for another value.
+ */
+int gpuipc__mpi_cuda_aware(bool *aware);
 /*
  * Copy @n bytes between any two memories (unified addressing) on @stream
  * (NULL: the legacy default stream) of device @device, and wait for the

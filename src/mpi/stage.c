@@ -5,6 +5,7 @@
  */
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,13 +15,35 @@
 #include <mpi-ext.h>
 #endif
 
-int gpuipc__mpi_cuda_aware(void)
+/* The value of setting @name (never NULL: "" when unset). */
+static const char *setting(const char *name)
 {
+  int n = gpuipc_config_count();
+  for (int i = 0; i < n; i++) {
+    gpuipc_config_item_t item;
+    if (gpuipc_config_get(i, &item) == 0 && strcmp(item.name, name) == 0)
+      return item.value != NULL ? item.value : "";
+  }
+  return "";
+}
+
+int gpuipc__mpi_cuda_aware(bool *aware)
+{
+  const char *s = setting("GPUIPC_MPI_CUDA_AWARE");
+  if (*s == '\0' || strcmp(s, "auto") == 0) {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;
+    *aware = MPIX_Query_cuda_support() == 1;
 #else
-  return 0;
+    *aware = false;
 #endif
+    return 0;
+  }
+  if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0) {
+    *aware = s[0] == '1';
+    return 0;
+  }
+  return gpuipc__mpi_fail(-EINVAL, "GPUIPC_MPI_CUDA_AWARE=\"%s\": must be "
+                          "auto, 0 or 1", s);
 }
 
 int gpuipc__mpi_copy_async(int device, void *dst, const void *src, size_t n,
@@ -39,15 +62,8 @@ int gpuipc__mpi_copy(int device, void *dst, const void *src, size_t n,
 
 int gpuipc__mpi_chunk_setting(unsigned *shift)
 {
-  const char *s = NULL;
-  int n = gpuipc_config_count();
-  for (int i = 0; i < n; i++) {
-    gpuipc_config_item_t item;
-    if (gpuipc_config_get(i, &item) == 0 &&
-        strcmp(item.name, "GPUIPC_MPI_CHUNK_KB") == 0)
-      s = item.value;
-  }
-  if (s == NULL || *s == '\0') {
+  const char *s = setting("GPUIPC_MPI_CHUNK_KB");
+  if (*s == '\0') {
     *shift = 0;
     return 0;
   }
