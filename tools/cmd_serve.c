@@ -76,28 +76,24 @@ static int run(int argc, char **argv)
   }
   raise_fd_limit();
 
+  struct gpuipc__dom_paths paths;
+  gpuipc__dom_paths(name, &paths);
   struct gpuipc__broker_init init;
   memset(&init, 0, sizeof(init));
   snprintf(init.name, sizeof(init.name), "%s", name);
   bool stale = false;
   int rc = gpuipc__broker_claim(name, &init.lock_fd, &init.listen_fd, &stale);
-  if (rc == -EWOULDBLOCK) {
-    struct gpuipc__dom_paths paths;
-    gpuipc__dom_paths(name, &paths);
-    fprintf(stderr, "gpuipc serve: a broker of domain %s already runs (%s is "
-            "locked)\n", name, paths.lock);
-    close(sfd);
-    return CLI_EXIT_FAIL;
-  }
   if (rc != 0) {
-    fprintf(stderr, "gpuipc serve: %s: %s\n", name, gpuipc_last_error());
+    if (rc == -EWOULDBLOCK)
+      fprintf(stderr, "gpuipc serve: a broker of domain %s already runs (%s "
+              "is locked)\n", name, paths.lock);
+    else
+      fprintf(stderr, "gpuipc serve: %s: %s\n", name, gpuipc_last_error());
     close(sfd);
     return CLI_EXIT_FAIL;
   }
   /* A socket left behind: members of a broker that died re-publish. */
   init.recovery = stale ? GPUIPC__RECOVER_CRASH : GPUIPC__RECOVER_NONE;
-  struct gpuipc__dom_paths paths;
-  gpuipc__dom_paths(name, &paths);
   printf("gpuipc serve: domain %s, broker pid %d, socket %s\n", name,
          (int)getpid(), paths.sock);
   fflush(stdout);
