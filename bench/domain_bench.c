@@ -170,6 +170,14 @@ static void run(gpuipc_domain_t *dom, int procs, int iters, enum mode mode,
   free(pids);
 }
 
+/* Iterations of each of @procs processes: the same total work (4 x @iters
+ * when several run) whatever their number, and at least 50 each. */
+static int iters_each(int iters, int procs)
+{
+  int per = procs > 1 ? iters * 4 / procs : iters;
+  return per < 50 ? 50 : per;
+}
+
 int main(int argc, char **argv)
 {
   if (argc == 6 && strcmp(argv[1], "--client") == 0)
@@ -211,20 +219,12 @@ int main(int argc, char **argv)
          sysconf(_SC_NPROCESSORS_ONLN));
   printf("%-46s %5s %8s %10s %10s %10s\n", "operation", "procs", "samples",
          "median us", "p99 us", "total/s");
-  for (int i = 0; i < nprocs; i++) {
-    /* The same total work whatever the number of processes. */
-    int per = procs[i] > 1 ? iters * 4 / procs[i] : iters;
-    if (per < 50)
-      per = 50;
-    run(dom, procs[i], per, MODE_UNHELD,
+  for (int i = 0; i < nprocs; i++)
+    run(dom, procs[i], iters_each(iters, procs[i]), MODE_UNHELD,
         "open + release, not held (round trip, map)");
-  }
-  for (int i = 0; i < nprocs; i++) {
-    int per = procs[i] > 1 ? iters * 4 / procs[i] : iters;
-    if (per < 50)
-      per = 50;
-    run(dom, procs[i], per, MODE_HELD, "open + release, held (cached open)");
-  }
+  for (int i = 0; i < nprocs; i++)
+    run(dom, procs[i], iters_each(iters, procs[i]), MODE_HELD,
+        "open + release, held (cached open)");
   run(dom, 1, iters * 10, MODE_IMPORT,
       "gpuipc_buf_import + release of a held buffer");
   gpuipc_segment_unlink(dom, "bench");
