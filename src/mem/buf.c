@@ -310,15 +310,11 @@ static struct gpuipc_buf *lookup_or_reserve(const gpuipc_handle_t *h,
     struct gpuipc_buf *b = reg_find(h);
     if (b == NULL)
       break;
-    if (b->kept) { /* no reference, memory kept: take it back */
-      b->kept = false;
-      reg.kept--;
-      b->refs = 1;
-      reg.hits++;
-      pthread_mutex_unlock(&reg.lock);
-      return b;
-    }
-    if (b->refs != PLACEHOLDER_REFS) {
+    if (b->kept || b->refs != PLACEHOLDER_REFS) {
+      if (b->kept) { /* no reference, memory kept: take it back */
+        b->kept = false;
+        reg.kept--;
+      }
       b->refs++;
       reg.hits++;
       pthread_mutex_unlock(&reg.lock);
