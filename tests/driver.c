@@ -498,10 +498,10 @@ static void check_variants(void)
   const char *full = "GPUIPC_CUDA_LIB=" FAKE_CUDA_FULL;
   const char *v1 = "GPUIPC_CUDA_LIB=" FAKE_CUDA_V1;
 
-  /* GPUIPC_NO_CUDA wins over a library that would load. */
   probe(V(full), V("fork"));
   probe(V(full, "FAKE_CUDA_REGISTER_MS=400"), V("slow-publish"));
   probe(V(full), V("auto-kind"));
+  /* GPUIPC_NO_CUDA wins over a library that would load. */
   probe(V(full, "GPUIPC_NO_CUDA=1"),
         V("expect", "GPUIPC_E_NODRIVER", "--version=0", "GPUIPC_NO_CUDA"));
   /* Not a CUDA driver at all. */

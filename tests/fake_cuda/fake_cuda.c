@@ -304,8 +304,6 @@ static CUresult fake_cuMemHostUnregister(void *p)
   return CUDA_SUCCESS;
 }
 
-/* How many host ranges are registered now (for tests, through dlsym). */
-int fake_cuda_registered(void);
 int fake_cuda_registered(void)
 {
   return atomic_load(&registered);

@@ -63,6 +63,8 @@ int fake_cuda_retains(int dev);
 int fake_cuda_calls_before_init(void);
 /* Calls of cuCtxSetCurrent so far, from any thread. */
 int fake_cuda_set_current_calls(void);
+/* Host ranges registered now (cuMemHostRegister minus unregisters). */
+int fake_cuda_registered(void);
 /* Queued copies done so far (each when its turn came, not when queued). */
 int fake_cuda_copies_done(void);
 /* Times cuEventQuery answered CUDA_ERROR_NOT_READY so far. */
