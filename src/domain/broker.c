@@ -555,7 +555,7 @@ static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
     if (s->keeper != NULL) {
       GPUIPC_LOG_D("broker %s: segment %s (id %llu): pid %u may free it",
                    b->name, s->w.name, (unsigned long long)s->w.id,
-                   s->keeper_pid);
+                   (unsigned)s->keeper->cred.pid);
       send_id(b, s->keeper, GPUIPC_MSG_LET_GO, 0, s->w.id);
     }
     GPUIPC_LOG_D("broker %s: segment %s (id %llu) freed", b->name, s->w.name,
@@ -567,13 +567,6 @@ static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
   }
 }
 
-static void set_keeper(struct gpuipc__seg *s, struct gpuipc__conn *c,
-                       uint32_t pid)
-{
-  s->keeper = c;
-  s->keeper_pid = pid;
-}
-
 /*
  * The creator that kept @s's memory let go of it or left: the memory goes
  * with that process, so a published @s is lost at once (its holders learn
@@ -583,7 +576,6 @@ static void set_keeper(struct gpuipc__seg *s, struct gpuipc__conn *c,
 static void keeper_gone(struct gpuipc__broker *b, struct gpuipc__seg *s)
 {
   s->keeper = NULL;
-  s->keeper_pid = 0;
   if (recovering(b))
     return; /* end_recovery decides */
   if (s->w.state == GPUIPC__SEG_PUBLISHED)
@@ -905,7 +897,7 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       return;
     }
     if (creator_held(s))
-      set_keeper(s, c, pid);
+      s->keeper = c;
     send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
     return;
   } else {
@@ -922,7 +914,7 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
   if (creator_held(s))
-    set_keeper(s, c, pid);
+    s->keeper = c;
   if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
     send_error(b, c, m->req, -ENOMEM, "broker out of memory");
     return;
@@ -996,7 +988,7 @@ static void fill_list_rec(struct gpuipc__list_rec *lr,
   lr->seg.has_handle = false;
   lr->seg.htype = 0;
   lr->broker_fd = s->fd >= 0;
-  lr->keeper_pid = s->keeper != NULL ? s->keeper_pid : 0;
+  lr->keeper_pid = s->keeper != NULL ? (uint32_t)s->keeper->cred.pid : 0;
   lr->nholders = s->nholders;
   lr->nlisted = 0;
   for (uint32_t i = 0; i < s->nholders && i < GPUIPC__LIST_HOLDERS; i++) {
@@ -1118,7 +1110,7 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     if (holds != 0 && republish_hold(b, c, s, holds) != 0)
       return;
     if (keeper)
-      set_keeper(s, c, pid);
+      s->keeper = c;
     if (s->named)
       redispatch(b, s->w.name);
     else if (holds == 0)
@@ -1152,7 +1144,7 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   if (holds != 0 && republish_hold(b, c, s, holds) != 0)
     return;
   if (keeper)
-    set_keeper(s, c, pid);
+    s->keeper = c;
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,
                w->name, (unsigned long long)w->id,
                keeper ? ", keeping its memory" : "");
