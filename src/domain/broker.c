@@ -1043,23 +1043,30 @@ static void on_list(struct gpuipc__broker *b, struct gpuipc__conn *c,
 }
 
 /*
- * Count the holds a re-publication brings. REPUBLISH has no reply: a member
- * whose holds cannot be counted is disconnected, so that it re-publishes
- * them all again (to this broker or the next) rather than have the broker
- * count fewer than it holds.
+ * Count the holds a re-publication of @s brings, take its keeper, and serve
+ * the requests waiting for its name. REPUBLISH has no reply: a member whose
+ * holds cannot be counted is disconnected, so that it re-publishes them all
+ * again (to this broker or the next) rather than have the broker count
+ * fewer than it holds. May free @s.
  */
-static int republish_hold(struct gpuipc__broker *b, struct gpuipc__conn *c,
-                          struct gpuipc__seg *s, uint32_t holds)
+static void republish_take(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                           struct gpuipc__seg *s, uint32_t holds, bool keeper)
 {
-  int rc = gpuipc__reg_hold(s, c, (uint32_t)c->cred.pid, holds);
-  if (rc != 0) {
+  if (holds != 0 &&
+      gpuipc__reg_hold(s, c, (uint32_t)c->cred.pid, holds) != 0) {
     GPUIPC_LOG_W("broker %s: cannot count the %u holds pid %d re-published "
                  "on segment %s (%s); disconnecting it",
                  b->name, holds, (int)c->cred.pid, s->w.name,
                  gpuipc_last_error());
     c->doomed = true;
+    return;
   }
-  return rc;
+  if (keeper)
+    s->keeper = c;
+  if (s->named)
+    redispatch(b, s->w.name);
+  else if (holds == 0)
+    maybe_free(b, s); /* kept by its creator alone */
 }
 
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
@@ -1107,14 +1114,7 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
       journal_put(b, s);
     }
-    if (holds != 0 && republish_hold(b, c, s, holds) != 0)
-      return;
-    if (keeper)
-      s->keeper = c;
-    if (s->named)
-      redispatch(b, s->w.name);
-    else if (holds == 0)
-      maybe_free(b, s); /* kept by its creator alone: may free s */
+    republish_take(b, c, s, holds, keeper);
     return;
   }
   if (w->state == GPUIPC__SEG_PUBLISHED) {
@@ -1141,17 +1141,10 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
-  if (holds != 0 && republish_hold(b, c, s, holds) != 0)
-    return;
-  if (keeper)
-    s->keeper = c;
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,
                w->name, (unsigned long long)w->id,
                keeper ? ", keeping its memory" : "");
-  if (s->named)
-    redispatch(b, s->w.name);
-  else if (holds == 0)
-    maybe_free(b, s);
+  republish_take(b, c, s, holds, keeper);
 }
 
 static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,
