@@ -73,13 +73,8 @@ static void silent(void)
 static bool try_join(int *out)
 {
   int fd = raw_connect("limits");
+  raw_hello_send(fd);
   struct gpuipc__msg m;
-  memset(&m, 0, sizeof(m));
-  m.type = GPUIPC_MSG_HELLO;
-  m.req = 1;
-  m.u.hello.pid = (uint32_t)getpid();
-  m.u.hello.token = 0x5eed;
-  raw_send(fd, &m, NULL, 0);
   int rc = raw_recv(fd, &m, NULL, NULL, 10000);
   if (rc == GPUIPC_E_PEER_GONE) {
     close(fd);

@@ -555,7 +555,7 @@ static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
     if (s->keeper != NULL) {
       GPUIPC_LOG_D("broker %s: segment %s (id %llu): pid %u may free it",
                    b->name, s->w.name, (unsigned long long)s->w.id,
-                   s->keeper_pid);
+                   (unsigned)s->keeper->cred.pid);
       send_id(b, s->keeper, GPUIPC_MSG_LET_GO, 0, s->w.id);
     }
     GPUIPC_LOG_D("broker %s: segment %s (id %llu) freed", b->name, s->w.name,
@@ -567,13 +567,6 @@ static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
   }
 }
 
-static void set_keeper(struct gpuipc__seg *s, struct gpuipc__conn *c,
-                       uint32_t pid)
-{
-  s->keeper = c;
-  s->keeper_pid = pid;
-}
-
 /*
  * The creator that kept @s's memory let go of it or left: the memory goes
  * with that process, so a published @s is lost at once (its holders learn
@@ -583,7 +576,6 @@ static void set_keeper(struct gpuipc__seg *s, struct gpuipc__conn *c,
 static void keeper_gone(struct gpuipc__broker *b, struct gpuipc__seg *s)
 {
   s->keeper = NULL;
-  s->keeper_pid = 0;
   if (recovering(b))
     return; /* end_recovery decides */
   if (s->w.state == GPUIPC__SEG_PUBLISHED)
@@ -905,7 +897,7 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       return;
     }
     if (creator_held(s))
-      set_keeper(s, c, pid);
+      s->keeper = c;
     send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
     return;
   } else {
@@ -922,7 +914,7 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
   if (creator_held(s))
-    set_keeper(s, c, pid);
+    s->keeper = c;
   if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
     send_error(b, c, m->req, -ENOMEM, "broker out of memory");
     return;
@@ -996,7 +988,7 @@ static void fill_list_rec(struct gpuipc__list_rec *lr,
   lr->seg.has_handle = false;
   lr->seg.htype = 0;
   lr->broker_fd = s->fd >= 0;
-  lr->keeper_pid = s->keeper != NULL ? s->keeper_pid : 0;
+  lr->keeper_pid = s->keeper != NULL ? (uint32_t)s->keeper->cred.pid : 0;
   lr->nholders = s->nholders;
   lr->nlisted = 0;
   for (uint32_t i = 0; i < s->nholders && i < GPUIPC__LIST_HOLDERS; i++) {
@@ -1051,23 +1043,30 @@ static void on_list(struct gpuipc__broker *b, struct gpuipc__conn *c,
 }
 
 /*
- * Count the holds a re-publication brings. REPUBLISH has no reply: a member
- * whose holds cannot be counted is disconnected, so that it re-publishes
- * them all again (to this broker or the next) rather than have the broker
- * count fewer than it holds.
+ * Count the holds a re-publication of @s brings, take its keeper, and serve
+ * the requests waiting for its name. REPUBLISH has no reply: a member whose
+ * holds cannot be counted is disconnected, so that it re-publishes them all
+ * again (to this broker or the next) rather than have the broker count
+ * fewer than it holds. May free @s.
  */
-static int republish_hold(struct gpuipc__broker *b, struct gpuipc__conn *c,
-                          struct gpuipc__seg *s, uint32_t holds)
+static void republish_take(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                           struct gpuipc__seg *s, uint32_t holds, bool keeper)
 {
-  int rc = gpuipc__reg_hold(s, c, (uint32_t)c->cred.pid, holds);
-  if (rc != 0) {
+  if (holds != 0 &&
+      gpuipc__reg_hold(s, c, (uint32_t)c->cred.pid, holds) != 0) {
     GPUIPC_LOG_W("broker %s: cannot count the %u holds pid %d re-published "
                  "on segment %s (%s); disconnecting it",
                  b->name, holds, (int)c->cred.pid, s->w.name,
                  gpuipc_last_error());
     c->doomed = true;
+    return;
   }
-  return rc;
+  if (keeper)
+    s->keeper = c;
+  if (s->named)
+    redispatch(b, s->w.name);
+  else if (holds == 0)
+    maybe_free(b, s); /* kept by its creator alone */
 }
 
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
@@ -1115,14 +1114,7 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
       journal_put(b, s);
     }
-    if (holds != 0 && republish_hold(b, c, s, holds) != 0)
-      return;
-    if (keeper)
-      set_keeper(s, c, pid);
-    if (s->named)
-      redispatch(b, s->w.name);
-    else if (holds == 0)
-      maybe_free(b, s); /* kept by its creator alone: may free s */
+    republish_take(b, c, s, holds, keeper);
     return;
   }
   if (w->state == GPUIPC__SEG_PUBLISHED) {
@@ -1149,17 +1141,10 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
-  if (holds != 0 && republish_hold(b, c, s, holds) != 0)
-    return;
-  if (keeper)
-    set_keeper(s, c, pid);
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,
                w->name, (unsigned long long)w->id,
                keeper ? ", keeping its memory" : "");
-  if (s->named)
-    redispatch(b, s->w.name);
-  else if (holds == 0)
-    maybe_free(b, s);
+  republish_take(b, c, s, holds, keeper);
 }
 
 static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,

@@ -123,7 +123,6 @@ struct gpuipc__seg {
    * holds it), NULL once it let go or left.
    */
   struct gpuipc__conn *keeper;
-  uint32_t keeper_pid;
   struct gpuipc__holder *holders;
   uint32_t nholders, capholders;
 };

@@ -81,7 +81,8 @@ static inline void raw_expect(int fd, struct gpuipc__msg *m, uint16_t type)
           m->type == GPUIPC_MSG_ERROR ? m->u.error.text : "");
 }
 
-static inline void raw_hello(int fd)
+/* Say HELLO without waiting for the answer. */
+static inline void raw_hello_send(int fd)
 {
   struct gpuipc__msg m;
   memset(&m, 0, sizeof(m));
@@ -90,6 +91,12 @@ static inline void raw_hello(int fd)
   m.u.hello.pid = (uint32_t)getpid();
   m.u.hello.token = 0x5eed;
   raw_send(fd, &m, NULL, 0);
+}
+
+static inline void raw_hello(int fd)
+{
+  struct gpuipc__msg m;
+  raw_hello_send(fd);
   raw_expect(fd, &m, GPUIPC_MSG_WELCOME);
 }
 
