@@ -93,18 +93,22 @@ int gpuipc__mpi_agree(MPI_Comm comm, int rc)
 
 /* ---- which machine, which GPU -------------------------------------------*/
 
-/* The GPUIPC_NODE_ID setting as a non-negative int (0 when unset). */
-static int node_id(int *out)
+const char *gpuipc__mpi_setting(const char *name)
 {
-  const char *s = NULL;
   int n = gpuipc_config_count();
   for (int i = 0; i < n; i++) {
     gpuipc_config_item_t item;
-    if (gpuipc_config_get(i, &item) == 0 &&
-        strcmp(item.name, "GPUIPC_NODE_ID") == 0)
-      s = item.value;
+    if (gpuipc_config_get(i, &item) == 0 && strcmp(item.name, name) == 0)
+      return item.value != NULL ? item.value : "";
   }
-  if (!s || !*s) {
+  return "";
+}
+
+/* The GPUIPC_NODE_ID setting as a non-negative int (0 when unset). */
+static int node_id(int *out)
+{
+  const char *s = gpuipc__mpi_setting("GPUIPC_NODE_ID");
+  if (!*s) {
     *out = 0;
     return 0;
   }

@@ -22,6 +22,9 @@ __attribute__((format(printf, 2, 3))) int gpuipc__mpi_fail(int code,
 int gpuipc__mpi_fail_gpuipc(int code);
 /* An MPI call failed with @mrc: -EIO with MPI's sentence. */
 int gpuipc__mpi_fail_mpi(int mrc, const char *call);
+/* The value of gpuipc setting @name (gpuipc_config_get; never NULL: ""
+ * when unset). */
+const char *gpuipc__mpi_setting(const char *name);
 /* Start of a public call: forget which rank an earlier failure came from. */
 void gpuipc__mpi_call_begin(void);
 /* Every rank of @comm learns the outcome of all (lowest failing rank's). */
