@@ -365,14 +365,9 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
                                            gpuipc_mpi_channel_t **out)
 {
   gpuipc__mpi_call_begin();
-  int inited = 0, finalized = 0;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (!inited || finalized)
-    return gpuipc__mpi_fail(-EINVAL, "MPI is %s",
-                            inited ? "finalized" : "not initialised");
-  if (comm == MPI_COMM_NULL)
-    return gpuipc__mpi_fail(-EINVAL, "comm is MPI_COMM_NULL");
+  int rc = gpuipc__mpi_check_comm(comm);
+  if (rc != 0)
+    return rc;
   int me, size, *ub = NULL, flag = 0;
   int mrc = MPI_Comm_rank(comm, &me);
   if (mrc == MPI_SUCCESS)
@@ -389,8 +384,8 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
     return gpuipc__mpi_fail(-EINVAL, "tag %d is outside 0..MPI_TAG_UB", tag);
   /* Checks that one rank alone fails are agreed on after the pair exists:
    * both then return the same code. */
-  int rc = out == NULL ? gpuipc__mpi_fail(-EINVAL, "out is NULL")
-                       : check_opts(opts);
+  rc = out == NULL ? gpuipc__mpi_fail(-EINVAL, "out is NULL")
+                   : check_opts(opts);
   struct gpuipc_mpi_channel *ch = calloc(1, sizeof(*ch));
   if (ch == NULL && rc == 0)
     rc = gpuipc__mpi_fail(-ENOMEM, "no memory for a channel");
@@ -411,13 +406,9 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
   pthread_mutex_init(&ch->ack_lock, NULL);
 
   MPI_Comm node;
-  int mine = gpuipc__mpi_scope_comm(pair, GPUIPC_MPI_SCOPE_NODE, &node);
-  rc = gpuipc__mpi_agree(pair, mine);
-  if (rc != 0) {
-    if (mine == 0)
-      MPI_Comm_free(&node);
+  rc = gpuipc__mpi_scope_comm(pair, GPUIPC_MPI_SCOPE_NODE, &node);
+  if (rc != 0)
     goto destroy;
-  }
   int nsize = 0;
   mrc = MPI_Comm_size(node, &nsize);
   MPI_Comm_free(&node);

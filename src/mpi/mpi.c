@@ -147,16 +147,25 @@ static void device_uuid(uint8_t uuid[16])
 
 /* ---- scopes --------------------------------------------------------------*/
 
-/* Checks every rank can make alone, before any collective. */
-static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
+int gpuipc__mpi_check_comm(MPI_Comm comm)
 {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (!inited || finalized)
-    return gpuipc__mpi_fail(-EINVAL, "MPI is %s", inited ? "finalized" : "not initialised");
+    return gpuipc__mpi_fail(-EINVAL, "MPI is %s",
+                            inited ? "finalized" : "not initialised");
   if (comm == MPI_COMM_NULL)
     return gpuipc__mpi_fail(-EINVAL, "comm is MPI_COMM_NULL");
+  return 0;
+}
+
+/* Checks every rank can make alone, before any collective. */
+static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
+{
+  int rc = gpuipc__mpi_check_comm(comm);
+  if (rc)
+    return rc;
   if (scope != GPUIPC_MPI_SCOPE_NODE && scope != GPUIPC_MPI_SCOPE_DEVICE)
     return gpuipc__mpi_fail(-EINVAL, "scope %d is neither GPUIPC_MPI_SCOPE_NODE nor "
                          "GPUIPC_MPI_SCOPE_DEVICE", (int)scope);
@@ -206,7 +215,8 @@ static int split_device(MPI_Comm node, MPI_Comm *out)
   return split(node, color, out);
 }
 
-int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
+/* This rank's communicator of @scope (collective, not agreed). */
+static int scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
 {
   int id = 0;
   int rc = gpuipc__mpi_agree(comm, node_id(&id));
@@ -238,6 +248,21 @@ int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *ou
   return 0;
 }
 
+int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
+                           MPI_Comm *out)
+{
+  MPI_Comm c;
+  int mine = scope_comm(comm, scope, &c);
+  int rc = gpuipc__mpi_agree(comm, mine);
+  if (rc) {
+    if (mine == 0)
+      MPI_Comm_free(&c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
 /*
  * The checks and the split both public entry points begin with, agreed by
  * every rank: on success @sc is this rank's scope communicator.
@@ -252,11 +277,7 @@ static int scope_begin(MPI_Comm comm, gpuipc_mpi_scope_t scope,
   rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
   if (rc)
     return rc;
-  int mine = gpuipc__mpi_scope_comm(comm, scope, sc);
-  rc = gpuipc__mpi_agree(comm, mine);
-  if (rc && mine == 0)
-    MPI_Comm_free(sc);
-  return rc;
+  return gpuipc__mpi_scope_comm(comm, scope, sc);
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,

@@ -29,7 +29,11 @@ const char *gpuipc__mpi_setting(const char *name);
 void gpuipc__mpi_call_begin(void);
 /* Every rank of @comm learns the outcome of all (lowest failing rank's). */
 int gpuipc__mpi_agree(MPI_Comm comm, int rc);
-/* The ranks of @comm sharing @scope with this one (collective). */
+/* MPI initialised and not finalized, @comm not MPI_COMM_NULL: 0, else
+ * -EINVAL with a sentence. */
+int gpuipc__mpi_check_comm(MPI_Comm comm);
+/* The ranks of @comm sharing @scope with this one (collective, the
+ * outcome agreed: @out is set on every rank or on none). */
 int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
                            MPI_Comm *out);
 /* "mpi-" and 128 bits drawn by rank 0 of @scope, broadcast. */
