@@ -349,10 +349,7 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
                     TAG_DESC, ch->pair, &ch->desc_req);
   if (mrc != MPI_SUCCESS) {
     rc = gpuipc__mpi_fail_mpi(mrc, "MPI_Irecv");
-    if (ch->rel_req != MPI_REQUEST_NULL) {
-      MPI_Cancel(&ch->rel_req);
-      MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
-    }
+    cancel(&ch->rel_req);
     free(ch->slots);
     ch->slots = NULL;
     return rc;
@@ -422,10 +419,8 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
     rc = gpuipc__mpi_agree(pair, open_mpi(ch, opts));
     if (rc != 0 && ch->slots != NULL) {
       /* The other rank failed: undo this one's posted receives. */
-      MPI_Cancel(&ch->rel_req);
-      MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
-      MPI_Cancel(&ch->desc_req);
-      MPI_Wait(&ch->desc_req, MPI_STATUS_IGNORE);
+      cancel(&ch->rel_req);
+      cancel(&ch->desc_req);
       free(ch->slots);
     }
   }
