@@ -580,22 +580,30 @@ static int tx_stage(struct gpuipc_mpi_channel *ch, struct slot *s, uint64_t n)
   return 0;
 }
 
+/* Post the descriptor of message @s (its first request). tx_lock held. */
+static int tx_desc(struct gpuipc_mpi_channel *ch, struct slot *s)
+{
+  int mrc = MPI_Isend(&s->w, (int)sizeof(s->w), MPI_BYTE, ch->peer, TAG_DESC,
+                      ch->pair, &s->req[0]);
+  if (mrc != MPI_SUCCESS)
+    return mpi_err(mrc, "MPI_Isend of a descriptor");
+  s->nreq = 1;
+  return 0;
+}
+
 /* Post chunk @c of message @s from @from (the message's first byte) on
  * TAG_DATA, after its descriptor when @c is 0. tx_lock held. */
 static int tx_chunk(struct gpuipc_mpi_channel *ch, struct slot *s,
                     const uint8_t *from, uint64_t c)
 {
   const struct wire *w = &s->w;
-  int mrc;
   if (c == 0) {
-    mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
-                    ch->pair, &s->req[0]);
-    if (mrc != MPI_SUCCESS)
-      return mpi_err(mrc, "MPI_Isend of a descriptor");
-    s->nreq = 1;
+    int rc = tx_desc(ch, s);
+    if (rc != 0)
+      return rc;
   }
   uint64_t len = chunk_len(w->nbytes, w->chunk_shift, c);
-  mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
+  int mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
                   TAG_DATA, ch->pair, &s->req[s->nreq]);
   if (mrc != MPI_SUCCESS)
     return tx_break(ch, mpi_err(mrc, "MPI_Isend of a tensor's bytes"));
@@ -609,13 +617,8 @@ static int tx_post(struct gpuipc_mpi_channel *ch, struct slot *s,
                    const uint8_t *from)
 {
   uint64_t n = chunk_count(s->w.nbytes, s->w.chunk_shift);
-  if (n == 0) {
-    int mrc = MPI_Isend(&s->w, (int)sizeof(s->w), MPI_BYTE, ch->peer,
-                        TAG_DESC, ch->pair, &s->req[0]);
-    if (mrc != MPI_SUCCESS)
-      return mpi_err(mrc, "MPI_Isend of a descriptor");
-    s->nreq = 1;
-  }
+  if (n == 0)
+    return tx_desc(ch, s);
   for (uint64_t c = 0; c < n; c++) {
     int rc = tx_chunk(ch, s, from, c);
     if (rc != 0)
