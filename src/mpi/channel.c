@@ -240,6 +240,24 @@ static void ev_fit(gpuipc_event_t **ev, int *ev_dev, int dev)
   }
 }
 
+/*
+ * Copy one staged chunk on @stream of device @dev: queued, with @ev
+ * recorded after it, or (@ev NULL: no events on the device) waited for.
+ */
+static int stage_copy(int dev, void *to, const void *from, uint64_t len,
+                      void *stream, gpuipc_event_t *ev)
+{
+  if (ev == NULL)
+    return gpuipc__mpi_copy(dev, to, from, len, stream);
+  int rc = gpuipc__mpi_copy_async(dev, to, from, len, stream);
+  if (rc == 0) {
+    rc = gpuipc_event_record(ev, stream);
+    if (rc != 0)
+      rc = gpuipc__mpi_fail_gpuipc(rc);
+  }
+  return rc;
+}
+
 /* ---- opening -------------------------------------------------------------*/
 
 static int check_opts(const gpuipc_channel_opts_t *o)
@@ -673,16 +691,8 @@ static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
     while (issued < n && issued - posted < (async ? NEV : 1)) {
       uint64_t off = issued << w->chunk_shift;
       uint64_t len = chunk_len(w->nbytes, w->chunk_shift, issued);
-      if (async) {
-        rc = gpuipc__mpi_copy_async(dev, to + off, from + off, len, stream);
-        if (rc == 0) {
-          rc = gpuipc_event_record(ev[issued % NEV], stream);
-          if (rc != 0)
-            rc = gpuipc__mpi_fail_gpuipc(rc);
-        }
-      } else {
-        rc = gpuipc__mpi_copy(dev, to + off, from + off, len, stream);
-      }
+      rc = stage_copy(dev, to + off, from + off, len, stream,
+                      async ? ev[issued % NEV] : NULL);
       if (rc != 0)
         goto fail;
       issued++;
@@ -1196,17 +1206,8 @@ static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
     if (staged) {
       uint8_t *from = into + ((done % win) << sh);
       uint8_t *to = (uint8_t *)dst + (done << sh);
-      uint64_t len = chunk_len(n, sh, done);
-      if (async) {
-        rc = gpuipc__mpi_copy_async(dev, to, from, len, stream);
-        if (rc == 0) {
-          rc = gpuipc_event_record(ev[done % win], stream);
-          if (rc != 0)
-            rc = gpuipc__mpi_fail_gpuipc(rc);
-        }
-      } else {
-        rc = gpuipc__mpi_copy(dev, to, from, len, stream);
-      }
+      rc = stage_copy(dev, to, from, chunk_len(n, sh, done), stream,
+                      async ? ev[done % win] : NULL);
       if (rc != 0) {
         done++;
         goto fail;
