@@ -346,11 +346,12 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
   if (rc != 0)
     return rc;
   if (gpuipc_driver_status(NULL) == 0 && gpuipc_device_count() > 0) {
-    if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0))
+    if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0)) {
       ch->rx_device = opts->device;
-    else
-      ch->rx_device = gpuipc_device_current() >= 0 ? gpuipc_device_current()
-                                                    : 0;
+    } else {
+      int cur = gpuipc_device_current();
+      ch->rx_device = cur >= 0 ? cur : 0;
+    }
   }
   ch->next_seq = 1;
   ch->rx_seq = 1;
