@@ -309,10 +309,7 @@ static int make_pair(MPI_Comm comm, int me, int peer, int tag, MPI_Comm *out)
 static int open_shm(struct gpuipc_mpi_channel *ch,
                     const gpuipc_channel_opts_t *opts)
 {
-  char name[GPUIPC_NAME_MAX + 1];
-  int rc = gpuipc__mpi_domain_name(ch->pair, name);
-  if (rc == 0)
-    rc = gpuipc__mpi_join_in_order(ch->pair, name, &ch->dom);
+  int rc = gpuipc__mpi_join_new(ch->pair, &ch->dom);
   rc = gpuipc__mpi_agree(ch->pair, rc);
   if (rc != 0)
     goto leave;

@@ -296,7 +296,7 @@ GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
 
 /* "mpi-" and 128 random bits in 22 characters, drawn by rank 0 of @scope
  * and broadcast. */
-int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
+static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
 {
   int rank;
   int mrc = MPI_Comm_rank(scope, &rank);
@@ -348,7 +348,7 @@ int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
  * Rank 0 of @scope joins first, so that it hosts the broker; the others
  * join once it has (its status, broadcast, is the barrier).
  */
-int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
+static int join_in_order(MPI_Comm scope, const char *name,
                          gpuipc_domain_t **out)
 {
   int rank;
@@ -387,6 +387,13 @@ leave:
   return rc;
 }
 
+int gpuipc__mpi_join_new(MPI_Comm scope, gpuipc_domain_t **out)
+{
+  char name[GPUIPC_NAME_MAX + 1];
+  int rc = domain_name(scope, name);
+  return rc ? rc : join_in_order(scope, name, out);
+}
+
 GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
                                           gpuipc_mpi_scope_t scope,
                                           gpuipc_domain_t **out)
@@ -395,11 +402,8 @@ GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
   int rc = scope_begin(comm, scope, out, &sc);
   if (rc)
     return rc;
-  char name[GPUIPC_NAME_MAX + 1];
   gpuipc_domain_t *dom = NULL;
-  rc = gpuipc__mpi_domain_name(sc, name);
-  if (rc == 0)
-    rc = gpuipc__mpi_join_in_order(sc, name, &dom);
+  rc = gpuipc__mpi_join_new(sc, &dom);
   MPI_Comm_free(&sc);
   rc = gpuipc__mpi_agree(comm, rc);
   if (rc) {

@@ -36,11 +36,10 @@ int gpuipc__mpi_check_comm(MPI_Comm comm);
  * outcome agreed: @out is set on every rank or on none). */
 int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
                            MPI_Comm *out);
-/* "mpi-" and 128 bits drawn by rank 0 of @scope, broadcast. */
-int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1]);
-/* Rank 0 of @scope joins domain @name first, then the others. */
-int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
-                              gpuipc_domain_t **out);
+/* A new domain for the ranks of @scope: named "mpi-" and 128 bits drawn
+ * by rank 0 and broadcast; rank 0 joins first, then the others (not
+ * agreed: the caller agrees the outcome). */
+int gpuipc__mpi_join_new(MPI_Comm scope, gpuipc_domain_t **out);
 
 /* ---- GPU memory (stage.c) ------------------------------------------------*/
 
