@@ -240,6 +240,24 @@ static void ev_fit(gpuipc_event_t **ev, int *ev_dev, int dev)
   }
 }
 
+/*
+ * Copy one staged chunk on @stream of device @dev: queued, with @ev
+ * recorded after it, or (@ev NULL: no events on the device) waited for.
+ */
+static int stage_copy(int dev, void *to, const void *from, uint64_t len,
+                      void *stream, gpuipc_event_t *ev)
+{
+  if (ev == NULL)
+    return gpuipc__mpi_copy(dev, to, from, len, stream);
+  int rc = gpuipc__mpi_copy_async(dev, to, from, len, stream);
+  if (rc == 0) {
+    rc = gpuipc_event_record(ev, stream);
+    if (rc != 0)
+      rc = gpuipc__mpi_fail_gpuipc(rc);
+  }
+  return rc;
+}
+
 /* ---- opening -------------------------------------------------------------*/
 
 static int check_opts(const gpuipc_channel_opts_t *o)
@@ -291,10 +309,7 @@ static int make_pair(MPI_Comm comm, int me, int peer, int tag, MPI_Comm *out)
 static int open_shm(struct gpuipc_mpi_channel *ch,
                     const gpuipc_channel_opts_t *opts)
 {
-  char name[GPUIPC_NAME_MAX + 1];
-  int rc = gpuipc__mpi_domain_name(ch->pair, name);
-  if (rc == 0)
-    rc = gpuipc__mpi_join_in_order(ch->pair, name, &ch->dom);
+  int rc = gpuipc__mpi_join_new(ch->pair, &ch->dom);
   rc = gpuipc__mpi_agree(ch->pair, rc);
   if (rc != 0)
     goto leave;
@@ -328,11 +343,12 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
   if (rc != 0)
     return rc;
   if (gpuipc_driver_status(NULL) == 0 && gpuipc_device_count() > 0) {
-    if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0))
+    if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0)) {
       ch->rx_device = opts->device;
-    else
-      ch->rx_device = gpuipc_device_current() >= 0 ? gpuipc_device_current()
-                                                    : 0;
+    } else {
+      int cur = gpuipc_device_current();
+      ch->rx_device = cur >= 0 ? cur : 0;
+    }
   }
   ch->next_seq = 1;
   ch->rx_seq = 1;
@@ -349,10 +365,7 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
                     TAG_DESC, ch->pair, &ch->desc_req);
   if (mrc != MPI_SUCCESS) {
     rc = gpuipc__mpi_fail_mpi(mrc, "MPI_Irecv");
-    if (ch->rel_req != MPI_REQUEST_NULL) {
-      MPI_Cancel(&ch->rel_req);
-      MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
-    }
+    cancel(&ch->rel_req);
     free(ch->slots);
     ch->slots = NULL;
     return rc;
@@ -365,14 +378,9 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
                                            gpuipc_mpi_channel_t **out)
 {
   gpuipc__mpi_call_begin();
-  int inited = 0, finalized = 0;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (!inited || finalized)
-    return gpuipc__mpi_fail(-EINVAL, "MPI is %s",
-                            inited ? "finalized" : "not initialised");
-  if (comm == MPI_COMM_NULL)
-    return gpuipc__mpi_fail(-EINVAL, "comm is MPI_COMM_NULL");
+  int rc = gpuipc__mpi_check_comm(comm);
+  if (rc != 0)
+    return rc;
   int me, size, *ub = NULL, flag = 0;
   int mrc = MPI_Comm_rank(comm, &me);
   if (mrc == MPI_SUCCESS)
@@ -389,8 +397,8 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
     return gpuipc__mpi_fail(-EINVAL, "tag %d is outside 0..MPI_TAG_UB", tag);
   /* Checks that one rank alone fails are agreed on after the pair exists:
    * both then return the same code. */
-  int rc = out == NULL ? gpuipc__mpi_fail(-EINVAL, "out is NULL")
-                       : check_opts(opts);
+  rc = out == NULL ? gpuipc__mpi_fail(-EINVAL, "out is NULL")
+                   : check_opts(opts);
   struct gpuipc_mpi_channel *ch = calloc(1, sizeof(*ch));
   if (ch == NULL && rc == 0)
     rc = gpuipc__mpi_fail(-ENOMEM, "no memory for a channel");
@@ -411,13 +419,9 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
   pthread_mutex_init(&ch->ack_lock, NULL);
 
   MPI_Comm node;
-  int mine = gpuipc__mpi_scope_comm(pair, GPUIPC_MPI_SCOPE_NODE, &node);
-  rc = gpuipc__mpi_agree(pair, mine);
-  if (rc != 0) {
-    if (mine == 0)
-      MPI_Comm_free(&node);
+  rc = gpuipc__mpi_scope_comm(pair, GPUIPC_MPI_SCOPE_NODE, &node);
+  if (rc != 0)
     goto destroy;
-  }
   int nsize = 0;
   mrc = MPI_Comm_size(node, &nsize);
   MPI_Comm_free(&node);
@@ -431,10 +435,8 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
     rc = gpuipc__mpi_agree(pair, open_mpi(ch, opts));
     if (rc != 0 && ch->slots != NULL) {
       /* The other rank failed: undo this one's posted receives. */
-      MPI_Cancel(&ch->rel_req);
-      MPI_Wait(&ch->rel_req, MPI_STATUS_IGNORE);
-      MPI_Cancel(&ch->desc_req);
-      MPI_Wait(&ch->desc_req, MPI_STATUS_IGNORE);
+      cancel(&ch->rel_req);
+      cancel(&ch->desc_req);
       free(ch->slots);
     }
   }
@@ -594,22 +596,30 @@ static int tx_stage(struct gpuipc_mpi_channel *ch, struct slot *s, uint64_t n)
   return 0;
 }
 
+/* Post the descriptor of message @s (its first request). tx_lock held. */
+static int tx_desc(struct gpuipc_mpi_channel *ch, struct slot *s)
+{
+  int mrc = MPI_Isend(&s->w, (int)sizeof(s->w), MPI_BYTE, ch->peer, TAG_DESC,
+                      ch->pair, &s->req[0]);
+  if (mrc != MPI_SUCCESS)
+    return mpi_err(mrc, "MPI_Isend of a descriptor");
+  s->nreq = 1;
+  return 0;
+}
+
 /* Post chunk @c of message @s from @from (the message's first byte) on
  * TAG_DATA, after its descriptor when @c is 0. tx_lock held. */
 static int tx_chunk(struct gpuipc_mpi_channel *ch, struct slot *s,
                     const uint8_t *from, uint64_t c)
 {
   const struct wire *w = &s->w;
-  int mrc;
   if (c == 0) {
-    mrc = MPI_Isend(w, (int)sizeof(*w), MPI_BYTE, ch->peer, TAG_DESC,
-                    ch->pair, &s->req[0]);
-    if (mrc != MPI_SUCCESS)
-      return mpi_err(mrc, "MPI_Isend of a descriptor");
-    s->nreq = 1;
+    int rc = tx_desc(ch, s);
+    if (rc != 0)
+      return rc;
   }
   uint64_t len = chunk_len(w->nbytes, w->chunk_shift, c);
-  mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
+  int mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
                   TAG_DATA, ch->pair, &s->req[s->nreq]);
   if (mrc != MPI_SUCCESS)
     return tx_break(ch, mpi_err(mrc, "MPI_Isend of a tensor's bytes"));
@@ -623,13 +633,8 @@ static int tx_post(struct gpuipc_mpi_channel *ch, struct slot *s,
                    const uint8_t *from)
 {
   uint64_t n = chunk_count(s->w.nbytes, s->w.chunk_shift);
-  if (n == 0) {
-    int mrc = MPI_Isend(&s->w, (int)sizeof(s->w), MPI_BYTE, ch->peer,
-                        TAG_DESC, ch->pair, &s->req[0]);
-    if (mrc != MPI_SUCCESS)
-      return mpi_err(mrc, "MPI_Isend of a descriptor");
-    s->nreq = 1;
-  }
+  if (n == 0)
+    return tx_desc(ch, s);
   for (uint64_t c = 0; c < n; c++) {
     int rc = tx_chunk(ch, s, from, c);
     if (rc != 0)
@@ -684,16 +689,8 @@ static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
     while (issued < n && issued - posted < (async ? NEV : 1)) {
       uint64_t off = issued << w->chunk_shift;
       uint64_t len = chunk_len(w->nbytes, w->chunk_shift, issued);
-      if (async) {
-        rc = gpuipc__mpi_copy_async(dev, to + off, from + off, len, stream);
-        if (rc == 0) {
-          rc = gpuipc_event_record(ev[issued % NEV], stream);
-          if (rc != 0)
-            rc = gpuipc__mpi_fail_gpuipc(rc);
-        }
-      } else {
-        rc = gpuipc__mpi_copy(dev, to + off, from + off, len, stream);
-      }
+      rc = stage_copy(dev, to + off, from + off, len, stream,
+                      async ? ev[issued % NEV] : NULL);
       if (rc != 0)
         goto fail;
       issued++;
@@ -1207,17 +1204,8 @@ static int rx_data(struct gpuipc_mpi_channel *ch, void *dst, int dev,
     if (staged) {
       uint8_t *from = into + ((done % win) << sh);
       uint8_t *to = (uint8_t *)dst + (done << sh);
-      uint64_t len = chunk_len(n, sh, done);
-      if (async) {
-        rc = gpuipc__mpi_copy_async(dev, to, from, len, stream);
-        if (rc == 0) {
-          rc = gpuipc_event_record(ev[done % win], stream);
-          if (rc != 0)
-            rc = gpuipc__mpi_fail_gpuipc(rc);
-        }
-      } else {
-        rc = gpuipc__mpi_copy(dev, to, from, len, stream);
-      }
+      rc = stage_copy(dev, to, from, chunk_len(n, sh, done), stream,
+                      async ? ev[done % win] : NULL);
       if (rc != 0) {
         done++;
         goto fail;

@@ -93,18 +93,22 @@ int gpuipc__mpi_agree(MPI_Comm comm, int rc)
 
 /* ---- which machine, which GPU -------------------------------------------*/
 
-/* The GPUIPC_NODE_ID setting as a non-negative int (0 when unset). */
-static int node_id(int *out)
+const char *gpuipc__mpi_setting(const char *name)
 {
-  const char *s = NULL;
   int n = gpuipc_config_count();
   for (int i = 0; i < n; i++) {
     gpuipc_config_item_t item;
-    if (gpuipc_config_get(i, &item) == 0 &&
-        strcmp(item.name, "GPUIPC_NODE_ID") == 0)
-      s = item.value;
+    if (gpuipc_config_get(i, &item) == 0 && strcmp(item.name, name) == 0)
+      return item.value != NULL ? item.value : "";
   }
-  if (!s || !*s) {
+  return "";
+}
+
+/* The GPUIPC_NODE_ID setting as a non-negative int (0 when unset). */
+static int node_id(int *out)
+{
+  const char *s = gpuipc__mpi_setting("GPUIPC_NODE_ID");
+  if (!*s) {
     *out = 0;
     return 0;
   }
@@ -143,16 +147,25 @@ static void device_uuid(uint8_t uuid[16])
 
 /* ---- scopes --------------------------------------------------------------*/
 
-/* Checks every rank can make alone, before any collective. */
-static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
+int gpuipc__mpi_check_comm(MPI_Comm comm)
 {
   int inited = 0, finalized = 0;
   MPI_Initialized(&inited);
   MPI_Finalized(&finalized);
   if (!inited || finalized)
-    return gpuipc__mpi_fail(-EINVAL, "MPI is %s", inited ? "finalized" : "not initialised");
+    return gpuipc__mpi_fail(-EINVAL, "MPI is %s",
+                            inited ? "finalized" : "not initialised");
   if (comm == MPI_COMM_NULL)
     return gpuipc__mpi_fail(-EINVAL, "comm is MPI_COMM_NULL");
+  return 0;
+}
+
+/* Checks every rank can make alone, before any collective. */
+static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
+{
+  int rc = gpuipc__mpi_check_comm(comm);
+  if (rc)
+    return rc;
   if (scope != GPUIPC_MPI_SCOPE_NODE && scope != GPUIPC_MPI_SCOPE_DEVICE)
     return gpuipc__mpi_fail(-EINVAL, "scope %d is neither GPUIPC_MPI_SCOPE_NODE nor "
                          "GPUIPC_MPI_SCOPE_DEVICE", (int)scope);
@@ -202,7 +215,8 @@ static int split_device(MPI_Comm node, MPI_Comm *out)
   return split(node, color, out);
 }
 
-int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
+/* This rank's communicator of @scope (collective, not agreed). */
+static int scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
 {
   int id = 0;
   int rc = gpuipc__mpi_agree(comm, node_id(&id));
@@ -234,6 +248,21 @@ int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *ou
   return 0;
 }
 
+int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
+                           MPI_Comm *out)
+{
+  MPI_Comm c;
+  int mine = scope_comm(comm, scope, &c);
+  int rc = gpuipc__mpi_agree(comm, mine);
+  if (rc) {
+    if (mine == 0)
+      MPI_Comm_free(&c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
 /*
  * The checks and the split both public entry points begin with, agreed by
  * every rank: on success @sc is this rank's scope communicator.
@@ -248,11 +277,7 @@ static int scope_begin(MPI_Comm comm, gpuipc_mpi_scope_t scope,
   rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
   if (rc)
     return rc;
-  int mine = gpuipc__mpi_scope_comm(comm, scope, sc);
-  rc = gpuipc__mpi_agree(comm, mine);
-  if (rc && mine == 0)
-    MPI_Comm_free(sc);
-  return rc;
+  return gpuipc__mpi_scope_comm(comm, scope, sc);
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
@@ -271,7 +296,7 @@ GPUIPC_MPI_API int gpuipc_mpi_scope_comm(MPI_Comm comm,
 
 /* "mpi-" and 128 random bits in 22 characters, drawn by rank 0 of @scope
  * and broadcast. */
-int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
+static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
 {
   int rank;
   int mrc = MPI_Comm_rank(scope, &rank);
@@ -323,7 +348,7 @@ int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
  * Rank 0 of @scope joins first, so that it hosts the broker; the others
  * join once it has (its status, broadcast, is the barrier).
  */
-int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
+static int join_in_order(MPI_Comm scope, const char *name,
                          gpuipc_domain_t **out)
 {
   int rank;
@@ -362,6 +387,13 @@ leave:
   return rc;
 }
 
+int gpuipc__mpi_join_new(MPI_Comm scope, gpuipc_domain_t **out)
+{
+  char name[GPUIPC_NAME_MAX + 1];
+  int rc = domain_name(scope, name);
+  return rc ? rc : join_in_order(scope, name, out);
+}
+
 GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
                                           gpuipc_mpi_scope_t scope,
                                           gpuipc_domain_t **out)
@@ -370,11 +402,8 @@ GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
   int rc = scope_begin(comm, scope, out, &sc);
   if (rc)
     return rc;
-  char name[GPUIPC_NAME_MAX + 1];
   gpuipc_domain_t *dom = NULL;
-  rc = gpuipc__mpi_domain_name(sc, name);
-  if (rc == 0)
-    rc = gpuipc__mpi_join_in_order(sc, name, &dom);
+  rc = gpuipc__mpi_join_new(sc, &dom);
   MPI_Comm_free(&sc);
   rc = gpuipc__mpi_agree(comm, rc);
   if (rc) {

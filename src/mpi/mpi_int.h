@@ -22,18 +22,24 @@ __attribute__((format(printf, 2, 3))) int gpuipc__mpi_fail(int code,
 int gpuipc__mpi_fail_gpuipc(int code);
 /* An MPI call failed with @mrc: -EIO with MPI's sentence. */
 int gpuipc__mpi_fail_mpi(int mrc, const char *call);
+/* The value of gpuipc setting @name (gpuipc_config_get; never NULL: ""
+ * when unset). */
+const char *gpuipc__mpi_setting(const char *name);
 /* Start of a public call: forget which rank an earlier failure came from. */
 void gpuipc__mpi_call_begin(void);
 /* Every rank of @comm learns the outcome of all (lowest failing rank's). */
 int gpuipc__mpi_agree(MPI_Comm comm, int rc);
-/* The ranks of @comm sharing @scope with this one (collective). */
+/* MPI initialised and not finalized, @comm not MPI_COMM_NULL: 0, else
+ * -EINVAL with a sentence. */
+int gpuipc__mpi_check_comm(MPI_Comm comm);
+/* The ranks of @comm sharing @scope with this one (collective, the
+ * outcome agreed: @out is set on every rank or on none). */
 int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
                            MPI_Comm *out);
-/* "mpi-" and 128 bits drawn by rank 0 of @scope, broadcast. */
-int gpuipc__mpi_domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1]);
-/* Rank 0 of @scope joins domain @name first, then the others. */
-int gpuipc__mpi_join_in_order(MPI_Comm scope, const char *name,
-                              gpuipc_domain_t **out);
+/* A new domain for the ranks of @scope: named "mpi-" and 128 bits drawn
+ * by rank 0 and broadcast; rank 0 joins first, then the others (not
+ * agreed: the caller agrees the outcome). */
+int gpuipc__mpi_join_new(MPI_Comm scope, gpuipc_domain_t **out);
 
 /* ---- GPU memory (stage.c) ------------------------------------------------*/
 

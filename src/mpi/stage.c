@@ -15,21 +15,9 @@
 #include <mpi-ext.h>
 #endif
 
-/* The value of setting @name (never NULL: "" when unset). */
-static const char *setting(const char *name)
-{
-  int n = gpuipc_config_count();
-  for (int i = 0; i < n; i++) {
-    gpuipc_config_item_t item;
-    if (gpuipc_config_get(i, &item) == 0 && strcmp(item.name, name) == 0)
-      return item.value != NULL ? item.value : "";
-  }
-  return "";
-}
-
 int gpuipc__mpi_cuda_aware(bool *aware)
 {
-  const char *s = setting("GPUIPC_MPI_CUDA_AWARE");
+  const char *s = gpuipc__mpi_setting("GPUIPC_MPI_CUDA_AWARE");
   if (*s == '\0' || strcmp(s, "auto") == 0) {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
     *aware = MPIX_Query_cuda_support() == 1;
@@ -62,7 +50,7 @@ int gpuipc__mpi_copy(int device, void *dst, const void *src, size_t n,
 
 int gpuipc__mpi_chunk_setting(unsigned *shift)
 {
-  const char *s = setting("GPUIPC_MPI_CHUNK_KB");
+  const char *s = gpuipc__mpi_setting("GPUIPC_MPI_CHUNK_KB");
   if (*s == '\0') {
     *shift = 0;
     return 0;
