@@ -470,20 +470,15 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
     gpuipc__sleep_us(1000);
   }
   rc = chan_setup(ch, &c);
-  if (rc != 0) {
-    chan_unref(ch);
-    return rc;
-  }
+  if (rc != 0)
+    goto free_ch;
   GPUIPC_LOG_D("channel %s: end %d, peer pid %d, depth %u/%u", name,
                ch->end, (int)ch->peer_pid, ch->tx.depth, ch->rx.depth);
   *out = ch;
   return 0;
 
 free_ch:
-  pthread_mutex_destroy(&ch->tx.lock);
-  pthread_mutex_destroy(&ch->rx.lock);
-  pthread_mutex_destroy(&ch->rx.rel_lock);
-  free(ch);
+  chan_unref(ch); /* the only reference: closes and frees what there is */
   return rc;
 }
 
