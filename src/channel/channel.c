@@ -943,6 +943,27 @@ static int send_bufmsg(struct gpuipc_channel *ch, gpuipc_buf_t *b,
   return rc;
 }
 
+/*
+ * The byte offset of @t's first element in its buffer @t->buf, whose
+ * memory the data pointer must point into. -EINVAL naming @who.
+ */
+static int buf_offset(const char *who, const gpuipc_tensor_t *t,
+                      uint64_t *offset)
+{
+  const gpuipc_dl_tensor_t *dl = &t->dl;
+  uintptr_t base = (uintptr_t)gpuipc_buf_ptr(t->buf);
+  uintptr_t p = (uintptr_t)dl->data;
+  uint64_t size = gpuipc_buf_size(t->buf);
+  if (p < base || p - base > size)
+    return gpuipc__err(-EINVAL, "%s: data pointer %p lies outside the "
+                       "buffer [%p, +%llu)", who, dl->data, (void *)base,
+                       (unsigned long long)size);
+  if (__builtin_add_overflow((uint64_t)(p - base), dl->byte_offset, offset))
+    return gpuipc__err(-EINVAL, "%s: byte offset %llu overflows", who,
+                       (unsigned long long)dl->byte_offset);
+  return 0;
+}
+
 /* Check @t and fill the layout part of @d; the offset into its buffer. */
 static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
                       struct gpuipc__desc *d, uint64_t *span)
@@ -964,26 +985,21 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
   d->dev_id = dl->device.device_id;
   for (int i = 0; i < dl->ndim; i++)
     d->shape[i] = dl->shape[i];
+  /* The tensor's own strides, or row-major (the staged copy is). */
+  const int64_t *strides = t->buf != NULL ? dl->strides : NULL;
   int64_t compact = 1;
   for (int i = dl->ndim - 1; i >= 0; i--) {
-    d->strides[i] = dl->strides != NULL ? dl->strides[i] : compact;
+    d->strides[i] = strides != NULL ? strides[i] : compact;
     if (dl->shape[i] > 0 && compact <= ((int64_t)1 << 56) / dl->shape[i])
       compact *= dl->shape[i];
   }
   if (t->buf != NULL) {
-    uintptr_t base = (uintptr_t)gpuipc_buf_ptr(t->buf);
-    uintptr_t p = (uintptr_t)dl->data;
-    uint64_t size = gpuipc_buf_size(t->buf);
-    if (p < base || p - base > size)
-      return gpuipc__err(-EINVAL, "%s: data pointer %p lies outside the "
-                         "buffer [%p, +%llu)", who, dl->data, (void *)base,
-                         (unsigned long long)size);
-    if (__builtin_add_overflow((uint64_t)(p - base), dl->byte_offset,
-                               &d->offset))
-      return gpuipc__err(-EINVAL, "%s: byte offset %llu overflows", who,
-                         (unsigned long long)dl->byte_offset);
+    int rc = buf_offset(who, t, &d->offset);
+    if (rc != 0)
+      return rc;
     return gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
-                                dl->strides, d->offset, size, span);
+                                dl->strides, d->offset,
+                                gpuipc_buf_size(t->buf), span);
   }
   /* Staged: contiguous, fitting a slot. */
   int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
@@ -1006,11 +1022,6 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
        dl->device.device_id >= gpuipc_device_count()))
     return gpuipc__err(-EINVAL, "%s: CUDA device %d is not visible", who,
                        dl->device.device_id);
-  int64_t st = 1; /* the staged copy is row-major */
-  for (int i = dl->ndim - 1; i >= 0; i--) {
-    d->strides[i] = st;
-    st *= dl->shape[i] > 0 ? dl->shape[i] : 1;
-  }
   return 0;
 }
 
@@ -1917,22 +1928,15 @@ int gpuipc_tensor_layout(const gpuipc_tensor_t *t, gpuipc_tensor_layout_t *out)
   if (dl->data == NULL)
     return gpuipc__err(-EINVAL, "%s: data is NULL", who);
   uint64_t offset = dl->byte_offset, size = GPUIPC_SIZE_MAX_ABSURD;
-  uintptr_t base = (uintptr_t)dl->data;
+  int rc;
   if (t->buf != NULL) {
-    base = (uintptr_t)gpuipc_buf_ptr(t->buf);
-    uintptr_t p = (uintptr_t)dl->data;
     size = gpuipc_buf_size(t->buf);
-    if (p < base || p - base > size)
-      return gpuipc__err(-EINVAL, "%s: data pointer %p lies outside the "
-                         "buffer [%p, +%llu)", who, dl->data, (void *)base,
-                         (unsigned long long)size);
-    if (__builtin_add_overflow((uint64_t)(p - base), dl->byte_offset,
-                               &offset))
-      return gpuipc__err(-EINVAL, "%s: byte offset %llu overflows", who,
-                         (unsigned long long)dl->byte_offset);
+    rc = buf_offset(who, t, &offset);
+    if (rc != 0)
+      return rc;
   }
   uint64_t span = 0;
-  int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
+  rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
                                 dl->strides, offset, size, &span);
   if (rc != 0)
     return rc;
