@@ -710,13 +710,14 @@ static int tx_recycle(struct gpuipc_channel *ch)
   return 0;
 }
 
-/* Take releases in and recycle; 0 or an error. */
+/* Take releases in and recycle; how many were taken in, or an error. */
 static int tx_progress(struct gpuipc_channel *ch)
 {
-  int rc = tx_take(ch);
-  if (rc < 0)
-    return rc;
-  return tx_recycle(ch);
+  int n = tx_take(ch);
+  if (n < 0)
+    return n;
+  int rc = tx_recycle(ch);
+  return rc < 0 ? rc : n;
 }
 
 /*
@@ -732,7 +733,7 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
   uint64_t polling = 0; /* when polling a GPU event began */
   for (;;) {
     int rc = tx_progress(ch);
-    if (rc != 0)
+    if (rc < 0)
       return rc;
     if (done(ch, arg))
       return 0;
@@ -797,7 +798,7 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags)
 {
   struct gpuipc__tx *tx = &ch->tx;
   int rc = tx_progress(ch);
-  if (rc != 0)
+  if (rc < 0)
     return rc;
   if (has_room(ch, 0))
     return 0;
@@ -1362,10 +1363,9 @@ int gpuipc_channel_progress(gpuipc_channel_t *ch)
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_progress: NULL channel");
   pthread_mutex_lock(&ch->tx.lock);
-  int n = tx_take(ch);
-  int rc = n < 0 ? n : tx_recycle(ch);
+  int rc = tx_progress(ch);
   pthread_mutex_unlock(&ch->tx.lock);
-  return rc < 0 ? rc : n;
+  return rc;
 }
 
 /* ------------------------------------------------------------------------ */
