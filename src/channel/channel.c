@@ -793,6 +793,13 @@ static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
   return r->released && r->rel_ev != NULL;
 }
 
+/* When a blocked send gives up (send_timeout_ms; 0 waits forever). */
+static uint64_t send_deadline(const struct gpuipc_channel *ch)
+{
+  return ch->send_timeout_ms > 0 ? gpuipc__deadline(ch->send_timeout_ms)
+                                 : UINT64_MAX;
+}
+
 /* Room for one more message (flow control). */
 static int tx_room(struct gpuipc_channel *ch, unsigned flags)
 {
@@ -805,10 +812,7 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags)
   if (flags & GPUIPC_SEND_NONBLOCK)
     return gpuipc__err(-EAGAIN, "gpuipc_send: channel %s has %u messages in "
                        "flight, its depth", ch->name, tx->depth);
-  uint64_t deadline = ch->send_timeout_ms > 0
-                          ? gpuipc__deadline(ch->send_timeout_ms)
-                          : UINT64_MAX;
-  rc = tx_wait(ch, deadline, has_room, 0, true);
+  rc = tx_wait(ch, send_deadline(ch), has_room, 0, true);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "gpuipc_send: channel %s: %u messages "
                        "in flight and none given back within %d ms",
@@ -841,14 +845,14 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   }
   uint64_t all = ch->stage_slots == 64 ? UINT64_MAX
                                         : (1ull << ch->stage_slots) - 1;
-  uint64_t deadline = ch->send_timeout_ms > 0
-                          ? gpuipc__deadline(ch->send_timeout_ms)
-                          : UINT64_MAX;
+  uint64_t deadline = 0; /* set when the first wait begins */
   while ((s->busy & all) == all) {
     /* Every slot is in flight: wait until the oldest message is free. */
     if (flags & GPUIPC_SEND_NONBLOCK)
       return gpuipc__err(-EAGAIN, "gpuipc_send: channel %s: all %u staging "
                          "slots are in flight", ch->name, ch->stage_slots);
+    if (deadline == 0)
+      deadline = send_deadline(ch);
     int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
     if (rc == -ETIMEDOUT)
       return gpuipc__err(-ETIMEDOUT, "gpuipc_send: channel %s: no staging "
