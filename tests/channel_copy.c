@@ -59,13 +59,12 @@ int main(void)
 
   /* Too large for a staging slot. */
   int64_t big[1] = {CHAN_SLOT + 1};
-  gpuipc_tensor_t t = {.dl = {.data = foreign,
+  uint8_t *large = malloc(CHAN_SLOT + 1);
+  gpuipc_tensor_t t = {.dl = {.data = large,
                               .device = {GPUIPC_DL_CPU, 0},
                               .ndim = 1,
                               .dtype = {GPUIPC_DL_UINT, 8, 1},
                               .shape = big}};
-  uint8_t *large = malloc(CHAN_SLOT + 1);
-  t.dl.data = large;
   ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EMSGSIZE);
   free(large);
   ASSERT_OK(gpuipc_channel_close(ch));

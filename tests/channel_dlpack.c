@@ -6,7 +6,6 @@
  */
 #include "helpers/chan_common.h"
 
-#include <signal.h>
 #include <stddef.h>
 #include <unistd.h>
 
@@ -78,8 +77,6 @@ int main(void)
     ASSERT_OK(gpuipc_send_done(ch, ticket, 30000));
   }
   ASSERT_EQ(test_wait(pid, 60000), 0);
-  gpuipc_tensor_t plain;
-  memset(&plain, 0, sizeof(plain));
   gpuipc_dl_managed_tensor_t *mt;
   ASSERT_RC(gpuipc_tensor_to_dlpack(NULL, &mt), -EINVAL);
   ASSERT_OK(gpuipc_channel_close(ch));

@@ -470,20 +470,15 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
     gpuipc__sleep_us(1000);
   }
   rc = chan_setup(ch, &c);
-  if (rc != 0) {
-    chan_unref(ch);
-    return rc;
-  }
+  if (rc != 0)
+    goto free_ch;
   GPUIPC_LOG_D("channel %s: end %d, peer pid %d, depth %u/%u", name,
                ch->end, (int)ch->peer_pid, ch->tx.depth, ch->rx.depth);
   *out = ch;
   return 0;
 
 free_ch:
-  pthread_mutex_destroy(&ch->tx.lock);
-  pthread_mutex_destroy(&ch->rx.lock);
-  pthread_mutex_destroy(&ch->rx.rel_lock);
-  free(ch);
+  chan_unref(ch); /* the only reference: closes and frees what there is */
   return rc;
 }
 
@@ -715,13 +710,14 @@ static int tx_recycle(struct gpuipc_channel *ch)
   return 0;
 }
 
-/* Take releases in and recycle; 0 or an error. */
+/* Take releases in and recycle; how many were taken in, or an error. */
 static int tx_progress(struct gpuipc_channel *ch)
 {
-  int rc = tx_take(ch);
-  if (rc < 0)
-    return rc;
-  return tx_recycle(ch);
+  int n = tx_take(ch);
+  if (n < 0)
+    return n;
+  int rc = tx_recycle(ch);
+  return rc < 0 ? rc : n;
 }
 
 /*
@@ -737,7 +733,7 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
   uint64_t polling = 0; /* when polling a GPU event began */
   for (;;) {
     int rc = tx_progress(ch);
-    if (rc != 0)
+    if (rc < 0)
       return rc;
     if (done(ch, arg))
       return 0;
@@ -797,22 +793,26 @@ static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
   return r->released && r->rel_ev != NULL;
 }
 
+/* When a blocked send gives up (send_timeout_ms; 0 waits forever). */
+static uint64_t send_deadline(const struct gpuipc_channel *ch)
+{
+  return ch->send_timeout_ms > 0 ? gpuipc__deadline(ch->send_timeout_ms)
+                                 : UINT64_MAX;
+}
+
 /* Room for one more message (flow control). */
 static int tx_room(struct gpuipc_channel *ch, unsigned flags)
 {
   struct gpuipc__tx *tx = &ch->tx;
   int rc = tx_progress(ch);
-  if (rc != 0)
+  if (rc < 0)
     return rc;
   if (has_room(ch, 0))
     return 0;
   if (flags & GPUIPC_SEND_NONBLOCK)
     return gpuipc__err(-EAGAIN, "gpuipc_send: channel %s has %u messages in "
                        "flight, its depth", ch->name, tx->depth);
-  uint64_t deadline = ch->send_timeout_ms > 0
-                          ? gpuipc__deadline(ch->send_timeout_ms)
-                          : UINT64_MAX;
-  rc = tx_wait(ch, deadline, has_room, 0, true);
+  rc = tx_wait(ch, send_deadline(ch), has_room, 0, true);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "gpuipc_send: channel %s: %u messages "
                        "in flight and none given back within %d ms",
@@ -845,14 +845,14 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   }
   uint64_t all = ch->stage_slots == 64 ? UINT64_MAX
                                         : (1ull << ch->stage_slots) - 1;
-  uint64_t deadline = ch->send_timeout_ms > 0
-                          ? gpuipc__deadline(ch->send_timeout_ms)
-                          : UINT64_MAX;
+  uint64_t deadline = 0; /* set when the first wait begins */
   while ((s->busy & all) == all) {
     /* Every slot is in flight: wait until the oldest message is free. */
     if (flags & GPUIPC_SEND_NONBLOCK)
       return gpuipc__err(-EAGAIN, "gpuipc_send: channel %s: all %u staging "
                          "slots are in flight", ch->name, ch->stage_slots);
+    if (deadline == 0)
+      deadline = send_deadline(ch);
     int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
     if (rc == -ETIMEDOUT)
       return gpuipc__err(-ETIMEDOUT, "gpuipc_send: channel %s: no staging "
@@ -948,6 +948,27 @@ static int send_bufmsg(struct gpuipc_channel *ch, gpuipc_buf_t *b,
   return rc;
 }
 
+/*
+ * The byte offset of @t's first element in its buffer @t->buf, whose
+ * memory the data pointer must point into. -EINVAL naming @who.
+ */
+static int buf_offset(const char *who, const gpuipc_tensor_t *t,
+                      uint64_t *offset)
+{
+  const gpuipc_dl_tensor_t *dl = &t->dl;
+  uintptr_t base = (uintptr_t)gpuipc_buf_ptr(t->buf);
+  uintptr_t p = (uintptr_t)dl->data;
+  uint64_t size = gpuipc_buf_size(t->buf);
+  if (p < base || p - base > size)
+    return gpuipc__err(-EINVAL, "%s: data pointer %p lies outside the "
+                       "buffer [%p, +%llu)", who, dl->data, (void *)base,
+                       (unsigned long long)size);
+  if (__builtin_add_overflow((uint64_t)(p - base), dl->byte_offset, offset))
+    return gpuipc__err(-EINVAL, "%s: byte offset %llu overflows", who,
+                       (unsigned long long)dl->byte_offset);
+  return 0;
+}
+
 /* Check @t and fill the layout part of @d; the offset into its buffer. */
 static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
                       struct gpuipc__desc *d, uint64_t *span)
@@ -969,26 +990,21 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
   d->dev_id = dl->device.device_id;
   for (int i = 0; i < dl->ndim; i++)
     d->shape[i] = dl->shape[i];
+  /* The tensor's own strides, or row-major (the staged copy is). */
+  const int64_t *strides = t->buf != NULL ? dl->strides : NULL;
   int64_t compact = 1;
   for (int i = dl->ndim - 1; i >= 0; i--) {
-    d->strides[i] = dl->strides != NULL ? dl->strides[i] : compact;
+    d->strides[i] = strides != NULL ? strides[i] : compact;
     if (dl->shape[i] > 0 && compact <= ((int64_t)1 << 56) / dl->shape[i])
       compact *= dl->shape[i];
   }
   if (t->buf != NULL) {
-    uintptr_t base = (uintptr_t)gpuipc_buf_ptr(t->buf);
-    uintptr_t p = (uintptr_t)dl->data;
-    uint64_t size = gpuipc_buf_size(t->buf);
-    if (p < base || p - base > size)
-      return gpuipc__err(-EINVAL, "%s: data pointer %p lies outside the "
-                         "buffer [%p, +%llu)", who, dl->data, (void *)base,
-                         (unsigned long long)size);
-    if (__builtin_add_overflow((uint64_t)(p - base), dl->byte_offset,
-                               &d->offset))
-      return gpuipc__err(-EINVAL, "%s: byte offset %llu overflows", who,
-                         (unsigned long long)dl->byte_offset);
+    int rc = buf_offset(who, t, &d->offset);
+    if (rc != 0)
+      return rc;
     return gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
-                                dl->strides, d->offset, size, span);
+                                dl->strides, d->offset,
+                                gpuipc_buf_size(t->buf), span);
   }
   /* Staged: contiguous, fitting a slot. */
   int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
@@ -1011,11 +1027,6 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
        dl->device.device_id >= gpuipc_device_count()))
     return gpuipc__err(-EINVAL, "%s: CUDA device %d is not visible", who,
                        dl->device.device_id);
-  int64_t st = 1; /* the staged copy is row-major */
-  for (int i = dl->ndim - 1; i >= 0; i--) {
-    d->strides[i] = st;
-    st *= dl->shape[i] > 0 ? dl->shape[i] : 1;
-  }
   return 0;
 }
 
@@ -1356,10 +1367,9 @@ int gpuipc_channel_progress(gpuipc_channel_t *ch)
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_progress: NULL channel");
   pthread_mutex_lock(&ch->tx.lock);
-  int n = tx_take(ch);
-  int rc = n < 0 ? n : tx_recycle(ch);
+  int rc = tx_progress(ch);
   pthread_mutex_unlock(&ch->tx.lock);
-  return rc < 0 ? rc : n;
+  return rc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1922,22 +1932,15 @@ int gpuipc_tensor_layout(const gpuipc_tensor_t *t, gpuipc_tensor_layout_t *out)
   if (dl->data == NULL)
     return gpuipc__err(-EINVAL, "%s: data is NULL", who);
   uint64_t offset = dl->byte_offset, size = GPUIPC_SIZE_MAX_ABSURD;
-  uintptr_t base = (uintptr_t)dl->data;
+  int rc;
   if (t->buf != NULL) {
-    base = (uintptr_t)gpuipc_buf_ptr(t->buf);
-    uintptr_t p = (uintptr_t)dl->data;
     size = gpuipc_buf_size(t->buf);
-    if (p < base || p - base > size)
-      return gpuipc__err(-EINVAL, "%s: data pointer %p lies outside the "
-                         "buffer [%p, +%llu)", who, dl->data, (void *)base,
-                         (unsigned long long)size);
-    if (__builtin_add_overflow((uint64_t)(p - base), dl->byte_offset,
-                               &offset))
-      return gpuipc__err(-EINVAL, "%s: byte offset %llu overflows", who,
-                         (unsigned long long)dl->byte_offset);
+    rc = buf_offset(who, t, &offset);
+    if (rc != 0)
+      return rc;
   }
   uint64_t span = 0;
-  int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
+  rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
                                 dl->strides, offset, size, &span);
   if (rc != 0)
     return rc;

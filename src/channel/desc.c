@@ -194,10 +194,8 @@ int gpuipc__desc_encode(const struct gpuipc__desc *d, void *dst, size_t cap)
     gpuipc__put_u64(&w, (uint64_t)d->strides[i]);
   if (d->flags & GPUIPC__DESC_NEW_EVENT)
     gpuipc__put_bytes(&w, d->ev_handle, sizeof(d->ev_handle));
-  if (w.err != 0)
-    return gpuipc__err(-ENOSPC, "descriptor: %zu bytes do not fit %zu", len,
-                       cap);
-  return (int)w.len;
+  int rc = gpuipc__wbuf_finish(&w, "descriptor");
+  return rc != 0 ? rc : (int)w.len;
 }
 
 int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
@@ -304,10 +302,8 @@ int gpuipc__rel_encode(const struct gpuipc__rel *rl, void *dst, size_t cap)
   gpuipc__put_u64(&w, rl->seq);
   if (rl->flags & GPUIPC__REL_NEW_EVENT)
     gpuipc__put_bytes(&w, rl->ev_handle, sizeof(rl->ev_handle));
-  if (w.err != 0)
-    return gpuipc__err(-ENOSPC, "release record: %zu bytes do not fit %zu",
-                       len, cap);
-  return (int)w.len;
+  int rc = gpuipc__wbuf_finish(&w, "release record");
+  return rc != 0 ? rc : (int)w.len;
 }
 
 int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,

@@ -46,6 +46,7 @@ int main(int argc, char **argv)
   uint8_t bytes[GPUIPC__CHAN_DESC_BYTES];
   uint8_t bufmsg[GPUIPC__BUFMSG_BYTES];
   size_t bufmsg_len = 0;
+  int fd = -1;
   if (strcmp(c, "ndim") == 0) {
     d.ndim = 9;
   } else if (strcmp(c, "stride") == 0) {
@@ -80,12 +81,7 @@ int main(int argc, char **argv)
     int n = gpuipc__bufmsg_encode(3, &h, bufmsg, sizeof(bufmsg));
     ASSERT_GT(n, 0);
     bufmsg_len = (size_t)n;
-    int len = gpuipc__desc_encode(&d, bytes, sizeof(bytes));
-    ASSERT_GT(len, 0);
-    ASSERT_OK(gpuipc__chan_inject(ch, bytes, (size_t)len, bufmsg, bufmsg_len,
-                                  h.fd));
-    close(h.fd);
-    goto wait;
+    fd = h.fd;
   } else if (strcmp(c, "magic") != 0) {
     TFAIL("unknown case %s", c);
   }
@@ -93,8 +89,11 @@ int main(int argc, char **argv)
   ASSERT_GT(len, 0);
   if (strcmp(c, "magic") == 0)
     memset(bytes, 0xa5, 8);
-  ASSERT_OK(gpuipc__chan_inject(ch, bytes, (size_t)len, NULL, 0, -1));
-wait:;
+  ASSERT_OK(gpuipc__chan_inject(ch, bytes, (size_t)len,
+                                bufmsg_len > 0 ? bufmsg : NULL, bufmsg_len,
+                                fd));
+  if (fd >= 0)
+    close(fd);
   /* Until the receiver closes its end (taking what it sends). */
   gpuipc_tensor_t *v;
   int rc;
