@@ -425,8 +425,8 @@ GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
   int nsize = 0;
   mrc = MPI_Comm_size(node, &nsize);
   MPI_Comm_free(&node);
-  rc = gpuipc__mpi_agree(
-      pair, mrc == MPI_SUCCESS ? 0 : gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_size"));
+  rc = mrc == MPI_SUCCESS ? 0 : gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_size");
+  rc = gpuipc__mpi_agree(pair, rc);
   if (rc != 0)
     goto destroy;
   if (nsize == 2) {
@@ -458,7 +458,8 @@ free_pair:
   return rc;
 }
 
-GPUIPC_MPI_API gpuipc_channel_t *gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch)
+GPUIPC_MPI_API gpuipc_channel_t *
+gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch)
 {
   return ch ? ch->shm : NULL;
 }
@@ -619,8 +620,8 @@ static int tx_chunk(struct gpuipc_mpi_channel *ch, struct slot *s,
       return rc;
   }
   uint64_t len = chunk_len(w->nbytes, w->chunk_shift, c);
-  int mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE, ch->peer,
-                  TAG_DATA, ch->pair, &s->req[s->nreq]);
+  int mrc = MPI_Isend(from + (c << w->chunk_shift), (int)len, MPI_BYTE,
+                      ch->peer, TAG_DATA, ch->pair, &s->req[s->nreq]);
   if (mrc != MPI_SUCCESS)
     return tx_break(ch, mpi_err(mrc, "MPI_Isend of a tensor's bytes"));
   s->nreq++;

@@ -167,8 +167,9 @@ static int check_call(MPI_Comm comm, gpuipc_mpi_scope_t scope)
   if (rc)
     return rc;
   if (scope != GPUIPC_MPI_SCOPE_NODE && scope != GPUIPC_MPI_SCOPE_DEVICE)
-    return gpuipc__mpi_fail(-EINVAL, "scope %d is neither GPUIPC_MPI_SCOPE_NODE nor "
-                         "GPUIPC_MPI_SCOPE_DEVICE", (int)scope);
+    return gpuipc__mpi_fail(-EINVAL, "scope %d is neither "
+                            "GPUIPC_MPI_SCOPE_NODE nor GPUIPC_MPI_SCOPE_DEVICE",
+                            (int)scope);
   return 0;
 }
 
@@ -230,7 +231,8 @@ static int scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope, MPI_Comm *out)
   mrc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
                             &shared);
   if (mrc != MPI_SUCCESS)
-    return gpuipc__mpi_fail_mpi(mrc, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+    return gpuipc__mpi_fail_mpi(mrc,
+                                "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   rc = split(shared, id, &node);
   MPI_Comm_free(&shared);
   if (rc)
@@ -274,7 +276,8 @@ static int scope_begin(MPI_Comm comm, gpuipc_mpi_scope_t scope,
   int rc = check_call(comm, scope);
   if (rc)
     return rc;
-  rc = gpuipc__mpi_agree(comm, out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
+  rc = gpuipc__mpi_agree(comm,
+                         out ? 0 : gpuipc__mpi_fail(-EINVAL, "out is NULL"));
   if (rc)
     return rc;
   return gpuipc__mpi_scope_comm(comm, scope, sc);
@@ -327,9 +330,9 @@ static int domain_name(MPI_Comm scope, char name[GPUIPC_NAME_MAX + 1])
     return gpuipc__mpi_fail_mpi(mrc, "MPI_Bcast of the domain's name");
   if (msg.rc)
     return rank == 0 ? msg.rc
-                     : gpuipc__mpi_fail(msg.rc, "rank 0 of the scope could not draw the "
-                                    "domain's name: %s",
-                            gpuipc_strerror(msg.rc));
+                     : gpuipc__mpi_fail(msg.rc, "rank 0 of the scope could not "
+                                        "draw the domain's name: %s",
+                                        gpuipc_strerror(msg.rc));
   /* 6 bits a character: short names leave room in socket paths. */
   static const char digits[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
@@ -370,8 +373,8 @@ static int join_in_order(MPI_Comm scope, const char *name,
   }
   if (first) {
     if (rank != 0)
-      rc = gpuipc__mpi_fail(first, "rank 0 of the scope could not join domain %s: %s",
-                name, gpuipc_strerror(first));
+      rc = gpuipc__mpi_fail(first, "rank 0 of the scope could not join "
+                            "domain %s: %s", name, gpuipc_strerror(first));
     return rc;
   }
   if (rank != 0) {
