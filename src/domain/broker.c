@@ -31,6 +31,8 @@
 /* Bound on each blocking send of a hand-over, and on waiting for its ack. */
 #define HANDOFF_SEND_MS 2000
 #define HANDOFF_ACK_MS 5000
+/* Bound on a candidate's answer to the offer to take the domain over. */
+#define HANDOFF_OFFER_MS 1000
 #define ALLOW_MAX 64
 /* Requests one member may have waiting at once. */
 #define PARKS_MAX 1024
@@ -1807,14 +1809,14 @@ static void loop(struct gpuipc__broker *b, bool stopping)
 /* ------------------------------------------------------------------------ */
 
 /*
- * Wait for @c's HANDOFF_ACK: 0 when it came, < 0 when the connection
- * ended first (the successor is gone, and whatever it took with it), 1 when
- * nothing came in time (it may run: do not hand the domain to another).
+ * Wait up to @ms for @c's message of @type (HANDOFF_ACCEPT or
+ * HANDOFF_ACK) carrying @count: 0 when it came, < 0 when the connection
+ * ended first (or the count differs), 1 when nothing came in time.
  */
-static int handoff_ack(struct gpuipc__broker *b, struct gpuipc__conn *c,
-                       uint32_t count)
+static int handoff_wait(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                        uint16_t type, uint32_t count, int ms)
 {
-  uint64_t deadline = gpuipc__deadline(HANDOFF_ACK_MS);
+  uint64_t deadline = gpuipc__deadline(ms);
   for (;;) {
     int fds[GPUIPC_FDS_MAX];
     int nfds = GPUIPC_FDS_MAX;
@@ -1828,25 +1830,56 @@ static int handoff_ack(struct gpuipc__broker *b, struct gpuipc__conn *c,
       gpuipc__fd_close(&fds[i]);
     /* Requests it sent before it knew are dropped: they will be retried. */
     if (gpuipc__msg_decode(b->rbuf, (size_t)len, nfds, &b->in) == 0 &&
-        b->in.type == GPUIPC_MSG_HANDOFF_ACK)
+        b->in.type == type)
       return b->in.u.handoff_ack.count == count
                  ? 0
                  : gpuipc__err(GPUIPC_E_PROTO, "hand-over of %u segments "
-                               "acknowledged as %u", count,
+                               "answered with %s of %u", count,
+                               gpuipc__msg_name(type),
                                b->in.u.handoff_ack.count);
   }
 }
 
+static uint32_t handoff_count(const struct gpuipc__broker *b)
+{
+  uint32_t count = 0;
+  for (const struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
+    count += s->w.state != GPUIPC__SEG_CREATING;
+  return count;
+}
+
+/*
+ * Ask @c whether it takes the domain over, before anything that cannot be
+ * taken back (the lock, the listener) goes to it: a member that does not
+ * read its connection (stopped, stuck, hostile) never answers, and would
+ * hold the lock unread in its socket. 0: it accepted; < 0: it did not, in
+ * time or at all.
+ */
+static int handoff_offer(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  struct gpuipc__msg *o = &b->out;
+  uint32_t count = handoff_count(b);
+  o->type = GPUIPC_MSG_HANDOFF_OFFER;
+  o->req = 0;
+  o->u.handoff_offer.count = count;
+  int rc = gpuipc__proto_send(c->fd, o, NULL, 0, HANDOFF_OFFER_MS);
+  if (rc == 0)
+    rc = handoff_wait(b, c, GPUIPC_MSG_HANDOFF_ACCEPT, count,
+                      HANDOFF_OFFER_MS);
+  if (rc == 1 || rc == -ETIMEDOUT)
+    rc = gpuipc__err(-ETIMEDOUT, "pid %d did not accept the domain within "
+                     "%d ms", (int)c->cred.pid, HANDOFF_OFFER_MS);
+  return rc;
+}
+
 /*
  * Send the whole registry, the lock and the listener to @c and wait for
- * its acknowledgement. Returns as handoff_ack does.
+ * its acknowledgement. Returns as handoff_wait does.
  */
 static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
 {
   struct gpuipc__msg *o = &b->out;
-  uint32_t count = 0;
-  for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
-    count += s->w.state != GPUIPC__SEG_CREATING;
+  uint32_t count = handoff_count(b);
   o->type = GPUIPC_MSG_HANDOFF_BEGIN;
   o->req = 0;
   o->u.handoff_begin.epoch = b->epoch;
@@ -1869,7 +1902,7 @@ static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
     rc = gpuipc__proto_send(c->fd, o, NULL, 0, HANDOFF_SEND_MS);
   }
   if (rc == 0)
-    rc = handoff_ack(b, c, count);
+    rc = handoff_wait(b, c, GPUIPC_MSG_HANDOFF_ACK, count, HANDOFF_ACK_MS);
   return rc;
 }
 
@@ -1892,7 +1925,9 @@ static bool try_handoff(struct gpuipc__broker *b)
         break;
       after = best->seq;
       outbox_free(best); /* replies it would get die with the connection */
-      int rc = handoff_to(b, best);
+      int rc = handoff_offer(b, best);
+      if (rc == 0)
+        rc = handoff_to(b, best);
       if (rc == 0) {
         GPUIPC_LOG_I("broker %s: handed %zu segments over to pid %d",
                      b->name, b->reg.count, (int)best->cred.pid);
