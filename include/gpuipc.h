@@ -785,7 +785,12 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
  * -ENOENT; -EEXIST; -ETIMEDOUT; GPUIPC_E_MISMATCH; GPUIPC_E_LOST (the
  * broker failed over and no surviving process held the segment);
  * GPUIPC_E_PEER_GONE / -ETIMEDOUT when no broker could be reached; what
- * gpuipc_buf_alloc and gpuipc_buf_import return.
+ * gpuipc_buf_alloc and gpuipc_buf_import return. The broker refuses a
+ * publication whose descriptor cannot be the memory its handle describes
+ * (GPUIPC_E_BADHANDLE; HOST: a memfd sealed as gpuipc seals its own, of
+ * the handle's size; VMM, POOL: a descriptor of the NVIDIA driver), and
+ * one of memory its creator holds (LEGACY, fabric, POOL) from another
+ * process (GPUIPC_E_DENIED); the name is free again for whoever waits.
  * Thread-safe: many threads may open segments of one domain at once.
  */
 GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,

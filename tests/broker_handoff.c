@@ -15,8 +15,9 @@
 
 /*
  * The successor chosen first goes away in the middle of the hand-over
- * (here: a raw member that reads it all and hangs up without
- * acknowledging): the broker hands the domain to the next member instead.
+ * (here: a raw member that accepts the offer, reads it all and hangs up
+ * without acknowledging): the broker hands the domain to the next member
+ * instead.
  */
 static void successor_gone(void)
 {
@@ -42,6 +43,14 @@ static void successor_gone(void)
 
   peer_send(&host, "leave");
   int got = 0;
+  nfds = 0; /* take the offer: the hand-over comes */
+  ssize_t len = gpuipc__sock_recv(fd, in, sizeof(in), NULL, &nfds, 10000);
+  ASSERT_GT(len, 0);
+  ASSERT_OK(gpuipc__msg_decode(in, (size_t)len, 0, &m));
+  ASSERT_EQ(m.type, GPUIPC_MSG_HANDOFF_OFFER);
+  struct gpuipc__msg acc = {.type = GPUIPC_MSG_HANDOFF_ACCEPT};
+  acc.u.handoff_accept.count = m.u.handoff_offer.count;
+  ASSERT_OK(gpuipc__proto_send(fd, &acc, NULL, 0, 5000));
   for (;;) { /* read the hand-over, keep nothing, say nothing */
     int fds[GPUIPC_FDS_MAX];
     nfds = GPUIPC_FDS_MAX;

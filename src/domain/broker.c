@@ -19,6 +19,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +31,8 @@
 /* Bound on each blocking send of a hand-over, and on waiting for its ack. */
 #define HANDOFF_SEND_MS 2000
 #define HANDOFF_ACK_MS 5000
+/* Bound on a candidate's answer to the offer to take the domain over. */
+#define HANDOFF_OFFER_MS 1000
 #define ALLOW_MAX 64
 /* Requests one member may have waiting at once. */
 #define PARKS_MAX 1024
@@ -864,12 +867,173 @@ static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
   *fd = -1;
 }
 
+/* ------------------------------------------------------------------------ */
+/* What a member may publish                                                */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The NVIDIA driver's device number: the descriptor a VMM or pool handle
+ * travels with is one of /dev/nvidiactl (the driver imports from nothing
+ * else). What it exports cannot be checked without CUDA; the broker never
+ * touches CUDA.
+ */
+#define NV_MAJOR_DEVICE 195
+
+/*
+ * Whether descriptor @fd can be what @w's handle says: a HOST memfd sealed
+ * as gpuipc seals its own, of the size its importers will insist on; for
+ * VMM and POOL, a descriptor of the NVIDIA driver. Else GPUIPC_E_BADHANDLE
+ * with a sentence: stored, it would only fail every opener.
+ */
+static int check_seg_fd(const struct gpuipc__seg_wire *w, int fd)
+{
+  if (fd < 0)
+    return 0; /* decoding made sure the handle travels without one */
+  gpuipc_handle_t h;
+  int rc = gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h);
+  if (rc != 0)
+    return rc;
+  if (w->kind == GPUIPC_KIND_HOST) {
+    size_t actual;
+    rc = gpuipc__memfd_check(fd, h.alloc_size, &actual);
+    if (rc != 0)
+      return rc;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if ((seals & GPUIPC__MEMFD_SEALS) != GPUIPC__MEMFD_SEALS)
+      return gpuipc__err(GPUIPC_E_BADHANDLE, "its memfd has seals 0x%x, "
+                         "not the 0x%x gpuipc seals its memory with", seals,
+                         GPUIPC__MEMFD_SEALS);
+    if (actual != h.alloc_size)
+      return gpuipc__err(GPUIPC_E_BADHANDLE, "its memfd holds %zu bytes, "
+                         "its handle says %llu", actual,
+                         (unsigned long long)h.alloc_size);
+    return 0;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return gpuipc__err_errno(errno, "fstat of its descriptor");
+  if (!S_ISCHR(st.st_mode) || major(st.st_rdev) != NV_MAJOR_DEVICE)
+    return gpuipc__err(GPUIPC_E_BADHANDLE, "a %s handle travels with a "
+                       "descriptor of the NVIDIA driver (device major %d), "
+                       "not this one (mode 0%o, device %u:%u)",
+                       gpuipc_kind_name((gpuipc_kind_t)w->kind),
+                       NV_MAJOR_DEVICE, (unsigned)(st.st_mode & S_IFMT),
+                       major(st.st_rdev), minor(st.st_rdev));
+  return 0;
+}
+
+/* Whether process @pid lives in pid namespace @ns, as pid @nspid there. */
+static bool pid_in_ns(pid_t pid, uint64_t ns, uint32_t nspid)
+{
+  char path[64];
+  struct stat st;
+  snprintf(path, sizeof(path), "/proc/%d/ns/pid", (int)pid);
+  if (stat(path, &st) != 0 || (uint64_t)st.st_ino != ns)
+    return false;
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return false;
+  char line[256];
+  long last = -1;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    if (strncmp(line, "NSpid:", 6) != 0)
+      continue;
+    for (char *p = line + 6, *end; ; p = end) {
+      long v = strtol(p, &end, 10);
+      if (end == p)
+        break;
+      last = v; /* the innermost namespace's comes last */
+    }
+    break;
+  }
+  fclose(f);
+  return last >= 0 && (uint32_t)last == nspid;
+}
+
+/*
+ * Whether @c's process exported the handle in @w: the process whose memory
+ * a creator-held segment is, the only one that may keep it.
+ */
+static bool is_exporter(const struct gpuipc__conn *c,
+                        const struct gpuipc__seg_wire *w)
+{
+  gpuipc_handle_t h;
+  if (!w->has_handle ||
+      gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h) != 0)
+    return false;
+  const struct gpuipc__proc_id *me = gpuipc__proc_self();
+  if (memcmp(h.boot_id, me->boot_id, sizeof(h.boot_id)) != 0)
+    return false;
+  if (h.pidns == me->pidns)
+    return h.pid == (uint32_t)c->cred.pid;
+  return pid_in_ns(c->cred.pid, h.pidns, h.pid);
+}
+
+/* The exporter's pid as a handle record names it (for sentences). */
+static uint32_t exporter_pid(const struct gpuipc__seg_wire *w)
+{
+  gpuipc_handle_t h;
+  if (gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h) != 0)
+    return 0;
+  return h.pid;
+}
+
+/*
+ * Refuse @c's PUBLISH of @w: its descriptor, or memory that is not its own
+ * to keep. A reservation it held for the name goes too, so that whoever
+ * waits for the name may create it.
+ */
+static void refuse_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                           const struct gpuipc__msg *m, int code,
+                           const char *why)
+{
+  const struct gpuipc__seg_wire *w = &m->u.publish.seg;
+  GPUIPC_LOG_W("broker %s: refused pid %d's publication of %s: %s", b->name,
+               (int)c->cred.pid, w->name, why);
+  send_error(b, c, m->req, code, "segment %s: publication refused: %s",
+             w->name, why);
+  struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, w->name);
+  if (s == NULL || s->w.state != GPUIPC__SEG_CREATING || s->creator != c ||
+      s->w.id != w->id)
+    return;
+  char name[GPUIPC__NAME_MAX + 1];
+  snprintf(name, sizeof(name), "%s", s->w.name);
+  c->nreserved--;
+  gpuipc__reg_remove(&b->reg, s);
+  redispatch(b, name);
+}
+
+/* 0, or the code refuse_publish gives (with the reason in @why). */
+static int publish_check(const struct gpuipc__conn *c,
+                         const struct gpuipc__seg_wire *w, int fd, char *why,
+                         size_t cap)
+{
+  int rc = check_seg_fd(w, fd);
+  if (rc != 0) {
+    snprintf(why, cap, "%s", gpuipc_last_error());
+    return rc;
+  }
+  if ((w->flags & GPUIPC__SEGF_CREATOR_HELD) && !is_exporter(c, w)) {
+    snprintf(why, cap, "its memory is held by the process that exported "
+             "it (pid %u), not by pid %d", exporter_pid(w), (int)c->cred.pid);
+    return GPUIPC_E_DENIED;
+  }
+  return 0;
+}
+
 static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                        const struct gpuipc__msg *m, int *fd)
 {
   const struct gpuipc__seg_wire *w = &m->u.publish.seg;
-  struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, w->name);
   uint32_t pid = (uint32_t)c->cred.pid;
+  char why[GPUIPC__TEXT_MAX + 1];
+  int rc = publish_check(c, w, *fd, why, sizeof(why));
+  if (rc != 0) {
+    refuse_publish(b, c, m, rc, why);
+    return;
+  }
+  struct gpuipc__seg *s = gpuipc__reg_by_name(&b->reg, w->name);
   if (s != NULL && s->w.state == GPUIPC__SEG_CREATING) {
     if (s->creator != c || s->w.id != w->id) {
       send_error(b, c, m->req, -EEXIST,
@@ -890,6 +1054,13 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       send_error(b, c, m->req, -EEXIST,
                  "segment %s was created by pid %u meanwhile", w->name,
                  s->creator_pid);
+      return;
+    }
+    if (!is_exporter(c, w)) { /* then it is not its creator either */
+      send_error(b, c, m->req, GPUIPC_E_DENIED,
+                 "segment %s (id %llu) is published already, by pid %u; "
+                 "pid %u may not publish it again", w->name,
+                 (unsigned long long)s->w.id, exporter_pid(w), pid);
       return;
     }
     if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
@@ -1069,6 +1240,31 @@ static void republish_take(struct gpuipc__broker *b, struct gpuipc__conn *c,
     maybe_free(b, s); /* kept by its creator alone */
 }
 
+/*
+ * A re-publication brings what its sender holds: a descriptor that can be
+ * the memory, and the keeper's part only from the process whose memory it
+ * is. Anything else disconnects the sender (REPUBLISH has no reply).
+ */
+static bool republish_allowed(struct gpuipc__broker *b,
+                              struct gpuipc__conn *c,
+                              const struct gpuipc__seg_wire *w, int fd,
+                              bool keeper)
+{
+  char why[GPUIPC__TEXT_MAX + 1];
+  if (check_seg_fd(w, fd) != 0)
+    snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+  else if (keeper && !is_exporter(c, w))
+    snprintf(why, sizeof(why), "it claims to keep memory that pid %u "
+             "exported", exporter_pid(w));
+  else
+    return true;
+  GPUIPC_LOG_W("broker %s: pid %d re-published segment %s (id %llu): %s; "
+               "disconnecting it", b->name, (int)c->cred.pid, w->name,
+               (unsigned long long)w->id, why);
+  c->doomed = true;
+  return false;
+}
+
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                          const struct gpuipc__msg *m, int *fd)
 {
@@ -1076,6 +1272,8 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   uint32_t pid = (uint32_t)c->cred.pid;
   uint32_t holds = m->u.republish.holds;
   bool keeper = (m->u.republish.flags & GPUIPC__REPUB_KEEPER) != 0;
+  if (!republish_allowed(b, c, w, *fd, keeper))
+    return;
   learn_id(b, w->id);
   struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, w->id);
   if (s != NULL) {
@@ -1611,14 +1809,14 @@ static void loop(struct gpuipc__broker *b, bool stopping)
 /* ------------------------------------------------------------------------ */
 
 /*
- * Wait for @c's HANDOFF_ACK: 0 when it came, < 0 when the connection
- * ended first (the successor is gone, and whatever it took with it), 1 when
- * nothing came in time (it may run: do not hand the domain to another).
+ * Wait up to @ms for @c's message of @type (HANDOFF_ACCEPT or
+ * HANDOFF_ACK) carrying @count: 0 when it came, < 0 when the connection
+ * ended first (or the count differs), 1 when nothing came in time.
  */
-static int handoff_ack(struct gpuipc__broker *b, struct gpuipc__conn *c,
-                       uint32_t count)
+static int handoff_wait(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                        uint16_t type, uint32_t count, int ms)
 {
-  uint64_t deadline = gpuipc__deadline(HANDOFF_ACK_MS);
+  uint64_t deadline = gpuipc__deadline(ms);
   for (;;) {
     int fds[GPUIPC_FDS_MAX];
     int nfds = GPUIPC_FDS_MAX;
@@ -1632,25 +1830,56 @@ static int handoff_ack(struct gpuipc__broker *b, struct gpuipc__conn *c,
       gpuipc__fd_close(&fds[i]);
     /* Requests it sent before it knew are dropped: they will be retried. */
     if (gpuipc__msg_decode(b->rbuf, (size_t)len, nfds, &b->in) == 0 &&
-        b->in.type == GPUIPC_MSG_HANDOFF_ACK)
+        b->in.type == type)
       return b->in.u.handoff_ack.count == count
                  ? 0
                  : gpuipc__err(GPUIPC_E_PROTO, "hand-over of %u segments "
-                               "acknowledged as %u", count,
+                               "answered with %s of %u", count,
+                               gpuipc__msg_name(type),
                                b->in.u.handoff_ack.count);
   }
 }
 
+static uint32_t handoff_count(const struct gpuipc__broker *b)
+{
+  uint32_t count = 0;
+  for (const struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
+    count += s->w.state != GPUIPC__SEG_CREATING;
+  return count;
+}
+
+/*
+ * Ask @c whether it takes the domain over, before anything that cannot be
+ * taken back (the lock, the listener) goes to it: a member that does not
+ * read its connection (stopped, stuck, hostile) never answers, and would
+ * hold the lock unread in its socket. 0: it accepted; < 0: it did not, in
+ * time or at all.
+ */
+static int handoff_offer(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  struct gpuipc__msg *o = &b->out;
+  uint32_t count = handoff_count(b);
+  o->type = GPUIPC_MSG_HANDOFF_OFFER;
+  o->req = 0;
+  o->u.handoff_offer.count = count;
+  int rc = gpuipc__proto_send(c->fd, o, NULL, 0, HANDOFF_OFFER_MS);
+  if (rc == 0)
+    rc = handoff_wait(b, c, GPUIPC_MSG_HANDOFF_ACCEPT, count,
+                      HANDOFF_OFFER_MS);
+  if (rc == 1 || rc == -ETIMEDOUT)
+    rc = gpuipc__err(-ETIMEDOUT, "pid %d did not accept the domain within "
+                     "%d ms", (int)c->cred.pid, HANDOFF_OFFER_MS);
+  return rc;
+}
+
 /*
  * Send the whole registry, the lock and the listener to @c and wait for
- * its acknowledgement. Returns as handoff_ack does.
+ * its acknowledgement. Returns as handoff_wait does.
  */
 static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
 {
   struct gpuipc__msg *o = &b->out;
-  uint32_t count = 0;
-  for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
-    count += s->w.state != GPUIPC__SEG_CREATING;
+  uint32_t count = handoff_count(b);
   o->type = GPUIPC_MSG_HANDOFF_BEGIN;
   o->req = 0;
   o->u.handoff_begin.epoch = b->epoch;
@@ -1673,7 +1902,7 @@ static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
     rc = gpuipc__proto_send(c->fd, o, NULL, 0, HANDOFF_SEND_MS);
   }
   if (rc == 0)
-    rc = handoff_ack(b, c, count);
+    rc = handoff_wait(b, c, GPUIPC_MSG_HANDOFF_ACK, count, HANDOFF_ACK_MS);
   return rc;
 }
 
@@ -1696,7 +1925,9 @@ static bool try_handoff(struct gpuipc__broker *b)
         break;
       after = best->seq;
       outbox_free(best); /* replies it would get die with the connection */
-      int rc = handoff_to(b, best);
+      int rc = handoff_offer(b, best);
+      if (rc == 0)
+        rc = handoff_to(b, best);
       if (rc == 0) {
         GPUIPC_LOG_I("broker %s: handed %zu segments over to pid %d",
                      b->name, b->reg.count, (int)best->cred.pid);

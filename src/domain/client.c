@@ -688,6 +688,24 @@ static void ho_end(struct gpuipc_domain *d, const struct gpuipc__msg *m)
                d->name, (int)getpid());
 }
 
+/*
+ * The broker asks whether this member takes the domain over: yes, unless
+ * it is leaving. Only a member that reads its connection gets that far.
+ */
+static void ho_offer(struct gpuipc_domain *d, const struct gpuipc__msg *m)
+{
+  if (atomic_load(&d->leaving) || (d->flags & GPUIPC_JOIN_NO_BROKER))
+    return; /* the broker asks the next member when no answer comes */
+  struct gpuipc__msg *acc = &d->rmsg;
+  uint32_t count = m->u.handoff_offer.count;
+  acc->type = GPUIPC_MSG_HANDOFF_ACCEPT;
+  acc->req = 0;
+  acc->u.handoff_accept.count = count;
+  pthread_mutex_lock(&d->send_mu);
+  (void)gpuipc__proto_send(d->fd, acc, NULL, 0, 1000);
+  pthread_mutex_unlock(&d->send_mu);
+}
+
 /* Hand a reply to its waiter, or undo it when nobody waits any more. */
 static void deliver(struct gpuipc_domain *d, int *fds, int nfds)
 {
@@ -734,6 +752,9 @@ static void on_push(struct gpuipc_domain *d, int *fds, int nfds)
     break;
   case GPUIPC_MSG_LET_GO:
     gpuipc__seg_let_go(d, m->u.let_go.id);
+    break;
+  case GPUIPC_MSG_HANDOFF_OFFER:
+    ho_offer(d, m);
     break;
   case GPUIPC_MSG_HANDOFF_BEGIN:
     ho_begin(d, m, fds);

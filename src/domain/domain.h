@@ -18,10 +18,13 @@
  *
  * How the domain outlives its broker:
  *  - Clean leave (gpuipc_domain_leave of the hosting member, `serve`
- *    stopped): the broker sends its successor -- the oldest member of
- *    another process that may host -- HANDOFF_BEGIN with the lock and
- *    listener descriptors themselves (the lock never goes free, so no
- *    election races it), one HANDOFF_SEG per segment with its descriptor,
+ *    stopped): the broker offers the domain (HANDOFF_OFFER) to the oldest
+ *    member of another process that may host; one that does not answer
+ *    HANDOFF_ACCEPT within a second (it does not read: stopped, stuck) is
+ *    passed over for the next. To the one that accepts it sends
+ *    HANDOFF_BEGIN with the lock and listener descriptors themselves (the
+ *    lock never goes free, so no election races it), one HANDOFF_SEG per
+ *    segment with its descriptor,
  *    and HANDOFF_END. The successor's reader thread starts a broker with
  *    that registry and answers HANDOFF_ACK; then the old broker closes
  *    every connection (had the successor gone instead, the next one is

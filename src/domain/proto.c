@@ -57,6 +57,8 @@ const char *gpuipc__msg_name(unsigned type)
   case GPUIPC_MSG_HANDOFF_SEG: return "HANDOFF_SEG";
   case GPUIPC_MSG_HANDOFF_END: return "HANDOFF_END";
   case GPUIPC_MSG_HANDOFF_ACK: return "HANDOFF_ACK";
+  case GPUIPC_MSG_HANDOFF_OFFER: return "HANDOFF_OFFER";
+  case GPUIPC_MSG_HANDOFF_ACCEPT: return "HANDOFF_ACCEPT";
   }
   return "?";
 }
@@ -313,6 +315,8 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
     return check_seg(&m->u.handoff_seg.seg, -1, nm, decoding);
   case GPUIPC_MSG_HANDOFF_END:
   case GPUIPC_MSG_HANDOFF_ACK:
+  case GPUIPC_MSG_HANDOFF_OFFER:
+  case GPUIPC_MSG_HANDOFF_ACCEPT:
     return 0;
   }
   return PROTO_ERR(m, "message type %u unknown", m->type);
@@ -438,6 +442,8 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_HANDOFF_END:
   case GPUIPC_MSG_HANDOFF_ACK:
+  case GPUIPC_MSG_HANDOFF_OFFER:
+  case GPUIPC_MSG_HANDOFF_ACCEPT:
     gpuipc__put_u32(w, m->u.handoff_end.count);
     break;
   }
@@ -605,6 +611,8 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_HANDOFF_END:
   case GPUIPC_MSG_HANDOFF_ACK:
+  case GPUIPC_MSG_HANDOFF_OFFER:
+  case GPUIPC_MSG_HANDOFF_ACCEPT:
     m->u.handoff_end.count = gpuipc__get_u32(r);
     break;
   default:

@@ -75,6 +75,9 @@ enum gpuipc__msg_type {
   GPUIPC_MSG_HANDOFF_SEG = 49,   /* + fd for fd kinds */
   GPUIPC_MSG_HANDOFF_END = 50,
   GPUIPC_MSG_HANDOFF_ACK = 51,   /* successor -> broker: it runs now */
+  /* Before any of it: the broker asks, the member says it takes it. */
+  GPUIPC_MSG_HANDOFF_OFFER = 52,  /* broker -> member: will you host? */
+  GPUIPC_MSG_HANDOFF_ACCEPT = 53, /* member -> broker: yes, send it */
 };
 
 /* HELLO flags. */
@@ -219,8 +222,8 @@ struct gpuipc__msg {
       struct gpuipc__seg_wire seg;
     } handoff_seg;
     struct {
-      uint32_t count;
-    } handoff_end, handoff_ack;
+      uint32_t count; /* OFFER, ACCEPT: segments the hand-over will carry */
+    } handoff_end, handoff_ack, handoff_offer, handoff_accept;
   } u;
 };
 

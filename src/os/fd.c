@@ -10,8 +10,6 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
-#define MEMFD_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-
 int gpuipc__memfd_create(const char *name, size_t size, int *out_fd)
 {
   int rc;
@@ -49,7 +47,7 @@ int gpuipc__memfd_create(const char *name, size_t size, int *out_fd)
                            size);
     goto close_fd;
   }
-  if (fcntl(fd, F_ADD_SEALS, MEMFD_SEALS) < 0) {
+  if (fcntl(fd, F_ADD_SEALS, GPUIPC__MEMFD_SEALS) < 0) {
     rc = gpuipc__err_errno(errno, "fcntl(F_ADD_SEALS) on memfd %s", name);
     goto close_fd;
   }

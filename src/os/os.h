@@ -84,6 +84,8 @@ int gpuipc__peer_cred(int fd, struct gpuipc__cred *out);
  * (memfds are sparse: such a size would only fail when touched).
  */
 int gpuipc__memfd_create(const char *name, size_t size, int *out_fd);
+/* The seals gpuipc__memfd_create sets (F_SEAL_*: <fcntl.h>). */
+#define GPUIPC__MEMFD_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 /*
  * Check that @fd is a sealed gpuipc memfd (shmem, F_SEAL_SHRINK set) of at
  * least @min_size bytes; report its size in @*size_out.

@@ -202,6 +202,62 @@ static inline struct gpuipc__seg_wire raw_legacy_seg(const char *name,
   return w;
 }
 
+/*
+ * A record of @kind (HOST or VMM) whose handle travels with a descriptor:
+ * @alloc_size bytes (HOST: a multiple of 4096), exported by this process.
+ */
+static inline struct gpuipc__seg_wire raw_fd_seg(const char *name,
+                                                 uint64_t id, uint8_t kind,
+                                                 uint64_t size,
+                                                 uint64_t alloc_size)
+{
+  const struct gpuipc__proc_id *me = gpuipc__proc_self();
+  gpuipc_handle_t h;
+  memset(&h, 0, sizeof(h));
+  h.version = GPUIPC_HANDLE_VERSION;
+  h.kind = (gpuipc_kind_t)kind;
+  h.type = GPUIPC_HT_POSIX_FD;
+  h.size = size;
+  h.alloc_size = alloc_size;
+  if (kind != GPUIPC_KIND_HOST)
+    for (int i = 0; i < 16; i++)
+      h.device_uuid[i] = (uint8_t)(0x10 + i);
+  h.export_id = id;
+  memcpy(h.boot_id, me->boot_id, sizeof(h.boot_id));
+  h.pid = me->pid;
+  h.pidns = me->pidns;
+  h.nonce = me->nonce;
+  h.fd = -1;
+  struct gpuipc__seg_wire w;
+  memset(&w, 0, sizeof(w));
+  snprintf(w.name, sizeof(w.name), "%s", name);
+  w.id = id;
+  w.size = size;
+  w.kind = kind;
+  w.state = GPUIPC__SEG_PUBLISHED;
+  memcpy(w.uuid, h.device_uuid, 16);
+  w.has_handle = true;
+  w.htype = GPUIPC_HT_POSIX_FD;
+  if (gpuipc_handle_pack(&h, w.handle, sizeof(w.handle)) < 0)
+    TFAIL("pack: %s", gpuipc_last_error());
+  return w;
+}
+
+/* PUBLISH @w with descriptor @fd (-1: none); returns the reply's type. */
+static inline uint16_t raw_publish(int fd, const struct gpuipc__seg_wire *w,
+                                   int seg_fd, struct gpuipc__msg *r)
+{
+  struct gpuipc__msg m;
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_PUBLISH;
+  m.req = 3;
+  m.u.publish.seg = *w;
+  raw_send(fd, &m, &seg_fd, seg_fd >= 0 ? 1 : 0);
+  if (raw_recv(fd, r, NULL, NULL, 10000) != 0)
+    TFAIL("PUBLISH %s: %s", w->name, gpuipc_last_error());
+  return r->type;
+}
+
 /* REPUBLISH @w with @holds. */
 static inline void raw_republish(int fd, const struct gpuipc__seg_wire *w,
                                  uint32_t holds)
