@@ -4,6 +4,7 @@
  * same run.
  *
  *   channel_bench PDEV CDEV [--quick] [--latency]
+ *   channel_bench PDEV CDEV [--quick] --streams [null|legacy|perthread|created]
  *
  * The producer (this process, GPU PDEV) starts the consumer (this program
  * again, GPU CDEV) and steers it through the channel itself: before each
@@ -24,6 +25,13 @@
  *   baseline  the same sizes and counts with cudaMemcpyPeerAsync (PDEV !=
  *             CDEV, peer access enabled) or cudaMemcpyAsync (same GPU) in
  *             the producer process.
+ *   --streams only the 4 KiB round trip (send -> recv -> release ->
+ *             gpuipc_send_wait) with both ends passing the stream handle
+ *             named (all four when none is): NULL, cudaStreamLegacy,
+ *             cudaStreamPerThread, a created non-blocking stream; each idle
+ *             (row <where>_gpu_rt_<handle>) and with a 4 KiB device copy
+ *             queued on the stream before each send (<where>_gpu_rt_
+ *             <handle>_copy: the message carries an event).
  *
  * Output: "RESULT ..." lines for channel_vs_baselines.py, and a readable
  * line for each.
@@ -73,6 +81,30 @@
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
+
+/* The stream handles both ends may pass (--streams); the control message
+ * says which. */
+#define H_NULL 0
+#define H_LEGACY 1
+#define H_PERTHREAD 2
+#define H_CREATED 3
+static const char *const handle_names[] = {"null", "legacy", "perthread",
+                                           "created"};
+
+/* Handle @h, with @own for H_CREATED. */
+static cudaStream_t handle_stream(int h, cudaStream_t own)
+{
+  switch (h) {
+  case H_NULL:
+    return (cudaStream_t)0;
+  case H_LEGACY:
+    return cudaStreamLegacy;
+  case H_PERTHREAD:
+    return cudaStreamPerThread;
+  default:
+    return own;
+  }
+}
 
 /* One byte written on the GPU: makes the stream busy when the send comes. */
 __global__ static void touch_kernel(uint8_t *p, uint8_t v)
@@ -145,7 +177,7 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
   for (;;) {
     gpuipc_tensor_t *c;
     GI_OK(gpuipc_recv(ch, &c, NULL, -1));
-    int64_t ctl[3];
+    int64_t ctl[4];
     memcpy(ctl, (const uint8_t *)c->dl.data + c->dl.byte_offset, sizeof(ctl));
     GI_OK(gpuipc_tensor_release(c, NULL));
     int op = (int)ctl[0];
@@ -153,6 +185,8 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
     long count = (long)ctl[2];
     if (op == OP_END)
       break;
+    cudaStream_t s_own = s; /* the stream this op uses, then ours again */
+    s = handle_stream((int)ctl[3], s_own);
     tens into;
     tens_init(&into, NULL, dst, dev, bytes);
     std::vector<double> oneway;
@@ -198,6 +232,7 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
       }
     }
     CUDA_OK(cudaStreamSynchronize(s));
+    s = s_own;
     if (op == OP_ONEWAY) {
       char name[64];
       snprintf(name, sizeof(name), "%s_gpu_oneway", where);
@@ -232,7 +267,8 @@ struct prod {
   const char *where;
 };
 
-static void control(prod *p, int op, size_t bytes, long count)
+/* Tell the consumer what comes next, and on which stream (H_*). */
+static void control_on(prod *p, int op, size_t bytes, long count, int handle)
 {
   int slot = p->ctl_next++ % 64;
   if (p->ctl_tickets[slot] != 0)
@@ -241,10 +277,16 @@ static void control(prod *p, int op, size_t bytes, long count)
   c[0] = op;
   c[1] = (int64_t)bytes;
   c[2] = count;
+  c[3] = handle;
   tens x;
-  tens_init(&x, p->ctl_buf, gpuipc_buf_ptr(p->ctl_buf), -1, 24);
+  tens_init(&x, p->ctl_buf, gpuipc_buf_ptr(p->ctl_buf), -1, 32);
   x.t.dl.byte_offset = (uint64_t)slot * 64;
   GI_OK(gpuipc_send(p->ch, &x.t, NULL, 0, &p->ctl_tickets[slot]));
+}
+
+static void control(prod *p, int op, size_t bytes, long count)
+{
+  control_on(p, op, bytes, count, H_CREATED);
 }
 
 static void result_lat(const char *name, std::vector<double> &v, double div)
@@ -394,6 +436,40 @@ static void latency(prod *p, int n)
 }
 
 /*
+ * The 4 KiB round trip with both ends on stream handle @h: idle, then with
+ * a 4 KiB device copy queued on the stream before each send (the message
+ * carries an event; the release does not: the receiver's stream is idle).
+ */
+static void stream_rows(prod *p, int n, int h)
+{
+  char name[64];
+  int warm = n / 10;
+  cudaStream_t s = handle_stream(h, p->s);
+  uint8_t *base = (uint8_t *)gpuipc_buf_ptr(p->src);
+  tens t;
+  tens_init(&t, p->src, base, p->pdev, LAT_BYTES);
+  for (int copy = 0; copy < 2; copy++) {
+    std::vector<double> v;
+    control_on(p, OP_LAT, LAT_BYTES, n + warm, h);
+    for (int i = 0; i < n + warm; i++) {
+      uint64_t tk;
+      double t0 = now_us();
+      if (copy)
+        CUDA_OK(cudaMemcpyAsync(base, base + LAT_BYTES, LAT_BYTES,
+                                cudaMemcpyDeviceToDevice, s));
+      GI_OK(gpuipc_send(p->ch, &t.t, (void *)s, 0, &tk));
+      GI_OK(gpuipc_send_wait(p->ch, tk, (void *)s, -1));
+      if (i >= warm)
+        v.push_back(now_us() - t0);
+    }
+    CUDA_OK(cudaStreamSynchronize(s));
+    snprintf(name, sizeof(name), "%s_gpu_rt_%s%s", p->where, handle_names[h],
+             copy ? "_copy" : "");
+    result_lat(name, v, 1);
+  }
+}
+
+/*
  * What the event calls cost in one process, interprocess events next to
  * plain ones: the host time of a record, a query of a completed event and
  * a stream wait, and a kernel -> record -> wait (other stream) -> kernel
@@ -513,7 +589,7 @@ static void bandwidth(prod *p, int quick, void *base_dst)
 }
 
 static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick,
-                    int lat_only)
+                    int lat_only, int streams)
 {
   prod p;
   memset(&p, 0, sizeof(p));
@@ -543,10 +619,18 @@ static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick,
   CUDA_OK(cudaSetDevice(pdev));
   CUDA_OK(cudaDeviceSynchronize());
 
-  diag(&p);
-  printf("latency, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
-  latency(&p, quick ? 2000 : 10000);
-  if (!lat_only) {
+  if (streams >= 0) {
+    printf("4 KiB round trip by stream handle, producer GPU %d, consumer "
+           "GPU %d:\n", pdev, cdev);
+    for (int h = H_NULL; h <= H_CREATED; h++)
+      if (streams == 4 || streams == h)
+        stream_rows(&p, quick ? 2000 : 10000, h);
+  } else {
+    diag(&p);
+    printf("latency, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
+    latency(&p, quick ? 2000 : 10000);
+  }
+  if (!lat_only && streams < 0) {
     printf("bandwidth, producer GPU %d, consumer GPU %d:\n", pdev, cdev);
     bandwidth(&p, quick, base_dst);
   }
@@ -565,20 +649,31 @@ int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 3) {
-    fprintf(stderr, "usage: channel_bench PDEV CDEV [--quick] [--latency]\n");
+    fprintf(stderr, "usage: channel_bench PDEV CDEV [--quick] [--latency] "
+            "[--streams [null|legacy|perthread|created]]\n");
     return 2;
   }
   int pdev = atoi(argv[1]), cdev = atoi(argv[2]);
   int quick = 0, is_consumer = 0, lat_only = 0, clock_fd = -1;
+  int streams = -1; /* --streams: H_* or 4 for all */
   for (int i = 3; i < argc; i++) {
-    if (strcmp(argv[i], "--quick") == 0)
+    if (strcmp(argv[i], "--quick") == 0) {
       quick = 1;
-    else if (strcmp(argv[i], "--latency") == 0)
+    } else if (strcmp(argv[i], "--streams") == 0) {
+      streams = 4;
+      for (int h = H_NULL; h <= H_CREATED && i + 1 < argc; h++)
+        if (strcmp(argv[i + 1], handle_names[h]) == 0) {
+          streams = h;
+          i++;
+          break;
+        }
+    } else if (strcmp(argv[i], "--latency") == 0) {
       lat_only = 1;
-    else if (strcmp(argv[i], "--clock-fd") == 0 && i + 1 < argc)
+    } else if (strcmp(argv[i], "--clock-fd") == 0 && i + 1 < argc) {
       clock_fd = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--consumer") == 0)
+    } else if (strcmp(argv[i], "--consumer") == 0) {
       is_consumer = 1;
+    }
   }
   pid_t child = -1;
   char fdarg[16];
@@ -629,7 +724,7 @@ int main(int argc, char **argv)
   gpuipc_channel_t *ch;
   GI_OK(gpuipc_channel_open(dom, chname, &o, &ch));
   int rc = is_consumer ? consumer(ch, cdev, pdev == cdev ? "same" : "cross")
-                       : producer(ch, pdev, cdev, quick, lat_only);
+                       : producer(ch, pdev, cdev, quick, lat_only, streams);
   GI_OK(gpuipc_channel_close(ch));
   GI_OK(gpuipc_domain_leave(dom));
   if (child > 0) {

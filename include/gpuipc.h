@@ -546,7 +546,8 @@ GPUIPC_API int gpuipc_event_import(const gpuipc_event_handle_t *h,
 
 /*
  * gpuipc_event_record - record @ev on @stream (a CUstream / cudaStream_t;
- * NULL: the default stream of the event's device). The stream must belong
+ * NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: that default stream of the
+ * primary context of the event's device). Another stream must belong
  * to the primary context of the event's device (gpuipc_event_device: the
  * one it was created or imported on), else -EINVAL: the driver cannot use
  * an interprocess event on another device's stream.
@@ -555,10 +556,11 @@ GPUIPC_API int gpuipc_event_import(const gpuipc_event_handle_t *h,
 GPUIPC_API int gpuipc_event_record(gpuipc_event_t *ev, void *stream);
 
 /*
- * gpuipc_event_wait - make @stream (NULL: the default stream of the
- * event's device) wait until the last record of @ev has completed, in
- * whichever process recorded it. Does not block the host. As for
- * gpuipc_event_record, the stream must be on the event's device.
+ * gpuipc_event_wait - make @stream (a default stream, as for
+ * gpuipc_event_record: that of the event's device) wait until the last
+ * record of @ev has completed, in whichever process recorded it. Does not
+ * block the host. As for gpuipc_event_record, another stream must be on
+ * the event's device.
  * Returns 0; -EINVAL; GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_event_wait(gpuipc_event_t *ev, void *stream);
@@ -1079,10 +1081,13 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * @t: the tensor; t->buf NULL stages the bytes (they must be contiguous,
  *     row-major, and fit a staging slot: -EMSGSIZE otherwise) through the
  *     channel's staging buffer, on @stream for device memory.
- * @stream: CUstream / cudaStream_t (NULL: the legacy default stream) of the
- *     buffer's device, on which the sender queued its writes; the message
- *     is ordered after them: an event is recorded there, unless the stream
- *     has nothing pending at that moment (then nothing needs waiting for).
+ * @stream: CUstream / cudaStream_t of the buffer's device, on which the
+ *     sender queued its writes. NULL, CU_STREAM_LEGACY (cudaStreamLegacy)
+ *     and CU_STREAM_PER_THREAD (cudaStreamPerThread, the calling thread's)
+ *     mean that default stream of the device's primary context, whatever
+ *     context is current; in every channel call. The message is ordered
+ *     after the writes: an event is recorded there, unless the stream has
+ *     nothing pending at that moment (then nothing needs waiting for).
  *     Ignored for HOST buffers and staged host memory.
  * @flags: 0 or GPUIPC_SEND_NONBLOCK.
  * @ticket: optional out: the message's number (1, 2, ... per end), for

@@ -1046,13 +1046,16 @@ static uint64_t ev_poll_ns(void)
 #if GPUIPC_HAVE_CUDA
 /*
  * The local ordinal whose primary context @stream belongs to; @fallback
- * for a NULL stream (the legacy default stream of the device that uses the
- * data) or when the driver cannot say. A stream of another context gives
- * its device, and the event calls then refuse it with a sentence.
+ * for a default stream (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: that
+ * of the primary context of the device that uses the data, whatever
+ * context is current) or when the driver cannot say. A stream of another
+ * context gives its device, and the event calls then refuse it with a
+ * sentence.
  */
 static int stream_dev(void *stream, int fallback)
 {
-  if (stream == NULL || gpuipc__cu.cuStreamGetCtx == NULL)
+  if (gpuipc__stream_is_default(stream) ||
+      gpuipc__cu.cuStreamGetCtx == NULL)
     return fallback;
   CUcontext sc = NULL;
   if (gpuipc__cu.cuStreamGetCtx((CUstream)stream, &sc) != CUDA_SUCCESS ||
@@ -1079,8 +1082,8 @@ static int stream_dev(void *stream, int fallback)
 }
 
 /*
- * Make @stream (NULL: the legacy default stream of the event's device)
- * wait for @ev, unless its last record has completed already or completes
+ * Make @stream (a default stream: that of the event's device) wait for
+ * @ev, unless its last record has completed already or completes
  * within @poll_ns: then the stream gets nothing to wait for and stays
  * idle, so that a release after it needs no event either.
  */
@@ -1102,12 +1105,13 @@ static int wait_on(gpuipc_event_t *ev, void *stream, uint64_t poll_ns)
 /*
  * Whether everything queued on @stream (a stream of device @dev) has
  * completed. Then a message or a release needs no event: what it orders
- * after is done already, and the peer has nothing to wait for. A NULL
- * stream is never asked (the answer would depend on the current context).
+ * after is done already, and the peer has nothing to wait for. Asked in
+ * the device's primary context, where a default stream (NULL, legacy,
+ * per-thread: the calling thread's) is the one the event calls use.
  */
 static bool stream_idle(int dev, void *stream)
 {
-  if (stream == NULL || dev < 0 || gpuipc__cu.cuStreamQuery == NULL)
+  if (dev < 0 || gpuipc__cu.cuStreamQuery == NULL)
     return false;
   struct gpuipc__ctx_saved saved;
   if (gpuipc__ctx_enter(dev, &saved) != 0)

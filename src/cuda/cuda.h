@@ -135,6 +135,18 @@ int gpuipc__cu_check(CUresult r, const char *what);
     if ((rc) != 0)                                                             \
       goto label;                                                              \
   } while (0)
+
+/*
+ * NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD: a default stream, which
+ * is the one of the context it is used in. gpuipc uses it in the primary
+ * context of the device concerned (the per-thread one: the calling
+ * thread's), whatever context is current, as it does for NULL.
+ */
+static inline int gpuipc__stream_is_default(const void *s)
+{
+  return s == NULL || s == (const void *)CU_STREAM_LEGACY ||
+         s == (const void *)CU_STREAM_PER_THREAD;
+}
 #endif /* GPUIPC_HAVE_CUDA */
 
 /*

@@ -360,7 +360,7 @@ int gpuipc_event_record(gpuipc_event_t *ev, void *stream)
 {
   if (ev == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_event_record: NULL event");
-  if (stream != NULL) {
+  if (!gpuipc__stream_is_default(stream)) {
     int rc = stream_check(ev, (CUstream)stream, "gpuipc_event_record");
     return rc != 0 ? rc : GPUIPC_CU(cuEventRecord, ev->ev, (CUstream)stream);
   }
@@ -368,7 +368,7 @@ int gpuipc_event_record(gpuipc_event_t *ev, void *stream)
   int rc = gpuipc__ctx_enter(ev->device, &saved);
   if (rc != 0)
     return rc;
-  rc = GPUIPC_CU(cuEventRecord, ev->ev, NULL);
+  rc = GPUIPC_CU(cuEventRecord, ev->ev, (CUstream)stream);
   gpuipc__ctx_leave(&saved);
   return rc;
 }
@@ -377,7 +377,7 @@ int gpuipc_event_wait(gpuipc_event_t *ev, void *stream)
 {
   if (ev == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_event_wait: NULL event");
-  if (stream != NULL) {
+  if (!gpuipc__stream_is_default(stream)) {
     int rc = stream_check(ev, (CUstream)stream, "gpuipc_event_wait");
     return rc != 0 ? rc
                    : GPUIPC_CU(cuStreamWaitEvent, (CUstream)stream, ev->ev, 0);
@@ -386,7 +386,7 @@ int gpuipc_event_wait(gpuipc_event_t *ev, void *stream)
   int rc = gpuipc__ctx_enter(ev->device, &saved);
   if (rc != 0)
     return rc;
-  rc = GPUIPC_CU(cuStreamWaitEvent, NULL, ev->ev, 0);
+  rc = GPUIPC_CU(cuStreamWaitEvent, (CUstream)stream, ev->ev, 0);
   gpuipc__ctx_leave(&saved);
   return rc;
 }

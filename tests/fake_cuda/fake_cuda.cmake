@@ -24,6 +24,12 @@ if(GPUIPC_HAVE_CUDA)
     FAKE_CUDA_NOGPA="$<TARGET_FILE:fake_cuda_nogpa>")
   # The probe looks inside the fake (retain counts) with dlopen/dlsym.
   target_link_libraries(driver_probe PRIVATE ${CMAKE_DL_LIBS})
+  # tests/channel_streams.c: two chan_stream_peer processes on the fake,
+  # which count its records and waits.
+  add_dependencies(test_channel_streams fake_cuda_full chan_stream_peer)
+  target_compile_definitions(test_channel_streams PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_stream_peer PRIVATE ${CMAKE_DL_LIBS})
 endif()
 add_dependencies(test_driver driver_probe)
 # `gpuipc info` is checked against the fake driver and without one.

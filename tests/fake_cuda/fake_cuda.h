@@ -16,7 +16,13 @@
  *                          the record (default 0); synchronising calls do
  *                          the work at once. "Device memory" is host
  *                          memory: copies are memmove, done in order per
- *                          stream (see fake_cuda.c)
+ *                          stream (see fake_cuda.c); cuStreamQuery
+ *                          counts its queries since work was last queued
+ *                          the same way. LEGACY memory and interprocess
+ *                          events really are shared with other processes
+ *                          (memfds opened through /proc/PID/fd): a process
+ *                          waiting on another's event has that process's
+ *                          service thread do the work (see fake_cuda.c)
  * Built three ways: libfake_cuda_full.so (exports cuGetProcAddress_v2),
  * libfake_cuda_v1.so (only the CUDA 11 cuGetProcAddress) and
  * libfake_cuda_nogpa.so (exports no cuGetProcAddress at all).
@@ -67,7 +73,11 @@ int fake_cuda_set_current_calls(void);
 int fake_cuda_registered(void);
 /* Queued copies done so far (each when its turn came, not when queued). */
 int fake_cuda_copies_done(void);
-/* Times cuEventQuery answered CUDA_ERROR_NOT_READY so far. */
+/* Times cuEventQuery or cuStreamQuery answered CUDA_ERROR_NOT_READY. */
 int fake_cuda_not_ready(void);
+/* Successful cuEventRecord calls in this process so far. */
+int fake_cuda_events_recorded(void);
+/* Successful cuStreamWaitEvent calls in this process so far. */
+int fake_cuda_stream_waits(void);
 
 #endif

@@ -1,0 +1,67 @@
+/*
+ * Every stream handle a caller may pass takes the channel's fast path: a
+ * stream with nothing pending needs no interprocess event, and a stream
+ * with work pending gets one that the other side's stream waits on.
+ *
+ * Two chan_stream_peer processes on the fake CUDA driver (GPU-kind LEGACY
+ * memory really shared between them, interprocess events whose work the
+ * recording process does when the other waits) send 4 KiB tensors back
+ * and forth (send, recv, release, send_wait), for each of NULL,
+ * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD and a created stream, with and
+ * without device 0's primary context current on the calling thread:
+ *   idle: the streams are synchronised before each send and release: no
+ *         event is recorded or waited on, on either side;
+ *   lag:  a copy is left pending on the stream before each send and each
+ *         release (FAKE_CUDA_COPY_LAG keeps it pending): every send and
+ *         release records an event, the other side's stream waits on it,
+ *         and the receiver, reading on its stream, sees every byte of the
+ *         sender's copy (which runs only when its waiter asks for it).
+ * Each process counts its cuEventRecord and cuStreamWaitEvent calls and
+ * checks them (tests/helpers/chan_stream_peer.c).
+ */
+#include "test.h"
+
+#include <unistd.h>
+
+#define N "16"
+
+int main(void)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+#ifndef FAKE_CUDA_FULL
+  SKIP("built without the CUDA headers: no fake CUDA driver");
+#else
+  /* Both peers load the fake driver; pending copies stay pending until a
+   * synchronisation (no query ever completes them). */
+  setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
+  setenv("FAKE_CUDA_COPY_LAG", "1000000000", 1);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("chan-streams", NULL, &dom));
+  static const char *const handles[] = {"null", "legacy", "per-thread",
+                                        "created"};
+  static const char *const modes[] = {"idle", "lag"};
+  int runs = 0;
+  for (int h = 0; h < 4; h++)
+    for (int m = 0; m < 2; m++)
+      for (int cur = 0; cur < 2; cur++) {
+        char name[64], c[2] = {(char)('0' + cur), 0};
+        snprintf(name, sizeof(name), "%s-%s-%d", handles[h], modes[m], cur);
+        const char *rargs[] = {"recv",   "chan-streams", name, handles[h],
+                               modes[m], N,              c,    NULL};
+        const char *sargs[] = {"send",   "chan-streams", name, handles[h],
+                               modes[m], N,              c,    NULL};
+        pid_t r = test_spawn("chan_stream_peer", rargs, NULL);
+        pid_t s = test_spawn("chan_stream_peer", sargs, NULL);
+        int rs = test_wait(s, 60000), rr = test_wait(r, 60000);
+        if (rs != 0 || rr != 0)
+          TFAIL("stream %s, %s, context %s: sender exited %d, receiver %d",
+                handles[h], modes[m], cur ? "current" : "not current", rs,
+                rr);
+        runs++;
+      }
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  printf("%d runs of " N " 4 KiB messages: every stream handle idle "
+         "without events, pending with them, every byte checked\n", runs);
+  return 0;
+#endif
+}

@@ -1,0 +1,200 @@
+/*
+ * One end of tests/channel_streams.c, on the fake CUDA driver
+ * (GPUIPC_CUDA_LIB): chan_stream_peer ROLE DOMAIN CHANNEL HANDLE MODE N CUR
+ *
+ *   ROLE    send: fill a 4 KiB LEGACY buffer of device 0 (a copy on the
+ *           stream), send it, gpuipc_send_wait on the stream, N times;
+ *           recv: receive each view, copy it out on the stream and check
+ *           every byte, release it on the stream.
+ *   HANDLE  the stream both sides pass: null, legacy (CU_STREAM_LEGACY),
+ *           per-thread (CU_STREAM_PER_THREAD) or created (cuStreamCreate,
+ *           non-blocking).
+ *   MODE    idle: every copy is synchronised before the channel sees the
+ *           stream, so nothing needs an event: none may be recorded or
+ *           waited on. lag: a copy is left queued on the stream before
+ *           each send (the data) and each release (a read of the view);
+ *           with FAKE_CUDA_COPY_LAG large it is still pending, so each
+ *           send and each release records an event and the other side's
+ *           stream waits on it: N each. The receiver reads the right
+ *           bytes only if its stream waited for the sender's copy.
+ *   CUR     1: device 0's primary context is current on the calling thread
+ *           (as in a program using the runtime API); 0: no context is.
+ *
+ * Prints and checks this process's count of cuEventRecord and
+ * cuStreamWaitEvent calls. Exit 0 when everything checked out.
+ */
+#include "test.h"
+
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#define BYTES 4096
+
+typedef int (*gpa_fn)(const char *, void **, int, uint64_t, int *);
+typedef int (*retain_fn)(void **, int);
+typedef int (*set_fn)(void *);
+typedef int (*create_fn)(void **, unsigned);
+typedef int (*destroy_fn)(void *);
+typedef int (*count_fn)(void);
+
+static void *fake; /* the fake driver, loaded by gpuipc */
+
+static void *sym(const char *name)
+{
+  void *p = dlsym(fake, name);
+  if (p == NULL)
+    TFAIL("the fake driver has no %s", name);
+  return p;
+}
+
+static void *entry(const char *name)
+{
+  gpa_fn gpa = (gpa_fn)sym("cuGetProcAddress_v2");
+  void *fn = NULL;
+  int st = 0;
+  ASSERT_EQ(gpa(name, &fn, 12000, 0, &st), 0);
+  ASSERT_TRUE(fn != NULL);
+  return fn;
+}
+
+/* The stream HANDLE names; the primary context made current for CUR 1. */
+static void *stream_of(const char *handle, int cur)
+{
+  void *ctx = NULL;
+  set_fn set = (set_fn)entry("cuCtxSetCurrent");
+  ASSERT_EQ(((retain_fn)entry("cuDevicePrimaryCtxRetain"))(&ctx, 0), 0);
+  ASSERT_EQ(set(ctx), 0);
+  void *s = NULL;
+  if (strcmp(handle, "legacy") == 0)
+    s = (void *)(uintptr_t)0x1; /* CU_STREAM_LEGACY */
+  else if (strcmp(handle, "per-thread") == 0)
+    s = (void *)(uintptr_t)0x2; /* CU_STREAM_PER_THREAD */
+  else if (strcmp(handle, "created") == 0)
+    ASSERT_EQ(((create_fn)entry("cuStreamCreate"))(&s, 0x1), 0);
+  else if (strcmp(handle, "null") != 0)
+    TFAIL("unknown stream handle %s", handle);
+  if (!cur)
+    ASSERT_EQ(set(NULL), 0);
+  return s;
+}
+
+static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
+{
+  gpuipc_buf_t *buf;
+  ASSERT_OK(gpuipc_buf_alloc(BYTES, GPUIPC_KIND_LEGACY, 0, 0, &buf));
+  uint8_t *dev = gpuipc_buf_ptr(buf);
+  uint8_t *src = malloc(BYTES);
+  ASSERT_TRUE(src != NULL);
+  int64_t shape[1] = {BYTES};
+  gpuipc_tensor_t t = {.dl = {.data = dev,
+                              .device = {GPUIPC_DL_CUDA, 0},
+                              .ndim = 1,
+                              .dtype = {GPUIPC_DL_UINT, 8, 1},
+                              .shape = shape},
+                       .buf = buf};
+  for (long i = 1; i <= n; i++) {
+    /* The copy of message i - 1 has run: the receiver read it. */
+    test_fill(src, BYTES, (uint64_t)i);
+    if (lag)
+      ASSERT_OK(gpuipc_memcpy_async(dev, src, BYTES, 0, stream));
+    else
+      ASSERT_OK(gpuipc_memcpy(dev, src, BYTES, 0, stream));
+    uint64_t ticket;
+    ASSERT_OK(gpuipc_send(ch, &t, stream, 0, &ticket));
+    ASSERT_OK(gpuipc_send_wait(ch, ticket, stream, 30000));
+  }
+  ASSERT_OK(gpuipc_stream_sync(0, stream));
+  ASSERT_OK(gpuipc_buf_release(buf));
+  free(src);
+}
+
+static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
+{
+  uint8_t *dst = malloc(BYTES), *seen = malloc(BYTES);
+  ASSERT_TRUE(dst != NULL && seen != NULL);
+  for (long i = 1; i <= n; i++) {
+    gpuipc_tensor_t *v;
+    ASSERT_OK(gpuipc_recv(ch, &v, stream, 30000));
+    ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
+    ASSERT_EQ(v->dl.device.device_id, 0);
+    ASSERT_EQ(v->dl.ndim, 1);
+    ASSERT_EQ(v->dl.shape[0], BYTES);
+    const uint8_t *p = (const uint8_t *)v->dl.data + v->dl.byte_offset;
+    memset(dst, 0, BYTES);
+    /* On the stream: after the sender's copy only if it waited. */
+    ASSERT_OK(gpuipc_memcpy(dst, p, BYTES, 0, stream));
+    size_t bad = test_check(dst, BYTES, (uint64_t)i);
+    if (bad != (size_t)-1)
+      TFAIL("message %ld: byte %zu of %d differs (read before the "
+            "sender's copy?)", i, bad, BYTES);
+    /* The read queued before the last release ran with that sync. */
+    if (lag && i > 1 && (bad = test_check(seen, BYTES, (uint64_t)i - 1)) !=
+                            (size_t)-1)
+      TFAIL("message %ld: byte %zu of the read queued before its release "
+            "differs", i - 1, bad);
+    if (lag)
+      ASSERT_OK(gpuipc_memcpy_async(seen, p, BYTES, 0, stream));
+    ASSERT_OK(gpuipc_tensor_release(v, stream));
+  }
+  /* The sender opens the last release's event, and its stream waits for
+   * that release's work (which it has done here, by asking: this process
+   * must stay until the sender is done). Only then is the stream synced,
+   * so that the sender always finds that event pending. */
+  gpuipc_tensor_t *v;
+  ASSERT_RC(gpuipc_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
+  ASSERT_OK(gpuipc_stream_sync(0, stream));
+  if (lag) {
+    size_t bad = test_check(seen, BYTES, (uint64_t)n);
+    if (bad != (size_t)-1)
+      TFAIL("message %ld: byte %zu of the last read differs", n, bad);
+  }
+  free(dst);
+  free(seen);
+}
+
+int main(int argc, char **argv)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (argc != 8)
+    TFAIL("usage: chan_stream_peer send|recv DOMAIN CHANNEL "
+          "null|legacy|per-thread|created idle|lag N 0|1");
+  bool send = strcmp(argv[1], "send") == 0;
+  const char *handle = argv[4];
+  bool lag = strcmp(argv[5], "lag") == 0;
+  long n = strtol(argv[6], NULL, 0);
+  int cur = atoi(argv[7]);
+  ASSERT_OK(gpuipc_driver_status(NULL));
+  fake = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_TRUE(fake != NULL);
+  void *stream = stream_of(handle, cur);
+
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  gpuipc_channel_t *ch;
+  ASSERT_OK(gpuipc_channel_open(dom, argv[3], &o, &ch));
+  count_fn records = (count_fn)sym("fake_cuda_events_recorded");
+  count_fn waits = (count_fn)sym("fake_cuda_stream_waits");
+  int r0 = records(), w0 = waits();
+  if (send)
+    sender(ch, stream, lag, n);
+  else
+    receiver(ch, stream, lag, n);
+  int r = records() - r0, w = waits() - w0;
+  printf("%s %s %s cur=%d: %d events recorded, %d stream waits\n", argv[1],
+         handle, argv[5], cur, r, w);
+  ASSERT_EQ(r, lag ? n : 0);
+  ASSERT_EQ(w, lag ? n : 0);
+  ASSERT_OK(gpuipc_channel_close(ch));
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  if (strcmp(handle, "created") == 0) {
+    set_fn set = (set_fn)entry("cuCtxSetCurrent");
+    void *ctx = NULL;
+    ASSERT_EQ(((retain_fn)entry("cuDevicePrimaryCtxRetain"))(&ctx, 0), 0);
+    ASSERT_EQ(set(ctx), 0);
+    ASSERT_EQ(((destroy_fn)entry("cuStreamDestroy"))(stream), 0);
+  }
+  return 0;
+}
