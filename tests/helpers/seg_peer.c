@@ -135,7 +135,7 @@ static int marker(const char *what, int who, unsigned flags)
   char name[64];
   gpuipc_buf_t *b;
   snprintf(name, sizeof(name), "load.%s.%d", what, who);
-  int rc = gpuipc_segment_open(dom, name, flags & GPUIPC_CREATE ? 64 : 0, -1,
+  int rc = test_seg_open(dom, name, flags & GPUIPC_CREATE ? 64 : 0, -1,
                                flags, &b);
   if (rc != 0)
     return rc;
@@ -156,13 +156,13 @@ static int load(int me, int n, int count, size_t size)
     size_t sz = size + (size_t)(k % 3) * 1000;
     uint64_t seed = (uint64_t)me * 100000 + (uint64_t)k;
     snprintf(name, sizeof(name), "load.%d.%d", me, k);
-    rc = gpuipc_segment_open(dom, name, sz, -1, GPUIPC_CREATE | GPUIPC_EXCL,
+    rc = test_seg_open(dom, name, sz, -1, GPUIPC_CREATE | GPUIPC_EXCL,
                              &own[k]);
     if (rc != 0)
       return rc;
     test_fill(gpuipc_buf_ptr(own[k]), sz, seed);
     /* A second open of our own segment maps nothing new. */
-    rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b2);
+    rc = test_seg_open(dom, name, sz, -1, 0, &b2);
     if (rc != 0)
       return rc;
     if (b2 != own[k] || test_check(gpuipc_buf_ptr(b2), sz, seed) != (size_t)-1)
@@ -175,7 +175,7 @@ static int load(int me, int n, int count, size_t size)
   for (int k = 0; k < count; k++) {
     size_t sz = size + (size_t)(k % 3) * 1000;
     snprintf(name, sizeof(name), "load.%d.%d", next, k);
-    rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b);
+    rc = test_seg_open(dom, name, sz, -1, 0, &b);
     if (rc != 0)
       return rc;
     size_t bad = test_check(gpuipc_buf_ptr(b), sz,
@@ -275,14 +275,14 @@ static int churn(const char *name, uint64_t seed, int ms)
   int rounds = 0;
   while (gpuipc__now_ns() < end) {
     gpuipc_buf_t *b;
-    int rc = gpuipc_segment_open(dom, name, 0, -1, 0, &b);
+    int rc = test_seg_open(dom, name, 0, -1, 0, &b);
     if (rc != 0)
       return rc;
     size_t bad = test_check(gpuipc_buf_ptr(b), gpuipc_buf_size(b), seed);
     gpuipc_buf_release(b);
     if (bad != (size_t)-1)
       return gpuipc__err(-EIO, "churn: %s differs at byte %zu", name, bad);
-    rc = gpuipc_segment_open(dom, own, 4096, -1, GPUIPC_CREATE | GPUIPC_EXCL,
+    rc = test_seg_open(dom, own, 4096, -1, GPUIPC_CREATE | GPUIPC_EXCL,
                              &b);
     if (rc != 0)
       return rc;
@@ -345,10 +345,10 @@ static void command(char *line)
         reply("err EINVAL unknown kind %s", argv[4]);
         return;
       }
-      flags |= GPUIPC_SEG_KIND(k);
+      flags |= TEST_SEG_KIND(k);
       dev = atoi(argv[5]);
     }
-    rc = gpuipc_segment_open(dom, argv[1], strtoull(argv[2], NULL, 0), dev,
+    rc = test_seg_open(dom, argv[1], strtoull(argv[2], NULL, 0), dev,
                              flags, &b);
     if (rc != 0) {
       reply_err(rc);
