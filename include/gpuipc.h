@@ -849,8 +849,8 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
  * of neither side blocks. HOST: @stream, if not NULL, is synchronised
  * first; with NULL, the caller's CPU writes are done when it calls this.
  * Returns 0; -EINVAL (NULL @seg, or a buffer this process did not create
- * as a segment or created with GPUIPC_SCRATCH); -EALREADY (published
- * already); -ENOENT (the broker no longer has the reservation, e.g. after
+ * as a segment); -EALREADY (published already: by an earlier call, or at
+ * once by a GPUIPC_SCRATCH open); -ENOENT (the broker no longer has the reservation, e.g. after
  * a failover that gave the name to another creator); -ETIMEDOUT /
  * GPUIPC_E_PEER_GONE (no broker answered); what gpuipc_event_create /
  * gpuipc_event_record return; GPUIPC_E_CUDA. Thread-safe.
