@@ -62,12 +62,14 @@ static int client(const char *domain, int iters, enum mode mode, int out)
   uint32_t *lat = calloc((size_t)iters, sizeof(*lat));
   gpuipc_buf_t *held = NULL, *b;
   /* Everyone starts together: the parent publishes "go" when all joined. */
-  rc = gpuipc_segment_open(dom, "go", 0, -1, GPUIPC_WAIT, &b);
+  gpuipc_segment_opts_t wait = GPUIPC_SEGMENT_OPTS_INIT;
+  wait.flags = GPUIPC_WAIT;
+  rc = gpuipc_segment_open(dom, "go", &wait, &b);
   if (rc != 0)
     die("wait for go", rc);
   gpuipc_buf_release(b);
   if (mode != MODE_UNHELD) {
-    rc = gpuipc_segment_open(dom, "bench", 0, -1, 0, &held);
+    rc = gpuipc_segment_open(dom, "bench", NULL, &held);
     if (rc != 0)
       die("open", rc);
   }
@@ -79,7 +81,7 @@ static int client(const char *domain, int iters, enum mode mode, int out)
     if (mode == MODE_IMPORT)
       rc = gpuipc_buf_import(&h, -1, 0, &b);
     else
-      rc = gpuipc_segment_open(dom, "bench", 0, -1, 0, &b);
+      rc = gpuipc_segment_open(dom, "bench", NULL, &b);
     if (rc != 0)
       die("open", rc);
     ((volatile uint8_t *)gpuipc_buf_ptr(b))[i % SEG_SIZE] = 1;
@@ -138,7 +140,11 @@ static void run(gpuipc_domain_t *dom, int procs, int iters, enum mode mode,
   } while (di.members < procs + 1);
   gpuipc_buf_t *go;
   uint64_t t0 = now_ns();
-  int rc = gpuipc_segment_open(dom, "go", 64, -1, GPUIPC_CREATE, &go);
+  /* A signal, nothing in it: published at once. */
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = 64;
+  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+  int rc = gpuipc_segment_open(dom, "go", &o, &go);
   if (rc != 0)
     die("go", rc);
   size_t n = (size_t)procs * (size_t)iters;
@@ -207,9 +213,12 @@ int main(int argc, char **argv)
   if (rc != 0)
     die("join", rc);
   gpuipc_buf_t *seg;
-  rc = gpuipc_segment_open(dom, "bench", SEG_SIZE, -1,
-                           GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
-                           &seg);
+  /* What it holds does not matter: published at once. */
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = SEG_SIZE;
+  o.kind = GPUIPC_KIND_HOST;
+  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+  rc = gpuipc_segment_open(dom, "bench", &o, &seg);
   if (rc != 0)
     die("create", rc);
   gpuipc_buf_release(seg); /* the broker keeps it */

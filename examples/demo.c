@@ -2,7 +2,8 @@
  * demo: two processes share a named segment and send a tensor.
  *
  * The first process joins a fresh domain (and so hosts its broker), creates
- * the segment "greeting" and writes into it, then starts a second process
+ * the segment "greeting", writes into it and publishes it, then starts a
+ * second process
  * (itself, with an argument) that joins the same domain by name, opens the
  * segment, checks every byte and writes an answer back. Then the two meet on
  * the channel "tensors": the writer sends a 4x8 float tensor without copying
@@ -12,7 +13,8 @@
  *
  * The segment is HOST memory (a memfd), so the demo runs on any Linux
  * machine; GPU memory is shared the same way with another kind
- * (GPUIPC_SEG_KIND(GPUIPC_KIND_VMM) and a device ordinal).
+ * (opts.kind = GPUIPC_KIND_VMM, a device ordinal, and the stream that
+ * wrote it given to gpuipc_segment_publish).
  */
 #include <gpuipc.h>
 
@@ -45,8 +47,10 @@ static int reader(const char *domain)
   if (rc != 0)
     return fail("join", rc);
   gpuipc_buf_t *seg;
-  /* WAIT: fine even if the writer had not published it yet. */
-  rc = gpuipc_segment_open(dom, "greeting", 0, -1, GPUIPC_WAIT, &seg);
+  /* WAIT: returns once the writer has filled and published it. */
+  gpuipc_segment_opts_t opts = GPUIPC_SEGMENT_OPTS_INIT;
+  opts.flags = GPUIPC_WAIT;
+  rc = gpuipc_segment_open(dom, "greeting", &opts, &seg);
   if (rc != 0)
     return fail("open greeting", rc);
   const unsigned char *p = gpuipc_buf_ptr(seg);
@@ -152,16 +156,23 @@ int main(int argc, char **argv)
          info.hosts_broker ? " and hosts its broker" : "");
 
   gpuipc_buf_t *seg;
-  rc = gpuipc_segment_open(dom, "greeting", SIZE, -1,
-                           GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
-                           &seg);
+  gpuipc_segment_opts_t opts = GPUIPC_SEGMENT_OPTS_INIT;
+  opts.bytes = SIZE;
+  opts.kind = GPUIPC_KIND_HOST;
+  opts.flags = GPUIPC_CREATE;
+  rc = gpuipc_segment_open(dom, "greeting", &opts, &seg);
   if (rc != 0)
     return fail("create greeting", rc);
   unsigned char *p = gpuipc_buf_ptr(seg);
   snprintf((char *)p, 32, "hello from pid %d", (int)getpid());
   for (size_t i = 64; i < SIZE; i++)
     p[i] = pattern(i);
-  printf("[writer pid %d] created \"greeting\" (%s, %u bytes) and wrote it\n",
+  /* Nobody else sees it before this. */
+  rc = gpuipc_segment_publish(seg, NULL);
+  if (rc != 0)
+    return fail("publish greeting", rc);
+  printf("[writer pid %d] created \"greeting\" (%s, %u bytes), wrote and "
+         "published it\n",
          (int)getpid(), gpuipc_kind_name(gpuipc_buf_kind(seg)), SIZE);
 
   fflush(stdout);

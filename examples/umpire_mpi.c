@@ -2,8 +2,10 @@
  * Umpire's DeviceIpcAllocator example on gpuipc: in each scope (all ranks of
  * a machine, or those of one GPU) the scope's rank 0 allocates 1024 floats
  * and fills them with its rank; every rank then reads the second value.
- * No MPI_Barrier before reading: the readers wait with GPUIPC_WAIT for a
- * small "ready" segment the filler publishes once the data is in place.
+ * No MPI_Barrier before reading: the filler creates the segment, fills it
+ * and publishes it (gpuipc_segment_publish, ordered after its copy); the
+ * readers open it with GPUIPC_WAIT, which returns only once it is
+ * published, so nobody can see it half-written.
  * Every rank releases the segment as soon as it has read it, the filler
  * too: LEGACY and POOL memory lives in the filler's process, which keeps
  * it for the others until the segment is unlinked and released by all.
@@ -146,25 +148,25 @@ int main(int argc, char **argv)
   MPI_Comm_rank(scope_comm, &scope_rank);
 
   const size_t size = COUNT * sizeof(float);
-  unsigned seg_kind = GPUIPC_SEG_KIND(kind);
-  gpuipc_buf_t *data, *ready;
+  gpuipc_segment_opts_t opts = GPUIPC_SEGMENT_OPTS_INIT;
+  opts.bytes = size;
+  opts.kind = kind;
+  opts.device = device;
+  opts.timeout_ms = GPUIPC_TIMEOUT_FOREVER; /* the filler may be slow */
+  gpuipc_buf_t *data;
   if (scope_rank == 0) {
-    /* Only the scope's rank 0 allocates; it fills, then says "ready". */
-    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator", size, device,
-                              GPUIPC_CREATE | seg_kind, &data));
+    /* Only the scope's rank 0 allocates; it fills, then publishes. */
+    opts.flags = GPUIPC_CREATE | GPUIPC_EXCL;
+    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator", &opts, &data));
     float host[COUNT];
     for (int i = 0; i < COUNT; i++)
       host[i] = (float)rank;
-    CHECK(copy_in(data, host, size));
-    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator.ready", 64, -1,
-                              GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
-                              &ready));
+    CHECK(copy_in(data, host, size)); /* synchronous: done on return */
+    CHECK(gpuipc_segment_publish(data, NULL));
   } else {
-    /* Everyone else imports once rank 0 has filled it. */
-    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator.ready", 0, -1,
-                              GPUIPC_WAIT, &ready));
-    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator", size, device, 0,
-                              &data));
+    /* Everyone else imports once rank 0 has filled and published it. */
+    opts.flags = GPUIPC_WAIT;
+    CHECK(gpuipc_segment_open(dom, "device_ipc_allocator", &opts, &data));
   }
   printf("Rank %d: got %s memory at %p\n", rank,
          gpuipc_kind_name(gpuipc_buf_kind(data)), gpuipc_buf_ptr(data));
@@ -175,19 +177,19 @@ int main(int argc, char **argv)
 
   /* Done with it: the filler's memory stays for those still reading. */
   gpuipc_kind_t got = gpuipc_buf_kind(data);
-  gpuipc_buf_release(ready);
   gpuipc_buf_release(data);
   /*
    * HOST and VMM memory outlives its creator (the broker holds its fd), so
    * nobody waits for anybody: the segments go with the domain when its last
    * member leaves. LEGACY and POOL memory goes with the filler's process:
-   * it unlinks and leaves only once every rank of its scope has read.
+   * it unlinks and leaves only once every rank of its scope has read. This
+   * barrier is about that lifetime alone, not about the fill -> read
+   * order, which the publication gives.
    */
   if (got == GPUIPC_KIND_LEGACY || got == GPUIPC_KIND_POOL) {
     MPI_Barrier(scope_comm);
     if (scope_rank == 0) {
       CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator"));
-      CHECK(gpuipc_segment_unlink(dom, "device_ipc_allocator.ready"));
     }
   }
   gpuipc_domain_leave(dom);

@@ -741,29 +741,72 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
 /* Named segments                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* gpuipc_segment_open flags. */
-#define GPUIPC_CREATE 0x1u /* allocate and publish if the name is free */
-#define GPUIPC_EXCL 0x2u   /* with CREATE: fail with -EEXIST if it exists */
-#define GPUIPC_WAIT 0x4u   /* wait until someone publishes the name */
-/* The kind a creator allocates (default GPUIPC_KIND_AUTO). */
-#define GPUIPC_SEG_KIND(k) ((((unsigned)(k)) & 0xfu) << 8)
+/* gpuipc_segment_opts_t.flags. */
+#define GPUIPC_CREATE 0x1u  /* allocate if the name is free, else open it */
+#define GPUIPC_EXCL 0x2u    /* with CREATE: fail with -EEXIST if it exists */
+#define GPUIPC_WAIT 0x4u    /* wait until someone publishes the name */
+#define GPUIPC_SCRATCH 0x8u /* with CREATE: published at once, contents
+                               undefined (no gpuipc_segment_publish) */
+
+/* gpuipc_segment_opts_t.timeout_ms: 0 does not wait at all. */
+#define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
+#define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
+
+typedef struct gpuipc_segment_opts {
+  /*
+   * sizeof(gpuipc_segment_opts_t), or the size of an earlier version of
+   * this struct: the library reads only the first @size bytes and takes
+   * the default of every field beyond them.
+   */
+  size_t size;
+  size_t bytes;        /* segment size; 0: whatever it has (default 0) */
+  gpuipc_kind_t kind;  /* what a creator allocates (default AUTO) */
+  int device;          /* local CUDA ordinal, -1: see below (default -1) */
+  unsigned flags;      /* GPUIPC_CREATE, _EXCL, _WAIT, _SCRATCH (default 0) */
+  /*
+   * How long to wait for a publication (GPUIPC_WAIT, or CREATE finding
+   * the name being filled) and for the broker: milliseconds, 0 (do not
+   * wait), GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT (default).
+   */
+  int timeout_ms;
+  /*
+   * The opener's stream (CUstream / cudaStream_t; NULL: the legacy default
+   * stream of the segment's device): work queued on it after the open
+   * runs after the creator's writes that gpuipc_segment_publish ordered
+   * (GPU kinds; default NULL).
+   */
+  void *stream;
+} gpuipc_segment_opts_t;
+
+/* Every field at its default. */
+#define GPUIPC_SEGMENT_OPTS_INIT                                               \
+  {sizeof(gpuipc_segment_opts_t), 0, GPUIPC_KIND_AUTO, -1, 0,                  \
+   GPUIPC_TIMEOUT_DEFAULT, NULL}
 
 /*
  * gpuipc_segment_open - open the segment @name in @dom, as a buffer.
- * @size: bytes. 0 opens an existing segment at whatever size it has (not
- *        with CREATE). Otherwise an existing segment must have exactly this
+ * @opts: NULL opens an existing published segment with every default.
+ *   bytes: 0 opens an existing segment at whatever size it has (not with
+ *        CREATE). Otherwise an existing segment must have exactly this
  *        size (GPUIPC_E_MISMATCH, the sentence gives both).
- * @device: local CUDA ordinal: the GPU a creator allocates on, and the one
+ *   kind: the kind a creator allocates; an existing segment of another
+ *        kind is GPUIPC_E_MISMATCH (AUTO matches any).
+ *   device: local CUDA ordinal: the GPU a creator allocates on, and the one
  *        that maps an existing segment; -1 maps it on the segment's own GPU
  *        (found by UUID), and makes a creator of kind AUTO allocate HOST.
- * @flags: GPUIPC_CREATE: allocate and publish if the name is free, else
- *        import; if another process is creating it, wait until it publishes
- *        (and take over if it dies first). GPUIPC_CREATE | GPUIPC_EXCL: fail
- *        with -EEXIST if the name exists or is being created. GPUIPC_WAIT:
- *        wait until the name is published (bounded by the domain's timeout,
- *        -ETIMEDOUT). Neither: the segment must exist (-ENOENT).
- *        GPUIPC_SEG_KIND(kind): the kind a creator allocates; an existing
- *        segment of another kind is GPUIPC_E_MISMATCH (AUTO matches any).
+ *   flags: GPUIPC_CREATE: allocate if the name is free, else open it; if
+ *        another process is creating (filling) it, wait until it publishes
+ *        (and take over if it dies first). A segment this call allocates
+ *        is *filling*: nobody else can open it until the caller has
+ *        written it and called gpuipc_segment_publish. With
+ *        GPUIPC_SCRATCH it is published at once instead, contents
+ *        undefined. GPUIPC_CREATE | GPUIPC_EXCL: fail with -EEXIST if the
+ *        name exists or is being filled. GPUIPC_WAIT: wait until the name
+ *        is published. Neither: the segment must be published (-ENOENT).
+ *   timeout_ms: see gpuipc_segment_opts_t (-ETIMEDOUT when it passes).
+ *   stream: an opener that gets a published segment of a GPU kind makes
+ *        this stream wait (without blocking the host) for the writes its
+ *        creator ordered before gpuipc_segment_publish.
  * @out: the buffer with one reference; release it with gpuipc_buf_release.
  *        Opening a segment this process already holds returns the same
  *        buffer (one mapping, one more reference).
@@ -781,13 +824,17 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
  * (gpuipc_domain_leave never waits for holders). When the creator exits,
  * its memory goes with it: holders then get GPUIPC_E_PEER_GONE from
  * gpuipc_buf_alive (LEGACY) and new opens GPUIPC_E_LOST. gpuipc_segment_stat
- * shows such a segment's keeper_pid.
+ * shows such a segment's keeper_pid. A creator that exits, leaves the
+ * domain or releases its buffer before publishing frees the name: the
+ * next CREATE opener (a waiting one included) allocates it anew.
  * Returns 0; -EINVAL (NULL argument, bad name — the sentence gives the
- * rule —, unknown flags or kind, EXCL without CREATE, CREATE with size 0);
+ * rule —, opts->size below sizeof(size_t), unknown flags or kind, EXCL or
+ * SCRATCH without CREATE, CREATE with bytes 0, a bad timeout); -EFBIG;
  * -ENOENT; -EEXIST; -ETIMEDOUT; GPUIPC_E_MISMATCH; GPUIPC_E_LOST (the
  * broker failed over and no surviving process held the segment);
  * GPUIPC_E_PEER_GONE / -ETIMEDOUT when no broker could be reached; what
- * gpuipc_buf_alloc and gpuipc_buf_import return. The broker refuses a
+ * gpuipc_buf_alloc, gpuipc_buf_import and (GPU kinds, the stream's wait)
+ * gpuipc_event_import / gpuipc_event_wait return. The broker refuses a
  * publication whose descriptor cannot be the memory its handle describes
  * (GPUIPC_E_BADHANDLE; HOST: a memfd sealed as gpuipc seals its own, of
  * the handle's size; VMM, POOL: a descriptor of the NVIDIA driver), and
@@ -796,8 +843,26 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
  * Thread-safe: many threads may open segments of one domain at once.
  */
 GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
-                                   size_t size, int device, unsigned flags,
+                                   const gpuipc_segment_opts_t *opts,
                                    gpuipc_buf_t **out);
+
+/*
+ * gpuipc_segment_publish - make segment buffer @seg, which this process
+ * opened with GPUIPC_CREATE (without GPUIPC_SCRATCH) and allocated, visible
+ * to other openers, ordered after the writes queued on @stream so far
+ * (CUstream / cudaStream_t; NULL: the legacy default stream). GPU kinds
+ * (VMM, LEGACY, POOL): an interprocess event is recorded on @stream and
+ * travels with the publication; an opener's stream waits for it, the host
+ * of neither side blocks. HOST: @stream, if not NULL, is synchronised
+ * first; with NULL, the caller's CPU writes are done when it calls this.
+ * Returns 0; -EINVAL (NULL @seg, or a buffer this process did not create
+ * as a segment); -EALREADY (published already: by an earlier call, or at
+ * once by a GPUIPC_SCRATCH open); -ENOENT (the broker no longer has the reservation, e.g. after
+ * a failover that gave the name to another creator); -ETIMEDOUT /
+ * GPUIPC_E_PEER_GONE (no broker answered); what gpuipc_event_create /
+ * gpuipc_event_record return; GPUIPC_E_CUDA. Thread-safe.
+ */
+GPUIPC_API int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream);
 
 /*
  * gpuipc_segment_unlink - remove @name from the domain, like shm_unlink:
@@ -809,7 +874,7 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
  * when the first attempt may have reached the dead broker, a name found
  * gone by the retry counts as unlinked (0), not -ENOENT.
  * Returns 0; -EINVAL (bad argument); -ENOENT (no such segment, or one still
- * being created); -ETIMEDOUT / GPUIPC_E_PEER_GONE. Thread-safe.
+ * being created or filled); -ETIMEDOUT / GPUIPC_E_PEER_GONE. Thread-safe.
  */
 GPUIPC_API int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name);
 
@@ -818,9 +883,11 @@ typedef enum gpuipc_segment_state {
   GPUIPC_SEG_PUBLISHED = 2,
   GPUIPC_SEG_UNLINKED = 3,  /* nameless, alive while holders hold it */
   GPUIPC_SEG_LOST = 4,      /* gone in a broker crash: only its name left */
+  GPUIPC_SEG_FILLING = 5,   /* allocated, its creator has not published it */
 } gpuipc_segment_state_t;
 
-/* gpuipc_segment_state_name - "creating", "published", ... or "?". */
+/* gpuipc_segment_state_name - "creating", "filling", "published", ... or
+ * "?". */
 GPUIPC_API const char *gpuipc_segment_state_name(gpuipc_segment_state_t st);
 
 #define GPUIPC_SEGMENT_HOLDERS 16
@@ -855,7 +922,7 @@ GPUIPC_API int gpuipc_domain_list(gpuipc_domain_t *dom,
 
 /*
  * gpuipc_segment_stat - describe segment @name (reachable by name: creating,
- * published or lost) in @out (out->size set by the caller).
+ * filling, published or lost) in @out (out->size set by the caller).
  * Returns 0; -ENOENT; -EINVAL; -ETIMEDOUT / GPUIPC_E_PEER_GONE.
  */
 GPUIPC_API int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,

@@ -218,7 +218,7 @@ int main(void)
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("deny", NULL, &dom));
   gpuipc_buf_t *b;
-  ASSERT_OK(gpuipc_segment_open(dom, "secret", 4096, -1, GPUIPC_CREATE, &b));
+  ASSERT_OK(test_seg_open(dom, "secret", 4096, -1, GPUIPC_CREATE, &b));
   expose("deny");
   struct peer nb;
   start_nobody(&nb);

@@ -95,14 +95,14 @@ int main(void)
 
   /* kept: created here, held by a. orphan: created here, held by nobody. */
   gpuipc_buf_t *kept, *orphan, *gone;
-  ASSERT_OK(gpuipc_segment_open(dom, "kept", 20000, -1, GPUIPC_CREATE, &kept));
+  ASSERT_OK(test_seg_open(dom, "kept", 20000, -1, GPUIPC_CREATE, &kept));
   test_fill(gpuipc_buf_ptr(kept), 20000, 1);
   PEER_OK(&a, "open kept 20000 -");
-  ASSERT_OK(gpuipc_segment_open(dom, "orphan", 3000, -1, GPUIPC_CREATE,
+  ASSERT_OK(test_seg_open(dom, "orphan", 3000, -1, GPUIPC_CREATE,
                                 &orphan));
   test_fill(gpuipc_buf_ptr(orphan), 3000, 2);
   /* gone: unlinked, held by b only. */
-  ASSERT_OK(gpuipc_segment_open(dom, "gone", 5000, -1, GPUIPC_CREATE, &gone));
+  ASSERT_OK(test_seg_open(dom, "gone", 5000, -1, GPUIPC_CREATE, &gone));
   test_fill(gpuipc_buf_ptr(gone), 5000, 3);
   PEER_OK(&b, "open gone 0 -");
   ASSERT_OK(gpuipc_segment_unlink(dom, "gone"));
@@ -179,7 +179,7 @@ int main(void)
   }
   ASSERT_EQ(ib.segments, 3);
   gpuipc_buf_t *x;
-  ASSERT_OK(gpuipc_segment_open(again, "bs", 0, -1, 0, &x));
+  ASSERT_OK(test_seg_open(again, "bs", 0, -1, 0, &x));
   ASSERT_EQ(test_check(gpuipc_buf_ptr(x), 7000, 4), (size_t)-1);
   gpuipc_buf_release(x);
 

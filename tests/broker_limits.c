@@ -36,7 +36,7 @@ static void reservations(void)
   ASSERT_EQ(r.u.error.code, -EAGAIN);
   /* Another member is not held back. */
   gpuipc_buf_t *b;
-  ASSERT_OK(gpuipc_segment_open(dom, "other", 4096, -1, GPUIPC_CREATE, &b));
+  ASSERT_OK(test_seg_open(dom, "other", 4096, -1, GPUIPC_CREATE, &b));
   /* One given back: one more may be reserved. */
   struct gpuipc__msg m;
   memset(&m, 0, sizeof(m));

@@ -213,7 +213,7 @@ static void bad_messages(struct peer *p)
   m.req = 3;
   m.u.hello.token = 1;
   len = encode(&m, buf);
-  buf[4] = 2; /* version 2 */
+  buf[4] = 3; /* version 3 */
   send_raw(fd, buf, (size_t)len, NULL, 0);
   uint8_t in[GPUIPC_MSG_MAX];
   int nfds = 0;
@@ -224,7 +224,7 @@ static void bad_messages(struct peer *p)
   ASSERT_EQ(r.type, GPUIPC_MSG_ERROR);
   ASSERT_EQ(r.req, 3);
   ASSERT_EQ(r.u.error.code, GPUIPC_E_VERSION);
-  expect_hangup(fd, "version 2");
+  expect_hangup(fd, "version 3");
 
   /* A holder that turns bad loses its references. */
   fd = broker_connect();
@@ -418,7 +418,7 @@ static void no_descriptor(void)
   }
   ASSERT_EQ(s.state, GPUIPC_SEG_LOST);
   gpuipc_buf_t *b;
-  ASSERT_RC(gpuipc_segment_open(dom, "legacy", 0, -1, 0, &b), GPUIPC_E_LOST);
+  ASSERT_RC(test_seg_open(dom, "legacy", 0, -1, 0, &b), GPUIPC_E_LOST);
   ASSERT_OK(gpuipc_segment_unlink(dom, "legacy"));
 }
 
@@ -442,8 +442,8 @@ static void huge_ids(struct peer *p)
   send_raw(fd, buf, (size_t)len, NULL, 0);
   expect_hangup(fd, "HELLO with max id 2^64 - 2");
   gpuipc_buf_t *a, *b;
-  ASSERT_OK(gpuipc_segment_open(dom, "id.a", 4096, -1, GPUIPC_CREATE, &a));
-  ASSERT_OK(gpuipc_segment_open(dom, "id.b", 4096, -1, GPUIPC_CREATE, &b));
+  ASSERT_OK(test_seg_open(dom, "id.a", 4096, -1, GPUIPC_CREATE, &a));
+  ASSERT_OK(test_seg_open(dom, "id.b", 4096, -1, GPUIPC_CREATE, &b));
   gpuipc_segment_info_t sa = {.size = sizeof(sa)}, sb = {.size = sizeof(sb)};
   ASSERT_OK(gpuipc_segment_stat(dom, "id.a", &sa));
   ASSERT_OK(gpuipc_segment_stat(dom, "id.b", &sb));
@@ -457,7 +457,7 @@ static void huge_ids(struct peer *p)
   members_fine(p);
 }
 
-/* A "broker" that answers HELLO in protocol version 2. */
+/* A "broker" that answers HELLO in protocol version 3. */
 static void *fake_broker(void *arg)
 {
   int lfd = *(int *)arg;
@@ -472,7 +472,7 @@ static void *fake_broker(void *arg)
   m.u.welcome.epoch = 1;
   uint8_t buf[GPUIPC__MSG_BUF];
   int len = gpuipc__msg_encode(&m, buf, sizeof(buf));
-  buf[4] = 2;
+  buf[4] = 3;
   (void)gpuipc__sock_send(fd, buf, (size_t)len, NULL, 0, 5000);
   close(fd);
   return NULL;
@@ -486,7 +486,7 @@ static void version_mismatch(void)
   ASSERT_EQ(pthread_create(&t, NULL, fake_broker, &lfd), 0);
   gpuipc_domain_t *d;
   ASSERT_RC(gpuipc_domain_join("v2", NULL, &d), GPUIPC_E_VERSION);
-  ASSERT_ERR_MENTIONS("version 2");
+  ASSERT_ERR_MENTIONS("version 3");
   pthread_join(t, NULL);
   close(lfd);
   close(lock);
@@ -498,7 +498,7 @@ int main(void)
   ASSERT_OK(gpuipc_domain_join("proto", NULL, &dom));
   ASSERT_OK(gpuipc__dom_paths("proto", &paths));
   gpuipc_buf_t *keep;
-  ASSERT_OK(gpuipc_segment_open(dom, "keep", 4096, -1, GPUIPC_CREATE, &keep));
+  ASSERT_OK(test_seg_open(dom, "keep", 4096, -1, GPUIPC_CREATE, &keep));
   test_fill(gpuipc_buf_ptr(keep), 4096, 31);
   struct peer p;
   peer_start(&p);

@@ -136,7 +136,7 @@ int main(void)
   lost_record();
   /* The broker is whole: names work as before. */
   gpuipc_buf_t *b;
-  ASSERT_OK(gpuipc_segment_open(dom, "aaa", 4096, -1, GPUIPC_CREATE, &b));
+  ASSERT_OK(test_seg_open(dom, "aaa", 4096, -1, GPUIPC_CREATE, &b));
   ASSERT_EQ(state_of("aaa"), GPUIPC_SEG_PUBLISHED);
   ASSERT_OK(gpuipc_buf_release(b));
   ASSERT_OK(gpuipc_segment_unlink(dom, "aaa"));

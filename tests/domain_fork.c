@@ -39,7 +39,7 @@ static int child_of_member(gpuipc_domain_t *old, gpuipc_buf_t *inherited)
   if (gpuipc_domain_join("fk3", NULL, &d) != 0)
     return 10;
   gpuipc_buf_t *b;
-  if (gpuipc_segment_open(d, "s", 0, -1, 0, &b) != 0)
+  if (test_seg_open(d, "s", 0, -1, 0, &b) != 0)
     return 11;
   gpuipc_segment_info_t s = {.size = sizeof(s)};
   if (gpuipc_segment_stat(old, "s", &s) != GPUIPC_E_CLOSED)
@@ -68,7 +68,7 @@ static void member_child(void)
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("fk3", NULL, &dom));
   gpuipc_buf_t *a;
-  ASSERT_OK(gpuipc_segment_open(dom, "s", 4096, -1, GPUIPC_CREATE, &a));
+  ASSERT_OK(test_seg_open(dom, "s", 4096, -1, GPUIPC_CREATE, &a));
   fflush(NULL);
   pid_t pid = fork();
   ASSERT_TRUE(pid >= 0);
@@ -91,7 +91,7 @@ static void *busy(void *arg)
   (void)arg;
   while (!atomic_load(&busy_stop)) {
     gpuipc_buf_t *b;
-    ASSERT_OK(gpuipc_segment_open(busy_dom, "busy", 4096, -1, GPUIPC_CREATE,
+    ASSERT_OK(test_seg_open(busy_dom, "busy", 4096, -1, GPUIPC_CREATE,
                                   &b));
     ASSERT_OK(gpuipc_buf_release(b));
   }
@@ -103,7 +103,7 @@ static void fork_while_busy(void)
 {
   ASSERT_OK(gpuipc_domain_join("fk4", NULL, &busy_dom));
   gpuipc_buf_t *held;
-  ASSERT_OK(gpuipc_segment_open(busy_dom, "held", 4096, -1, GPUIPC_CREATE,
+  ASSERT_OK(test_seg_open(busy_dom, "held", 4096, -1, GPUIPC_CREATE,
                                 &held));
   pthread_t t;
   ASSERT_EQ(pthread_create(&t, NULL, busy, NULL), 0);

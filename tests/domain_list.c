@@ -111,7 +111,7 @@ static void real(void)
   for (int i = 0; i < 20; i++) {
     char name[32];
     snprintf(name, sizeof(name), "r.%02d", i);
-    ASSERT_OK(gpuipc_segment_open(d, name, 4096, -1, GPUIPC_CREATE,
+    ASSERT_OK(test_seg_open(d, name, 4096, -1, GPUIPC_CREATE,
                                   &bufs[i]));
   }
   static gpuipc_segment_info_t out[NOUT];

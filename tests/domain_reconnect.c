@@ -55,7 +55,7 @@ static void *refusing_broker(void *arg)
   int len = gpuipc__msg_encode(&m, buf, sizeof(buf));
   ASSERT_GT(len, 0);
   if (refusal == GPUIPC_E_VERSION)
-    buf[4] = 2; /* protocol version 2 */
+    buf[4] = 3; /* protocol version 3 */
   (void)gpuipc__sock_send(fd, buf, (size_t)len, NULL, 0, 5000);
   close(fd);
   return NULL;
@@ -80,9 +80,9 @@ static void refused(const char *name, int code)
     rc = gpuipc_domain_info(d, &di);
   }
   ASSERT_RC(rc, code);
-  ASSERT_ERR_MENTIONS(code == GPUIPC_E_DENIED ? "go away" : "version 2");
+  ASSERT_ERR_MENTIONS(code == GPUIPC_E_DENIED ? "go away" : "version 3");
   gpuipc_buf_t *b;
-  ASSERT_RC(gpuipc_segment_open(d, "x", 4096, -1, GPUIPC_CREATE, &b), code);
+  ASSERT_RC(test_seg_open(d, "x", 4096, -1, GPUIPC_CREATE, &b), code);
   ASSERT_OK(gpuipc_domain_leave(d));
   close(drop_pipe[0]);
   close(drop_pipe[1]);
@@ -102,7 +102,7 @@ static void no_descriptors(void)
   gpuipc_domain_t *d;
   ASSERT_OK(gpuipc_domain_join("emfile", &o, &d));
   gpuipc_buf_t *b;
-  ASSERT_OK(gpuipc_segment_open(d, "kept", 4096, -1, GPUIPC_CREATE, &b));
+  ASSERT_OK(test_seg_open(d, "kept", 4096, -1, GPUIPC_CREATE, &b));
   test_fill(gpuipc_buf_ptr(b), 4096, 5);
 
   /* Few descriptors, all taken. */

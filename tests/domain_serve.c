@@ -118,7 +118,7 @@ int main(void)
   ASSERT_EQ(di.broker_pid, serve);
   ASSERT_EQ(di.hosts_broker, 0);
   gpuipc_buf_t *a;
-  ASSERT_OK(gpuipc_segment_open(dom, "alpha", 3 << 20, -1, GPUIPC_CREATE, &a));
+  ASSERT_OK(test_seg_open(dom, "alpha", 3 << 20, -1, GPUIPC_CREATE, &a));
   test_fill(gpuipc_buf_ptr(a), 3 << 20, 8);
   struct peer p;
   peer_start(&p);
@@ -170,7 +170,7 @@ int main(void)
   PEER_OK(&p, "open beta 100 -"); /* held by nobody: kept all the same */
   PEER_OK(&p, "check alpha 8");
   gpuipc_buf_t *a2;
-  ASSERT_OK(gpuipc_segment_open(dom, "alpha", 0, -1, 0, &a2));
+  ASSERT_OK(test_seg_open(dom, "alpha", 0, -1, 0, &a2));
   ASSERT_PTR_EQ(a2, a);
   gpuipc_buf_release(a2);
   gpuipc_buf_release(a);

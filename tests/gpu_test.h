@@ -250,7 +250,7 @@ static inline void gpu_segment_share(const char *domain, const char *kind,
     }
     ASSERT_EQ(si.state, GPUIPC_SEG_LOST);
     gpuipc_buf_t *b;
-    ASSERT_RC(gpuipc_segment_open(dom, "S", 0, -1, 0, &b), GPUIPC_E_LOST);
+    ASSERT_RC(test_seg_open(dom, "S", 0, -1, 0, &b), GPUIPC_E_LOST);
     for (int i = 0; i < 3; i++) {
       /* The driver may or may not complain when closing dead memory. */
       printf("%s segment: holder %d releases the dead mapping: %s\n", kind,

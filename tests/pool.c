@@ -63,10 +63,10 @@ static void check_cached_other_device(void)
   PEER_OK(&c, "gopen P 1000000 c pool 0");
   PEER_OK(&c, "gfill P 580");
   gpuipc_buf_t *b0, *b1;
-  ASSERT_OK(gpuipc_segment_open(dom, "P", 0, 0, 0, &b0));
+  ASSERT_OK(test_seg_open(dom, "P", 0, 0, 0, &b0));
   ASSERT_EQ(gpuipc_buf_device(b0), 0);
   gpu_expect(0, gpuipc_buf_ptr(b0), 1000000, 580);
-  ASSERT_OK(gpuipc_segment_open(dom, "P", 0, 1, 0, &b1));
+  ASSERT_OK(test_seg_open(dom, "P", 0, 1, 0, &b1));
   ASSERT_TRUE(b1 == b0);
   ASSERT_EQ(gpuipc_buf_device(b1), 0); /* the first mapping's device */
   gpu_expect(1, gpuipc_buf_ptr(b1), 1000000, 580);

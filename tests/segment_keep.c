@@ -172,13 +172,13 @@ static void check_creator_exit(struct peer *b)
   ASSERT_EQ(s.keeper_pid, 0);
   ASSERT_EQ(s.broker_fd, 0);
   gpuipc_buf_t *buf;
-  ASSERT_RC(gpuipc_segment_open(dom, "x", 0, -1, 0, &buf), GPUIPC_E_LOST);
+  ASSERT_RC(test_seg_open(dom, "x", 0, -1, 0, &buf), GPUIPC_E_LOST);
   PEER_OK(b, "release x");
   stat_of("x", &s);
   ASSERT_EQ(s.state, GPUIPC_SEG_LOST);
   ASSERT_EQ(s.nholders, 0);
   /* A creator takes the name over. */
-  ASSERT_OK(gpuipc_segment_open(dom, "x", 4096, -1, GPUIPC_CREATE, &buf));
+  ASSERT_OK(test_seg_open(dom, "x", 4096, -1, GPUIPC_CREATE, &buf));
   ASSERT_OK(gpuipc_buf_release(buf));
   ASSERT_OK(gpuipc_segment_unlink(dom, "x"));
 }

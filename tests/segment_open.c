@@ -29,27 +29,27 @@ static void dom_info(gpuipc_domain_info_t *i)
 static void bad_arguments(void)
 {
   gpuipc_buf_t *b = (gpuipc_buf_t *)0x1;
-  ASSERT_RC(gpuipc_segment_open(NULL, "a", 1, -1, GPUIPC_CREATE, &b), -EINVAL);
-  ASSERT_RC(gpuipc_segment_open(dom, "a", 1, -1, GPUIPC_CREATE, NULL),
+  ASSERT_RC(test_seg_open(NULL, "a", 1, -1, GPUIPC_CREATE, &b), -EINVAL);
+  ASSERT_RC(test_seg_open(dom, "a", 1, -1, GPUIPC_CREATE, NULL),
             -EINVAL);
-  ASSERT_RC(gpuipc_segment_open(dom, "a/b", 1, -1, GPUIPC_CREATE, &b),
+  ASSERT_RC(test_seg_open(dom, "a/b", 1, -1, GPUIPC_CREATE, &b),
             -EINVAL);
   ASSERT_ERR_MENTIONS("not allowed");
-  ASSERT_RC(gpuipc_segment_open(dom, ".a", 1, -1, GPUIPC_CREATE, &b),
+  ASSERT_RC(test_seg_open(dom, ".a", 1, -1, GPUIPC_CREATE, &b),
             -EINVAL);
   ASSERT_ERR_MENTIONS("starts with '.'");
-  ASSERT_RC(gpuipc_segment_open(dom, "a", 1, -1, 0x80, &b), -EINVAL);
+  ASSERT_RC(test_seg_open(dom, "a", 1, -1, 0x80, &b), -EINVAL);
   ASSERT_ERR_MENTIONS("flags");
-  ASSERT_RC(gpuipc_segment_open(dom, "a", 1, -1, GPUIPC_SEG_KIND(9), &b),
+  ASSERT_RC(test_seg_open(dom, "a", 1, -1, TEST_SEG_KIND(9), &b),
             -EINVAL);
-  ASSERT_RC(gpuipc_segment_open(dom, "a", 1, -1, GPUIPC_EXCL, &b), -EINVAL);
+  ASSERT_RC(test_seg_open(dom, "a", 1, -1, GPUIPC_EXCL, &b), -EINVAL);
   ASSERT_ERR_MENTIONS("GPUIPC_EXCL needs GPUIPC_CREATE");
-  ASSERT_RC(gpuipc_segment_open(dom, "a", 0, -1, GPUIPC_CREATE, &b), -EINVAL);
+  ASSERT_RC(test_seg_open(dom, "a", 0, -1, GPUIPC_CREATE, &b), -EINVAL);
   ASSERT_ERR_MENTIONS("size");
-  ASSERT_RC(gpuipc_segment_open(dom, "a", (size_t)1 << 50, -1, GPUIPC_CREATE,
+  ASSERT_RC(test_seg_open(dom, "a", (size_t)1 << 50, -1, GPUIPC_CREATE,
                                 &b),
             -EFBIG);
-  ASSERT_RC(gpuipc_segment_open(dom, "absent", 0, -1, 0, &b), -ENOENT);
+  ASSERT_RC(test_seg_open(dom, "absent", 0, -1, 0, &b), -ENOENT);
   ASSERT_ERR_MENTIONS("absent");
   ASSERT_RC(gpuipc_segment_unlink(dom, "absent"), -ENOENT);
   ASSERT_RC(gpuipc_segment_unlink(NULL, "absent"), -EINVAL);
@@ -59,30 +59,30 @@ static void bad_arguments(void)
 static void create_and_share(void)
 {
   gpuipc_buf_t *a, *a2;
-  ASSERT_OK(gpuipc_segment_open(dom, "s1", 10000, -1,
-                                GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
+  ASSERT_OK(test_seg_open(dom, "s1", 10000, -1,
+                                GPUIPC_CREATE | TEST_SEG_KIND(GPUIPC_KIND_HOST),
                                 &a));
   ASSERT_EQ(gpuipc_buf_kind(a), GPUIPC_KIND_HOST);
   ASSERT_GE(gpuipc_buf_size(a), 10000);
   test_fill(gpuipc_buf_ptr(a), 10000, 11);
 
   /* Exclusive creation of an existing name fails. */
-  ASSERT_RC(gpuipc_segment_open(dom, "s1", 10000, -1,
+  ASSERT_RC(test_seg_open(dom, "s1", 10000, -1,
                                 GPUIPC_CREATE | GPUIPC_EXCL, &a2),
             -EEXIST);
   /* Size and kind must match; the sentence gives both. */
-  ASSERT_RC(gpuipc_segment_open(dom, "s1", 4096, -1, 0, &a2),
+  ASSERT_RC(test_seg_open(dom, "s1", 4096, -1, 0, &a2),
             GPUIPC_E_MISMATCH);
   ASSERT_ERR_MENTIONS("has 10000 bytes, the caller asked for 4096");
-  ASSERT_RC(gpuipc_segment_open(dom, "s1", 0, -1,
-                                GPUIPC_SEG_KIND(GPUIPC_KIND_VMM), &a2),
+  ASSERT_RC(test_seg_open(dom, "s1", 0, -1,
+                                TEST_SEG_KIND(GPUIPC_KIND_VMM), &a2),
             GPUIPC_E_MISMATCH);
   ASSERT_ERR_MENTIONS("host");
 
   /* A second open maps nothing new: the same buffer, one more reference. */
   struct gpuipc__cache_stats before, after;
   gpuipc__cache_stats(&before);
-  ASSERT_OK(gpuipc_segment_open(dom, "s1", 0, -1, 0, &a2));
+  ASSERT_OK(test_seg_open(dom, "s1", 0, -1, 0, &a2));
   gpuipc__cache_stats(&after);
   ASSERT_PTR_EQ(a2, a);
   ASSERT_EQ_U(after.hits, before.hits + 1);
@@ -135,9 +135,9 @@ static void create_and_share(void)
   dom_info(&di);
   int fds_before = di.broker_fds;
   ASSERT_OK(gpuipc_segment_unlink(dom, "s1"));
-  ASSERT_RC(gpuipc_segment_open(dom, "s1", 0, -1, 0, &a), -ENOENT);
+  ASSERT_RC(test_seg_open(dom, "s1", 0, -1, 0, &a), -ENOENT);
   ASSERT_RC(gpuipc_segment_unlink(dom, "s1"), -ENOENT);
-  ASSERT_OK(gpuipc_segment_open(dom, "s1", 10000, -1, GPUIPC_CREATE, &a));
+  ASSERT_OK(test_seg_open(dom, "s1", 10000, -1, GPUIPC_CREATE, &a));
   const uint8_t *z = gpuipc_buf_ptr(a);
   for (size_t i = 0; i < 10000; i++)
     ASSERT_EQ(z[i], 0); /* a new, zeroed segment */
@@ -176,7 +176,7 @@ struct waiter {
 static void *wait_thread(void *arg)
 {
   struct waiter *w = arg;
-  w->rc = gpuipc_segment_open(w->d, w->name, 0, -1, GPUIPC_WAIT, &w->buf);
+  w->rc = test_seg_open(w->d, w->name, 0, -1, GPUIPC_WAIT, &w->buf);
   return NULL;
 }
 
@@ -186,7 +186,7 @@ static void waiting(void)
   gpuipc_domain_opts_t o = {sizeof(o), 0, 200};
   ASSERT_OK(gpuipc_domain_join("seg", &o, &quick));
   gpuipc_buf_t *b;
-  ASSERT_RC(gpuipc_segment_open(quick, "later", 0, -1, GPUIPC_WAIT, &b),
+  ASSERT_RC(test_seg_open(quick, "later", 0, -1, GPUIPC_WAIT, &b),
             -ETIMEDOUT);
   ASSERT_ERR_MENTIONS("later");
   ASSERT_OK(gpuipc_domain_leave(quick));
@@ -222,7 +222,7 @@ static void *churn_thread(void *arg)
   snprintf(name, sizeof(name), "churn%d", (int)(id % 2));
   for (int i = 0; i < ROUNDS; i++) {
     gpuipc_buf_t *b;
-    int rc = gpuipc_segment_open(dom, name, 8192, -1, GPUIPC_CREATE, &b);
+    int rc = test_seg_open(dom, name, 8192, -1, GPUIPC_CREATE, &b);
     if (rc != 0)
       TFAIL("thread %d round %d: open: %s", (int)id, i, gpuipc_err_name(rc));
     volatile uint8_t *p = gpuipc_buf_ptr(b);

@@ -59,7 +59,7 @@ int main(void)
   gpuipc_domain_t *d;
   ASSERT_OK(gpuipc_domain_join("late", &o, &d));
   gpuipc_buf_t *b;
-  ASSERT_RC(gpuipc_segment_open(d, "slow", 4096, -1, GPUIPC_CREATE, &b),
+  ASSERT_RC(test_seg_open(d, "slow", 4096, -1, GPUIPC_CREATE, &b),
             -ETIMEDOUT);
   pthread_join(t, NULL);
   close(listen_fd); /* nobody answers a reconnection: no need to try */

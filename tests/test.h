@@ -135,4 +135,27 @@ static inline uint32_t test_crc32c_ref(const uint8_t *p, size_t n)
   return ~crc;
 }
 
+/* The kind a test_seg_open creator allocates, among its flags. */
+#define TEST_SEG_KIND(k) ((((unsigned)(k)) & 0xfu) << 8)
+
+/*
+ * gpuipc_segment_open with the domain's timeout and the arguments the
+ * registry tests speak in: @flags may carry TEST_SEG_KIND(kind); a CREATE
+ * is a scratch one (published at once), as the tests of the registry
+ * want. Tests of filling and publishing call gpuipc_segment_open itself.
+ */
+static inline int test_seg_open(gpuipc_domain_t *dom, const char *name,
+                                size_t size, int device, unsigned flags,
+                                gpuipc_buf_t **out)
+{
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = size;
+  o.device = device;
+  o.kind = (gpuipc_kind_t)((flags >> 8) & 0xfu);
+  o.flags = flags & ~0xf00u;
+  if (o.flags & GPUIPC_CREATE)
+    o.flags |= GPUIPC_SCRATCH;
+  return gpuipc_segment_open(dom, name, &o, out);
+}
+
 #endif

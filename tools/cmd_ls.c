@@ -17,8 +17,9 @@ static const char usage[] =
     "Without DOMAIN: the domains in the runtime directory, each live (a\n"
     "broker answers) or stale (a socket left by a broker that died).\n"
     "With DOMAIN: its broker (pid, epoch, members, descriptors held) and its\n"
-    "segments: name, id, size, kind, device, state (creating, published,\n"
-    "unlinked, lost) and holders (pid:opens). Never starts a broker.\n"
+    "segments: name, id, size, kind, device, state (creating, filling,\n"
+    "published, unlinked, lost) and holders (pid:opens). Never starts a\n"
+    "broker.\n"
     "\n"
     "  --json  print one JSON object instead\n";
 

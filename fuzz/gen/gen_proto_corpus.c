@@ -9,8 +9,10 @@
  * Not part of the build (every .c file directly under fuzz/ is a libFuzzer
  * target). Build and run it from the repository root:
  *   cc -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc -o /tmp/gen_proto_corpus \
- *     fuzz/gen/gen_proto_corpus.c src/domain/proto.c src/wire/[a-z]*.c \
- *     src/core/[a-z]*.c -lpthread
+ *     -DGPUIPC_HAVE_CUDA=0 fuzz/gen/gen_proto_corpus.c src/domain/proto.c \
+ *     src/wire/[a-z]*.c src/core/[a-z]*.c src/cuda/event.c src/os/proc.c \
+ *     src/os/time.c \
+ *     -lpthread
  *   /tmp/gen_proto_corpus fuzz/corpus/fuzz_proto
  * The output is deterministic.
  */
@@ -89,6 +91,29 @@ static void handle(struct gpuipc__seg_wire *w, gpuipc_kind_t kind,
   w->htype = (uint8_t)type;
 }
 
+/* A packed event record (an event its creator's writes were recorded on). */
+static void event(uint8_t *out, unsigned seed)
+{
+  gpuipc_event_handle_t h;
+  memset(&h, 0, sizeof(h));
+  h.version = GPUIPC_EVENT_HANDLE_VERSION;
+  for (unsigned i = 0; i < 16; i++) {
+    h.device_uuid[i] = (uint8_t)(0x30 + i + seed);
+    h.boot_id[i] = (uint8_t)(i * 5 + seed);
+  }
+  h.event_id = seed + 1;
+  h.pid = 5000 + seed;
+  h.pidns = 4026531836ull;
+  h.nonce = 0xe7e7000000000000ull | seed;
+  for (unsigned i = 0; i < GPUIPC_HANDLE_BYTES; i++)
+    h.bytes[i] = (uint8_t)(i + 1 + seed);
+  if (gpuipc_event_handle_pack(&h, out, GPUIPC_EVENT_HANDLE_PACKED_SIZE) <
+      0) {
+    fprintf(stderr, "event pack: %s\n", gpuipc_last_error());
+    exit(1);
+  }
+}
+
 static struct gpuipc__seg_wire seg(const char *name, uint8_t state,
                                    gpuipc_kind_t kind,
                                    gpuipc_handle_type_t type)
@@ -164,9 +189,9 @@ static size_t bad_magic(uint8_t *b, size_t n)
   b[0] ^= 0x20;
   return n;
 }
-static size_t version2(uint8_t *b, size_t n)
+static size_t version3(uint8_t *b, size_t n)
 {
-  b[4] = 2;
+  b[4] = 3;
   return n;
 }
 static size_t type99(uint8_t *b, size_t n)
@@ -201,10 +226,22 @@ static size_t has_handle_2(uint8_t *b, size_t n)
   b[GPUIPC_PROTO_HDR + 2 + name + 8 + 8 + 1 + 1 + 16] = 2;
   return n;
 }
-/* A seg record ending a message with an unknown flag. */
-static size_t last_byte_0x80(uint8_t *b, size_t n)
+/* A seg record ending a message (without an event) with an unknown flag. */
+static size_t seg_flags_0x80(uint8_t *b, size_t n)
 {
-  b[n - 1] = 0x80;
+  b[n - 2] = 0x80;
+  return n;
+}
+/* A seg record ending a message with has_event 2. */
+static size_t has_event_2(uint8_t *b, size_t n)
+{
+  b[n - 1] = 2;
+  return n;
+}
+/* An event record ending a message with a broken CRC. */
+static size_t event_crc(uint8_t *b, size_t n)
+{
+  b[n - 30] ^= 1;
   return n;
 }
 /* A handle record with a broken CRC (first handle byte flipped). */
@@ -236,7 +273,7 @@ int main(int argc, char **argv)
   struct gpuipc__msg hello = m;
   bad_field("hello-token-0", &m, 0, 8, 0, 8);
   bad_field("hello-flags", &m, 0, 4, 0x80, 4);
-  bad("version-2", &hello, 0, version2);
+  bad("version-3", &hello, 0, version3);
   bad("magic", &hello, 0, bad_magic);
   bad("type-99", &hello, 0, type99);
   bad("short-header", &hello, 0, short_header);
@@ -284,6 +321,22 @@ int main(int argc, char **argv)
                         GPUIPC_KIND_LEGACY, GPUIPC_HT_LEGACY);
   m.u.publish.seg.flags = GPUIPC__SEGF_CREATOR_HELD;
   valid("publish-legacy", &m);
+  /* A creator's first publication: filling until READY. */
+  m.u.publish.seg = seg("grads.filling", GPUIPC__SEG_FILLING,
+                        GPUIPC_KIND_HOST, GPUIPC_HT_POSIX_FD);
+  valid("publish-filling", &m);
+
+  memset(&m, 0, sizeof(m));
+  m.type = GPUIPC_MSG_READY;
+  m.req = 10;
+  m.u.ready.id = 1795300000000013ull;
+  valid("ready", &m);
+  bad_field("ready-id-0", &m, 0, 0, 0, 8);
+  bad_field("ready-has-event-2", &m, 0, 8, 2, 1);
+  m.u.ready.has_event = true;
+  event(m.u.ready.event, 2);
+  valid("ready-event", &m);
+  bad("ready-event-crc", &m, 0, event_crc);
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_ABANDON;
@@ -335,6 +388,12 @@ int main(int argc, char **argv)
                           GPUIPC_KIND_LEGACY, GPUIPC_HT_LEGACY);
   m.u.republish.seg.flags = GPUIPC__SEGF_CREATOR_HELD;
   valid("republish-keeper", &m);
+  /* A creator still filling it when the broker changed. */
+  m.u.republish.holds = 1;
+  m.u.republish.flags = 0;
+  m.u.republish.seg = seg("filling.vmm", GPUIPC__SEG_FILLING,
+                          GPUIPC_KIND_VMM, GPUIPC_HT_POSIX_FD);
+  valid("republish-filling", &m);
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_DISOWN;
@@ -386,7 +445,16 @@ int main(int argc, char **argv)
                        GPUIPC_HT_POSIX_FD);
   valid("handle", &m);
   bad("handle-has-handle-2", &m, 1, has_handle_2);
-  bad("handle-seg-flags", &m, 1, last_byte_0x80);
+  bad("handle-seg-flags", &m, 1, seg_flags_0x80);
+  bad("handle-has-event-2", &m, 1, has_event_2);
+  /* Published by a creator whose writes an event orders. */
+  m.u.handle.seg.has_event = true;
+  event(m.u.handle.seg.event, 1);
+  valid("handle-event", &m);
+  bad("handle-event-crc", &m, 1, event_crc);
+  /* Filling segments are not handed to openers. */
+  bad_field("handle-filling", &m, 1, after_name("w", 17), GPUIPC__SEG_FILLING,
+            1);
   m.u.handle.seg = seg("w", GPUIPC__SEG_PUBLISHED, GPUIPC_KIND_VMM,
                        GPUIPC_HT_FABRIC);
   valid("handle-vmm-fabric", &m);
@@ -439,6 +507,11 @@ int main(int argc, char **argv)
   valid("handoff_seg", &m);
   m.u.handoff_seg.seg = seg("gone", GPUIPC__SEG_LOST, GPUIPC_KIND_VMM, 0);
   valid("handoff_seg-lost", &m);
+  struct gpuipc__msg lost = m;
+  m.u.handoff_seg.seg = seg("filling", GPUIPC__SEG_FILLING, GPUIPC_KIND_HOST,
+                            GPUIPC_HT_POSIX_FD);
+  valid("handoff_seg-filling", &m);
+  m = lost;
   bad_field("handoff_seg-creating", &m, 0, after_name("gone", 17),
             GPUIPC__SEG_CREATING, 1);
 

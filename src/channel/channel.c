@@ -438,9 +438,13 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   uint64_t deadline = gpuipc__deadline(c.timeout_ms);
   for (;;) {
     gpuipc_buf_t *seg = NULL;
-    rc = gpuipc_segment_open(dom, segname, GPUIPC__CHAN_SEG_BYTES, -1,
-                             GPUIPC_CREATE | GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
-                             &seg);
+    /* Scratch: the rendezvous inside it starts from the zeroes of a new
+     * memfd and orders itself. */
+    gpuipc_segment_opts_t so = GPUIPC_SEGMENT_OPTS_INIT;
+    so.bytes = GPUIPC__CHAN_SEG_BYTES;
+    so.kind = GPUIPC_KIND_HOST;
+    so.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+    rc = gpuipc_segment_open(dom, segname, &so, &seg);
     if (rc != 0)
       goto free_ch;
     if (gpuipc_buf_kind(seg) != GPUIPC_KIND_HOST ||

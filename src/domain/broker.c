@@ -366,7 +366,9 @@ static void grant(struct gpuipc__broker *b, struct gpuipc__conn *c,
 /*
  * The broker keeps, in the domain's lock file, a journal of the names it
  * publishes and removes: "P id size kind name" (published), "L id size kind
- * name" (lost), "U id" (the name went). Every broker holds that file (its
+ * name" (lost), "F id size kind name" (being filled: after a crash the
+ * name is free unless its creator re-publishes it), "U id" (the name
+ * went). Every broker holds that file (its
  * descriptor is the lock, and moves with a hand-over), so a broker elected
  * after a crash reads which names the dead one had: those that no survivor
  * re-publishes are reported lost. A domain that ends cleanly empties it.
@@ -394,7 +396,9 @@ static void journal_rec(struct gpuipc__broker *b, const struct gpuipc__seg *s)
 {
   char rec[128];
   int len = snprintf(rec, sizeof(rec), "%c %llu %llu %u %s\n",
-                     s->w.state == GPUIPC__SEG_LOST ? 'L' : 'P',
+                     s->w.state == GPUIPC__SEG_LOST      ? 'L'
+                     : s->w.state == GPUIPC__SEG_FILLING ? 'F'
+                                                         : 'P',
                      (unsigned long long)s->w.id,
                      (unsigned long long)s->w.size, s->w.kind, s->w.name);
   journal_write(b, rec, len);
@@ -411,6 +415,7 @@ static void journal_compact(struct gpuipc__broker *b)
   b->jlen = b->jrecs = 0;
   for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
     if (s->named && (s->w.state == GPUIPC__SEG_PUBLISHED ||
+                     s->w.state == GPUIPC__SEG_FILLING ||
                      s->w.state == GPUIPC__SEG_LOST))
       journal_rec(b, s);
 }
@@ -421,7 +426,7 @@ static void journal_maybe_compact(struct gpuipc__broker *b)
     journal_compact(b);
 }
 
-/* @s is published (or lost) under its name. */
+/* @s is published (or being filled, or lost) under its name. */
 static void journal_put(struct gpuipc__broker *b, const struct gpuipc__seg *s)
 {
   if (!s->named)
@@ -473,7 +478,7 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
       gpuipc__reg_remove(&b->reg, s);
     return;
   }
-  if (id > GPUIPC__ID_MAX || (op != 'P' && op != 'L') ||
+  if (id > GPUIPC__ID_MAX || (op != 'P' && op != 'L' && op != 'F') ||
       sscanf(line, "%c %llu %llu %u %64s", &op, &id, &size, &kind, name) != 5 ||
       size == 0 || size > GPUIPC_SIZE_MAX_ABSURD || kind < GPUIPC_KIND_HOST ||
       kind > GPUIPC_KIND_POOL || gpuipc__name_check(name, "journal name") != 0)
@@ -482,12 +487,14 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
     gpuipc__reg_remove(&b->reg, s);
   if ((s = gpuipc__reg_by_name(&b->reg, name)) != NULL)
     gpuipc__reg_remove(&b->reg, s);
+  learn_id(b, id);
+  if (op == 'F')
+    return; /* never published: nothing of it is lost */
   if (gpuipc__reg_add(&b->reg, name, id, &s) != 0)
     return;
   s->w.state = GPUIPC__SEG_LOST;
   s->w.size = size;
   s->w.kind = (uint8_t)kind;
-  learn_id(b, id);
 }
 
 /* After a crash: every name the dead broker had is lost until re-published. */
@@ -548,13 +555,37 @@ static void lose(struct gpuipc__broker *b, struct gpuipc__seg *s,
  * go of it. Published, it stays while its memory is kept: by the broker's
  * descriptor, or by its creator (LEGACY, fabric, a POOL allocation: those
  * travel without a descriptor that keeps the memory). Nothing keeping it,
- * its name now reads as lost.
+ * its name now reads as lost. Filling (only its creator holds it), the
+ * name is free again.
  */
+static void redispatch(struct gpuipc__broker *b, const char *name);
+
+/*
+ * Filling @s lost its creator (it left, released it, or did not come back
+ * after a failover) before it was published: the name is free again, and
+ * the requests waiting for it are served anew.
+ */
+static void unfill(struct gpuipc__broker *b, struct gpuipc__seg *s)
+{
+  char name[GPUIPC__NAME_MAX + 1];
+  snprintf(name, sizeof(name), "%s", s->w.name);
+  GPUIPC_LOG_I("broker %s: segment %s (id %llu) went before it was "
+               "published; the name is free again", b->name, name,
+               (unsigned long long)s->w.id);
+  if (s->creator != NULL)
+    s->creator->nreserved--;
+  journal_drop(b, s->w.id);
+  gpuipc__reg_remove(&b->reg, s);
+  redispatch(b, name);
+}
+
 static void maybe_free(struct gpuipc__broker *b, struct gpuipc__seg *s)
 {
   if (s->nholders != 0 || recovering(b))
     return;
-  if (s->w.state == GPUIPC__SEG_UNLINKED) {
+  if (s->w.state == GPUIPC__SEG_FILLING) {
+    unfill(b, s);
+  } else if (s->w.state == GPUIPC__SEG_UNLINKED) {
     if (s->keeper != NULL) {
       GPUIPC_LOG_D("broker %s: segment %s (id %llu): pid %u may free it",
                    b->name, s->w.name, (unsigned long long)s->w.id,
@@ -586,8 +617,6 @@ static void keeper_gone(struct gpuipc__broker *b, struct gpuipc__seg *s)
   else
     maybe_free(b, s);
 }
-
-static void redispatch(struct gpuipc__broker *b, const char *name);
 
 static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
                           const struct park *p);
@@ -683,7 +712,8 @@ static void dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
     grant(b, c, p->req, s);
     return;
   }
-  if (s != NULL && s->w.state == GPUIPC__SEG_CREATING) {
+  if (s != NULL && (s->w.state == GPUIPC__SEG_CREATING ||
+                    s->w.state == GPUIPC__SEG_FILLING)) {
     if (create && excl) {
       send_error(b, c, p->req, -EEXIST,
                  "segment %s is being created by pid %u", p->name,
@@ -744,7 +774,8 @@ static void dispatch_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
                b->name);
     return;
   }
-  if (s->w.state == GPUIPC__SEG_CREATING) {
+  if (s->w.state == GPUIPC__SEG_CREATING ||
+      s->w.state == GPUIPC__SEG_FILLING) {
     send_error(b, c, p->req, -ENOENT,
                "segment %s is being created by pid %u and not published yet",
                p->name, s->creator_pid);
@@ -843,9 +874,10 @@ static void on_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
 }
 
 /*
- * Make @s published with @w's record and @fd (taken). The record keeps its
- * id and its name: the name is what indexes it, and a peer's word must not
- * move it to another bucket.
+ * Make @s published (or filling, as @w says) with @w's record and @fd
+ * (taken). The record keeps its id and its name: the name is what indexes
+ * it, and a peer's word must not move it to another bucket. A filling @s
+ * gets no creator here: the caller names it (fill_by).
  */
 static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
                          const struct gpuipc__seg_wire *w, int *fd,
@@ -858,7 +890,9 @@ static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
   s->w = *w;
   s->w.id = id;
   memcpy(s->w.name, name, sizeof(name));
-  s->w.state = named ? GPUIPC__SEG_PUBLISHED : GPUIPC__SEG_UNLINKED;
+  s->w.state = !named                                ? GPUIPC__SEG_UNLINKED
+                : w->state == GPUIPC__SEG_FILLING ? GPUIPC__SEG_FILLING
+                                                  : GPUIPC__SEG_PUBLISHED;
   if (s->creator != NULL)
     s->creator->nreserved--;
   s->creator = NULL;
@@ -1022,6 +1056,15 @@ static int publish_check(const struct gpuipc__conn *c,
   return 0;
 }
 
+/* Filling @s is @c's to publish (READY) or to free by going. */
+static void fill_by(struct gpuipc__seg *s, struct gpuipc__conn *c)
+{
+  s->creator = c;
+  s->creator_pid = (uint32_t)c->cred.pid;
+  c->nreserved++;
+  s->keeper = NULL; /* a keeper keeps published memory: not yet */
+}
+
 static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                        const struct gpuipc__msg *m, int *fd)
 {
@@ -1071,6 +1114,10 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       s->keeper = c;
     send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
     return;
+  } else if (s != NULL && s->w.state == GPUIPC__SEG_FILLING) {
+    send_error(b, c, m->req, -EEXIST, "segment %s is being filled by pid %u",
+               w->name, s->creator_pid);
+    return;
   } else {
     /* No reservation (the broker changed since CREATE_IT): take it anew. */
     if (s != NULL) { /* LOST */
@@ -1084,16 +1131,65 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   }
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
-  if (creator_held(s))
+  if (s->w.state == GPUIPC__SEG_FILLING)
+    fill_by(s, c);
+  else if (creator_held(s))
     s->keeper = c;
   if (gpuipc__reg_hold(s, c, pid, 1) != 0) {
     send_error(b, c, m->req, -ENOMEM, "broker out of memory");
     return;
   }
-  GPUIPC_LOG_D("broker %s: pid %u published %s (id %llu, %llu bytes)",
-               b->name, pid, s->w.name, (unsigned long long)s->w.id,
+  GPUIPC_LOG_D("broker %s: pid %u %s %s (id %llu, %llu bytes)", b->name,
+               pid, s->w.state == GPUIPC__SEG_FILLING ? "fills" : "published",
+               s->w.name, (unsigned long long)s->w.id,
                (unsigned long long)s->w.size);
   send_id(b, c, GPUIPC_MSG_OK, m->req, s->w.id);
+  if (s->w.state != GPUIPC__SEG_FILLING)
+    redispatch(b, s->w.name);
+}
+
+/*
+ * The creator of filling segment id wrote it: publish it, with the event
+ * its writes were recorded on, and serve the requests waiting for it.
+ */
+static void on_ready(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                     const struct gpuipc__msg *m)
+{
+  uint64_t id = m->u.ready.id;
+  struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, id);
+  uint32_t pid = (uint32_t)c->cred.pid;
+  if (s == NULL || (s->w.state != GPUIPC__SEG_FILLING &&
+                    s->w.state != GPUIPC__SEG_PUBLISHED)) {
+    send_error(b, c, m->req, -ENOENT, "no segment id %llu being filled in "
+               "domain %s", (unsigned long long)id, b->name);
+    return;
+  }
+  if (s->w.state == GPUIPC__SEG_PUBLISHED) {
+    /* Published by this process already (a repeat after a failover that
+     * the last broker answered), or someone else's. */
+    send_error(b, c, m->req, s->creator_pid == pid ? -EALREADY : -EINVAL,
+               "segment %s (id %llu) was published by pid %u already",
+               s->w.name, (unsigned long long)id, s->creator_pid);
+    return;
+  }
+  if (s->creator != c) {
+    send_error(b, c, m->req, -EINVAL, "segment %s (id %llu) is filled by "
+               "pid %u, not by pid %u", s->w.name, (unsigned long long)id,
+               s->creator_pid, pid);
+    return;
+  }
+  s->w.state = GPUIPC__SEG_PUBLISHED;
+  s->w.has_event = m->u.ready.has_event;
+  memcpy(s->w.event, m->u.ready.event, sizeof(s->w.event));
+  c->nreserved--;
+  s->creator = NULL;
+  if (creator_held(s))
+    s->keeper = c;
+  journal_put(b, s);
+  GPUIPC_LOG_D("broker %s: pid %u published %s (id %llu)%s", b->name, pid,
+               s->w.name, (unsigned long long)id,
+               s->w.has_event ? ", ordered by an event" : "");
+  send_id(b, c, GPUIPC_MSG_OK, m->req, id);
   redispatch(b, s->w.name);
 }
 
@@ -1158,6 +1254,7 @@ static void fill_list_rec(struct gpuipc__list_rec *lr,
   lr->seg = s->w;
   lr->seg.has_handle = false;
   lr->seg.htype = 0;
+  lr->seg.has_event = false;
   lr->broker_fd = s->fd >= 0;
   lr->keeper_pid = s->keeper != NULL ? (uint32_t)s->keeper->cred.pid : 0;
   lr->nholders = s->nholders;
@@ -1265,6 +1362,31 @@ static bool republish_allowed(struct gpuipc__broker *b,
   return false;
 }
 
+/*
+ * A re-publication of @s (known by its id) where either side is filling.
+ * Filling on both sides (handed over without its creator's connection):
+ * @c, its creator, takes it back. Filling only here: the last broker took
+ * the creator's READY, so it counts as a holder. Filling by another
+ * connection: not @c's, ignored.
+ */
+static void republish_filling(struct gpuipc__broker *b,
+                              struct gpuipc__conn *c, struct gpuipc__seg *s,
+                              const struct gpuipc__seg_wire *w,
+                              uint32_t holds)
+{
+  if (s->w.state == GPUIPC__SEG_FILLING) {
+    if (w->state != GPUIPC__SEG_FILLING || s->creator != NULL) {
+      GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu), "
+                   "which pid %u fills; ignoring it", b->name,
+                   (unsigned)c->cred.pid, w->name, (unsigned long long)w->id,
+                   s->creator_pid);
+      return;
+    }
+    fill_by(s, c);
+  }
+  republish_take(b, c, s, holds, false);
+}
+
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                          const struct gpuipc__msg *m, int *fd)
 {
@@ -1296,6 +1418,11 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
       c->doomed = true;
       return;
     }
+    if (s->w.state == GPUIPC__SEG_FILLING ||
+        w->state == GPUIPC__SEG_FILLING) {
+      republish_filling(b, c, s, w, holds);
+      return;
+    }
     /*
      * Memory its creator held comes back with the creator, or with any
      * survivor while the broker recovers (end_recovery then checks that
@@ -1315,7 +1442,7 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     republish_take(b, c, s, holds, keeper);
     return;
   }
-  if (w->state == GPUIPC__SEG_PUBLISHED) {
+  if (w->state != GPUIPC__SEG_UNLINKED) {
     struct gpuipc__seg *n = gpuipc__reg_by_name(&b->reg, w->name);
     if (n != NULL && n->w.state != GPUIPC__SEG_LOST) {
       GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu) but "
@@ -1339,6 +1466,8 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
   journal_put(b, s);
+  if (s->w.state == GPUIPC__SEG_FILLING)
+    fill_by(s, c);
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,
                w->name, (unsigned long long)w->id,
                keeper ? ", keeping its memory" : "");
@@ -1385,6 +1514,7 @@ static void on_message(struct gpuipc__broker *b, struct gpuipc__conn *c,
   case GPUIPC_MSG_OPEN: on_open(b, c, m); break;
   case GPUIPC_MSG_PUBLISH: on_publish(b, c, m, nfds ? &fds[0] : &(int){-1}); break;
   case GPUIPC_MSG_ABANDON: on_abandon(b, c, m); break;
+  case GPUIPC_MSG_READY: on_ready(b, c, m); break;
   case GPUIPC_MSG_RELEASE: on_release(b, c, m); break;
   case GPUIPC_MSG_DISOWN: on_disown(b, c, m); break;
   case GPUIPC_MSG_UNLINK: on_unlink(b, c, m); break;
@@ -1480,7 +1610,8 @@ static void conn_drop_state(struct gpuipc__broker *b, struct gpuipc__conn *c)
   struct gpuipc__seg *s = b->reg.head;
   while (s != NULL) {
     struct gpuipc__seg *next = s->next;
-    if (s->w.state == GPUIPC__SEG_CREATING && s->creator == c) {
+    if ((s->w.state == GPUIPC__SEG_CREATING ||
+         s->w.state == GPUIPC__SEG_FILLING) && s->creator == c) {
       if (nfreed == capfreed) {
         size_t cap = capfreed ? capfreed * 2 : 4;
         void *n = realloc(freed, cap * sizeof(*freed));
@@ -1494,6 +1625,8 @@ static void conn_drop_state(struct gpuipc__broker *b, struct gpuipc__conn *c)
       GPUIPC_LOG_I("broker %s: pid %d left before publishing %s; the name "
                    "is free again",
                    b->name, (int)c->cred.pid, s->w.name);
+      if (s->w.state == GPUIPC__SEG_FILLING)
+        journal_drop(b, s->w.id);
       gpuipc__reg_remove(&b->reg, s);
     } else {
       bool kept = s->keeper == c;

@@ -118,7 +118,7 @@ struct gpuipc__seg {
   bool named;                    /* reachable by name */
   struct gpuipc__seg_wire w;     /* name, id, size, kind, state, handle */
   int fd;                        /* the broker's descriptor, or -1 */
-  struct gpuipc__conn *creator;  /* CREATING: who reserved the name */
+  struct gpuipc__conn *creator;  /* CREATING, FILLING: who reserved it */
   uint32_t creator_pid;          /* who published it */
   /*
    * GPUIPC__SEGF_CREATOR_HELD segments: the creator's connection while it

@@ -44,6 +44,7 @@ const char *gpuipc__msg_name(unsigned type)
   case GPUIPC_MSG_LIST: return "LIST";
   case GPUIPC_MSG_REPUBLISH: return "REPUBLISH";
   case GPUIPC_MSG_DISOWN: return "DISOWN";
+  case GPUIPC_MSG_READY: return "READY";
   case GPUIPC_MSG_WELCOME: return "WELCOME";
   case GPUIPC_MSG_DENIED: return "DENIED";
   case GPUIPC_MSG_ERROR: return "ERROR";
@@ -107,6 +108,20 @@ static int check_name_field(const char *name, bool may_be_empty,
   return rc == 0 ? 0 : GPUIPC_E_PROTO;
 }
 
+/* An event record, when there is one, must unpack. */
+static int check_event(bool has, const uint8_t *ev, const char *msg)
+{
+  if (!has)
+    return 0;
+  gpuipc_event_handle_t h;
+  if (gpuipc_event_handle_unpack(ev, GPUIPC_EVENT_HANDLE_PACKED_SIZE, &h) ==
+      0)
+    return 0;
+  char why[256]; /* the sentence is rewritten below: copy it first */
+  snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+  return PROTO_ERR(0, "%s: bad event record (%s)", msg, why);
+}
+
 /*
  * Check a seg record: @want_handle 1 requires a handle, 0 forbids one,
  * -1 allows either (as the state says).
@@ -122,7 +137,7 @@ static int check_seg(struct gpuipc__seg_wire *s, int want_handle,
                      (unsigned long long)s->id);
   if (s->kind < GPUIPC_KIND_HOST || s->kind > GPUIPC_KIND_POOL)
     return PROTO_ERR(0, "%s: kind %u is not a buffer kind", msg, s->kind);
-  if (s->state < GPUIPC__SEG_CREATING || s->state > GPUIPC__SEG_LOST)
+  if (s->state < GPUIPC__SEG_CREATING || s->state > GPUIPC__SEG_FILLING)
     return PROTO_ERR(0, "%s: state %u is not a segment state", msg,
                      s->state);
   if (s->size == 0 || s->size > GPUIPC_SIZE_MAX_ABSURD)
@@ -131,7 +146,14 @@ static int check_seg(struct gpuipc__seg_wire *s, int want_handle,
   if (s->flags & ~GPUIPC__SEGF_ALL)
     return PROTO_ERR(0, "%s: unknown segment flags 0x%x", msg, s->flags);
   bool state_has = s->state == GPUIPC__SEG_PUBLISHED ||
-                   s->state == GPUIPC__SEG_UNLINKED;
+                   s->state == GPUIPC__SEG_UNLINKED ||
+                   s->state == GPUIPC__SEG_FILLING;
+  rc = check_event(s->has_event, s->event, msg);
+  if (rc != 0)
+    return rc;
+  if (s->has_event && (!s->has_handle || s->state == GPUIPC__SEG_FILLING))
+    return PROTO_ERR(0, "%s: an event record in a %s record", msg,
+                     s->has_handle ? "FILLING" : "handle-less");
   if (want_handle == 1 && !s->has_handle)
     return PROTO_ERR(0, "%s: handle record missing", msg);
   if (want_handle == 0 && s->has_handle)
@@ -208,10 +230,16 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
     if (m->u.publish.flags != 0)
       return PROTO_ERR(m, "PUBLISH: flags 0x%x reserved",
                        m->u.publish.flags);
-    if (m->u.publish.seg.state != GPUIPC__SEG_PUBLISHED)
-      return PROTO_ERR(m, "PUBLISH: state %u is not PUBLISHED",
+    if (m->u.publish.seg.state != GPUIPC__SEG_PUBLISHED &&
+        m->u.publish.seg.state != GPUIPC__SEG_FILLING)
+      return PROTO_ERR(m, "PUBLISH: state %u is not PUBLISHED or FILLING",
                        m->u.publish.seg.state);
     return check_seg(&m->u.publish.seg, 1, nm, decoding);
+  case GPUIPC_MSG_READY:
+    if (m->u.ready.id == 0 || m->u.ready.id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "READY: id %llu out of range",
+                       (unsigned long long)m->u.ready.id);
+    return check_event(m->u.ready.has_event, m->u.ready.event, nm);
   case GPUIPC_MSG_ABANDON:
     if (m->u.abandon.id == 0 || m->u.abandon.id > GPUIPC__ID_MAX)
       return PROTO_ERR(m, "ABANDON: id %llu out of range",
@@ -239,14 +267,16 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
       return PROTO_ERR(m, "REPUBLISH: unknown flags 0x%x",
                        m->u.republish.flags);
     if ((m->u.republish.flags & GPUIPC__REPUB_KEEPER) &&
-        !(m->u.republish.seg.flags & GPUIPC__SEGF_CREATOR_HELD))
+        (!(m->u.republish.seg.flags & GPUIPC__SEGF_CREATOR_HELD) ||
+         m->u.republish.seg.state == GPUIPC__SEG_FILLING))
       return PROTO_ERR(m, "REPUBLISH: a keeper of a segment whose memory "
                        "its creator does not hold");
     if (m->u.republish.holds == 0 &&
         !(m->u.republish.flags & GPUIPC__REPUB_KEEPER))
       return PROTO_ERR(m, "REPUBLISH: holds is 0");
     if (m->u.republish.seg.state != GPUIPC__SEG_PUBLISHED &&
-        m->u.republish.seg.state != GPUIPC__SEG_UNLINKED)
+        m->u.republish.seg.state != GPUIPC__SEG_UNLINKED &&
+        m->u.republish.seg.state != GPUIPC__SEG_FILLING)
       return PROTO_ERR(m, "REPUBLISH: state %u", m->u.republish.seg.state);
     return check_seg(&m->u.republish.seg, 1, nm, decoding);
   case GPUIPC_MSG_WELCOME:
@@ -338,6 +368,9 @@ static void put_seg(struct gpuipc__wbuf *w, const struct gpuipc__seg_wire *s)
   if (s->has_handle)
     gpuipc__put_bytes(w, s->handle, sizeof(s->handle));
   gpuipc__put_u8(w, s->flags);
+  gpuipc__put_u8(w, s->has_event ? 1 : 0);
+  if (s->has_event)
+    gpuipc__put_bytes(w, s->event, sizeof(s->event));
 }
 
 static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
@@ -363,6 +396,12 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_ABANDON:
     gpuipc__put_u64(w, m->u.abandon.id);
+    break;
+  case GPUIPC_MSG_READY:
+    gpuipc__put_u64(w, m->u.ready.id);
+    gpuipc__put_u8(w, m->u.ready.has_event ? 1 : 0);
+    if (m->u.ready.has_event)
+      gpuipc__put_bytes(w, m->u.ready.event, sizeof(m->u.ready.event));
     break;
   case GPUIPC_MSG_RELEASE:
     gpuipc__put_u64(w, m->u.release.id);
@@ -496,6 +535,12 @@ static void get_seg(struct gpuipc__rbuf *r, struct gpuipc__seg_wire *s)
   if (s->has_handle)
     gpuipc__get_bytes(r, s->handle, sizeof(s->handle));
   s->flags = gpuipc__get_u8(r);
+  uint8_t he = gpuipc__get_u8(r);
+  if (he > 1 && r->err == 0)
+    r->err = GPUIPC_E_PROTO;
+  s->has_event = he == 1;
+  if (s->has_event)
+    gpuipc__get_bytes(r, s->event, sizeof(s->event));
   s->htype = 0;
 }
 
@@ -523,6 +568,16 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
   case GPUIPC_MSG_ABANDON:
     m->u.abandon.id = gpuipc__get_u64(r);
     break;
+  case GPUIPC_MSG_READY: {
+    m->u.ready.id = gpuipc__get_u64(r);
+    uint8_t he = gpuipc__get_u8(r);
+    if (he > 1 && r->err == 0)
+      r->err = GPUIPC_E_PROTO;
+    m->u.ready.has_event = he == 1;
+    if (m->u.ready.has_event)
+      gpuipc__get_bytes(r, m->u.ready.event, sizeof(m->u.ready.event));
+    break;
+  }
   case GPUIPC_MSG_RELEASE:
     m->u.release.id = gpuipc__get_u64(r);
     m->u.release.count = gpuipc__get_u32(r);

@@ -27,7 +27,11 @@
 #include <stdint.h>
 
 #define GPUIPC_PROTO_MAGIC 0x43504947u /* "GIPC" */
-#define GPUIPC_PROTO_VERSION 1
+/*
+ * 2: segments are filled before they are published (the FILLING state,
+ * READY, an event record in segment records).
+ */
+#define GPUIPC_PROTO_VERSION 2
 #define GPUIPC_PROTO_HDR 16
 
 /* Segment and domain names: 1..63 of [A-Za-z0-9._-], not starting with '.'. */
@@ -60,6 +64,7 @@ enum gpuipc__msg_type {
   GPUIPC_MSG_REPUBLISH = 8, /* after a failover; + fd; fire-and-forget */
   /* (9 was spoken once and is retired) */
   GPUIPC_MSG_DISOWN = 10,   /* the keeper lets go -> OK (free it) or ERROR */
+  GPUIPC_MSG_READY = 11,    /* the creator filled it -> OK(id) or ERROR */
   /* broker -> member */
   GPUIPC_MSG_WELCOME = 32,
   GPUIPC_MSG_DENIED = 33,
@@ -85,7 +90,8 @@ enum gpuipc__msg_type {
 #define GPUIPC__HELLO_REJOIN 0x2u    /* reconnecting after a broker change */
 #define GPUIPC__HELLO_FLAGS 0x3u
 
-/* OPEN flags: the public GPUIPC_CREATE / EXCL / WAIT bits. */
+/* OPEN flags: the public GPUIPC_CREATE / EXCL / WAIT bits (SCRATCH stays
+ * with the member: it is the state its PUBLISH names). */
 #define GPUIPC__OPEN_FLAGS 0x7u
 
 /*
@@ -108,6 +114,9 @@ enum gpuipc__msg_type {
 #define GPUIPC__SEG_PUBLISHED 2
 #define GPUIPC__SEG_UNLINKED 3
 #define GPUIPC__SEG_LOST 4
+/* Its creator published the handle but has not filled it: invisible to
+ * openers until READY; freed if the creator goes first. */
+#define GPUIPC__SEG_FILLING 5
 
 /* A segment as it travels. */
 struct gpuipc__seg_wire {
@@ -119,7 +128,14 @@ struct gpuipc__seg_wire {
   uint8_t uuid[16];
   bool has_handle; /* false only for LOST and CREATING records */
   uint8_t handle[GPUIPC_HANDLE_PACKED_SIZE];
-  uint8_t flags;   /* GPUIPC__SEGF_* (last on the wire) */
+  uint8_t flags;   /* GPUIPC__SEGF_* */
+  /*
+   * The creator's event recorded after its writes (GPU kinds), packed by
+   * gpuipc_event_handle_pack: only in PUBLISHED and UNLINKED records
+   * (last on the wire).
+   */
+  bool has_event;
+  uint8_t event[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
   /*
    * Not on the wire: the handle's gpuipc_handle_type_t (0 without one).
    * Decode sets it; encode checks it against the packed record.
@@ -169,6 +185,11 @@ struct gpuipc__msg {
       uint64_t id; /* of the reservation (CREATE_IT) */
     } abandon;
     struct {
+      uint64_t id;    /* of the FILLING segment */
+      bool has_event; /* GPU kinds: the event recorded after the writes */
+      uint8_t event[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
+    } ready;
+    struct {
       uint64_t id;
       uint32_t count;
     } release;
@@ -183,7 +204,8 @@ struct gpuipc__msg {
     struct {
       uint32_t holds;              /* 0 only with GPUIPC__REPUB_KEEPER */
       uint32_t flags;              /* GPUIPC__REPUB_* */
-      struct gpuipc__seg_wire seg; /* PUBLISHED or UNLINKED, with handle */
+      struct gpuipc__seg_wire seg; /* PUBLISHED, UNLINKED or FILLING,
+                                      with handle */
     } republish;
     struct {
       uint32_t pid;

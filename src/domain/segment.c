@@ -37,11 +37,17 @@ struct seg_hold {
   uint32_t grants; /* opens the broker counted for this process */
   bool unlinked;
   bool keeper;     /* we created it and keep its memory for the domain */
+  bool creator;    /* we allocated it for the domain */
+  bool filling;    /* ... and have not published it yet */
   char name[GPUIPC__NAME_MAX + 1];
   uint64_t size;
   uint8_t kind;
   uint8_t flags;   /* GPUIPC__SEGF_* */
   uint8_t uuid[16];
+  /* The event its creator's writes were recorded on, as published. */
+  bool has_event;
+  uint8_t event[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
+  gpuipc_event_t *ev; /* creator: that event, alive while we hold it */
 };
 
 struct seg_entry {
@@ -70,6 +76,19 @@ static size_t hash_ptr(const void *p)
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 32;
   return (size_t)(x & (SEG_BUCKETS - 1));
+}
+
+/*
+ * Free @h. A creator's event goes with it, once complete: an opener that
+ * gets the segment later finds the event gone and its writes done.
+ */
+static void hold_free(struct seg_hold *h)
+{
+  if (h->ev != NULL) {
+    (void)gpuipc_event_sync(h->ev);
+    (void)gpuipc_event_release(h->ev);
+  }
+  free(h);
 }
 
 /* ----- the buffer table (seg_mu held) ----- */
@@ -303,7 +322,7 @@ static bool release_hook(struct gpuipc_buf *b, void *arg)
       pp = &h->next;
     } else {
       *pp = h->next;
-      free(h);
+      hold_free(h);
     }
   }
   bool keep = entry_keeps(e);
@@ -325,7 +344,7 @@ static void entry_free(struct seg_entry *e)
   while (e->holds != NULL) {
     struct seg_hold *h = e->holds;
     e->holds = h->next;
-    free(h);
+    hold_free(h);
   }
   free(e);
 }
@@ -342,7 +361,7 @@ static gpuipc_buf_t *hold_unkeep(struct seg_entry *e, struct seg_hold *h)
     for (struct seg_hold **pp = &e->holds; *pp != NULL; pp = &(*pp)->next)
       if (*pp == h) {
         *pp = h->next;
-        free(h);
+        hold_free(h);
         break;
       }
   }
@@ -487,7 +506,11 @@ static struct outgoing *republish_out(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     w->size = h->size;
     w->kind = h->kind;
     w->flags = h->flags;
-    w->state = h->unlinked ? GPUIPC__SEG_UNLINKED : GPUIPC__SEG_PUBLISHED;
+    w->state = h->filling    ? GPUIPC__SEG_FILLING
+               : h->unlinked ? GPUIPC__SEG_UNLINKED
+                             : GPUIPC__SEG_PUBLISHED;
+    w->has_event = h->has_event && !h->filling;
+    memcpy(w->event, h->event, sizeof(w->event));
     memcpy(w->uuid, h->uuid, sizeof(w->uuid));
     w->has_handle = true;
     w->htype = (uint8_t)hd.type;
@@ -587,7 +610,7 @@ void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
         if ((*pp)->dom == d) {
           struct seg_hold *h = *pp;
           *pp = h->next;
-          free(h);
+          hold_free(h);
         } else {
           pp = &(*pp)->next;
         }
@@ -600,12 +623,16 @@ void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
 /*
  * Count one grant of segment @w by @d on @buf. @gen: the connection the
  * grant came on; if it dropped meanwhile and the member already
- * re-published, tell the new broker about this hold too. @keeper: we
- * published it and its memory is held by its creator.
+ * re-published, tell the new broker about this hold too. @creator: we
+ * allocated it; published (scratch) with its memory held by its creator,
+ * we keep that memory for the domain.
  */
 static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
-                  const struct gpuipc__seg_wire *w, uint64_t gen, bool keeper)
+                  const struct gpuipc__seg_wire *w, uint64_t gen, bool creator)
 {
+  bool filling = w->state == GPUIPC__SEG_FILLING;
+  bool keeper = creator && !filling &&
+                (w->flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
   pthread_mutex_lock(&seg_mu);
   struct seg_entry *e = entry_find(buf);
   bool fresh = e == NULL;
@@ -635,6 +662,10 @@ static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     h->kind = w->kind;
     h->flags = w->flags;
     memcpy(h->uuid, w->uuid, sizeof(h->uuid));
+    h->creator = creator;
+    h->filling = filling;
+    h->has_event = w->has_event;
+    memcpy(h->event, w->event, sizeof(h->event));
     h->next = e->holds;
     e->holds = h;
   }
@@ -725,10 +756,14 @@ static int import_reply(struct gpuipc__reply *r, int device,
   return rc;
 }
 
-/* Publish @buf, allocated for reservation @id. */
+/*
+ * Hand @buf, allocated for reservation @id, to the broker: published at
+ * once (@scratch) or filling, until gpuipc_segment_publish.
+ */
 static int publish(gpuipc_domain_t *d, const char *name, uint64_t id,
-                   size_t size, gpuipc_buf_t *buf, int timeout_ms,
-                   struct gpuipc__reply *r, struct gpuipc__seg_wire *pub)
+                   size_t size, gpuipc_buf_t *buf, bool scratch,
+                   int timeout_ms, struct gpuipc__reply *r,
+                   struct gpuipc__seg_wire *pub)
 {
   gpuipc_handle_t hd;
   int rc = gpuipc_buf_export(buf, &hd);
@@ -742,7 +777,7 @@ static int publish(gpuipc_domain_t *d, const char *name, uint64_t id,
   w->id = id;
   w->size = size;
   w->kind = (uint8_t)gpuipc_buf_kind(buf);
-  w->state = GPUIPC__SEG_PUBLISHED;
+  w->state = scratch ? GPUIPC__SEG_PUBLISHED : GPUIPC__SEG_FILLING;
   memcpy(w->uuid, hd.device_uuid, sizeof(w->uuid));
   w->has_handle = true;
   w->htype = (uint8_t)hd.type;
@@ -768,102 +803,205 @@ close_fd:
   return rc;
 }
 
-static int segment_open(gpuipc_domain_t *d, const char *name, size_t size,
-                        int device, unsigned flags, int timeout_ms,
-                        gpuipc_buf_t **out)
+/*
+ * Make @stream wait for the event segment @w's creator recorded after its
+ * writes (GPU kinds), unless it has completed already. An exporter gone
+ * is not an error: it let go of the event only once its writes were done
+ * (hold_free), or died, and its writes with it.
+ */
+static int wait_writes(const struct gpuipc__seg_wire *w, gpuipc_buf_t *buf,
+                       void *stream)
 {
-  gpuipc_kind_t kind = (gpuipc_kind_t)((flags >> 8) & 0xfu);
-  uint64_t deadline = gpuipc__deadline(timeout_ms);
+  if (!w->has_event)
+    return 0;
+  gpuipc_event_handle_t eh;
+  int rc = gpuipc_event_handle_unpack(w->event, sizeof(w->event), &eh);
+  if (rc != 0)
+    return rc;
+  gpuipc_event_t *ev;
+  rc = gpuipc_event_import(&eh, gpuipc_buf_device(buf), &ev);
+  if (rc == GPUIPC_E_PEER_GONE)
+    return 0;
+  if (rc != 0)
+    return rc;
+  rc = gpuipc_event_query(ev);
+  if (rc == -EAGAIN)
+    rc = gpuipc_event_wait(ev, stream);
+  (void)gpuipc_event_release(ev);
+  return rc;
+}
+
+/* What one gpuipc_segment_open asks for, the caller's defaults applied. */
+struct seg_opts {
+  size_t size;
+  gpuipc_kind_t kind;
+  int device;
+  unsigned flags;
+  int timeout_ms; /* < 0: forever */
+  void *stream;
+};
+
+/* Create @name: allocate (@own, kept across retries) and hand it over. */
+static int create_it(gpuipc_domain_t *d, const char *name,
+                     const struct seg_opts *o, struct gpuipc__reply *r,
+                     gpuipc_buf_t **own, gpuipc_buf_t **out)
+{
+  uint64_t id = r->msg.u.create_it.id;
+  int rc;
+  if (*own == NULL) {
+    /* AUTO without a device: memory every process can map. */
+    gpuipc_kind_t ak = o->kind == GPUIPC_KIND_AUTO && o->device < 0
+                           ? GPUIPC_KIND_HOST : o->kind;
+    rc = gpuipc_buf_alloc(o->size, ak, o->device, 0, own);
+    if (rc != 0) {
+      post_abandon(d, id);
+      return rc;
+    }
+  }
+  struct gpuipc__seg_wire pub;
+  memset(&pub, 0, sizeof(pub));
+  bool scratch = (o->flags & GPUIPC_SCRATCH) != 0;
+  /* The broker's answer gets the timeout from now: the allocation is
+   * local work (the first one may start CUDA, hundreds of ms, or map
+   * gigabytes) and must not use up the wait for the broker. */
+  rc = publish(d, name, id, o->size, *own, scratch,
+               o->timeout_ms < 0 || o->timeout_ms > 5000 ? 5000
+                                                         : o->timeout_ms,
+               r, &pub);
+  if (rc == GPUIPC_E_PEER_GONE)
+    return rc; /* the caller asks the next broker */
+  if (rc != 0) {
+    post_abandon(d, id);
+    if (rc == -ETIMEDOUT && scratch &&
+        (pub.flags & GPUIPC__SEGF_CREATOR_HELD)) {
+      /* The publication may have gone through unanswered, and others
+       * may map the memory by now: never free it under them. */
+      GPUIPC_LOG_W("segment %s: publication unanswered; keeping its "
+                   "memory until this process exits", name);
+      *own = NULL;
+    }
+    return rc;
+  }
+  bool keeper = scratch && (pub.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
+  rc = record(d, *own, &pub, r->gen, true);
+  if (rc != 0) {
+    post_release(d, pub.id, 1);
+    if (keeper && disown(d, pub.id, 2000) != 0) {
+      /* Others may map it already: never free it under them. */
+      GPUIPC_LOG_W("segment %s: keeping memory nobody tracks until "
+                   "this process exits", name);
+      *own = NULL;
+    }
+    return rc;
+  }
+  *out = *own;
+  *own = NULL;
+  return 0;
+}
+
+/* Map the segment a HANDLE reply describes, ordered after its writes. */
+static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
+                        struct gpuipc__reply *r, gpuipc_buf_t **out)
+{
+  uint64_t gen = r->gen;
+  struct gpuipc__seg_wire w = r->msg.u.handle.seg;
+  gpuipc_buf_t *buf;
+  int rc = import_reply(r, o->device, &buf);
+  if (rc != 0) {
+    post_release(d, w.id, 1);
+    return rc;
+  }
+  rc = wait_writes(&w, buf, o->stream);
+  if (rc == 0)
+    rc = record(d, buf, &w, gen, false);
+  if (rc != 0) {
+    post_release(d, w.id, 1);
+    gpuipc_buf_release(buf);
+    return rc;
+  }
+  *out = buf;
+  return 0;
+}
+
+static int segment_open(gpuipc_domain_t *d, const char *name,
+                        const struct seg_opts *o, gpuipc_buf_t **out)
+{
+  uint64_t deadline = gpuipc__deadline(o->timeout_ms);
   gpuipc_buf_t *own = NULL; /* allocated for a reservation, not published */
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_segment_open: out of memory");
   int rc;
   for (;;) {
-    rc = gpuipc__seg_request(d, name, size, kind, flags,
+    rc = gpuipc__seg_request(d, name, o->size, o->kind, o->flags,
                              gpuipc__ms_left(deadline), r);
     if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
       continue; /* the broker changed: ask the new one */
     if (rc != 0)
       break;
-    uint64_t gen = r->gen;
     if (r->msg.type == GPUIPC_MSG_CREATE_IT) {
-      uint64_t id = r->msg.u.create_it.id;
-      if (own == NULL) {
-        /* AUTO without a device: memory every process can map. */
-        gpuipc_kind_t ak = kind == GPUIPC_KIND_AUTO && device < 0
-                               ? GPUIPC_KIND_HOST : kind;
-        rc = gpuipc_buf_alloc(size, ak, device, 0, &own);
-        if (rc != 0) {
-          post_abandon(d, id);
-          break;
-        }
-      }
-      struct gpuipc__seg_wire pub;
-      memset(&pub, 0, sizeof(pub));
-      /* The broker's answer gets the timeout from now: the allocation is
-       * local work (the first one may start CUDA, hundreds of ms, or map
-       * gigabytes) and must not use up the wait for the broker. */
-      rc = publish(d, name, id, size, own,
-                   timeout_ms < 0 || timeout_ms > 5000 ? 5000 : timeout_ms, r,
-                   &pub);
+      rc = create_it(d, name, o, r, &own, out);
       if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline)
         continue;
-      if (rc != 0) {
-        post_abandon(d, id);
-        if (rc == -ETIMEDOUT && (pub.flags & GPUIPC__SEGF_CREATOR_HELD)) {
-          /* The publication may have gone through unanswered, and others
-           * may map the memory by now: never free it under them. */
-          GPUIPC_LOG_W("segment %s: publication unanswered; keeping its "
-                       "memory until this process exits", name);
-          own = NULL;
-        }
-        break;
-      }
-      bool keeper = (pub.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
-      rc = record(d, own, &pub, r->gen, keeper);
-      if (rc != 0) {
-        post_release(d, pub.id, 1);
-        if (keeper && disown(d, pub.id, 2000) != 0) {
-          /* Others may map it already: never free it under them. */
-          GPUIPC_LOG_W("segment %s: keeping memory nobody tracks until "
-                       "this process exits", name);
-          own = NULL;
-        }
-        break;
-      }
-      *out = own;
-      free(r);
-      return 0;
-    }
-    /* HANDLE */
-    struct gpuipc__seg_wire w = r->msg.u.handle.seg;
-    gpuipc_buf_t *buf;
-    rc = import_reply(r, device, &buf);
-    if (rc != 0) {
-      post_release(d, w.id, 1);
       break;
     }
-    rc = record(d, buf, &w, gen, false);
-    if (rc != 0) {
-      post_release(d, w.id, 1);
-      gpuipc_buf_release(buf);
-      break;
-    }
-    if (own != NULL) /* another creator won (or it was ours: a self-import) */
-      gpuipc_buf_release(own);
-    *out = buf;
-    free(r);
-    return 0;
+    rc = open_granted(d, o, r, out);
+    break;
   }
+  /* Another creator won (or it was ours: a self-import), or it failed. */
   if (own != NULL)
     gpuipc_buf_release(own);
   free(r);
   return rc;
 }
 
-int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name, size_t size,
-                        int device, unsigned flags, gpuipc_buf_t **out)
+/* The caller's options: its prefix of the struct, defaults beyond it. */
+static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
+                         const gpuipc_segment_opts_t *opts,
+                         struct seg_opts *o)
+{
+  gpuipc_segment_opts_t u = GPUIPC_SEGMENT_OPTS_INIT;
+  if (opts != NULL) {
+    if (opts->size < sizeof(opts->size))
+      return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): opts->size %zu "
+                         "is below %zu", name, opts->size,
+                         sizeof(opts->size));
+    memcpy(&u, opts, opts->size < sizeof(u) ? opts->size : sizeof(u));
+  }
+  unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT | GPUIPC_SCRATCH;
+  if (u.flags & ~known)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): unknown flags "
+                       "0x%x", name, u.flags & ~known);
+  if ((unsigned)u.kind > GPUIPC_KIND_POOL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): kind %d unknown",
+                       name, (int)u.kind);
+  if ((u.flags & (GPUIPC_EXCL | GPUIPC_SCRATCH)) && !(u.flags & GPUIPC_CREATE))
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_%s needs "
+                       "GPUIPC_CREATE", name,
+                       u.flags & GPUIPC_EXCL ? "EXCL" : "SCRATCH");
+  if ((u.flags & GPUIPC_CREATE) && u.bytes == 0)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_CREATE "
+                       "needs a size (bytes) above 0", name);
+  if (u.bytes > GPUIPC_SIZE_MAX_ABSURD)
+    return gpuipc__err(-EFBIG, "gpuipc_segment_open(%s): size %zu is above "
+                       "2^48", name, u.bytes);
+  if (u.timeout_ms < GPUIPC_TIMEOUT_DEFAULT)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): timeout_ms %d",
+                       name, u.timeout_ms);
+  o->size = u.bytes;
+  o->kind = u.kind;
+  o->device = u.device;
+  o->flags = u.flags;
+  o->timeout_ms = u.timeout_ms == GPUIPC_TIMEOUT_DEFAULT
+                      ? gpuipc__dom_timeout(dom) : u.timeout_ms;
+  if (o->timeout_ms < 0)
+    o->timeout_ms = -1;
+  o->stream = u.stream;
+  return 0;
+}
+
+int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
+                        const gpuipc_segment_opts_t *opts, gpuipc_buf_t **out)
 {
   if (dom == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_segment_open: %s is NULL",
@@ -871,26 +1009,143 @@ int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name, size_t size,
   int rc = gpuipc__name_check(name, "gpuipc_segment_open: segment name");
   if (rc != 0)
     return rc;
-  unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT |
-                   GPUIPC_SEG_KIND(0xf);
-  if (flags & ~known)
-    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): unknown flags "
-                       "0x%x", name, flags & ~known);
-  unsigned kind = (flags >> 8) & 0xfu;
-  if (kind > GPUIPC_KIND_POOL)
-    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): kind %u unknown",
-                       name, kind);
-  if ((flags & GPUIPC_EXCL) && !(flags & GPUIPC_CREATE))
-    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_EXCL "
-                       "needs GPUIPC_CREATE", name);
-  if ((flags & GPUIPC_CREATE) && size == 0)
-    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_CREATE "
-                       "needs a size above 0", name);
-  if (size > GPUIPC_SIZE_MAX_ABSURD)
-    return gpuipc__err(-EFBIG, "gpuipc_segment_open(%s): size %zu is above "
-                       "2^48", name, size);
-  return segment_open(dom, name, size, device, flags,
-                      gpuipc__dom_timeout(dom), out);
+  struct seg_opts o = {0};
+  rc = seg_opts_read(dom, name, opts, &o);
+  if (rc != 0)
+    return rc;
+  return segment_open(dom, name, &o, out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Publishing what was filled                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The hold of @buf this process fills (seg_mu held), or NULL with the
+ * error for the caller in *@rc.
+ */
+static struct seg_hold *filling_hold(gpuipc_buf_t *buf, int *rc)
+{
+  struct seg_entry *e = entry_find(buf);
+  bool created = false;
+  for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL;
+       h = h->next) {
+    if (h->filling && !gpuipc__dom_stale(h->dom))
+      return h;
+    created |= h->creator;
+  }
+  *rc = created ? gpuipc__err(-EALREADY, "gpuipc_segment_publish: the "
+                              "segment is published already")
+                : gpuipc__err(-EINVAL, "gpuipc_segment_publish: the buffer "
+                              "is no segment this process created and has "
+                              "not published");
+  return NULL;
+}
+
+/*
+ * Order the publication after the writes queued on @stream: an event for
+ * GPU kinds (*@ev, exported in @eh), a synchronised stream for HOST.
+ */
+static int order_writes(gpuipc_buf_t *buf, void *stream, gpuipc_event_t **ev,
+                        gpuipc_event_handle_t *eh)
+{
+  *ev = NULL;
+  if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
+    if (stream == NULL)
+      return 0; /* the CPU's writes are done */
+    int dev = gpuipc_device_current();
+    return gpuipc_stream_sync(dev >= 0 ? dev : 0, stream);
+  }
+  int rc = gpuipc_event_create(gpuipc_buf_device(buf), 0, ev);
+  if (rc != 0)
+    return rc;
+  rc = gpuipc_event_record(*ev, stream);
+  if (rc == 0)
+    rc = gpuipc_event_export(*ev, eh);
+  if (rc != 0) {
+    (void)gpuipc_event_release(*ev);
+    *ev = NULL;
+  }
+  return rc;
+}
+
+/* Send READY for @id, asking the next broker after a failover. */
+static int ready(gpuipc_domain_t *d, uint64_t id, const char *name,
+                 const gpuipc_event_t *ev, const gpuipc_event_handle_t *eh)
+{
+  struct gpuipc__reply *r = malloc(sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_segment_publish: out of memory");
+  char what[GPUIPC__NAME_MAX + 48];
+  snprintf(what, sizeof(what), "gpuipc_segment_publish(%s)", name);
+  uint64_t deadline = gpuipc__deadline(gpuipc__dom_timeout(d));
+  bool retried = false;
+  int rc;
+  for (;;) {
+    struct gpuipc__msg *m = &r->msg;
+    memset(&m->u.ready, 0, sizeof(m->u.ready));
+    m->type = GPUIPC_MSG_READY;
+    m->u.ready.id = id;
+    if (ev != NULL) {
+      m->u.ready.has_event = true;
+      rc = gpuipc_event_handle_pack(eh, m->u.ready.event,
+                                    sizeof(m->u.ready.event));
+      if (rc < 0)
+        break;
+    }
+    rc = gpuipc__dom_call(d, m, NULL, 0, gpuipc__ms_left(deadline), what, r);
+    if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline) {
+      retried = true;
+      continue;
+    }
+    break;
+  }
+  /* The dead broker took the first attempt and handed it over. */
+  if (rc == -EALREADY && retried)
+    rc = 0;
+  for (int i = 0; rc == 0 && i < r->nfds; i++)
+    gpuipc__fd_close(&r->fds[i]);
+  free(r);
+  return rc;
+}
+
+int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream)
+{
+  if (seg == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_publish: seg is NULL");
+  int rc = 0;
+  pthread_mutex_lock(&seg_mu);
+  struct seg_hold *h = filling_hold(seg, &rc);
+  gpuipc_domain_t *d = h != NULL ? h->dom : NULL;
+  uint64_t id = h != NULL ? h->id : 0;
+  char name[GPUIPC__NAME_MAX + 1];
+  snprintf(name, sizeof(name), "%s", h != NULL ? h->name : "");
+  pthread_mutex_unlock(&seg_mu);
+  if (d == NULL)
+    return rc;
+  gpuipc_event_t *ev;
+  gpuipc_event_handle_t eh;
+  rc = order_writes(seg, stream, &ev, &eh);
+  if (rc == 0)
+    rc = ready(d, id, name, ev, &eh);
+  pthread_mutex_lock(&seg_mu);
+  struct seg_entry *e = entry_find(seg);
+  for (h = e != NULL ? e->holds : NULL; h != NULL; h = h->next)
+    if (h->dom == d && h->id == id && h->filling)
+      break;
+  if (rc == 0 && h != NULL) {
+    h->filling = false;
+    h->keeper = (h->flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
+    h->has_event = ev != NULL;
+    if (ev != NULL)
+      gpuipc_event_handle_pack(&eh, h->event, sizeof(h->event));
+    h->ev = ev;
+    ev = NULL;
+  }
+  pthread_mutex_unlock(&seg_mu);
+  if (ev != NULL)
+    (void)gpuipc_event_release(ev);
+  return rc;
 }
 
 int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
@@ -939,6 +1194,7 @@ const char *gpuipc_segment_state_name(gpuipc_segment_state_t st)
 {
   switch (st) {
   case GPUIPC_SEG_CREATING: return "creating";
+  case GPUIPC_SEG_FILLING: return "filling";
   case GPUIPC_SEG_PUBLISHED: return "published";
   case GPUIPC_SEG_UNLINKED: return "unlinked";
   case GPUIPC_SEG_LOST: return "lost";

@@ -410,9 +410,9 @@ static int probe_slow_publish(void)
   int (*registered)(void) = (int (*)(void))dlsym(h, "fake_cuda_registered");
   ASSERT_TRUE(registered != NULL);
   gpuipc_buf_t *b;
-  ASSERT_OK(gpuipc_segment_open(d, "slow", 8192, -1,
+  ASSERT_OK(test_seg_open(d, "slow", 8192, -1,
                                 GPUIPC_CREATE |
-                                    GPUIPC_SEG_KIND(GPUIPC_KIND_HOST),
+                                    TEST_SEG_KIND(GPUIPC_KIND_HOST),
                                 &b));
   ASSERT_EQ(registered(), 1); /* the slow path was taken */
   memset(gpuipc_buf_ptr(b), 0x5c, 8192);

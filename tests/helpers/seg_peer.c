@@ -6,8 +6,18 @@
  *   setenv NAME VALUE        (before the first gpuipc call)
  *   setuid UID               drop to UID (and its gid 65534 group)
  *   join DOMAIN [nobroker]   -> ok PID
- *   open NAME SIZE FLAGS     FLAGS: any of c x w (or -) -> ok MINE SIZE
+ *   open NAME SIZE FLAGS     FLAGS: any of c x w s (or -) -> ok MINE SIZE
  *                            (MINE: 1 when this process allocated it)
+ *   fopen NAME SIZE FLAGS [KIND DEV [OLD]]
+ *                            gpuipc_segment_open itself: a CREATE is
+ *                            filling until "publish"; OLD: an options
+ *                            struct of the size before its stream field
+ *                            -> ok MINE SIZE
+ *   wcheck NAME SEED         open NAME with GPUIPC_WAIT and check it the
+ *                            moment the open returns -> ok SIZE
+ *   publish NAME             gpuipc_segment_publish, NULL stream
+ *   slowfill NAME SEED MS    fill the first half, sleep MS ms, fill the
+ *                            second (a creator that takes its time)
  *   fill NAME SEED / check NAME SEED
  *   release NAME             one reference of the latest open of NAME,
  *                            answered once the broker has read the release
@@ -52,6 +62,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <unistd.h>
 
 #define MAX_BUFS 4096
@@ -95,6 +106,8 @@ static unsigned parse_flags(const char *s)
       f |= GPUIPC_EXCL;
     else if (*s == 'w')
       f |= GPUIPC_WAIT;
+    else if (*s == 's')
+      f |= GPUIPC_SCRATCH;
   }
   return f;
 }
@@ -135,7 +148,7 @@ static int marker(const char *what, int who, unsigned flags)
   char name[64];
   gpuipc_buf_t *b;
   snprintf(name, sizeof(name), "load.%s.%d", what, who);
-  int rc = gpuipc_segment_open(dom, name, flags & GPUIPC_CREATE ? 64 : 0, -1,
+  int rc = test_seg_open(dom, name, flags & GPUIPC_CREATE ? 64 : 0, -1,
                                flags, &b);
   if (rc != 0)
     return rc;
@@ -156,13 +169,13 @@ static int load(int me, int n, int count, size_t size)
     size_t sz = size + (size_t)(k % 3) * 1000;
     uint64_t seed = (uint64_t)me * 100000 + (uint64_t)k;
     snprintf(name, sizeof(name), "load.%d.%d", me, k);
-    rc = gpuipc_segment_open(dom, name, sz, -1, GPUIPC_CREATE | GPUIPC_EXCL,
+    rc = test_seg_open(dom, name, sz, -1, GPUIPC_CREATE | GPUIPC_EXCL,
                              &own[k]);
     if (rc != 0)
       return rc;
     test_fill(gpuipc_buf_ptr(own[k]), sz, seed);
     /* A second open of our own segment maps nothing new. */
-    rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b2);
+    rc = test_seg_open(dom, name, sz, -1, 0, &b2);
     if (rc != 0)
       return rc;
     if (b2 != own[k] || test_check(gpuipc_buf_ptr(b2), sz, seed) != (size_t)-1)
@@ -175,7 +188,7 @@ static int load(int me, int n, int count, size_t size)
   for (int k = 0; k < count; k++) {
     size_t sz = size + (size_t)(k % 3) * 1000;
     snprintf(name, sizeof(name), "load.%d.%d", next, k);
-    rc = gpuipc_segment_open(dom, name, sz, -1, 0, &b);
+    rc = test_seg_open(dom, name, sz, -1, 0, &b);
     if (rc != 0)
       return rc;
     size_t bad = test_check(gpuipc_buf_ptr(b), sz,
@@ -275,14 +288,14 @@ static int churn(const char *name, uint64_t seed, int ms)
   int rounds = 0;
   while (gpuipc__now_ns() < end) {
     gpuipc_buf_t *b;
-    int rc = gpuipc_segment_open(dom, name, 0, -1, 0, &b);
+    int rc = test_seg_open(dom, name, 0, -1, 0, &b);
     if (rc != 0)
       return rc;
     size_t bad = test_check(gpuipc_buf_ptr(b), gpuipc_buf_size(b), seed);
     gpuipc_buf_release(b);
     if (bad != (size_t)-1)
       return gpuipc__err(-EIO, "churn: %s differs at byte %zu", name, bad);
-    rc = gpuipc_segment_open(dom, own, 4096, -1, GPUIPC_CREATE | GPUIPC_EXCL,
+    rc = test_seg_open(dom, own, 4096, -1, GPUIPC_CREATE | GPUIPC_EXCL,
                              &b);
     if (rc != 0)
       return rc;
@@ -345,10 +358,10 @@ static void command(char *line)
         reply("err EINVAL unknown kind %s", argv[4]);
         return;
       }
-      flags |= GPUIPC_SEG_KIND(k);
+      flags |= TEST_SEG_KIND(k);
       dev = atoi(argv[5]);
     }
-    rc = gpuipc_segment_open(dom, argv[1], strtoull(argv[2], NULL, 0), dev,
+    rc = test_seg_open(dom, argv[1], strtoull(argv[2], NULL, 0), dev,
                              flags, &b);
     if (rc != 0) {
       reply_err(rc);
@@ -361,6 +374,76 @@ static void command(char *line)
             gpuipc_buf_device(b));
     else
       reply("ok %d %zu", mine(b) ? 1 : 0, gpuipc_buf_size(b));
+  } else if (strcmp(cmd, "fopen") == 0 && (argc == 4 || argc >= 6)) {
+    if (nbufs == MAX_BUFS) {
+      reply("err ENOSPC too many buffers");
+      return;
+    }
+    gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+    o.bytes = strtoull(argv[2], NULL, 0);
+    o.flags = parse_flags(argv[3]);
+    if (argc >= 6) {
+      o.kind = kind_of(argv[4]);
+      o.device = atoi(argv[5]);
+    }
+    if (argc >= 7 && strcmp(argv[6], "old") == 0)
+      o.size = offsetof(gpuipc_segment_opts_t, stream);
+    rc = gpuipc_segment_open(dom, argv[1], &o, &b);
+    if (rc != 0) {
+      reply_err(rc);
+      return;
+    }
+    snprintf(bufs[nbufs].name, sizeof(bufs[nbufs].name), "%s", argv[1]);
+    bufs[nbufs++].buf = b;
+    reply("ok %d %zu", mine(b) ? 1 : 0, gpuipc_buf_size(b));
+  } else if (strcmp(cmd, "wcheck") == 0 && argc == 3) {
+    if (nbufs == MAX_BUFS) {
+      reply("err ENOSPC too many buffers");
+      return;
+    }
+    gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+    o.flags = GPUIPC_WAIT;
+    rc = gpuipc_segment_open(dom, argv[1], &o, &b);
+    if (rc != 0) {
+      reply_err(rc);
+      return;
+    }
+    size_t bad = test_check(gpuipc_buf_ptr(b), gpuipc_buf_size(b),
+                            strtoull(argv[2], NULL, 0));
+    snprintf(bufs[nbufs].name, sizeof(bufs[nbufs].name), "%s", argv[1]);
+    bufs[nbufs++].buf = b;
+    if (bad == (size_t)-1)
+      reply("ok %zu", gpuipc_buf_size(b));
+    else
+      reply("err EIO byte %zu differs", bad);
+  } else if ((strcmp(cmd, "publish") == 0 && argc == 2) ||
+             (strcmp(cmd, "slowfill") == 0 && argc == 4)) {
+    int i = find_buf(argv[1]);
+    if (i < 0) {
+      reply("err ENOENT not open");
+      return;
+    }
+    b = bufs[i].buf;
+    if (cmd[0] == 'p') {
+      rc = gpuipc_segment_publish(b, NULL);
+      if (rc != 0)
+        reply_err(rc);
+      else
+        reply("ok");
+      return;
+    }
+    size_t n = gpuipc_buf_size(b), half = n / 2;
+    uint8_t *img = malloc(n);
+    if (img == NULL) {
+      reply("err ENOMEM");
+      return;
+    }
+    test_fill(img, n, strtoull(argv[2], NULL, 0));
+    memcpy(gpuipc_buf_ptr(b), img, half);
+    usleep((useconds_t)atoi(argv[3]) * 1000u);
+    memcpy((uint8_t *)gpuipc_buf_ptr(b) + half, img + half, n - half);
+    free(img);
+    reply("ok");
   } else if ((strcmp(cmd, "gfill") == 0 || strcmp(cmd, "gcheck") == 0) &&
              argc == 3) {
     int i = find_buf(argv[1]);

@@ -2,8 +2,8 @@
  * Umpire's DeviceIpcAllocator flow on gpuipc_domain_join_mpi, run under
  * mpirun: in each scope (argv[1]: "node" or "device") the scope's first
  * rank creates a HOST segment, fills it with values naming itself and
- * publishes "data.ready"; every other rank waits for "data.ready" with
- * GPUIPC_WAIT (no barrier) and checks every value. The ranks work out on
+ * publishes it; every other rank opens it with GPUIPC_WAIT (no barrier:
+ * the open returns once it is published) and checks every value. The ranks work out on
  * their own which ranks should share a scope (same GPUIPC_NODE_ID, same
  * GPU) and check the domains against it: one name per scope, never shared
  * with another, its broker in the scope's first rank, every rank a member.
@@ -140,22 +140,22 @@ int main(int argc, char **argv)
     ASSERT_EQ(di.broker_pid, (int)getpid());
 
   /* Umpire's flow: the scope's first rank allocates and fills. */
-  unsigned kind = GPUIPC_SEG_KIND(GPUIPC_KIND_HOST);
-  gpuipc_buf_t *data, *ready;
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = NVALUES * sizeof(float);
+  o.kind = GPUIPC_KIND_HOST;
+  o.timeout_ms = GPUIPC_TIMEOUT_FOREVER;
+  gpuipc_buf_t *data;
   float *v;
   if (srank == 0) {
-    ASSERT_OK(gpuipc_segment_open(dom, "data", NVALUES * sizeof(float), -1,
-                                  GPUIPC_CREATE | GPUIPC_EXCL | kind, &data));
+    o.flags = GPUIPC_CREATE | GPUIPC_EXCL;
+    ASSERT_OK(gpuipc_segment_open(dom, "data", &o, &data));
     v = gpuipc_buf_ptr(data);
     for (int i = 0; i < NVALUES; i++)
       v[i] = (float)(rank * 10000 + i);
-    ASSERT_OK(gpuipc_segment_open(dom, "data.ready", 64, -1,
-                                  GPUIPC_CREATE | GPUIPC_EXCL | kind, &ready));
+    ASSERT_OK(gpuipc_segment_publish(data, NULL));
   } else {
-    ASSERT_OK(gpuipc_segment_open(dom, "data.ready", 0, -1, GPUIPC_WAIT,
-                                  &ready));
-    ASSERT_OK(gpuipc_segment_open(dom, "data", NVALUES * sizeof(float), -1, 0,
-                                  &data));
+    o.flags = GPUIPC_WAIT;
+    ASSERT_OK(gpuipc_segment_open(dom, "data", &o, &data));
     v = gpuipc_buf_ptr(data);
   }
   ASSERT_EQ(gpuipc_buf_kind(data), GPUIPC_KIND_HOST);
@@ -166,18 +166,17 @@ int main(int argc, char **argv)
   printf("rank %d (scope rank %d of %d, %s): second value is %g\n", rank,
          srank, ssize, di.name, (double)v[1]);
 
-  /* Each domain holds its own two segments, held by all its ranks. */
+  /* Each domain holds its own segment, held by all its ranks. */
   MPI_Barrier(MPI_COMM_WORLD);
   gpuipc_segment_info_t seg[4];
   for (int i = 0; i < 4; i++)
     seg[i].size = sizeof(seg[i]);
-  ASSERT_EQ(gpuipc_domain_list(dom, seg, 4), 2);
+  ASSERT_EQ(gpuipc_domain_list(dom, seg, 4), 1);
   ASSERT_STREQ(seg[0].name, "data");
+  ASSERT_EQ(seg[0].state, GPUIPC_SEG_PUBLISHED);
   ASSERT_EQ(seg[0].nholders, members);
-  ASSERT_EQ(seg[1].nholders, members);
 
   MPI_Barrier(MPI_COMM_WORLD);
-  ASSERT_OK(gpuipc_buf_release(ready));
   ASSERT_OK(gpuipc_buf_release(data));
   ASSERT_OK(gpuipc_domain_leave(dom));
   MPI_Comm_free(&sc);
