@@ -81,6 +81,7 @@ struct park {
   uint32_t flags;
   uint8_t kind;
   uint64_t size;
+  uint64_t id; /* UNLINK: only while the name names this segment (0: any) */
   uint64_t deadline;
   bool recovery; /* parked only until the recovery window ends */
 };
@@ -741,6 +742,12 @@ static void dispatch_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
                b->name);
     return;
   }
+  if (p->id != 0 && s->w.id != p->id) {
+    send_error(b, c, p->req, -ENOENT, "segment %s is segment %llu now, not "
+               "%llu", p->name, (unsigned long long)s->w.id,
+               (unsigned long long)p->id);
+    return;
+  }
   if (s->w.state == GPUIPC__SEG_CREATING) {
     send_error(b, c, p->req, -ENOENT,
                "segment %s is being created by pid %u and not published yet",
@@ -835,6 +842,7 @@ static void on_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
   p.type = GPUIPC_MSG_UNLINK;
   p.req = m->req;
   snprintf(p.name, sizeof(p.name), "%s", m->u.unlink.name);
+  p.id = m->u.unlink.id;
   p.deadline = UINT64_MAX;
   dispatch_unlink(b, c, &p);
 }
