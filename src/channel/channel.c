@@ -7,10 +7,15 @@
  * random, written into the segment) and sets state A_READY. The next opener
  * wins a CAS on b_pid, writes its depth, connects and waits for A's word;
  * A accepts only the process whose pid (SO_PEERCRED) is b_pid. A then
- * marks the segment PAIRED, removes the socket file and unlinks the
- * segment's name, so the name pairs the next two openers afresh; the two
- * ends keep the memory mapped. Openers that lose a race, or find a pair
- * still unlinking the name, retry until their timeout.
+ * marks the segment PAIRED (before its word, so B never pairs with a
+ * segment not marked), removes the socket file and unlinks the segment's
+ * name, so the name pairs the next two openers afresh; the two ends keep
+ * the memory mapped. A PAIRED segment is never taken over: an opener that
+ * finds one (it may have mapped it just before the name was unlinked)
+ * drops it and opens the name afresh; if A died before unlinking the name,
+ * that opener unlinks it -- only while the name still names that segment,
+ * never a newer one of the same name. Openers that lose a race, or find a
+ * pair still unlinking the name, retry until their timeout.
  *
  * Data path. Each direction has a descriptor ring and a release ring in
  * the segment, single producer and single consumer each. Message s of a
@@ -203,6 +208,33 @@ struct hello {
   uint32_t pid;
 };
 
+static _Atomic(gpuipc__chan_hook_fn *) test_hook;
+
+void gpuipc__chan_test_hook(gpuipc__chan_hook_fn *fn)
+{
+  atomic_store(&test_hook, fn);
+}
+
+static void hook(const char *name, int where)
+{
+  gpuipc__chan_hook_fn *fn = atomic_load(&test_hook);
+  if (fn != NULL)
+    fn(name, where);
+}
+
+/*
+ * Unlink @segname if it still names the segment in ch->seg: its pair's
+ * end A (@why) did not. A name given to a newer segment is left alone.
+ */
+static void unlink_ours(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
+                        const char *segname, const char *why)
+{
+  int rc = gpuipc__segment_unlink_held(dom, segname, ch->seg);
+  if (rc != 0 && rc != -ENOENT)
+    GPUIPC_LOG_W("channel %s: unlinking segment %s (%s): %s", ch->name,
+                 segname, why, gpuipc_last_error());
+}
+
 static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
                 const char *segname, const struct chan_cfg *c,
                 uint64_t deadline)
@@ -253,20 +285,19 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
       gpuipc__fd_close(&fd); /* not the process that claimed end B */
       continue;
     }
+    atomic_store(&shm->state, GPUIPC__CHAN_PAIRED);
     struct hello h = {HELLO_MAGIC, me};
     if (gpuipc__sock_send(fd, &h, sizeof(h), NULL, 0, 1000) != 0) {
       gpuipc__fd_close(&fd);
+      atomic_store(&shm->state, GPUIPC__CHAN_A_READY); /* B never heard */
       continue;
     }
     break;
   }
-  atomic_store(&shm->state, GPUIPC__CHAN_PAIRED);
+  hook(ch->name, GPUIPC__CHAN_HOOK_PAIRED);
   unlink(path);
   gpuipc__fd_close(&lfd);
-  rc = gpuipc_segment_unlink(dom, segname);
-  if (rc != 0 && rc != -ENOENT)
-    GPUIPC_LOG_W("channel %s: unlinking segment %s: %s", ch->name, segname,
-                 gpuipc_last_error());
+  unlink_ours(ch, dom, segname, "paired");
   ch->end = 0;
   ch->sock = fd;
   ch->peer_pid = (pid_t)b;
@@ -292,7 +323,7 @@ static int be_b(struct gpuipc_channel *ch, const struct chan_cfg *c,
     uint32_t st = atomic_load(&shm->state);
     a = atomic_load(&shm->a_pid);
     if (a == 0 || (a != me && !gpuipc__pid_alive((pid_t)a)))
-      return RETRY; /* take end A over */
+      return RETRY; /* rendezvous() takes end A over, unless PAIRED */
     if (st == GPUIPC__CHAN_A_READY)
       break;
     if (st == GPUIPC__CHAN_PAIRED)
@@ -366,7 +397,14 @@ static int rendezvous(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   struct gpuipc__chan_shm *shm = ch->shm;
   uint32_t me = (uint32_t)getpid();
   uint32_t a = atomic_load(&shm->a_pid);
-  if (a == 0 || (a != me && !gpuipc__pid_alive((pid_t)a))) {
+  bool a_gone = a == 0 || (a != me && !gpuipc__pid_alive((pid_t)a));
+  /* Read after A's liveness: a dead A marks nothing PAIRED any more. */
+  if (atomic_load(&shm->state) == GPUIPC__CHAN_PAIRED) {
+    if (a_gone && a != 0)
+      unlink_ours(ch, dom, segname, "end A died before it did");
+    return RETRY; /* a pair's, maybe in use: open the name afresh */
+  }
+  if (a_gone) {
     if (!atomic_compare_exchange_strong(&shm->a_pid, &a, me))
       return RETRY;
     return be_a(ch, dom, segname, c, deadline);
@@ -453,6 +491,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
     ch->seg = seg;
     ch->base = gpuipc_buf_ptr(seg);
     ch->shm = (struct gpuipc__chan_shm *)ch->base;
+    hook(name, GPUIPC__CHAN_HOOK_MAPPED);
     rc = rendezvous(ch, dom, segname, &c, deadline);
     if (rc == PAIRED)
       break;
