@@ -23,7 +23,10 @@
  * record of it at s % depth until it is free, so at most depth messages are
  * in flight, and the rings (GPUIPC__CHAN_DEPTH_MAX slots) never overflow.
  * A buffer's handle and fd go over the socket just before the first
- * descriptor that uses it (flag NEW_BUF); the sender remembers the 256
+ * descriptor that uses it (flag NEW_BUF): sendmsg has queued the message
+ * at the receiver before the descriptor is published, so the receiver
+ * reads it without waiting, and a NEW_BUF whose message is not there is a
+ * broken peer (GPUIPC_E_PROTO at once). The sender remembers the 256
  * buffers the receiver holds and tells it to forget the least recently
  * used one when it needs room.
  *
@@ -55,7 +58,7 @@
 #define SEGMENT_PREFIX "chan."
 #define STAGE_SLOTS_DEFAULT 4
 #define STAGE_SLOT_BYTES_DEFAULT ((size_t)4 << 20)
-#define BUFMSG_TIMEOUT_MS 5000 /* the message was sent before the descriptor */
+#define BUFMSG_TIMEOUT_MS 5000 /* a sender's wait for room on the socket */
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
@@ -1437,15 +1440,23 @@ static gpuipc_buf_t *rxbuf_find(struct gpuipc__rx *rx, uint64_t key, int *at)
   return NULL;
 }
 
-/* Read the buffer message for @d from the socket and import it. */
+/*
+ * Read the buffer message for @d from the socket and import it. The sender
+ * queued it before publishing @d, so it is read without waiting.
+ */
 static int rx_import(struct gpuipc_channel *ch, const struct gpuipc__desc *d,
                      const char *who)
 {
   struct gpuipc__rx *rx = &ch->rx;
   uint8_t msg[GPUIPC__BUFMSG_BYTES + 16];
   int fds[1] = {-1}, nfds = 1, at;
-  ssize_t n = gpuipc__sock_recv(ch->sock, msg, sizeof(msg), fds, &nfds,
-                                BUFMSG_TIMEOUT_MS);
+  ssize_t n = gpuipc__sock_recv(ch->sock, msg, sizeof(msg), fds, &nfds, 0);
+  if (n == -ETIMEDOUT)
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu announced buffer "
+                       "key %llu, but its buffer message is not on the "
+                       "socket (a sender queues it before the descriptor)",
+                       who, (unsigned long long)d->seq,
+                       (unsigned long long)d->buf_key);
   if (n < 0) {
     if (n == GPUIPC_E_PEER_GONE)
       atomic_store(&ch->gone, 1);
