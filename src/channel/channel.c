@@ -226,8 +226,8 @@ static void hook(const char *name, int where)
 }
 
 /*
- * Unlink @segname if it still names the segment in ch->seg: its pair's
- * end A (@why) did not. A name given to a newer segment is left alone.
+ * Unlink @segname, but only while it names the segment in ch->seg: a name
+ * given meanwhile to a newer segment is left alone. @why is for the log.
  */
 static void unlink_ours(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
                         const char *segname, const char *why)
@@ -300,7 +300,7 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   hook(ch->name, GPUIPC__CHAN_HOOK_PAIRED);
   unlink(path);
   gpuipc__fd_close(&lfd);
-  unlink_ours(ch, dom, segname, "paired");
+  unlink_ours(ch, dom, segname, "as end A");
   ch->end = 0;
   ch->sock = fd;
   ch->peer_pid = (pid_t)b;
@@ -404,7 +404,7 @@ static int rendezvous(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   /* Read after A's liveness: a dead A marks nothing PAIRED any more. */
   if (atomic_load(&shm->state) == GPUIPC__CHAN_PAIRED) {
     if (a_gone && a != 0)
-      unlink_ours(ch, dom, segname, "end A died before it did");
+      unlink_ours(ch, dom, segname, "end A died before unlinking it");
     return RETRY; /* a pair's, maybe in use: open the name afresh */
   }
   if (a_gone) {
