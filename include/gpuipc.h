@@ -1234,6 +1234,11 @@ GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
  * received); GPUIPC_E_PROTO (the peer sent a malformed descriptor, with a
  * sentence naming the field; the channel is unusable afterwards);
  * what gpuipc_buf_import returns; GPUIPC_E_CUDA.
+ * A buffer new to this end comes over the channel's socket, queued there by
+ * the sender before the descriptor that uses it: it is read without
+ * waiting (@timeout_ms 0 never waits on the socket either). A
+ * descriptor that announces a new buffer whose message is not on the
+ * socket is a broken peer: GPUIPC_E_PROTO at once, and for good.
  */
 GPUIPC_API int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
                            void *stream, int timeout_ms);

@@ -158,6 +158,10 @@ static void every_type(void)
   m.type = GPUIPC_MSG_UNLINK;
   snprintf(m.u.unlink.name, sizeof(m.u.unlink.name), "u");
   round_trip(&m);
+  ASSERT_EQ_U(out.u.unlink.id, 0);
+  m.u.unlink.id = 77; /* only while "u" names segment 77 */
+  round_trip(&m);
+  ASSERT_EQ_U(out.u.unlink.id, 77);
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_LIST;
   m.u.list.max = GPUIPC__LIST_RECS;

@@ -5,10 +5,19 @@
  * waits is replaced by the next; and a channel carries tensors both ways:
  * a view sent back to its exporter comes home as the exporter's own
  * buffer, at the same address.
+ *
+ * A segment marked PAIRED is never taken over, even when its end A has
+ * died: an opener that mapped it just before the pair unlinked its name
+ * opens the name afresh (and the pair's survivor still receives all it
+ * was sent), and when end A died before unlinking the name, the next
+ * openers unlink it for it and pair on a new segment.
  */
+#include "channel/channel.h"
 #include "helpers/chan_common.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <unistd.h>
 
 static gpuipc_domain_t *dom;
@@ -82,6 +91,111 @@ static void dead_opener(void)
   ASSERT_EQ(test_wait(b, 60000), 0);
 }
 
+/* Wait until @pid is end A of segment @segname, ready for its B. */
+static void wait_end_a(const char *segname, pid_t pid)
+{
+  gpuipc_buf_t *seg = NULL;
+  uint32_t a = 0, st = 0;
+  for (int i = 0; i < 30000; i++) {
+    if (seg == NULL && test_seg_open(dom, segname, 0, -1, 0, &seg) != 0)
+      seg = NULL;
+    if (seg != NULL) {
+      struct gpuipc__chan_shm *shm = gpuipc_buf_ptr(seg);
+      a = atomic_load(&shm->a_pid);
+      st = atomic_load(&shm->state);
+      if (a == (uint32_t)pid && st == GPUIPC__CHAN_A_READY)
+        break;
+    }
+    usleep(1000);
+  }
+  ASSERT_EQ(a, pid);
+  ASSERT_EQ(st, GPUIPC__CHAN_A_READY);
+  gpuipc_buf_release(seg);
+}
+
+static const char *fdstr(int fd, char *buf)
+{
+  snprintf(buf, 16, "%d", fd);
+  return buf;
+}
+
+/*
+ * C maps the segment of "late" and stops. S (end A) and R pair on it; S
+ * sends 10 messages and dies. Then C goes on, with D: C must not take
+ * the PAIRED segment over (it would wait on a segment nobody can open any
+ * more, and wipe R's rings), but pair with D on a new one; R receives all
+ * 10 messages afterwards.
+ */
+static void late_opener(void)
+{
+  int go[2], mapped[2], gate[2];
+  ASSERT_OK(pipe2(go, O_CLOEXEC));
+  ASSERT_OK(pipe2(mapped, O_CLOEXEC));
+  ASSERT_OK(pipe2(gate, O_CLOEXEC));
+  char b1[16], b2[16];
+  const char *cargs[] = {"pair-late", "chan-open", "late", fdstr(go[0], b1),
+                         fdstr(mapped[1], b2), NULL};
+  int ckeep[] = {go[0], mapped[1], -1};
+  pid_t c = test_spawn("chan_peer", cargs, ckeep);
+  close(go[0]);
+  close(mapped[1]);
+  char x;
+  ASSERT_EQ(read(mapped[0], &x, 1), 1); /* C holds the segment */
+
+  const char *sargs[] = {"send-die", "chan-open", "late", "10", "0", NULL};
+  pid_t s = test_spawn("chan_peer", sargs, NULL);
+  wait_end_a("chan.late", s);
+  const char *rargs[] = {"recv-after", "chan-open", "late", "10",
+                         fdstr(gate[0], b1), NULL};
+  int rkeep[] = {gate[0], -1};
+  pid_t r = test_spawn("chan_peer", rargs, rkeep);
+  close(gate[0]);
+  ASSERT_EQ(test_wait(s, 60000), 128 + SIGKILL); /* paired, sent, died */
+
+  const char *dargs[] = {"pair", "chan-open", "late", NULL};
+  pid_t d = test_spawn("chan_peer", dargs, NULL);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  ASSERT_EQ(test_wait(c, 60000), 0);
+  ASSERT_EQ(test_wait(d, 60000), 0);
+  ASSERT_EQ(write(gate[1], "g", 1), 1);
+  ASSERT_EQ(test_wait(r, 60000), 0);
+  close(go[1]);
+  close(mapped[0]);
+  close(gate[1]);
+}
+
+/*
+ * X (end A) dies between marking the segment PAIRED and unlinking its
+ * name, so the name still names a paired segment. The next two openers
+ * unlink that name (only while it names that segment) and pair afresh.
+ */
+static void dead_before_unlink(void)
+{
+  const char *xargs[] = {"pair-die", "chan-open", "reap", NULL};
+  pid_t x = test_spawn("chan_peer", xargs, NULL);
+  wait_end_a("chan.reap", x);
+  const char *args[] = {"pair", "chan-open", "reap", NULL};
+  pid_t y = test_spawn("chan_peer", args, NULL);
+  ASSERT_EQ(test_wait(x, 60000), 128 + SIGKILL);
+  gpuipc_buf_t *seg;
+  ASSERT_OK(test_seg_open(dom, "chan.reap", 0, -1, 0, &seg));
+  struct gpuipc__chan_shm *shm = gpuipc_buf_ptr(seg);
+  uint32_t st = atomic_load(&shm->state), a = atomic_load(&shm->a_pid);
+  ASSERT_EQ(st, GPUIPC__CHAN_PAIRED);
+  ASSERT_EQ(a, x);
+  pid_t c = test_spawn("chan_peer", args, NULL);
+  pid_t d = test_spawn("chan_peer", args, NULL);
+  ASSERT_EQ(test_wait(c, 60000), 0);
+  ASSERT_EQ(test_wait(d, 60000), 0);
+  /* The dead pair's segment was left alone. */
+  st = atomic_load(&shm->state);
+  a = atomic_load(&shm->a_pid);
+  ASSERT_EQ(st, GPUIPC__CHAN_PAIRED);
+  ASSERT_EQ(a, x);
+  gpuipc_buf_release(seg);
+  ASSERT_NE(test_wait(y, 60000), 0); /* its peer died under it */
+}
+
 static void both_ways(void)
 {
   const char *args[] = {"echo", "chan-open", "echo", "50", NULL};
@@ -126,6 +240,8 @@ int main(void)
   alone();
   two_pairs();
   dead_opener();
+  late_opener();
+  dead_before_unlink();
   both_ways();
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;

@@ -6,6 +6,7 @@
 #include "test.h"
 #include "helpers/seg_peer.h"
 
+#include "domain/domain.h"
 #include "mem/mem.h"
 
 #include <pthread.h>
@@ -173,6 +174,34 @@ struct waiter {
   gpuipc_buf_t *buf;
 };
 
+/*
+ * The conditional unlink the channels use: it removes a name only while
+ * the name still names the segment the caller holds, never a newer one
+ * created under the same name after the first was unlinked.
+ */
+static void unlink_held(void)
+{
+  unsigned flags = GPUIPC_CREATE | TEST_SEG_KIND(GPUIPC_KIND_HOST);
+  gpuipc_buf_t *old, *young;
+  ASSERT_OK(test_seg_open(dom, "held", 4096, -1, flags, &old));
+  ASSERT_OK(gpuipc_segment_unlink(dom, "held"));
+  ASSERT_OK(test_seg_open(dom, "held", 4096, -1, flags, &young));
+  ASSERT_TRUE(young != old);
+  ASSERT_RC(gpuipc__segment_unlink_held(dom, "held", old), -ENOENT);
+  ASSERT_ERR_MENTIONS("not");
+  gpuipc_segment_info_t s;
+  stat_seg("held", &s); /* the young one keeps its name */
+  ASSERT_EQ(s.state, GPUIPC_SEG_PUBLISHED);
+  ASSERT_RC(gpuipc__segment_unlink_held(dom, "other", young), -ENOENT);
+  ASSERT_OK(gpuipc__segment_unlink_held(dom, "held", young));
+  memset(&s, 0, sizeof(s));
+  s.size = sizeof(s);
+  ASSERT_RC(gpuipc_segment_stat(dom, "held", &s), -ENOENT);
+  ASSERT_RC(gpuipc__segment_unlink_held(dom, "held", young), -ENOENT);
+  gpuipc_buf_release(old);
+  gpuipc_buf_release(young);
+}
+
 static void *wait_thread(void *arg)
 {
   struct waiter *w = arg;
@@ -261,6 +290,7 @@ int main(void)
   int fds = test_count_fds(0);
   bad_arguments();
   create_and_share();
+  unlink_held();
   waiting();
   threads();
   ASSERT_EQ(test_count_fds(0), fds);

@@ -7,10 +7,15 @@
  * random, written into the segment) and sets state A_READY. The next opener
  * wins a CAS on b_pid, writes its depth, connects and waits for A's word;
  * A accepts only the process whose pid (SO_PEERCRED) is b_pid. A then
- * marks the segment PAIRED, removes the socket file and unlinks the
- * segment's name, so the name pairs the next two openers afresh; the two
- * ends keep the memory mapped. Openers that lose a race, or find a pair
- * still unlinking the name, retry until their timeout.
+ * marks the segment PAIRED (before its word, so B never pairs with a
+ * segment not marked), removes the socket file and unlinks the segment's
+ * name, so the name pairs the next two openers afresh; the two ends keep
+ * the memory mapped. A PAIRED segment is never taken over: an opener that
+ * finds one (it may have mapped it just before the name was unlinked)
+ * drops it and opens the name afresh; if A died before unlinking the name,
+ * that opener unlinks it -- only while the name still names that segment,
+ * never a newer one of the same name. Openers that lose a race, or find a
+ * pair still unlinking the name, retry until their timeout.
  *
  * Data path. Each direction has a descriptor ring and a release ring in
  * the segment, single producer and single consumer each. Message s of a
@@ -18,7 +23,10 @@
  * record of it at s % depth until it is free, so at most depth messages are
  * in flight, and the rings (GPUIPC__CHAN_DEPTH_MAX slots) never overflow.
  * A buffer's handle and fd go over the socket just before the first
- * descriptor that uses it (flag NEW_BUF); the sender remembers the 256
+ * descriptor that uses it (flag NEW_BUF): sendmsg has queued the message
+ * at the receiver before the descriptor is published, so the receiver
+ * reads it without waiting, and a NEW_BUF whose message is not there is a
+ * broken peer (GPUIPC_E_PROTO at once). The sender remembers the 256
  * buffers the receiver holds and tells it to forget the least recently
  * used one when it needs room.
  *
@@ -50,7 +58,7 @@
 #define SEGMENT_PREFIX "chan."
 #define STAGE_SLOTS_DEFAULT 4
 #define STAGE_SLOT_BYTES_DEFAULT ((size_t)4 << 20)
-#define BUFMSG_TIMEOUT_MS 5000 /* the message was sent before the descriptor */
+#define BUFMSG_TIMEOUT_MS 5000 /* a sender's wait for room on the socket */
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
@@ -203,6 +211,33 @@ struct hello {
   uint32_t pid;
 };
 
+static _Atomic(gpuipc__chan_hook_fn *) test_hook;
+
+void gpuipc__chan_test_hook(gpuipc__chan_hook_fn *fn)
+{
+  atomic_store(&test_hook, fn);
+}
+
+static void hook(const char *name, int where)
+{
+  gpuipc__chan_hook_fn *fn = atomic_load(&test_hook);
+  if (fn != NULL)
+    fn(name, where);
+}
+
+/*
+ * Unlink @segname, but only while it names the segment in ch->seg: a name
+ * given meanwhile to a newer segment is left alone. @why is for the log.
+ */
+static void unlink_ours(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
+                        const char *segname, const char *why)
+{
+  int rc = gpuipc__segment_unlink_held(dom, segname, ch->seg);
+  if (rc != 0 && rc != -ENOENT)
+    GPUIPC_LOG_W("channel %s: unlinking segment %s (%s): %s", ch->name,
+                 segname, why, gpuipc_last_error());
+}
+
 static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
                 const char *segname, const struct chan_cfg *c,
                 uint64_t deadline)
@@ -253,20 +288,19 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
       gpuipc__fd_close(&fd); /* not the process that claimed end B */
       continue;
     }
+    atomic_store(&shm->state, GPUIPC__CHAN_PAIRED);
     struct hello h = {HELLO_MAGIC, me};
     if (gpuipc__sock_send(fd, &h, sizeof(h), NULL, 0, 1000) != 0) {
       gpuipc__fd_close(&fd);
+      atomic_store(&shm->state, GPUIPC__CHAN_A_READY); /* B never heard */
       continue;
     }
     break;
   }
-  atomic_store(&shm->state, GPUIPC__CHAN_PAIRED);
+  hook(ch->name, GPUIPC__CHAN_HOOK_PAIRED);
   unlink(path);
   gpuipc__fd_close(&lfd);
-  rc = gpuipc_segment_unlink(dom, segname);
-  if (rc != 0 && rc != -ENOENT)
-    GPUIPC_LOG_W("channel %s: unlinking segment %s: %s", ch->name, segname,
-                 gpuipc_last_error());
+  unlink_ours(ch, dom, segname, "as end A");
   ch->end = 0;
   ch->sock = fd;
   ch->peer_pid = (pid_t)b;
@@ -292,7 +326,7 @@ static int be_b(struct gpuipc_channel *ch, const struct chan_cfg *c,
     uint32_t st = atomic_load(&shm->state);
     a = atomic_load(&shm->a_pid);
     if (a == 0 || (a != me && !gpuipc__pid_alive((pid_t)a)))
-      return RETRY; /* take end A over */
+      return RETRY; /* rendezvous() takes end A over, unless PAIRED */
     if (st == GPUIPC__CHAN_A_READY)
       break;
     if (st == GPUIPC__CHAN_PAIRED)
@@ -366,7 +400,14 @@ static int rendezvous(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   struct gpuipc__chan_shm *shm = ch->shm;
   uint32_t me = (uint32_t)getpid();
   uint32_t a = atomic_load(&shm->a_pid);
-  if (a == 0 || (a != me && !gpuipc__pid_alive((pid_t)a))) {
+  bool a_gone = a == 0 || (a != me && !gpuipc__pid_alive((pid_t)a));
+  /* Read after A's liveness: a dead A marks nothing PAIRED any more. */
+  if (atomic_load(&shm->state) == GPUIPC__CHAN_PAIRED) {
+    if (a_gone && a != 0)
+      unlink_ours(ch, dom, segname, "end A died before unlinking it");
+    return RETRY; /* a pair's, maybe in use: open the name afresh */
+  }
+  if (a_gone) {
     if (!atomic_compare_exchange_strong(&shm->a_pid, &a, me))
       return RETRY;
     return be_a(ch, dom, segname, c, deadline);
@@ -457,6 +498,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
     ch->seg = seg;
     ch->base = gpuipc_buf_ptr(seg);
     ch->shm = (struct gpuipc__chan_shm *)ch->base;
+    hook(name, GPUIPC__CHAN_HOOK_MAPPED);
     rc = rendezvous(ch, dom, segname, &c, deadline);
     if (rc == PAIRED)
       break;
@@ -1406,15 +1448,23 @@ static gpuipc_buf_t *rxbuf_find(struct gpuipc__rx *rx, uint64_t key, int *at)
   return NULL;
 }
 
-/* Read the buffer message for @d from the socket and import it. */
+/*
+ * Read the buffer message for @d from the socket and import it. The sender
+ * queued it before publishing @d, so it is read without waiting.
+ */
 static int rx_import(struct gpuipc_channel *ch, const struct gpuipc__desc *d,
                      const char *who)
 {
   struct gpuipc__rx *rx = &ch->rx;
   uint8_t msg[GPUIPC__BUFMSG_BYTES + 16];
   int fds[1] = {-1}, nfds = 1, at;
-  ssize_t n = gpuipc__sock_recv(ch->sock, msg, sizeof(msg), fds, &nfds,
-                                BUFMSG_TIMEOUT_MS);
+  ssize_t n = gpuipc__sock_recv(ch->sock, msg, sizeof(msg), fds, &nfds, 0);
+  if (n == -ETIMEDOUT)
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu announced buffer "
+                       "key %llu, but its buffer message is not on the "
+                       "socket (a sender queues it before the descriptor)",
+                       who, (unsigned long long)d->seq,
+                       (unsigned long long)d->buf_key);
   if (n < 0) {
     if (n == GPUIPC_E_PEER_GONE)
       atomic_store(&ch->gone, 1);

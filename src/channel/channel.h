@@ -357,4 +357,16 @@ uint64_t gpuipc__chan_last_key(struct gpuipc_channel *ch);
 /* The next sequence number this end will send. */
 uint64_t gpuipc__chan_next_seq(struct gpuipc_channel *ch);
 
+/*
+ * Tests only, to stop an opener at a point of the rendezvous: @fn (NULL:
+ * none) is called with the channel's name at
+ *   GPUIPC__CHAN_HOOK_MAPPED  an opener has mapped the segment of the name
+ *                             and not looked at it yet;
+ *   GPUIPC__CHAN_HOOK_PAIRED  end A has marked the segment PAIRED and not
+ *                             unlinked its name yet.
+ */
+enum { GPUIPC__CHAN_HOOK_MAPPED = 1, GPUIPC__CHAN_HOOK_PAIRED = 2 };
+typedef void gpuipc__chan_hook_fn(const char *name, int where);
+void gpuipc__chan_test_hook(gpuipc__chan_hook_fn *fn);
+
 #endif

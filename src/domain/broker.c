@@ -84,6 +84,7 @@ struct park {
   uint32_t flags;
   uint8_t kind;
   uint64_t size;
+  uint64_t id; /* UNLINK: only while the name names this segment (0: any) */
   uint64_t deadline;
   bool recovery; /* parked only until the recovery window ends */
 };
@@ -774,6 +775,12 @@ static void dispatch_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
                b->name);
     return;
   }
+  if (p->id != 0 && s->w.id != p->id) {
+    send_error(b, c, p->req, -ENOENT, "segment %s is segment %llu now, not "
+               "%llu", p->name, (unsigned long long)s->w.id,
+               (unsigned long long)p->id);
+    return;
+  }
   if (s->w.state == GPUIPC__SEG_CREATING ||
       s->w.state == GPUIPC__SEG_FILLING) {
     send_error(b, c, p->req, -ENOENT,
@@ -869,6 +876,7 @@ static void on_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
   p.type = GPUIPC_MSG_UNLINK;
   p.req = m->req;
   snprintf(p.name, sizeof(p.name), "%s", m->u.unlink.name);
+  p.id = m->u.unlink.id;
   p.deadline = UINT64_MAX;
   dispatch_unlink(b, c, &p);
 }

@@ -319,6 +319,16 @@ void gpuipc__seg_disown_domain(gpuipc_domain_t *d);
 void gpuipc__seg_forget_domain(gpuipc_domain_t *d);
 
 /*
+ * gpuipc_segment_unlink, but only while @name still names the segment that
+ * this process holds as @buf (opened through @dom): a name unlinked
+ * meanwhile and given to a newer segment is left alone. Returns 0; -ENOENT
+ * when @name names another segment or none, or @buf is not held as @name;
+ * what gpuipc_segment_unlink returns otherwise.
+ */
+int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
+                                const gpuipc_buf_t *buf);
+
+/*
  * For tests only: when @on, every segment this process creates from now on
  * is published as held by its creator (GPUIPC__SEGF_CREATOR_HELD), as
  * LEGACY and POOL ones are, whatever its kind -- so that the deferred

@@ -253,6 +253,9 @@ static int check_msg(struct gpuipc__msg *m, bool decoding)
                        m->u.release.count);
     return 0;
   case GPUIPC_MSG_UNLINK:
+    if (m->u.unlink.id > GPUIPC__ID_MAX)
+      return PROTO_ERR(m, "UNLINK: id %llu out of range",
+                       (unsigned long long)m->u.unlink.id);
     return check_name_field(m->u.unlink.name, false, nm, "name");
   case GPUIPC_MSG_LIST:
     rc = check_name_field(m->u.list.name, true, nm, "name");
@@ -409,6 +412,8 @@ static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_UNLINK:
     gpuipc__put_str(w, m->u.unlink.name);
+    if (m->u.unlink.id != 0)
+      gpuipc__put_u64(w, m->u.unlink.id);
     break;
   case GPUIPC_MSG_LIST:
     gpuipc__put_str(w, m->u.list.name);
@@ -584,6 +589,12 @@ static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
     break;
   case GPUIPC_MSG_UNLINK:
     gpuipc__get_str(r, m->u.unlink.name, sizeof(m->u.unlink.name));
+    m->u.unlink.id = 0;
+    if (r->err == 0 && r->pos < r->len) { /* the optional id */
+      m->u.unlink.id = gpuipc__get_u64(r);
+      if (m->u.unlink.id == 0 && r->err == 0)
+        r->err = GPUIPC_E_PROTO; /* 0 is never written */
+    }
     break;
   case GPUIPC_MSG_LIST:
     gpuipc__get_str(r, m->u.list.name, sizeof(m->u.list.name));

@@ -195,6 +195,10 @@ struct gpuipc__msg {
     } release;
     struct {
       char name[GPUIPC__NAME_MAX + 1];
+      /* 0: whatever @name names. Else only while @name names segment @id
+       * (ENOENT otherwise). On the wire only when non-zero, so a plain
+       * UNLINK keeps its old body. */
+      uint64_t id;
     } unlink;
     struct {
       char name[GPUIPC__NAME_MAX + 1]; /* "" for every segment */

@@ -1148,13 +1148,9 @@ int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream)
   return rc;
 }
 
-int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
+/* UNLINK @name; @id non-zero: only while @name names segment @id. */
+static int segment_unlink(gpuipc_domain_t *dom, const char *name, uint64_t id)
 {
-  if (dom == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_segment_unlink: dom is NULL");
-  int rc = gpuipc__name_check(name, "gpuipc_segment_unlink: segment name");
-  if (rc != 0)
-    return rc;
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_segment_unlink: out of memory");
@@ -1165,11 +1161,13 @@ int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
    * before the broker died; then the retry finds no such name, and the
    * caller's wish -- the name is gone -- has come true. */
   bool retried = false;
+  int rc;
   for (;;) {
     struct gpuipc__msg *m = &r->msg;
     memset(&m->u.unlink, 0, sizeof(m->u.unlink));
     m->type = GPUIPC_MSG_UNLINK;
     snprintf(m->u.unlink.name, sizeof(m->u.unlink.name), "%s", name);
+    m->u.unlink.id = id;
     rc = gpuipc__dom_call(dom, m, NULL, 0, gpuipc__ms_left(deadline), what,
                           r);
     if (rc == GPUIPC_E_PEER_GONE && gpuipc__now_ns() < deadline) {
@@ -1184,6 +1182,34 @@ int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
     gpuipc__fd_close(&r->fds[i]);
   free(r);
   return rc;
+}
+
+int gpuipc_segment_unlink(gpuipc_domain_t *dom, const char *name)
+{
+  if (dom == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_unlink: dom is NULL");
+  int rc = gpuipc__name_check(name, "gpuipc_segment_unlink: segment name");
+  if (rc != 0)
+    return rc;
+  return segment_unlink(dom, name, 0);
+}
+
+int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
+                                const gpuipc_buf_t *buf)
+{
+  uint64_t id = 0;
+  pthread_mutex_lock(&seg_mu);
+  struct seg_entry *e = entry_find(buf);
+  for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL;
+       h = h->next)
+    if (h->dom == dom && strcmp(h->name, name) == 0)
+      id = h->id;
+  pthread_mutex_unlock(&seg_mu);
+  if (id == 0)
+    return gpuipc__err(-ENOENT, "gpuipc_segment_unlink(%s): this process "
+                       "holds no segment of that name at %p", name,
+                       (const void *)buf);
+  return segment_unlink(dom, name, id);
 }
 
 /* ------------------------------------------------------------------------ */

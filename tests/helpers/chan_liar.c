@@ -6,7 +6,8 @@
  * check of gpuipc_send. It then waits until the receiver closes.
  *
  * CASE: ndim, stride, offset, bigsize, dtype, dtype99, lanes, magic, seq,
- * key, flags, forget, bufmsg.
+ * key, flags, forget, bufmsg, nobufmsg (announces a new buffer and sends
+ * no buffer message at all).
  */
 #include "channel/channel.h"
 #include "helpers/chan_common.h"
@@ -82,6 +83,9 @@ int main(int argc, char **argv)
     ASSERT_GT(n, 0);
     bufmsg_len = (size_t)n;
     fd = h.fd;
+  } else if (strcmp(c, "nobufmsg") == 0) {
+    d.flags = GPUIPC__DESC_NEW_BUF;
+    d.buf_key = 2;
   } else if (strcmp(c, "magic") != 0) {
     TFAIL("unknown case %s", c);
   }

@@ -4,6 +4,8 @@
  *   recv-order N         receive N views, check each against message i
  *   recv-slow N GATEFD   wait for a byte on GATEFD, then as recv-order,
  *                        pausing now and then
+ *   recv-after N GATEFD  wait for a byte on GATEFD, receive N views in
+ *                        order, then find the sender gone (it died)
  *   recv-into N          receive N messages with gpuipc_recv_into; message
  *                        5 first into a destination of the wrong shape
  *   recv-die MS          open, receive nothing, kill itself after MS ms
@@ -14,15 +16,41 @@
  *   pair                 send our pid, receive the peer's, compare it with
  *                        what the channel says
  *   open-wait            open and wait (to be killed while waiting)
+ *   pair-late GO MAPPED  as pair, but once the channel's segment is mapped
+ *                        write a byte to fd MAPPED and wait for one on fd
+ *                        GO before looking at it
+ *   pair-die             as pair, but as end A die (SIGKILL) once the
+ *                        segment is marked PAIRED, before its name is
+ *                        unlinked
  *
  * Exit 0 when everything checked out; 1 with a message otherwise.
  */
+#include "channel/channel.h"
 #include "helpers/chan_common.h"
 
 #include <signal.h>
 #include <unistd.h>
 
 static gpuipc_domain_t *dom;
+static int late_go = -1, late_mapped = -1;
+
+static void late_hook(const char *name, int where)
+{
+  (void)name;
+  if (where != GPUIPC__CHAN_HOOK_MAPPED || late_go < 0)
+    return;
+  char c = 'm';
+  ASSERT_EQ(write(late_mapped, &c, 1), 1);
+  ASSERT_EQ(read(late_go, &c, 1), 1);
+  late_go = -1; /* only the first mapping waits */
+}
+
+static void die_hook(const char *name, int where)
+{
+  (void)name;
+  if (where == GPUIPC__CHAN_HOOK_PAIRED)
+    kill(getpid(), SIGKILL);
+}
 
 static gpuipc_channel_t *open_ch(const char *name, int timeout_ms)
 {
@@ -35,7 +63,8 @@ static gpuipc_channel_t *open_ch(const char *name, int timeout_ms)
   return ch;
 }
 
-static void recv_order(gpuipc_channel_t *ch, long n, int gate)
+/* Then @end (-EAGAIN, or GPUIPC_E_PEER_GONE when the sender died). */
+static void recv_order(gpuipc_channel_t *ch, long n, int gate, int end)
 {
   if (gate >= 0) {
     char c;
@@ -52,7 +81,7 @@ static void recv_order(gpuipc_channel_t *ch, long n, int gate)
       usleep(1000); /* a slow receiver */
   }
   gpuipc_tensor_t *v;
-  ASSERT_RC(gpuipc_recv(ch, &v, NULL, 0), -EAGAIN);
+  ASSERT_RC(gpuipc_recv(ch, &v, NULL, 0), end);
 }
 
 static void recv_into(gpuipc_channel_t *ch, long n)
@@ -162,13 +191,26 @@ int main(int argc, char **argv)
     gpuipc_channel_close(ch);
     return 0;
   }
+  if (strcmp(mode, "pair-late") == 0) {
+    if (argc != 6)
+      TFAIL("usage: chan_peer pair-late DOMAIN CHANNEL GO MAPPED");
+    late_go = (int)chan_arg(argv[4]);
+    late_mapped = (int)chan_arg(argv[5]);
+    gpuipc__chan_test_hook(late_hook);
+    mode = "pair";
+  } else if (strcmp(mode, "pair-die") == 0) {
+    gpuipc__chan_test_hook(die_hook);
+    mode = "pair";
+  }
   gpuipc_channel_t *ch = open_ch(argv[3], 30000);
   long n = argc > 4 ? chan_arg(argv[4]) : 0;
   gpuipc_buf_t *buf = NULL;
   if (strcmp(mode, "recv-order") == 0) {
-    recv_order(ch, n, -1);
+    recv_order(ch, n, -1, -EAGAIN);
   } else if (strcmp(mode, "recv-slow") == 0) {
-    recv_order(ch, n, (int)chan_arg(argv[5]));
+    recv_order(ch, n, (int)chan_arg(argv[5]), -EAGAIN);
+  } else if (strcmp(mode, "recv-after") == 0) {
+    recv_order(ch, n, (int)chan_arg(argv[5]), GPUIPC_E_PEER_GONE);
   } else if (strcmp(mode, "recv-into") == 0) {
     recv_into(ch, n);
   } else if (strcmp(mode, "recv-die") == 0) {
