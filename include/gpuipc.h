@@ -696,8 +696,14 @@ typedef struct gpuipc_domain_opts {
  * Returns 0; -EINVAL (NULL @out, a bad name — the sentence gives the rule —
  * or bad @opts); GPUIPC_E_DENIED when the broker refused this process's
  * uid, or the runtime directory is unsafe; GPUIPC_E_VERSION when the broker
- * speaks another protocol version; -ENOENT with GPUIPC_JOIN_NO_BROKER when
- * no broker runs; -ETIMEDOUT; -errno from the socket calls.
+ * speaks another protocol version; -EUSERS when the broker has as many
+ * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
+ * half its process's open-file limit less 32) or from this uid
+ * (GPUIPC_MAX_MEMBERS_PER_UID); -EMFILE when the broker's process has no
+ * descriptor free (or this process has none) — both at once, not after the
+ * timeout, the sentence naming the limit: try again once members have
+ * left; -ENOENT with GPUIPC_JOIN_NO_BROKER when no broker runs;
+ * -ETIMEDOUT; -errno from the socket calls.
  * Thread-safe. A process may join several domains, and the same domain more
  * than once (each join is a member of its own). A domain does not survive
  * fork(): a child joins anew.

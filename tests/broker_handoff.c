@@ -184,10 +184,10 @@ int main(void)
   gpuipc_buf_release(x);
 
   /* b hosts: its descriptors are its old ones + lock, listener, wake pipe,
-   * one per member, one per segment, and the buffers it still holds
+   * spare, one per member, one per segment, and the buffers it still holds
    * (orphan, kept, bs). */
   peer_info(&b, &ib);
-  ASSERT_EQ(peer_fds(&b), fds_b - 1 /* gone */ + 2 /* orphan, kept */ + 4 +
+  ASSERT_EQ(peer_fds(&b), fds_b - 1 /* gone */ + 2 /* orphan, kept */ + 5 +
                               ib.members + ib.fds);
   (void)fds_a;
 

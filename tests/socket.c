@@ -1,6 +1,7 @@
 /*
  * Unix SOCK_SEQPACKET sockets: messages with descriptors between processes,
- * refusal of what does not fit (without leaking a descriptor), timeouts,
+ * refusal of what does not fit (without leaking a descriptor), a receiver
+ * with no descriptor free (EMFILE, not "too many descriptors"), timeouts,
  * EINTR, a peer that goes away, connect errors and peer credentials.
  */
 #include "test.h"
@@ -13,6 +14,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -238,6 +240,48 @@ static void refuse_what_does_not_fit(void)
   close_n(five, 5);
   close(sv[0]);
   close(sv[1]);
+}
+
+/* A receiver at its open-file limit gets -EMFILE and a sentence saying
+ * so, loses no descriptor, and receives normally once it has room. */
+static void no_descriptor_free(void)
+{
+  int sv[2];
+  ASSERT_OK(gpuipc__sock_pair(sv));
+  int three[3];
+  open_n(three, 3);
+  ASSERT_OK(gpuipc__sock_send(sv[0], "three", 6, three, 3, TIMEOUT_MS));
+  ASSERT_OK(gpuipc__sock_send(sv[0], "again", 6, three, 3, TIMEOUT_MS));
+  close_n(three, 3);
+  int before = test_count_fds(0);
+
+  struct rlimit rl, low;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  low = rl;
+  low.rlim_cur = 256;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  static int hog[256];
+  int nhog = 0;
+  while (nhog < 256 &&
+         (hog[nhog] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+    nhog++;
+  ASSERT_EQ(errno, EMFILE);
+  close(hog[--nhog]); /* room for one of the three */
+  char buf[16];
+  int got[GPUIPC_FDS_MAX], n = GPUIPC_FDS_MAX;
+  ssize_t rc = gpuipc__sock_recv(sv[1], buf, sizeof(buf), got, &n, 0);
+  close_n(hog, nhog);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  ASSERT_EQ(rc, -EMFILE);
+  ASSERT_ERR_MENTIONS("no descriptor free");
+  ASSERT_EQ(test_count_fds(0), before);
+
+  n = GPUIPC_FDS_MAX;
+  ASSERT_EQ(gpuipc__sock_recv(sv[1], buf, sizeof(buf), got, &n, TIMEOUT_MS),
+            6);
+  ASSERT_EQ(n, 3);
+  close_n(got, 3);
+  close_n(sv, 2);
 }
 
 static void timeouts(void)
@@ -523,6 +567,7 @@ int main(void)
   ASSERT_OK(gpuipc__runtime_dir(rundir, sizeof(rundir)));
   pass_three_fds();
   refuse_what_does_not_fit();
+  no_descriptor_free();
   timeouts();
   survives_signals();
   peer_goes_away();

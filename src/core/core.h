@@ -64,6 +64,13 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "Comma-separated gids whose members may join.")                           \
   XX(TIMEOUT_MS, "GPUIPC_TIMEOUT_MS", "10000",                                 \
      "Default timeout in milliseconds for broker requests.")                   \
+  XX(MAX_MEMBERS, "GPUIPC_MAX_MEMBERS", "0",                                   \
+     "Connections a broker takes at once; more are refused (-EUSERS). 0: "    \
+     "4096. Never more than half the broker process's open-file limit "       \
+     "(RLIMIT_NOFILE) less 32; the rest is for segment descriptors.")         \
+  XX(MAX_MEMBERS_PER_UID, "GPUIPC_MAX_MEMBERS_PER_UID", "0",                   \
+     "Connections a broker takes at once from one uid; more are refused "     \
+     "(-EUSERS). 0: as many as GPUIPC_MAX_MEMBERS.")                           \
   XX(NODE_ID, "GPUIPC_NODE_ID", "0",                                           \
      "Testing aid for the MPI component: ranks with different values "         \
      "behave as if on different machines.")                                  \

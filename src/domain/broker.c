@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -38,8 +39,17 @@
 #define PARKS_MAX 1024
 /* Names one member may have reserved (CREATE_IT, not published) at once. */
 #define RESERVED_MAX 1024
-/* Connections at once; beyond, new ones are closed at once. */
+/*
+ * Connections at once when GPUIPC_MAX_MEMBERS does not say; never more than
+ * half of what the open-file limit leaves beyond NOFILE_MARGIN (the other
+ * half is for the segments' descriptors). Beyond, new ones are refused.
+ */
 #define CONNS_MAX 4096
+#define NOFILE_MARGIN 32
+/* One warning of a kind this often at most (the others are counted). */
+#define WARN_EVERY_NS (10ull * 1000000000ull)
+/* How long the listener rests after accept failed for want of resources. */
+#define ACCEPT_REST_MS 100
 /* How long a new connection may take to say HELLO (or read a refusal). */
 #define HELLO_MS 5000
 
@@ -63,6 +73,7 @@ struct gpuipc__conn {
   enum conn_state state;
   bool doomed; /* to be dropped at the end of this round */
   bool shut;   /* CONN_CLOSING: answer sent, our end shut for writing */
+  bool counted; /* in its uid's count */
   struct gpuipc__cred cred;
   uint32_t hello_flags;
   uint64_t token;
@@ -89,6 +100,17 @@ struct park {
   bool recovery; /* parked only until the recovery window ends */
 };
 
+/* A warning said at most once every WARN_EVERY_NS. */
+struct warn_gate {
+  uint64_t next;   /* not before */
+  uint64_t missed; /* not said since the last one */
+};
+
+/* Connections of one uid. */
+struct uid_count {
+  uint32_t uid, n;
+};
+
 struct gpuipc__broker {
   char name[GPUIPC__NAME_MAX + 1];
   struct gpuipc__dom_paths paths;
@@ -107,8 +129,15 @@ struct gpuipc__broker {
   bool rejoined;         /* a member of the last broker came back */
   struct gpuipc__conn *conns;
   size_t nconns;
-  bool conns_full_said; /* the connection cap was logged */
   uint64_t conn_seq;
+  /* Connection limits (conn_limits_init) and what they count. */
+  size_t conns_max, conns_max_uid;
+  unsigned long long nofile; /* the soft open-file limit at start */
+  int spare_fd;              /* given up to answer a connection at EMFILE */
+  uint64_t accept_rest;      /* listener not polled before (0: polled) */
+  struct uid_count *uids;
+  size_t nuids, capuids;
+  struct warn_gate warn_refused, warn_accept;
   struct park *parks;
   pid_t pid;
   uid_t uid;
@@ -1545,26 +1574,210 @@ close_fds:
 /* Connections                                                              */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * Limits. A connection holds a descriptor of the broker's process; so does
+ * every segment the broker keeps. Connections are therefore bounded below
+ * the open-file limit (in all, and per uid), the excess is answered with a
+ * refusal and closed at once, and one spare descriptor is kept to answer
+ * and close connections when the process has none left (EMFILE), instead
+ * of leaving them in the listener's queue, which poll() would report
+ * again and again.
+ */
+static void conn_limits_init(struct gpuipc__broker *b)
+{
+  struct rlimit rl;
+  size_t budget = CONNS_MAX;
+  b->nofile = 0;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    b->nofile = (unsigned long long)rl.rlim_cur;
+    budget = rl.rlim_cur > NOFILE_MARGIN + 2
+                 ? (size_t)(rl.rlim_cur - NOFILE_MARGIN) / 2 : 1;
+  }
+  long want = gpuipc__cfg_long(GPUIPC_CFG_MAX_MEMBERS, 0);
+  size_t max = want > 0 ? (size_t)want : CONNS_MAX;
+  if (max > budget) {
+    if (want > 0)
+      GPUIPC_LOG_I("broker %s: GPUIPC_MAX_MEMBERS=%ld, but the open-file "
+                   "limit %llu allows %zu connections", b->name, want,
+                   b->nofile, budget);
+    max = budget;
+  }
+  b->conns_max = max;
+  long per = gpuipc__cfg_long(GPUIPC_CFG_MAX_MEMBERS_PER_UID, 0);
+  b->conns_max_uid = per > 0 && (size_t)per < max ? (size_t)per : max;
+  b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+/* Whether to say a warning now; *@missed: how many were not said. */
+static bool warn_now(struct warn_gate *g, uint64_t *missed)
+{
+  uint64_t now = gpuipc__now_ns();
+  if (now < g->next) {
+    g->missed++;
+    return false;
+  }
+  *missed = g->missed;
+  g->missed = 0;
+  g->next = now + WARN_EVERY_NS;
+  return true;
+}
+
+static struct uid_count *uid_slot(struct gpuipc__broker *b, uint32_t uid,
+                                  bool add)
+{
+  for (size_t i = 0; i < b->nuids; i++)
+    if (b->uids[i].uid == uid)
+      return &b->uids[i];
+  if (!add)
+    return NULL;
+  if (b->nuids == b->capuids) {
+    size_t cap = b->capuids ? 2 * b->capuids : 8;
+    struct uid_count *n = realloc(b->uids, cap * sizeof(*n));
+    if (n == NULL)
+      return NULL;
+    b->uids = n;
+    b->capuids = cap;
+  }
+  b->uids[b->nuids] = (struct uid_count){uid, 0};
+  return &b->uids[b->nuids++];
+}
+
+static void uid_uncount(struct gpuipc__broker *b, struct gpuipc__conn *c)
+{
+  struct uid_count *u = c->counted ? uid_slot(b, c->cred.uid, false) : NULL;
+  c->counted = false;
+  if (u != NULL && --u->n == 0)
+    *u = b->uids[--b->nuids];
+}
+
+/*
+ * Answer a connection we do not keep with an ERROR (@code, the sentence)
+ * and close it. Its HELLO, if here, is read first: closing a connection
+ * with a message unread would reset it, and the member would read the
+ * reset before the answer.
+ */
+static void refuse(struct gpuipc__broker *b, int fd, pid_t pid, int code,
+                   const char *fmt, ...) GPUIPC__PRINTF(5, 6);
+
+static void refuse(struct gpuipc__broker *b, int fd, pid_t pid, int code,
+                   const char *fmt, ...)
+{
+  struct gpuipc__msg *m = &b->out;
+  memset(&m->u.error, 0, sizeof(m->u.error));
+  m->type = GPUIPC_MSG_ERROR;
+  m->req = 0;
+  m->u.error.code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m->u.error.text, sizeof(m->u.error.text), fmt, ap);
+  va_end(ap);
+  uint8_t buf[GPUIPC__MSG_BUF];
+  int len = gpuipc__msg_encode(m, buf, sizeof(buf));
+  if (len > 0)
+    (void)gpuipc__sock_send(fd, buf, (size_t)len, NULL, 0, 0);
+  int fds[GPUIPC_FDS_MAX], nfds = GPUIPC_FDS_MAX;
+  if (gpuipc__sock_recv(fd, b->rbuf, sizeof(b->rbuf), fds, &nfds, 0) >= 0)
+    for (int i = 0; i < nfds; i++)
+      gpuipc__fd_close(&fds[i]);
+  gpuipc__fd_close(&fd);
+  uint64_t missed;
+  if (warn_now(&b->warn_refused, &missed))
+    GPUIPC_LOG_W("broker %s: refused pid %d: %s (%llu more refusals not "
+                 "logged in the last %llu s)", b->name, (int)pid,
+                 m->u.error.text, (unsigned long long)missed,
+                 WARN_EVERY_NS / 1000000000ull);
+}
+
+/* Refuse @fd (and close it) if it is one connection too many. */
+static bool refused_over_cap(struct gpuipc__broker *b, int fd,
+                             const struct gpuipc__cred *cred)
+{
+  if (b->nconns >= b->conns_max) {
+    refuse(b, fd, cred->pid, -EUSERS,
+           "domain %s has %zu connections, the most its broker (pid %d) "
+           "takes (GPUIPC_MAX_MEMBERS; at most (open-file limit %llu - %d) "
+           "/ 2); try again when members have left",
+           b->name, b->nconns, (int)b->pid, b->nofile, NOFILE_MARGIN);
+    return true;
+  }
+  struct uid_count *u = uid_slot(b, cred->uid, false);
+  if (u != NULL && u->n >= b->conns_max_uid) {
+    refuse(b, fd, cred->pid, -EUSERS,
+           "domain %s has %u connections of uid %u, the most its broker "
+           "(pid %d) takes from one uid (GPUIPC_MAX_MEMBERS_PER_UID)",
+           b->name, u->n, (unsigned)cred->uid, (int)b->pid);
+    return true;
+  }
+  return false;
+}
+
+/*
+ * The process has no descriptor free: give up the spare one, accept a
+ * waiting connection with it, answer and close that, take the spare back.
+ * 1 when one was answered, 0 when none waited, < 0 when that cannot be
+ * done (no spare).
+ */
+static int shed_one(struct gpuipc__broker *b)
+{
+  if (b->spare_fd < 0)
+    b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (b->spare_fd < 0)
+    return -EMFILE;
+  gpuipc__fd_close(&b->spare_fd);
+  int fd;
+  int rc = gpuipc__sock_accept(b->listen_fd, 0, &fd);
+  if (rc == 0) {
+    struct gpuipc__cred cred = {0};
+    (void)gpuipc__peer_cred(fd, &cred);
+    refuse(b, fd, cred.pid, -EMFILE,
+           "the broker of domain %s (pid %d) has no descriptor free (EMFILE: "
+           "its process is at its open-file limit %llu); try again later",
+           b->name, (int)b->pid, b->nofile);
+  }
+  b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (rc != 0 && rc != -EMFILE && rc != -ENFILE)
+    return 0;
+  return rc == 0 && b->spare_fd >= 0 ? 1 : -EMFILE;
+}
+
+/* accept() failed with @rc: shed what waits, or rest the listener a while
+ * (poll would report it again at once), and say so now and then. */
+static bool accept_failed(struct gpuipc__broker *b, int rc)
+{
+  if (would_block(rc) || rc == -ECONNABORTED || rc == -EINTR)
+    return false;
+  if (rc == -EMFILE || rc == -ENFILE) {
+    int shed = shed_one(b);
+    if (shed >= 0)
+      return shed > 0; /* none left waiting: done */
+  }
+  b->accept_rest = gpuipc__deadline(ACCEPT_REST_MS);
+  uint64_t missed;
+  if (warn_now(&b->warn_accept, &missed))
+    GPUIPC_LOG_W("broker %s: cannot accept connections%s: %s; %zu "
+                 "connections (%llu failures not logged in the last %llu s)",
+                 b->name,
+                 rc == -EMFILE ? " (this process has no descriptor free)"
+                 : rc == -ENFILE ? " (the system has no file free)" : "",
+                 gpuipc_last_error(), b->nconns, (unsigned long long)missed,
+                 WARN_EVERY_NS / 1000000000ull);
+  return false;
+}
+
 static void accept_all(struct gpuipc__broker *b)
 {
   for (;;) {
     int fd;
     int rc = gpuipc__sock_accept(b->listen_fd, 0, &fd);
     if (rc != 0) {
-      if (!would_block(rc) && rc != -ECONNABORTED && rc != -EINTR)
-        GPUIPC_LOG_W("broker %s: accept: %s", b->name, gpuipc_last_error());
+      if (accept_failed(b, rc))
+        continue;
       return;
     }
-    if (b->nconns >= CONNS_MAX) {
-      if (!b->conns_full_said)
-        GPUIPC_LOG_W("broker %s: %d connections already; refusing more "
-                     "until some close", b->name, CONNS_MAX);
-      b->conns_full_said = true;
-      gpuipc__fd_close(&fd);
+    struct gpuipc__cred cred;
+    bool have_cred = gpuipc__peer_cred(fd, &cred) == 0;
+    if (have_cred && refused_over_cap(b, fd, &cred))
       continue;
-    }
-    if (b->nconns < CONNS_MAX / 2)
-      b->conns_full_said = false;
     struct gpuipc__conn *c = calloc(1, sizeof(*c));
     if (c == NULL) {
       gpuipc__fd_close(&fd);
@@ -1574,10 +1787,18 @@ static void accept_all(struct gpuipc__broker *b)
     c->seq = ++b->conn_seq;
     c->state = CONN_NEW;
     c->deadline = gpuipc__deadline(HELLO_MS);
-    if (gpuipc__peer_cred(fd, &c->cred) != 0) {
+    if (!have_cred) {
       GPUIPC_LOG_W("broker %s: %s", b->name, gpuipc_last_error());
       c->doomed = true;
-    } else if (!peer_allowed(b, &c->cred)) {
+    } else {
+      c->cred = cred;
+      struct uid_count *u = uid_slot(b, cred.uid, true);
+      if (u != NULL) {
+        u->n++;
+        c->counted = true;
+      }
+    }
+    if (have_cred && !peer_allowed(b, &c->cred)) {
       GPUIPC_LOG_W("broker %s: refused pid %d (uid %u, gid %u): not the "
                    "broker's uid %u nor in GPUIPC_ALLOW_UIDS / "
                    "GPUIPC_ALLOW_GIDS",
@@ -1691,6 +1912,7 @@ static void reap(struct gpuipc__broker *b)
     }
     *pp = c->next;
     b->nconns--;
+    uid_uncount(b, c);
     if (c->state == CONN_READY)
       GPUIPC_LOG_D("broker %s: pid %d left", b->name, (int)c->cred.pid);
     conn_drop_state(b, c);
@@ -1834,6 +2056,8 @@ static int next_timeout(struct gpuipc__broker *b, uint64_t now)
   uint64_t next = UINT64_MAX;
   if (b->recovery_end != 0)
     next = b->recovery_end;
+  if (b->accept_rest != 0 && b->accept_rest < next)
+    next = b->accept_rest;
   for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
     if (c->state != CONN_READY && !c->doomed && c->deadline < next)
       next = c->deadline;
@@ -1905,7 +2129,10 @@ static void loop(struct gpuipc__broker *b, bool stopping)
     size_t n = 0;
     b->pfds[n++] = (struct pollfd){.fd = stopping ? -1 : b->stop_fd,
                                    .events = POLLIN};
-    b->pfds[n++] = (struct pollfd){.fd = b->listen_fd, .events = POLLIN};
+    if (b->accept_rest != 0 && gpuipc__now_ns() >= b->accept_rest)
+      b->accept_rest = 0;
+    b->pfds[n++] = (struct pollfd){
+        .fd = b->accept_rest != 0 ? -1 : b->listen_fd, .events = POLLIN};
     for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next) {
       short ev = POLLIN;
       if (c->out_head != NULL)
@@ -2226,6 +2453,7 @@ static int broker_new(struct gpuipc__broker_init *init,
   parse_list(gpuipc__cfg_str(GPUIPC_CFG_ALLOW_GIDS), b->allow_gids,
              &b->nallow_gids);
   b->stop_fd = b->wake[0];
+  conn_limits_init(b);
   GPUIPC_LOG_I("broker %s: started in pid %d (epoch %016llx, %zu segments%s)",
                b->name, (int)b->pid, (unsigned long long)b->epoch,
                b->reg.count,
@@ -2244,6 +2472,8 @@ static void broker_free(struct gpuipc__broker *b)
 {
   gpuipc__fd_close(&b->wake[0]);
   gpuipc__fd_close(&b->wake[1]);
+  gpuipc__fd_close(&b->spare_fd);
+  free(b->uids);
   free(b->pfds);
   free(b->pconns);
   free(b);

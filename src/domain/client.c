@@ -315,7 +315,10 @@ static int dom_connect(struct gpuipc_domain *d, uint64_t deadline,
         return 0;
       }
       gpuipc__fd_close(&fd);
-      if (rc == GPUIPC_E_DENIED || rc == GPUIPC_E_VERSION)
+      /* -EUSERS, -EMFILE: the broker is full; the caller (or the
+       * reconnecting reader) decides whether to try again. */
+      if (rc == GPUIPC_E_DENIED || rc == GPUIPC_E_VERSION ||
+          rc == -EUSERS || rc == -EMFILE)
         return rc;
       /* Otherwise a broker on its way out: try again. */
     } else if (rc == -ENOENT || rc == -ECONNREFUSED) {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -44,6 +45,15 @@ static int wait_fd(int fd, short events, uint64_t deadline)
     if (errno != EINTR)
       return -errno;
   }
+}
+
+/* The soft open-file limit, for sentences about EMFILE. */
+static unsigned long long nofile_limit(void)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return 0;
+  return (unsigned long long)rl.rlim_cur;
 }
 
 static int fill_addr(const char *call, const char *path,
@@ -215,6 +225,10 @@ int gpuipc__sock_accept(int lfd, int timeout_ms, int *out_fd)
     int e = errno;
     if (e == EINTR || e == EAGAIN || e == EWOULDBLOCK || e == ECONNABORTED)
       continue;
+    if (e == EMFILE)
+      return gpuipc__err(-EMFILE, "accept4 on socket %d: this process has no "
+                                  "descriptor free (EMFILE: at its open-file "
+                                  "limit %llu)", lfd, nofile_limit());
     return gpuipc__err_errno(e, "accept4 on socket %d", lfd);
   }
 }
@@ -386,6 +400,21 @@ ssize_t gpuipc__sock_recv(int fd, void *buf, size_t cap, int *fds, int *nfds,
                          "recv on socket %d: a message longer than the "
                          "%zu-byte buffer arrived; dropped it and closed its "
                          "%d descriptor(s)", fd, cap, ngot + extra);
+    }
+    /*
+     * The control buffer holds GPUIPC_FDS_MAX descriptors: fewer with
+     * MSG_CTRUNC means the kernel could not install the others here, for
+     * want of a free descriptor (it stops at the first it cannot install).
+     */
+    if ((msg.msg_flags & MSG_CTRUNC) && extra == 0 &&
+        ngot < GPUIPC_FDS_MAX) {
+      close_all(got, ngot);
+      return gpuipc__err(-EMFILE,
+                         "recv on socket %d: this process has no descriptor "
+                         "free for those a message carried (EMFILE: at its "
+                         "open-file limit %llu); dropped the message and "
+                         "closed the %d that arrived", fd, nofile_limit(),
+                         ngot);
     }
     if ((msg.msg_flags & MSG_CTRUNC) || extra > 0) {
       close_all(got, ngot);

@@ -101,6 +101,45 @@ static inline void raw_hello(int fd)
 }
 
 /*
+ * Connect (within @ms), say HELLO and read the answer (within @ms): 1 when
+ * welcomed (the connection is left in *@out), else the connection is
+ * closed and the result is the refusal's code (its sentence in @why),
+ * -ETIMEDOUT when no answer came, GPUIPC_E_PEER_GONE when the broker hung
+ * up without one, or the connect's error.
+ */
+static inline int raw_knock(const char *domain, int ms, int *out, char *why,
+                            size_t whylen)
+{
+  struct gpuipc__dom_paths p;
+  ASSERT_OK(gpuipc__dom_paths(domain, &p));
+  int fd;
+  int rc = gpuipc__sock_connect(p.sock, ms, &fd);
+  if (rc != 0)
+    return rc;
+  raw_hello_send(fd);
+  struct gpuipc__msg m;
+  rc = raw_recv(fd, &m, NULL, NULL, ms);
+  if (rc == GPUIPC_E_PEER_GONE) /* a reset comes before the answer */
+    rc = raw_recv(fd, &m, NULL, NULL, 0);
+  if (rc == 0 && m.type == GPUIPC_MSG_WELCOME) {
+    *out = fd;
+    return 1;
+  }
+  close(fd);
+  if (rc != 0)
+    return rc;
+  if (m.type == GPUIPC_MSG_ERROR) {
+    snprintf(why, whylen, "%s", m.u.error.text);
+    return m.u.error.code;
+  }
+  if (m.type == GPUIPC_MSG_DENIED) {
+    snprintf(why, whylen, "%s", m.u.denied.reason);
+    return GPUIPC_E_DENIED;
+  }
+  TFAIL("HELLO answered with %s", gpuipc__msg_name(m.type));
+}
+
+/*
  * The broker must have hung up on @fd: a LIST sent now gets no answer but
  * the end of the connection (the broker reads a connection in order).
  */

@@ -50,6 +50,12 @@
  *   churn NAME SEED MS       for MS ms: open NAME, check it, release it;
  *                            create, unlink, release a segment of our own
  *                            -> ok ROUNDS (any failure ends it: err)
+ *   pingpong ME ROUNDS SIZE  with peer 1-ME, ROUNDS times: create and fill
+ *                            a segment, read and unlink the peer's; every
+ *                            call timed -> ok OPS P50_US P99_US MAX_US
+ *   nofile N                 set the soft RLIMIT_NOFILE to N
+ *   hog / unhog              open /dev/null until no descriptor is free
+ *                            -> ok COUNT / close them again -> ok
  *   exit CODE
  */
 #include "test.h"
@@ -59,10 +65,12 @@
 #include "mem/mem.h"
 #include "os/os.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define MAX_BUFS 4096
@@ -306,6 +314,94 @@ static int churn(const char *name, uint64_t seed, int ms)
     rounds++;
   }
   return rounds;
+}
+
+/*
+ * Ping-pong for peer ME (0 or 1): each round creates pp.ME.I (filled with
+ * a pattern) and its marker pp.ME.I.r, then waits for the peer's marker,
+ * opens and checks the peer's segment, releases and unlinks both of the
+ * peer's names. Each gpuipc call is timed into @us.
+ */
+#define PP_TIME(us, n, call)                                                   \
+  ({                                                                           \
+    uint64_t t0_ = gpuipc__now_ns();                                           \
+    int rc_ = (call);                                                          \
+    (us)[(n)++] = (uint32_t)((gpuipc__now_ns() - t0_) / 1000);                 \
+    rc_;                                                                       \
+  })
+
+static int pp_round(int me, int i, size_t size, uint32_t *us, int *n)
+{
+  char name[64], mark[64];
+  gpuipc_buf_t *b, *m;
+  int rc;
+  snprintf(name, sizeof(name), "pp.%d.%d", me, i);
+  snprintf(mark, sizeof(mark), "pp.%d.%d.r", me, i);
+  if ((rc = PP_TIME(us, *n, test_seg_open(dom, name, size, -1,
+                    GPUIPC_CREATE | GPUIPC_EXCL, &b))) != 0)
+    return rc;
+  test_fill(gpuipc_buf_ptr(b), size, (uint64_t)me * 1000000 + (uint64_t)i);
+  if ((rc = PP_TIME(us, *n, test_seg_open(dom, mark, 64, -1,
+                    GPUIPC_CREATE | GPUIPC_EXCL, &m))) != 0)
+    return rc;
+  PP_TIME(us, *n, gpuipc_buf_release(m));
+  PP_TIME(us, *n, gpuipc_buf_release(b));
+  int peer = 1 - me;
+  snprintf(name, sizeof(name), "pp.%d.%d", peer, i);
+  snprintf(mark, sizeof(mark), "pp.%d.%d.r", peer, i);
+  if ((rc = PP_TIME(us, *n, test_seg_open(dom, mark, 0, -1,
+                    GPUIPC_WAIT, &m))) != 0)
+    return rc;
+  PP_TIME(us, *n, gpuipc_buf_release(m));
+  if ((rc = PP_TIME(us, *n, test_seg_open(dom, name, size, -1, 0,
+                    &b))) != 0)
+    return rc;
+  size_t bad = test_check(gpuipc_buf_ptr(b), size,
+                          (uint64_t)peer * 1000000 + (uint64_t)i);
+  PP_TIME(us, *n, gpuipc_buf_release(b));
+  if (bad != (size_t)-1)
+    return gpuipc__err(-EIO, "pingpong: %s differs at byte %zu", name, bad);
+  if ((rc = PP_TIME(us, *n, gpuipc_segment_unlink(dom, name))) != 0 ||
+      (rc = PP_TIME(us, *n, gpuipc_segment_unlink(dom, mark))) != 0)
+    return rc;
+  return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void pingpong(int me, int rounds, size_t size)
+{
+  uint32_t *us = calloc((size_t)rounds * 10, sizeof(*us));
+  int n = 0;
+  for (int i = 0; i < rounds; i++) {
+    int rc = pp_round(me, i, size, us, &n);
+    if (rc != 0) {
+      free(us);
+      reply_err(rc);
+      return;
+    }
+  }
+  qsort(us, (size_t)n, sizeof(*us), cmp_u32);
+  reply("ok %d %u %u %u", n, us[n / 2], us[(size_t)n * 99 / 100], us[n - 1]);
+  free(us);
+}
+
+static int hog[65536];
+static int nhog;
+
+static void hog_fds(void)
+{
+  while (nhog < (int)GPUIPC__ARRAY_SIZE(hog)) {
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      break;
+    hog[nhog++] = fd;
+  }
+  reply("ok %d", nhog);
 }
 
 static void command(char *line)
@@ -597,6 +693,22 @@ static void command(char *line)
       reply_err(rc);
     else
       reply("ok %d", rc);
+  } else if (strcmp(cmd, "pingpong") == 0 && argc == 4) {
+    pingpong(atoi(argv[1]), atoi(argv[2]), strtoull(argv[3], NULL, 0));
+  } else if (strcmp(cmd, "nofile") == 0 && argc == 2) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = strtoull(argv[1], NULL, 0);
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+      reply("err %s %s", strerrorname_np(errno), strerror(errno));
+    else
+      reply("ok");
+  } else if (strcmp(cmd, "hog") == 0 && argc == 1) {
+    hog_fds();
+  } else if (strcmp(cmd, "unhog") == 0 && argc == 1) {
+    while (nhog > 0)
+      close(hog[--nhog]);
+    reply("ok");
   } else if (strcmp(cmd, "exit") == 0 && argc == 2) {
     reply("ok");
     exit(atoi(argv[1]));
