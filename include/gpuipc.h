@@ -1258,12 +1258,51 @@ GPUIPC_API int gpuipc_recv_into(gpuipc_channel_t *ch,
  */
 GPUIPC_API int gpuipc_tensor_release(gpuipc_tensor_t *view, void *stream);
 
+/* DLPack's stream numbers 1 and 2 as CUDA streams (CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD have these values): pass them as they come. */
+#define GPUIPC_STREAM_LEGACY ((void *)0x1)
+#define GPUIPC_STREAM_PER_THREAD ((void *)0x2)
+
 /*
- * gpuipc_tensor_to_dlpack - hand a received view over as a DLManagedTensor
- * (gpuipc_tensor_to_dlpack_versioned: DLManagedTensorVersioned, version
- * 1.0). The result owns the view: its deleter releases it on the legacy
- * default stream of its device. @view must not be used or released after
- * this. Returns 0; -EINVAL (NULL, or not a received view).
+ * gpuipc_tensor_to_dlpack_stream - hand a received view over to a
+ * consumer that uses it on @stream, as DLPack's __dlpack__(stream=S) asks,
+ * as a DLManagedTensor (gpuipc_tensor_to_dlpack_versioned_stream:
+ * DLManagedTensorVersioned, version 1.0). The result owns the view; @view
+ * must not be used or released after this.
+ * @stream: a stream of the view's device: NULL or GPUIPC_STREAM_LEGACY
+ *     (DLPack's None and 1) for its legacy default stream,
+ *     GPUIPC_STREAM_PER_THREAD (DLPack's 2; it names the per-thread stream
+ *     of whichever thread runs the deleter, so pass a created stream when
+ *     that may be another thread), or a CUstream / cudaStream_t. Ignored
+ *     for HOST views.
+ * The rule, for GPU views:
+ *  - hand-over: work queued on @stream after this call sees the data.
+ *    When @stream is not the stream the view was received on, it is made
+ *    to wait (on the GPU, not the host) for that stream's work so far.
+ *  - release: the deleter releases the view on @stream, which orders the
+ *    sender's reuse of the buffer after every piece of work queued on
+ *    @stream before the deleter ran. The consumer must therefore queue
+ *    all its uses of the data on @stream (or make @stream wait for the
+ *    other streams that use it) before the deleter runs, and nothing that
+ *    touches the data may be queued after it. (PyTorch runs the deleter
+ *    when the tensor's last reference goes; a tensor used on another
+ *    stream than the one handed over must be kept until that stream's
+ *    work is ordered before @stream.)
+ * Returns 0; -EINVAL (NULL, or not a received view); GPUIPC_E_CUDA (the
+ * wait could not be queued; the view is still the caller's).
+ */
+GPUIPC_API int gpuipc_tensor_to_dlpack_stream(
+    gpuipc_tensor_t *view, void *stream, gpuipc_dl_managed_tensor_t **out);
+GPUIPC_API int gpuipc_tensor_to_dlpack_versioned_stream(
+    gpuipc_tensor_t *view, void *stream,
+    gpuipc_dl_managed_tensor_versioned_t **out);
+
+/*
+ * gpuipc_tensor_to_dlpack, gpuipc_tensor_to_dlpack_versioned - the same
+ * with @stream NULL: the consumer uses the data on the legacy default
+ * stream of the view's device, and the deleter releases it there. A
+ * consumer on a non-blocking stream must use the _stream variants, or its
+ * reads race with the sender's next writes. Returns as they do.
  */
 GPUIPC_API int gpuipc_tensor_to_dlpack(gpuipc_tensor_t *view,
                                        gpuipc_dl_managed_tensor_t **out);
