@@ -501,8 +501,9 @@ GPUIPC_API int gpuipc_buf_export_foreign(void *ptr, size_t size,
  * @offset + @size past 2^48, @device < 0, @exporter_pid not a pid or this
  * process); -ERANGE (@device not visible); GPUIPC_E_BADHANDLE (66 bytes
  * not beginning b'\x02c', or an all-zero handle); GPUIPC_E_UNSUPPORTED
- * (b'\x02e'); GPUIPC_E_PEER_GONE (no process @exporter_pid);
- * GPUIPC_E_NODRIVER. Thread-safe.
+ * (b'\x02e'); GPUIPC_E_PEER_GONE (no process @exporter_pid); -errno
+ * or -EPROTO when /proc/PID/stat cannot be read; GPUIPC_E_NODRIVER.
+ * Thread-safe.
  *
  * The other way round: the 64 @bytes of a LEGACY handle from
  * gpuipc_buf_export (or gpuipc_buf_export_foreign) are a cudaIpcMemHandle_t
