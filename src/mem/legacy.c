@@ -331,8 +331,8 @@ static int legacy_same_export(const struct gpuipc_buf *b,
     return 0;
   return gpuipc__err(GPUIPC_E_BADHANDLE, "LEGACY import: the handle claims "
                      "export %llu of pid %u, which this process holds for "
-                     "another block or offset", (unsigned long long)h->export_id,
-                     h->pid);
+                     "another block or offset",
+                     (unsigned long long)h->export_id, h->pid);
 }
 
 const struct gpuipc__kind_ops gpuipc__legacy_ops = {
