@@ -470,6 +470,77 @@ GPUIPC_API int gpuipc_buf_export_foreign(void *ptr, size_t size,
                                          gpuipc_handle_t *out);
 
 /*
+ * gpuipc_handle_from_cuda_ipc - a handle for memory another program shared
+ * by legacy CUDA IPC: a cudaIpcMemHandle_t as CuPy's
+ * cupy.cuda.runtime.ipcGetMemHandle gives it (64 bytes), or as PyTorch's
+ * storage._share_cuda_() gives it (66 bytes: b'\x02c', then the 64).
+ * gpuipc_buf_import(@out, ...) then maps it: the buffer's pointer is the
+ * block's base + @offset, its size @size, checked against the size of the
+ * block that the driver reports after opening it (GPUIPC_E_BADHANDLE from
+ * the import when the range runs past it).
+ * @bytes, @len: the handle (64 or 66 bytes; only PyTorch's b'\x02c' form
+ *     is read: b'\x02e', an expandable segment, is refused).
+ * @offset: where the bytes to use start in the block (PyTorch: the
+ *     storage offset in bytes that _share_cuda_ returns beside the handle).
+ * @size: bytes to use, > 0.
+ * @device: the local ordinal of the GPU the memory is on, in this process
+ *     (ordinals differ between processes with CUDA_VISIBLE_DEVICES: send
+ *     the UUID and use gpuipc_device_by_uuid when in doubt).
+ * @exporter_pid: the pid of the process that made the handle, as this
+ *     process sees it; not this process (a process cannot open its own).
+ *     Legacy memory dies with it: imports and gpuipc_buf_alive check it.
+ * @out: filled on success; no fd (@out->fd is -1). Packed and unpacked
+ *     like any handle.
+ * The import cache knows such a handle by its exporter (pid and start
+ * time) and its bytes, offset and size: the same tensor imported twice is
+ * mapped once, tensors of one block share one driver opening, and handles
+ * of different blocks are never taken for each other. The exporter must
+ * keep the block allocated while any importer holds it (PyTorch's
+ * torch.multiprocessing does so with its reference counter).
+ * Returns 0; -EINVAL (NULL argument, @len neither 64 nor 66, zero @size,
+ * @offset + @size past 2^48, @device < 0, @exporter_pid not a pid or this
+ * process); -ERANGE (@device not visible); GPUIPC_E_BADHANDLE (66 bytes
+ * not beginning b'\x02c', or an all-zero handle); GPUIPC_E_UNSUPPORTED
+ * (b'\x02e'); GPUIPC_E_PEER_GONE (no process @exporter_pid); -errno
+ * or -EPROTO when /proc/PID/stat cannot be read; GPUIPC_E_NODRIVER.
+ * Thread-safe.
+ *
+ * The other way round: the 64 @bytes of a LEGACY handle from
+ * gpuipc_buf_export (or gpuipc_buf_export_foreign) are a cudaIpcMemHandle_t
+ * that cudaIpcOpenMemHandle, and CuPy's cupy.cuda.runtime.ipcOpenMemHandle,
+ * open in another process; the bytes to use start @offset bytes after the
+ * pointer it returns (0 for a gpuipc_buf_alloc buffer) and are @size long.
+ */
+GPUIPC_API int gpuipc_handle_from_cuda_ipc(const void *bytes, size_t len,
+                                           size_t offset, size_t size,
+                                           int device, int exporter_pid,
+                                           gpuipc_handle_t *out);
+
+/*
+ * gpuipc_handle_from_cuda_fd - a handle for cuMemCreate memory exported
+ * as a POSIX file descriptor (cuMemExportToShareableHandle with
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, as PyTorch's expandable
+ * segments and other VMM allocators share it). gpuipc_buf_import(@out,
+ * ...) maps [@offset, @offset + @size) of the allocation, with the
+ * granules that hold it, and keeps a duplicate of @fd (the caller closes
+ * its own whenever it likes after the import); the import fails with
+ * GPUIPC_E_BADHANDLE when @fd is not CUDA memory and with GPUIPC_E_CUDA
+ * when the range runs past the allocation (the driver refuses the map).
+ * @fd: the descriptor, borrowed: @out->fd is @fd itself, not a copy.
+ * @offset, @size: the bytes to use, @size > 0.
+ * @device: the local ordinal of the GPU the memory is on.
+ * @out: a VMM handle of this process's own (a new export id, so each call
+ *     maps anew; one handle imported twice maps once). It can be exported
+ *     again, and packed and sent with @fd beside it.
+ * Returns 0; -EINVAL (NULL @out, zero @size, @offset + @size past 2^48,
+ * @device < 0); -EBADF (@fd not open); -ERANGE (@device not visible);
+ * GPUIPC_E_NODRIVER; GPUIPC_E_UNSUPPORTED (built without CUDA);
+ * GPUIPC_E_CUDA. Thread-safe.
+ */
+GPUIPC_API int gpuipc_handle_from_cuda_fd(int fd, size_t offset, size_t size,
+                                          int device, gpuipc_handle_t *out);
+
+/*
  * gpuipc_fabric_status - whether VMM buffers on local device @device are
  * created with fabric handles besides POSIX file descriptors.
  * The answer comes from a probe allocation made once per device and
@@ -1276,12 +1347,51 @@ GPUIPC_API int gpuipc_recv_into(gpuipc_channel_t *ch,
  */
 GPUIPC_API int gpuipc_tensor_release(gpuipc_tensor_t *view, void *stream);
 
+/* DLPack's stream numbers 1 and 2 as CUDA streams (CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD have these values): pass them as they come. */
+#define GPUIPC_STREAM_LEGACY ((void *)0x1)
+#define GPUIPC_STREAM_PER_THREAD ((void *)0x2)
+
 /*
- * gpuipc_tensor_to_dlpack - hand a received view over as a DLManagedTensor
- * (gpuipc_tensor_to_dlpack_versioned: DLManagedTensorVersioned, version
- * 1.0). The result owns the view: its deleter releases it on the legacy
- * default stream of its device. @view must not be used or released after
- * this. Returns 0; -EINVAL (NULL, or not a received view).
+ * gpuipc_tensor_to_dlpack_stream - hand a received view over to a
+ * consumer that uses it on @stream, as DLPack's __dlpack__(stream=S) asks,
+ * as a DLManagedTensor (gpuipc_tensor_to_dlpack_versioned_stream:
+ * DLManagedTensorVersioned, version 1.0). The result owns the view; @view
+ * must not be used or released after this.
+ * @stream: a stream of the view's device: NULL or GPUIPC_STREAM_LEGACY
+ *     (DLPack's None and 1) for its legacy default stream,
+ *     GPUIPC_STREAM_PER_THREAD (DLPack's 2; it names the per-thread stream
+ *     of whichever thread runs the deleter, so pass a created stream when
+ *     that may be another thread), or a CUstream / cudaStream_t. Ignored
+ *     for HOST views.
+ * The rule, for GPU views:
+ *  - hand-over: work queued on @stream after this call sees the data.
+ *    When @stream is not the stream the view was received on, it is made
+ *    to wait (on the GPU, not the host) for that stream's work so far.
+ *  - release: the deleter releases the view on @stream, which orders the
+ *    sender's reuse of the buffer after every piece of work queued on
+ *    @stream before the deleter ran. The consumer must therefore queue
+ *    all its uses of the data on @stream (or make @stream wait for the
+ *    other streams that use it) before the deleter runs, and nothing that
+ *    touches the data may be queued after it. (PyTorch runs the deleter
+ *    when the tensor's last reference goes; a tensor used on another
+ *    stream than the one handed over must be kept until that stream's
+ *    work is ordered before @stream.)
+ * Returns 0; -EINVAL (NULL, or not a received view); GPUIPC_E_CUDA (the
+ * wait could not be queued; the view is still the caller's).
+ */
+GPUIPC_API int gpuipc_tensor_to_dlpack_stream(
+    gpuipc_tensor_t *view, void *stream, gpuipc_dl_managed_tensor_t **out);
+GPUIPC_API int gpuipc_tensor_to_dlpack_versioned_stream(
+    gpuipc_tensor_t *view, void *stream,
+    gpuipc_dl_managed_tensor_versioned_t **out);
+
+/*
+ * gpuipc_tensor_to_dlpack, gpuipc_tensor_to_dlpack_versioned - the same
+ * with @stream NULL: the consumer uses the data on the legacy default
+ * stream of the view's device, and the deleter releases it there. A
+ * consumer on a non-blocking stream must use the _stream variants, or its
+ * reads race with the sender's next writes. Returns as they do.
  */
 GPUIPC_API int gpuipc_tensor_to_dlpack(gpuipc_tensor_t *view,
                                        gpuipc_dl_managed_tensor_t **out);

@@ -1706,6 +1706,7 @@ int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view, void *stream,
   gpuipc__buf_ref(b);
   v->t.buf = b;
   v->seq = d->seq;
+  v->recv_stream = stream;
   atomic_fetch_add(&ch->refs, 1);
   v->ch = ch;
   rx->pending = false;

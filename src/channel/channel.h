@@ -334,6 +334,8 @@ struct gpuipc__view {
   struct gpuipc_channel *ch; /* a reference */
   uint64_t seq;
   int device;                /* for the release event, -1 for HOST */
+  void *recv_stream;         /* gpuipc_recv made the data ready on it */
+  void *dl_stream;           /* DLPack consumer's: the deleter releases on it */
   gpuipc_dl_managed_tensor_t managed;
   gpuipc_dl_managed_tensor_versioned_t versioned;
 };
@@ -342,6 +344,13 @@ struct gpuipc__view {
 struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t);
 
 /* ----- for tests ----- */
+
+/*
+ * When set, the DLPack deleters call it with the view and the stream they
+ * are about to release it on.
+ */
+extern void (*gpuipc__test_hook_dlpack_release)(const gpuipc_tensor_t *view,
+                                                void *stream);
 
 /*
  * Publish @len raw bytes as the next descriptor on @ch's sending ring,

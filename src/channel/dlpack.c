@@ -5,6 +5,7 @@
  * giving it a deleter that releases the view.
  */
 #include "channel/channel.h"
+#include "cuda/cuda.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -38,25 +39,63 @@ _Static_assert(offsetof(gpuipc_dl_managed_tensor_versioned_t, dl_tensor) ==
 _Static_assert(sizeof(gpuipc_dl_managed_tensor_versioned_t) == 80,
                "DLManagedTensorVersioned");
 
+void (*gpuipc__test_hook_dlpack_release)(const gpuipc_tensor_t *view,
+                                         void *stream);
+
+/* Release @t on the consumer's stream it was handed over with. */
+static void release_handed(gpuipc_tensor_t *t)
+{
+  void *stream = gpuipc__view_of(t)->dl_stream;
+  if (gpuipc__test_hook_dlpack_release != NULL)
+    gpuipc__test_hook_dlpack_release(t, stream);
+  gpuipc_tensor_release(t, stream);
+}
+
 static void managed_deleter(gpuipc_dl_managed_tensor_t *self)
 {
   if (self != NULL)
-    gpuipc_tensor_release((gpuipc_tensor_t *)self->manager_ctx, NULL);
+    release_handed((gpuipc_tensor_t *)self->manager_ctx);
 }
 
 static void versioned_deleter(gpuipc_dl_managed_tensor_versioned_t *self)
 {
   if (self != NULL)
-    gpuipc_tensor_release((gpuipc_tensor_t *)self->manager_ctx, NULL);
+    release_handed((gpuipc_tensor_t *)self->manager_ctx);
 }
 
-int gpuipc_tensor_to_dlpack(gpuipc_tensor_t *view,
-                            gpuipc_dl_managed_tensor_t **out)
+/*
+ * The checks and the hand-over itself: the data made ready on @stream
+ * (ordered after the stream it was received on), @stream kept for the
+ * deleter. On failure the view stays the caller's, unchanged.
+ */
+static struct gpuipc__view *hand_over(gpuipc_tensor_t *view, void *stream,
+                                      const void *out, const char *who,
+                                      int *rc)
 {
   struct gpuipc__view *v = gpuipc__view_of(view);
-  if (v == NULL || out == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_tensor_to_dlpack: %s",
-                       out == NULL ? "NULL out" : "not a received view");
+  if (v == NULL || out == NULL) {
+    *rc = gpuipc__err(-EINVAL, "%s: %s", who,
+                      out == NULL ? "NULL out" : "not a received view");
+    return NULL;
+  }
+  if (v->device >= 0) {
+    *rc = gpuipc__stream_order(v->device, stream, v->recv_stream);
+    if (*rc != 0)
+      return NULL;
+  }
+  v->dl_stream = stream;
+  *rc = 0;
+  return v;
+}
+
+int gpuipc_tensor_to_dlpack_stream(gpuipc_tensor_t *view, void *stream,
+                                   gpuipc_dl_managed_tensor_t **out)
+{
+  int rc;
+  struct gpuipc__view *v =
+      hand_over(view, stream, out, "gpuipc_tensor_to_dlpack", &rc);
+  if (v == NULL)
+    return rc;
   v->managed.dl_tensor = v->t.dl;
   v->managed.manager_ctx = &v->t;
   v->managed.deleter = managed_deleter;
@@ -64,13 +103,15 @@ int gpuipc_tensor_to_dlpack(gpuipc_tensor_t *view,
   return 0;
 }
 
-int gpuipc_tensor_to_dlpack_versioned(
-    gpuipc_tensor_t *view, gpuipc_dl_managed_tensor_versioned_t **out)
+int gpuipc_tensor_to_dlpack_versioned_stream(
+    gpuipc_tensor_t *view, void *stream,
+    gpuipc_dl_managed_tensor_versioned_t **out)
 {
-  struct gpuipc__view *v = gpuipc__view_of(view);
-  if (v == NULL || out == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_tensor_to_dlpack_versioned: %s",
-                       out == NULL ? "NULL out" : "not a received view");
+  int rc;
+  struct gpuipc__view *v =
+      hand_over(view, stream, out, "gpuipc_tensor_to_dlpack_versioned", &rc);
+  if (v == NULL)
+    return rc;
   v->versioned.version.major = 1;
   v->versioned.version.minor = 0;
   v->versioned.manager_ctx = &v->t;
@@ -79,6 +120,18 @@ int gpuipc_tensor_to_dlpack_versioned(
   v->versioned.dl_tensor = v->t.dl;
   *out = &v->versioned;
   return 0;
+}
+
+int gpuipc_tensor_to_dlpack(gpuipc_tensor_t *view,
+                            gpuipc_dl_managed_tensor_t **out)
+{
+  return gpuipc_tensor_to_dlpack_stream(view, NULL, out);
+}
+
+int gpuipc_tensor_to_dlpack_versioned(
+    gpuipc_tensor_t *view, gpuipc_dl_managed_tensor_versioned_t **out)
+{
+  return gpuipc_tensor_to_dlpack_versioned_stream(view, NULL, out);
 }
 
 int gpuipc_tensor_from_dlpack(const gpuipc_dl_tensor_t *dl, gpuipc_buf_t *buf,

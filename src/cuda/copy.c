@@ -63,6 +63,40 @@ int gpuipc_memcpy_async(void *dst, const void *src, size_t n, int device,
   return copy(dst, src, n, device, stream, false, "gpuipc_memcpy_async");
 }
 
+/* NULL and CU_STREAM_LEGACY ((void *)1) name the same stream. */
+static void *stream_norm(void *s)
+{
+  return s == (void *)1 ? NULL : s;
+}
+
+int gpuipc__stream_order(int device, void *after, void *before)
+{
+  if (stream_norm(after) == stream_norm(before))
+    return 0;
+#if GPUIPC_HAVE_CUDA
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(device, &saved);
+  if (rc != 0)
+    return rc;
+  CUstream b = (CUstream)before;
+  if (gpuipc__cu.cuStreamQuery != NULL &&
+      gpuipc__cu.cuStreamQuery(b) == CUDA_SUCCESS)
+    goto leave_ctx; /* nothing of @before's left to wait for */
+  CUevent ev;
+  GPUIPC_CU_GOTO(rc, leave_ctx, cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+  GPUIPC_CU_GOTO(rc, destroy_ev, cuEventRecord, ev, b);
+  rc = GPUIPC_CU(cuStreamWaitEvent, (CUstream)after, ev, 0);
+destroy_ev:
+  gpuipc__cu.cuEventDestroy(ev); /* freed once the wait is done with it */
+leave_ctx:
+  gpuipc__ctx_leave(&saved);
+  return rc;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
 int gpuipc_stream_sync(int device, void *stream)
 {
   int rc = device_check(device, "gpuipc_stream_sync");

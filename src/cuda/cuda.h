@@ -218,4 +218,13 @@ struct gpuipc__ctx_saved {
 int gpuipc__ctx_enter(int ordinal, struct gpuipc__ctx_saved *saved);
 void gpuipc__ctx_leave(const struct gpuipc__ctx_saved *saved);
 
+/*
+ * Make stream @after wait, on the GPU, for the work queued on stream
+ * @before so far (streams of local device @ordinal; NULL or (void *)1:
+ * its legacy default stream). Nothing is queued when they are one stream
+ * or @before has nothing pending. Returns 0, the codes of
+ * gpuipc__ctx_enter, GPUIPC_E_CUDA.
+ */
+int gpuipc__stream_order(int ordinal, void *after, void *before);
+
 #endif

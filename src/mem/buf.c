@@ -396,6 +396,13 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
         return rc;
       }
     }
+    if (hit->ops->same_export != NULL) {
+      rc = hit->ops->same_export(hit, h);
+      if (rc != 0) {
+        gpuipc_buf_release(hit);
+        return rc;
+      }
+    }
     /* LEGACY memory dies with its allocator: a cached mapping of a dead
      * exporter must not be handed out (a kill(pid, 0), only for LEGACY). */
     if (hit->kind == GPUIPC_KIND_LEGACY) {

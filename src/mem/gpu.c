@@ -130,6 +130,12 @@ int gpuipc_buf_access(gpuipc_buf_t *buf, int device)
 
 static _Atomic uint64_t foreign_ids = 1;
 
+uint64_t gpuipc__foreign_export_id(void)
+{
+  /* Its own id space (top bit set), apart from the buffers' export ids. */
+  return (1ull << 63) | atomic_fetch_add(&foreign_ids, 1);
+}
+
 static int ptr_attr(void *out, CUpointer_attribute a, CUdeviceptr p,
                     const char *name)
 {
@@ -310,8 +316,7 @@ int gpuipc_buf_export_foreign(void *ptr, size_t size, unsigned flags,
   const struct gpuipc__dev *d = gpuipc__dev_get(dev);
   h.version = GPUIPC_HANDLE_VERSION;
   memcpy(h.device_uuid, d->info.uuid, 16);
-  /* Its own id space (top bit set), apart from the buffers' export ids. */
-  h.export_id = (1ull << 63) | atomic_fetch_add(&foreign_ids, 1);
+  h.export_id = gpuipc__foreign_export_id();
   memcpy(h.boot_id, me->boot_id, 16);
   h.pid = me->pid;
   h.pidns = me->pidns;

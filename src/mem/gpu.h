@@ -61,6 +61,16 @@ int gpuipc__pool_access(struct gpuipc_buf *b, int device);
 /* Read-write access for local device @device, for cuMemSetAccess. */
 void gpuipc__rw_access(CUmemAccessDesc *a, int device);
 
+/*
+ * A new export id for a handle made of memory gpuipc did not allocate
+ * (gpuipc_buf_export_foreign, gpuipc_handle_from_cuda_fd): top bit set,
+ * apart from the buffers' ids, never reused by this process.
+ */
+uint64_t gpuipc__foreign_export_id(void);
+
+/* The VMM allocation granularity of local device @device. */
+int gpuipc__vmm_granularity(int device, size_t *out);
+
 /* The CUDA error in a CUresult, for the few callers that branch on it. */
 int gpuipc__cu_oom(CUresult r, const char *what, size_t size, int device);
 #endif

@@ -25,6 +25,7 @@ struct legacy_open {
   uint64_t hash;                    /* of the key, compared first */
   uint8_t key[GPUIPC_HANDLE_BYTES]; /* the CUipcMemHandle */
   CUdeviceptr base;
+  size_t size; /* of the block, as the driver reports it after the open */
   int device; /* whose context opened it */
   long refs;  /* buffers using it, under opens_lock */
 };
@@ -146,6 +147,62 @@ static int gone(const gpuipc_handle_t *h, const char *who)
                      who, h->pid);
 }
 
+/*
+ * Open @ipc in the context of local device @access into @o: its base and
+ * the size of the block as the driver reports it. Caller holds opens_lock.
+ */
+static int open_block(struct legacy_open *o, CUipcMemHandle ipc, int access)
+{
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(access, &saved);
+  if (rc != 0)
+    return rc;
+  GPUIPC_CU_GOTO(rc, leave_ctx, cuIpcOpenMemHandle, &o->base, ipc,
+                 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  CUdeviceptr rbase = 0;
+  GPUIPC_CU_GOTO(rc, close_ipc, cuMemGetAddressRange, &rbase, &o->size,
+                 o->base);
+  if (rbase != o->base) {
+    rc = gpuipc__err(GPUIPC_E_CUDA, "LEGACY import: the driver opened the "
+                     "handle at 0x%llx, inside an allocation starting at "
+                     "0x%llx", (unsigned long long)o->base,
+                     (unsigned long long)rbase);
+    goto close_ipc;
+  }
+  gpuipc__ctx_leave(&saved);
+  return 0;
+
+close_ipc:
+  gpuipc__cu.cuIpcCloseMemHandle(o->base);
+leave_ctx:
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
+
+/* Drop one reference on @o; the last one closes the opening. */
+static int open_put(struct legacy_open *o)
+{
+  pthread_mutex_lock(&opens_lock);
+  bool last = --o->refs == 0;
+  if (last)
+    for (struct legacy_open **pp = &opens; *pp != NULL; pp = &(*pp)->next)
+      if (*pp == o) {
+        *pp = o->next;
+        break;
+      }
+  pthread_mutex_unlock(&opens_lock);
+  if (!last)
+    return 0;
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(o->device, &saved);
+  if (rc == 0) {
+    rc = GPUIPC_CU(cuIpcCloseMemHandle, o->base);
+    gpuipc__ctx_leave(&saved);
+  }
+  free(o);
+  return rc;
+}
+
 static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
 {
   static const char who[] = "LEGACY import";
@@ -195,13 +252,7 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
       rc = gpuipc__err(-ENOMEM, "%s: out of memory", who);
       goto unlock;
     }
-    struct gpuipc__ctx_saved saved;
-    rc = gpuipc__ctx_enter(access, &saved);
-    if (rc == 0) {
-      rc = GPUIPC_CU(cuIpcOpenMemHandle, &o->base, l->ipc,
-                     CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-      gpuipc__ctx_leave(&saved);
-    }
+    rc = open_block(o, l->ipc, access);
     if (rc != 0) {
       free(o);
       if (gpuipc__exporter_gone(h->boot_id, h->pidns, h->pid))
@@ -217,10 +268,20 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
   }
   pthread_mutex_unlock(&opens_lock);
 
+  /* The handle's claims against the block the driver opened. */
+  if (h->offset > o->size || h->size > o->size - h->offset) {
+    rc = gpuipc__err(GPUIPC_E_BADHANDLE, "%s: offset %llu + size %llu runs "
+                     "past the end of the %zu-byte block the handle opens",
+                     who, (unsigned long long)h->offset,
+                     (unsigned long long)h->size, o->size);
+    open_put(o);
+    free(l);
+    return rc;
+  }
   l->open = o;
   l->base = o->base;
   b->ptr = (void *)(uintptr_t)(o->base + h->offset);
-  b->alloc_size = (size_t)h->alloc_size;
+  b->alloc_size = o->size;
   b->offset = (size_t)h->offset;
   b->device = access;
   memcpy(b->uuid, h->device_uuid, 16);
@@ -249,28 +310,29 @@ static int legacy_release(struct gpuipc_buf *b)
       gpuipc__ctx_leave(&saved);
     }
   } else {
-    pthread_mutex_lock(&opens_lock);
-    bool last = --o->refs == 0;
-    if (last)
-      for (struct legacy_open **pp = &opens; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == o) {
-          *pp = o->next;
-          break;
-        }
-    pthread_mutex_unlock(&opens_lock);
-    if (last) {
-      struct gpuipc__ctx_saved saved;
-      rc = gpuipc__ctx_enter(o->device, &saved);
-      if (rc == 0) {
-        rc = GPUIPC_CU(cuIpcCloseMemHandle, o->base);
-        gpuipc__ctx_leave(&saved);
-      }
-      free(o);
-    }
+    rc = open_put(o);
   }
   free(l);
   b->priv = NULL;
   return rc;
+}
+
+/*
+ * A handle that claims @b's identity must name the same block and place
+ * in it: identities derived from a foreign handle's bytes
+ * (gpuipc_handle_from_cuda_ipc) are hashes, and a hash can collide.
+ */
+static int legacy_same_export(const struct gpuipc_buf *b,
+                              const gpuipc_handle_t *h)
+{
+  const struct legacy *l = b->priv;
+  if (l != NULL && b->offset == h->offset &&
+      memcmp(l->ipc.reserved, h->bytes, GPUIPC_HANDLE_BYTES) == 0)
+    return 0;
+  return gpuipc__err(GPUIPC_E_BADHANDLE, "LEGACY import: the handle claims "
+                     "export %llu of pid %u, which this process holds for "
+                     "another block or offset",
+                     (unsigned long long)h->export_id, h->pid);
 }
 
 const struct gpuipc__kind_ops gpuipc__legacy_ops = {
@@ -280,6 +342,7 @@ const struct gpuipc__kind_ops gpuipc__legacy_ops = {
     .export = legacy_export,
     .import = legacy_import,
     .release = legacy_release,
+    .same_export = legacy_same_export,
 };
 
 #endif

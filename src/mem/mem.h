@@ -54,6 +54,12 @@ struct gpuipc__kind_ops {
    * descriptors carry no stable identity) the claim is taken as is.
    */
   int (*same_memory)(const struct gpuipc_buf *b, int fd);
+  /*
+   * Optional: whether handle @h, which claims @b's identity, describes
+   * the same memory and place in it (compared by what the handle carries).
+   * 0, or GPUIPC_E_BADHANDLE with a sentence.
+   */
+  int (*same_export)(const struct gpuipc_buf *b, const gpuipc_handle_t *h);
 };
 
 struct gpuipc_buf {

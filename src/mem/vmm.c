@@ -403,6 +403,11 @@ static int vmm_release(struct gpuipc_buf *b)
   return rc;
 }
 
+int gpuipc__vmm_granularity(int device, size_t *out)
+{
+  return granularity(gpuipc__dev_get(device), out);
+}
+
 int gpuipc__vmm_access(struct gpuipc_buf *b, int device)
 {
   struct vmm *v = b->priv;

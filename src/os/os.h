@@ -133,6 +133,14 @@ const struct gpuipc__proc_id *gpuipc__proc_self(void);
  * (dead, not yet reaped) counts as gone.
  */
 bool gpuipc__pid_alive(pid_t pid);
+/*
+ * When process @pid (in our pid namespace) started, in clock ticks after
+ * boot (/proc/PID/stat, field 22): with the boot id, a name for the
+ * process that a later one with the same pid does not share. Returns 0;
+ * -ESRCH when there is no such process (or only its zombie); -EINVAL for
+ * pid <= 0; -errno from reading /proc; -EPROTO for an unreadable line.
+ */
+int gpuipc__pid_start_time(pid_t pid, uint64_t *out);
 
 /* ----- futex (for shared-memory rings) ----- */
 /*

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -194,6 +195,46 @@ bool gpuipc__pid_alive(pid_t pid)
   if (p == NULL || p[1] != ' ')
     return true;
   return p[2] != 'Z' && p[2] != 'X';
+}
+
+int gpuipc__pid_start_time(pid_t pid, uint64_t *out)
+{
+  if (pid <= 0)
+    return -EINVAL;
+  char path[64], buf[1024];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? -ESRCH : -errno;
+  ssize_t n;
+  do
+    n = read(fd, buf, sizeof(buf) - 1);
+  while (n < 0 && errno == EINTR);
+  int err = n < 0 ? -errno : 0;
+  close(fd);
+  if (err != 0)
+    return err == -ESRCH ? -ESRCH : err;
+  buf[n] = '\0';
+  /* "pid (comm) S f4 ... f22": the last ')' ends comm; S is field 3. */
+  const char *p = strrchr(buf, ')');
+  if (p == NULL || p[1] != ' ')
+    return -EPROTO;
+  p += 2;
+  if (*p == 'Z' || *p == 'X')
+    return -ESRCH;
+  for (int field = 3; field < 22; field++) {
+    p = strchr(p, ' ');
+    if (p == NULL)
+      return -EPROTO;
+    p++;
+  }
+  char *end;
+  errno = 0;
+  unsigned long long t = strtoull(p, &end, 10);
+  if (end == p || errno != 0 || (*end != ' ' && *end != '\n' && *end))
+    return -EPROTO;
+  *out = (uint64_t)t;
+  return 0;
 }
 
 /* ----- futex ----- */

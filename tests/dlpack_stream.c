@@ -1,0 +1,38 @@
+/*
+ * DLPack hand-over on the consumer's stream, on a GPU: a consumer on a
+ * non-blocking stream reads each received tensor there and drops it (runs
+ * the deleter) with its reads still queued, while the sender overwrites
+ * the buffer the moment the release lets it. Handed over with
+ * gpuipc_tensor_to_dlpack_stream, the consumer must read the round's
+ * bytes in every one of 1000 rounds. The same with gpuipc_tensor_to_dlpack
+ * (released on the legacy default stream) runs first and only reports how
+ * often it read the sender's later bytes: the race the stream closes.
+ */
+#include "gpu_test.h"
+
+#define ROUNDS "1000"
+
+static void one(const char *mode)
+{
+  char name[32];
+  snprintf(name, sizeof(name), "dl-%s", mode);
+  const char *sargs[] = {"send", "dl-race", name, "0", ROUNDS, NULL};
+  const char *rargs[] = {"recv", "dl-race", name, "0", ROUNDS, mode, NULL};
+  pid_t s = test_spawn("dlpack_race", sargs, NULL);
+  pid_t r = test_spawn("dlpack_race", rargs, NULL);
+  ASSERT_EQ(test_wait(r, GPU_PROC_TIMEOUT_MS), 0);
+  ASSERT_EQ(test_wait(s, GPU_PROC_TIMEOUT_MS), 0);
+}
+
+int main(void)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+  test_require_gpus(1);
+  gpu_require_helper("dlpack_race");
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("dl-race", NULL, &dom));
+  one("legacy");
+  one("stream");
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  return 0;
+}
