@@ -50,6 +50,9 @@ static const char bench_usage[] =
     "A progress line goes to stderr while it runs, when stderr is a terminal.\n";
 
 #define LAT_BYTES 4096
+/* No step of a run waits longer for the other process: one that fails
+ * leaves the other to time out instead of waiting forever. */
+#define WAIT_MS 30000
 #define CTL_SLOTS 64
 #define MAX_DEVS 16
 
@@ -273,7 +276,8 @@ static int ctl_init(struct ctl *c, gpuipc_domain_t *dom)
   int rc = gpuipc_buf_alloc(CTL_SLOTS * 64, GPUIPC_KIND_HOST, -1, 0, &c->buf);
   if (rc != 0)
     return rc;
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
+                             .send_timeout_ms = WAIT_MS};
   rc = gpuipc_channel_open(dom, "bench-ctl", &o, &c->ch);
   if (rc != 0) {
     gpuipc_buf_release(c->buf);
@@ -296,7 +300,7 @@ static int ctl_send(struct ctl *c, const int64_t v[4])
   int slot = c->next++ % CTL_SLOTS;
   int rc = 0;
   if (c->tickets[slot] != 0)
-    rc = gpuipc_send_done(c->ch, c->tickets[slot], -1);
+    rc = gpuipc_send_done(c->ch, c->tickets[slot], WAIT_MS);
   if (rc != 0)
     return rc;
   uint8_t *p = (uint8_t *)gpuipc_buf_ptr(c->buf) + slot * 64;
@@ -311,7 +315,7 @@ static int ctl_send(struct ctl *c, const int64_t v[4])
 static int ctl_recv(struct ctl *c, int64_t v[4])
 {
   gpuipc_tensor_t *t;
-  int rc = gpuipc_recv(c->ch, &t, NULL, 120000);
+  int rc = gpuipc_recv(c->ch, &t, NULL, 4 * WAIT_MS);
   if (rc != 0)
     return rc;
   if (gpuipc_tensor_nbytes(t) != 4 * sizeof(int64_t))
@@ -361,7 +365,8 @@ static int peer_open(struct peer *p, int src, int dst)
 {
   char name[32];
   chan_name(src, dst, name, sizeof(name));
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000,
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
+                             .send_timeout_ms = WAIT_MS,
                              .device = dst, .device_set = dst >= 0};
   int rc = gpuipc_channel_open(p->dom, name, &o, &p->data);
   if (rc != 0)
@@ -388,7 +393,7 @@ static int peer_views(struct peer *p, long count)
 {
   for (long i = 0; i < count; i++) {
     gpuipc_tensor_t *v;
-    int rc = gpuipc_recv(p->data, &v, p->stream, 60000);
+    int rc = gpuipc_recv(p->data, &v, p->stream, WAIT_MS);
     if (rc == 0)
       rc = gpuipc_tensor_release(v, p->stream);
     if (rc != 0)
@@ -433,7 +438,7 @@ static int peer_copies(struct peer *p, size_t bytes, long count, uint8_t want)
   struct tens into;
   tens_init(&into, p->dst, gpuipc_buf_ptr(p->dst), p->dev, bytes);
   for (long i = 0; rc == 0 && i < count; i++)
-    rc = gpuipc_recv_into(p->data, &into.t, p->stream, 60000);
+    rc = gpuipc_recv_into(p->data, &into.t, p->stream, WAIT_MS);
   if (rc == 0 && p->dev >= 0)
     rc = gpuipc_stream_sync(p->dev, p->stream);
   if (rc == 0)
@@ -475,6 +480,9 @@ static int peer_main(const char *domain, const char *stream)
     default:
       res = GPUIPC_E_PROTO;
     }
+    if (res != 0)
+      fprintf(stderr, "gpuipc bench (receiver): order %d: %s (%s)\n",
+              (int)v[0], gpuipc_last_error(), gpuipc_err_name(res));
     int64_t ans[4] = {res, 0, 0, 0};
     rc = ctl_send(&p.ctl, ans);
   }
@@ -585,7 +593,7 @@ static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
     double t0 = now_us();
     rc = gpuipc_send(ch, &x.t, stream, 0, &tk);
     if (rc == 0)
-      rc = gpuipc_send_done(ch, tk, -1);
+      rc = gpuipc_send_done(ch, tk, WAIT_MS);
     if (i >= warm)
       t[i - warm] = now_us() - t0;
   }
@@ -652,12 +660,12 @@ static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
   if (rc == 0)
     rc = gpuipc_send(ch, &x.t, stream, 0, &tk); /* warm-up */
   if (rc == 0)
-    rc = gpuipc_send_done(ch, tk, -1);
+    rc = gpuipc_send_done(ch, tk, WAIT_MS);
   double t0 = now_us();
   for (long i = 0; rc == 0 && i < n; i++)
     rc = gpuipc_send(ch, &x.t, stream, 0, &tk);
   if (rc == 0)
-    rc = gpuipc_send_done(ch, tk, -1);
+    rc = gpuipc_send_done(ch, tk, WAIT_MS);
   double us = now_us() - t0;
   int64_t ans[4] = {0};
   if (rc == 0)
@@ -707,7 +715,8 @@ static int run_pair(struct prod *p, int src, int dst)
     return rc;
   char name[32];
   chan_name(src, dst, name, sizeof(name));
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
+                             .send_timeout_ms = WAIT_MS};
   gpuipc_channel_t *ch;
   rc = gpuipc_channel_open(p->dom, name, &o, &ch);
   int rc2 = ctl_recv(&p->ctl, ans);
