@@ -32,7 +32,7 @@ struct gpuipc_cmd {
 };
 
 /* The subcommands, in the order `gpuipc --help` lists them. */
-#define GPUIPC_CLI_COMMANDS(X) X(info) X(topo) X(ls) X(serve)
+#define GPUIPC_CLI_COMMANDS(X) X(info) X(topo) X(ls) X(serve) X(bench)
 
 #define GPUIPC__CLI_DECL(name) extern const struct gpuipc_cmd gpuipc_cmd_##name;
 GPUIPC_CLI_COMMANDS(GPUIPC__CLI_DECL)
@@ -68,6 +68,8 @@ void cli_json_end(struct cli_json *j); /* closes the innermost container */
 void cli_json_str(struct cli_json *j, const char *key, const char *val);
 void cli_json_int(struct cli_json *j, const char *key, long long val);
 void cli_json_uint(struct cli_json *j, const char *key, uint64_t val);
+/* Three decimals; NaN and infinities as null. */
+void cli_json_double(struct cli_json *j, const char *key, double val);
 void cli_json_bool(struct cli_json *j, const char *key, bool val);
 void cli_json_null(struct cli_json *j, const char *key);
 /* Ends the document with a newline. */

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <inttypes.h>
+#include <math.h>
 
 const char *cli_bytes(uint64_t n, char *buf, size_t cap)
 {
@@ -137,6 +138,15 @@ void cli_json_uint(struct cli_json *j, const char *key, uint64_t val)
 {
   lead(j, key);
   fprintf(j->f, "%" PRIu64, val);
+}
+
+void cli_json_double(struct cli_json *j, const char *key, double val)
+{
+  lead(j, key);
+  if (isfinite(val))
+    fprintf(j->f, "%.3f", val);
+  else
+    fputs("null", j->f);
 }
 
 void cli_json_bool(struct cli_json *j, const char *key, bool val)

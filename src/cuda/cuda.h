@@ -63,6 +63,7 @@
   X(cuMemcpyHtoD, 1, 12000)                                                    \
   X(cuMemcpyDtoH, 1, 12000)                                                    \
   X(cuMemcpyAsync, 1, 12000)                                                   \
+  X(cuMemcpyPeerAsync, 0, 12000)                                               \
   X(cuMemsetD8, 1, 12000)                                                      \
   X(cuMemGetAddressRange, 1, 12000)                                            \
   X(cuMemHostRegister, 1, 12000)                                               \

@@ -1,0 +1,98 @@
+/*
+ * `gpuipc bench`: a real run of the tool (it starts itself again as the
+ * receiving process, which checks the bytes of every size it receives),
+ * in JSON: the schema version, one latency row, one bandwidth row per size
+ * with positive figures and the baseline named; bad arguments are usage
+ * errors. HOST buffers everywhere; with a GPU, the GPU rows too.
+ */
+#include "gpu_test.h"
+
+#include <stdio.h>
+#include <sys/wait.h>
+
+#ifdef GPUIPC_CLI
+/* Run `ENV gpuipc bench ARGS`, returning its exit status and its stdout. */
+static int run_cli(const char *env, const char *args, char *out, size_t cap)
+{
+  char cmd[1024];
+  snprintf(cmd, sizeof(cmd), "%s %s bench %s", env, GPUIPC_CLI, args);
+  FILE *f = popen(cmd, "r");
+  ASSERT_TRUE(f != NULL);
+  size_t n = fread(out, 1, cap - 1, f);
+  out[n] = '\0';
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* How many times @needle occurs in @s. */
+static int count(const char *s, const char *needle)
+{
+  int n = 0;
+  for (const char *p = strstr(s, needle); p != NULL;
+       p = strstr(p + 1, needle))
+    n++;
+  return n;
+}
+
+/* Every "KEY": NUMBER in @s is > 0; returns how many there were. */
+static int positive(const char *s, const char *key)
+{
+  char pat[64];
+  snprintf(pat, sizeof(pat), "\"%s\": ", key);
+  int n = 0;
+  for (const char *p = strstr(s, pat); p != NULL; p = strstr(p + 1, pat)) {
+    double v = strtod(p + strlen(pat), NULL);
+    if (!(v > 0)) {
+      fprintf(stderr, "%s is %g in:\n%s\n", key, v, s);
+      ASSERT_TRUE(v > 0);
+    }
+    n++;
+  }
+  return n;
+}
+
+/* A JSON run with sizes 4, 16, 64 and 256 KiB per path. */
+static void check_json(const char *env, int paths, const char *baseline)
+{
+  static char out[1 << 16];
+  ASSERT_EQ(run_cli(env, "--quick --json --max-bytes 262144", out,
+                    sizeof(out)), 0);
+  ASSERT_TRUE(strstr(out, "\"schema\": 1") != NULL);
+  ASSERT_EQ(positive(out, "median_us"), paths);
+  ASSERT_EQ(positive(out, "p99_us"), paths);
+  ASSERT_EQ(positive(out, "gpuipc_gbs"), 4 * paths);
+  ASSERT_EQ(positive(out, "baseline_gbs"), 4 * paths);
+  ASSERT_EQ(positive(out, "ratio"), 4 * paths);
+  ASSERT_EQ(count(out, "\"bytes\": 262144"), paths);
+  ASSERT_TRUE(strstr(out, baseline) != NULL);
+}
+#endif
+
+int main(void)
+{
+#ifdef GPUIPC_CLI
+  static char out[1 << 16];
+  ASSERT_EQ(run_cli("", "--kind nope 2>&1", out, sizeof(out)), 2);
+  ASSERT_TRUE(strstr(out, "unknown kind") != NULL);
+  ASSERT_EQ(run_cli("", "--max-bytes 12 2>&1", out, sizeof(out)), 2);
+  ASSERT_EQ(run_cli("", "--stream sideways 2>&1", out, sizeof(out)), 2);
+  /* HOST buffers against memcpy: one path. */
+  check_json("GPUIPC_NO_CUDA=1", 1, "\"baseline\": \"memcpy\"");
+  /* The tables. */
+  ASSERT_EQ(run_cli("GPUIPC_NO_CUDA=1", "--quick --max-bytes 4096", out,
+                    sizeof(out)), 0);
+  ASSERT_TRUE(strstr(out, "round trip") != NULL);
+  ASSERT_TRUE(strstr(out, "4 KiB") != NULL);
+  if (gpuipc_device_count() <= 0) {
+    printf("no GPU: the HOST rows are the whole test\n");
+    return 0;
+  }
+  /* Every ordered pair of GPUs, against the driver's copies. */
+  int n = gpuipc_device_count();
+  check_json("", n * n, "\"baseline\": \"cuMemcpyAsync\"");
+  return 0;
+#else
+  printf("skipped: the gpuipc CLI is not built\n");
+  return 77;
+#endif
+}

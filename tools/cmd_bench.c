@@ -1,0 +1,1011 @@
+/*
+ * gpuipc bench: measure this machine. For each GPU and each ordered pair of
+ * GPUs, a channel's 4 KiB round trip and its copy bandwidth by size, next to
+ * the driver's own copy (cuMemcpyAsync on one GPU, cuMemcpyPeerAsync between
+ * two) in the same run. Without a GPU (or with --kind host) HOST buffers
+ * against memcpy.
+ *
+ * The command starts itself again as the receiving process (`gpuipc bench
+ * --peer DOMAIN STREAM`, through /proc/self/exe), in a domain of its own.
+ * The two talk over a control channel of HOST tensors: the producer sends
+ * an order (open a data channel, receive N views, receive N copies, end),
+ * the receiver carries it out and answers with a HOST tensor of its own:
+ * 0, or the error it met. Bandwidth orders carry the byte the producer
+ * filled its buffer with, and the receiver checks its copy's first and last
+ * bytes against it.
+ */
+#include "cli.h"
+#include "cuda/cuda.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char bench_usage[] =
+    "usage: gpuipc bench [--json] [--quick] [--kind KIND] [--stream STREAM]\n"
+    "                    [--max-bytes N] [--devices LIST]\n"
+    "\n"
+    "Measure channels on this machine, for each GPU and each ordered pair of\n"
+    "GPUs: the 4 KiB round trip (send -> recv -> release -> the sender sees\n"
+    "its buffer free) and the copy bandwidth (gpuipc_recv_into) from 4 KiB\n"
+    "up, next to cuMemcpyAsync (one GPU) or cuMemcpyPeerAsync (two GPUs)\n"
+    "run by this process on the same buffers. Without a GPU: HOST buffers\n"
+    "against memcpy. A second process (this command, started again) is the\n"
+    "receiver; it checks the bytes of every size it receives.\n"
+    "\n"
+    "  --json          one JSON document (schema 1) instead of the tables\n"
+    "  --quick         fewer messages, sizes up to 64 MiB\n"
+    "  --kind KIND     auto (default), vmm, legacy, pool or host\n"
+    "  --stream S      null (default: the legacy default stream, what\n"
+    "                  PyTorch uses), legacy, per-thread, or created (a\n"
+    "                  non-blocking stream of each process's own)\n"
+    "  --max-bytes N   largest size (default 1 GiB, 64 MiB with --quick)\n"
+    "  --devices LIST  comma-separated ordinals (default: every GPU)\n"
+    "\n"
+    "A progress line goes to stderr while it runs, when stderr is a terminal.\n";
+
+#define LAT_BYTES 4096
+/* No step of a run waits longer for the other process: one that fails
+ * leaves the other to time out instead of waiting forever. */
+#define WAIT_MS 30000
+#define CTL_SLOTS 64
+#define MAX_DEVS 16
+
+enum op { OP_OPEN = 1, OP_LAT = 2, OP_BW = 3, OP_CLOSE = 4, OP_END = 5 };
+
+enum stream_mode { ST_NULL, ST_LEGACY, ST_PER_THREAD, ST_CREATED };
+static const char *const stream_names[] = {"null", "legacy", "per-thread",
+                                           "created"};
+
+struct bench_opts {
+  int json, quick;
+  gpuipc_kind_t kind;
+  enum stream_mode stream;
+  size_t max_bytes;
+  int ndev;
+  int devs[MAX_DEVS];
+};
+
+/* ------------------------------------------------------------------------ */
+/* Clock, statistics, tensors                                               */
+/* ------------------------------------------------------------------------ */
+
+static double now_us(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Sorts @v; its median and 99th percentile. */
+static void stats(double *v, int n, double *median, double *p99)
+{
+  qsort(v, (size_t)n, sizeof(*v), cmp_double);
+  *median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  int k = (int)ceil(0.99 * n) - 1;
+  *p99 = v[k < 0 ? 0 : k];
+}
+
+/* A 1-D uint8 tensor of @bytes at @off in @buf (or at @data without one). */
+struct tens {
+  int64_t shape[1];
+  gpuipc_tensor_t t;
+};
+
+static void tens_init(struct tens *x, gpuipc_buf_t *buf, void *data, int dev,
+                      size_t bytes)
+{
+  memset(x, 0, sizeof(*x));
+  x->shape[0] = (int64_t)bytes;
+  x->t.buf = buf;
+  x->t.dl.data = data;
+  x->t.dl.device.device_type = dev >= 0 ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
+  x->t.dl.device.device_id = dev >= 0 ? dev : 0;
+  x->t.dl.ndim = 1;
+  x->t.dl.dtype.code = GPUIPC_DL_UINT;
+  x->t.dl.dtype.bits = 8;
+  x->t.dl.dtype.lanes = 1;
+  x->t.dl.shape = x->shape;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The driver, for streams, fills, checks and the baselines                 */
+/* ------------------------------------------------------------------------ */
+
+#if GPUIPC_HAVE_CUDA
+/* The stream of @mode on device @dev; NULL on failure (then `null`). */
+static void *stream_make(enum stream_mode mode, int dev)
+{
+  switch (mode) {
+  case ST_LEGACY:
+    return (void *)CU_STREAM_LEGACY;
+  case ST_PER_THREAD:
+    return (void *)CU_STREAM_PER_THREAD;
+  case ST_CREATED: {
+    struct gpuipc__ctx_saved saved;
+    CUstream s = NULL;
+    if (gpuipc__ctx_enter(dev, &saved) != 0)
+      return NULL;
+    if (GPUIPC_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING) != 0)
+      s = NULL;
+    gpuipc__ctx_leave(&saved);
+    return s;
+  }
+  default:
+    return NULL;
+  }
+}
+
+static void stream_free(enum stream_mode mode, int dev, void *s)
+{
+  if (mode != ST_CREATED || s == NULL)
+    return;
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__ctx_enter(dev, &saved) == 0) {
+    gpuipc__cu.cuStreamDestroy((CUstream)s);
+    gpuipc__ctx_leave(&saved);
+  }
+}
+
+/* cuMemsetD8 of @n bytes of device @dev memory, synchronously. */
+static int dev_fill(int dev, void *p, uint8_t v, size_t n)
+{
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc == 0) {
+    rc = GPUIPC_CU(cuMemsetD8, (CUdeviceptr)(uintptr_t)p, v, n);
+    if (rc == 0)
+      rc = GPUIPC_CU(cuCtxSynchronize);
+    gpuipc__ctx_leave(&saved);
+  }
+  return rc;
+}
+
+/*
+ * @count copies of @n bytes from @src (device @sdev) to @dst (device
+ * @ddev) on @stream of @sdev, one to warm up first: cuMemcpyAsync on one
+ * GPU, cuMemcpyPeerAsync between two. Microseconds for the @count, or < 0.
+ */
+static double dev_copies(int sdev, int ddev, void *dst, const void *src,
+                         size_t n, long count, void *stream)
+{
+  const struct gpuipc__dev *sd = gpuipc__dev_get(sdev);
+  const struct gpuipc__dev *dd = gpuipc__dev_get(ddev);
+  struct gpuipc__ctx_saved saved, other;
+  if (sd == NULL || dd == NULL || gpuipc__ctx_enter(ddev, &other) != 0)
+    return -1;
+  gpuipc__ctx_leave(&other); /* retains @ddev's primary context */
+  if (gpuipc__ctx_enter(sdev, &saved) != 0)
+    return -1;
+  CUcontext sc = __atomic_load_n(&sd->primary, __ATOMIC_ACQUIRE);
+  CUcontext dc = __atomic_load_n(&dd->primary, __ATOMIC_ACQUIRE);
+  double t0 = 0, us = -1;
+  int rc = 0;
+  for (long i = -1; i < count && rc == 0; i++) {
+    if (i == 0) {
+      rc = GPUIPC_CU(cuStreamSynchronize, (CUstream)stream);
+      t0 = now_us();
+    }
+    if (rc == 0 && sdev == ddev)
+      rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                     (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream);
+    else if (rc == 0)
+      rc = GPUIPC_CU(cuMemcpyPeerAsync, (CUdeviceptr)(uintptr_t)dst, dc,
+                     (CUdeviceptr)(uintptr_t)src, sc, n, (CUstream)stream);
+  }
+  if (rc == 0)
+    rc = GPUIPC_CU(cuStreamSynchronize, (CUstream)stream);
+  if (rc == 0)
+    us = now_us() - t0;
+  gpuipc__ctx_leave(&saved);
+  return us;
+}
+
+/* Bytes [0, n) of device memory @p into @out. */
+static int dev_read(int dev, void *out, const void *p, size_t n)
+{
+  return gpuipc_memcpy(out, p, n, dev, NULL);
+}
+#else
+static void *stream_make(enum stream_mode mode, int dev)
+{
+  return NULL;
+}
+
+static void stream_free(enum stream_mode mode, int dev, void *s)
+{
+}
+
+static int dev_fill(int dev, void *p, uint8_t v, size_t n)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+
+static double dev_copies(int sdev, int ddev, void *dst, const void *src,
+                         size_t n, long count, void *stream)
+{
+  return -1;
+}
+
+static int dev_read(int dev, void *out, const void *p, size_t n)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+#endif
+
+static int fill(int dev, void *p, uint8_t v, size_t n)
+{
+  if (dev < 0) {
+    memset(p, v, n);
+    return 0;
+  }
+  return dev_fill(dev, p, v, n);
+}
+
+/* The byte a producer fills @bytes with. */
+static uint8_t pattern(size_t bytes)
+{
+  return (uint8_t)(0xa5 ^ (unsigned)__builtin_ctzll(bytes));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Control channel: orders one way, answers the other                       */
+/* ------------------------------------------------------------------------ */
+
+struct ctl {
+  gpuipc_channel_t *ch;
+  gpuipc_buf_t *buf; /* HOST, CTL_SLOTS slots of 64 bytes */
+  uint64_t tickets[CTL_SLOTS];
+  int next;
+};
+
+static int ctl_init(struct ctl *c, gpuipc_domain_t *dom)
+{
+  memset(c, 0, sizeof(*c));
+  int rc = gpuipc_buf_alloc(CTL_SLOTS * 64, GPUIPC_KIND_HOST, -1, 0, &c->buf);
+  if (rc != 0)
+    return rc;
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
+                             .send_timeout_ms = WAIT_MS};
+  rc = gpuipc_channel_open(dom, "bench-ctl", &o, &c->ch);
+  if (rc != 0) {
+    gpuipc_buf_release(c->buf);
+    c->buf = NULL;
+  }
+  return rc;
+}
+
+static void ctl_fini(struct ctl *c)
+{
+  if (c->ch != NULL)
+    gpuipc_channel_close(c->ch);
+  if (c->buf != NULL)
+    gpuipc_buf_release(c->buf);
+}
+
+/* Send four numbers. */
+static int ctl_send(struct ctl *c, const int64_t v[4])
+{
+  int slot = c->next++ % CTL_SLOTS;
+  int rc = 0;
+  if (c->tickets[slot] != 0)
+    rc = gpuipc_send_done(c->ch, c->tickets[slot], WAIT_MS);
+  if (rc != 0)
+    return rc;
+  uint8_t *p = (uint8_t *)gpuipc_buf_ptr(c->buf) + slot * 64;
+  memcpy(p, v, 4 * sizeof(int64_t));
+  struct tens x;
+  tens_init(&x, c->buf, gpuipc_buf_ptr(c->buf), -1, 4 * sizeof(int64_t));
+  x.t.dl.byte_offset = (uint64_t)slot * 64;
+  return gpuipc_send(c->ch, &x.t, NULL, 0, &c->tickets[slot]);
+}
+
+/* Receive four numbers. */
+static int ctl_recv(struct ctl *c, int64_t v[4])
+{
+  gpuipc_tensor_t *t;
+  int rc = gpuipc_recv(c->ch, &t, NULL, 4 * WAIT_MS);
+  if (rc != 0)
+    return rc;
+  if (gpuipc_tensor_nbytes(t) != 4 * sizeof(int64_t))
+    rc = GPUIPC_E_PROTO;
+  else
+    memcpy(v, (const uint8_t *)t->dl.data + t->dl.byte_offset,
+           4 * sizeof(int64_t));
+  gpuipc_tensor_release(t, NULL);
+  return rc;
+}
+
+/* An order and its answer: 0, or the receiver's error code. */
+static int ctl_order(struct ctl *c, int64_t op, int64_t a, int64_t b,
+                     int64_t d)
+{
+  int64_t v[4] = {op, a, b, d}, ans[4];
+  int rc = ctl_send(c, v);
+  if (rc == 0)
+    rc = ctl_recv(c, ans);
+  return rc != 0 ? rc : (int)ans[0];
+}
+
+/* The data channel from @src to @dst: "bench-0-1", "bench-host". */
+static void chan_name(int src, int dst, char *buf, size_t cap)
+{
+  if (src < 0)
+    snprintf(buf, cap, "bench-host");
+  else
+    snprintf(buf, cap, "bench-%d-%d", src, dst);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The receiving process                                                    */
+/* ------------------------------------------------------------------------ */
+
+struct peer {
+  gpuipc_domain_t *dom;
+  struct ctl ctl;
+  gpuipc_channel_t *data;
+  enum stream_mode mode;
+  int dev;      /* the data channel's receiving device, -1: HOST */
+  void *stream;
+  gpuipc_buf_t *dst; /* where copies land */
+};
+
+static int peer_open(struct peer *p, int src, int dst)
+{
+  char name[32];
+  chan_name(src, dst, name, sizeof(name));
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
+                             .send_timeout_ms = WAIT_MS,
+                             .device = dst, .device_set = dst >= 0};
+  int rc = gpuipc_channel_open(p->dom, name, &o, &p->data);
+  if (rc != 0)
+    return rc;
+  p->dev = dst;
+  p->stream = dst >= 0 ? stream_make(p->mode, dst) : NULL;
+  return 0;
+}
+
+static void peer_close(struct peer *p)
+{
+  if (p->data != NULL)
+    gpuipc_channel_close(p->data);
+  p->data = NULL;
+  if (p->dev >= 0)
+    stream_free(p->mode, p->dev, p->stream);
+  p->stream = NULL;
+  if (p->dst != NULL)
+    gpuipc_buf_release(p->dst);
+  p->dst = NULL;
+}
+
+static int peer_views(struct peer *p, long count)
+{
+  for (long i = 0; i < count; i++) {
+    gpuipc_tensor_t *v;
+    int rc = gpuipc_recv(p->data, &v, p->stream, WAIT_MS);
+    if (rc == 0)
+      rc = gpuipc_tensor_release(v, p->stream);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* The first and last 64 bytes of @bytes at @q hold @want. */
+static int peer_check(struct peer *p, const uint8_t *q, size_t bytes,
+                      uint8_t want)
+{
+  uint8_t head[64], tail[64];
+  size_t k = bytes < 64 ? bytes : 64;
+  int rc = 0;
+  if (p->dev < 0) {
+    memcpy(head, q, k);
+    memcpy(tail, q + bytes - k, k);
+  } else {
+    rc = dev_read(p->dev, head, q, k);
+    if (rc == 0)
+      rc = dev_read(p->dev, tail, q + bytes - k, k);
+  }
+  for (size_t i = 0; rc == 0 && i < k; i++)
+    if (head[i] != want || tail[i] != want)
+      rc = -EBADMSG;
+  return rc;
+}
+
+static int peer_copies(struct peer *p, size_t bytes, long count, uint8_t want)
+{
+  int rc = 0;
+  if (p->dst == NULL || gpuipc_buf_size(p->dst) < bytes) {
+    if (p->dst != NULL)
+      gpuipc_buf_release(p->dst);
+    p->dst = NULL;
+    gpuipc_kind_t k = p->dev < 0 ? GPUIPC_KIND_HOST : GPUIPC_KIND_AUTO;
+    rc = gpuipc_buf_alloc(bytes, k, p->dev, 0, &p->dst);
+    if (rc != 0)
+      return rc;
+  }
+  struct tens into;
+  tens_init(&into, p->dst, gpuipc_buf_ptr(p->dst), p->dev, bytes);
+  for (long i = 0; rc == 0 && i < count; i++)
+    rc = gpuipc_recv_into(p->data, &into.t, p->stream, WAIT_MS);
+  if (rc == 0 && p->dev >= 0)
+    rc = gpuipc_stream_sync(p->dev, p->stream);
+  if (rc == 0)
+    rc = peer_check(p, gpuipc_buf_ptr(p->dst), bytes, want);
+  return rc;
+}
+
+static int peer_main(const char *domain, const char *stream)
+{
+  struct peer p;
+  memset(&p, 0, sizeof(p));
+  p.dev = -1;
+  for (int m = 0; m < 4; m++)
+    if (strcmp(stream, stream_names[m]) == 0)
+      p.mode = (enum stream_mode)m;
+  int rc = gpuipc_domain_join(domain, NULL, &p.dom);
+  if (rc == 0)
+    rc = ctl_init(&p.ctl, p.dom);
+  while (rc == 0) {
+    int64_t v[4];
+    rc = ctl_recv(&p.ctl, v);
+    if (rc != 0 || v[0] == OP_END)
+      break;
+    int res;
+    switch (v[0]) {
+    case OP_OPEN:
+      res = peer_open(&p, (int)v[1], (int)v[2]);
+      break;
+    case OP_LAT:
+      res = peer_views(&p, (long)v[2]);
+      break;
+    case OP_BW:
+      res = peer_copies(&p, (size_t)v[1], (long)v[2], (uint8_t)v[3]);
+      break;
+    case OP_CLOSE:
+      peer_close(&p);
+      res = 0;
+      break;
+    default:
+      res = GPUIPC_E_PROTO;
+    }
+    if (res != 0)
+      fprintf(stderr, "gpuipc bench (receiver): order %d: %s (%s)\n",
+              (int)v[0], gpuipc_last_error(), gpuipc_err_name(res));
+    int64_t ans[4] = {res, 0, 0, 0};
+    rc = ctl_send(&p.ctl, ans);
+  }
+  peer_close(&p);
+  if (p.ctl.ch != NULL) {
+    /* Let the last answer be read before the channel closes. */
+    gpuipc_channel_progress(p.ctl.ch);
+  }
+  ctl_fini(&p.ctl);
+  if (p.dom != NULL)
+    gpuipc_domain_leave(p.dom);
+  if (rc != 0)
+    fprintf(stderr, "gpuipc bench (receiver): %s\n", gpuipc_last_error());
+  return rc == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The producing process                                                    */
+/* ------------------------------------------------------------------------ */
+
+struct lat_row {
+  int src, dst;
+  int n;
+  double median, p99;
+};
+
+struct bw_row {
+  int src, dst;
+  size_t bytes;
+  long count;
+  double gbs, base_gbs;
+};
+
+struct results {
+  struct lat_row lat[MAX_DEVS * MAX_DEVS];
+  int nlat;
+  struct bw_row *bw;
+  int nbw, capbw;
+};
+
+struct prod {
+  const struct bench_opts *o;
+  gpuipc_domain_t *dom;
+  struct ctl ctl;
+  pid_t peer;
+  int steps, step; /* progress */
+  struct results r;
+};
+
+static void progress(struct prod *p, const char *what, int src, int dst,
+                     size_t bytes)
+{
+  p->step++;
+  if (!isatty(STDERR_FILENO))
+    return;
+  char b[32];
+  char path[32];
+  if (src < 0)
+    snprintf(path, sizeof(path), "host");
+  else
+    snprintf(path, sizeof(path), "GPU%d->GPU%d", src, dst);
+  fprintf(stderr, "\r\033[K[%d/%d] %s %s %s", p->step, p->steps, path, what,
+          cli_bytes(bytes, b, sizeof(b)));
+  fflush(stderr);
+}
+
+static int spawn_peer(struct prod *p, const char *domain)
+{
+  const char *stream = stream_names[p->o->stream];
+  pid_t pid = fork();
+  if (pid < 0)
+    return -errno;
+  if (pid == 0) {
+    char *const argv[] = {(char *)"gpuipc", (char *)"bench", (char *)"--peer",
+                          (char *)domain, (char *)stream, NULL};
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  p->peer = pid;
+  return 0;
+}
+
+static long count_for(size_t bytes, int quick)
+{
+  size_t target = quick ? ((size_t)1 << 30) : ((size_t)8 << 30);
+  long n = (long)(target / bytes);
+  long cap = quick ? 500 : 4000;
+  return n < 10 ? 10 : n > cap ? cap : n;
+}
+
+/* Round trips of a 4 KiB tensor of @src, @n timed after warm-up. */
+static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
+                       void *stream)
+{
+  int n = p->o->quick ? 300 : 2000, warm = 100;
+  gpuipc_buf_t *b;
+  gpuipc_kind_t kind = src < 0 ? GPUIPC_KIND_HOST : p->o->kind;
+  int rc = gpuipc_buf_alloc(LAT_BYTES, kind, src, 0, &b);
+  if (rc != 0)
+    return rc;
+  double *t = calloc((size_t)n, sizeof(*t));
+  int64_t order[4] = {OP_LAT, LAT_BYTES, n + warm, 0};
+  rc = t == NULL ? -ENOMEM : ctl_send(&p->ctl, order);
+  struct tens x;
+  tens_init(&x, b, gpuipc_buf_ptr(b), src, LAT_BYTES);
+  for (int i = 0; rc == 0 && i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    rc = gpuipc_send(ch, &x.t, stream, 0, &tk);
+    if (rc == 0)
+      rc = gpuipc_send_done(ch, tk, WAIT_MS);
+    if (i >= warm)
+      t[i - warm] = now_us() - t0;
+  }
+  int64_t ans[4] = {0};
+  if (rc == 0)
+    rc = ctl_recv(&p->ctl, ans);
+  if (rc == 0)
+    rc = (int)ans[0];
+  if (rc == 0) {
+    struct lat_row *r = &p->r.lat[p->r.nlat++];
+    r->src = src;
+    r->dst = dst;
+    r->n = n;
+    stats(t, n, &r->median, &r->p99);
+  }
+  free(t);
+  gpuipc_buf_release(b);
+  return rc;
+}
+
+static int bw_row_add(struct results *r, const struct bw_row *row)
+{
+  if (r->nbw == r->capbw) {
+    int cap = r->capbw ? r->capbw * 2 : 32;
+    struct bw_row *nb = realloc(r->bw, (size_t)cap * sizeof(*nb));
+    if (nb == NULL)
+      return -ENOMEM;
+    r->bw = nb;
+    r->capbw = cap;
+  }
+  r->bw[r->nbw++] = *row;
+  return 0;
+}
+
+/* The baseline for @bytes x @count: the driver's copy, or memcpy. */
+static double base_us(int src, int dst, void *to, const void *from,
+                      size_t bytes, long count, void *stream)
+{
+  if (src >= 0)
+    return dev_copies(src, dst, to, from, bytes, count, stream);
+  memcpy(to, from, bytes); /* warm-up */
+  double t0 = now_us();
+  for (long i = 0; i < count; i++) {
+    memcpy(to, from, bytes);
+    __asm__ volatile("" : : "r"(to) : "memory");
+  }
+  return now_us() - t0;
+}
+
+/* One size: the channel's copies, then the baseline's. */
+static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
+                    void *stream, gpuipc_buf_t *from, gpuipc_buf_t *to,
+                    size_t bytes)
+{
+  long n = count_for(bytes, p->o->quick);
+  uint8_t v = pattern(bytes);
+  int rc = fill(src, gpuipc_buf_ptr(from), v, bytes);
+  int64_t order[4] = {OP_BW, (int64_t)bytes, n + 1, v};
+  if (rc == 0)
+    rc = ctl_send(&p->ctl, order);
+  struct tens x;
+  tens_init(&x, from, gpuipc_buf_ptr(from), src, bytes);
+  uint64_t tk = 0;
+  if (rc == 0)
+    rc = gpuipc_send(ch, &x.t, stream, 0, &tk); /* warm-up */
+  if (rc == 0)
+    rc = gpuipc_send_done(ch, tk, WAIT_MS);
+  double t0 = now_us();
+  for (long i = 0; rc == 0 && i < n; i++)
+    rc = gpuipc_send(ch, &x.t, stream, 0, &tk);
+  if (rc == 0)
+    rc = gpuipc_send_done(ch, tk, WAIT_MS);
+  double us = now_us() - t0;
+  int64_t ans[4] = {0};
+  if (rc == 0)
+    rc = ctl_recv(&p->ctl, ans);
+  if (rc == 0 && ans[0] != 0)
+    return (int)ans[0];
+  if (rc != 0)
+    return rc;
+  double bus = base_us(src, dst, gpuipc_buf_ptr(to), gpuipc_buf_ptr(from),
+                       bytes, n, stream);
+  if (bus <= 0)
+    return gpuipc__err(GPUIPC_E_CUDA, "bench: the baseline copy failed: %s",
+                       gpuipc_last_error());
+  struct bw_row row = {.src = src, .dst = dst, .bytes = bytes, .count = n,
+                       .gbs = (double)bytes * n / us / 1e3,
+                       .base_gbs = (double)bytes * n / bus / 1e3};
+  return bw_row_add(&p->r, &row);
+}
+
+static int run_bandwidth(struct prod *p, int src, int dst,
+                         gpuipc_channel_t *ch, void *stream)
+{
+  gpuipc_kind_t kind = src < 0 ? GPUIPC_KIND_HOST : p->o->kind;
+  gpuipc_buf_t *from = NULL, *to = NULL;
+  int rc = gpuipc_buf_alloc(p->o->max_bytes, kind, src, 0, &from);
+  if (rc == 0)
+    rc = gpuipc_buf_alloc(p->o->max_bytes, src < 0 ? GPUIPC_KIND_HOST : kind,
+                          dst, 0, &to);
+  for (size_t b = 4096; rc == 0 && b <= p->o->max_bytes; b *= 4) {
+    progress(p, "bandwidth", src, dst, b);
+    rc = run_size(p, src, dst, ch, stream, from, to, b);
+  }
+  if (to != NULL)
+    gpuipc_buf_release(to);
+  if (from != NULL)
+    gpuipc_buf_release(from);
+  return rc;
+}
+
+/* Latency and bandwidth from @src to @dst (-1, -1: HOST). */
+static int run_pair(struct prod *p, int src, int dst)
+{
+  /* Both ends open at once: the answer comes once the channel is paired. */
+  int64_t order[4] = {OP_OPEN, src, dst, 0}, ans[4] = {0};
+  int rc = ctl_send(&p->ctl, order);
+  if (rc != 0)
+    return rc;
+  char name[32];
+  chan_name(src, dst, name, sizeof(name));
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
+                             .send_timeout_ms = WAIT_MS};
+  gpuipc_channel_t *ch;
+  rc = gpuipc_channel_open(p->dom, name, &o, &ch);
+  int rc2 = ctl_recv(&p->ctl, ans);
+  if (rc == 0 && (rc2 != 0 || ans[0] != 0)) {
+    gpuipc_channel_close(ch);
+    rc = rc2 != 0 ? rc2 : (int)ans[0];
+  }
+  if (rc != 0)
+    return rc;
+  void *stream = src >= 0 ? stream_make(p->o->stream, src) : NULL;
+  progress(p, "latency", src, dst, LAT_BYTES);
+  rc = run_latency(p, src, dst, ch, stream);
+  if (rc == 0)
+    rc = run_bandwidth(p, src, dst, ch, stream);
+  if (src >= 0)
+    stream_free(p->o->stream, src, stream);
+  gpuipc_channel_close(ch);
+  rc2 = ctl_order(&p->ctl, OP_CLOSE, 0, 0, 0);
+  return rc != 0 ? rc : rc2;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static const char *baseline_name(int src, int dst)
+{
+  return src < 0 ? "memcpy" : src == dst ? "cuMemcpyAsync"
+                                         : "cuMemcpyPeerAsync";
+}
+
+static const char *path_name(int src, int dst, char *buf, size_t cap)
+{
+  if (src < 0)
+    snprintf(buf, cap, "host");
+  else
+    snprintf(buf, cap, "GPU%d->GPU%d", src, dst);
+  return buf;
+}
+
+static void print_tables(const struct prod *p)
+{
+  char path[32], b[32];
+  printf("gpuipc bench: kind %s, stream %s\n\n",
+         gpuipc_kind_name(p->o->kind), stream_names[p->o->stream]);
+  printf("4 KiB round trip (send -> recv -> release -> free), us\n");
+  printf("  %-12s %9s %9s %7s\n", "path", "median", "p99", "n");
+  for (int i = 0; i < p->r.nlat; i++) {
+    const struct lat_row *r = &p->r.lat[i];
+    printf("  %-12s %9.2f %9.2f %7d\n", path_name(r->src, r->dst, path, 32),
+           r->median, r->p99, r->n);
+  }
+  printf("\nCopy bandwidth (gpuipc_recv_into), GB/s (10^9 B/s)\n");
+  printf("  %-12s %9s %6s %10s %18s %6s\n", "path", "size", "msgs", "gpuipc",
+         "baseline", "ratio");
+  for (int i = 0; i < p->r.nbw; i++) {
+    const struct bw_row *r = &p->r.bw[i];
+    printf("  %-12s %9s %6ld %10.2f %9.2f %-8s %6.2f\n",
+           path_name(r->src, r->dst, path, 32), cli_bytes(r->bytes, b, 32),
+           r->count, r->gbs, r->base_gbs, baseline_name(r->src, r->dst),
+           r->gbs / r->base_gbs);
+  }
+}
+
+static void print_json(const struct prod *p)
+{
+  struct cli_json j;
+  cli_json_init(&j, stdout);
+  cli_json_obj(&j, NULL);
+  cli_json_int(&j, "schema", 1);
+  cli_json_str(&j, "version", gpuipc_version());
+  cli_json_str(&j, "kind", gpuipc_kind_name(p->o->kind));
+  cli_json_str(&j, "stream", stream_names[p->o->stream]);
+  cli_json_arr(&j, "devices");
+  for (int i = 0; i < p->o->ndev; i++) {
+    gpuipc_device_info_t d = {.size = sizeof(d)};
+    cli_json_obj(&j, NULL);
+    cli_json_int(&j, "ordinal", p->o->devs[i]);
+    if (gpuipc_device_info(p->o->devs[i], &d) == 0)
+      cli_json_str(&j, "name", d.name);
+    cli_json_end(&j);
+  }
+  cli_json_end(&j);
+  cli_json_arr(&j, "latency");
+  for (int i = 0; i < p->r.nlat; i++) {
+    const struct lat_row *r = &p->r.lat[i];
+    cli_json_obj(&j, NULL);
+    cli_json_int(&j, "src", r->src);
+    cli_json_int(&j, "dst", r->dst);
+    cli_json_int(&j, "bytes", LAT_BYTES);
+    cli_json_int(&j, "n", r->n);
+    cli_json_double(&j, "median_us", r->median);
+    cli_json_double(&j, "p99_us", r->p99);
+    cli_json_end(&j);
+  }
+  cli_json_end(&j);
+  cli_json_arr(&j, "bandwidth");
+  for (int i = 0; i < p->r.nbw; i++) {
+    const struct bw_row *r = &p->r.bw[i];
+    cli_json_obj(&j, NULL);
+    cli_json_int(&j, "src", r->src);
+    cli_json_int(&j, "dst", r->dst);
+    cli_json_uint(&j, "bytes", r->bytes);
+    cli_json_int(&j, "messages", r->count);
+    cli_json_double(&j, "gpuipc_gbs", r->gbs);
+    cli_json_str(&j, "baseline", baseline_name(r->src, r->dst));
+    cli_json_double(&j, "baseline_gbs", r->base_gbs);
+    cli_json_double(&j, "ratio", r->gbs / r->base_gbs);
+    cli_json_end(&j);
+  }
+  cli_json_end(&j);
+  cli_json_end(&j);
+  cli_json_finish(&j);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Arguments and the run                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int parse_kind(const char *s, gpuipc_kind_t *out)
+{
+  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+    if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0) {
+      *out = (gpuipc_kind_t)k;
+      return 0;
+    }
+  return -1;
+}
+
+static int parse_devices(const char *s, struct bench_opts *o)
+{
+  o->ndev = 0;
+  while (*s != '\0') {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || v < 0 || v > 1023 || o->ndev == MAX_DEVS ||
+        (*end != ',' && *end != '\0'))
+      return -1;
+    o->devs[o->ndev++] = (int)v;
+    s = *end == ',' ? end + 1 : end;
+  }
+  return o->ndev > 0 ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, struct bench_opts *o)
+{
+  const struct gpuipc_cmd *cmd = &gpuipc_cmd_bench;
+  int devs_given = 0, max_given = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--json") == 0) {
+      o->json = 1;
+    } else if (strcmp(a, "--quick") == 0) {
+      o->quick = 1;
+    } else if (strcmp(a, "--kind") == 0 && v != NULL) {
+      if (parse_kind(v, &o->kind) != 0)
+        return cli_usage_error(cmd, "unknown kind '%s'", v);
+      i++;
+    } else if (strcmp(a, "--stream") == 0 && v != NULL) {
+      int m = 0;
+      while (m < 4 && strcmp(v, stream_names[m]) != 0)
+        m++;
+      if (m == 4)
+        return cli_usage_error(cmd, "unknown stream '%s'", v);
+      o->stream = (enum stream_mode)m;
+      i++;
+    } else if (strcmp(a, "--max-bytes") == 0 && v != NULL) {
+      char *end;
+      unsigned long long n = strtoull(v, &end, 0);
+      if (*end != '\0' || n < 4096 || n > ((unsigned long long)1 << 36))
+        return cli_usage_error(cmd, "--max-bytes wants 4096 .. 64 GiB");
+      o->max_bytes = (size_t)n;
+      max_given = 1;
+      i++;
+    } else if (strcmp(a, "--devices") == 0 && v != NULL) {
+      if (parse_devices(v, o) != 0)
+        return cli_usage_error(cmd, "bad device list '%s'", v);
+      devs_given = 1;
+      i++;
+    } else {
+      return cli_usage_error(cmd, "unexpected argument '%s'", a);
+    }
+  }
+  if (!max_given)
+    o->max_bytes = o->quick ? ((size_t)64 << 20) : ((size_t)1 << 30);
+  int n = gpuipc_device_count();
+  if (o->kind == GPUIPC_KIND_HOST || n <= 0) {
+    o->kind = GPUIPC_KIND_HOST;
+    o->ndev = 0;
+  } else if (!devs_given) {
+    o->ndev = n < MAX_DEVS ? n : MAX_DEVS;
+    for (int i = 0; i < o->ndev; i++)
+      o->devs[i] = i;
+  } else {
+    for (int i = 0; i < o->ndev; i++)
+      if (o->devs[i] >= n)
+        return cli_usage_error(cmd, "no GPU %d here (%d visible)", o->devs[i],
+                               n);
+  }
+  return CLI_EXIT_OK;
+}
+
+static int count_steps(const struct bench_opts *o)
+{
+  int sizes = 0;
+  for (size_t b = 4096; b <= o->max_bytes; b *= 4)
+    sizes++;
+  int pairs = o->ndev == 0 ? 1 : o->ndev * o->ndev;
+  return pairs * (1 + sizes);
+}
+
+static int run_all(struct prod *p)
+{
+  if (p->o->ndev == 0)
+    return run_pair(p, -1, -1);
+  int rc = 0;
+  for (int i = 0; rc == 0 && i < p->o->ndev; i++)
+    for (int k = 0; rc == 0 && k < p->o->ndev; k++)
+      rc = run_pair(p, p->o->devs[i], p->o->devs[k]);
+  return rc;
+}
+
+static int reap(pid_t pid)
+{
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR)
+      return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int bench_run(int argc, char **argv)
+{
+  if (argc == 4 && strcmp(argv[1], "--peer") == 0)
+    return peer_main(argv[2], argv[3]);
+  struct bench_opts o = {.kind = GPUIPC_KIND_AUTO, .stream = ST_NULL};
+  int rc = parse_args(argc, argv, &o);
+  if (rc != CLI_EXIT_OK)
+    return rc;
+  struct prod p;
+  memset(&p, 0, sizeof(p));
+  p.o = &o;
+  p.steps = count_steps(&o);
+  char domain[64];
+  snprintf(domain, sizeof(domain), "bench-%d", (int)getpid());
+  rc = gpuipc_domain_join(domain, NULL, &p.dom);
+  if (rc == 0)
+    rc = spawn_peer(&p, domain);
+  if (rc == 0)
+    rc = ctl_init(&p.ctl, p.dom);
+  if (rc == 0)
+    rc = run_all(&p);
+  if (isatty(STDERR_FILENO))
+    fprintf(stderr, "\r\033[K");
+  int64_t end[4] = {OP_END, 0, 0, 0};
+  if (p.ctl.ch != NULL && ctl_send(&p.ctl, end) == 0)
+    gpuipc_send_done(p.ctl.ch, p.ctl.tickets[(p.ctl.next - 1) % CTL_SLOTS],
+                     10000);
+  if (rc != 0)
+    fprintf(stderr, "gpuipc bench: %s (%s)\n", gpuipc_last_error(),
+            gpuipc_err_name(rc));
+  ctl_fini(&p.ctl);
+  int peer_rc = 0;
+  if (p.peer > 0) {
+    if (rc != 0)
+      kill(p.peer, SIGTERM);
+    peer_rc = reap(p.peer);
+  }
+  if (p.dom != NULL)
+    gpuipc_domain_leave(p.dom);
+  if (rc == 0 && peer_rc != 0) {
+    fprintf(stderr, "gpuipc bench: the receiving process exited with %d\n",
+            peer_rc);
+    rc = -1;
+  }
+  if (rc == 0) {
+    if (o.json)
+      print_json(&p);
+    else
+      print_tables(&p);
+  }
+  free(p.r.bw);
+  return rc == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
+
+const struct gpuipc_cmd gpuipc_cmd_bench = {
+    .name = "bench",
+    .summary = "measure channels on this machine against the driver's copies",
+    .usage = bench_usage,
+    .run = bench_run,
+};
