@@ -11,13 +11,13 @@
  * step it sends a small HOST "control" tensor {op, bytes, count}.
  *
  *   latency   4 KiB tensor: send -> recv -> release -> the sender sees it
- *             released (gpuipc_send_wait: host-side, stream-ordered), and
+ *             released (gpuipc_channel_send_wait: host-side, stream-ordered), and
  *             the same until the buffer is free on the GPU too
- *             (gpuipc_send_done); the same with a kernel writing the tensor
+ *             (gpuipc_channel_send_done); the same with a kernel writing the tensor
  *             just before each send (the stream is busy, so events travel
  *             both ways); a HOST-kind round trip; a ping-pong of two
  *             one-way messages (one way = half of it).
- *   bandwidth 4 KiB .. 1 GiB, copy mode (gpuipc_recv_into into the
+ *   bandwidth 4 KiB .. 1 GiB, copy mode (gpuipc_channel_recv_into into the
  *             consumer's own memory on its stream) and zero-copy (view +
  *             cudaMemcpyAsync by the consumer + release). The producer sends
  *             the same VMM buffer `count` times and stops the clock when the
@@ -26,7 +26,7 @@
  *             CDEV, peer access enabled) or cudaMemcpyAsync (same GPU) in
  *             the producer process.
  *   --streams only the 4 KiB round trip (send -> recv -> release ->
- *             gpuipc_send_wait) with both ends passing the stream handle
+ *             gpuipc_channel_send_wait) with both ends passing the stream handle
  *             named (all four when none is): NULL, cudaStreamLegacy,
  *             cudaStreamPerThread, a created non-blocking stream; each idle
  *             (row <where>_gpu_rt_<handle>) and with a 4 KiB device copy
@@ -176,7 +176,7 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
   tens_init(&back, mine, gpuipc_buf_ptr(mine), dev, LAT_BYTES);
   for (;;) {
     gpuipc_tensor_t *c;
-    GI_OK(gpuipc_recv(ch, &c, NULL, -1));
+    GI_OK(gpuipc_channel_recv(ch, &c, NULL, -1));
     int64_t ctl[4];
     memcpy(ctl, (const uint8_t *)c->dl.data + c->dl.byte_offset, sizeof(ctl));
     GI_OK(gpuipc_tensor_release(c, NULL));
@@ -197,14 +197,14 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
       switch (op) {
       case OP_LAT:
       case OP_LAT_HOST:
-        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        GI_OK(gpuipc_channel_recv(ch, &v, (void *)s, -1));
         t0 = now_us();
         GI_OK(gpuipc_tensor_release(v, (void *)s));
         t1 = now_us();
         t_rel.push_back(t1 - t0);
         break;
       case OP_ONEWAY: {
-        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        GI_OK(gpuipc_channel_recv(ch, &v, (void *)s, -1));
         double t = now_us();
         if (i >= count / 11) /* after the warm-up */
           oneway.push_back(t - *g_clock);
@@ -212,15 +212,15 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
         break;
       }
       case OP_PINGPONG:
-        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        GI_OK(gpuipc_channel_recv(ch, &v, (void *)s, -1));
         GI_OK(gpuipc_tensor_release(v, (void *)s));
-        GI_OK(gpuipc_send(ch, &back.t, (void *)s, 0, NULL));
+        GI_OK(gpuipc_channel_send(ch, &back.t, (void *)s, 0, NULL));
         break;
       case OP_BW_COPY:
-        GI_OK(gpuipc_recv_into(ch, &into.t, (void *)s, -1));
+        GI_OK(gpuipc_channel_recv_into(ch, &into.t, (void *)s, -1));
         break;
       case OP_BW_VIEW:
-        GI_OK(gpuipc_recv(ch, &v, (void *)s, -1));
+        GI_OK(gpuipc_channel_recv(ch, &v, (void *)s, -1));
         CUDA_OK(cudaMemcpyAsync(dst,
                                 (const uint8_t *)v->dl.data + v->dl.byte_offset,
                                 bytes, cudaMemcpyDeviceToDevice, s));
@@ -272,7 +272,7 @@ static void control_on(prod *p, int op, size_t bytes, long count, int handle)
 {
   int slot = p->ctl_next++ % 64;
   if (p->ctl_tickets[slot] != 0)
-    GI_OK(gpuipc_send_done(p->ch, p->ctl_tickets[slot], -1));
+    GI_OK(gpuipc_channel_send_done(p->ch, p->ctl_tickets[slot], -1));
   int64_t *c = (int64_t *)((uint8_t *)gpuipc_buf_ptr(p->ctl_buf) + slot * 64);
   c[0] = op;
   c[1] = (int64_t)bytes;
@@ -281,7 +281,7 @@ static void control_on(prod *p, int op, size_t bytes, long count, int handle)
   tens x;
   tens_init(&x, p->ctl_buf, gpuipc_buf_ptr(p->ctl_buf), -1, 32);
   x.t.dl.byte_offset = (uint64_t)slot * 64;
-  GI_OK(gpuipc_send(p->ch, &x.t, NULL, 0, &p->ctl_tickets[slot]));
+  GI_OK(gpuipc_channel_send(p->ch, &x.t, NULL, 0, &p->ctl_tickets[slot]));
 }
 
 static void control(prod *p, int op, size_t bytes, long count)
@@ -312,8 +312,8 @@ static void latency(prod *p, int n)
   for (int i = 0; i < n + warm; i++) {
     uint64_t tk;
     double t0 = now_us();
-    GI_OK(gpuipc_send(p->ch, &t.t, NULL, 0, &tk));
-    GI_OK(gpuipc_send_done(p->ch, tk, -1));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, NULL, 0, &tk));
+    GI_OK(gpuipc_channel_send_done(p->ch, tk, -1));
     if (i >= warm)
       v.push_back(now_us() - t0);
   }
@@ -327,8 +327,8 @@ static void latency(prod *p, int n)
   for (int i = 0; i < n + warm; i++) {
     uint64_t tk;
     double t0 = now_us();
-    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
-    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_channel_send_wait(p->ch, tk, (void *)p->s, -1));
     if (i >= warm)
       v.push_back(now_us() - t0);
   }
@@ -341,8 +341,8 @@ static void latency(prod *p, int n)
   for (int i = 0; i < n + warm; i++) {
     uint64_t tk;
     double t0 = now_us();
-    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
-    GI_OK(gpuipc_send_done(p->ch, tk, -1));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_channel_send_done(p->ch, tk, -1));
     if (i >= warm)
       v.push_back(now_us() - t0);
   }
@@ -363,9 +363,9 @@ static void latency(prod *p, int n)
     touch_kernel<<<1, 1, 0, p->s>>>((uint8_t *)gpuipc_buf_ptr(p->src),
                                     (uint8_t)i);
     double t1 = now_us();
-    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, &tk));
     double t2 = now_us();
-    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+    GI_OK(gpuipc_channel_send_wait(p->ch, tk, (void *)p->s, -1));
     double t3 = now_us();
     if (i >= warm) {
       v.push_back(t3 - t0);
@@ -382,12 +382,12 @@ static void latency(prod *p, int n)
     stats(c_launch, &a, &x);
     stats(c_send, &b, &x);
     stats(c_wait, &c, &x);
-    printf("    kernel row, medians: launch %.2f us, gpuipc_send %.2f us, "
-           "gpuipc_send_wait %.2f us\n", a, b, c);
+    printf("    kernel row, medians: launch %.2f us, gpuipc_channel_send %.2f us, "
+           "gpuipc_channel_send_wait %.2f us\n", a, b, c);
   }
 
   /*
-   * One way: from the call to gpuipc_send until gpuipc_recv returns in the
+   * One way: from the call to gpuipc_channel_send until gpuipc_channel_recv returns in the
    * receiver, which reads the send time from a HOST view it keeps (one
    * clock for both processes: CLOCK_MONOTONIC). The buffer is mapped
    * already; each message is released before the next is sent.
@@ -396,8 +396,8 @@ static void latency(prod *p, int n)
   for (int i = 0; i < n + warm; i++) {
     uint64_t tk;
     *g_clock = now_us(); /* the send's store of its ring head publishes it */
-    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
-    GI_OK(gpuipc_send_wait(p->ch, tk, (void *)p->s, -1));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+    GI_OK(gpuipc_channel_send_wait(p->ch, tk, (void *)p->s, -1));
   }
 
   /* Ping-pong: send, the receiver releases and replies; half of it. */
@@ -405,9 +405,9 @@ static void latency(prod *p, int n)
   control(p, OP_PINGPONG, LAT_BYTES, n + warm);
   for (int i = 0; i < n + warm; i++) {
     double t0 = now_us();
-    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, NULL));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, NULL));
     gpuipc_tensor_t *r;
-    GI_OK(gpuipc_recv(p->ch, &r, (void *)p->s, -1));
+    GI_OK(gpuipc_channel_recv(p->ch, &r, (void *)p->s, -1));
     GI_OK(gpuipc_tensor_release(r, (void *)p->s));
     if (i >= warm)
       v.push_back(now_us() - t0);
@@ -423,9 +423,9 @@ static void latency(prod *p, int n)
     double t0 = now_us();
     touch_kernel<<<1, 1, 0, p->s>>>((uint8_t *)gpuipc_buf_ptr(p->src),
                                     (uint8_t)i);
-    GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, NULL));
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, NULL));
     gpuipc_tensor_t *r;
-    GI_OK(gpuipc_recv(p->ch, &r, (void *)p->s, -1));
+    GI_OK(gpuipc_channel_recv(p->ch, &r, (void *)p->s, -1));
     GI_OK(gpuipc_tensor_release(r, (void *)p->s));
     if (i >= warm)
       v.push_back(now_us() - t0);
@@ -457,8 +457,8 @@ static void stream_rows(prod *p, int n, int h)
       if (copy)
         CUDA_OK(cudaMemcpyAsync(base, base + LAT_BYTES, LAT_BYTES,
                                 cudaMemcpyDeviceToDevice, s));
-      GI_OK(gpuipc_send(p->ch, &t.t, (void *)s, 0, &tk));
-      GI_OK(gpuipc_send_wait(p->ch, tk, (void *)s, -1));
+      GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)s, 0, &tk));
+      GI_OK(gpuipc_channel_send_wait(p->ch, tk, (void *)s, -1));
       if (i >= warm)
         v.push_back(now_us() - t0);
     }
@@ -551,12 +551,12 @@ static void bandwidth(prod *p, int quick, void *base_dst)
     for (int op = OP_BW_COPY; op <= OP_BW_VIEW; op++) {
       control(p, op, bytes, n + 1);
       uint64_t tk;
-      GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk)); /* warm-up */
-      GI_OK(gpuipc_send_done(p->ch, tk, -1));
+      GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, &tk)); /* warm-up */
+      GI_OK(gpuipc_channel_send_done(p->ch, tk, -1));
       double t0 = now_us();
       for (long i = 0; i < n; i++)
-        GI_OK(gpuipc_send(p->ch, &t.t, (void *)p->s, 0, &tk));
-      GI_OK(gpuipc_send_done(p->ch, tk, -1));
+        GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)p->s, 0, &tk));
+      GI_OK(gpuipc_channel_send_done(p->ch, tk, -1));
       double us = now_us() - t0;
       double gbs = (double)bytes * n / us / 1e3;
       const char *mode = op == OP_BW_COPY ? "copy" : "zerocopy";
@@ -637,7 +637,7 @@ static int producer(gpuipc_channel_t *ch, int pdev, int cdev, int quick,
   control(&p, OP_END, 0, 0);
   for (int i = 0; i < 64; i++)
     if (p.ctl_tickets[i] != 0)
-      GI_OK(gpuipc_send_done(ch, p.ctl_tickets[i], -1));
+      GI_OK(gpuipc_channel_send_done(ch, p.ctl_tickets[i], -1));
   CUDA_OK(cudaFree(base_dst));
   gpuipc_buf_release(p.src);
   gpuipc_buf_release(p.host4k);

@@ -152,7 +152,7 @@ def table(lat, bw, quick):
             where + "_gpu_rt_done")
         row("gpuipc, VMM, %s, kernel writes it before each send (events "
             "both ways), released" % desc, where + "_gpu_rt_kernel")
-        row("gpuipc, VMM, %s, one way: gpuipc_send called -> gpuipc_recv "
+        row("gpuipc, VMM, %s, one way: gpuipc_channel_send called -> gpuipc_channel_recv "
             "returns in the receiver (buffer mapped)" % desc,
             where + "_gpu_oneway", "<= 3")
         row("gpuipc, VMM, %s, ping-pong / 2 (send, recv, release, reply)"

@@ -1,5 +1,5 @@
 /*
- * mpi_channel_bench: the MPI path of gpuipc_channel_open_mpi next to what a
+ * mpi_channel_bench: the MPI path of gpuipc_mpi_channel_open next to what a
  * user would write by hand for the same buffers, 4 KiB to 256 MiB, HOST
  * memory and (with a GPU on both ranks) device memory. Two ranks on two
  * "machines":
@@ -9,7 +9,7 @@
  * many messages the sender may have in flight, so how far its staging
  * copies run ahead of the receiver.
  * Rank 0 sends ITERS messages of one buffer (after WARMUP), rank 1 takes
- * each with gpuipc_mpi_recv_into into a buffer of the same kind; the time
+ * each with gpuipc_mpi_channel_recv_into into a buffer of the same kind; the time
  * runs from a barrier to rank 1's last byte (a 1-byte reply). The baseline:
  *  - HOST memory, or device memory when MPIX_Query_cuda_support() says MPI
  *    takes device pointers: MPI_Send / MPI_Recv of the buffers themselves;
@@ -78,10 +78,10 @@ static double run_channel(gpuipc_mpi_channel_t *ch, int rank,
       MPI_Barrier(MPI_COMM_WORLD);
       t0 = MPI_Wtime();
     }
-    int rc = rank == 0 ? gpuipc_mpi_send(ch, &t, NULL, 0, NULL)
-                       : gpuipc_mpi_recv_into(ch, &t, NULL, -1);
+    int rc = rank == 0 ? gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL)
+                       : gpuipc_mpi_channel_recv_into(ch, &t, NULL, -1);
     if (rc != 0)
-      die(rank == 0 ? "gpuipc_mpi_send" : "gpuipc_mpi_recv_into", rc);
+      die(rank == 0 ? "gpuipc_mpi_channel_send" : "gpuipc_mpi_channel_recv_into", rc);
   }
   return run_end(rank, t0);
 }
@@ -202,9 +202,9 @@ int main(int argc, char **argv)
   gpuipc_channel_opts_t opts = {.size = sizeof(opts), .depth = (uint32_t)depth,
                                 .device = gpu, .device_set = gpu >= 0};
   gpuipc_mpi_channel_t *ch;
-  int rc = gpuipc_channel_open_mpi(MPI_COMM_WORLD, 1 - rank, 1, &opts, &ch);
+  int rc = gpuipc_mpi_channel_open(MPI_COMM_WORLD, 1 - rank, 1, &opts, &ch);
   if (rc != 0)
-    die("gpuipc_channel_open_mpi", rc);
+    die("gpuipc_mpi_channel_open", rc);
   int aware = 0;
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
   aware = MPIX_Query_cuda_support() == 1;

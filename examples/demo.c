@@ -73,7 +73,7 @@ static int reader(const char *domain)
   if (rc != 0)
     return fail("open channel", rc);
   gpuipc_tensor_t *view;
-  rc = gpuipc_recv(ch, &view, NULL, 10000);
+  rc = gpuipc_channel_recv(ch, &view, NULL, 10000);
   if (rc != 0)
     return fail("recv", rc);
   const gpuipc_dl_tensor_t *t = &view->dl;
@@ -125,10 +125,10 @@ static int send_tensor(gpuipc_domain_t *dom)
   if (rc != 0)
     return fail("open channel", rc);
   uint64_t ticket;
-  rc = gpuipc_send(ch, &t, NULL, 0, &ticket);
+  rc = gpuipc_channel_send(ch, &t, NULL, 0, &ticket);
   if (rc != 0)
     return fail("send", rc);
-  rc = gpuipc_send_done(ch, ticket, 10000);
+  rc = gpuipc_channel_send_done(ch, ticket, 10000);
   if (rc != 0)
     return fail("wait for the release", rc);
   printf("[writer pid %d] sent a %dx%d float32 tensor; the reader gave the "

@@ -141,7 +141,7 @@ int main(int argc, char **argv)
   }
 
   gpuipc_domain_t *dom;
-  CHECK(gpuipc_domain_join_mpi(MPI_COMM_WORLD, scope, &dom));
+  CHECK(gpuipc_mpi_domain_join(MPI_COMM_WORLD, scope, &dom));
   MPI_Comm scope_comm;
   CHECK(gpuipc_mpi_scope_comm(MPI_COMM_WORLD, scope, &scope_comm));
   int scope_rank;

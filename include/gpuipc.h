@@ -986,7 +986,7 @@ typedef struct gpuipc_segment_info {
 } gpuipc_segment_info_t;
 
 /*
- * gpuipc_domain_list - describe the domain's segments (every state, in id
+ * gpuipc_segment_list - describe the domain's segments (every state, in id
  * order) in @out[0..cap). Each out[i].size must be set by the caller
  * (0 .. cap may be 0 and @out NULL to count).
  * Returns the number of segments in the registry (which may exceed @cap:
@@ -994,7 +994,7 @@ typedef struct gpuipc_segment_info {
  * GPUIPC_E_PEER_GONE. The listing is gathered in pages: segments that come
  * and go meanwhile may or may not appear. Thread-safe.
  */
-GPUIPC_API int gpuipc_domain_list(gpuipc_domain_t *dom,
+GPUIPC_API int gpuipc_segment_list(gpuipc_domain_t *dom,
                                   gpuipc_segment_info_t *out, int cap);
 
 /*
@@ -1112,12 +1112,12 @@ typedef struct gpuipc_tensor_layout {
 } gpuipc_tensor_layout_t;
 
 /*
- * gpuipc_tensor_layout - check @t as gpuipc_send checks a tensor's layout
+ * gpuipc_tensor_layout - check @t as gpuipc_channel_send checks a tensor's layout
  * (dimensions, dtype, extents, strides, byte offset, and with t->buf the
  * data pointer and every element inside the buffer; without t->buf no
  * element before t->dl.data) and say where its bytes lie in @out, for
  * code that moves tensors by other means than a channel. It does not
- * require contiguity (gpuipc_send does, for t->buf NULL: @out says).
+ * require contiguity (gpuipc_channel_send does, for t->buf NULL: @out says).
  * Returns 0; -EINVAL with a sentence naming the field.
  */
 GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
@@ -1134,14 +1134,14 @@ GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
  * the buffer is sent, over a Unix socket of the channel's own. The broker is
  * only involved in gpuipc_channel_open.
  *
- * Zero-copy: gpuipc_send hands the receiver a view of the sender's buffer
- * (gpuipc_recv), which the receiver gives back with gpuipc_tensor_release.
- * Copy: gpuipc_recv_into copies the tensor into the receiver's memory on
+ * Zero-copy: gpuipc_channel_send hands the receiver a view of the sender's buffer
+ * (gpuipc_channel_recv), which the receiver gives back with gpuipc_tensor_release.
+ * Copy: gpuipc_channel_recv_into copies the tensor into the receiver's memory on
  * its stream and gives the sender's buffer back when the copy's event
  * fires, with no host synchronisation on either side.
  *
  * Each message is ordered after the work that the sender queued on its
- * stream before gpuipc_send (an interprocess event, for GPU kinds), and
+ * stream before gpuipc_channel_send (an interprocess event, for GPU kinds), and
  * the sender's buffer counts as free only after the receiver's work on it
  * (another event). HOST buffers have no events: the sender must have
  * written them before sending, and a receiver that reads them from the GPU
@@ -1155,9 +1155,9 @@ GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
  * stay readable for HOST and VMM/POOL buffers, and LEGACY memory dies with
  * its exporter (gpuipc_buf_alive(view->buf) says so).
  *
- * Thread safety: the send side (gpuipc_send, gpuipc_send_done,
- * gpuipc_send_wait, gpuipc_channel_progress) and the receive side
- * (gpuipc_recv, gpuipc_recv_into) each take a lock of their own, so one
+ * Thread safety: the send side (gpuipc_channel_send, gpuipc_channel_send_done,
+ * gpuipc_channel_send_wait, gpuipc_channel_progress) and the receive side
+ * (gpuipc_channel_recv, gpuipc_channel_recv_into) each take a lock of their own, so one
  * thread may send while another receives; gpuipc_tensor_release may be
  * called from any thread.
  */
@@ -1182,7 +1182,7 @@ typedef struct gpuipc_channel_opts {
    * device_set 0): each tensor's own GPU. */
   int device;
   int device_set;    /* 1: @device is meant (so that 0 can be chosen) */
-  /* Milliseconds a blocked gpuipc_send waits for a release before
+  /* Milliseconds a blocked gpuipc_channel_send waits for a release before
    * -ETIMEDOUT; 0: forever. */
   int send_timeout_ms;
   /* Staging of memory gpuipc did not allocate: slots (1..64; 0: 4) of
@@ -1217,11 +1217,11 @@ GPUIPC_API int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
  */
 GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
 
-/* gpuipc_send flags. */
+/* gpuipc_channel_send flags. */
 #define GPUIPC_SEND_NONBLOCK 0x1u /* -EAGAIN instead of waiting for room */
 
 /*
- * gpuipc_send - send tensor @t to the other end.
+ * gpuipc_channel_send - send tensor @t to the other end.
  * @t: the tensor; t->buf NULL stages the bytes (they must be contiguous,
  *     row-major, and fit a staging slot: -EMSGSIZE otherwise) through the
  *     channel's staging buffer, on @stream for device memory.
@@ -1235,7 +1235,7 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  *     Ignored for HOST buffers and staged host memory.
  * @flags: 0 or GPUIPC_SEND_NONBLOCK.
  * @ticket: optional out: the message's number (1, 2, ... per end), for
- *     gpuipc_send_done / gpuipc_send_wait and the release callback.
+ *     gpuipc_channel_send_done / gpuipc_channel_send_wait and the release callback.
  * Validation happens before anything is sent: -EINVAL, with a sentence
  * naming the field, for more than GPUIPC_TENSOR_MAX_DIMS dimensions, a
  * negative extent, an unknown or unsupported dtype, strides or byte offset
@@ -1244,35 +1244,35 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * flight); -ETIMEDOUT (send timeout); GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO
  * (the peer broke the protocol; the channel is unusable); GPUIPC_E_CUDA.
  */
-GPUIPC_API int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
+GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                            void *stream, unsigned flags, uint64_t *ticket);
 
 /*
- * gpuipc_send_done - whether message @ticket's buffer is free again: the
+ * gpuipc_channel_send_done - whether message @ticket's buffer is free again: the
  * receiver released it and its work on it (its copy, or the work before
  * its release) has completed. Waits up to @timeout_ms (< 0: forever).
  * Returns 0 when free; -EAGAIN when @timeout_ms is 0 and it is not yet;
  * -ETIMEDOUT; -EINVAL (no such ticket yet); GPUIPC_E_PEER_GONE (the
  * receiver went away without releasing it); GPUIPC_E_PROTO; GPUIPC_E_CUDA.
  */
-GPUIPC_API int gpuipc_send_done(gpuipc_channel_t *ch, uint64_t ticket,
+GPUIPC_API int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
                                 int timeout_ms);
 
 /*
- * gpuipc_send_wait - wait on the host only until the receiver has released
+ * gpuipc_channel_send_wait - wait on the host only until the receiver has released
  * message @ticket, then make @stream (NULL: the legacy default stream of
  * the release event's device) wait for the receiver's work on it, without
  * blocking the host for that work. Work queued on @stream afterwards may
- * overwrite the buffer. Returns as gpuipc_send_done.
+ * overwrite the buffer. Returns as gpuipc_channel_send_done.
  */
-GPUIPC_API int gpuipc_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
+GPUIPC_API int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
                                 void *stream, int timeout_ms);
 
 /*
  * A release callback: message @ticket was released by the receiver (its
- * GPU work may still be running: gpuipc_send_wait orders after it). Called
- * on the sending side's thread, inside gpuipc_send, gpuipc_send_done,
- * gpuipc_send_wait or gpuipc_channel_progress, with the send lock held: it
+ * GPU work may still be running: gpuipc_channel_send_wait orders after it). Called
+ * on the sending side's thread, inside gpuipc_channel_send, gpuipc_channel_send_done,
+ * gpuipc_channel_send_wait or gpuipc_channel_progress, with the send lock held: it
  * must not call those functions on the same channel.
  */
 typedef void (*gpuipc_release_fn)(gpuipc_channel_t *ch, uint64_t ticket,
@@ -1290,7 +1290,7 @@ GPUIPC_API int gpuipc_channel_on_release(gpuipc_channel_t *ch,
 GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
 
 /*
- * gpuipc_recv - receive the next tensor as a view of the sender's buffer
+ * gpuipc_channel_recv - receive the next tensor as a view of the sender's buffer
  * (zero-copy). The buffer is imported the first time it arrives and cached
  * for the life of the channel (up to 256 buffers per direction).
  * @view: out: the tensor, valid until gpuipc_tensor_release. view->dl.data
@@ -1317,11 +1317,11 @@ GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
  * descriptor that announces a new buffer whose message is not on the
  * socket is a broken peer: GPUIPC_E_PROTO at once, and for good.
  */
-GPUIPC_API int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
+GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
                            void *stream, int timeout_ms);
 
 /*
- * gpuipc_recv_into - receive the next tensor by copying it into @dst, on
+ * gpuipc_channel_recv_into - receive the next tensor by copying it into @dst, on
  * @stream after the sender's event; the sender's buffer is released when
  * the copy has completed (an event on @stream), without host waits. Both
  * tensors must be contiguous (row-major) with the same dtype and shape:
@@ -1329,9 +1329,9 @@ GPUIPC_API int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
  * receive. dst->buf may be NULL (any memory: dst->dl.device says where).
  * Copies between two host memories are done at once with memcpy; the
  * others with cuMemcpyAsync on @stream.
- * Returns as gpuipc_recv, and -EINVAL for @dst.
+ * Returns as gpuipc_channel_recv, and -EINVAL for @dst.
  */
-GPUIPC_API int gpuipc_recv_into(gpuipc_channel_t *ch,
+GPUIPC_API int gpuipc_channel_recv_into(gpuipc_channel_t *ch,
                                 const gpuipc_tensor_t *dst, void *stream,
                                 int timeout_ms);
 

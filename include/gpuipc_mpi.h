@@ -52,7 +52,7 @@ typedef enum gpuipc_mpi_scope {
  * a scope with the calling rank (a new communicator; MPI_Comm_free it).
  * Ranks keep their relative order from @comm, so rank 0 of the result is
  * the scope's lowest rank of @comm: the one that hosts the broker in
- * gpuipc_domain_join_mpi. Collective over @comm.
+ * gpuipc_mpi_domain_join. Collective over @comm.
  * Returns 0; -EINVAL (NULL @out, MPI_COMM_NULL, unknown scope, MPI not
  * initialised, GPUIPC_NODE_ID not a non-negative integer); -EIO when an
  * MPI call failed (the sentence names it). Like every call here, it fails
@@ -62,7 +62,7 @@ int gpuipc_mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
                           MPI_Comm *out);
 
 /*
- * gpuipc_domain_join_mpi - join, with the ranks of @comm in the same
+ * gpuipc_mpi_domain_join - join, with the ranks of @comm in the same
  * @scope, a domain of their own.
  * The domain's name is "mpi-" and 22 characters of [A-Za-z0-9_-]: 128
  * random bits drawn by the scope's rank 0 and broadcast, so that separate jobs, separate
@@ -77,7 +77,7 @@ int gpuipc_mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  * gpuipc_mpi_scope_comm or NULL @out; what gpuipc_domain_join returns;
  * -EIO when an MPI call failed.
  */
-int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
+int gpuipc_mpi_domain_join(MPI_Comm comm, gpuipc_mpi_scope_t scope,
                            gpuipc_domain_t **out);
 
 /* ---- channels between two ranks ---------------------------------------- */
@@ -87,14 +87,14 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  * gpuipc channel (gpuipc.h, "Channels"): ordered, nothing dropped, at most
  * `depth` messages in flight per end, GPUIPC_E_PEER_GONE once the other
  * end has closed and everything it sent has been received. The functions
- * gpuipc_mpi_send ... gpuipc_mpi_channel_close take the same arguments as
+ * gpuipc_mpi_channel_send ... gpuipc_mpi_channel_close take the same arguments as
  * their gpuipc_ namesakes and return the same codes; they are not
- * collective (only gpuipc_channel_open_mpi is, over the two ranks).
+ * collective (only gpuipc_mpi_channel_open is, over the two ranks).
  *
  * Two paths, chosen when the channel opens:
  *  - Shared memory, when the peer is on the same machine (the two ranks
  *    share MPI_COMM_TYPE_SHARED and GPUIPC_NODE_ID): the two join a domain
- *    of their own (named from 128 random bits, as gpuipc_domain_join_mpi)
+ *    of their own (named from 128 random bits, as gpuipc_mpi_domain_join)
  *    and open a gpuipc channel in it; every call passes through to it, and
  *    gpuipc_mpi_channel_shm() hands it out for the calls not mirrored here.
  *  - MPI, otherwise: descriptors, data and releases travel by MPI_Isend /
@@ -111,8 +111,8 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  *    "1" says yes (an MPI that takes device pointers but cannot say so),
  *    "0" says no (stage even so); another value fails the open with
  *    -EINVAL. HOST buffers are sent from where they lie:
- *    as with gpuipc_send, they must not be written until released
- *    (gpuipc_mpi_send_done); t->buf NULL copies the bytes at once. A
+ *    as with gpuipc_channel_send, they must not be written until released
+ *    (gpuipc_mpi_channel_send_done); t->buf NULL copies the bytes at once. A
  *    received view's strides and byte offset are the sender's, in a copy
  *    of the bytes from the lowest to the highest element. Both machines
  *    must share byte order and type sizes.
@@ -121,7 +121,7 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
  *    (gpuipc_mpi_channel_progress does nothing else).
  *    Staged GPU memory moves in a pipeline of 1-4 MiB chunks: the
  *    device->host copies, the MPI transfer and the host->device copies
- *    overlap (gpuipc_mpi_send returns once every chunk is copied and
+ *    overlap (gpuipc_mpi_channel_send returns once every chunk is copied and
  *    posted). GPUIPC_MPI_CHUNK_KB (KiB, a power of two in 4..1048576,
  *    read at open) sets the chunk size of every message instead, HOST ones
  *    too (which otherwise go in 1 GiB chunks). Staged messages are copied
@@ -145,7 +145,7 @@ int gpuipc_domain_join_mpi(MPI_Comm comm, gpuipc_mpi_scope_t scope,
 typedef struct gpuipc_mpi_channel gpuipc_mpi_channel_t;
 
 /*
- * gpuipc_channel_open_mpi - open the channel between this rank and rank
+ * gpuipc_mpi_channel_open - open the channel between this rank and rank
  * @peer of @comm. Collective over the two ranks: @peer calls it with this
  * rank as its peer and the same @tag; (@comm, the pair, @tag) names the
  * channel, so that two channels of one pair need two tags (0..MPI_TAG_UB).
@@ -158,7 +158,7 @@ typedef struct gpuipc_mpi_channel gpuipc_mpi_channel_t;
  * NULL @out, bad options); -EIO (an MPI call failed); what
  * gpuipc_domain_join and gpuipc_channel_open return.
  */
-int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
+int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,
                             const gpuipc_channel_opts_t *opts,
                             gpuipc_mpi_channel_t **out);
 
@@ -166,25 +166,25 @@ int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
  * valid until released with gpuipc_mpi_tensor_release. */
 int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch);
 
-/* gpuipc_mpi_send - as gpuipc_send (tickets 1, 2, ...; same checks).
+/* gpuipc_mpi_channel_send - as gpuipc_channel_send (tickets 1, 2, ...; same checks).
  * -EMSGSIZE is not returned on the MPI path (no staging slots). */
-int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *t,
+int gpuipc_mpi_channel_send(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *t,
                     void *stream, unsigned flags, uint64_t *ticket);
 
-/* gpuipc_mpi_send_done - as gpuipc_send_done. */
-int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch, uint64_t ticket,
+/* gpuipc_mpi_channel_send_done - as gpuipc_channel_send_done. */
+int gpuipc_mpi_channel_send_done(gpuipc_mpi_channel_t *ch, uint64_t ticket,
                          int timeout_ms);
 
-/* gpuipc_mpi_send_wait - as gpuipc_send_wait. On the MPI path the
+/* gpuipc_mpi_channel_send_wait - as gpuipc_channel_send_wait. On the MPI path the
  * receiver's work on the bytes has ended before its release is sent, so
- * this waits as gpuipc_mpi_send_done and @stream has nothing to wait for. */
-int gpuipc_mpi_send_wait(gpuipc_mpi_channel_t *ch, uint64_t ticket,
+ * this waits as gpuipc_mpi_channel_send_done and @stream has nothing to wait for. */
+int gpuipc_mpi_channel_send_wait(gpuipc_mpi_channel_t *ch, uint64_t ticket,
                          void *stream, int timeout_ms);
 
 /*
  * A release callback, as gpuipc_release_fn: message @ticket was released
  * by the receiver. Called on the sending side's thread inside
- * gpuipc_mpi_send, gpuipc_mpi_send_done, gpuipc_mpi_send_wait or
+ * gpuipc_mpi_channel_send, gpuipc_mpi_channel_send_done, gpuipc_mpi_channel_send_wait or
  * gpuipc_mpi_channel_progress, with the send lock held: it must not call
  * those functions on the same channel. Never called from
  * gpuipc_mpi_channel_close.
@@ -202,18 +202,18 @@ int gpuipc_mpi_channel_on_release(gpuipc_mpi_channel_t *ch,
  * sends along. Returns how many were taken in, or a negative code. */
 int gpuipc_mpi_channel_progress(gpuipc_mpi_channel_t *ch);
 
-/* gpuipc_mpi_recv - as gpuipc_recv; release the view with
+/* gpuipc_mpi_channel_recv - as gpuipc_channel_recv; release the view with
  * gpuipc_mpi_tensor_release. On the MPI path @stream orders the copy into a
  * GPU view (which has completed on return). */
-int gpuipc_mpi_recv(gpuipc_mpi_channel_t *ch, gpuipc_tensor_t **view,
+int gpuipc_mpi_channel_recv(gpuipc_mpi_channel_t *ch, gpuipc_tensor_t **view,
                     void *stream, int timeout_ms);
 
-/* gpuipc_mpi_recv_into - as gpuipc_recv_into (on the MPI path the copy has
+/* gpuipc_mpi_channel_recv_into - as gpuipc_channel_recv_into (on the MPI path the copy has
  * completed on return). */
-int gpuipc_mpi_recv_into(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *dst,
+int gpuipc_mpi_channel_recv_into(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *dst,
                          void *stream, int timeout_ms);
 
-/* gpuipc_mpi_tensor_release - release a view from gpuipc_mpi_recv (either
+/* gpuipc_mpi_tensor_release - release a view from gpuipc_mpi_channel_recv (either
  * path), as gpuipc_tensor_release. */
 int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view, void *stream);
 

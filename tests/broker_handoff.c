@@ -144,7 +144,7 @@ int main(void)
   gpuipc_segment_info_t list[8];
   for (int i = 0; i < 8; i++)
     list[i].size = sizeof(list[i]);
-  ASSERT_EQ(gpuipc_domain_list(again, list, 8), 4);
+  ASSERT_EQ(gpuipc_segment_list(again, list, 8), 4);
   int unlinked = 0;
   for (int i = 0; i < 4; i++)
     if (list[i].state == GPUIPC_SEG_UNLINKED) {

@@ -360,7 +360,7 @@ static void mutations(struct peer *p)
   gpuipc_segment_info_t list[64];
   for (int i = 0; i < 64; i++)
     list[i].size = sizeof(list[i]);
-  int n = gpuipc_domain_list(dom, list, 64);
+  int n = gpuipc_segment_list(dom, list, 64);
   ASSERT_GE(n, 1);
   for (int i = 0; i < n && i < 64; i++)
     if (strcmp(list[i].name, "keep") != 0)

@@ -1,13 +1,13 @@
 /*
  * Malformed descriptors are refused at both ends.
  *
- * Sending end: gpuipc_send checks the tensor before anything leaves, and
+ * Sending end: gpuipc_channel_send checks the tensor before anything leaves, and
  * names the field: too many dimensions, a negative extent, strides or a
  * byte offset reaching outside the buffer, a data pointer outside it, an
  * unknown dtype, a staged tensor that is not contiguous or too large.
  *
  * Receiving end: a lying peer (chan_liar) writes bad descriptors straight
- * into the ring; gpuipc_recv answers GPUIPC_E_PROTO with a sentence naming
+ * into the ring; gpuipc_channel_recv answers GPUIPC_E_PROTO with a sentence naming
  * what was wrong, every time after that too, and never hands out a view.
  * A descriptor announcing a new buffer whose message never came is refused
  * by a receive that does not wait (timeout 0), not waited for.
@@ -37,55 +37,55 @@ static void sender_checks(gpuipc_channel_t *ch)
 
   t = good;
   t.dl.ndim = 9;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("ndim 9");
   t = good;
   t.dl.ndim = -1;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("ndim -1");
 
   int64_t neg[2] = {4, -2};
   t = good;
   t.dl.shape = neg;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("shape[1]");
 
   int64_t far[2] = {4096, 1}; /* row 3 starts at byte 3 * 4096 * 4 */
   t = good;
   t.dl.strides = far;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("outside");
 
   int64_t back[2] = {-4, 1}; /* reaches before the start */
   t = good;
   t.dl.strides = back;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("before the start");
   t.dl.byte_offset = 3 * 4 * 4; /* the same strides from the last row: fine */
-  ASSERT_OK(gpuipc_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL));
+  ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL));
 
   t = good;
   t.dl.byte_offset = size - 63; /* 64 bytes from there overrun by one */
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("outside");
   t.dl.byte_offset = size + 1;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("byte offset");
 
   t = good;
   t.dl.data = p + size + 4096;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("data pointer");
 
   t = good;
   t.dl.dtype = (gpuipc_dl_dtype_t){3, 64, 1};
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("dtype");
   t.dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_FLOAT, 8, 1};
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("dtype");
   t.dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_FLOAT, 32, 0};
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("lanes 0");
 
   /* Memory gpuipc did not allocate: staged, so contiguous and small. */
@@ -96,12 +96,12 @@ static void sender_checks(gpuipc_channel_t *ch)
   t.dl.data = foreign;
   int64_t colmajor[2] = {1, 4};
   t.dl.strides = colmajor;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("contiguous");
   int64_t big[2] = {4, 2 << 20}; /* 32 MiB > the 4 MiB slot */
   t.dl.shape = big;
   t.dl.strides = NULL;
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EMSGSIZE);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EMSGSIZE);
   ASSERT_ERR_MENTIONS("stage_slot_bytes");
   free(foreign);
 
@@ -121,7 +121,7 @@ static void liar(const char *name, const char *what, const char *mention)
   if (strcmp(what, "ndim") == 0)
     sender_checks(ch);
   gpuipc_tensor_t *v = NULL;
-  ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+  ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
   const char *why = chan_msg_check(1, 0, v);
   if (why != NULL)
     TFAIL("%s", why);
@@ -130,17 +130,17 @@ static void liar(const char *name, const char *what, const char *mention)
   int rc;
   if (strcmp(what, "nobufmsg") == 0) {
     /* Poll until the lie is published; then it is refused at once. */
-    while ((rc = gpuipc_recv(ch, &v, NULL, 0)) == -EAGAIN)
+    while ((rc = gpuipc_channel_recv(ch, &v, NULL, 0)) == -EAGAIN)
       usleep(1000);
   } else {
-    rc = gpuipc_recv(ch, &v, NULL, 30000);
+    rc = gpuipc_channel_recv(ch, &v, NULL, 30000);
   }
   ASSERT_RC(rc, GPUIPC_E_PROTO);
   printf("%-8s -> %s\n", what, gpuipc_last_error());
   ASSERT_ERR_MENTIONS(mention);
   ASSERT_TRUE(v == NULL);
   /* The channel stays refused. */
-  ASSERT_RC(gpuipc_recv(ch, &v, NULL, 0), GPUIPC_E_PROTO);
+  ASSERT_RC(gpuipc_channel_recv(ch, &v, NULL, 0), GPUIPC_E_PROTO);
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_EQ(test_wait(pid, 60000), 0);
 }

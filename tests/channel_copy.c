@@ -1,5 +1,5 @@
 /*
- * Copy mode and staging: gpuipc_recv_into lands each message in the
+ * Copy mode and staging: gpuipc_channel_recv_into lands each message in the
  * receiver's own memory (chan_peer recv-into checks every byte) and gives
  * the sender's buffer back without a view. Odd messages come from a HOST
  * buffer (zero-copy source), even ones from malloc'd memory, which is
@@ -37,21 +37,21 @@ int main(void)
     gpuipc_tensor_t t;
     if (i % 2) {
       if (i > CHAN_SLOTS)
-        ASSERT_OK(gpuipc_send_done(ch, tickets[i - CHAN_SLOTS], 30000));
+        ASSERT_OK(gpuipc_channel_send_done(ch, tickets[i - CHAN_SLOTS], 30000));
       chan_msg_make(i, 1, (uint8_t *)gpuipc_buf_ptr(buf) +
                               (i % CHAN_SLOTS) * CHAN_SLOT,
                     buf, &m, &t);
     } else {
-      /* Reused at once: the bytes are copied out by gpuipc_send. */
+      /* Reused at once: the bytes are copied out by gpuipc_channel_send. */
       chan_msg_make(i, 1, foreign, NULL, &m, &t);
       if (i % 4 == 0)
         t.dl.strides = NULL; /* row-major either way */
     }
-    ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, &tickets[i]));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &tickets[i]));
     if (i % 2 == 0)
       memset(foreign, 0xee, CHAN_SLOT);
   }
-  ASSERT_OK(gpuipc_send_done(ch, N, 30000));
+  ASSERT_OK(gpuipc_channel_send_done(ch, N, 30000));
   ASSERT_EQ(test_wait(pid, 120000), 0);
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
@@ -65,7 +65,7 @@ int main(void)
                               .ndim = 1,
                               .dtype = {GPUIPC_DL_UINT, 8, 1},
                               .shape = big}};
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -EMSGSIZE);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EMSGSIZE);
   free(large);
   ASSERT_OK(gpuipc_channel_close(ch));
   gpuipc_buf_release(buf);

@@ -62,9 +62,9 @@ int main(void)
     chan_msg_make(i, 0, (uint8_t *)gpuipc_buf_ptr(buf) + i * CHAN_SLOT, buf,
                   &m, &t);
     uint64_t ticket;
-    ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &ticket));
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
     const gpuipc_dl_tensor_t *dl;
     void *stream = stream_of_msg(i);
     /* A refused hand-over leaves the view the caller's. */
@@ -112,7 +112,7 @@ int main(void)
     ASSERT_OK(gpuipc_channel_info(ch, &info));
     ASSERT_EQ(info.views, 0);
     /* The deleter gave the echo back: its sender's done waits end. */
-    ASSERT_OK(gpuipc_send_done(ch, ticket, 30000));
+    ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
   }
   ASSERT_EQ(test_wait(pid, 60000), 0);
   gpuipc_dl_managed_tensor_t *mt;

@@ -42,14 +42,14 @@ int main(void)
   uint64_t i = 1, ticket;
   for (; i <= DEPTH; i++) {
     chan_msg_make(i, 0, base + (i % CHAN_SLOTS) * CHAN_SLOT, buf, &m, &t);
-    ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &ticket));
   }
   chan_msg_make(i, 0, base + (i % CHAN_SLOTS) * CHAN_SLOT, buf, &m, &t);
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL), -EAGAIN);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL), -EAGAIN);
   ASSERT_ERR_MENTIONS("4 messages in flight");
-  ASSERT_RC(gpuipc_send(ch, &t, NULL, 0, NULL), -ETIMEDOUT);
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -ETIMEDOUT);
   ASSERT_ERR_MENTIONS("none given back");
-  ASSERT_RC(gpuipc_send_done(ch, 1, 0), -EAGAIN);
+  ASSERT_RC(gpuipc_channel_send_done(ch, 1, 0), -EAGAIN);
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ(info.sent, DEPTH);
@@ -60,21 +60,21 @@ int main(void)
   for (; i <= N; i++) {
     uint8_t *p = base + (i % CHAN_SLOTS) * CHAN_SLOT;
     if (i > CHAN_SLOTS)
-      ASSERT_OK(gpuipc_send_done(ch, i - CHAN_SLOTS, -1));
+      ASSERT_OK(gpuipc_channel_send_done(ch, i - CHAN_SLOTS, -1));
     chan_msg_make(i, 0, p, buf, &m, &t);
     int rc;
-    while ((rc = gpuipc_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, &ticket)) ==
+    while ((rc = gpuipc_channel_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, &ticket)) ==
            -EAGAIN) {
       /* Full: block until the oldest message is given back. */
       waits++;
-      ASSERT_OK(gpuipc_send_done(ch, i - DEPTH, -1));
+      ASSERT_OK(gpuipc_channel_send_done(ch, i - DEPTH, -1));
     }
     ASSERT_OK(rc);
     ASSERT_EQ_U(ticket, i);
     ASSERT_OK(gpuipc_channel_info(ch, &info));
     ASSERT_LE(info.in_flight, DEPTH);
   }
-  ASSERT_OK(gpuipc_send_done(ch, N, -1));
+  ASSERT_OK(gpuipc_channel_send_done(ch, N, -1));
   ASSERT_EQ(test_wait(pid, 120000), 0);
   printf("%d messages through depth %d; the sender waited %llu times\n", N,
          DEPTH, (unsigned long long)waits);

@@ -211,17 +211,17 @@ static void both_ways(void)
     uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf) + (i % CHAN_SLOTS) * CHAN_SLOT;
     chan_msg_make(i, 0, p, buf, &m, &t);
     uint64_t ticket;
-    ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &ticket));
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
     ASSERT_PTR_EQ(v->buf, buf); /* our own buffer, not a second mapping */
     ASSERT_PTR_EQ((uint8_t *)v->dl.data + v->dl.byte_offset, p);
     const char *why = chan_msg_check(i, 0, v);
     if (why != NULL)
       TFAIL("echo: %s", why);
-    ASSERT_RC(gpuipc_send_done(ch, ticket, 0), -EAGAIN); /* echo holds it */
+    ASSERT_RC(gpuipc_channel_send_done(ch, ticket, 0), -EAGAIN); /* echo holds it */
     ASSERT_OK(gpuipc_tensor_release(v, NULL));
-    ASSERT_OK(gpuipc_send_done(ch, ticket, 30000));
+    ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
   }
   ASSERT_EQ(test_wait(pid, 60000), 0);
   gpuipc_channel_info_t info = {.size = sizeof(info)};

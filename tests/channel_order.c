@@ -3,7 +3,7 @@
  * shape and strides go from this process to a chan_peer process, which
  * checks every field and every byte of each against what message i must
  * be. The sender reuses 64 slots of one HOST buffer and rewrites a slot
- * only after gpuipc_send_done says the receiver gave its last message back.
+ * only after gpuipc_channel_send_done says the receiver gave its last message back.
  * The release callback sees every message come back, in order.
  */
 #include "helpers/chan_common.h"
@@ -41,15 +41,15 @@ int main(void)
   ASSERT_TRUE(tickets != NULL);
   for (uint64_t i = 1; i <= N; i++) {
     if (i > CHAN_SLOTS) /* the slot's previous message must be free */
-      ASSERT_OK(gpuipc_send_done(ch, tickets[i - CHAN_SLOTS], 30000));
+      ASSERT_OK(gpuipc_channel_send_done(ch, tickets[i - CHAN_SLOTS], 30000));
     uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf) + (i % CHAN_SLOTS) * CHAN_SLOT;
     struct chan_msg m;
     gpuipc_tensor_t t;
     chan_msg_make(i, 0, p, buf, &m, &t);
-    ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, &tickets[i]));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &tickets[i]));
     ASSERT_EQ_U(tickets[i], i);
   }
-  ASSERT_OK(gpuipc_send_done(ch, tickets[N], 30000));
+  ASSERT_OK(gpuipc_channel_send_done(ch, tickets[N], 30000));
   ASSERT_EQ(test_wait(pid, 120000), 0);
 
   gpuipc_channel_info_t info = {.size = sizeof(info)};
@@ -62,7 +62,7 @@ int main(void)
   ASSERT_EQ_U(released, N);
   ASSERT_EQ_U(out_of_order, 0);
   /* The ticket after the last one was never sent. */
-  ASSERT_RC(gpuipc_send_done(ch, N + 1, 0), -EINVAL);
+  ASSERT_RC(gpuipc_channel_send_done(ch, N + 1, 0), -EINVAL);
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_buf_release(buf));
   ASSERT_OK(gpuipc_domain_leave(dom));

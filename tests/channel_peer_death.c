@@ -1,7 +1,7 @@
 /*
  * Peer death. A sender killed with SIGKILL: the receiver's next call says
  * GPUIPC_E_PEER_GONE, and the HOST views it still holds stay readable with
- * the right bytes. A receiver blocked in gpuipc_recv, and a sender blocked
+ * the right bytes. A receiver blocked in gpuipc_channel_recv, and a sender blocked
  * by flow control, are woken by the peer's death with GPUIPC_E_PEER_GONE.
  */
 #include "helpers/chan_common.h"
@@ -20,7 +20,7 @@ static void killed_sender(void)
   ASSERT_OK(gpuipc_channel_open(dom, "hold", NULL, &ch));
   gpuipc_tensor_t *v[3];
   for (int i = 0; i < 3; i++) {
-    ASSERT_OK(gpuipc_recv(ch, &v[i], NULL, 30000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v[i], NULL, 30000));
     const char *why = chan_msg_check((uint64_t)i + 1, 0, v[i]);
     if (why != NULL)
       TFAIL("%s", why);
@@ -29,10 +29,10 @@ static void killed_sender(void)
   ASSERT_EQ(test_wait(pid, 30000), 128 + SIGKILL);
 
   gpuipc_tensor_t *w = NULL;
-  ASSERT_RC(gpuipc_recv(ch, &w, NULL, 0), GPUIPC_E_PEER_GONE);
-  ASSERT_RC(gpuipc_recv(ch, &w, NULL, -1), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_channel_recv(ch, &w, NULL, 0), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_channel_recv(ch, &w, NULL, -1), GPUIPC_E_PEER_GONE);
   ASSERT_TRUE(w == NULL);
-  ASSERT_RC(gpuipc_send(ch, v[0], NULL, 0, NULL), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_channel_send(ch, v[0], NULL, 0, NULL), GPUIPC_E_PEER_GONE);
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ(info.peer_gone, 1);
@@ -56,11 +56,11 @@ static void blocked_receiver(void)
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, "die", NULL, &ch));
   gpuipc_tensor_t *v;
-  ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+  ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
   ASSERT_TRUE(chan_msg_check(1, 0, v) == NULL);
   ASSERT_OK(gpuipc_tensor_release(v, NULL));
   /* Blocks until the sender kills itself. */
-  ASSERT_RC(gpuipc_recv(ch, &v, NULL, -1), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_channel_recv(ch, &v, NULL, -1), GPUIPC_E_PEER_GONE);
   ASSERT_EQ(test_wait(pid, 30000), 128 + SIGKILL);
   ASSERT_OK(gpuipc_channel_close(ch));
 }
@@ -82,13 +82,13 @@ static void blocked_sender(void)
   for (i = 1; i <= 3 && rc == 0; i++) {
     chan_msg_make(i, 0, (uint8_t *)gpuipc_buf_ptr(buf) + i * CHAN_SLOT, buf,
                   &m, &t);
-    rc = gpuipc_send(ch, &t, NULL, 0, NULL);
+    rc = gpuipc_channel_send(ch, &t, NULL, 0, NULL);
   }
   /* The third send waits for a release that never comes. */
   ASSERT_RC(rc, GPUIPC_E_PEER_GONE);
   ASSERT_EQ(i, 4);
   ASSERT_EQ(test_wait(pid, 30000), 128 + SIGKILL);
-  ASSERT_RC(gpuipc_send_done(ch, 1, -1), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_channel_send_done(ch, 1, -1), GPUIPC_E_PEER_GONE);
   ASSERT_OK(gpuipc_channel_close(ch));
   gpuipc_buf_release(buf);
 }

@@ -1,5 +1,5 @@
 /*
- * gpuipc_domain_list trusts no broker: a page with more records than
+ * gpuipc_segment_list trusts no broker: a page with more records than
  * asked for is a protocol error (not an overflow of the caller's array),
  * and a failure on a later page leaves the caller's array as it was. The
  * broker is this test, speaking the protocol by hand; the real one is
@@ -90,10 +90,10 @@ static void lying(void)
     snprintf(out[i].name, sizeof(out[i].name), "untouched");
     out[i].id = 12345;
   }
-  ASSERT_RC(gpuipc_domain_list(d, out, 4), GPUIPC_E_PROTO);
+  ASSERT_RC(gpuipc_segment_list(d, out, 4), GPUIPC_E_PROTO);
   ASSERT_ERR_MENTIONS("sent 16");
   untouched(out, 0, NOUT);
-  ASSERT_RC(gpuipc_domain_list(d, out, 20), -EIO);
+  ASSERT_RC(gpuipc_segment_list(d, out, 20), -EIO);
   ASSERT_ERR_MENTIONS("page failed");
   untouched(out, 0, NOUT);
   ASSERT_OK(gpuipc_domain_leave(d));
@@ -117,14 +117,14 @@ static void real(void)
   static gpuipc_segment_info_t out[NOUT];
   for (int i = 0; i < NOUT; i++)
     out[i].size = sizeof(out[i]);
-  ASSERT_EQ(gpuipc_domain_list(d, out, NOUT), 20);
+  ASSERT_EQ(gpuipc_segment_list(d, out, NOUT), 20);
   for (int i = 0; i < 20; i++) {
     char name[32];
     snprintf(name, sizeof(name), "r.%02d", i);
     ASSERT_STREQ(out[i].name, name);
     ASSERT_EQ(out[i].size, sizeof(out[i]));
   }
-  ASSERT_EQ(gpuipc_domain_list(d, out, 3), 20); /* the total, 3 filled */
+  ASSERT_EQ(gpuipc_segment_list(d, out, 3), 20); /* the total, 3 filled */
   ASSERT_STREQ(out[2].name, "r.02");
   for (int i = 0; i < 20; i++)
     ASSERT_OK(gpuipc_buf_release(bufs[i]));

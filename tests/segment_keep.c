@@ -32,7 +32,7 @@ static bool find_id(uint64_t id, gpuipc_segment_info_t *out)
   gpuipc_segment_info_t segs[64];
   for (int i = 0; i < 64; i++)
     segs[i].size = sizeof(segs[i]);
-  int n = gpuipc_domain_list(dom, segs, 64);
+  int n = gpuipc_segment_list(dom, segs, 64);
   ASSERT_GE(n, 0);
   for (int i = 0; i < n && i < 64; i++)
     if (segs[i].id == id) {

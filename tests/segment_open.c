@@ -146,7 +146,7 @@ static void create_and_share(void)
   gpuipc_segment_info_t list[8];
   for (int i = 0; i < 8; i++)
     list[i].size = sizeof(list[i]);
-  ASSERT_EQ(gpuipc_domain_list(dom, list, 8), 2);
+  ASSERT_EQ(gpuipc_segment_list(dom, list, 8), 2);
   ASSERT_EQ(list[0].state, GPUIPC_SEG_UNLINKED);
   ASSERT_EQ(list[0].nholders, 1);
   ASSERT_EQ(list[0].holder_pids[0], p.pid);

@@ -32,7 +32,7 @@ static const char bench_usage[] =
     "\n"
     "Measure channels on this machine, for each GPU and each ordered pair of\n"
     "GPUs: the 4 KiB round trip (send -> recv -> release -> the sender sees\n"
-    "its buffer free) and the copy bandwidth (gpuipc_recv_into) from 4 KiB\n"
+    "its buffer free) and the copy bandwidth (gpuipc_channel_recv_into) from 4 KiB\n"
     "up, next to cuMemcpyAsync (one GPU) or cuMemcpyPeerAsync (two GPUs)\n"
     "run by this process on the same buffers. Without a GPU: HOST buffers\n"
     "against memcpy. A second process (this command, started again) is the\n"
@@ -300,7 +300,7 @@ static int ctl_send(struct ctl *c, const int64_t v[4])
   int slot = c->next++ % CTL_SLOTS;
   int rc = 0;
   if (c->tickets[slot] != 0)
-    rc = gpuipc_send_done(c->ch, c->tickets[slot], WAIT_MS);
+    rc = gpuipc_channel_send_done(c->ch, c->tickets[slot], WAIT_MS);
   if (rc != 0)
     return rc;
   uint8_t *p = (uint8_t *)gpuipc_buf_ptr(c->buf) + slot * 64;
@@ -308,14 +308,14 @@ static int ctl_send(struct ctl *c, const int64_t v[4])
   struct tens x;
   tens_init(&x, c->buf, gpuipc_buf_ptr(c->buf), -1, 4 * sizeof(int64_t));
   x.t.dl.byte_offset = (uint64_t)slot * 64;
-  return gpuipc_send(c->ch, &x.t, NULL, 0, &c->tickets[slot]);
+  return gpuipc_channel_send(c->ch, &x.t, NULL, 0, &c->tickets[slot]);
 }
 
 /* Receive four numbers. */
 static int ctl_recv(struct ctl *c, int64_t v[4])
 {
   gpuipc_tensor_t *t;
-  int rc = gpuipc_recv(c->ch, &t, NULL, 4 * WAIT_MS);
+  int rc = gpuipc_channel_recv(c->ch, &t, NULL, 4 * WAIT_MS);
   if (rc != 0)
     return rc;
   if (gpuipc_tensor_nbytes(t) != 4 * sizeof(int64_t))
@@ -393,7 +393,7 @@ static int peer_views(struct peer *p, long count)
 {
   for (long i = 0; i < count; i++) {
     gpuipc_tensor_t *v;
-    int rc = gpuipc_recv(p->data, &v, p->stream, WAIT_MS);
+    int rc = gpuipc_channel_recv(p->data, &v, p->stream, WAIT_MS);
     if (rc == 0)
       rc = gpuipc_tensor_release(v, p->stream);
     if (rc != 0)
@@ -438,7 +438,7 @@ static int peer_copies(struct peer *p, size_t bytes, long count, uint8_t want)
   struct tens into;
   tens_init(&into, p->dst, gpuipc_buf_ptr(p->dst), p->dev, bytes);
   for (long i = 0; rc == 0 && i < count; i++)
-    rc = gpuipc_recv_into(p->data, &into.t, p->stream, WAIT_MS);
+    rc = gpuipc_channel_recv_into(p->data, &into.t, p->stream, WAIT_MS);
   if (rc == 0 && p->dev >= 0)
     rc = gpuipc_stream_sync(p->dev, p->stream);
   if (rc == 0)
@@ -591,9 +591,9 @@ static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
   for (int i = 0; rc == 0 && i < n + warm; i++) {
     uint64_t tk;
     double t0 = now_us();
-    rc = gpuipc_send(ch, &x.t, stream, 0, &tk);
+    rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk);
     if (rc == 0)
-      rc = gpuipc_send_done(ch, tk, WAIT_MS);
+      rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
     if (i >= warm)
       t[i - warm] = now_us() - t0;
   }
@@ -658,14 +658,14 @@ static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
   tens_init(&x, from, gpuipc_buf_ptr(from), src, bytes);
   uint64_t tk = 0;
   if (rc == 0)
-    rc = gpuipc_send(ch, &x.t, stream, 0, &tk); /* warm-up */
+    rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk); /* warm-up */
   if (rc == 0)
-    rc = gpuipc_send_done(ch, tk, WAIT_MS);
+    rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
   double t0 = now_us();
   for (long i = 0; rc == 0 && i < n; i++)
-    rc = gpuipc_send(ch, &x.t, stream, 0, &tk);
+    rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk);
   if (rc == 0)
-    rc = gpuipc_send_done(ch, tk, WAIT_MS);
+    rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
   double us = now_us() - t0;
   int64_t ans[4] = {0};
   if (rc == 0)
@@ -769,7 +769,7 @@ static void print_tables(const struct prod *p)
     printf("  %-12s %9.2f %9.2f %7d\n", path_name(r->src, r->dst, path, 32),
            r->median, r->p99, r->n);
   }
-  printf("\nCopy bandwidth (gpuipc_recv_into), GB/s (10^9 B/s)\n");
+  printf("\nCopy bandwidth (gpuipc_channel_recv_into), GB/s (10^9 B/s)\n");
   printf("  %-12s %9s %6s %10s %18s %6s\n", "path", "size", "msgs", "gpuipc",
          "baseline", "ratio");
   for (int i = 0; i < p->r.nbw; i++) {
@@ -974,7 +974,7 @@ static int bench_run(int argc, char **argv)
     fprintf(stderr, "\r\033[K");
   int64_t end[4] = {OP_END, 0, 0, 0};
   if (p.ctl.ch != NULL && ctl_send(&p.ctl, end) == 0)
-    gpuipc_send_done(p.ctl.ch, p.ctl.tickets[(p.ctl.next - 1) % CTL_SLOTS],
+    gpuipc_channel_send_done(p.ctl.ch, p.ctl.tickets[(p.ctl.next - 1) % CTL_SLOTS],
                      10000);
   if (rc != 0)
     fprintf(stderr, "gpuipc bench: %s (%s)\n", gpuipc_last_error(),

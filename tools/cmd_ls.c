@@ -165,7 +165,7 @@ static int list_domain(const char *name, bool json)
     }
     for (int i = 0; i < cap; i++)
       segs[i].size = sizeof(segs[i]);
-    n = gpuipc_domain_list(dom, segs, cap);
+    n = gpuipc_segment_list(dom, segs, cap);
     if (n < 0)
       rc = n;
     if (n <= cap)

@@ -856,11 +856,11 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags)
   if (has_room(ch, 0))
     return 0;
   if (flags & GPUIPC_SEND_NONBLOCK)
-    return gpuipc__err(-EAGAIN, "gpuipc_send: channel %s has %u messages in "
+    return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s has %u messages in "
                        "flight, its depth", ch->name, tx->depth);
   rc = tx_wait(ch, send_deadline(ch), has_room, 0, true);
   if (rc == -ETIMEDOUT)
-    return gpuipc__err(-ETIMEDOUT, "gpuipc_send: channel %s: %u messages "
+    return gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send: channel %s: %u messages "
                        "in flight and none given back within %d ms",
                        ch->name, tx->depth, ch->send_timeout_ms);
   return rc;
@@ -875,11 +875,11 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
     int n = dev_count();
     tx->stage = calloc((size_t)n + 1, sizeof(*tx->stage));
     if (tx->stage == NULL)
-      return gpuipc__err(-ENOMEM, "gpuipc_send: out of memory");
+      return gpuipc__err(-ENOMEM, "gpuipc_channel_send: out of memory");
     tx->ndev = n;
   }
   if (area > tx->ndev)
-    return gpuipc__err(-ERANGE, "gpuipc_send: device %d is not visible",
+    return gpuipc__err(-ERANGE, "gpuipc_channel_send: device %d is not visible",
                        area - 1);
   struct gpuipc__stage *s = &tx->stage[area];
   if (s->buf == NULL) {
@@ -895,13 +895,13 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   while ((s->busy & all) == all) {
     /* Every slot is in flight: wait until the oldest message is free. */
     if (flags & GPUIPC_SEND_NONBLOCK)
-      return gpuipc__err(-EAGAIN, "gpuipc_send: channel %s: all %u staging "
+      return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s: all %u staging "
                          "slots are in flight", ch->name, ch->stage_slots);
     if (deadline == 0)
       deadline = send_deadline(ch);
     int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
     if (rc == -ETIMEDOUT)
-      return gpuipc__err(-ETIMEDOUT, "gpuipc_send: channel %s: no staging "
+      return gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send: channel %s: no staging "
                          "slot came free within %d ms", ch->name,
                          ch->send_timeout_ms);
     if (rc != 0)
@@ -1019,7 +1019,7 @@ static int buf_offset(const char *who, const gpuipc_tensor_t *t,
 static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
                       struct gpuipc__desc *d, uint64_t *span)
 {
-  static const char who[] = "gpuipc_send";
+  static const char who[] = "gpuipc_channel_send";
   const gpuipc_dl_tensor_t *dl = &t->dl;
   if (dl->ndim < 0 || dl->ndim > GPUIPC_TENSOR_MAX_DIMS)
     return gpuipc__err(-EINVAL, "%s: ndim %d is outside 0..%d", who,
@@ -1203,14 +1203,14 @@ static int copy_async(int dev, void *dst, const void *src, size_t n,
 }
 #endif
 
-int gpuipc_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t, void *stream,
+int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t, void *stream,
                 unsigned flags, uint64_t *ticket)
 {
   if (ch == NULL || t == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_send: NULL %s",
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send: NULL %s",
                        ch == NULL ? "channel" : "tensor");
   if (flags & ~GPUIPC_SEND_NONBLOCK)
-    return gpuipc__err(-EINVAL, "gpuipc_send: flags 0x%x", flags);
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send: flags 0x%x", flags);
   struct gpuipc__desc d;
   memset(&d, 0, sizeof(d));
   uint64_t span = 0;
@@ -1338,24 +1338,24 @@ unlock:
   return rc;
 }
 
-int gpuipc_send_done(gpuipc_channel_t *ch, uint64_t ticket, int timeout_ms)
+int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket, int timeout_ms)
 {
   if (ch == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_send_done: NULL channel");
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send_done: NULL channel");
   struct gpuipc__tx *tx = &ch->tx;
   pthread_mutex_lock(&tx->lock);
   int rc = 0;
   if (ticket == 0 || ticket >= tx->next_seq) {
-    rc = gpuipc__err(-EINVAL, "gpuipc_send_done: ticket %llu was not sent "
+    rc = gpuipc__err(-EINVAL, "gpuipc_channel_send_done: ticket %llu was not sent "
                      "on channel %s", (unsigned long long)ticket, ch->name);
     goto unlock;
   }
   rc = tx_wait(ch, deadline_of(timeout_ms), ticket_free, ticket, true);
   if (rc == -EAGAIN)
-    rc = gpuipc__err(-EAGAIN, "gpuipc_send_done: message %llu is not free "
+    rc = gpuipc__err(-EAGAIN, "gpuipc_channel_send_done: message %llu is not free "
                      "yet", (unsigned long long)ticket);
   else if (rc == -ETIMEDOUT)
-    rc = gpuipc__err(-ETIMEDOUT, "gpuipc_send_done: message %llu was not "
+    rc = gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send_done: message %llu was not "
                      "free within %d ms", (unsigned long long)ticket,
                      timeout_ms);
 unlock:
@@ -1363,16 +1363,16 @@ unlock:
   return rc;
 }
 
-int gpuipc_send_wait(gpuipc_channel_t *ch, uint64_t ticket, void *stream,
+int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket, void *stream,
                      int timeout_ms)
 {
   if (ch == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_send_wait: NULL channel");
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send_wait: NULL channel");
   struct gpuipc__tx *tx = &ch->tx;
   pthread_mutex_lock(&tx->lock);
   int rc = 0;
   if (ticket == 0 || ticket >= tx->next_seq) {
-    rc = gpuipc__err(-EINVAL, "gpuipc_send_wait: ticket %llu was not sent "
+    rc = gpuipc__err(-EINVAL, "gpuipc_channel_send_wait: ticket %llu was not sent "
                      "on channel %s", (unsigned long long)ticket, ch->name);
     goto unlock;
   }
@@ -1388,10 +1388,10 @@ int gpuipc_send_wait(gpuipc_channel_t *ch, uint64_t ticket, void *stream,
     if (rc == 0 && ev != NULL)
       rc = wait_on(ev, stream, ev_poll_ns());
   } else if (rc == -EAGAIN) {
-    rc = gpuipc__err(-EAGAIN, "gpuipc_send_wait: message %llu is not "
+    rc = gpuipc__err(-EAGAIN, "gpuipc_channel_send_wait: message %llu is not "
                      "released yet", (unsigned long long)ticket);
   } else if (rc == -ETIMEDOUT) {
-    rc = gpuipc__err(-ETIMEDOUT, "gpuipc_send_wait: message %llu was not "
+    rc = gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send_wait: message %llu was not "
                      "released within %d ms", (unsigned long long)ticket,
                      timeout_ms);
   }
@@ -1662,11 +1662,11 @@ unlock:
   return rc;
 }
 
-int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view, void *stream,
+int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view, void *stream,
                 int timeout_ms)
 {
   if (ch == NULL || view == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_recv: NULL %s",
+    return gpuipc__err(-EINVAL, "gpuipc_channel_recv: NULL %s",
                        ch == NULL ? "channel" : "view");
   struct gpuipc__rx *rx = &ch->rx;
   pthread_mutex_lock(&rx->lock);
@@ -1681,7 +1681,7 @@ int gpuipc_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view, void *stream,
     goto unlock;
   struct gpuipc__view *v = calloc(1, sizeof(*v));
   if (v == NULL) {
-    rc = gpuipc__err(-ENOMEM, "gpuipc_recv: out of memory");
+    rc = gpuipc__err(-ENOMEM, "gpuipc_channel_recv: out of memory");
     goto unlock;
   }
   const struct gpuipc__desc *d = &rx->pdesc;
@@ -1718,10 +1718,10 @@ unlock:
   return rc;
 }
 
-int gpuipc_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
+int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
                      void *stream, int timeout_ms)
 {
-  static const char who[] = "gpuipc_recv_into";
+  static const char who[] = "gpuipc_channel_recv_into";
   if (ch == NULL || dst == NULL)
     return gpuipc__err(-EINVAL, "%s: NULL %s", who,
                        ch == NULL ? "channel" : "destination");
@@ -1767,7 +1767,7 @@ int gpuipc_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
   }
   if (!gpuipc__layout_compact((int)d->ndim, d->shape, d->strides)) {
     rc = gpuipc__err(-EINVAL, "%s: message %llu is not contiguous: receive "
-                     "it with gpuipc_recv", who, (unsigned long long)d->seq);
+                     "it with gpuipc_channel_recv", who, (unsigned long long)d->seq);
     goto unlock;
   }
   gpuipc_buf_t *b = rx->pbuf;

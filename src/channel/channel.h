@@ -334,7 +334,7 @@ struct gpuipc__view {
   struct gpuipc_channel *ch; /* a reference */
   uint64_t seq;
   int device;                /* for the release event, -1 for HOST */
-  void *recv_stream;         /* gpuipc_recv made the data ready on it */
+  void *recv_stream;         /* gpuipc_channel_recv made the data ready on it */
   void *dl_stream;           /* DLPack consumer's: the deleter releases on it */
   gpuipc_dl_managed_tensor_t managed;
   gpuipc_dl_managed_tensor_versioned_t versioned;

@@ -1273,14 +1273,14 @@ static int list_page(gpuipc_domain_t *d, const char *name, uint64_t after,
   return rc;
 }
 
-int gpuipc_domain_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
+int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
                        int cap)
 {
   if (dom == NULL || cap < 0 || (cap > 0 && out == NULL))
-    return gpuipc__err(-EINVAL, "gpuipc_domain_list: bad argument");
+    return gpuipc__err(-EINVAL, "gpuipc_segment_list: bad argument");
   for (int i = 0; i < cap; i++)
     if (out[i].size < sizeof(out[i]))
-      return gpuipc__err(-EINVAL, "gpuipc_domain_list: out[%d].size %zu, "
+      return gpuipc__err(-EINVAL, "gpuipc_segment_list: out[%d].size %zu, "
                          "expected %zu", i, out[i].size, sizeof(out[i]));
   struct gpuipc__reply *r = malloc(sizeof(*r));
   /* Filled page by page; out[] is written only once every page came. */
@@ -1289,7 +1289,7 @@ int gpuipc_domain_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
   if (r == NULL || (cap > 0 && tmp == NULL)) {
     free(r);
     free(tmp);
-    return gpuipc__err(-ENOMEM, "gpuipc_domain_list: out of memory");
+    return gpuipc__err(-ENOMEM, "gpuipc_segment_list: out of memory");
   }
   for (int i = 0; i < cap; i++)
     tmp[i].size = sizeof(tmp[i]);
@@ -1300,12 +1300,12 @@ int gpuipc_domain_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
     uint32_t max = (uint32_t)(cap - filled);
     if (max > GPUIPC__LIST_RECS)
       max = GPUIPC__LIST_RECS;
-    rc = list_page(dom, "", after, max, r, "gpuipc_domain_list");
+    rc = list_page(dom, "", after, max, r, "gpuipc_segment_list");
     if (rc != 0)
       break;
     uint32_t count = r->msg.u.list_reply.count;
     if (count > max) {
-      rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_domain_list: asked the "
+      rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_segment_list: asked the "
                        "broker for %u records, it sent %u", max, count);
       break;
     }

@@ -5,7 +5,7 @@
  *
  * MPI path: the records and tags of mpi/mpi_wire.h. Each end keeps one
  * receive posted on TAG_DESC and one on TAG_REL. A message stays in flight
- * from gpuipc_mpi_send until its release came back and its MPI sends
+ * from gpuipc_mpi_channel_send until its release came back and its MPI sends
  * completed: `depth` of them at most.
  *
  * GPU memory that MPI cannot read (not CUDA-aware, or memory gpuipc did not
@@ -373,7 +373,7 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
   return 0;
 }
 
-GPUIPC_MPI_API int gpuipc_channel_open_mpi(MPI_Comm comm, int peer, int tag,
+GPUIPC_MPI_API int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,
                                            const gpuipc_channel_opts_t *opts,
                                            gpuipc_mpi_channel_t **out)
 {
@@ -724,17 +724,17 @@ fail:
   return rc;
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_send(gpuipc_mpi_channel_t *ch,
+GPUIPC_MPI_API int gpuipc_mpi_channel_send(gpuipc_mpi_channel_t *ch,
                                    const gpuipc_tensor_t *t, void *stream,
                                    unsigned flags, uint64_t *ticket)
 {
-  static const char who[] = "gpuipc_mpi_send";
+  static const char who[] = "gpuipc_mpi_channel_send";
   gpuipc__mpi_call_begin();
   if (ch == NULL || t == NULL)
     return gpuipc__mpi_fail(-EINVAL, "%s: NULL %s", who,
                             ch == NULL ? "channel" : "tensor");
   if (ch->shm != NULL) {
-    int rc = gpuipc_send(ch->shm, t, stream, flags, ticket);
+    int rc = gpuipc_channel_send(ch->shm, t, stream, flags, ticket);
     return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
   }
   if (flags & ~GPUIPC_SEND_NONBLOCK)
@@ -913,33 +913,33 @@ unlock:
   return rc;
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_send_done(gpuipc_mpi_channel_t *ch,
+GPUIPC_MPI_API int gpuipc_mpi_channel_send_done(gpuipc_mpi_channel_t *ch,
                                         uint64_t ticket, int timeout_ms)
 {
   gpuipc__mpi_call_begin();
   if (ch == NULL)
-    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_done: NULL channel");
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_channel_send_done: NULL channel");
   if (ch->shm != NULL) {
-    int rc = gpuipc_send_done(ch->shm, ticket, timeout_ms);
+    int rc = gpuipc_channel_send_done(ch->shm, ticket, timeout_ms);
     return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
   }
-  return tx_wait_free(ch, ticket, timeout_ms, "gpuipc_mpi_send_done");
+  return tx_wait_free(ch, ticket, timeout_ms, "gpuipc_mpi_channel_send_done");
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_send_wait(gpuipc_mpi_channel_t *ch,
+GPUIPC_MPI_API int gpuipc_mpi_channel_send_wait(gpuipc_mpi_channel_t *ch,
                                         uint64_t ticket, void *stream,
                                         int timeout_ms)
 {
   gpuipc__mpi_call_begin();
   if (ch == NULL)
-    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_send_wait: NULL channel");
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_channel_send_wait: NULL channel");
   if (ch->shm != NULL) {
-    int rc = gpuipc_send_wait(ch->shm, ticket, stream, timeout_ms);
+    int rc = gpuipc_channel_send_wait(ch->shm, ticket, stream, timeout_ms);
     return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
   }
   /* The receiver's work on the bytes ended before its release was sent:
    * nothing is left for @stream to wait for. */
-  return tx_wait_free(ch, ticket, timeout_ms, "gpuipc_mpi_send_wait");
+  return tx_wait_free(ch, ticket, timeout_ms, "gpuipc_mpi_channel_send_wait");
 }
 
 /* The shared-memory path's callback, handed on with the MPI channel. */
@@ -1293,21 +1293,21 @@ static int view_buf(struct gpuipc_mpi_channel *ch, int dev, uint64_t n,
   return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_recv(gpuipc_mpi_channel_t *ch,
+GPUIPC_MPI_API int gpuipc_mpi_channel_recv(gpuipc_mpi_channel_t *ch,
                                    gpuipc_tensor_t **view, void *stream,
                                    int timeout_ms)
 {
   gpuipc__mpi_call_begin();
   if (ch == NULL || view == NULL)
-    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_recv: NULL %s",
+    return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_channel_recv: NULL %s",
                             ch == NULL ? "channel" : "view");
   if (ch->shm != NULL) {
-    int rc = gpuipc_recv(ch->shm, view, stream, timeout_ms);
+    int rc = gpuipc_channel_recv(ch->shm, view, stream, timeout_ms);
     return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
   }
   struct mview *v = calloc(1, sizeof(*v));
   if (v == NULL)
-    return gpuipc__mpi_fail(-ENOMEM, "gpuipc_mpi_recv: no memory for a view");
+    return gpuipc__mpi_fail(-ENOMEM, "gpuipc_mpi_channel_recv: no memory for a view");
   pthread_mutex_lock(&ch->rx_lock);
   int rc = rx_fetch(ch, timeout_ms);
   if (rc != 0)
@@ -1352,17 +1352,17 @@ unlock:
   return rc;
 }
 
-GPUIPC_MPI_API int gpuipc_mpi_recv_into(gpuipc_mpi_channel_t *ch,
+GPUIPC_MPI_API int gpuipc_mpi_channel_recv_into(gpuipc_mpi_channel_t *ch,
                                         const gpuipc_tensor_t *dst,
                                         void *stream, int timeout_ms)
 {
-  static const char who[] = "gpuipc_mpi_recv_into";
+  static const char who[] = "gpuipc_mpi_channel_recv_into";
   gpuipc__mpi_call_begin();
   if (ch == NULL || dst == NULL)
     return gpuipc__mpi_fail(-EINVAL, "%s: NULL %s", who,
                             ch == NULL ? "channel" : "destination");
   if (ch->shm != NULL) {
-    int rc = gpuipc_recv_into(ch->shm, dst, stream, timeout_ms);
+    int rc = gpuipc_channel_recv_into(ch->shm, dst, stream, timeout_ms);
     return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
   }
   gpuipc_tensor_layout_t lay = {.size = sizeof(lay)};

@@ -397,7 +397,7 @@ int gpuipc__mpi_join_new(MPI_Comm scope, gpuipc_domain_t **out)
   return rc ? rc : join_in_order(scope, name, out);
 }
 
-GPUIPC_MPI_API int gpuipc_domain_join_mpi(MPI_Comm comm,
+GPUIPC_MPI_API int gpuipc_mpi_domain_join(MPI_Comm comm,
                                           gpuipc_mpi_scope_t scope,
                                           gpuipc_domain_t **out)
 {

@@ -10,11 +10,11 @@
  * r, both on its stream, and sends the buffer at once, without waiting
  * for either (except the last round, sent from an idle stream, which
  * needs no event at all). Before the next round it makes its stream wait until the
- * receiver has given the buffer back (gpuipc_send_wait), so the next
+ * receiver has given the buffer back (gpuipc_channel_send_wait), so the next
  * pattern cannot overwrite bytes still being read.
  *
- * The receiver takes odd rounds with gpuipc_recv_into (into its own
- * device buffer) and even rounds as views (gpuipc_recv, then a copy of the
+ * The receiver takes odd rounds with gpuipc_channel_recv_into (into its own
+ * device buffer) and even rounds as views (gpuipc_channel_recv, then a copy of the
  * view), copies to the host on its stream and checks every byte: it can
  * only see pattern r if its stream waited for the sender's event, since
  * the message arrives long before the GPU has written the pattern.
@@ -132,14 +132,14 @@ static int do_send(gpuipc_domain_t *dom, const char *name, const char *kind,
     if (r == rounds) /* the last round from an idle stream: no event */
       CUDA_OK(cudaStreamSynchronize(s));
     double t0 = ms_now();
-    ASSERT_OK(gpuipc_send(ch, &t, (void *)s, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, (void *)s, 0, &ticket));
     printf("send %s round %d: sent %.3f ms after launching (GPU still "
            "spinning: %s)\n", kind, r, ms_now() - t0,
            cudaStreamQuery(s) == cudaErrorNotReady ? "yes" : "no");
     /* The next round's kernels run after the receiver is done. */
-    ASSERT_OK(gpuipc_send_wait(ch, ticket, (void *)s, 60000));
+    ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, (void *)s, 60000));
   }
-  ASSERT_OK(gpuipc_send_done(ch, ticket, 60000));
+  ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 60000));
   CUDA_OK(cudaStreamSynchronize(s));
   ASSERT_OK(gpuipc_channel_close(ch));
   if (foreign)
@@ -183,11 +183,11 @@ static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
       t.dl.dtype.bits = 8;
       t.dl.dtype.lanes = 1;
       t.dl.shape = shape;
-      ASSERT_OK(gpuipc_recv_into(ch, &t, (void *)s, 60000));
+      ASSERT_OK(gpuipc_channel_recv_into(ch, &t, (void *)s, 60000));
       CUDA_OK(cudaMemcpyAsync(host, dst, SIZE, cudaMemcpyDefault, s));
     } else {
       gpuipc_tensor_t *v;
-      ASSERT_OK(gpuipc_recv(ch, &v, (void *)s, 60000));
+      ASSERT_OK(gpuipc_channel_recv(ch, &v, (void *)s, 60000));
       ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
       ASSERT_EQ(v->dl.device.device_id, dev);
       ASSERT_EQ(v->dl.shape[0], (int64_t)SIZE);

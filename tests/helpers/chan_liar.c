@@ -3,7 +3,7 @@
  * one honest message (message 1 of chan_common.h, from a 4096-byte HOST
  * buffer, which the receiver maps as buffer key 1), then writes a
  * descriptor that breaks one rule straight into the ring, bypassing every
- * check of gpuipc_send. It then waits until the receiver closes.
+ * check of gpuipc_channel_send. It then waits until the receiver closes.
  *
  * CASE: ndim, stride, offset, bigsize, dtype, dtype99, lanes, magic, seq,
  * key, flags, forget, bufmsg, nobufmsg (announces a new buffer and sends
@@ -29,7 +29,7 @@ int main(int argc, char **argv)
   struct chan_msg m;
   gpuipc_tensor_t t;
   chan_msg_make(1, 0, gpuipc_buf_ptr(buf), buf, &m, &t);
-  ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, NULL));
+  ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, NULL));
   ASSERT_EQ_U(gpuipc__chan_last_key(ch), 1);
 
   /* An honest descriptor for message 2 (16 bytes at offset 0)... */
@@ -101,7 +101,7 @@ int main(int argc, char **argv)
   /* Until the receiver closes its end (taking what it sends). */
   gpuipc_tensor_t *v;
   int rc;
-  while ((rc = gpuipc_recv(ch, &v, NULL, 60000)) == 0)
+  while ((rc = gpuipc_channel_recv(ch, &v, NULL, 60000)) == 0)
     gpuipc_tensor_release(v, NULL);
   ASSERT_RC(rc, GPUIPC_E_PEER_GONE);
   gpuipc_channel_close(ch);

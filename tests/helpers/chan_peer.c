@@ -6,7 +6,7 @@
  *                        pausing now and then
  *   recv-after N GATEFD  wait for a byte on GATEFD, receive N views in
  *                        order, then find the sender gone (it died)
- *   recv-into N          receive N messages with gpuipc_recv_into; message
+ *   recv-into N          receive N messages with gpuipc_channel_recv_into; message
  *                        5 first into a destination of the wrong shape
  *   recv-die MS          open, receive nothing, kill itself after MS ms
  *   echo N               receive N views and send each back (zero-copy)
@@ -72,7 +72,7 @@ static void recv_order(gpuipc_channel_t *ch, long n, int gate, int end)
   }
   for (long i = 1; i <= n; i++) {
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
     const char *why = chan_msg_check((uint64_t)i, 0, v);
     if (why != NULL)
       TFAIL("%s", why);
@@ -81,7 +81,7 @@ static void recv_order(gpuipc_channel_t *ch, long n, int gate, int end)
       usleep(1000); /* a slow receiver */
   }
   gpuipc_tensor_t *v;
-  ASSERT_RC(gpuipc_recv(ch, &v, NULL, 0), end);
+  ASSERT_RC(gpuipc_channel_recv(ch, &v, NULL, 0), end);
 }
 
 static void recv_into(gpuipc_channel_t *ch, long n)
@@ -102,12 +102,12 @@ static void recv_into(gpuipc_channel_t *ch, long n)
       /* The wrong shape: refused, and the message stays first in line. */
       int64_t wrong[2] = {m.shape[0] + 1, m.shape[1]};
       t.dl.shape = wrong;
-      ASSERT_RC(gpuipc_recv_into(ch, &t, NULL, 30000), -EINVAL);
+      ASSERT_RC(gpuipc_channel_recv_into(ch, &t, NULL, 30000), -EINVAL);
       ASSERT_ERR_MENTIONS("stays first in line");
       t.dl.shape = m.shape;
     }
     memset(dst, 0, CHAN_SLOT);
-    ASSERT_OK(gpuipc_recv_into(ch, &t, NULL, 30000));
+    ASSERT_OK(gpuipc_channel_recv_into(ch, &t, NULL, 30000));
     size_t bad = test_check(dst, m.span, (uint64_t)i);
     if (bad != (size_t)-1)
       TFAIL("message %ld: byte %zu of %zu differs", i, bad, m.span);
@@ -124,13 +124,13 @@ static void echo(gpuipc_channel_t *ch, long n)
 {
   for (long i = 1; i <= n; i++) {
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
     const char *why = chan_msg_check((uint64_t)i, 0, v);
     if (why != NULL)
       TFAIL("%s", why);
     uint64_t ticket;
-    ASSERT_OK(gpuipc_send(ch, v, NULL, 0, &ticket));
-    ASSERT_OK(gpuipc_send_done(ch, ticket, 30000));
+    ASSERT_OK(gpuipc_channel_send(ch, v, NULL, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
     ASSERT_OK(gpuipc_tensor_release(v, NULL));
   }
 }
@@ -146,7 +146,7 @@ static gpuipc_buf_t *send_n(gpuipc_channel_t *ch, long n)
     gpuipc_tensor_t t;
     uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf) + (i % CHAN_SLOTS) * CHAN_SLOT;
     chan_msg_make((uint64_t)i, 0, p, buf, &m, &t);
-    ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, NULL));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, NULL));
   }
   return buf;
 }
@@ -165,16 +165,16 @@ static void pair(gpuipc_channel_t *ch)
                               .shape = shape},
                        .buf = buf};
   uint64_t ticket;
-  ASSERT_OK(gpuipc_send(ch, &t, NULL, 0, &ticket));
+  ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &ticket));
   gpuipc_tensor_t *v;
-  ASSERT_OK(gpuipc_recv(ch, &v, NULL, 30000));
+  ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   int32_t peer = *(int32_t *)((uint8_t *)v->dl.data + v->dl.byte_offset);
   ASSERT_EQ(peer, info.peer_pid);
   ASSERT_NE(peer, getpid());
   ASSERT_OK(gpuipc_tensor_release(v, NULL));
-  ASSERT_OK(gpuipc_send_done(ch, ticket, 30000));
+  ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
   printf("pair: pid %d end %d peer %d\n", (int)getpid(), info.end, peer);
   gpuipc_buf_release(buf);
 }

@@ -3,7 +3,7 @@
  * (GPUIPC_CUDA_LIB): chan_stream_peer ROLE DOMAIN CHANNEL HANDLE MODE N CUR
  *
  *   ROLE    send: fill a 4 KiB LEGACY buffer of device 0 (a copy on the
- *           stream), send it, gpuipc_send_wait on the stream, N times;
+ *           stream), send it, gpuipc_channel_send_wait on the stream, N times;
  *           recv: receive each view, copy it out on the stream and check
  *           every byte, release it on the stream.
  *   HANDLE  the stream both sides pass: null, legacy (CU_STREAM_LEGACY),
@@ -102,8 +102,8 @@ static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
     else
       ASSERT_OK(gpuipc_memcpy(dev, src, BYTES, 0, stream));
     uint64_t ticket;
-    ASSERT_OK(gpuipc_send(ch, &t, stream, 0, &ticket));
-    ASSERT_OK(gpuipc_send_wait(ch, ticket, stream, 30000));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, stream, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, stream, 30000));
   }
   ASSERT_OK(gpuipc_stream_sync(0, stream));
   ASSERT_OK(gpuipc_buf_release(buf));
@@ -116,7 +116,7 @@ static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
   ASSERT_TRUE(dst != NULL && seen != NULL);
   for (long i = 1; i <= n; i++) {
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_recv(ch, &v, stream, 30000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, stream, 30000));
     ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
     ASSERT_EQ(v->dl.device.device_id, 0);
     ASSERT_EQ(v->dl.ndim, 1);
@@ -143,7 +143,7 @@ static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
    * must stay until the sender is done). Only then is the stream synced,
    * so that the sender always finds that event pending. */
   gpuipc_tensor_t *v;
-  ASSERT_RC(gpuipc_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_channel_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
   ASSERT_OK(gpuipc_stream_sync(0, stream));
   if (lag) {
     size_t bad = test_check(seen, BYTES, (uint64_t)n);

@@ -6,11 +6,11 @@
  *
  * The sender, each round r: on its stream, a short spin and pattern r
  * into a 1 MiB buffer; send at once; make its stream wait for the
- * receiver's release (gpuipc_send_wait) and overwrite the whole buffer
+ * receiver's release (gpuipc_channel_send_wait) and overwrite the whole buffer
  * with pattern POISON right behind it -- a sender reusing its buffer the
  * moment the release allows it.
  *
- * The receiver, each round: gpuipc_recv on the legacy default stream,
+ * The receiver, each round: gpuipc_channel_recv on the legacy default stream,
  * then hands the view over as DLPack to a consumer on a non-blocking
  * stream S: "stream" with gpuipc_tensor_to_dlpack_stream(view, S),
  * "legacy" with gpuipc_tensor_to_dlpack (the consumer's stream unknown).
@@ -96,12 +96,12 @@ static int do_send(gpuipc_domain_t *dom, const char *name, int dev,
     spin_kernel<<<1, 1, 0, s>>>((uint64_t)SEND_SPIN_US * 1000u);
     fill_kernel<<<256, 256, 0, s>>>(p, SIZE, (uint64_t)r);
     CUDA_OK(cudaGetLastError());
-    ASSERT_OK(gpuipc_send(ch, &t, (void *)s, 0, &ticket));
-    ASSERT_OK(gpuipc_send_wait(ch, ticket, (void *)s, 60000));
+    ASSERT_OK(gpuipc_channel_send(ch, &t, (void *)s, 0, &ticket));
+    ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, (void *)s, 60000));
     fill_kernel<<<256, 256, 0, s>>>(p, SIZE, POISON);
     CUDA_OK(cudaGetLastError());
   }
-  ASSERT_OK(gpuipc_send_done(ch, ticket, 60000));
+  ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 60000));
   CUDA_OK(cudaStreamSynchronize(s));
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_buf_release(buf));
@@ -123,7 +123,7 @@ static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
   int raced = 0;
   for (int r = 1; r <= rounds; r++) {
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_recv(ch, &v, NULL, 60000));
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 60000));
     gpuipc_dl_managed_tensor_t *mt;
     if (with_stream)
       ASSERT_OK(gpuipc_tensor_to_dlpack_stream(v, (void *)s, &mt));

@@ -1,11 +1,11 @@
 /*
- * gpuipc_channel_open_mpi under mpirun with 4 ranks: ranks 2k and 2k+1
+ * gpuipc_mpi_channel_open under mpirun with 4 ranks: ranks 2k and 2k+1
  * share a channel. argv[1] says which path it must take: "shm" (one
  * machine) or "mpi" (started through node_id.sh: rank % 2 is the
  * "machine", so every pair spans two). The even rank sends NMSG tensors of
  * varying sizes, contiguous and strided, staged (buf NULL) and from HOST
- * buffers of its own; the odd rank takes them with gpuipc_mpi_recv (views)
- * and gpuipc_mpi_recv_into and checks every byte and the order. Also: flow
+ * buffers of its own; the odd rank takes them with gpuipc_mpi_channel_recv (views)
+ * and gpuipc_mpi_channel_recv_into and checks every byte and the order. Also: flow
  * control (depth messages, then -EAGAIN until releases), a mismatched
  * recv_into leaving the message first in line, invalid tensors rejected
  * before anything is sent, a message back, and GPUIPC_E_PEER_GONE once
@@ -61,32 +61,32 @@ static void bad_tensors(gpuipc_mpi_channel_t *ch, gpuipc_buf_t *buf)
                               .dtype = {GPUIPC_DL_UINT, 8, 1},
                               .shape = shape},
                        .buf = buf};
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   t.dl.ndim = 2;
   t.dl.dtype.bits = 12;
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   t.dl.dtype.bits = 8;
   shape[0] = -1;
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   shape[0] = 4;
   t.dl.byte_offset = gpuipc_buf_size(buf) - 8; /* 16 bytes from there */
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   t.dl.byte_offset = 0;
   int64_t strides[2] = {-4, 1};
   t.dl.strides = strides;
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   t.dl.strides = NULL;
   t.dl.data = (uint8_t *)gpuipc_buf_ptr(buf) + gpuipc_buf_size(buf) + 64;
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
   /* Memory gpuipc did not allocate must be contiguous. */
   uint8_t mem[64];
   int64_t st2[2] = {8, 1};
   t.dl.data = mem;
   t.dl.strides = st2;
   t.buf = NULL;
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0, NULL), -EINVAL);
-  ASSERT_RC(gpuipc_mpi_send(ch, NULL, NULL, 0, NULL), -EINVAL);
-  ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, 0x80, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, NULL, NULL, 0, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0x80, NULL), -EINVAL);
 }
 
 /* Release callback: each ticket once, none that was not sent. */
@@ -137,7 +137,7 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
                                 .shape = &one}};
     memset(scratch, k, 16);
     rel.sent += k < DEPTH;
-    ASSERT_RC(gpuipc_mpi_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL),
+    ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL),
               k < DEPTH ? 0 : -EAGAIN);
   }
   MPI_Barrier(world);
@@ -147,9 +147,9 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
     gpuipc_buf_t *b = bufs[k % DEPTH];
     /* The buffer is reused: wait for the message that had it, both ways. */
     if (last[k % DEPTH] != 0 && k % 2)
-      ASSERT_OK(gpuipc_mpi_send_done(ch, last[k % DEPTH], -1));
+      ASSERT_OK(gpuipc_mpi_channel_send_done(ch, last[k % DEPTH], -1));
     else if (last[k % DEPTH] != 0)
-      ASSERT_OK(gpuipc_mpi_send_wait(ch, last[k % DEPTH], NULL, -1));
+      ASSERT_OK(gpuipc_mpi_channel_send_wait(ch, last[k % DEPTH], NULL, -1));
     uint8_t *p = gpuipc_buf_ptr(b);
     int64_t shape[2], strides[2];
     gpuipc_tensor_t t = {.dl = {.device = {GPUIPC_DL_CPU, 0},
@@ -190,7 +190,7 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
     }
     uint64_t ticket = 0;
     rel.sent++;
-    ASSERT_OK(gpuipc_mpi_send(ch, &t, NULL, 0, &ticket));
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &t, NULL, 0, &ticket));
     ASSERT_EQ_U(ticket, seq);
     if (t.buf != NULL)
       last[k % DEPTH] = ticket;
@@ -204,14 +204,14 @@ static void sender(gpuipc_mpi_channel_t *ch, MPI_Comm world)
                                  .ndim = 1,
                                  .dtype = {GPUIPC_DL_UINT, 64, 1},
                                  .shape = (int64_t[]){4}}};
-  ASSERT_OK(gpuipc_mpi_recv_into(ch, &into, NULL, -1));
+  ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &into, NULL, -1));
   for (int i = 0; i < 4; i++)
     ASSERT_EQ_U(back[i], 0x1234000ull + (uint64_t)i);
   /* Every message is free once everything was received, and each was
    * reported to the callback exactly once. */
-  ASSERT_RC(gpuipc_mpi_send_wait(ch, rel.sent + 1, NULL, 0), -EINVAL);
+  ASSERT_RC(gpuipc_mpi_channel_send_wait(ch, rel.sent + 1, NULL, 0), -EINVAL);
   for (uint64_t tk = 1; tk <= rel.sent; tk++)
-    ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
+    ASSERT_OK(gpuipc_mpi_channel_send_done(ch, tk, -1));
   ASSERT_EQ_U(rel.count, rel.sent);
   ASSERT_OK(gpuipc_mpi_channel_on_release(ch, NULL, NULL));
   ASSERT_OK(gpuipc_mpi_channel_close(ch));
@@ -258,14 +258,14 @@ static void receiver(gpuipc_mpi_channel_t *ch, MPI_Comm world)
   MPI_Barrier(world);
   gpuipc_tensor_t *held[DEPTH];
   for (int k = 0; k < DEPTH; k++) {
-    ASSERT_OK(gpuipc_mpi_recv(ch, &held[k], NULL, -1));
+    ASSERT_OK(gpuipc_mpi_channel_recv(ch, &held[k], NULL, -1));
     ASSERT_EQ(held[k]->dl.shape[0], 16);
     const uint8_t *p =
         (const uint8_t *)held[k]->dl.data + held[k]->dl.byte_offset;
     for (int i = 0; i < 16; i++)
       ASSERT_EQ(p[i], k);
   }
-  ASSERT_RC(gpuipc_mpi_recv(ch, &held[0], NULL, 0), -EAGAIN);
+  ASSERT_RC(gpuipc_mpi_channel_recv(ch, &held[0], NULL, 0), -EAGAIN);
   for (int k = 0; k < DEPTH; k++)
     ASSERT_OK(gpuipc_mpi_tensor_release(held[k], NULL));
 
@@ -275,7 +275,7 @@ static void receiver(gpuipc_mpi_channel_t *ch, MPI_Comm world)
       usleep(20000); /* a slow receiver: the sender waits for room */
     if (msg_strided(k)) {
       gpuipc_tensor_t *v;
-      ASSERT_OK(gpuipc_mpi_recv(ch, &v, NULL, -1));
+      ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, -1));
       check_strided(v, k, seq);
       ASSERT_OK(gpuipc_mpi_tensor_release(v, NULL));
       continue;
@@ -292,15 +292,15 @@ static void receiver(gpuipc_mpi_channel_t *ch, MPI_Comm world)
         /* Wrong shape: refused, and the message stays first in line. */
         int64_t wrong = (int64_t)n + 1;
         into.dl.shape = &wrong;
-        ASSERT_RC(gpuipc_mpi_recv_into(ch, &into, NULL, -1), -EINVAL);
+        ASSERT_RC(gpuipc_mpi_channel_recv_into(ch, &into, NULL, -1), -EINVAL);
         into.dl.shape = &shape;
       }
       memset(dst, 0, n);
-      ASSERT_OK(gpuipc_mpi_recv_into(ch, &into, NULL, -1));
+      ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &into, NULL, -1));
       check_bytes(dst, n, k, seq);
     } else {
       gpuipc_tensor_t *v;
-      ASSERT_OK(gpuipc_mpi_recv(ch, &v, NULL, -1));
+      ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, -1));
       ASSERT_EQ(v->dl.ndim, 1);
       ASSERT_EQ(v->dl.shape[0], (int64_t)n);
       ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CPU);
@@ -316,11 +316,11 @@ static void receiver(gpuipc_mpi_channel_t *ch, MPI_Comm world)
                               .ndim = 1,
                               .dtype = {GPUIPC_DL_UINT, 64, 1},
                               .shape = (int64_t[]){4}}};
-  ASSERT_OK(gpuipc_mpi_send(ch, &t, NULL, 0, NULL));
+  ASSERT_OK(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL));
   /* The sender closes once it has that: then nothing more comes. */
   gpuipc_tensor_t *v;
-  ASSERT_RC(gpuipc_mpi_recv(ch, &v, NULL, -1), GPUIPC_E_PEER_GONE);
-  ASSERT_RC(gpuipc_mpi_recv(ch, &v, NULL, 0), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, -1), GPUIPC_E_PEER_GONE);
+  ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, 0), GPUIPC_E_PEER_GONE);
   ASSERT_OK(gpuipc_mpi_channel_close(ch));
   free(dst);
 }
@@ -352,14 +352,14 @@ static void gpu_part(gpuipc_mpi_channel_t *ch, int even, int dev)
   if (even) {
     for (uint64_t i = 0; i < n; i++)
       h[i] = pattern(77, i);
-    ASSERT_OK(gpuipc_mpi_send(ch, &ht, NULL, 0, &tk_host));
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &ht, NULL, 0, &tk_host));
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_mpi_recv(ch, &v, NULL, -1));
+    ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, -1));
     ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
     ASSERT_EQ(v->dl.shape[0], shape);
-    ASSERT_OK(gpuipc_mpi_send(ch, v, NULL, 0, &tk));
-    ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
-    ASSERT_OK(gpuipc_mpi_send_done(ch, tk_host, -1));
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, v, NULL, 0, &tk));
+    ASSERT_OK(gpuipc_mpi_channel_send_done(ch, tk, -1));
+    ASSERT_OK(gpuipc_mpi_channel_send_done(ch, tk_host, -1));
     ASSERT_OK(gpuipc_mpi_tensor_release(v, NULL));
   } else {
     gpuipc_buf_t *gbuf;
@@ -370,13 +370,13 @@ static void gpu_part(gpuipc_mpi_channel_t *ch, int even, int dev)
                                  .dtype = {GPUIPC_DL_UINT, 8, 1},
                                  .shape = &shape},
                           .buf = gbuf};
-    ASSERT_OK(gpuipc_mpi_recv_into(ch, &dt, NULL, -1));
+    ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &dt, NULL, -1));
     dt.buf = NULL; /* staged: memory gpuipc did not allocate, as it were */
-    ASSERT_OK(gpuipc_mpi_send(ch, &dt, NULL, 0, &tk));
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &dt, NULL, 0, &tk));
     memset(h, 0, n);
-    ASSERT_OK(gpuipc_mpi_recv_into(ch, &ht, NULL, -1));
+    ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &ht, NULL, -1));
     check_bytes(h, n, -1, 77);
-    ASSERT_OK(gpuipc_mpi_send_done(ch, tk, -1));
+    ASSERT_OK(gpuipc_mpi_channel_send_done(ch, tk, -1));
     gpuipc_buf_release(gbuf);
   }
   gpuipc_buf_release(host);
@@ -395,20 +395,20 @@ int main(int argc, char **argv)
 
   gpuipc_mpi_channel_t *ch = NULL;
   /* Arguments every rank can see are wrong alone. */
-  ASSERT_RC(gpuipc_channel_open_mpi(MPI_COMM_WORLD, rank, 5, NULL, &ch),
+  ASSERT_RC(gpuipc_mpi_channel_open(MPI_COMM_WORLD, rank, 5, NULL, &ch),
             -EINVAL);
-  ASSERT_RC(gpuipc_channel_open_mpi(MPI_COMM_WORLD, size, 5, NULL, &ch),
+  ASSERT_RC(gpuipc_mpi_channel_open(MPI_COMM_WORLD, size, 5, NULL, &ch),
             -EINVAL);
-  ASSERT_RC(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, -1, NULL, &ch),
+  ASSERT_RC(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, -1, NULL, &ch),
             -EINVAL);
   /* NULL @out on the odd rank only: both fail. */
-  ASSERT_RC(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, 5, NULL,
+  ASSERT_RC(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 5, NULL,
                                     rank % 2 ? NULL : &ch), -EINVAL);
   ASSERT_TRUE(ch == NULL);
 
   gpuipc_channel_opts_t opts = {
       .size = sizeof(opts), .depth = DEPTH, .stage_slots = DEPTH};
-  ASSERT_OK(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, 7, &opts, &ch));
+  ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 7, &opts, &ch));
   ASSERT_TRUE((gpuipc_mpi_channel_shm(ch) != NULL) == want_shm);
   MPI_Comm pairs;
   MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pairs);
@@ -425,7 +425,7 @@ int main(int argc, char **argv)
     int dev = rank % all;
     opts.device = dev;
     opts.device_set = 1;
-    ASSERT_OK(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, 8, &opts, &ch));
+    ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 8, &opts, &ch));
     gpu_part(ch, rank % 2 == 0, dev);
     ASSERT_OK(gpuipc_mpi_channel_close(ch));
   } else if (rank == 0) {

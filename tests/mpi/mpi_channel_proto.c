@@ -2,7 +2,7 @@
  * The MPI path's wire format seen from outside: ranks 2k and 2k+1 (on two
  * "machines" through node_id.sh) share channels, but the odd rank plays
  * the other end by hand: it makes the same communicator and agreements as
- * gpuipc_channel_open_mpi and then writes records itself. The even rank, a
+ * gpuipc_mpi_channel_open and then writes records itself. The even rank, a
  * real channel end, must take a well-formed message cut into chunks of the
  * size its descriptor names (bytes checked, release sent back) and must
  * refuse with GPUIPC_E_PROTO, and a sentence naming the fault, every lie: a
@@ -34,7 +34,7 @@ static void agree_ok(MPI_Comm pair)
   ASSERT_EQ(out.who, INT_MAX);
 }
 
-/* The fake end of gpuipc_channel_open_mpi(world, peer, tag): the same
+/* The fake end of gpuipc_mpi_channel_open(world, peer, tag): the same
  * collectives, in the same order, on a "machine" of its own. */
 static MPI_Comm fake_open(int me, int peer, int tag)
 {
@@ -162,10 +162,10 @@ static void fake_end(int me, int peer)
 static void real_end(int peer)
 {
   gpuipc_mpi_channel_t *ch;
-  ASSERT_OK(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, 20, NULL, &ch));
+  ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 20, NULL, &ch));
   ASSERT_TRUE(gpuipc_mpi_channel_shm(ch) == NULL);
   gpuipc_tensor_t *v;
-  ASSERT_OK(gpuipc_mpi_recv(ch, &v, NULL, -1));
+  ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, -1));
   ASSERT_EQ(v->dl.shape[0], GOOD_BYTES);
   const uint8_t *p = (const uint8_t *)v->dl.data + v->dl.byte_offset;
   for (size_t i = 0; i < GOOD_BYTES; i++)
@@ -175,7 +175,7 @@ static void real_end(int peer)
   ASSERT_OK(gpuipc_mpi_channel_close(ch));
 
   for (int k = 0; k < NLIES; k++) {
-    ASSERT_OK(gpuipc_channel_open_mpi(MPI_COMM_WORLD, peer, 21 + k, NULL,
+    ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 21 + k, NULL,
                                       &ch));
     if (k == LIE_RELEASE) {
       int rc;
@@ -183,7 +183,7 @@ static void real_end(int peer)
         ;
       ASSERT_RC(rc, GPUIPC_E_PROTO);
     } else {
-      ASSERT_RC(gpuipc_mpi_recv(ch, &v, NULL, -1), GPUIPC_E_PROTO);
+      ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, -1), GPUIPC_E_PROTO);
     }
     if (strstr(gpuipc_mpi_last_error(), lie_words[k]) == NULL)
       TFAIL("lie %d: \"%s\" does not mention \"%s\"", k,
@@ -192,7 +192,7 @@ static void real_end(int peer)
     if (k == LIE_RELEASE)
       ASSERT_RC(gpuipc_mpi_channel_progress(ch), GPUIPC_E_PROTO);
     else
-      ASSERT_RC(gpuipc_mpi_recv(ch, &v, NULL, 0), GPUIPC_E_PROTO);
+      ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, 0), GPUIPC_E_PROTO);
     ASSERT_OK(gpuipc_mpi_channel_close(ch));
   }
 }

@@ -9,16 +9,16 @@
  * the ring (16 chunks), the ring and one chunk, and up to 1025 chunks,
  * then many of sizes drawn in turn. Three rounds:
  *  1. memory gpuipc did not allocate (buf NULL), both ways, taken with
- *     gpuipc_mpi_recv_into into CUDA-typed destinations with buf NULL; the
- *     source is overwritten as soon as gpuipc_mpi_send returns (it must
+ *     gpuipc_mpi_channel_recv_into into CUDA-typed destinations with buf NULL; the
+ *     source is overwritten as soon as gpuipc_mpi_channel_send returns (it must
  *     have been staged by then), and a lagging copy of junk into the
  *     destination is queued on the stream before each receive (the bytes
  *     received must land after it);
  *  2. LEGACY buffers of gpuipc's (the fake's cuMemAlloc), each filled by a
  *     lagging copy queued on the stream just before the send, so the
  *     sender must order its reads after the work queued before the send;
- *     three take turns, each rewritten only after gpuipc_mpi_send_done
- *     said its last message is free; taken as views (gpuipc_mpi_recv:
+ *     three take turns, each rewritten only after gpuipc_mpi_channel_send_done
+ *     said its last message is free; taken as views (gpuipc_mpi_channel_recv:
  *     buffers of the receiver's, on its "GPU").
  * Argument "staged" (MPI not CUDA-aware, as Debian's Open MPI): staged
  * GPU memory goes through pinned host memory, chunk by chunk, both ends.
@@ -104,7 +104,7 @@ static uint64_t send_all(gpuipc_mpi_channel_t *ch, int dir, int n,
       src[i] = pattern(dir, k, i);
     int64_t shape = (int64_t)bytes;
     gpuipc_tensor_t t = cuda_tensor(src, &shape);
-    ASSERT_OK(gpuipc_mpi_send(ch, &t, NULL, 0, NULL));
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL));
     /* Every chunk was copied out before the call returned. */
     memset(src, 0xa5, bytes);
     chunks += chunks_of(bytes);
@@ -126,7 +126,7 @@ static uint64_t recv_all(gpuipc_mpi_channel_t *ch, int dir, int n,
     ASSERT_OK(gpuipc_memcpy_async(dst, junk, bytes, 0, NULL));
     int64_t shape = (int64_t)bytes;
     gpuipc_tensor_t t = cuda_tensor(dst, &shape);
-    ASSERT_OK(gpuipc_mpi_recv_into(ch, &t, NULL, -1));
+    ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &t, NULL, -1));
     ASSERT_OK(gpuipc_stream_sync(0, NULL));
     for (uint64_t i = 0; i < bytes; i++)
       if (dst[i] != pattern(dir, k, i))
@@ -158,7 +158,7 @@ static uint64_t send_buffers(gpuipc_mpi_channel_t *ch, int dir, int n)
   for (int k = 0; k < n; k++) {
     int b = k % NBUF;
     if (ticket[b] != 0)
-      ASSERT_OK(gpuipc_mpi_send_done(ch, ticket[b], -1));
+      ASSERT_OK(gpuipc_mpi_channel_send_done(ch, ticket[b], -1));
     uint64_t bytes = msg_bytes(k);
     for (uint64_t i = 0; i < bytes; i++)
       host[b][i] = pattern(dir, k, i);
@@ -168,12 +168,12 @@ static uint64_t send_buffers(gpuipc_mpi_channel_t *ch, int dir, int n)
     int64_t shape = (int64_t)bytes;
     gpuipc_tensor_t t = cuda_tensor(gpuipc_buf_ptr(buf[b]), &shape);
     t.buf = buf[b];
-    ASSERT_OK(gpuipc_mpi_send(ch, &t, NULL, 0, &ticket[b]));
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &t, NULL, 0, &ticket[b]));
     copies += 1 + (aware ? 0 : chunks_of(bytes));
   }
   for (int b = 0; b < NBUF; b++) {
     if (ticket[b] != 0)
-      ASSERT_OK(gpuipc_mpi_send_done(ch, ticket[b], -1));
+      ASSERT_OK(gpuipc_mpi_channel_send_done(ch, ticket[b], -1));
     ASSERT_OK(gpuipc_buf_release(buf[b]));
     free(host[b]);
   }
@@ -188,7 +188,7 @@ static uint64_t recv_views(gpuipc_mpi_channel_t *ch, int dir, int n)
   for (int k = 0; k < n; k++) {
     uint64_t bytes = msg_bytes(k);
     gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_mpi_recv(ch, &v, NULL, -1));
+    ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, -1));
     ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
     ASSERT_TRUE(v->buf != NULL && gpuipc_buf_kind(v->buf) != GPUIPC_KIND_HOST);
     ASSERT_EQ_U((uint64_t)v->dl.shape[0], bytes);
@@ -235,7 +235,7 @@ int main(int argc, char **argv)
 
   gpuipc_mpi_channel_t *ch;
   if (strcmp(mode, "bad-setting") == 0) {
-    ASSERT_RC(gpuipc_channel_open_mpi(MPI_COMM_WORLD, rank ^ 1, 9, NULL, &ch),
+    ASSERT_RC(gpuipc_mpi_channel_open(MPI_COMM_WORLD, rank ^ 1, 9, NULL, &ch),
               -EINVAL);
     if (strstr(gpuipc_mpi_last_error(), "GPUIPC_MPI_CUDA_AWARE") == NULL)
       TFAIL("the refusal does not name the setting: %s",
@@ -251,7 +251,7 @@ int main(int argc, char **argv)
    * buffers, which the fake can make. */
   gpuipc_channel_opts_t o = {.size = sizeof(o), .device = 1,
                              .device_set = 1};
-  ASSERT_OK(gpuipc_channel_open_mpi(MPI_COMM_WORLD, rank ^ 1, 9, &o, &ch));
+  ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, rank ^ 1, 9, &o, &ch));
   ASSERT_TRUE(gpuipc_mpi_channel_shm(ch) == NULL);
   uint8_t *mem = malloc(MAXBYTES);
   ASSERT_TRUE(mem != NULL);

@@ -1,5 +1,5 @@
 /*
- * Umpire's DeviceIpcAllocator flow on gpuipc_domain_join_mpi, run under
+ * Umpire's DeviceIpcAllocator flow on gpuipc_mpi_domain_join, run under
  * mpirun: in each scope (argv[1]: "node" or "device") the scope's first
  * rank creates a HOST segment, fills it with values naming itself and
  * publishes it; every other rank opens it with GPUIPC_WAIT (no barrier:
@@ -37,13 +37,13 @@ static void check_errors(void)
   int rank;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   gpuipc_domain_t *dom = NULL;
-  ASSERT_RC(gpuipc_domain_join_mpi(MPI_COMM_WORLD, (gpuipc_mpi_scope_t)7,
+  ASSERT_RC(gpuipc_mpi_domain_join(MPI_COMM_WORLD, (gpuipc_mpi_scope_t)7,
                                    &dom), -EINVAL);
   ASSERT_TRUE(strstr(gpuipc_mpi_last_error(), "scope 7") != NULL);
-  ASSERT_RC(gpuipc_domain_join_mpi(MPI_COMM_NULL, GPUIPC_MPI_SCOPE_NODE,
+  ASSERT_RC(gpuipc_mpi_domain_join(MPI_COMM_NULL, GPUIPC_MPI_SCOPE_NODE,
                                    &dom), -EINVAL);
   /* NULL @out on one rank only: every rank fails, none hangs. */
-  ASSERT_RC(gpuipc_domain_join_mpi(MPI_COMM_WORLD, GPUIPC_MPI_SCOPE_NODE,
+  ASSERT_RC(gpuipc_mpi_domain_join(MPI_COMM_WORLD, GPUIPC_MPI_SCOPE_NODE,
                                    rank == 1 ? NULL : &dom), -EINVAL);
   if (rank != 1)
     ASSERT_TRUE(strstr(gpuipc_mpi_last_error(), "rank 1") != NULL);
@@ -111,7 +111,7 @@ int main(int argc, char **argv)
   ASSERT_EQ(srank == 0, rank == leader);
 
   gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join_mpi(MPI_COMM_WORLD, scope, &dom));
+  ASSERT_OK(gpuipc_mpi_domain_join(MPI_COMM_WORLD, scope, &dom));
   gpuipc_domain_info_t di = {.size = sizeof(di)};
   ASSERT_OK(gpuipc_domain_info(dom, &di));
   ASSERT_EQ(strncmp(di.name, "mpi-", 4), 0);
@@ -171,7 +171,7 @@ int main(int argc, char **argv)
   gpuipc_segment_info_t seg[4];
   for (int i = 0; i < 4; i++)
     seg[i].size = sizeof(seg[i]);
-  ASSERT_EQ(gpuipc_domain_list(dom, seg, 4), 1);
+  ASSERT_EQ(gpuipc_segment_list(dom, seg, 4), 1);
   ASSERT_STREQ(seg[0].name, "data");
   ASSERT_EQ(seg[0].state, GPUIPC_SEG_PUBLISHED);
   ASSERT_EQ(seg[0].nholders, members);
