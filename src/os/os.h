@@ -112,10 +112,18 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
  * /tmp/gpuipc-$UID. Created with mode 0700 if missing (with the missing
  * parents of GPUIPC_DIR, 0755); refused with GPUIPC_E_DENIED and a
  * sentence when it is a symbolic link, not a directory, owned by another
- * uid, or group- or world-writable. -EINVAL for a relative GPUIPC_DIR,
- * -ENAMETOOLONG when @cap is too small.
+ * uid, or group- or world-writable, or when one of its ancestors (or, where
+ * a symbolic link leads elsewhere, of the resolved path) is owned by
+ * neither root nor us, or writable by group or others without being
+ * sticky. -EINVAL for a relative GPUIPC_DIR, -ENAMETOOLONG when @cap is too
+ * small.
  */
 int gpuipc__runtime_dir(char *out, size_t cap);
+/*
+ * The same checks, creating nothing: -ENOENT with a sentence when the
+ * directory does not exist (for read-only tools).
+ */
+int gpuipc__runtime_dir_find(char *out, size_t cap);
 
 /* ----- who this process is ----- */
 struct gpuipc__proc_id {
