@@ -142,12 +142,10 @@ int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
     return rc;
   int n1 = snprintf(out->sock, sizeof(out->sock), "%s/%s.sock", out->dir, name);
   int n2 = snprintf(out->lock, sizeof(out->lock), "%s/%s.lock", out->dir, name);
-  /* sun_path holds 108 bytes. */
-  if (n1 < 0 || n2 < 0 || (size_t)n1 >= 108 || (size_t)n2 >= sizeof(out->lock))
-    return gpuipc__err(-ENAMETOOLONG,
-                       "domain %s: socket path %s/%s.sock is longer than a "
-                       "Unix socket address allows (107 bytes)",
-                       name, out->dir, name);
+  if (n1 < 0 || n2 < 0 || (size_t)n1 >= sizeof(out->sock) ||
+      (size_t)n2 >= sizeof(out->lock))
+    return gpuipc__err(-ENAMETOOLONG, "domain %s: path %s/%s.lock is longer "
+                       "than %d bytes", name, out->dir, name, PATH_MAX - 1);
   gpuipc__dom_fork_guard(out->dir);
   return 0;
 }

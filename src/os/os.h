@@ -32,7 +32,10 @@ void gpuipc__sleep_us(unsigned us);
  * Connected sockets (pair, connect, accept) are blocking descriptors; send
  * and recv below never block past their timeout all the same
  * (MSG_DONTWAIT + poll), so callers may also poll them themselves.
- * A path longer than 107 bytes gives -ENAMETOOLONG.
+ * A path of any length works: one longer than sun_path's 107 bytes is
+ * reached through its directory ("/proc/self/fd/N/NAME", which is then
+ * the socket's address as getsockname and getpeername see it); only a last
+ * component too long even so gives -ENAMETOOLONG.
  */
 int gpuipc__sock_pair(int out[2]);
 /*
