@@ -105,7 +105,9 @@ void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
  * exclusive flock on it.
  * @timeout_ms: 0 tries once (-EWOULDBLOCK when held), > 0 retries until
  * then (-ETIMEDOUT), < 0 waits forever.
- * The lock is released when *out_fd is closed or the process dies.
+ * The lock is released when *out_fd is closed or the process dies. A lock
+ * file removed (or replaced) while we waited for it is opened anew, so its
+ * holder may remove it (gpuipc__rundir_prune).
  */
 int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
 
