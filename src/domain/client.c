@@ -150,6 +150,16 @@ int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
   return 0;
 }
 
+/* Remove the channel sockets that killed channel ends left behind. */
+static void prune_channels(const struct gpuipc_domain *d)
+{
+  int n = gpuipc__rundir_prune(d->paths.dir, GPUIPC__PRUNE_CHANNELS, NULL,
+                               NULL);
+  if (n > 0)
+    GPUIPC_LOG_I("domain %s: removed %d stale channel socket%s from %s",
+                 d->name, n, n == 1 ? "" : "s", d->paths.dir);
+}
+
 static uint64_t random_token(void)
 {
   uint64_t v = 0;
@@ -928,6 +938,8 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   rc = gpuipc__dom_paths(name, &d->paths); /* installs the fork handlers */
   if (rc != 0)
     goto free_d;
+  if (!(flags & GPUIPC_JOIN_NO_BROKER)) /* a look (gpuipc ls) removes none */
+    prune_channels(d);
   d->fork_gen = gpuipc__fork_gen();
   if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");

@@ -130,6 +130,38 @@ int gpuipc__runtime_dir(char *out, size_t cap);
  */
 int gpuipc__runtime_dir_find(char *out, size_t cap);
 
+/* ----- stale files of the runtime directory (prune.c) ----- */
+/*
+ * gpuipc__sock_listen for a socket of the runtime directory that
+ * gpuipc__rundir_prune tests by connecting (a channel's chan-HEX.sock): it
+ * holds DIR/.prune.lock shared from bind to listen, so that a socket bound
+ * and not yet listening never reads as stale. It first removes the stale
+ * channel sockets of that directory.
+ */
+int gpuipc__rundir_listen(const char *path, int backlog, int *out_fd);
+
+#define GPUIPC__PRUNE_CHANNELS 0x1u /* chan-HEX.sock nobody listens on */
+#define GPUIPC__PRUNE_DOMAINS 0x2u  /* NAME.sock, NAME.lock of no broker */
+#define GPUIPC__PRUNE_DRY_RUN 0x4u  /* find them, remove nothing */
+/*
+ * Told of each stale file @name of the runtime directory, @why it is stale
+ * (a phrase), and @rc: 0 removed (or, in a dry run, would be), < 0 the
+ * removal failed (with a sentence).
+ */
+typedef void gpuipc__stale_fn(void *arg, const char *name, const char *why,
+                              int rc);
+/*
+ * Find and remove the stale files of runtime directory @dir that @flags
+ * name (a live channel's socket, a domain whose lock is held, are never
+ * touched). @fn may be NULL. Returns how many were found, or -errno when
+ * @dir cannot be read.
+ */
+int gpuipc__rundir_prune(const char *dir, unsigned flags,
+                         gpuipc__stale_fn *fn, void *arg);
+/* Whether entry @name of directory @dfd is a channel's socket, chan-HEX.sock
+ * (and not the socket of a domain of that name). */
+bool gpuipc__rundir_chan_sock(int dfd, const char *name);
+
 /* ----- who this process is ----- */
 struct gpuipc__proc_id {
   uint8_t boot_id[16];
