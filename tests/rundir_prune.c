@@ -149,6 +149,27 @@ static void live_kept(void)
   ASSERT_TRUE(!exists(sock)); /* paired: removed by its owner */
 }
 
+/*
+ * A channel end knows its peer by pid: the pruner must not connect to a
+ * live one (it could be taken for the peer when it is that process). This
+ * one listens here, and nothing connects.
+ */
+static void live_not_touched(void)
+{
+  char p[PATH_MAX + 64];
+  snprintf(p, sizeof(p), "%s/chan-0123456789abcdef.sock", dir);
+  int lfd, fd;
+  ASSERT_OK(gpuipc__sock_listen(p, 4, &lfd));
+  ASSERT_EQ(gpuipc__rundir_prune(dir, GPUIPC__PRUNE_CHANNELS, NULL, NULL),
+            0);
+  ASSERT_EQ(access(p, F_OK), 0);
+  ASSERT_RC(gpuipc__sock_accept(lfd, 0, &fd), -ETIMEDOUT);
+  close(lfd);
+  ASSERT_EQ(gpuipc__rundir_prune(dir, GPUIPC__PRUNE_CHANNELS, NULL, NULL),
+            1);
+  ASSERT_EQ(access(p, F_OK), -1);
+}
+
 /* A dead domain: a lock file nobody holds, a socket nobody listens on. */
 static void dead_domain(const char *name)
 {
@@ -204,6 +225,7 @@ int main(void)
   removed_by_open();
   removed_by_join();
   live_kept();
+  live_not_touched();
 #ifdef GPUIPC_CLI
   ls_prune();
 #else

@@ -2,7 +2,8 @@
  * Stale files of the runtime directory: what processes that died left.
  *
  *  - A channel socket, chan-HEX.sock, is stale when nobody listens on it
- *    (connect says ECONNREFUSED). A socket is bound before it listens, so
+ *    (not listed as listening in /proc/net/unix, and connect says
+ *    ECONNREFUSED). A socket is bound before it listens, so
  *    listeners hold .prune.lock shared from bind to listen
  *    (gpuipc__rundir_listen) and the pruner holds it exclusively while it
  *    tests and removes: a socket just bound never reads as stale.
@@ -19,6 +20,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -149,18 +151,75 @@ static bool refused(struct pruner *p, const char *name)
   return rc == -ECONNREFUSED;
 }
 
+/*
+ * The channel sockets that listen in this network namespace, by name
+ * (/proc/net/unix: flag __SO_ACCEPTCON, 0x10000), as one string of
+ * "/NAME/" entries; NULL when unknown. A channel end identifies the process
+ * that connects to it by pid, so the pruner connects only to the sockets
+ * not found here: dead ones, or ones that listen in another namespace.
+ */
+static char *listening_channels(void)
+{
+  FILE *f = fopen("/proc/net/unix", "re");
+  if (f == NULL)
+    return NULL;
+  char *list = NULL, *line = NULL;
+  size_t len = 0, cap = 0;
+  ssize_t n;
+  while ((n = getline(&line, &cap, f)) > 0) {
+    unsigned long flags;
+    char path[PATH_MAX];
+    if (sscanf(line, "%*s %*s %*s %lx %*s %*s %*s %4095s", &flags, path) != 2 ||
+        !(flags & 0x10000))
+      continue;
+    const char *name = strrchr(path, '/');
+    name = name != NULL ? name + 1 : path;
+    if (strncmp(name, CHAN_PREFIX, strlen(CHAN_PREFIX)) != 0)
+      continue;
+    size_t add = strlen(name) + 2;
+    char *grown = realloc(list, len + add + 2);
+    if (grown == NULL)
+      break;
+    list = grown;
+    if (len == 0)
+      list[len++] = '/';
+    snprintf(list + len, add + 1, "%s/", name);
+    len += add - 1;
+  }
+  free(line);
+  fclose(f);
+  if (list == NULL)
+    list = strdup("/");
+  return list;
+}
+
+static bool listed(const char *list, const char *name)
+{
+  if (list == NULL)
+    return false;
+  size_t n = strlen(name);
+  for (const char *at = strstr(list, name); at != NULL;
+       at = strstr(at + 1, name))
+    if (at[-1] == '/' && at[n] == '/')
+      return true;
+  return false;
+}
+
 static void prune_channels(struct pruner *p, DIR *d)
 {
   int guard;
   if (guard_lock(p->dir, LOCK_EX, &guard) != 0)
     return;
+  char *live = listening_channels();
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    if (!gpuipc__rundir_chan_sock(p->dfd, e->d_name) || !refused(p, e->d_name))
+    if (!gpuipc__rundir_chan_sock(p->dfd, e->d_name) ||
+        listed(live, e->d_name) || !refused(p, e->d_name))
       continue;
     int rc = p->dry ? 0 : remove_at(p->dfd, p->dir, e->d_name);
     report(p, e->d_name, "a channel socket nobody listens on", rc);
   }
+  free(live);
   close(guard);
 }
 
