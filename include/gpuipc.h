@@ -733,9 +733,11 @@ GPUIPC_API int gpuipc_peer_enable(int src, int dst);
  * keeps the registry of named segments; it runs in a thread of the first
  * process to join (or in `gpuipc serve NAME`) and moves to another member
  * when that process leaves or dies. Its socket and lock live in the runtime
- * directory (GPUIPC_DIR). Only processes of the broker's uid may join,
- * unless GPUIPC_ALLOW_UIDS / GPUIPC_ALLOW_GIDS (read by the process hosting
- * the broker) widen the circle.
+ * directory (GPUIPC_DIR: of any length; it and each of its ancestors must
+ * be root's or ours and writable by nobody else, unless sticky like /tmp).
+ * Only processes of the broker's uid may join, unless GPUIPC_ALLOW_UIDS /
+ * GPUIPC_ALLOW_GIDS (read by the process hosting the broker) widen the
+ * circle.
  *
  * Names of domains and segments: 1 to GPUIPC_NAME_MAX characters from
  * A-Z a-z 0-9 . _ -, not starting with '.'.
@@ -766,8 +768,9 @@ typedef struct gpuipc_domain_opts {
  * @out: the domain, to be left with gpuipc_domain_leave.
  * Returns 0; -EINVAL (NULL @out, a bad name — the sentence gives the rule —
  * or bad @opts); GPUIPC_E_DENIED when the broker refused this process's
- * uid, or the runtime directory is unsafe; GPUIPC_E_VERSION when the broker
- * speaks another protocol version; -EUSERS when the broker has as many
+ * uid, or the runtime directory or one of its ancestors is unsafe (the
+ * sentence names it); GPUIPC_E_VERSION when the broker speaks another
+ * protocol version; -EUSERS when the broker has as many
  * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
  * half its process's open-file limit less 32) or from this uid
  * (GPUIPC_MAX_MEMBERS_PER_UID); -EMFILE when the broker's process has no

@@ -9,9 +9,9 @@
 #include "helpers/seg_peer.h"
 
 #include "domain/domain.h"
+#include "os/os.h"
 
 #include <sys/socket.h>
-#include <sys/un.h>
 
 static char cli[512];
 
@@ -189,12 +189,9 @@ int main(void)
 
   /* A socket nobody listens on is listed as stale. */
   ASSERT_OK(gpuipc__dom_paths("dead", &paths));
-  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  ASSERT_LT(strlen(paths.sock), sizeof(sa.sun_path));
-  memcpy(sa.sun_path, paths.sock, strlen(paths.sock) + 1);
-  ASSERT_EQ(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  close(s);
+  int s; /* any runtime directory, however deep */
+  ASSERT_OK(gpuipc__sock_listen(paths.sock, 1, &s));
+  close(s); /* the file stays, nobody listens */
   const char *lsj_all[] = {"ls", "--json", NULL};
   ASSERT_EQ(cli_run(lsj_all, out, sizeof(out)), 0);
   if (strstr(out, "\"name\": \"dead\",\n      \"state\": \"stale\"") == NULL)

@@ -111,15 +111,34 @@ static void show(const char *what, const struct run *r)
 
 static struct run R; /* large: not on the stack */
 
+/* Append to @buf what snprintf can, cutting it short (a path in @vars may
+ * be longer than @cap): @*off stays within the buffer. */
+static void append(char *buf, size_t cap, size_t *off, const char *pre,
+                   const char *s, const char *post)
+{
+  int n = snprintf(buf + *off, cap - *off, "%s%s%s", pre, s, post);
+  if (n > 0)
+    *off += (size_t)n < cap - *off ? (size_t)n : cap - *off - 1;
+}
+
+/* "PROG ARGS... [VARS]..." for messages, cut to @cap bytes. */
+static void describe(char *buf, size_t cap, const char *prog,
+                     const char *const *vars, const char *const *args)
+{
+  size_t off = 0;
+  buf[0] = '\0';
+  append(buf, cap, &off, "", prog, "");
+  for (const char *const *a = args; a != NULL && *a != NULL; a++)
+    append(buf, cap, &off, " ", *a, "");
+  for (const char *const *v = vars; v != NULL && *v != NULL; v++)
+    append(buf, cap, &off, " [", *v, "]");
+}
+
 /* Run driver_probe with @vars and the probe's own arguments. */
 static void probe(const char *const *vars, const char *const *args)
 {
   char what[256];
-  int off = snprintf(what, sizeof(what), "driver_probe");
-  for (const char *const *a = args; *a != NULL; a++)
-    off += snprintf(what + off, sizeof(what) - (size_t)off, " %s", *a);
-  for (const char *const *v = vars; v != NULL && *v != NULL; v++)
-    off += snprintf(what + off, sizeof(what) - (size_t)off, " [%s]", *v);
+  describe(what, sizeof(what), "driver_probe", vars, args);
   run_env(&R, test_helper_path("driver_probe"), args, vars);
   ASSERT_EXIT(&R, what, 0);
   printf("ok: %s\n", what);

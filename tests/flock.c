@@ -1,7 +1,9 @@
 /*
  * Lock files: held by another process, we get -EWOULDBLOCK when polling
  * once and -ETIMEDOUT after a timeout; when the holder is killed the kernel
- * releases the lock and we take it.
+ * releases the lock and we take it; when the holder removes the file (a
+ * stale domain's, pruned) a waiter locks the file that is there now, not
+ * the one removed.
  */
 #include "test.h"
 
@@ -10,6 +12,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -117,6 +120,45 @@ static void errors(void)
   ASSERT_EQ(fd, -1);
 }
 
+struct waiter {
+  int rc, fd;
+};
+
+static void *wait_lock(void *arg)
+{
+  struct waiter *w = arg;
+  w->rc = gpuipc__flock_open(lock_path, TIMEOUT_MS, &w->fd);
+  return NULL;
+}
+
+/* The holder removes the file while another waits on it. */
+static void removed_while_waiting(void)
+{
+  int held;
+  unlink(lock_path);
+  ASSERT_OK(gpuipc__flock_open(lock_path, 0, &held));
+  int before = test_count_fds(0);
+  struct waiter w = {1, -1};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, wait_lock, &w), 0);
+  /* Once the waiter has the old file open (it then waits on its lock). */
+  for (int i = 0; i < 2000 && test_count_fds(0) == before; i++)
+    usleep(1000);
+  ASSERT_EQ(test_count_fds(0), before + 1);
+  ASSERT_EQ(unlink(lock_path), 0);
+  close(held);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_OK(w.rc);
+  struct stat a, b;
+  ASSERT_EQ(fstat(w.fd, &a), 0);
+  ASSERT_EQ(stat(lock_path, &b), 0); /* there, and the one locked */
+  ASSERT_EQ(a.st_ino, b.st_ino);
+  /* So nobody else gets it. */
+  int again;
+  ASSERT_RC(gpuipc__flock_open(lock_path, 0, &again), -EWOULDBLOCK);
+  close(w.fd);
+}
+
 int main(void)
 {
   char dir[PATH_MAX];
@@ -125,6 +167,7 @@ int main(void)
   held_elsewhere();
   waiter_gets_it();
   errors();
+  removed_while_waiting();
   printf("flock: ok\n");
   return 0;
 }

@@ -185,6 +185,56 @@ static void variants(void)
   expect_ok(NULL, "", p);
 }
 
+/*
+ * Every ancestor: whoever may replace one could swap the directory. A
+ * parent writable by others is refused unless sticky; one owned by
+ * another uid is refused; a symbolic link is followed to check where it
+ * leads. Checked before anything is made below it.
+ */
+static void ancestors(void)
+{
+  char open_dir[PATH_MAX], p[PATH_MAX], q[PATH_MAX];
+  path_in(open_dir, base, "open");
+  ASSERT_EQ(mkdir(open_dir, 0700), 0);
+  ASSERT_EQ(chmod(open_dir, 0777), 0);
+  path_in(p, open_dir, "gpuipc");
+  expect_fail(p, NULL, GPUIPC_E_DENIED, open_dir);
+  expect_fail(p, NULL, GPUIPC_E_DENIED, "not sticky");
+  path_in(q, open_dir, "gpuipc/deeper");
+  expect_fail(q, NULL, GPUIPC_E_DENIED, open_dir);
+  ASSERT_EQ(access(p, F_OK), -1); /* nothing made under it */
+  ASSERT_EQ(chmod(open_dir, 01777), 0); /* sticky, like /tmp */
+  expect_ok(p, NULL, p);
+  ASSERT_EQ(chmod(open_dir, 0770), 0);
+  expect_fail(p, NULL, GPUIPC_E_DENIED, "mode 0770");
+
+  /* A link to a good path under a bad ancestor. */
+  path_in(q, base, "link");
+  ASSERT_EQ(symlink(open_dir, q), 0);
+  path_in(q, base, "link/gpuipc");
+  expect_fail(q, NULL, GPUIPC_E_DENIED, open_dir);
+  ASSERT_EQ(chmod(open_dir, 0755), 0);
+  expect_ok(q, NULL, q);
+
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(open_dir, 65534, 65534), 0);
+    expect_fail(p, NULL, GPUIPC_E_DENIED, "owned by uid 65534");
+    expect_fail(p, NULL, GPUIPC_E_DENIED, open_dir);
+    ASSERT_EQ(chown(open_dir, 0, 0), 0);
+    expect_ok(p, NULL, p);
+  } else {
+    printf("note: not root, so the test of a parent owned by another uid "
+           "is left out\n");
+  }
+
+  /* Looking, not making: a missing directory is reported, not created. */
+  path_in(p, base, "missing/gpuipc");
+  const char *args[] = {"missing", p, NULL};
+  in_child(p, NULL, args);
+  path_in(p, base, "missing");
+  ASSERT_EQ(access(p, F_OK), -1);
+}
+
 int main(void)
 {
   const char *env = getenv("GPUIPC_DIR");
@@ -203,6 +253,7 @@ int main(void)
 
   create_and_check();
   variants();
+  ancestors();
 
   set_env("GPUIPC_DIR", base);
   set_env("XDG_RUNTIME_DIR", had_xdg ? xdg_saved : NULL);

@@ -12,16 +12,21 @@
 #include <unistd.h>
 
 static const char usage[] =
-    "usage: gpuipc ls [--json] [DOMAIN]\n"
+    "usage: gpuipc ls [--json] [--prune] [DOMAIN]\n"
     "\n"
     "Without DOMAIN: the domains in the runtime directory, each live (a\n"
-    "broker answers) or stale (a socket left by a broker that died).\n"
+    "broker answers) or stale (a socket left by a broker that died), and\n"
+    "the stale files there: sockets and lock files of domains without a\n"
+    "broker, channel sockets nobody listens on. Makes nothing: a runtime\n"
+    "directory that does not exist is reported as such.\n"
     "With DOMAIN: its broker (pid, epoch, members, descriptors held) and its\n"
     "segments: name, id, size, kind, device, state (creating, filling,\n"
     "published, unlinked, lost) and holders (pid:opens). Never starts a\n"
     "broker.\n"
     "\n"
-    "  --json  print one JSON object instead\n";
+    "  --json   print one JSON object instead\n"
+    "  --prune  remove the stale files (only those; never a live domain's\n"
+    "           or channel's)\n";
 
 static const char *device_str(const uint8_t uuid[16], char out[41])
 {
@@ -49,24 +54,16 @@ static int cmp_str(const void *a, const void *b)
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int list_domains(bool json)
+/* The domain names of the runtime directory (NAME.sock), sorted. */
+static size_t domain_names(DIR *d, char ***out)
 {
-  char dir[PATH_MAX];
-  if (gpuipc__runtime_dir(dir, sizeof(dir)) != 0) {
-    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
-    return CLI_EXIT_FAIL;
-  }
-  DIR *d = opendir(dir);
-  if (d == NULL) {
-    fprintf(stderr, "gpuipc ls: %s: %s\n", dir, strerror(errno));
-    return CLI_EXIT_FAIL;
-  }
   char **names = NULL;
   size_t n = 0, cap = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     size_t len = strlen(e->d_name);
-    if (len <= 5 || strcmp(e->d_name + len - 5, ".sock") != 0)
+    if (len <= 5 || strcmp(e->d_name + len - 5, ".sock") != 0 ||
+        gpuipc__rundir_chan_sock(dirfd(d), e->d_name))
       continue;
     char *name = strndup(e->d_name, len - 5);
     if (name == NULL || gpuipc__name_check(name, "domain") != 0) {
@@ -84,8 +81,97 @@ static int list_domains(bool json)
     }
     names[n++] = name;
   }
+  if (n > 0)
+    qsort(names, n, sizeof(*names), cmp_str);
+  *out = names;
+  return n;
+}
+
+struct stale_out {
+  bool json, prune;
+  struct cli_json *j;
+  int failed;
+};
+
+static void on_stale(void *arg, const char *name, const char *why, int rc)
+{
+  struct stale_out *o = arg;
+  if (rc < 0)
+    o->failed++;
+  if (o->json) {
+    cli_json_obj(o->j, NULL);
+    cli_json_str(o->j, "file", name);
+    cli_json_str(o->j, "why", why);
+    cli_json_bool(o->j, "removed", o->prune && rc == 0);
+    cli_json_end(o->j);
+  } else if (rc < 0) {
+    printf("  %s (%s): not removed: %s\n", name, why, gpuipc_last_error());
+  } else {
+    printf("  %s%s (%s)\n", o->prune ? "removed " : "", name, why);
+  }
+}
+
+/* Report, or with @prune remove, the stale files of @dir. */
+static int stale_files(const char *dir, bool json, bool prune,
+                       struct cli_json *j)
+{
+  struct stale_out o = {json, prune, j, 0};
+  unsigned flags = GPUIPC__PRUNE_CHANNELS | GPUIPC__PRUNE_DOMAINS;
+  if (json)
+    cli_json_arr(j, "stale");
+  else
+    printf("stale files:\n");
+  int n = gpuipc__rundir_prune(dir, flags | (prune ? 0 : GPUIPC__PRUNE_DRY_RUN),
+                               on_stale, &o);
+  if (json)
+    cli_json_end(j);
+  else if (n == 0)
+    printf("  none\n");
+  else if (n > 0 && !prune)
+    printf("(gpuipc ls --prune removes them)\n");
+  if (n < 0)
+    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
+  return n < 0 || o.failed > 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
+
+/* No runtime directory: nothing ran here, and nothing is made. */
+static int no_dir(bool json)
+{
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof(dir), "%s", gpuipc_last_error());
+  if (json) {
+    struct cli_json j;
+    cli_json_init(&j, stdout);
+    cli_json_obj(&j, NULL);
+    cli_json_str(&j, "runtime_dir_missing", dir);
+    cli_json_arr(&j, "domains");
+    cli_json_end(&j);
+    cli_json_end(&j);
+    cli_json_finish(&j);
+  } else {
+    printf("%s: no domains\n", dir);
+  }
+  return CLI_EXIT_OK;
+}
+
+static int list_domains(bool json, bool prune)
+{
+  char dir[PATH_MAX];
+  int rc = gpuipc__runtime_dir_find(dir, sizeof(dir));
+  if (rc == -ENOENT)
+    return no_dir(json);
+  if (rc != 0) {
+    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
+    return CLI_EXIT_FAIL;
+  }
+  DIR *d = opendir(dir);
+  if (d == NULL) {
+    fprintf(stderr, "gpuipc ls: %s: %s\n", dir, strerror(errno));
+    return CLI_EXIT_FAIL;
+  }
+  char **names;
+  size_t n = domain_names(d, &names);
   closedir(d);
-  qsort(names, n, sizeof(*names), cmp_str);
 
   struct cli_json j;
   if (json) {
@@ -112,12 +198,14 @@ static int list_domains(bool json)
     free(names[i]);
   }
   free(names);
-  if (json) {
+  if (json)
     cli_json_end(&j);
+  rc = stale_files(dir, json, prune, &j);
+  if (json) {
     cli_json_end(&j);
     cli_json_finish(&j);
   }
-  return CLI_EXIT_OK;
+  return rc;
 }
 
 /* ----- one domain ----- */
@@ -144,6 +232,11 @@ static void holders_str(const gpuipc_segment_info_t *s, char *out, size_t cap)
 
 static int list_domain(const char *name, bool json)
 {
+  char dir[PATH_MAX];
+  if (gpuipc__runtime_dir_find(dir, sizeof(dir)) != 0) { /* makes nothing */
+    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
+    return CLI_EXIT_FAIL;
+  }
   gpuipc_domain_t *dom;
   gpuipc_domain_opts_t o = {sizeof(o), GPUIPC_JOIN_NO_BROKER, 2000};
   int rc = gpuipc_domain_join(name, &o, &dom);
@@ -247,11 +340,13 @@ static int list_domain(const char *name, bool json)
 
 static int run(int argc, char **argv)
 {
-  bool json = false;
+  bool json = false, prune = false;
   const char *name = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0)
       json = true;
+    else if (strcmp(argv[i], "--prune") == 0)
+      prune = true;
     else if (argv[i][0] == '-')
       return cli_usage_error(&gpuipc_cmd_ls, "unknown option %s", argv[i]);
     else if (name == NULL)
@@ -260,7 +355,10 @@ static int run(int argc, char **argv)
       return cli_usage_error(&gpuipc_cmd_ls, "one domain at a time");
   }
   if (name == NULL)
-    return list_domains(json);
+    return list_domains(json, prune);
+  if (prune)
+    return cli_usage_error(&gpuipc_cmd_ls, "--prune is for the whole "
+                           "runtime directory, not one domain");
   if (gpuipc__name_check(name, "domain name") != 0)
     return cli_usage_error(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
   return list_domain(name, json);

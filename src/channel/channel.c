@@ -258,7 +258,7 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   int rc = sock_path(token, path, sizeof(path));
   if (rc != 0)
     goto give_up;
-  rc = gpuipc__sock_listen(path, 4, &lfd);
+  rc = gpuipc__rundir_listen(path, 4, &lfd);
   if (rc != 0)
     goto give_up;
   memcpy(shm->token, token, sizeof(token));

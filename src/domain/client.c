@@ -142,14 +142,22 @@ int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
     return rc;
   int n1 = snprintf(out->sock, sizeof(out->sock), "%s/%s.sock", out->dir, name);
   int n2 = snprintf(out->lock, sizeof(out->lock), "%s/%s.lock", out->dir, name);
-  /* sun_path holds 108 bytes. */
-  if (n1 < 0 || n2 < 0 || (size_t)n1 >= 108 || (size_t)n2 >= sizeof(out->lock))
-    return gpuipc__err(-ENAMETOOLONG,
-                       "domain %s: socket path %s/%s.sock is longer than a "
-                       "Unix socket address allows (107 bytes)",
-                       name, out->dir, name);
+  if (n1 < 0 || n2 < 0 || (size_t)n1 >= sizeof(out->sock) ||
+      (size_t)n2 >= sizeof(out->lock))
+    return gpuipc__err(-ENAMETOOLONG, "domain %s: path %s/%s.lock is longer "
+                       "than %d bytes", name, out->dir, name, PATH_MAX - 1);
   gpuipc__dom_fork_guard(out->dir);
   return 0;
+}
+
+/* Remove the channel sockets that killed channel ends left behind. */
+static void prune_channels(const struct gpuipc_domain *d)
+{
+  int n = gpuipc__rundir_prune(d->paths.dir, GPUIPC__PRUNE_CHANNELS, NULL,
+                               NULL);
+  if (n > 0)
+    GPUIPC_LOG_I("domain %s: removed %d stale channel socket%s from %s",
+                 d->name, n, n == 1 ? "" : "s", d->paths.dir);
 }
 
 static uint64_t random_token(void)
@@ -954,6 +962,8 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   rc = gpuipc__dom_paths(name, &d->paths); /* installs the fork handlers */
   if (rc != 0)
     goto free_d;
+  if (!(flags & GPUIPC_JOIN_NO_BROKER)) /* a look (gpuipc ls) removes none */
+    prune_channels(d);
   d->fork_gen = gpuipc__fork_gen();
   if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");

@@ -47,6 +47,29 @@ static bool in_run_dir(const char *path, size_t len, const char *suffix)
          ends_with(path, len, suffix);
 }
 
+/*
+ * Whether @path (of @len bytes) is "/proc/self/fd/N/NAME.sock" naming a
+ * socket of the runtime directory: how a socket whose full path is longer
+ * than sun_path is bound (src/os/sock.c), so only then (N is a descriptor
+ * of whichever process bound it).
+ */
+static bool in_run_dir_by_fd(const char *path, size_t len)
+{
+  static const char pre[] = "/proc/self/fd/";
+  size_t i = sizeof(pre) - 1;
+  if (len <= i || memcmp(path, pre, i) != 0)
+    return false;
+  size_t digits = i;
+  while (i < len && path[i] >= '0' && path[i] <= '9')
+    i++;
+  if (i == digits || i >= len || path[i] != '/')
+    return false;
+  const char *name = path + i + 1;
+  size_t n = len - i - 1;
+  return n > 0 && memchr(name, '/', n) == NULL && ends_with(name, n, ".sock") &&
+         run_dir_len + 1 + n >= sizeof(((struct sockaddr_un *)0)->sun_path);
+}
+
 static bool domain_socket(int fd)
 {
   struct sockaddr_un sa;
@@ -60,7 +83,8 @@ static bool domain_socket(int fd)
       continue;
     size_t n = strnlen(sa.sun_path, len - offsetof(struct sockaddr_un,
                                                    sun_path));
-    if (in_run_dir(sa.sun_path, n, ".sock"))
+    if (in_run_dir(sa.sun_path, n, ".sock") ||
+        in_run_dir_by_fd(sa.sun_path, n))
       return true;
   }
   return false;

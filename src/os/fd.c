@@ -128,6 +128,14 @@ void gpuipc__fd_close(int *fd)
   *fd = -1;
 }
 
+/* Whether @path (not followed) is the file open as @fd. */
+static bool same_file(int fd, const char *path)
+{
+  struct stat a, b;
+  return fstat(fd, &a) == 0 && lstat(path, &b) == 0 && a.st_ino == b.st_ino &&
+         a.st_dev == b.st_dev;
+}
+
 int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd)
 {
   int rc;
@@ -135,12 +143,13 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd)
   if (path == NULL || out_fd == NULL)
     return gpuipc__err(-EINVAL, "gpuipc__flock_open: path %p, out_fd %p",
                        (const void *)path, (void *)out_fd);
+  uint64_t deadline = gpuipc__deadline(timeout_ms);
+reopen:;
   /* O_NOFOLLOW: a lock file is never a link someone planted. */
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return gpuipc__err_errno(errno, "open lock file %s", path);
 
-  uint64_t deadline = gpuipc__deadline(timeout_ms);
   unsigned delay_us = 500;
   for (;;) {
     /* Without a deadline, let the kernel wait for us. */
@@ -170,6 +179,14 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd)
       us = (unsigned)ms * 1000u;
     gpuipc__sleep_us(us);
     delay_us = delay_us * 2 > 10000 ? 10000 : delay_us * 2;
+  }
+  /*
+   * A stale lock file is removed by whoever holds it (gpuipc ls --prune):
+   * the one we locked may no longer be the one at @path.
+   */
+  if (!same_file(fd, path)) {
+    close(fd);
+    goto reopen;
   }
   *out_fd = fd;
   return 0;

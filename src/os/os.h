@@ -32,7 +32,10 @@ void gpuipc__sleep_us(unsigned us);
  * Connected sockets (pair, connect, accept) are blocking descriptors; send
  * and recv below never block past their timeout all the same
  * (MSG_DONTWAIT + poll), so callers may also poll them themselves.
- * A path longer than 107 bytes gives -ENAMETOOLONG.
+ * A path of any length works: one longer than sun_path's 107 bytes is
+ * reached through its directory ("/proc/self/fd/N/NAME", which is then
+ * the socket's address as getsockname and getpeername see it); only a last
+ * component too long even so gives -ENAMETOOLONG.
  */
 int gpuipc__sock_pair(int out[2]);
 /*
@@ -104,7 +107,9 @@ void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
  * exclusive flock on it.
  * @timeout_ms: 0 tries once (-EWOULDBLOCK when held), > 0 retries until
  * then (-ETIMEDOUT), < 0 waits forever.
- * The lock is released when *out_fd is closed or the process dies.
+ * The lock is released when *out_fd is closed or the process dies. A lock
+ * file removed (or replaced) while we waited for it is opened anew, so its
+ * holder may remove it (gpuipc__rundir_prune).
  */
 int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
 
@@ -114,10 +119,50 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
  * /tmp/gpuipc-$UID. Created with mode 0700 if missing (with the missing
  * parents of GPUIPC_DIR, 0755); refused with GPUIPC_E_DENIED and a
  * sentence when it is a symbolic link, not a directory, owned by another
- * uid, or group- or world-writable. -EINVAL for a relative GPUIPC_DIR,
- * -ENAMETOOLONG when @cap is too small.
+ * uid, or group- or world-writable, or when one of its ancestors (or, where
+ * a symbolic link leads elsewhere, of the resolved path) is owned by
+ * neither root nor us, or writable by group or others without being
+ * sticky. -EINVAL for a relative GPUIPC_DIR, -ENAMETOOLONG when @cap is too
+ * small.
  */
 int gpuipc__runtime_dir(char *out, size_t cap);
+/*
+ * The same checks, creating nothing: -ENOENT with a sentence when the
+ * directory does not exist (for read-only tools).
+ */
+int gpuipc__runtime_dir_find(char *out, size_t cap);
+
+/* ----- stale files of the runtime directory (prune.c) ----- */
+/*
+ * gpuipc__sock_listen for a socket of the runtime directory that
+ * gpuipc__rundir_prune tests by connecting (a channel's chan-HEX.sock): it
+ * holds DIR/.prune.lock shared from bind to listen, so that a socket bound
+ * and not yet listening never reads as stale. It first removes the stale
+ * channel sockets of that directory.
+ */
+int gpuipc__rundir_listen(const char *path, int backlog, int *out_fd);
+
+#define GPUIPC__PRUNE_CHANNELS 0x1u /* chan-HEX.sock nobody listens on */
+#define GPUIPC__PRUNE_DOMAINS 0x2u  /* NAME.sock, NAME.lock of no broker */
+#define GPUIPC__PRUNE_DRY_RUN 0x4u  /* find them, remove nothing */
+/*
+ * Told of each stale file @name of the runtime directory, @why it is stale
+ * (a phrase), and @rc: 0 removed (or, in a dry run, would be), < 0 the
+ * removal failed (with a sentence).
+ */
+typedef void gpuipc__stale_fn(void *arg, const char *name, const char *why,
+                              int rc);
+/*
+ * Find and remove the stale files of runtime directory @dir that @flags
+ * name (a live channel's socket, a domain whose lock is held, are never
+ * touched). @fn may be NULL. Returns how many were found, or -errno when
+ * @dir cannot be read.
+ */
+int gpuipc__rundir_prune(const char *dir, unsigned flags,
+                         gpuipc__stale_fn *fn, void *arg);
+/* Whether entry @name of directory @dfd is a channel's socket, chan-HEX.sock
+ * (and not the socket of a domain of that name). */
+bool gpuipc__rundir_chan_sock(int dfd, const char *name);
 
 /* ----- who this process is ----- */
 struct gpuipc__proc_id {

@@ -6,6 +6,7 @@
 #include "os/os.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,23 +21,88 @@ static int mkdir_one(const char *path, mode_t mode)
   return gpuipc__err_errno(errno, "mkdir %s", path);
 }
 
-/* Create the missing parents of @path (mode 0755), like mkdir -p. */
-static int mkdir_parents(const char *path)
+/*
+ * One ancestor @path of runtime directory @dir, as lstat saw it in @st.
+ * Whoever may rename or replace an ancestor could swap the directory for
+ * one of theirs: each must be root's or ours and writable by nobody else,
+ * unless it is sticky (like /tmp: there only an entry's owner may rename
+ * or remove it). A symbolic link is as safe as its owner; where it leads
+ * is checked once the whole path is resolved.
+ */
+static int check_ancestor(const char *path, const char *dir,
+                          const struct stat *st)
+{
+  uid_t me = geteuid();
+  if (st->st_uid != 0 && st->st_uid != me)
+    return gpuipc__err(GPUIPC_E_DENIED,
+                       "%s, a parent of runtime directory %s, is owned by uid "
+                       "%u, neither root nor this process's uid %u: its "
+                       "owner could replace the directory", path, dir,
+                       (unsigned)st->st_uid, (unsigned)me);
+  if (S_ISLNK(st->st_mode))
+    return 0;
+  if (!S_ISDIR(st->st_mode))
+    return gpuipc__err(GPUIPC_E_DENIED, "%s, a parent of runtime directory "
+                       "%s, is not a directory", path, dir);
+  if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX))
+    return gpuipc__err(GPUIPC_E_DENIED,
+                       "%s, a parent of runtime directory %s, has mode 0%03o: "
+                       "writable by group or others and not sticky, so they "
+                       "could replace the directory", path, dir,
+                       (unsigned)(st->st_mode & 07777));
+  return 0;
+}
+
+/*
+ * Check every ancestor of @path (each prefix ending before a '/'), making
+ * the missing ones first (0755) when @create is set. *@link tells whether
+ * one of them was a symbolic link.
+ */
+static int check_ancestors(const char *path, bool create, bool *link)
 {
   char buf[PATH_MAX];
   size_t n = strlen(path);
   memcpy(buf, path, n + 1);
-  /* Skip the leading '/', stop before the last component. */
-  for (size_t i = 1; i < n; i++) {
+  *link = false;
+  for (size_t i = 0; i < n; i++) {
     if (buf[i] != '/')
       continue;
-    buf[i] = '\0';
-    int rc = mkdir_one(buf, 0755);
+    char keep = buf[i + 1];
+    buf[i + (i == 0)] = '\0'; /* "/" itself, then "/a", "/a/b", ... */
+    struct stat st;
+    int rc = 0;
+    if (i > 0 && create)
+      rc = mkdir_one(buf, 0755);
+    if (rc == 0 && lstat(buf, &st) != 0)
+      rc = gpuipc__err_errno(errno, "lstat %s, a parent of runtime directory "
+                             "%s", buf, path);
+    if (rc == 0)
+      rc = check_ancestor(buf, path, &st);
+    if (rc == 0 && S_ISLNK(st.st_mode))
+      *link = true;
     buf[i] = '/';
+    buf[i + 1] = keep;
     if (rc < 0)
       return rc;
   }
   return 0;
+}
+
+/* Where a path with a symbolic link in it leads must be as safe. */
+static int check_resolved(const char *path)
+{
+  char real[PATH_MAX];
+  if (realpath(path, real) == NULL)
+    return gpuipc__err_errno(errno, "realpath of runtime directory %s", path);
+  bool link;
+  int rc = check_ancestors(real, false, &link);
+  if (rc < 0) {
+    char why[512];
+    snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+    gpuipc__err(rc, "runtime directory %s resolves to %s: %s", path, real,
+                why);
+  }
+  return rc;
 }
 
 static int check_dir(const char *path)
@@ -66,48 +132,70 @@ static int check_dir(const char *path)
   return 0;
 }
 
-int gpuipc__runtime_dir(char *out, size_t cap)
+/* The runtime directory's path from the settings, into @path. */
+static int dir_path(char path[PATH_MAX], bool *explicit)
 {
-  char path[PATH_MAX];
-  int n, rc;
-
-  if (out == NULL || cap == 0)
-    return gpuipc__err(-EINVAL, "gpuipc__runtime_dir: no output buffer");
-
+  int n;
   const char *dir = gpuipc__cfg_str(GPUIPC_CFG_DIR);
   const char *xdg = getenv("XDG_RUNTIME_DIR");
+  *explicit = dir[0] != '\0';
   if (dir[0] != '\0') {
     if (dir[0] != '/')
       return gpuipc__err(-EINVAL, "GPUIPC_DIR=%s is not an absolute path",
                          dir);
-    n = snprintf(path, sizeof(path), "%s", dir);
+    n = snprintf(path, PATH_MAX, "%s", dir);
     /* Trailing slashes would make lstat follow a symbolic link. */
-    while (n > 1 && path[n - 1] == '/')
+    while (n > 1 && n < PATH_MAX && path[n - 1] == '/')
       path[--n] = '\0';
   } else if (xdg != NULL && xdg[0] == '/') { /* relative: ignored (XDG) */
-    n = snprintf(path, sizeof(path), "%s/gpuipc", xdg);
+    n = snprintf(path, PATH_MAX, "%s/gpuipc", xdg);
   } else {
-    n = snprintf(path, sizeof(path), "/tmp/gpuipc-%u", (unsigned)geteuid());
+    n = snprintf(path, PATH_MAX, "/tmp/gpuipc-%u", (unsigned)geteuid());
   }
-  if (n < 0 || (size_t)n >= sizeof(path))
+  if (n < 0 || n >= PATH_MAX)
     return gpuipc__err(-ENAMETOOLONG, "runtime directory path is longer than "
                                       "%d bytes", PATH_MAX - 1);
+  return n;
+}
+
+static int runtime_dir(char *out, size_t cap, bool create)
+{
+  char path[PATH_MAX];
+  bool explicit, link;
+  int rc;
+
+  if (out == NULL || cap == 0)
+    return gpuipc__err(-EINVAL, "gpuipc__runtime_dir: no output buffer");
+  int n = dir_path(path, &explicit);
+  if (n < 0)
+    return n;
   if ((size_t)n >= cap)
     return gpuipc__err(-ENAMETOOLONG, "runtime directory %s needs %d bytes, "
                                       "the buffer holds %zu", path, n + 1, cap);
 
+  struct stat st;
+  if (!create && lstat(path, &st) != 0 && errno == ENOENT)
+    return gpuipc__err(-ENOENT, "runtime directory %s does not exist", path);
   /* Only an explicit GPUIPC_DIR gets its parents made for it. */
-  if (dir[0] != '\0') {
-    rc = mkdir_parents(path);
-    if (rc < 0)
-      return rc;
-  }
-  rc = mkdir_one(path, 0700);
-  if (rc < 0)
-    return rc;
-  rc = check_dir(path);
+  rc = check_ancestors(path, create && explicit, &link);
+  if (rc == 0 && create)
+    rc = mkdir_one(path, 0700);
+  if (rc == 0)
+    rc = check_dir(path);
+  if (rc == 0 && link)
+    rc = check_resolved(path);
   if (rc < 0)
     return rc;
   memcpy(out, path, (size_t)n + 1);
   return 0;
+}
+
+int gpuipc__runtime_dir(char *out, size_t cap)
+{
+  return runtime_dir(out, cap, true);
+}
+
+int gpuipc__runtime_dir_find(char *out, size_t cap)
+{
+  return runtime_dir(out, cap, false);
 }

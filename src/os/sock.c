@@ -8,7 +8,9 @@
 #include "os/os.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -56,24 +58,56 @@ static unsigned long long nofile_limit(void)
   return (unsigned long long)rl.rlim_cur;
 }
 
+/*
+ * A socket address for @path, which may be longer than sun_path (107
+ * bytes): then its directory is opened (O_PATH, into @*dirfd, which the
+ * caller closes after bind or connect) and the address is
+ * "/proc/self/fd/N/NAME", which reaches the same file without a long
+ * path and without chdir (which would be process-wide, not thread-safe).
+ * Only NAME must be short.
+ */
 static int fill_addr(const char *call, const char *path,
-                     struct sockaddr_un *sa, socklen_t *len)
+                     struct sockaddr_un *sa, socklen_t *len, int *dirfd)
 {
+  *dirfd = -1;
   if (path == NULL)
     return gpuipc__err(-EINVAL, "%s: path is NULL", call);
   size_t n = strlen(path);
   if (n == 0)
     return gpuipc__err(-EINVAL, "%s: path is empty", call);
-  if (n >= sizeof(sa->sun_path))
-    return gpuipc__err(-ENAMETOOLONG,
-                       "%s: socket path %s is %zu bytes long; a Unix socket "
-                       "path holds at most %zu bytes: choose a shorter "
-                       "GPUIPC_DIR",
-                       call, path, n, sizeof(sa->sun_path) - 1);
   memset(sa, 0, sizeof(*sa));
   sa->sun_family = AF_UNIX;
-  memcpy(sa->sun_path, path, n + 1);
-  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+  if (n < sizeof(sa->sun_path)) {
+    memcpy(sa->sun_path, path, n + 1);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+    return 0;
+  }
+  const char *slash = strrchr(path, '/');
+  const char *name = slash != NULL ? slash + 1 : path;
+  size_t dn = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
+  char dir[PATH_MAX];
+  int m = -1;
+  if (dn > 0 && dn < sizeof(dir) && name[0] != '\0') {
+    memcpy(dir, path, dn);
+    dir[dn] = '\0';
+    *dirfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (*dirfd < 0)
+      return gpuipc__err_errno(errno, "%s: open directory %s of socket %s",
+                               call, dir, name);
+    m = snprintf(sa->sun_path, sizeof(sa->sun_path), "/proc/self/fd/%d/%s",
+                 *dirfd, name);
+  }
+  if (m < 0 || (size_t)m >= sizeof(sa->sun_path)) {
+    if (*dirfd >= 0)
+      close(*dirfd);
+    *dirfd = -1;
+    return gpuipc__err(-ENAMETOOLONG,
+                       "%s: socket path %s is %zu bytes long and its last "
+                       "component %s too: a Unix socket path holds at most "
+                       "%zu bytes",
+                       call, path, n, name, sizeof(sa->sun_path) - 1);
+  }
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)m + 1);
   return 0;
 }
 
@@ -93,24 +127,30 @@ int gpuipc__sock_listen(const char *path, int backlog, int *out_fd)
 {
   struct sockaddr_un sa;
   socklen_t salen = 0;
-  int rc;
+  int rc, dirfd;
 
   if (out_fd == NULL)
     return gpuipc__err(-EINVAL, "gpuipc__sock_listen: out_fd is NULL");
   if (backlog < 0)
     return gpuipc__err(-EINVAL, "gpuipc__sock_listen: backlog %d < 0",
                        backlog);
-  rc = fill_addr("gpuipc__sock_listen", path, &sa, &salen);
+  rc = fill_addr("gpuipc__sock_listen", path, &sa, &salen, &dirfd);
   if (rc < 0)
     return rc;
 
   /* Non-blocking so that accept after poll never blocks on a race. */
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0)
-    return gpuipc__err_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET) for %s",
-                             path);
-  if (bind(fd, (struct sockaddr *)&sa, salen) < 0) {
-    int e = errno;
+  if (fd < 0) {
+    rc = gpuipc__err_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET) for %s",
+                           path);
+    goto close_dir;
+  }
+  int b = bind(fd, (struct sockaddr *)&sa, salen);
+  int e = errno;
+  if (dirfd >= 0)
+    close(dirfd);
+  dirfd = -1;
+  if (b < 0) {
     if (e == EADDRINUSE)
       rc = gpuipc__err(-EADDRINUSE,
                        "bind %s: a file already exists at that path", path);
@@ -127,6 +167,9 @@ int gpuipc__sock_listen(const char *path, int backlog, int *out_fd)
 
 close_fd:
   close(fd);
+close_dir:
+  if (dirfd >= 0)
+    close(dirfd);
   return rc;
 }
 
@@ -134,11 +177,11 @@ int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
 {
   struct sockaddr_un sa;
   socklen_t salen = 0;
-  int rc;
+  int rc, dirfd;
 
   if (out_fd == NULL)
     return gpuipc__err(-EINVAL, "gpuipc__sock_connect: out_fd is NULL");
-  rc = fill_addr("gpuipc__sock_connect", path, &sa, &salen);
+  rc = fill_addr("gpuipc__sock_connect", path, &sa, &salen, &dirfd);
   if (rc < 0)
     return rc;
 
@@ -149,9 +192,11 @@ int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
    * deadline.
    */
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0)
-    return gpuipc__err_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET) for %s",
-                             path);
+  if (fd < 0) {
+    rc = gpuipc__err_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET) for %s",
+                           path);
+    goto close_dir;
+  }
   unsigned delay_us = 100;
   for (;;) {
     if (connect(fd, (struct sockaddr *)&sa, salen) == 0)
@@ -188,6 +233,9 @@ int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
     goto close_fd;
   }
 
+  if (dirfd >= 0)
+    close(dirfd);
+  dirfd = -1;
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
     rc = gpuipc__err_errno(errno, "fcntl(F_SETFL) on the socket to %s", path);
@@ -198,6 +246,9 @@ int gpuipc__sock_connect(const char *path, int timeout_ms, int *out_fd)
 
 close_fd:
   close(fd);
+close_dir:
+  if (dirfd >= 0)
+    close(dirfd);
   return rc;
 }
 

@@ -5,6 +5,8 @@
  *       owned by us and writable by nobody else.
  *   os_rundir fail CODE NEEDLE : it fails with CODE and a sentence that
  *       mentions NEEDLE.
+ *   os_rundir missing PATH : gpuipc__runtime_dir_find says that PATH does
+ *       not exist, and makes nothing.
  * Exit status 0 on success; anything else names the failed step on stderr.
  */
 #include "test.h"
@@ -34,6 +36,15 @@ int main(int argc, char **argv)
     ASSERT_STREQ(out, "untouched");
     return 0;
   }
-  fprintf(stderr, "usage: os_rundir ok PATH | fail CODE NEEDLE\n");
+  if (argc == 3 && strcmp(argv[1], "missing") == 0) {
+    ASSERT_RC(gpuipc__runtime_dir_find(out, sizeof(out)), -ENOENT);
+    ASSERT_ERR_MENTIONS(argv[2]);
+    ASSERT_ERR_MENTIONS("does not exist");
+    ASSERT_STREQ(out, "untouched");
+    ASSERT_EQ(access(argv[2], F_OK), -1);
+    return 0;
+  }
+  fprintf(stderr, "usage: os_rundir ok PATH | fail CODE NEEDLE | missing "
+                  "PATH\n");
   return 2;
 }
