@@ -1152,6 +1152,11 @@ static PyObject *py_view_to_dlpack(PyObject *self, PyObject *args)
   if (rc < 0)
     return raise_code(rc);
   unbox_take(vcap, VIEW); /* the capsule owns it now */
+  /* Some consumers (PyTorch before 2.x, older CuPy) ignore byte_offset:
+   * hand over the element's own address instead. The deleter finds the
+   * view through manager_ctx, not data. */
+  m->dl_tensor.data = (char *)m->dl_tensor.data + m->dl_tensor.byte_offset;
+  m->dl_tensor.byte_offset = 0;
   PyObject *cap = PyCapsule_New(m, "dltensor", dlpack_capsule_destroy);
   if (cap == NULL)
     m->deleter(m);
