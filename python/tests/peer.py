@@ -291,6 +291,45 @@ def async_send(dom, arg):
         ch.done(t, timeout=30)
 
 
+def sd_make(version):
+    import torch
+    g = torch.Generator().manual_seed(version)
+    return {f"layer{i}.weight": torch.randn(16, 8 + i, generator=g).to(torch.bfloat16)
+            for i in range(5)} | {"norm": torch.arange(7, dtype=torch.float32) * version}
+
+
+def sd_publish(dom, arg):
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        keep = []
+        for v in (1, 2):
+            ver, segs = state_dict.publish(d, "w", sd_make(v))
+            keep.append(segs)
+            say(published=ver)
+            sys.stdin.readline()
+
+
+def sd_read(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        old = state_dict.open(d, "w")
+        ok1 = all(torch.equal(old[k], t) for k, t in sd_make(1).items())
+        say(version=old.version, same=ok1, n=len(old))
+        sys.stdin.readline()  # the publisher has published version 2 now
+        still = all(torch.equal(old[k], t) for k, t in sd_make(1).items())
+        mine = {k: torch.zeros_like(t) for k, t in sd_make(2).items()}
+        ver = state_dict.copy_into(d, "w", mine)
+        ok2 = all(torch.equal(mine[k], t) for k, t in sd_make(2).items())
+        try:
+            d.open_segment("w.v1")  # unlinked by the publisher, alive while held
+            gone = False
+        except gpuipc.NotFound:
+            gone = True
+        old.release()
+        say(old_intact=still, new_version=ver, new_same=ok2, old_name_gone=gone)
+
+
 if __name__ == "__main__":
     role, dom = sys.argv[1], sys.argv[2]
     globals()[role](dom, sys.argv[3] if len(sys.argv) > 3 else None)

@@ -176,3 +176,20 @@ def test_error_hierarchy_in_process():
     assert gpuipc.err_name(gpuipc._gpuipc.E_PEER_GONE) == "GPUIPC_E_PEER_GONE"
     e = gpuipc._errors.error_for(-1007, "GPUIPC_E_PEER_GONE", "peer 12 has gone")
     assert isinstance(e, gpuipc.PeerGone) and e.detail == "peer 12 has gone"
+
+
+def test_state_dict_versions(env, procs):
+    pytest.importorskip("torch")
+    pub = start(procs, env, "sd_publish", "d")
+    assert pub.line() == {"published": 1}
+    rd = start(procs, env, "sd_read", "d")
+    assert rd.line() == {"version": 1, "same": True, "n": 6}
+    pub.p.stdin.write("\n")
+    pub.p.stdin.flush()
+    assert pub.line() == {"published": 2}
+    rd.p.stdin.write("\n")
+    rd.p.stdin.flush()
+    assert rd.line() == {"old_intact": True, "new_version": 2, "new_same": True,
+                         "old_name_gone": True}
+    rd.finish()
+    pub.finish()
