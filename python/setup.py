@@ -32,9 +32,12 @@ includes = [os.path.join(root, "include"), os.path.join(root, "src")]
 if cuda and cuda != "/usr/include":
     includes.append(cuda)
 
+# setuptools takes sources only relative to this directory.
+os.chdir(here)
+sources = [os.path.relpath(p, here) for p in sources]
 ext = Extension(
     "gpuipc._gpuipc",
-    sources=[os.path.join(here, "gpuipc", "_gpuipc.c")] + sources,
+    sources=[os.path.join("gpuipc", "_gpuipc.c")] + sources,
     include_dirs=includes,
     define_macros=[("_GNU_SOURCE", None), ("GPUIPC_HAVE_CUDA", "1" if cuda else "0"),
                    ("Py_LIMITED_API", "0x03090000")],
