@@ -1,0 +1,220 @@
+"""gpuipc from Python against torch.multiprocessing, on one GPU machine.
+
+  python3 python/bench/bench_py.py rtt        # 4 KiB round trip
+  python3 python/bench/bench_py.py weights    # Llama-2-7B-shaped state dict
+  python3 python/bench/bench_py.py all
+
+rtt: a 4 KiB tensor goes to a peer and back, N times: gpuipc Channel (HOST
+kind, and CUDA when a GPU is there) vs a torch.multiprocessing queue pair.
+weights: 291 bf16 tensors (13.48 GB) from one process to another on GPU 0:
+gpuipc per-tensor zero-copy sends (allocator), one-bucket (state_dict),
+and torch.multiprocessing per-tensor handles (first and second sync),
+one bucket, and a one-process copy_ as the floor."""
+import os
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+import gpuipc
+
+N_RTT = 2000
+
+
+def llama_shapes():
+    shapes = [("embed", (32000, 4096))]
+    for i in range(32):
+        p = f"layers.{i}."
+        shapes += [(p + n, (4096, 4096)) for n in ("q", "k", "v", "o")]
+        shapes += [(p + "gate", (11008, 4096)), (p + "up", (11008, 4096)),
+                   (p + "down", (4096, 11008)), (p + "in_norm", (4096,)),
+                   (p + "post_norm", (4096,))]
+    shapes += [("norm", (4096,)), ("lm_head", (32000, 4096))]
+    assert len(shapes) == 291
+    return shapes
+
+
+def make_sd(device="cuda"):
+    return {n: torch.empty(s, dtype=torch.bfloat16, device=device).normal_()
+            for n, s in llama_shapes()}
+
+
+# ---- round trip ------------------------------------------------------------
+
+def _gp_echo(dom, cuda, n):
+    with gpuipc.Domain(dom) as d, d.channel("rtt", timeout=60) as ch:
+        for _ in range(n + 100):
+            with ch.recv(timeout=60) as v:
+                ch.send(v)
+
+
+def rtt_gpuipc(cuda):
+    dom = f"rtt{os.getpid()}{int(cuda)}"
+    p = mp.get_context("spawn").Process(target=_gp_echo, args=(dom, cuda, N_RTT))
+    p.start()
+    with gpuipc.Domain(dom) as d, d.channel("rtt", timeout=60) as ch:
+        x = torch.zeros(1024, dtype=torch.float32, device="cuda" if cuda else "cpu")
+        for i in range(N_RTT + 100):
+            if i == 100:
+                t0 = time.perf_counter()
+            ch.send(x)
+            ch.recv(timeout=60).release()
+        dt = time.perf_counter() - t0
+    p.join()
+    return dt / N_RTT * 1e6
+
+
+def _mp_echo(q_in, q_out, n):
+    # stays until told: the last tensor's fd is fetched from this process
+    for x in iter(q_in.get, None):
+        q_out.put(x)
+
+
+def rtt_mp(cuda):
+    ctx = mp.get_context("spawn")
+    q1, q2 = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_mp_echo, args=(q1, q2, N_RTT))
+    p.start()
+    x = torch.zeros(1024, dtype=torch.float32, device="cuda" if cuda else "cpu")
+    for i in range(N_RTT + 100):
+        if i == 100:
+            t0 = time.perf_counter()
+        q1.put(x)
+        q2.get()
+    dt = time.perf_counter() - t0
+    q1.put(None)
+    p.join()
+    return dt / N_RTT * 1e6
+
+
+def bench_rtt():
+    modes = [False] + ([True] if torch.cuda.is_available() else [])
+    for cuda in modes:
+        dev = "cuda" if cuda else "cpu"
+        print(f"rtt 4KiB {dev}: gpuipc {rtt_gpuipc(cuda):8.1f} us   "
+              f"torch.multiprocessing {rtt_mp(cuda):8.1f} us", flush=True)
+
+
+# ---- weights -----------------------------------------------------------------
+
+def _sync_secs(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _mp_receiver(q, done, rounds):
+    dst = None
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        sd = q.get()
+        if dst is None:
+            dst = {k: torch.empty_like(v) for k, v in sd.items()}
+        for k, v in sd.items():
+            dst[k].copy_(v, non_blocking=True)
+        torch.cuda.synchronize()
+        del sd
+        done.put(time.perf_counter() - t0)
+
+
+def weights_mp(sd, rounds=2):
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_mp_receiver, args=(q, done, rounds))
+    p.start()
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        q.put(sd)
+        done.get()
+        out.append(time.perf_counter() - t0)
+    p.join()
+    return out
+
+
+def _mp_bucket_receiver(q, done):
+    flat = q.get()
+    dst = torch.empty_like(flat)
+    dst.copy_(flat)
+    torch.cuda.synchronize()
+    del flat
+    done.put(1)
+
+
+def weights_mp_bucket(sd):
+    flat = torch.cat([v.reshape(-1) for v in sd.values()])
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_mp_bucket_receiver, args=(q, done))
+    p.start()
+    t0 = time.perf_counter()
+    q.put(flat)
+    done.get()
+    dt = time.perf_counter() - t0
+    p.join()
+    del flat
+    return dt
+
+
+def _gp_sd_receiver(dom, rounds):
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        dst = None
+        for r in range(rounds):
+            with d.channel(f"go{r}", timeout=600) as ch:
+                ch.recv(timeout=600).release()
+                if dst is None:
+                    with state_dict.open(d, "w", device=0) as sd:
+                        dst = {k: torch.empty_like(v) for k, v in sd.items()}
+                state_dict.copy_into(d, "w", dst)
+                ch.send(torch.zeros(1))
+
+
+def weights_gpuipc_bucket(sd, rounds=2):
+    from gpuipc import state_dict
+    dom = f"w{os.getpid()}"
+    p = mp.get_context("spawn").Process(target=_gp_sd_receiver, args=(dom, rounds))
+    p.start()
+    out = []
+    with gpuipc.Domain(dom) as d:
+        keep = []
+        for r in range(rounds):
+            with d.channel(f"go{r}", timeout=600) as ch:
+                t0 = time.perf_counter()
+                ver, segs = state_dict.publish(d, "w", sd)
+                keep = [segs]
+                ch.send(torch.zeros(1))
+                ch.recv(timeout=600).release()
+                out.append(time.perf_counter() - t0)
+        del keep
+    p.join()
+    return out
+
+
+def bench_weights():
+    sd = make_sd()
+    total = sum(v.numel() * v.element_size() for v in sd.values())
+    print(f"state dict: {len(sd)} tensors, {total / 1e9:.2f} GB", flush=True)
+    dst = {k: torch.empty_like(v) for k, v in sd.items()}
+    t = _sync_secs(lambda: [dst[k].copy_(v, non_blocking=True) for k, v in sd.items()])
+    print(f"one-process copy_ (floor): {t:.3f} s  {total / t / 1e9:.1f} GB/s", flush=True)
+    del dst
+    torch.cuda.empty_cache()
+    a, b = weights_mp(sd)
+    print(f"torch.multiprocessing per-tensor handles: first {a:.3f} s, second {b:.3f} s",
+          flush=True)
+    print(f"torch.multiprocessing one bucket: {weights_mp_bucket(sd):.3f} s", flush=True)
+    a, b = weights_gpuipc_bucket(sd)
+    print(f"gpuipc state_dict (one segment + copy_into): first {a:.3f} s, second {b:.3f} s",
+          flush=True)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what in ("rtt", "all"):
+        bench_rtt()
+    if what in ("weights", "all"):
+        bench_weights()

@@ -1,0 +1,34 @@
+"""gpuipc: share GPU (and host) memory and send tensors between processes
+on one machine. See README.md's Python section."""
+from . import _gpuipc
+from ._errors import (Error, NoDriver, NoDevice, CudaError, BadHandle, VersionError,
+                      Unsupported, PeerGone, Denied, WholeBlock, ProtocolError,
+                      Mismatch, Lost, Closed, TimeoutError, WouldBlock,
+                      InvalidArgument, NotFound, Exists, MessageTooLarge,
+                      AlreadyDone, OutOfMemory, OSError)
+from ._core import (AUTO, HOST, VMM, LEGACY, POOL, DEFAULT, Domain, Buffer, Segment,
+                    Channel, Tensor, Event, empty, describe, version, driver_status,
+                    device_count, devices, device_by_uuid, kind_available, topology,
+                    config)
+
+__version__ = _gpuipc.version()
+
+
+def err_name(code):
+    """The symbolic name of a status code ("GPUIPC_E_DENIED", "EINVAL")."""
+    return _gpuipc.err_name(code)
+
+
+def strerror(code):
+    return _gpuipc.strerror(code)
+
+
+def last_error():
+    """The sentence of the last failure on this thread."""
+    return _gpuipc.last_error()
+
+
+def library_path():
+    """The path of the extension module, which exports gpuipc_torch_malloc
+    and gpuipc_torch_free for torch.cuda.memory.CUDAPluggableAllocator."""
+    return _gpuipc.__file__

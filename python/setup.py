@@ -1,0 +1,49 @@
+"""Builds gpuipc._gpuipc against CPython's limited API (one abi3 binary for
+every CPython >= 3.9) with libgpuipc's C sources compiled in (src/*/*.c
+but src/mpi), as CMake builds the library: -D_GNU_SOURCE, and
+GPUIPC_HAVE_CUDA=1 when cuda.h is found (CUDA_HOME, CUDA_PATH,
+/usr/local/cuda/include, /usr/include). The sources are looked for in
+GPUIPC_SOURCE_DIR, else the repository around this directory."""
+import glob
+import os
+
+from setuptools import Extension, setup
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.environ.get("GPUIPC_SOURCE_DIR") or os.path.dirname(here)
+if not os.path.exists(os.path.join(root, "include", "gpuipc.h")):
+    raise SystemExit(f"gpuipc's C sources not found in {root}: set GPUIPC_SOURCE_DIR")
+
+
+def cuda_include():
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if base and os.path.exists(os.path.join(base, "include", "cuda.h")):
+            return os.path.join(base, "include")
+    for d in ("/usr/local/cuda/include", "/usr/include"):
+        if os.path.exists(os.path.join(d, "cuda.h")):
+            return d
+    return None
+
+
+sources = sorted(p for p in glob.glob(os.path.join(root, "src", "*", "*.c"))
+                 if os.sep + "mpi" + os.sep not in p)
+cuda = cuda_include()
+includes = [os.path.join(root, "include"), os.path.join(root, "src")]
+if cuda and cuda != "/usr/include":
+    includes.append(cuda)
+
+# setuptools takes sources only relative to this directory.
+os.chdir(here)
+sources = [os.path.relpath(p, here) for p in sources]
+ext = Extension(
+    "gpuipc._gpuipc",
+    sources=[os.path.join("gpuipc", "_gpuipc.c")] + sources,
+    include_dirs=includes,
+    define_macros=[("_GNU_SOURCE", None), ("GPUIPC_HAVE_CUDA", "1" if cuda else "0"),
+                   ("Py_LIMITED_API", "0x03090000")],
+    extra_compile_args=["-std=gnu11", "-fvisibility=hidden", "-Wno-unused-parameter"],
+    libraries=["dl", "pthread"],
+    py_limited_api=True,
+)
+
+setup(ext_modules=[ext], options={"bdist_wheel": {"py_limited_api": "cp39"}})

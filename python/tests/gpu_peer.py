@@ -1,0 +1,117 @@
+"""Processes of the GPU tests: `gpu_peer.py ROLE DOMAIN [ARG]`, JSON lines."""
+import json
+import os
+import sys
+
+import gpuipc
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def make(seed, n=1 << 20):
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(n, device="cuda", generator=g)
+
+
+def torch_send(dom, arg):
+    import torch
+    if arg == "alloc":
+        from gpuipc import torch as gt
+        gt.use_allocator()
+    with gpuipc.Domain(dom) as d, d.channel("g", timeout=60) as ch:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            ts = [make(i) for i in range(4)]
+            tickets = [ch.send(t, stream=s) for t in ts]
+        for t in tickets:
+            ch.wait(t, stream=s, timeout=60)
+        say(sums=[float(t.sum()) for t in ts], info=ch.info()["buffers_sent"])
+
+
+def torch_recv(dom, arg):
+    import torch
+    with gpuipc.Domain(dom) as d, d.channel("g", timeout=60) as ch:
+        s = torch.cuda.Stream()
+        same = []
+        with torch.cuda.stream(s):
+            for i in range(4):
+                v = ch.recv(timeout=60, stream=s)
+                t = torch.from_dlpack(v)
+                same.append(bool(torch.equal(t, make(i))))
+                del t
+        s.synchronize()
+        say(same=same)
+
+
+def cupy_send(dom, arg):
+    import cupy as cp
+    with gpuipc.Domain(dom) as d, d.channel("c", timeout=60) as ch:
+        a = cp.arange(1 << 16, dtype=cp.float32) * 3
+        buf = gpuipc.empty((1 << 16,), "float32", kind="vmm", device=0)
+        b = cp.from_dlpack(buf)
+        b[:] = a
+        cp.cuda.Device().synchronize()
+        t1, t2 = ch.send(a), ch.send(buf)
+        ch.done(t1, timeout=60)
+        ch.done(t2, timeout=60)
+        say(sent=2)
+
+
+def cupy_recv(dom, arg):
+    import cupy as cp
+    with gpuipc.Domain(dom) as d, d.channel("c", timeout=60) as ch:
+        want = cp.arange(1 << 16, dtype=cp.float32) * 3
+        ok = []
+        for _ in range(2):
+            v = ch.recv(timeout=60)
+            x = cp.from_dlpack(v)
+            ok.append(bool((x == want).all()))
+            del x
+        say(same=ok)
+
+
+def ipc_export(dom, arg):
+    import torch
+    from gpuipc import torch as gt
+    t = make(7).reshape(1024, 1024)[3:5]
+    shared = gt.share_torch(t)
+    shared["handle"] = shared["handle"].hex()
+    say(shared=shared, sum=float(t.sum()))
+    sys.stdin.readline()
+
+
+def ipc_import(dom, arg):
+    import torch
+    from gpuipc import torch as gt
+    shared = json.loads(sys.stdin.readline())
+    shared["handle"] = bytes.fromhex(shared["handle"])
+    shared["shape"], shared["strides"] = tuple(shared["shape"]), tuple(shared["strides"])
+    t = gt.from_torch(shared)
+    say(same=bool(torch.equal(t, make(7).reshape(1024, 1024)[3:5])))
+
+
+def sd_publish(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        sd = {f"w{i}": make(i, 4096 * (i + 1)).to(torch.bfloat16) for i in range(8)}
+        ver, keep = state_dict.publish(d, "sd", sd)
+        say(published=ver)
+        sys.stdin.readline()
+
+
+def sd_read(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        with state_dict.open(d, "sd", device=0) as sd:
+            same = all(torch.equal(sd[f"w{i}"], make(i, 4096 * (i + 1)).to(torch.bfloat16))
+                       for i in range(8))
+        say(same=same)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -1,0 +1,335 @@
+"""The other processes of the Python tests: `peer.py ROLE DOMAIN [ARG]`.
+Each prints JSON lines on stdout that the test reads; the data are made by
+pattern() from a seed, so both sides (and the test) know every byte."""
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import gpuipc
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def pattern(seed, shape, dtype):
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(rng.bytes(n), dtype=dtype).reshape(shape).copy()
+
+
+def digest(arr):
+    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+# What the channel tests send: (seed, shape, dtype).
+ARRAYS = [(1, (1000,), "float32"), (2, (3, 5, 7), "int64"), (3, (64, 64), "uint8"),
+          (4, (17,), "complex64"), (5, (2, 3), "bool"), (6, (0, 4), "float64"),
+          (7, (), "int16")]
+
+
+def seg_create(dom, arg):
+    with gpuipc.Domain(dom) as d:
+        seg = d.create_segment("weights", 1 << 20)
+        seg.numpy()[:] = pattern(11, (1 << 20,), "uint8")
+        say(filling=seg.name, state=d.stat("weights")["state"])
+        seg.publish()
+        say(published=True)
+        sys.stdin.readline()  # hold the domain until the test is done
+
+
+def seg_open(dom, arg):
+    with gpuipc.Domain(dom) as d:
+        seg = d.open_segment("weights", wait=True, timeout=30)
+        a = np.asarray(seg)
+        say(nbytes=seg.nbytes, kind=seg.kind, sha=digest(a),
+            zero_copy=a.__array_interface__["data"][0] == seg.ptr)
+        seg.release()
+
+
+def send_arrays(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("c", timeout=30) as ch:
+        tickets = []
+        for seed, shape, dtype in ARRAYS:
+            tickets.append(ch.send(pattern(seed, shape, dtype)))
+        # non-contiguous through a gpuipc buffer (zero-copy needs no staging)
+        buf = gpuipc.empty((8, 6), "int32")
+        buf.numpy()[:] = pattern(8, (8, 6), "int32")
+        tickets.append(ch.send(buf.numpy()[::2, 1::2]))
+        # the same bytes again, for recv_into
+        tickets.append(ch.send(pattern(9, (4, 4), "float64")))
+        for t in tickets:
+            assert ch.done(t, timeout=30)
+        say(sent=len(tickets))
+
+
+def recv_arrays(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("c", timeout=30) as ch:
+        out = []
+        for _ in ARRAYS:
+            with ch.recv(timeout=30) as v:
+                # numpy 1.24's from_dlpack knows no bool; the array
+                # interface serves those
+                plain = v.shape != () and v.typestr[1] in "iuf"
+                a = np.from_dlpack(v) if plain else np.asarray(v)
+                out.append([v.typestr, list(v.shape), digest(a)])
+                del a
+        v = ch.recv(timeout=30)
+        a = np.from_dlpack(v)
+        out.append([v.typestr, list(v.shape), digest(a)])
+        del a
+        dst = np.zeros((4, 4), "float64")
+        ch.recv_into(dst, timeout=30)
+        out.append(["<f8", [4, 4], digest(dst)])
+        say(got=out)
+
+
+def zero_copy_send(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("z", timeout=30) as ch:
+        buf = gpuipc.empty((256, 256), "float32")
+        a = buf.numpy()
+        a[:] = pattern(21, (256, 256), "float32")
+        t = ch.send(buf)
+        ack = ch.recv(timeout=30)  # the receiver holds the view now
+        ack.release()
+        held = not ch.done(t, timeout=0)
+        a[0, :4] = [1.0, 2.0, 3.0, 4.0]  # visible to the receiver: shared
+        ch.send(np.array([1], "int8"))
+        freed = ch.done(t, timeout=30)  # after the receiver dropped its array
+        say(buf_ptr=buf.ptr, held_while_viewed=held, freed_after=freed,
+            info=ch.info()["buffers_sent"])
+
+
+def zero_copy_recv(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("z", timeout=30) as ch:
+        v = ch.recv(timeout=30)
+        assert v.kind == "host"
+        arr = np.from_dlpack(v)  # the capsule owns the view now
+        ptr = arr.__array_interface__["data"][0]
+        mapped = None
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= ptr < hi:
+                    mapped = line.split(None, 5)[-1].strip()
+        first = digest(arr)
+        ch.send(np.array([0], "int8"))
+        go = ch.recv(timeout=30)
+        go.release()
+        row = arr[0, :4].tolist()
+        del arr  # the deleter gives the view back
+        say(ptr=ptr, buffer_ptr=v.buffer_ptr, byte_offset=v.byte_offset, mapping=mapped,
+            sha=first, row_after=row, released=v._box is None)
+
+
+def torch_send(dom, arg):
+    import torch
+    with gpuipc.Domain(dom) as d, d.channel("t", timeout=30) as ch:
+        g = torch.Generator().manual_seed(5)
+        ts = [torch.randn(33, 7, generator=g), torch.randint(-9, 9, (100,), generator=g),
+              torch.randn(4, 4, generator=g).to(torch.bfloat16),
+              torch.randn(6, 5, generator=g).t()[1:3]]
+        for t in ts:
+            ch.send(t.contiguous())
+        say(sums=[float(t.float().sum()) for t in ts])
+        sys.stdin.readline()
+
+
+def torch_recv(dom, arg):
+    import torch
+    from torch.utils.dlpack import from_dlpack
+    with gpuipc.Domain(dom) as d, d.channel("t", timeout=30) as ch:
+        g = torch.Generator().manual_seed(5)
+        want = [torch.randn(33, 7, generator=g), torch.randint(-9, 9, (100,), generator=g),
+                torch.randn(4, 4, generator=g).to(torch.bfloat16),
+                torch.randn(6, 5, generator=g).t()[1:3]]
+        same = []
+        for w in want:
+            t = from_dlpack(ch.recv(timeout=30))
+            same.append(bool(t.dtype == w.dtype and t.shape == w.shape and torch.equal(t, w)))
+            del t
+        say(same=same)
+
+
+def errors(dom, arg):
+    import threading
+    res = {}
+    with gpuipc.Domain(dom) as d:
+        try:
+            d.open_segment("absent")
+        except gpuipc.NotFound as e:
+            res["notfound"] = [e.name, e.detail, isinstance(e, FileNotFoundError)]
+        try:
+            d.open_segment("absent", wait=True, timeout=0.05)
+        except gpuipc.TimeoutError as e:
+            res["timeout"] = [e.name, isinstance(e, TimeoutError)]
+        s = d.create_segment("x", 4096, exclusive=True)
+        try:
+            d.create_segment("x", 4096, exclusive=True)
+        except gpuipc.Exists as e:
+            res["exists"] = e.name
+        s.publish()
+        try:
+            s.publish()
+        except gpuipc.AlreadyDone as e:
+            res["already"] = e.name
+        try:
+            d.open_segment("x", nbytes=8192)
+        except gpuipc.Mismatch as e:
+            res["mismatch"] = [e.name, e.code == gpuipc._gpuipc.E_MISMATCH, e.detail]
+        try:
+            d.open_segment("bad/name")
+        except gpuipc.InvalidArgument as e:
+            res["badname"] = [e.name, isinstance(e, ValueError)]
+        try:
+            d.channel("lonely", timeout=0.05)
+        except gpuipc.TimeoutError as e:
+            res["open_timeout"] = e.name
+        ends = {}
+        th = threading.Thread(target=lambda: ends.setdefault(
+            "b", d.channel("pair", timeout=10, stage_slot_bytes=4096)))
+        th.start()
+        a = d.channel("pair", timeout=10, stage_slot_bytes=4096)
+        th.join()
+        b = ends["b"]
+        try:
+            b.recv(timeout=0)
+        except gpuipc.WouldBlock as e:
+            res["poll"] = [e.name, isinstance(e, BlockingIOError)]
+        t0 = time.monotonic()
+        try:
+            b.recv(timeout=0.1)
+        except gpuipc.TimeoutError as e:
+            res["recv_timeout"] = [e.name, time.monotonic() - t0 >= 0.09]
+        try:
+            a.send(np.zeros(10000, "uint8"))
+        except gpuipc.MessageTooLarge as e:
+            res["too_large"] = e.name
+        try:
+            a.send(object())
+        except TypeError as e:
+            res["not_tensor"] = str(e)
+        try:
+            a.send(np.zeros(4, ">i4"))
+        except ValueError as e:
+            res["big_endian"] = str(e)
+        a.close()
+        try:
+            b.recv(timeout=5)
+        except gpuipc.PeerGone as e:
+            res["closed_peer"] = [e.name, isinstance(e, ConnectionError)]
+        b.close()
+        try:
+            b.recv()
+        except ValueError as e:
+            res["use_after_close"] = str(e)
+    say(**res)
+
+
+def stream_send(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("k", timeout=30, depth=4) as ch:
+        i = 0
+        while True:
+            ch.send(pattern(i % 5, (1024,), "uint8"))
+            i += 1
+            if arg == "blocked" and i == 4:
+                say(sent=i)
+            if arg == "blocked" and i > 4:
+                say(unexpected=i)
+
+
+def stream_recv(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("k", timeout=30, depth=4) as ch:
+        want = [digest(pattern(i, (1024,), "uint8")) for i in range(5)]
+        n = 0
+        if arg == "hold":
+            views = [ch.recv(timeout=30) for _ in range(4)]
+            say(holding=len(views))
+            time.sleep(3600)
+        try:
+            while True:
+                with ch.recv(timeout=60) as v:
+                    assert digest(np.asarray(v)) == want[n % 5], n
+                n += 1
+                if n == 5:
+                    say(got=n)
+        except gpuipc.PeerGone as e:
+            say(peer_gone=e.name, received=n, detail=e.detail)
+
+
+def blocked_sender(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("k", timeout=30, depth=4) as ch:
+        for i in range(4):
+            ch.send(pattern(i, (1024,), "uint8"))
+        say(sent=4)
+        try:
+            ch.send(pattern(4, (1024,), "uint8"))  # waits for a release
+            say(unexpected="sent")
+        except gpuipc.PeerGone as e:
+            say(peer_gone=e.name)
+
+
+def async_recv(dom, arg):
+    import asyncio
+
+    async def main(ch):
+        v = await ch.arecv(timeout=30)
+        with v:
+            return digest(np.asarray(v))
+
+    with gpuipc.Domain(dom) as d, d.channel("a", timeout=30) as ch:
+        say(sha=asyncio.run(main(ch)))
+
+
+def async_send(dom, arg):
+    with gpuipc.Domain(dom) as d, d.channel("a", timeout=30) as ch:
+        t = ch.send(pattern(31, (4096,), "uint8"))
+        ch.done(t, timeout=30)
+
+
+def sd_make(version):
+    import torch
+    g = torch.Generator().manual_seed(version)
+    return {f"layer{i}.weight": torch.randn(16, 8 + i, generator=g).to(torch.bfloat16)
+            for i in range(5)} | {"norm": torch.arange(7, dtype=torch.float32) * version}
+
+
+def sd_publish(dom, arg):
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        keep = []
+        for v in (1, 2):
+            ver, segs = state_dict.publish(d, "w", sd_make(v))
+            keep.append(segs)
+            say(published=ver)
+            sys.stdin.readline()
+
+
+def sd_read(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        old = state_dict.open(d, "w")
+        ok1 = all(torch.equal(old[k], t) for k, t in sd_make(1).items())
+        say(version=old.version, same=ok1, n=len(old))
+        sys.stdin.readline()  # the publisher has published version 2 now
+        still = all(torch.equal(old[k], t) for k, t in sd_make(1).items())
+        mine = {k: torch.zeros_like(t) for k, t in sd_make(2).items()}
+        ver = state_dict.copy_into(d, "w", mine)
+        ok2 = all(torch.equal(mine[k], t) for k, t in sd_make(2).items())
+        try:
+            d.open_segment("w.v1")  # unlinked by the publisher, alive while held
+            gone = False
+        except gpuipc.NotFound:
+            gone = True
+        old.release()
+        say(old_intact=still, new_version=ver, new_same=ok2, old_name_gone=gone)
+
+
+if __name__ == "__main__":
+    role, dom = sys.argv[1], sys.argv[2]
+    globals()[role](dom, sys.argv[3] if len(sys.argv) > 3 else None)

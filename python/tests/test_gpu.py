@@ -1,0 +1,73 @@
+"""GPU tests of the Python package (skipped without a CUDA GPU and torch):
+torch and CuPy CUDA tensors through channels, the allocator, imported
+PyTorch IPC handles, a state dict on the GPU."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+
+def run_pair(env, a, b, dom="g", feed=None, timeout=180):
+    def start(role, arg):
+        cmd = [sys.executable, os.path.join(HERE, "gpu_peer.py"), role, dom]
+        if arg:
+            cmd.append(arg)
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    pa, pb = start(*a), start(*b)
+    if feed is not None:
+        first = json.loads(pa.stdout.readline())
+        pb.stdin.write(feed(first) + "\n")
+        pb.stdin.flush()
+    out_b, _ = pb.communicate(timeout=timeout)
+    out_a, _ = pa.communicate("\n", timeout=timeout)
+    assert pa.returncode == 0 and pb.returncode == 0
+    last = lambda s: json.loads(s.strip().splitlines()[-1])  # noqa: E731
+    return last(out_a), last(out_b)
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = dict(os.environ)
+    e["GPUIPC_DIR"] = str(tmp_path / "run")
+    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return e
+
+
+def test_torch_cuda_tensors_staged(env):
+    _, r = run_pair(env, ("torch_send", None), ("torch_recv", None))
+    assert r == {"same": [True] * 4}
+
+
+def test_torch_allocator_sends_without_staging(env):
+    s, r = run_pair(env, ("torch_send", "alloc"), ("torch_recv", None))
+    assert r == {"same": [True] * 4}
+    assert s["info"] >= 1
+
+
+def test_cupy_arrays(env):
+    pytest.importorskip("cupy")
+    _, r = run_pair(env, ("cupy_send", None), ("cupy_recv", None))
+    assert r == {"same": [True, True]}
+
+
+def test_torch_ipc_handle_import(env):
+    def feed(first):
+        return json.dumps(first["shared"])
+    _, r = run_pair(env, ("ipc_export", None), ("ipc_import", None), feed=feed)
+    assert r == {"same": True}
+
+
+def test_state_dict_on_gpu(env):
+    def feed(first):
+        assert first == {"published": 1}
+        return ""
+    _, r = run_pair(env, ("sd_publish", None), ("sd_read", None), feed=feed)
+    assert r == {"same": True}

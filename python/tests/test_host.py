@@ -1,0 +1,195 @@
+"""The gpuipc Python package on the HOST kind, across real processes:
+segments, channels (staged and zero-copy), numpy and torch (CPU) tensors,
+errors as exceptions, a peer killed with SIGKILL, asyncio."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import peer  # noqa: E402  (pattern, digest, ARRAYS)
+
+
+class Proc:
+    """A peer.py process whose JSON lines are read as they come."""
+
+    def __init__(self, env, role, dom, arg=None):
+        cmd = [sys.executable, os.path.join(HERE, "peer.py"), role, dom]
+        if arg is not None:
+            cmd.append(arg)
+        self.p = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def line(self):
+        s = self.p.stdout.readline()
+        assert s, f"peer exited (rc {self.p.wait()}) without answering"
+        return json.loads(s)
+
+    def finish(self, timeout=60):
+        try:
+            out, _ = self.p.communicate("\n", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            raise
+        assert self.p.returncode == 0, f"peer exited with {self.p.returncode}"
+        return [json.loads(x) for x in out.splitlines() if x.strip()]
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+
+
+@pytest.fixture
+def env(tmp_path):
+    """Each test has a runtime directory of its own."""
+    e = dict(os.environ)
+    e["GPUIPC_DIR"] = str(tmp_path / "run")
+    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return e
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def start(procs, *a):
+    p = Proc(*a)
+    procs.append(p)
+    return p
+
+
+def test_segment_published_bytes_reach_another_process(env, procs):
+    creator = start(procs, env, "seg_create", "d")
+    assert creator.line() == {"filling": "weights", "state": "filling"}
+    reader = start(procs, env, "seg_open", "d")  # waits for the publication
+    assert creator.line() == {"published": True}
+    got = reader.finish()[-1]
+    assert got["sha"] == peer.digest(peer.pattern(11, (1 << 20,), "uint8"))
+    assert got["nbytes"] == 1 << 20 and got["kind"] == "host"
+    assert got["zero_copy"] is True
+    creator.finish()
+
+
+def test_channel_carries_every_dtype_and_layout(env, procs):
+    rx = start(procs, env, "recv_arrays", "d")
+    tx = start(procs, env, "send_arrays", "d")
+    got = rx.finish()[-1]["got"]
+    want = []
+    for seed, shape, dtype in peer.ARRAYS:
+        a = peer.pattern(seed, shape, dtype)
+        want.append([a.dtype.str, list(shape), peer.digest(a)])
+    strided = peer.pattern(8, (8, 6), "int32")[::2, 1::2]
+    want.append(["<i4", [4, 3], peer.digest(strided)])
+    want.append(["<f8", [4, 4], peer.digest(peer.pattern(9, (4, 4), "float64"))])
+    assert got == want
+    assert tx.finish()[-1] == {"sent": len(want)}
+
+
+def test_zero_copy_view_is_the_senders_buffer(env, procs):
+    rx = start(procs, env, "zero_copy_recv", "d")
+    tx = start(procs, env, "zero_copy_send", "d")
+    r = rx.finish()[-1]
+    s = tx.finish()[-1]
+    # np.from_dlpack's array lies at the received buffer's mapping...
+    assert r["ptr"] == r["buffer_ptr"] + r["byte_offset"]
+    # ...which is the sender's memfd mapped here, not a copy:
+    assert r["mapping"] is not None and "memfd:" in r["mapping"]
+    assert r["sha"] == peer.digest(peer.pattern(21, (256, 256), "float32"))
+    # the sender's later write shows through the receiver's array
+    assert r["row_after"] == [1.0, 2.0, 3.0, 4.0]
+    assert r["released"] is True
+    assert s["held_while_viewed"] is True and s["freed_after"] is True
+    # two handles went: the buffer itself, and the staging buffer of "go"
+    assert s["info"] == 2
+
+
+def test_torch_cpu_tensors(env, procs):
+    pytest.importorskip("torch")
+    rx = start(procs, env, "torch_recv", "d")
+    tx = start(procs, env, "torch_send", "d")
+    assert rx.finish(timeout=120)[-1] == {"same": [True, True, True, True]}
+    tx.finish(timeout=60)
+
+
+def test_errors_are_exceptions_with_name_and_sentence(env, procs):
+    r = start(procs, env, "errors", "d").finish()[-1]
+    assert r["notfound"][0] == "ENOENT" and r["notfound"][2] is True
+    assert "absent" in r["notfound"][1]
+    assert r["timeout"] == ["ETIMEDOUT", True]
+    assert r["exists"] == "EEXIST"
+    assert r["already"] == "EALREADY"
+    assert r["mismatch"][:2] == ["GPUIPC_E_MISMATCH", True] and "8192" in r["mismatch"][2]
+    assert r["badname"] == ["EINVAL", True]
+    assert r["open_timeout"] == "ETIMEDOUT"
+    assert r["poll"] == ["EAGAIN", True]
+    assert r["recv_timeout"] == ["ETIMEDOUT", True]
+    assert r["too_large"] == "EMSGSIZE"
+    assert "neither DLPack" in r["not_tensor"]
+    assert "big-endian" in r["big_endian"]
+    assert r["closed_peer"] == ["GPUIPC_E_PEER_GONE", True]
+    assert "closed" in r["use_after_close"]
+
+
+def test_sender_killed_mid_stream_receiver_gets_peer_gone(env, procs):
+    rx = start(procs, env, "stream_recv", "d")
+    tx = start(procs, env, "stream_send", "d")
+    assert rx.line() == {"got": 5}
+    os.kill(tx.p.pid, signal.SIGKILL)
+    tx.p.wait()
+    r = rx.finish(timeout=30)[-1]
+    assert r["peer_gone"] == "GPUIPC_E_PEER_GONE" and r["received"] >= 5
+
+
+def test_receiver_killed_blocked_sender_gets_peer_gone(env, procs):
+    rx = start(procs, env, "stream_recv", "d", "hold")
+    tx = start(procs, env, "blocked_sender", "d")
+    assert tx.line() == {"sent": 4}
+    assert rx.line() == {"holding": 4}
+    os.kill(rx.p.pid, signal.SIGKILL)
+    rx.p.wait()
+    assert tx.finish(timeout=30)[-1] == {"peer_gone": "GPUIPC_E_PEER_GONE"}
+
+
+def test_asyncio_recv(env, procs):
+    rx = start(procs, env, "async_recv", "d")
+    tx = start(procs, env, "async_send", "d")
+    assert rx.finish()[-1] == {"sha": peer.digest(peer.pattern(31, (4096,), "uint8"))}
+    tx.finish()
+
+
+def test_error_hierarchy_in_process():
+    import gpuipc
+    assert issubclass(gpuipc.TimeoutError, gpuipc.Error)
+    assert issubclass(gpuipc.TimeoutError, TimeoutError)
+    assert issubclass(gpuipc.PeerGone, gpuipc.Error)
+    assert gpuipc.err_name(-110) == "ETIMEDOUT"
+    assert gpuipc.err_name(gpuipc._gpuipc.E_PEER_GONE) == "GPUIPC_E_PEER_GONE"
+    e = gpuipc._errors.error_for(-1007, "GPUIPC_E_PEER_GONE", "peer 12 has gone")
+    assert isinstance(e, gpuipc.PeerGone) and e.detail == "peer 12 has gone"
+
+
+def test_state_dict_versions(env, procs):
+    pytest.importorskip("torch")
+    pub = start(procs, env, "sd_publish", "d")
+    assert pub.line() == {"published": 1}
+    rd = start(procs, env, "sd_read", "d")
+    assert rd.line() == {"version": 1, "same": True, "n": 6}
+    pub.p.stdin.write("\n")
+    pub.p.stdin.flush()
+    assert pub.line() == {"published": 2}
+    rd.p.stdin.write("\n")
+    rd.p.stdin.flush()
+    assert rd.line() == {"old_intact": True, "new_version": 2, "new_same": True,
+                         "old_name_gone": True}
+    rd.finish()
+    pub.finish()
