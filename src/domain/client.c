@@ -772,7 +772,7 @@ static void reconnect(struct gpuipc_domain *d)
   ho_discard(d);
 
   GPUIPC_LOG_I("domain %s: lost the broker; reconnecting", d->name);
-  int fd;
+  int fd = -1;
   unsigned backoff = 10;
   int last = 0;
   for (;;) {
@@ -935,7 +935,7 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
     rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");
     goto free_d;
   }
-  int fd;
+  int fd = -1;
   rc = dom_connect(d, gpuipc__deadline(timeout), false, &fd);
   if (rc != 0)
     goto stop_broker;

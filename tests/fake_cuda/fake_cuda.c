@@ -392,7 +392,7 @@ static CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
   NEED_INIT();
   if (h == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  CUdeviceptr base;
+  CUdeviceptr base = 0;
   if (fake_cuMemGetAddressRange(&base, NULL, p) != CUDA_SUCCESS || base != p)
     return CUDA_ERROR_INVALID_VALUE;
   memset(h, 0, sizeof(*h));
