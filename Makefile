@@ -33,4 +33,4 @@ install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix "$(PREFIX)")
 
 clean:
-	rm -rf build build-asan build-fuzz build-ci-*
+	rm -rf build build-asan build-fuzz build-gcc-[RD] build-clang-[RD]
