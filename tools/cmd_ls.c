@@ -84,7 +84,8 @@ static int list_domains(bool json)
     names[n++] = name;
   }
   closedir(d);
-  qsort(names, n, sizeof(*names), cmp_str);
+  if (n > 1) /* qsort(NULL, 0, ...) is undefined */
+    qsort(names, n, sizeof(*names), cmp_str);
 
   struct cli_json j;
   if (json) {
