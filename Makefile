@@ -1,5 +1,7 @@
 # Convenience front end to CMake. `make demo` builds and runs the demo;
-# `make test` builds and runs every test.
+# `make test` builds and runs every test; `make install [PREFIX=/x]
+# [DESTDIR=/stage]` installs (into CMake's prefix, /usr/local unless the
+# build was configured otherwise, when PREFIX is not given).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -28,7 +30,7 @@ fuzz:
 	cmake --build build-fuzz -j $(JOBS)
 
 install: build
-	cmake --install $(BUILD)
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix "$(PREFIX)")
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-gcc-[RD] build-clang-[RD]

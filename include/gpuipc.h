@@ -127,6 +127,17 @@ GPUIPC_API int gpuipc_log_set(gpuipc_log_fn fn, gpuipc_log_level_t level,
  * GPUIPC_; the environment is read once, at the first call into gpuipc.
  * gpuipc_config_count() gives the number of settings; gpuipc_config_get()
  * describes setting @index (0 <= index < count) in @out.
+ * A value that does not parse (GPUIPC_TIMEOUT_MS=abc) is never used: the
+ * default is in force instead (for GPUIPC_LOG: warn), `value` says so, a
+ * warning is logged, and the calls that depend on the setting refuse to
+ * work with it: gpuipc_domain_join fails with -EINVAL for a malformed
+ * GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS, and
+ * gpuipc_driver_status gives GPUIPC_E_NODRIVER for a GPUIPC_NO_CUDA other
+ * than 0 or 1; gpuipc_last_error() names the variable and its value.
+ * An empty value means the default. A GPUIPC_* variable that is no setting
+ * (a misspelt name) is ignored with a logged warning. Logged warnings show
+ * with GPUIPC_LOG=warn or through gpuipc_log_set; `gpuipc info --config`
+ * shows rejected values and unknown names too.
  */
 typedef struct gpuipc_config_item {
   const char *name;     /* "GPUIPC_LOG" */
@@ -767,9 +778,10 @@ typedef struct gpuipc_domain_opts {
  * @opts: optional (NULL: defaults).
  * @out: the domain, to be left with gpuipc_domain_leave.
  * Returns 0; -EINVAL (NULL @out, a bad name — the sentence gives the rule —
- * or bad @opts); GPUIPC_E_DENIED when the broker refused this process's
- * uid, or the runtime directory or one of its ancestors is unsafe (the
- * sentence names it); GPUIPC_E_VERSION when the broker speaks another
+ * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS
+ * that does not parse); GPUIPC_E_DENIED when the broker refused this
+ * process's uid, or the runtime directory or one of its ancestors is unsafe
+ * (the sentence names it); GPUIPC_E_VERSION when the broker speaks another
  * protocol version; -EUSERS when the broker has as many
  * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
  * half its process's open-file limit less 32) or from this uid

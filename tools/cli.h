@@ -47,12 +47,19 @@ int cli_usage_error(const struct gpuipc_cmd *cmd, const char *fmt, ...)
 const char *cli_bytes(uint64_t n, char *buf, size_t cap);
 
 /*
- * A JSON writer that keeps the commas and the indentation: open containers
- * with cli_json_obj/cli_json_arr and close them with cli_json_end; every
- * value call takes the member's key inside an object and NULL inside an
- * array (or for the top-level value). Strings are escaped as RFC 8259
- * requires; a NULL string is written as null.
+ * The JSON writer of every command's --json: it keeps the commas and the
+ * indentation: open containers with cli_json_obj/cli_json_arr and close
+ * them with cli_json_end; every value call takes the member's key inside
+ * an object and NULL inside an array (or for the top-level value). A NULL
+ * string is written as null.
+ * The top-level object's first member is "schema": CLI_JSON_SCHEMA, raised
+ * when a member changes meaning or goes away (not when one is added).
+ * Strings (keys too) are always valid UTF-8 JSON, whatever their bytes:
+ * '"' and '\\' are escaped, control characters (below 0x20, and 0x7f) are
+ * written as \u00XX, valid UTF-8 passes through, and each byte that is
+ * not part of a valid UTF-8 sequence becomes \ufffd (U+FFFD).
  */
+#define CLI_JSON_SCHEMA 1
 #define CLI_JSON_MAX_DEPTH 16
 struct cli_json {
   FILE *f;

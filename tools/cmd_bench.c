@@ -786,7 +786,6 @@ static void print_json(const struct prod *p)
   struct cli_json j;
   cli_json_init(&j, stdout);
   cli_json_obj(&j, NULL);
-  cli_json_int(&j, "schema", 1);
   cli_json_str(&j, "version", gpuipc_version());
   cli_json_str(&j, "kind", gpuipc_kind_name(p->o->kind));
   cli_json_str(&j, "stream", stream_names[p->o->stream]);

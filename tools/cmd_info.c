@@ -1,6 +1,7 @@
 /* gpuipc info: the library, the driver, the devices, the kinds, settings. */
 #include "cli.h"
 
+#include "core/core.h"
 #include "cuda/cuda.h"
 #include "os/os.h"
 
@@ -18,7 +19,10 @@ static const char usage[] =
     "directory. Exits 0 whether or not a driver is present.\n"
     "\n"
     "  --config  print the settings instead: every GPUIPC_* variable with\n"
-    "            its value, its default, whether it is set, and its help\n"
+    "            the value in force, its default, whether it is set, and\n"
+    "            its help; a value that does not parse is shown as\n"
+    "            rejected (its default is in force), and GPUIPC_* variables\n"
+    "            that are no setting (typos) are listed\n"
     "  --json    print the same as one JSON object (with --config: the\n"
     "            settings alone; without: everything, settings included)\n";
 
@@ -145,6 +149,8 @@ static void print_text(const struct report *r)
            r->dir_error);
 }
 
+/* "config": every setting; "unknown_settings": GPUIPC_* names that are
+ * none. A rejected value is the environment's, which did not parse. */
 static void json_config(struct cli_json *j)
 {
   cli_json_obj(j, "config");
@@ -152,13 +158,21 @@ static void json_config(struct cli_json *j)
     gpuipc_config_item_t it;
     if (gpuipc_config_get(i, &it) != 0)
       continue;
+    const char *why;
+    const char *bad = gpuipc__cfg_rejected((gpuipc__cfg_t)i, &why);
     cli_json_obj(j, it.name);
     cli_json_str(j, "value", it.value);
     cli_json_str(j, "default", it.def);
     cli_json_bool(j, "set", it.is_set);
+    cli_json_str(j, "rejected", bad);
+    cli_json_str(j, "problem", bad != NULL ? why : NULL);
     cli_json_str(j, "help", it.help);
     cli_json_end(j);
   }
+  cli_json_end(j);
+  cli_json_arr(j, "unknown_settings");
+  for (int i = 0; gpuipc__cfg_unknown(i) != NULL; i++)
+    cli_json_str(j, NULL, gpuipc__cfg_unknown(i));
   cli_json_end(j);
 }
 
@@ -229,9 +243,19 @@ static void print_config_text(void)
     gpuipc_config_item_t it;
     if (gpuipc_config_get(i, &it) != 0)
       continue;
-    printf("%s=\"%s\"  (%s; default \"%s\")\n    %s\n", it.name, it.value,
-           it.is_set ? "set" : "not set", it.def, it.help);
+    const char *why;
+    const char *bad = gpuipc__cfg_rejected((gpuipc__cfg_t)i, &why);
+    if (bad != NULL)
+      printf("%s=\"%s\"  (REJECTED: set to \"%s\", which %s; default "
+             "\"%s\")\n    %s\n", it.name, it.value, bad, why, it.def,
+             it.help);
+    else
+      printf("%s=\"%s\"  (%s; default \"%s\")\n    %s\n", it.name,
+             it.value, it.is_set ? "set" : "not set", it.def, it.help);
   }
+  for (int i = 0; gpuipc__cfg_unknown(i) != NULL; i++)
+    printf("%s  UNKNOWN: no gpuipc setting has this name (misspelt?); "
+           "ignored\n", gpuipc__cfg_unknown(i));
 }
 
 static int info_run(int argc, char **argv)

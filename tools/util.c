@@ -21,10 +21,56 @@ const char *cli_bytes(uint64_t n, char *buf, size_t cap)
   return buf;
 }
 
+/*
+ * The length of the valid UTF-8 sequence at @p (1 to 4), or 0 when @p
+ * starts none: a stray continuation byte, an overlong form, a surrogate,
+ * a code point past U+10FFFF or a sequence cut short.
+ */
+static int utf8_len(const unsigned char *p)
+{
+  unsigned char lo = 0x80, hi = 0xbf;
+  int n;
+  if (p[0] < 0x80)
+    return 1;
+  if (p[0] >= 0xc2 && p[0] <= 0xdf)
+    n = 2;
+  else if (p[0] >= 0xe0 && p[0] <= 0xef)
+    n = 3;
+  else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+    n = 4;
+  else
+    return 0;
+  if (p[0] == 0xe0)
+    lo = 0xa0; /* overlong */
+  else if (p[0] == 0xed)
+    hi = 0x9f; /* surrogates */
+  else if (p[0] == 0xf0)
+    lo = 0x90; /* overlong */
+  else if (p[0] == 0xf4)
+    hi = 0x8f; /* past U+10FFFF */
+  if (p[1] < lo || p[1] > hi)
+    return 0;
+  for (int i = 2; i < n; i++)
+    if (p[i] < 0x80 || p[i] > 0xbf)
+      return 0;
+  return n;
+}
+
 void cli_json_quote(FILE *f, const char *s)
 {
   fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+  for (const unsigned char *p = (const unsigned char *)s; *p != '\0';) {
+    int n = utf8_len(p);
+    if (n == 0) {
+      fputs("\\ufffd", f); /* one replacement per byte that fits nothing */
+      p++;
+      continue;
+    }
+    if (n > 1) {
+      fwrite(p, 1, (size_t)n, f);
+      p += n;
+      continue;
+    }
     switch (*p) {
     case '"':
       fputs("\\\"", f);
@@ -32,27 +78,13 @@ void cli_json_quote(FILE *f, const char *s)
     case '\\':
       fputs("\\\\", f);
       break;
-    case '\b':
-      fputs("\\b", f);
-      break;
-    case '\f':
-      fputs("\\f", f);
-      break;
-    case '\n':
-      fputs("\\n", f);
-      break;
-    case '\r':
-      fputs("\\r", f);
-      break;
-    case '\t':
-      fputs("\\t", f);
-      break;
     default:
       if (*p < 0x20 || *p == 0x7f)
         fprintf(f, "\\u%04x", *p);
       else
         fputc(*p, f);
     }
+    p++;
   }
   fputc('"', f);
 }
@@ -86,12 +118,15 @@ static void lead(struct cli_json *j, const char *key)
 static void open_container(struct cli_json *j, const char *key, char open,
                            char close)
 {
+  bool top = j->depth == 0 && j->first[0];
   lead(j, key);
   fputc(open, j->f);
   if (j->depth + 1 < CLI_JSON_MAX_DEPTH)
     j->depth++;
   j->first[j->depth] = true;
   j->close[j->depth] = close;
+  if (top && open == '{')
+    cli_json_int(j, "schema", CLI_JSON_SCHEMA);
 }
 
 void cli_json_obj(struct cli_json *j, const char *key)

@@ -97,6 +97,19 @@ typedef enum gpuipc__cfg {
 GPUIPC__HIDDEN const char *gpuipc__cfg_str(gpuipc__cfg_t id);
 /* Parsed as a non-negative integer; @fallback when unparsable. */
 GPUIPC__HIDDEN long gpuipc__cfg_long(gpuipc__cfg_t id, long fallback);
+/*
+ * 0, or -EINVAL with a sentence naming the setting and its value when the
+ * environment's value did not parse (its default is then in force). Calls
+ * that depend on a setting check it, so that a typo fails loudly.
+ */
+GPUIPC__HIDDEN int gpuipc__cfg_check(gpuipc__cfg_t id);
+/* The environment's value of @id when it did not parse (and in @why what is
+ * wrong with it), else NULL. */
+GPUIPC__HIDDEN const char *gpuipc__cfg_rejected(gpuipc__cfg_t id,
+                                                const char **why);
+/* The @i-th GPUIPC_* variable of the environment that is no setting, NULL
+ * past the last (at most 16 are kept). */
+GPUIPC__HIDDEN const char *gpuipc__cfg_unknown(int i);
 
 /* Parse "off|error|...|trace" or a digit; -1 when invalid. */
 GPUIPC__HIDDEN int gpuipc__log_level_parse(const char *s);

@@ -157,6 +157,10 @@ static int load_driver(char *why, size_t cap)
   const char *off = gpuipc__cfg_str(GPUIPC_CFG_NO_CUDA);
   snprintf(lib_path, sizeof(lib_path), "%s", lib);
 
+  if (gpuipc__cfg_check(GPUIPC_CFG_NO_CUDA) != 0) {
+    gpuipc__why(why, cap, "CUDA not loaded: %s", gpuipc_last_error());
+    return GPUIPC_E_NODRIVER;
+  }
   if (off[0] != '\0' && strcmp(off, "0") != 0) {
     gpuipc__why(why, cap, "CUDA disabled by GPUIPC_NO_CUDA=%s", off);
     return GPUIPC_E_NODRIVER;

@@ -74,6 +74,10 @@ static void nvml_open(void)
     NVML_FAIL("NVML not loaded: GPUIPC_NO_CUDA=1");
     return;
   }
+  if (gpuipc__cfg_check(GPUIPC_CFG_NO_CUDA) != 0) {
+    NVML_FAIL("NVML not loaded: %s", gpuipc_last_error());
+    return;
+  }
   void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) {
     const char *e = dlerror();

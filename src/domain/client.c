@@ -804,7 +804,7 @@ static void reconnect(struct gpuipc_domain *d)
   ho_discard(d);
 
   GPUIPC_LOG_I("domain %s: lost the broker; reconnecting", d->name);
-  int fd;
+  int fd = -1;
   unsigned backoff = 10;
   int last = 0;
   for (;;) {
@@ -927,6 +927,13 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   int rc = gpuipc__name_check(name, "gpuipc_domain_join: domain name");
   if (rc != 0)
     return rc;
+  /* The settings a member (and, after a failover, its broker) lives by. */
+  static const gpuipc__cfg_t used[] = {GPUIPC_CFG_TIMEOUT_MS,
+                                       GPUIPC_CFG_ALLOW_UIDS,
+                                       GPUIPC_CFG_ALLOW_GIDS};
+  for (size_t i = 0; i < GPUIPC__ARRAY_SIZE(used); i++)
+    if ((rc = gpuipc__cfg_check(used[i])) != 0)
+      return rc;
   unsigned flags = 0;
   int timeout = (int)gpuipc__cfg_long(GPUIPC_CFG_TIMEOUT_MS, 10000);
   if (opts != NULL) {
@@ -969,7 +976,7 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
     rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");
     goto free_d;
   }
-  int fd;
+  int fd = -1;
   rc = dom_connect(d, gpuipc__deadline(timeout), false, &fd);
   if (rc != 0)
     goto stop_broker;

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The CLI's JSON (info, topo, ls) is valid UTF-8 JSON that carries
+"schema": 1, whatever bytes it prints: quotes, control characters and
+invalid UTF-8 in a setting's value, in an unknown GPUIPC_* name and in the
+runtime directory's path come back as the documented rule says (control
+characters as \\u00XX, valid UTF-8 as it is, each byte of an invalid
+sequence as U+FFFD).
+
+usage: cli_json.py GPUIPC_CLI SCRATCH_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+cli, scratch = sys.argv[1], sys.argv[2]
+failures = 0
+
+# Quotes, a backslash, control characters, valid 2-, 3- and 4-byte UTF-8,
+# and invalid bytes: a lone continuation byte, 0xff, a 2-byte lead cut
+# short, an overlong '/', and an encoded surrogate.
+NASTY = (b'q"uo\\te\x01\x1f\x7f\n\t \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 '
+         b'\x80 \xff \xc3( \xc0\xaf \xed\xa0\x80 end')
+
+
+def expect(b):
+    """What the JSON string decodes to: Python's own replacement gives one
+    U+FFFD per byte for each of the invalid sequences above."""
+    return b.decode('utf-8', 'replace')
+
+
+def fail(what):
+    global failures
+    failures += 1
+    print('FAIL: ' + what)
+
+
+def run(args, env_extra, want_rc=None):
+    env = {k: v for k, v in os.environb.items()
+           if not k.startswith(b'GPUIPC_') and not k.startswith(b'FAKE_CUDA_')}
+    env.update(env_extra)
+    p = subprocess.run([cli] + args, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    what = 'gpuipc ' + ' '.join(args)
+    if want_rc is not None and p.returncode != want_rc:
+        fail('%s exited %d, expected %d; stderr: %r'
+             % (what, p.returncode, want_rc, p.stderr))
+    try:
+        text = p.stdout.decode('utf-8')  # strict: no raw invalid bytes
+    except UnicodeDecodeError as e:
+        fail('%s printed invalid UTF-8: %s\n%r' % (what, e, p.stdout))
+        return None
+    try:
+        doc = json.loads(text)  # strict: no raw control characters
+    except ValueError as e:
+        fail('%s printed invalid JSON: %s\n%s' % (what, e, text))
+        return None
+    if doc.get('schema') != 1:
+        fail('%s: "schema" is %r, expected 1' % (what, doc.get('schema')))
+    print('%s: valid JSON, schema %r' % (what, doc.get('schema')))
+    return doc
+
+
+# A runtime directory whose path has every kind of byte in it.
+rundir = os.path.join(os.fsencode(scratch), b'dir ' + NASTY)
+shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
+os.makedirs(rundir, mode=0o700)
+os.chmod(rundir, 0o700)
+
+# info --config --json: a setting's value, and an unknown name.
+unknown = b'GPUIPC_X' + NASTY.replace(b'=', b'_')
+doc = run(['info', '--config', '--json'],
+          {b'GPUIPC_CUDA_LIB': NASTY, unknown: b'1'}, 0)
+if doc is not None:
+    got = doc['config']['GPUIPC_CUDA_LIB']['value']
+    if got != expect(NASTY):
+        fail('GPUIPC_CUDA_LIB came back as %r, expected %r'
+             % (got, expect(NASTY)))
+    if expect(unknown) not in doc.get('unknown_settings', []):
+        fail('unknown_settings %r lacks %r'
+             % (doc.get('unknown_settings'), expect(unknown)))
+
+# A malformed value: the default is in force, the value shows as rejected.
+doc = run(['info', '--config', '--json'], {b'GPUIPC_TIMEOUT_MS': b'ab"c\x01'},
+          0)
+if doc is not None:
+    t = doc['config']['GPUIPC_TIMEOUT_MS']
+    if t['value'] != '10000' or t['rejected'] != 'ab"c\x01' or not t['problem']:
+        fail('GPUIPC_TIMEOUT_MS=ab"c\\x01 shows as %r' % t)
+
+# info --json: everything, the driver's sentence naming the library included.
+doc = run(['info', '--json'], {b'GPUIPC_CUDA_LIB': NASTY}, 0)
+if doc is not None and doc['config']['GPUIPC_CUDA_LIB']['value'] != expect(NASTY):
+    fail('info --json: GPUIPC_CUDA_LIB is %r'
+         % doc['config']['GPUIPC_CUDA_LIB']['value'])
+
+# topo --json without a driver: the reason names the library.
+doc = run(['topo', '--json'], {b'GPUIPC_CUDA_LIB': NASTY})
+if doc is not None and expect(NASTY) not in (doc.get('error') or ''):
+    fail('topo --json: error %r does not name the library' % doc.get('error'))
+
+# ls --json in that runtime directory.
+doc = run(['ls', '--json'], {b'GPUIPC_DIR': rundir}, 0)
+if doc is not None and doc.get('runtime_dir') != expect(rundir):
+    fail('ls --json: runtime_dir %r, expected %r'
+         % (doc.get('runtime_dir'), expect(rundir)))
+
+shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
+if failures:
+    print('%d failure(s)' % failures)
+    sys.exit(1)
+print('cli_json: all passed')
