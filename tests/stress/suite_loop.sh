@@ -10,7 +10,8 @@
 # either "0 failures" or, for every test that failed, how often and its
 # output. Exits 0 when no run failed.
 # Environment: RUNS (20), JOBS (8), BUILD_JOBS (2), BUSY (2 busy loops).
-# Every run's log stays in BUILD_DIR/stress/run-N.log.
+# Every run's log stays in BUILD_DIR/stress/run-N.log. Ctrl-C (or SIGTERM,
+# once the ctest under way ends) stops it, the busy loops included.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -39,6 +40,7 @@ stop_busy() {
   pids=()
 }
 trap stop_busy EXIT
+trap 'exit 130' INT TERM # through the EXIT trap: no busy loop is left
 for _ in $(seq 1 "$busy"); do
   (while :; do :; done) &
   pids+=($!)
