@@ -599,21 +599,14 @@ int gpuipc__msg_encode(const struct gpuipc__msg *m, void *buf, size_t cap)
     return rc;
   struct gpuipc__wbuf w;
   gpuipc__wbuf_init(&w, buf, cap);
-  gpuipc__put_u32(&w, GPUIPC_PROTO_MAGIC);
-  gpuipc__put_u16(&w, GPUIPC_PROTO_VERSION);
-  gpuipc__put_u16(&w, m->type);
-  gpuipc__put_u32(&w, m->req);
-  gpuipc__put_u32(&w, 0); /* body length, patched below */
+  struct gpuipc__msghdr h = {GPUIPC_PROTO_MAGIC, GPUIPC_PROTO_VERSION, m->type,
+                             m->req, 0};
+  gpuipc__msghdr_put(&w, &h);
   put_fields(&w, t->body, m);
+  gpuipc__msghdr_end(&w);
   if (w.err != 0)
     return gpuipc__err(-ENOSPC, "%s: message does not fit in %zu bytes",
                        t->name, cap);
-  uint32_t body = (uint32_t)(w.len - GPUIPC_PROTO_HDR);
-  uint8_t *p = (uint8_t *)buf + 12;
-  p[0] = (uint8_t)body;
-  p[1] = (uint8_t)(body >> 8);
-  p[2] = (uint8_t)(body >> 16);
-  p[3] = (uint8_t)(body >> 24);
   return (int)w.len;
 }
 
@@ -693,32 +686,22 @@ int gpuipc__msg_decode(const void *buf, size_t len, int nfds,
 {
   if (buf == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc__msg_decode: NULL argument");
-  if (len < GPUIPC_PROTO_HDR)
-    return gpuipc__err(GPUIPC_E_PROTO, "message of %zu bytes is shorter "
-                       "than its %d-byte header", len, GPUIPC_PROTO_HDR);
   if (nfds < 0 || nfds > 16)
     return gpuipc__err(GPUIPC_E_PROTO, "%d descriptors with a message", nfds);
+  struct gpuipc__msghdr h;
+  int rc = gpuipc__msghdr_decode(buf, len, GPUIPC_PROTO_MAGIC,
+                                 GPUIPC_PROTO_VERSION, gpuipc__msg_name, &h);
+  if (rc == 0 || rc == GPUIPC_E_VERSION) {
+    out->type = h.type;
+    out->version = h.version;
+    out->req = h.req;
+  }
+  if (rc != 0)
+    return rc;
+  unsigned type = h.type;
+  uint32_t body = h.body;
   struct gpuipc__rbuf r;
-  gpuipc__rbuf_init(&r, buf, len);
-  uint32_t magic = gpuipc__get_u32(&r);
-  uint16_t version = gpuipc__get_u16(&r);
-  uint16_t type = gpuipc__get_u16(&r);
-  uint32_t req = gpuipc__get_u32(&r);
-  uint32_t body = gpuipc__get_u32(&r);
-  if (magic != GPUIPC_PROTO_MAGIC)
-    return gpuipc__err(GPUIPC_E_PROTO, "message magic 0x%08x is not gpuipc's",
-                       magic);
-  out->type = type;
-  out->version = version;
-  out->req = req;
-  if (version != GPUIPC_PROTO_VERSION)
-    return gpuipc__err(GPUIPC_E_VERSION,
-                       "peer speaks protocol version %u, this is version %u",
-                       version, GPUIPC_PROTO_VERSION);
-  if ((size_t)body != len - GPUIPC_PROTO_HDR)
-    return gpuipc__err(GPUIPC_E_PROTO,
-                       "%s: header says %u body bytes, %zu arrived",
-                       gpuipc__msg_name(type), body, len - GPUIPC_PROTO_HDR);
+  gpuipc__rbuf_init(&r, (const uint8_t *)buf + GPUIPC_PROTO_HDR, body);
   const struct msg_type *t = msg_type(type);
   if (t == NULL)
     return gpuipc__err(GPUIPC_E_PROTO, "message type %u unknown", type);
@@ -730,7 +713,7 @@ int gpuipc__msg_decode(const void *buf, size_t len, int nfds,
   if (r.pos != r.len)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: %zu bytes left over after the body",
                        t->name, r.len - r.pos);
-  int rc = check_fields(t->body, out, t->name, true);
+  rc = check_fields(t->body, out, t->name, true);
   if (rc != 0)
     return rc;
   int want = gpuipc__msg_nfds(out);

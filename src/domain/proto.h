@@ -1,8 +1,8 @@
 /*
  * src/domain/proto: the messages between domain members and their broker.
  *
- * Every message is a 16-byte header followed by a body, both little-endian
- * and written with the src/wire encoders:
+ * Every message is a 16-byte header (src/wire's msghdr) followed by a body,
+ * both little-endian and written with the src/wire encoders:
  *
  *   u32 magic (GPUIPC_PROTO_MAGIC)  u16 version  u16 type
  *   u32 request id                  u32 body length
@@ -21,6 +21,7 @@
 #define GPUIPC_DOMAIN_PROTO_H
 
 #include "core/core.h"
+#include "wire/wire.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,7 +33,7 @@
  * READY, an event record in segment records).
  */
 #define GPUIPC_PROTO_VERSION 2
-#define GPUIPC_PROTO_HDR 16
+#define GPUIPC_PROTO_HDR GPUIPC__MSGHDR_BYTES
 
 /* Segment and domain names: 1..63 of [A-Za-z0-9._-], not starting with '.'. */
 #define GPUIPC__NAME_MAX 63
