@@ -119,6 +119,13 @@ int gpuipc__flock_open(const char *path, int timeout_ms, int *out_fd);
  */
 int gpuipc__runtime_dir(char *out, size_t cap);
 
+/*
+ * Fill @buf with @n random bytes (random.c). Returns 0 when the kernel gave
+ * them (getrandom); -errno when it could not, and @buf then holds bytes
+ * mixed from clocks, the pid and a counter: distinct, not secret.
+ */
+int gpuipc__random(void *buf, size_t n);
+
 /* ----- who this process is ----- */
 struct gpuipc__proc_id {
   uint8_t boot_id[16];
