@@ -53,7 +53,7 @@ bool gpuipc__htype_has_fd(unsigned htype)
 
 /* How a field travels. */
 enum field_type {
-  FT_INT,   /* an n-byte integer (1, 4 or 8; bool as 1), little-endian */
+  FT_INT,   /* an n-byte integer (1, 4 or 8), little-endian */
   FT_TAIL,  /* uint64_t, written only when non-zero, last in its body */
   FT_STR,   /* char[n]: u16 length + bytes */
   FT_BYTES, /* uint8_t[n] */
@@ -97,13 +97,13 @@ struct record {
 };
 
 #define FIELD(st, path, nm, T, ck, L)                                          \
-  {.name = nm, .type = T, .check = ck, .off = offsetof(st, path),           \
+  {.name = nm, .type = T, .check = ck, .off = offsetof(st, path),              \
    .n = sizeof(((st *)0)->path), .lim = L}
 #define OPT(st, has, bytes, ck)                                                \
   {.name = #bytes, .type = FT_OPT, .check = ck, .off = offsetof(st, has),      \
    .off2 = offsetof(st, bytes), .n = sizeof(((st *)0)->bytes)}
 #define ARRAY(st, count, recs, nm, L, rec)                                     \
-  {.name = nm, .type = FT_ARRAY, .off = offsetof(st, count),                \
+  {.name = nm, .type = FT_ARRAY, .off = offsetof(st, count),                   \
    .off2 = offsetof(st, recs), .n = sizeof(((st *)0)->recs[0]), .lim = L,      \
    .sub = &rec}
 #define SEG(st, path, w, states)                                               \
@@ -114,6 +114,8 @@ struct record {
   static const struct record nm = {nm##_f, sizeof(nm##_f) / sizeof(nm##_f[0]), \
                                    chk}
 #define ST(s) (1u << GPUIPC__SEG_##s)
+_Static_assert(GPUIPC_KIND_HOST == 1 && GPUIPC__SEG_CREATING == 1,
+               "seg_fields checks kind and state as 1 to the last one");
 
 static int check_republish(void *rec, const char *msg);
 static int check_list_rec(void *rec, const char *msg);
@@ -125,8 +127,8 @@ RECORD(seg_fields, NULL,
        S(name, FT_STR, CK_NAME, 0),
        S(id, FT_INT, CK_RANGE, GPUIPC__ID_MAX),
        S(size, FT_INT, CK_RANGE, GPUIPC_SIZE_MAX_ABSURD),
-       S(kind, FT_INT, CK_RANGE, GPUIPC_KIND_POOL), /* HOST is 1 */
-       S(state, FT_INT, CK_RANGE, GPUIPC__SEG_FILLING), /* CREATING is 1 */
+       S(kind, FT_INT, CK_RANGE, GPUIPC_KIND_POOL),
+       S(state, FT_INT, CK_RANGE, GPUIPC__SEG_FILLING),
        S(uuid, FT_BYTES, CK_ANY, 0),
        OPT(struct gpuipc__seg_wire, has_handle, handle, CK_ANY),
        S(flags, FT_INT, CK_MASK, GPUIPC__SEGF_ALL),
@@ -323,8 +325,6 @@ static uint64_t get_int(struct gpuipc__rbuf *r, unsigned n)
   default: return gpuipc__get_u64(r);
   }
 }
-
-_Static_assert(sizeof(bool) == 1, "FT_INT reads a bool as one byte");
 
 /* ------------------------------------------------------------------------ */
 /* Checks shared by encode and decode                                       */
