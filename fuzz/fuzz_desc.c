@@ -15,7 +15,7 @@
  *   cp -r fuzz/corpus/fuzz_desc /tmp/c && build-fuzz/fuzz/fuzz_desc \
  *     -max_total_time=60 /tmp/c
  */
-#include "channel/channel.h"
+#include "wire/desc.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -6,12 +6,12 @@
  * Not part of the build (every .c file directly under fuzz/ is a libFuzzer
  * target). From the repository root:
  *   cc -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc -o /tmp/gen_desc_corpus \
- *     fuzz/gen/gen_desc_corpus.c src/channel/desc.c src/wire/[a-z]*.c \
+ *     fuzz/gen/gen_desc_corpus.c src/wire/[a-z]*.c \
  *     src/core/[a-z]*.c -lpthread
  *   /tmp/gen_desc_corpus fuzz/corpus/fuzz_desc
  * (desc.c calls gpuipc_handle_pack/unpack from src/wire.) Deterministic.
  */
-#include "channel/channel.h"
+#include "wire/desc.h"
 
 #include <stdio.h>
 #include <stdlib.h>

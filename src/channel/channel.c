@@ -50,7 +50,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -170,13 +169,7 @@ enum { PAIRED = 0, RETRY = 1 };
 static void token_make(char out[GPUIPC__CHAN_TOKEN_LEN + 1])
 {
   uint8_t r[GPUIPC__CHAN_TOKEN_LEN / 2];
-  if (getrandom(r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
-    uint64_t x = gpuipc__proc_self()->nonce ^ gpuipc__now_ns();
-    for (size_t i = 0; i < sizeof(r); i++) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      r[i] = (uint8_t)(x >> 56);
-    }
-  }
+  gpuipc__random(r, sizeof(r));
   static const char hex[] = "0123456789abcdef";
   for (size_t i = 0; i < sizeof(r); i++) {
     out[2 * i] = hex[r[i] >> 4];

@@ -1,8 +1,8 @@
 /*
  * src/channel: tensors between two processes.
  *
- *   desc.c     the descriptor and release records: strict encode / decode,
- *              dtype and layout checks (shared by both ends)
+ *   (the descriptor, release and buffer records, their strict decoding
+ *   and the dtype and layout checks are src/wire's: wire/desc.h)
  *   ring.c     waiting on a shared ring word: spin, yield, then futex,
  *              checking that the peer is still there
  *   channel.c  open (rendezvous on a segment), close, send, receive,
@@ -27,6 +27,7 @@
 #define GPUIPC_CHANNEL_H
 
 #include "core/core.h"
+#include "wire/desc.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -37,8 +38,6 @@
 #define GPUIPC__CHAN_VERSION 1
 #define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
 #define GPUIPC__CHAN_DEPTH_DEFAULT 64
-#define GPUIPC__CHAN_DESC_BYTES 512
-#define GPUIPC__CHAN_REL_BYTES 256
 #define GPUIPC__CHAN_HDR_BYTES 8192
 #define GPUIPC__CHAN_DESC_OFF(d)                                               \
   (GPUIPC__CHAN_HDR_BYTES +                                                    \
@@ -49,8 +48,6 @@
 #define GPUIPC__CHAN_SEG_BYTES ((size_t)2 << 20)
 /* Buffers one direction's receiver keeps mapped (the sender forgets LRU). */
 #define GPUIPC__CHAN_BUFS 256
-/* Event keys: device * DEPTH_MAX + slot, device below this. */
-#define GPUIPC__CHAN_EV_DEVS 64
 
 /* Rendezvous states (gpuipc__chan_shm.state). */
 #define GPUIPC__CHAN_FREE 0
@@ -84,104 +81,6 @@ _Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
                "channel header overflows its page");
 _Static_assert(GPUIPC__CHAN_REL_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
                "channel rings overflow the segment");
-
-/* ----- descriptors (desc.c) ----- */
-
-#define GPUIPC__DESC_MAGIC 0x44484347u /* "GCHD" */
-#define GPUIPC__DESC_VERSION 1
-#define GPUIPC__DESC_TENSOR 1
-
-/* Descriptor flags. */
-#define GPUIPC__DESC_NEW_BUF 0x1u   /* the buffer's handle is on the socket */
-#define GPUIPC__DESC_EVENT 0x2u     /* wait for sender event ev_key */
-#define GPUIPC__DESC_NEW_EVENT 0x4u /* ev_handle carries that event */
-#define GPUIPC__DESC_FORGET 0x8u    /* drop buffer forget_key */
-#define GPUIPC__DESC_STAGED 0x10u   /* the bytes are a staged copy */
-#define GPUIPC__DESC_FLAGS 0x1fu
-
-struct gpuipc__desc {
-  uint16_t type;
-  uint32_t flags;
-  uint64_t seq;
-  uint64_t buf_key;
-  uint64_t buf_size;   /* the buffer's size as the sender knows it */
-  uint64_t forget_key;
-  uint32_t ev_key;
-  uint64_t offset;     /* of the first element, in the buffer */
-  int32_t dev_type, dev_id; /* the sender's view (informational) */
-  gpuipc_dl_dtype_t dtype;
-  uint32_t ndim;
-  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
-  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
-  uint8_t ev_handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
-};
-
-/*
- * Encode @d into @dst as it is, without judging the fields (a test writes
- * lies with it): ndim is written as given, with min(ndim, MAX) extents.
- * Returns the length (<= GPUIPC__CHAN_DESC_BYTES) or -ENOSPC.
- */
-int gpuipc__desc_encode(const struct gpuipc__desc *d, void *dst, size_t cap);
-
-/*
- * Decode and check a descriptor slot: magic, version, type, length, flags,
- * ndim, dtype, extents, strides and offset against buf_size, keys, the
- * event handle's presence. GPUIPC_E_PROTO with a sentence beginning with
- * @who and naming the field.
- */
-int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
-                        const char *who);
-
-/* Bytes per element of @dt, 0 when gpuipc does not know the dtype. */
-size_t gpuipc__dtype_size(gpuipc_dl_dtype_t dt);
-
-/*
- * Check a layout: @ndim <= MAX, a known dtype, extents >= 0, and every
- * element reachable from @offset through @shape and @strides (in
- * elements; NULL: row-major) inside [0, @size). Fills @span (bytes from
- * the lowest to one past the highest element, 0 when empty) when not NULL.
- * Returns 0 or @code with a sentence beginning with @who.
- */
-int gpuipc__layout_check(int code, const char *who, gpuipc_dl_dtype_t dt,
-                         int64_t ndim, const int64_t *shape,
-                         const int64_t *strides, uint64_t offset,
-                         uint64_t size, uint64_t *span);
-
-/* Whether @strides (NULL counts as such) are row-major for @shape. */
-bool gpuipc__layout_compact(int ndim, const int64_t *shape,
-                            const int64_t *strides);
-
-/* Number of elements (0 if any extent is 0). */
-uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
-
-/* ----- release records (desc.c) ----- */
-
-#define GPUIPC__REL_MAGIC 0x52484347u /* "GCHR" */
-#define GPUIPC__REL_EVENT 0x1u        /* the sender must wait for ev_key */
-#define GPUIPC__REL_NEW_EVENT 0x2u    /* ev_handle carries it */
-#define GPUIPC__REL_FLAGS 0x3u
-
-struct gpuipc__rel {
-  uint32_t flags;
-  uint64_t seq;
-  uint32_t ev_key;
-  uint8_t ev_handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
-};
-
-int gpuipc__rel_encode(const struct gpuipc__rel *r, void *dst, size_t cap);
-int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
-                       const char *who);
-
-/* ----- the buffer message on the socket (desc.c) ----- */
-
-#define GPUIPC__BUFMSG_MAGIC 0x42484347u /* "GCHB" */
-#define GPUIPC__BUFMSG_BYTES (16 + GPUIPC_HANDLE_PACKED_SIZE)
-
-int gpuipc__bufmsg_encode(uint64_t key, const gpuipc_handle_t *h, void *dst,
-                          size_t cap);
-/* Decode; @out->fd is left -1. */
-int gpuipc__bufmsg_decode(const void *src, size_t len, uint64_t *key,
-                          gpuipc_handle_t *out, const char *who);
 
 /* ----- waiting (ring.c) ----- */
 

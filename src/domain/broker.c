@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -158,8 +157,7 @@ static uint64_t random_u64(void)
 {
   uint64_t v = 0;
   while (v == 0) {
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-      v = gpuipc__now_ns() ^ ((uint64_t)getpid() << 32);
+    gpuipc__random(&v, sizeof(v));
   }
   return v;
 }

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -164,8 +163,7 @@ static uint64_t random_token(void)
 {
   uint64_t v = 0;
   while (v == 0)
-    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v))
-      v = gpuipc__now_ns() ^ ((uint64_t)getpid() << 40);
+    gpuipc__random(&v, sizeof(v));
   return v;
 }
 
@@ -348,8 +346,7 @@ static int dom_connect(struct gpuipc_domain *d, uint64_t deadline,
       return gpuipc__err(-ETIMEDOUT, "domain %s: no broker answered in time",
                          d->name);
     uint32_t jitter;
-    if (getrandom(&jitter, sizeof(jitter), GRND_NONBLOCK) != sizeof(jitter))
-      jitter = (uint32_t)gpuipc__now_ns();
+    gpuipc__random(&jitter, sizeof(jitter));
     sleep_ms(backoff + jitter % (backoff + 1));
     if (backoff < 16)
       backoff *= 2;

@@ -1,7 +1,17 @@
-/* Client-broker messages: encoding and strict decoding. */
+/*
+ * Client-broker messages: every body is described once, as a list of field
+ * descriptors per message type (the types themselves are GPUIPC_MSG_TABLE
+ * in proto.h), and three walkers share those lists: put_fields encodes,
+ * get_fields decodes (the shape: lengths, 0/1 flags, array bounds) and
+ * check_fields judges the values (ranges, flags, names, the handle and
+ * event records, and the rules between fields). Encode checks before it
+ * writes, decode checks after it reads, so the two can never disagree.
+ * The 16-byte header is src/wire's (wire/msghdr.c).
+ */
 #include "domain/proto.h"
 #include "wire/wire.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,70 +42,295 @@ int gpuipc__name_check(const char *name, const char *what)
   return 0;
 }
 
-const char *gpuipc__msg_name(unsigned type)
-{
-  switch (type) {
-  case GPUIPC_MSG_HELLO: return "HELLO";
-  case GPUIPC_MSG_OPEN: return "OPEN";
-  case GPUIPC_MSG_PUBLISH: return "PUBLISH";
-  case GPUIPC_MSG_ABANDON: return "ABANDON";
-  case GPUIPC_MSG_RELEASE: return "RELEASE";
-  case GPUIPC_MSG_UNLINK: return "UNLINK";
-  case GPUIPC_MSG_LIST: return "LIST";
-  case GPUIPC_MSG_REPUBLISH: return "REPUBLISH";
-  case GPUIPC_MSG_DISOWN: return "DISOWN";
-  case GPUIPC_MSG_READY: return "READY";
-  case GPUIPC_MSG_WELCOME: return "WELCOME";
-  case GPUIPC_MSG_DENIED: return "DENIED";
-  case GPUIPC_MSG_ERROR: return "ERROR";
-  case GPUIPC_MSG_OK: return "OK";
-  case GPUIPC_MSG_CREATE_IT: return "CREATE_IT";
-  case GPUIPC_MSG_HANDLE: return "HANDLE";
-  case GPUIPC_MSG_LIST_REPLY: return "LIST_REPLY";
-  case GPUIPC_MSG_UNLINKED: return "UNLINKED";
-  case GPUIPC_MSG_LET_GO: return "LET_GO";
-  case GPUIPC_MSG_HANDOFF_BEGIN: return "HANDOFF_BEGIN";
-  case GPUIPC_MSG_HANDOFF_SEG: return "HANDOFF_SEG";
-  case GPUIPC_MSG_HANDOFF_END: return "HANDOFF_END";
-  case GPUIPC_MSG_HANDOFF_ACK: return "HANDOFF_ACK";
-  case GPUIPC_MSG_HANDOFF_OFFER: return "HANDOFF_OFFER";
-  case GPUIPC_MSG_HANDOFF_ACCEPT: return "HANDOFF_ACCEPT";
-  }
-  return "?";
-}
-
 bool gpuipc__htype_has_fd(unsigned htype)
 {
   return htype == GPUIPC_HT_POSIX_FD || htype == GPUIPC_HT_POOL;
 }
 
-/* The seg record of @m, or NULL for types without one. */
+/* ------------------------------------------------------------------------ */
+/* Field descriptors                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* How a field travels. */
+enum field_type {
+  FT_INT,   /* an n-byte integer (1, 4 or 8), little-endian */
+  FT_TAIL,  /* uint64_t, written only when non-zero, last in its body */
+  FT_STR,   /* char[n]: u16 length + bytes */
+  FT_BYTES, /* uint8_t[n] */
+  FT_OPT,   /* bool at off as u8 0 or 1, then, when 1, uint8_t[n] at off2 */
+  FT_SEG,   /* struct gpuipc__seg_wire (seg_fields, then check_seg) */
+  FT_ARRAY, /* uint32_t count at off, then that many n-byte records at off2 */
+};
+
+/* What a field's value must be (checked on encode and after decode). */
+enum field_check {
+  CK_ANY,
+  CK_MAX,   /* at most lim */
+  CK_RANGE, /* 1 to lim */
+  CK_NONZERO,
+  CK_MASK,  /* no bit outside lim (lim 0: a reserved field, 0) */
+  CK_NAME,  /* a name (gpuipc__name_check) */
+  CK_NAME0, /* a name or "" */
+  CK_ERRNO, /* an int32_t error code, -4096 to -1 */
+  CK_EVENT, /* FT_OPT: a packed event handle */
+};
+
+struct record;
+
+struct field {
+  const char *name;
+  uint8_t type;  /* enum field_type */
+  uint8_t check; /* enum field_check */
+  int8_t want;   /* FT_SEG: handle 1 required, 0 forbidden, -1 as the state */
+  uint16_t off, off2; /* in the record */
+  uint16_t n;         /* see enum field_type */
+  uint64_t lim; /* CK_*; FT_SEG: the states allowed (bit 1 << state);
+                   FT_ARRAY: most records */
+  const struct record *sub; /* FT_ARRAY: each record's fields */
+};
+
+/* A record's fields in wire order, and the rules between them. */
+struct record {
+  const struct field *f;
+  size_t n;
+  int (*check)(void *rec, const char *msg);
+};
+
+#define FIELD(st, path, nm, T, ck, L)                                          \
+  {.name = nm, .type = T, .check = ck, .off = offsetof(st, path),              \
+   .n = sizeof(((st *)0)->path), .lim = L}
+#define OPT(st, has, bytes, ck)                                                \
+  {.name = #bytes, .type = FT_OPT, .check = ck, .off = offsetof(st, has),      \
+   .off2 = offsetof(st, bytes), .n = sizeof(((st *)0)->bytes)}
+#define ARRAY(st, count, recs, nm, L, rec)                                     \
+  {.name = nm, .type = FT_ARRAY, .off = offsetof(st, count),                   \
+   .off2 = offsetof(st, recs), .n = sizeof(((st *)0)->recs[0]), .lim = L,      \
+   .sub = &rec}
+#define SEG(st, path, w, states)                                               \
+  {.name = "seg", .type = FT_SEG, .want = w, .off = offsetof(st, path),        \
+   .lim = states}
+#define RECORD(nm, chk, ...)                                                   \
+  static const struct field nm##_f[] = {__VA_ARGS__};                          \
+  static const struct record nm = {nm##_f, sizeof(nm##_f) / sizeof(nm##_f[0]), \
+                                   chk}
+#define ST(s) (1u << GPUIPC__SEG_##s)
+_Static_assert(GPUIPC_KIND_HOST == 1 && GPUIPC__SEG_CREATING == 1,
+               "seg_fields checks kind and state as 1 to the last one");
+
+static int check_republish(void *rec, const char *msg);
+static int check_list_rec(void *rec, const char *msg);
+
+/* ----- records inside messages ----- */
+
+#define S(path, T, ck, L) FIELD(struct gpuipc__seg_wire, path, #path, T, ck, L)
+RECORD(seg_fields, NULL,
+       S(name, FT_STR, CK_NAME, 0),
+       S(id, FT_INT, CK_RANGE, GPUIPC__ID_MAX),
+       S(size, FT_INT, CK_RANGE, GPUIPC_SIZE_MAX_ABSURD),
+       S(kind, FT_INT, CK_RANGE, GPUIPC_KIND_POOL),
+       S(state, FT_INT, CK_RANGE, GPUIPC__SEG_FILLING),
+       S(uuid, FT_BYTES, CK_ANY, 0),
+       OPT(struct gpuipc__seg_wire, has_handle, handle, CK_ANY),
+       S(flags, FT_INT, CK_MASK, GPUIPC__SEGF_ALL),
+       OPT(struct gpuipc__seg_wire, has_event, event, CK_EVENT));
+#undef S
+
+#define H(path, T, ck, L)                                                      \
+  FIELD(struct gpuipc__holder_wire, path, #path, T, ck, L)
+RECORD(holder_fields, NULL, H(pid, FT_INT, CK_ANY, 0),
+       H(refs, FT_INT, CK_ANY, 0));
+#undef H
+
+#define L(path, T, ck, L_)                                                     \
+  FIELD(struct gpuipc__list_rec, path, #path, T, ck, L_)
+RECORD(list_rec_fields, check_list_rec,
+       SEG(struct gpuipc__list_rec, seg, 0, ~0u),
+       L(broker_fd, FT_INT, CK_MAX, 1),
+       L(keeper_pid, FT_INT, CK_ANY, 0),
+       L(nholders, FT_INT, CK_ANY, 0),
+       ARRAY(struct gpuipc__list_rec, nlisted, holders, "holders listed",
+             GPUIPC__LIST_HOLDERS, holder_fields));
+#undef L
+
+/* ----- message bodies: msg_<fields> of GPUIPC_MSG_TABLE ----- */
+
+#define M(path, T, ck, L) FIELD(struct gpuipc__msg, u.path, #path, T, ck, L)
+#define M_OPT(has, bytes, ck) OPT(struct gpuipc__msg, u.has, u.bytes, ck)
+#define M_SEG(path, w, states) SEG(struct gpuipc__msg, u.path, w, states)
+RECORD(msg_hello, NULL,
+       M(hello.pid, FT_INT, CK_ANY, 0),
+       M(hello.flags, FT_INT, CK_MASK, GPUIPC__HELLO_FLAGS),
+       M(hello.token, FT_INT, CK_NONZERO, 0), /* the member's identity */
+       M(hello.epoch, FT_INT, CK_ANY, 0),
+       M(hello.max_id, FT_INT, CK_MAX, GPUIPC__ID_MAX));
+RECORD(msg_open, NULL,
+       M(open.name, FT_STR, CK_NAME, 0),
+       M(open.flags, FT_INT, CK_MASK, GPUIPC__OPEN_FLAGS),
+       M(open.kind, FT_INT, CK_MAX, GPUIPC_KIND_POOL), /* AUTO allowed */
+       M(open.size, FT_INT, CK_MAX, GPUIPC_SIZE_MAX_ABSURD),
+       M(open.timeout_ms, FT_INT, CK_ANY, 0));
+RECORD(msg_publish, NULL,
+       M(publish.flags, FT_INT, CK_MASK, 0),
+       M_SEG(publish.seg, 1, ST(PUBLISHED) | ST(FILLING)));
+RECORD(msg_abandon, NULL,
+       M(abandon.id, FT_INT, CK_RANGE, GPUIPC__ID_MAX));
+RECORD(msg_release, NULL,
+       M(release.id, FT_INT, CK_RANGE, GPUIPC__ID_MAX),
+       M(release.count, FT_INT, CK_NONZERO, 0));
+RECORD(msg_unlink, NULL,
+       M(unlink.name, FT_STR, CK_NAME, 0),
+       M(unlink.id, FT_TAIL, CK_MAX, GPUIPC__ID_MAX));
+RECORD(msg_list, NULL,
+       M(list.name, FT_STR, CK_NAME0, 0),
+       M(list.after_id, FT_INT, CK_ANY, 0),
+       M(list.max, FT_INT, CK_MAX, GPUIPC__LIST_RECS));
+RECORD(msg_republish, check_republish,
+       M(republish.holds, FT_INT, CK_ANY, 0),
+       M(republish.flags, FT_INT, CK_MASK, GPUIPC__REPUB_FLAGS),
+       M_SEG(republish.seg, 1, ST(PUBLISHED) | ST(UNLINKED) | ST(FILLING)));
+RECORD(msg_ready, NULL,
+       M(ready.id, FT_INT, CK_RANGE, GPUIPC__ID_MAX),
+       M_OPT(ready.has_event, ready.event, CK_EVENT));
+RECORD(msg_welcome, NULL,
+       M(welcome.pid, FT_INT, CK_NONZERO, 0),
+       M(welcome.flags, FT_INT, CK_MASK, 0),
+       M(welcome.epoch, FT_INT, CK_NONZERO, 0));
+RECORD(msg_denied, NULL, /* free text: get_str refuses NUL and overlength */
+       M(denied.reason, FT_STR, CK_ANY, 0));
+RECORD(msg_error, NULL,
+       M(error.code, FT_INT, CK_ERRNO, 0),
+       M(error.text, FT_STR, CK_ANY, 0));
+RECORD(msg_ok, NULL, M(ok.id, FT_INT, CK_MAX, GPUIPC__ID_MAX));
+/* CREATE_IT, UNLINKED, DISOWN and LET_GO share ok's layout. */
+RECORD(msg_id, NULL, M(unlinked.id, FT_INT, CK_RANGE, GPUIPC__ID_MAX));
+RECORD(msg_handle, NULL, M_SEG(handle.seg, 1, ST(PUBLISHED)));
+RECORD(msg_list_reply, NULL,
+       M(list_reply.broker_pid, FT_INT, CK_ANY, 0),
+       M(list_reply.epoch, FT_INT, CK_ANY, 0),
+       M(list_reply.members, FT_INT, CK_ANY, 0),
+       M(list_reply.segments, FT_INT, CK_ANY, 0),
+       M(list_reply.fds, FT_INT, CK_ANY, 0),
+       M(list_reply.more, FT_INT, CK_MAX, 1),
+       ARRAY(struct gpuipc__msg, u.list_reply.count, u.list_reply.recs,
+             "records", GPUIPC__LIST_RECS, list_rec_fields));
+RECORD(msg_handoff_begin, NULL,
+       M(handoff_begin.epoch, FT_INT, CK_NONZERO, 0),
+       M(handoff_begin.next_id, FT_INT, CK_RANGE, GPUIPC__ID_MAX + 1),
+       M(handoff_begin.count, FT_INT, CK_ANY, 0));
+RECORD(msg_handoff_seg, NULL,
+       M_SEG(handoff_seg.seg, -1,
+             ST(PUBLISHED) | ST(UNLINKED) | ST(LOST) | ST(FILLING)));
+/* HANDOFF_END, ACK, OFFER and ACCEPT share one layout. */
+RECORD(msg_count, NULL, M(handoff_end.count, FT_INT, CK_ANY, 0));
+#undef M
+#undef M_OPT
+#undef M_SEG
+
+struct msg_type {
+  const char *name;
+  const struct record *body;
+  int fds;
+};
+
+static const struct msg_type msg_types[GPUIPC__MSG_TYPES] = {
+#define MSG_TYPE(nm, num, fields, fds) [num] = {#nm, &msg_##fields, fds},
+    GPUIPC_MSG_TABLE(MSG_TYPE)
+#undef MSG_TYPE
+};
+
+/* The description of message type @type, or NULL for unknown ones. */
+static const struct msg_type *msg_type(unsigned type)
+{
+  if (type >= GPUIPC__MSG_TYPES || msg_types[type].name == NULL)
+    return NULL;
+  return &msg_types[type];
+}
+
+const char *gpuipc__msg_name(unsigned type)
+{
+  const struct msg_type *t = msg_type(type);
+  return t != NULL ? t->name : "?";
+}
+
+/* The segment record of @m, or NULL for types without one. */
 static const struct gpuipc__seg_wire *msg_seg(const struct gpuipc__msg *m)
 {
-  switch (m->type) {
-  case GPUIPC_MSG_PUBLISH: return &m->u.publish.seg;
-  case GPUIPC_MSG_REPUBLISH: return &m->u.republish.seg;
-  case GPUIPC_MSG_HANDLE: return &m->u.handle.seg;
-  case GPUIPC_MSG_HANDOFF_SEG: return &m->u.handoff_seg.seg;
-  }
+  const struct msg_type *t = msg_type(m->type);
+  for (size_t i = 0; t != NULL && i < t->body->n; i++)
+    if (t->body->f[i].type == FT_SEG)
+      return (const void *)((const char *)m + t->body->f[i].off);
   return NULL;
 }
 
 int gpuipc__msg_nfds(const struct gpuipc__msg *m)
 {
-  if (m->type == GPUIPC_MSG_HANDOFF_BEGIN)
-    return 2;
+  const struct msg_type *t = msg_type(m->type);
+  int n = t != NULL ? t->fds : 0;
   const struct gpuipc__seg_wire *s = msg_seg(m);
   if (s != NULL && s->has_handle && gpuipc__htype_has_fd(s->htype))
-    return 1;
-  return 0;
+    n++;
+  return n;
+}
+
+/* Where field @f of the record at @rec lies. */
+static void *at(const void *rec, size_t off)
+{
+  return (char *)rec + off;
+}
+
+static uint64_t int_get(const void *rec, const struct field *f)
+{
+  const void *p = at(rec, f->off);
+  switch (f->n) {
+  case 1: return *(const uint8_t *)p;
+  case 4: return *(const uint32_t *)p;
+  default: return *(const uint64_t *)p;
+  }
+}
+
+static void int_set(void *rec, const struct field *f, uint64_t v)
+{
+  void *p = at(rec, f->off);
+  switch (f->n) {
+  case 1:
+    *(uint8_t *)p = (uint8_t)v;
+    break;
+  case 4:
+    *(uint32_t *)p = (uint32_t)v;
+    break;
+  default:
+    *(uint64_t *)p = v;
+  }
+}
+
+static void put_int(struct gpuipc__wbuf *w, unsigned n, uint64_t v)
+{
+  switch (n) {
+  case 1:
+    gpuipc__put_u8(w, (uint8_t)v);
+    break;
+  case 4:
+    gpuipc__put_u32(w, (uint32_t)v);
+    break;
+  default:
+    gpuipc__put_u64(w, v);
+  }
+}
+
+static uint64_t get_int(struct gpuipc__rbuf *r, unsigned n)
+{
+  switch (n) {
+  case 1: return gpuipc__get_u8(r);
+  case 4: return gpuipc__get_u32(r);
+  default: return gpuipc__get_u64(r);
+  }
 }
 
 /* ------------------------------------------------------------------------ */
-/* Field checks shared by encode and decode                                 */
+/* Checks shared by encode and decode                                       */
 /* ------------------------------------------------------------------------ */
 
-#define PROTO_ERR(m, ...) gpuipc__err(GPUIPC_E_PROTO, __VA_ARGS__)
+#define PROTO_ERR(...) gpuipc__err(GPUIPC_E_PROTO, __VA_ARGS__)
 
 static int check_name_field(const char *name, bool may_be_empty,
                             const char *msg, const char *field)
@@ -119,405 +354,259 @@ static int check_event(bool has, const uint8_t *ev, const char *msg)
     return 0;
   char why[256]; /* the sentence is rewritten below: copy it first */
   snprintf(why, sizeof(why), "%s", gpuipc_last_error());
-  return PROTO_ERR(0, "%s: bad event record (%s)", msg, why);
+  return PROTO_ERR("%s: bad event record (%s)", msg, why);
 }
 
-/*
- * Check a seg record: @want_handle 1 requires a handle, 0 forbids one,
- * -1 allows either (as the state says).
- */
-static int check_seg(struct gpuipc__seg_wire *s, int want_handle,
-                     const char *msg, bool set_htype)
+static int check_int(const struct field *f, uint64_t v, const char *msg)
 {
-  int rc = check_name_field(s->name, false, msg, "name");
-  if (rc != 0)
-    return rc;
-  if (s->id == 0 || s->id > GPUIPC__ID_MAX)
-    return PROTO_ERR(0, "%s: segment id %llu out of range", msg,
-                     (unsigned long long)s->id);
-  if (s->kind < GPUIPC_KIND_HOST || s->kind > GPUIPC_KIND_POOL)
-    return PROTO_ERR(0, "%s: kind %u is not a buffer kind", msg, s->kind);
-  if (s->state < GPUIPC__SEG_CREATING || s->state > GPUIPC__SEG_FILLING)
-    return PROTO_ERR(0, "%s: state %u is not a segment state", msg,
-                     s->state);
-  if (s->size == 0 || s->size > GPUIPC_SIZE_MAX_ABSURD)
-    return PROTO_ERR(0, "%s: size %llu out of range", msg,
-                     (unsigned long long)s->size);
-  if (s->flags & ~GPUIPC__SEGF_ALL)
-    return PROTO_ERR(0, "%s: unknown segment flags 0x%x", msg, s->flags);
-  bool state_has = s->state == GPUIPC__SEG_PUBLISHED ||
-                   s->state == GPUIPC__SEG_UNLINKED ||
-                   s->state == GPUIPC__SEG_FILLING;
-  rc = check_event(s->has_event, s->event, msg);
-  if (rc != 0)
-    return rc;
-  if (s->has_event && (!s->has_handle || s->state == GPUIPC__SEG_FILLING))
-    return PROTO_ERR(0, "%s: an event record in a %s record", msg,
-                     s->has_handle ? "FILLING" : "handle-less");
-  if (want_handle == 1 && !s->has_handle)
-    return PROTO_ERR(0, "%s: handle record missing", msg);
-  if (want_handle == 0 && s->has_handle)
-    return PROTO_ERR(0, "%s: unexpected handle record", msg);
-  if (want_handle == -1 && s->has_handle != state_has)
-    return PROTO_ERR(0, "%s: state %u %s a handle record", msg, s->state,
-                     state_has ? "needs" : "cannot have");
-  if (!s->has_handle) {
-    if (set_htype)
-      s->htype = 0;
-    else if (s->htype != 0)
-      return PROTO_ERR(0, "%s: htype %u without a handle", msg, s->htype);
-    return 0;
+  unsigned long long u = (unsigned long long)v;
+  unsigned long long lim = (unsigned long long)f->lim;
+  switch (f->check) {
+  case CK_MAX:
+    if (v > f->lim)
+      return PROTO_ERR("%s: %s %llu above %llu", msg, f->name, u, lim);
+    break;
+  case CK_RANGE:
+    if (v == 0 || v > f->lim)
+      return PROTO_ERR("%s: %s %llu out of range (1 to %llu)", msg, f->name,
+                       u, lim);
+    break;
+  case CK_NONZERO:
+    if (v == 0)
+      return PROTO_ERR("%s: %s is 0", msg, f->name);
+    break;
+  case CK_MASK:
+    if (v & ~f->lim)
+      return PROTO_ERR("%s: %s 0x%llx has %s bits", msg, f->name, u,
+                       f->lim == 0 ? "reserved" : "unknown");
+    break;
+  case CK_ERRNO:
+    if ((int32_t)v >= 0 || (int32_t)v < -4096)
+      return PROTO_ERR("%s: code %d is not an error code", msg, (int32_t)v);
+    break;
   }
-  if (!state_has)
-    return PROTO_ERR(0, "%s: state %u cannot carry a handle", msg, s->state);
+  return 0;
+}
+
+/* The packed handle of @s against the rest of its record. */
+static int check_seg_handle(struct gpuipc__seg_wire *s, const char *msg,
+                            bool set_htype)
+{
   gpuipc_handle_t h;
-  rc = gpuipc_handle_unpack(s->handle, sizeof(s->handle), &h);
+  int rc = gpuipc_handle_unpack(s->handle, sizeof(s->handle), &h);
   if (rc != 0) {
     char why[256]; /* the sentence is rewritten below: copy it first */
     snprintf(why, sizeof(why), "%s", gpuipc_last_error());
-    return PROTO_ERR(0, "%s: bad handle record (%s)", msg, why);
+    return PROTO_ERR("%s: bad handle record (%s)", msg, why);
   }
   if ((unsigned)h.kind != s->kind)
-    return PROTO_ERR(0, "%s: handle kind %d differs from segment kind %u",
-                     msg, (int)h.kind, s->kind);
+    return PROTO_ERR("%s: handle kind %d differs from segment kind %u", msg,
+                     (int)h.kind, s->kind);
   if (h.size < s->size)
-    return PROTO_ERR(0, "%s: handle covers %llu bytes, segment has %llu", msg,
+    return PROTO_ERR("%s: handle covers %llu bytes, segment has %llu", msg,
                      (unsigned long long)h.size,
                      (unsigned long long)s->size);
   if (memcmp(h.device_uuid, s->uuid, sizeof(s->uuid)) != 0)
-    return PROTO_ERR(0, "%s: handle device differs from segment device",
-                     msg);
+    return PROTO_ERR("%s: handle device differs from segment device", msg);
   if (set_htype)
     s->htype = (uint8_t)h.type;
   else if (s->htype != (uint8_t)h.type)
-    return PROTO_ERR(0, "%s: htype %u differs from the handle's type %d", msg,
+    return PROTO_ERR("%s: htype %u differs from the handle's type %d", msg,
                      s->htype, (int)h.type);
   return 0;
 }
 
 /*
- * Check everything in @m that encode and decode must agree on. Decoding
- * (@decoding) derives each record's htype; encoding checks it and writes
- * nothing.
+ * The rules between a segment record's fields (each field itself is
+ * checked already): @f says which states the message allows and whether a
+ * handle must (1), must not (0) or may, as the state says (-1), be there.
+ * Decoding (@set_htype) derives the record's htype; encoding checks it.
  */
-static int check_msg(struct gpuipc__msg *m, bool decoding)
+static int check_seg(struct gpuipc__seg_wire *s, const struct field *f,
+                     const char *msg, bool set_htype)
 {
-  const char *nm = gpuipc__msg_name(m->type);
-  int rc;
-  switch (m->type) {
-  case GPUIPC_MSG_HELLO:
-    if (m->u.hello.flags & ~GPUIPC__HELLO_FLAGS)
-      return PROTO_ERR(m, "HELLO: unknown flags 0x%x", m->u.hello.flags);
-    if (m->u.hello.token == 0)
-      return PROTO_ERR(m, "HELLO: member token is 0");
-    if (m->u.hello.max_id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "HELLO: max id %llu above 2^62",
-                       (unsigned long long)m->u.hello.max_id);
-    return 0;
-  case GPUIPC_MSG_OPEN:
-    rc = check_name_field(m->u.open.name, false, nm, "name");
+  if (!((1u << s->state) & f->lim))
+    return PROTO_ERR("%s: a segment in state %u", msg, s->state);
+  bool state_has = s->state == GPUIPC__SEG_PUBLISHED ||
+                   s->state == GPUIPC__SEG_UNLINKED ||
+                   s->state == GPUIPC__SEG_FILLING;
+  if (s->has_event && (!s->has_handle || s->state == GPUIPC__SEG_FILLING))
+    return PROTO_ERR("%s: an event record in a %s record", msg,
+                     s->has_handle ? "FILLING" : "handle-less");
+  if (f->want == 1 && !s->has_handle)
+    return PROTO_ERR("%s: handle record missing", msg);
+  if (f->want == 0 && s->has_handle)
+    return PROTO_ERR("%s: unexpected handle record", msg);
+  if (f->want == -1 && s->has_handle != state_has)
+    return PROTO_ERR("%s: state %u %s a handle record", msg, s->state,
+                     state_has ? "needs" : "cannot have");
+  if (s->has_handle && !state_has)
+    return PROTO_ERR("%s: state %u cannot carry a handle", msg, s->state);
+  if (s->has_handle)
+    return check_seg_handle(s, msg, set_htype);
+  if (set_htype)
+    s->htype = 0;
+  else if (s->htype != 0)
+    return PROTO_ERR("%s: htype %u without a handle", msg, s->htype);
+  return 0;
+}
+
+static int check_fields(const struct record *r, void *rec, const char *msg,
+                        bool decoding);
+
+static int check_array(const struct field *f, void *rec, const char *msg,
+                       bool decoding)
+{
+  uint32_t count = *(const uint32_t *)at(rec, f->off);
+  if (count > f->lim)
+    return PROTO_ERR("%s: %u %s, at most %llu", msg, count, f->name,
+                     (unsigned long long)f->lim);
+  for (uint32_t i = 0; i < count; i++) {
+    int rc = check_fields(f->sub, at(rec, f->off2 + (size_t)i * f->n), msg,
+                          decoding);
     if (rc != 0)
       return rc;
-    if (m->u.open.flags & ~GPUIPC__OPEN_FLAGS)
-      return PROTO_ERR(m, "OPEN: unknown flags 0x%x", m->u.open.flags);
-    if (m->u.open.kind > GPUIPC_KIND_POOL)
-      return PROTO_ERR(m, "OPEN: kind %u unknown", m->u.open.kind);
-    if (m->u.open.size > GPUIPC_SIZE_MAX_ABSURD)
-      return PROTO_ERR(m, "OPEN: size %llu out of range",
-                       (unsigned long long)m->u.open.size);
-    return 0;
-  case GPUIPC_MSG_PUBLISH:
-    if (m->u.publish.flags != 0)
-      return PROTO_ERR(m, "PUBLISH: flags 0x%x reserved",
-                       m->u.publish.flags);
-    if (m->u.publish.seg.state != GPUIPC__SEG_PUBLISHED &&
-        m->u.publish.seg.state != GPUIPC__SEG_FILLING)
-      return PROTO_ERR(m, "PUBLISH: state %u is not PUBLISHED or FILLING",
-                       m->u.publish.seg.state);
-    return check_seg(&m->u.publish.seg, 1, nm, decoding);
-  case GPUIPC_MSG_READY:
-    if (m->u.ready.id == 0 || m->u.ready.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "READY: id %llu out of range",
-                       (unsigned long long)m->u.ready.id);
-    return check_event(m->u.ready.has_event, m->u.ready.event, nm);
-  case GPUIPC_MSG_ABANDON:
-    if (m->u.abandon.id == 0 || m->u.abandon.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "ABANDON: id %llu out of range",
-                       (unsigned long long)m->u.abandon.id);
-    return 0;
-  case GPUIPC_MSG_RELEASE:
-    if (m->u.release.id == 0 || m->u.release.id > GPUIPC__ID_MAX ||
-        m->u.release.count == 0)
-      return PROTO_ERR(m, "RELEASE: id %llu count %u",
-                       (unsigned long long)m->u.release.id,
-                       m->u.release.count);
-    return 0;
-  case GPUIPC_MSG_UNLINK:
-    if (m->u.unlink.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "UNLINK: id %llu out of range",
-                       (unsigned long long)m->u.unlink.id);
-    return check_name_field(m->u.unlink.name, false, nm, "name");
-  case GPUIPC_MSG_LIST:
-    rc = check_name_field(m->u.list.name, true, nm, "name");
-    if (rc != 0)
-      return rc;
-    if (m->u.list.max > GPUIPC__LIST_RECS)
-      return PROTO_ERR(m, "LIST: max %u above %d", m->u.list.max,
-                       GPUIPC__LIST_RECS);
-    return 0;
-  case GPUIPC_MSG_REPUBLISH:
-    if (m->u.republish.flags & ~GPUIPC__REPUB_FLAGS)
-      return PROTO_ERR(m, "REPUBLISH: unknown flags 0x%x",
-                       m->u.republish.flags);
-    if ((m->u.republish.flags & GPUIPC__REPUB_KEEPER) &&
-        (!(m->u.republish.seg.flags & GPUIPC__SEGF_CREATOR_HELD) ||
-         m->u.republish.seg.state == GPUIPC__SEG_FILLING))
-      return PROTO_ERR(m, "REPUBLISH: a keeper of a segment whose memory "
-                       "its creator does not hold");
-    if (m->u.republish.holds == 0 &&
-        !(m->u.republish.flags & GPUIPC__REPUB_KEEPER))
-      return PROTO_ERR(m, "REPUBLISH: holds is 0");
-    if (m->u.republish.seg.state != GPUIPC__SEG_PUBLISHED &&
-        m->u.republish.seg.state != GPUIPC__SEG_UNLINKED &&
-        m->u.republish.seg.state != GPUIPC__SEG_FILLING)
-      return PROTO_ERR(m, "REPUBLISH: state %u", m->u.republish.seg.state);
-    return check_seg(&m->u.republish.seg, 1, nm, decoding);
-  case GPUIPC_MSG_WELCOME:
-    if (m->u.welcome.flags != 0)
-      return PROTO_ERR(m, "WELCOME: flags 0x%x reserved", m->u.welcome.flags);
-    if (m->u.welcome.epoch == 0 || m->u.welcome.pid == 0)
-      return PROTO_ERR(m, "WELCOME: epoch or pid is 0");
-    return 0;
-  case GPUIPC_MSG_DENIED:
-    return 0; /* free text: get_str already refused NUL and overlength */
-  case GPUIPC_MSG_ERROR:
-    if (m->u.error.code >= 0 || m->u.error.code < -4096)
-      return PROTO_ERR(m, "ERROR: code %d is not an error code",
-                       (int)m->u.error.code);
-    return 0;
-  case GPUIPC_MSG_OK:
-    if (m->u.ok.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "OK: id %llu above 2^62",
-                       (unsigned long long)m->u.ok.id);
-    return 0;
-  case GPUIPC_MSG_CREATE_IT:
-    if (m->u.create_it.id == 0 || m->u.create_it.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "CREATE_IT: id %llu out of range",
-                       (unsigned long long)m->u.create_it.id);
-    return 0;
-  case GPUIPC_MSG_UNLINKED:
-  case GPUIPC_MSG_DISOWN:
-  case GPUIPC_MSG_LET_GO:
-    /* The same layout for the three. */
-    if (m->u.unlinked.id == 0 || m->u.unlinked.id > GPUIPC__ID_MAX)
-      return PROTO_ERR(m, "%s: id %llu out of range", nm,
-                       (unsigned long long)m->u.unlinked.id);
-    return 0;
-  case GPUIPC_MSG_HANDLE:
-    if (m->u.handle.seg.state != GPUIPC__SEG_PUBLISHED)
-      return PROTO_ERR(m, "HANDLE: state %u", m->u.handle.seg.state);
-    return check_seg(&m->u.handle.seg, 1, nm, decoding);
-  case GPUIPC_MSG_LIST_REPLY:
-    if (m->u.list_reply.count > GPUIPC__LIST_RECS)
-      return PROTO_ERR(m, "LIST_REPLY: count %u above %d",
-                       m->u.list_reply.count, GPUIPC__LIST_RECS);
-    if (m->u.list_reply.more > 1)
-      return PROTO_ERR(m, "LIST_REPLY: more is %u", m->u.list_reply.more);
-    for (uint32_t i = 0; i < m->u.list_reply.count; i++) {
-      struct gpuipc__list_rec *lr = &m->u.list_reply.recs[i];
-      rc = check_seg(&lr->seg, 0, nm, decoding);
-      if (rc != 0)
-        return rc;
-      if (lr->broker_fd > 1)
-        return PROTO_ERR(m, "LIST_REPLY: broker_fd is %u", lr->broker_fd);
-      if (lr->nlisted > GPUIPC__LIST_HOLDERS || lr->nlisted > lr->nholders)
-        return PROTO_ERR(m, "LIST_REPLY: %u holders listed of %u",
-                         lr->nlisted, lr->nholders);
-    }
-    return 0;
-  case GPUIPC_MSG_HANDOFF_BEGIN:
-    if (m->u.handoff_begin.epoch == 0 || m->u.handoff_begin.next_id == 0)
-      return PROTO_ERR(m, "HANDOFF_BEGIN: epoch or next id is 0");
-    if (m->u.handoff_begin.next_id > GPUIPC__ID_MAX + 1)
-      return PROTO_ERR(m, "HANDOFF_BEGIN: next id %llu above 2^62",
-                       (unsigned long long)m->u.handoff_begin.next_id);
-    return 0;
-  case GPUIPC_MSG_HANDOFF_SEG:
-    if (m->u.handoff_seg.seg.state == GPUIPC__SEG_CREATING)
-      return PROTO_ERR(m, "HANDOFF_SEG: a CREATING segment");
-    return check_seg(&m->u.handoff_seg.seg, -1, nm, decoding);
-  case GPUIPC_MSG_HANDOFF_END:
-  case GPUIPC_MSG_HANDOFF_ACK:
-  case GPUIPC_MSG_HANDOFF_OFFER:
-  case GPUIPC_MSG_HANDOFF_ACCEPT:
-    return 0;
   }
-  return PROTO_ERR(m, "message type %u unknown", m->type);
+  return 0;
+}
+
+static int check_field(const struct field *f, void *rec, const char *msg,
+                       bool decoding)
+{
+  switch (f->type) {
+  case FT_STR:
+    if (f->check != CK_NAME && f->check != CK_NAME0)
+      return 0;
+    return check_name_field(at(rec, f->off), f->check == CK_NAME0, msg,
+                            f->name);
+  case FT_BYTES:
+    return 0;
+  case FT_OPT:
+    if (f->check != CK_EVENT)
+      return 0;
+    return check_event(*(const bool *)at(rec, f->off), at(rec, f->off2),
+                       msg);
+  case FT_SEG: {
+    struct gpuipc__seg_wire *s = at(rec, f->off);
+    int rc = check_fields(&seg_fields, s, msg, decoding);
+    return rc != 0 ? rc : check_seg(s, f, msg, decoding);
+  }
+  case FT_ARRAY:
+    return check_array(f, rec, msg, decoding);
+  }
+  return check_int(f, int_get(rec, f), msg); /* FT_INT, FT_TAIL */
+}
+
+/*
+ * Check every field of the record at @rec, then the rules between them.
+ * Decoding (@decoding) derives each segment record's htype; encoding checks
+ * it and writes nothing.
+ */
+static int check_fields(const struct record *r, void *rec, const char *msg,
+                        bool decoding)
+{
+  for (size_t i = 0; i < r->n; i++) {
+    int rc = check_field(&r->f[i], rec, msg, decoding);
+    if (rc != 0)
+      return rc;
+  }
+  return r->check != NULL ? r->check(rec, msg) : 0;
+}
+
+static int check_republish(void *rec, const char *msg)
+{
+  const struct gpuipc__msg *m = rec;
+  bool keeper = m->u.republish.flags & GPUIPC__REPUB_KEEPER;
+  if (keeper && (!(m->u.republish.seg.flags & GPUIPC__SEGF_CREATOR_HELD) ||
+                 m->u.republish.seg.state == GPUIPC__SEG_FILLING))
+    return PROTO_ERR("%s: a keeper of a segment whose memory its creator "
+                     "does not hold", msg);
+  if (m->u.republish.holds == 0 && !keeper)
+    return PROTO_ERR("%s: holds is 0", msg);
+  return 0;
+}
+
+static int check_list_rec(void *rec, const char *msg)
+{
+  const struct gpuipc__list_rec *lr = rec;
+  if (lr->nlisted > lr->nholders)
+    return PROTO_ERR("%s: %u holders listed of %u", msg, lr->nlisted,
+                     lr->nholders);
+  return 0;
 }
 
 /* ------------------------------------------------------------------------ */
 /* Encoding                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void put_seg(struct gpuipc__wbuf *w, const struct gpuipc__seg_wire *s)
-{
-  gpuipc__put_str(w, s->name);
-  gpuipc__put_u64(w, s->id);
-  gpuipc__put_u64(w, s->size);
-  gpuipc__put_u8(w, s->kind);
-  gpuipc__put_u8(w, s->state);
-  gpuipc__put_bytes(w, s->uuid, sizeof(s->uuid));
-  gpuipc__put_u8(w, s->has_handle ? 1 : 0);
-  if (s->has_handle)
-    gpuipc__put_bytes(w, s->handle, sizeof(s->handle));
-  gpuipc__put_u8(w, s->flags);
-  gpuipc__put_u8(w, s->has_event ? 1 : 0);
-  if (s->has_event)
-    gpuipc__put_bytes(w, s->event, sizeof(s->event));
-}
+static void put_fields(struct gpuipc__wbuf *w, const struct record *r,
+                       const void *rec);
 
-static void put_body(struct gpuipc__wbuf *w, const struct gpuipc__msg *m)
+static void put_field(struct gpuipc__wbuf *w, const struct field *f,
+                      const void *rec)
 {
-  switch (m->type) {
-  case GPUIPC_MSG_HELLO:
-    gpuipc__put_u32(w, m->u.hello.pid);
-    gpuipc__put_u32(w, m->u.hello.flags);
-    gpuipc__put_u64(w, m->u.hello.token);
-    gpuipc__put_u64(w, m->u.hello.epoch);
-    gpuipc__put_u64(w, m->u.hello.max_id);
+  switch (f->type) {
+  case FT_INT:
+    put_int(w, f->n, int_get(rec, f));
     break;
-  case GPUIPC_MSG_OPEN:
-    gpuipc__put_str(w, m->u.open.name);
-    gpuipc__put_u32(w, m->u.open.flags);
-    gpuipc__put_u8(w, m->u.open.kind);
-    gpuipc__put_u64(w, m->u.open.size);
-    gpuipc__put_u32(w, m->u.open.timeout_ms);
+  case FT_TAIL:
+    if (int_get(rec, f) != 0)
+      put_int(w, f->n, int_get(rec, f));
     break;
-  case GPUIPC_MSG_PUBLISH:
-    gpuipc__put_u32(w, m->u.publish.flags);
-    put_seg(w, &m->u.publish.seg);
+  case FT_STR:
+    gpuipc__put_str(w, at(rec, f->off));
     break;
-  case GPUIPC_MSG_ABANDON:
-    gpuipc__put_u64(w, m->u.abandon.id);
+  case FT_BYTES:
+    gpuipc__put_bytes(w, at(rec, f->off), f->n);
     break;
-  case GPUIPC_MSG_READY:
-    gpuipc__put_u64(w, m->u.ready.id);
-    gpuipc__put_u8(w, m->u.ready.has_event ? 1 : 0);
-    if (m->u.ready.has_event)
-      gpuipc__put_bytes(w, m->u.ready.event, sizeof(m->u.ready.event));
-    break;
-  case GPUIPC_MSG_RELEASE:
-    gpuipc__put_u64(w, m->u.release.id);
-    gpuipc__put_u32(w, m->u.release.count);
-    break;
-  case GPUIPC_MSG_UNLINK:
-    gpuipc__put_str(w, m->u.unlink.name);
-    if (m->u.unlink.id != 0)
-      gpuipc__put_u64(w, m->u.unlink.id);
-    break;
-  case GPUIPC_MSG_LIST:
-    gpuipc__put_str(w, m->u.list.name);
-    gpuipc__put_u64(w, m->u.list.after_id);
-    gpuipc__put_u32(w, m->u.list.max);
-    break;
-  case GPUIPC_MSG_REPUBLISH:
-    gpuipc__put_u32(w, m->u.republish.holds);
-    gpuipc__put_u32(w, m->u.republish.flags);
-    put_seg(w, &m->u.republish.seg);
-    break;
-  case GPUIPC_MSG_WELCOME:
-    gpuipc__put_u32(w, m->u.welcome.pid);
-    gpuipc__put_u32(w, m->u.welcome.flags);
-    gpuipc__put_u64(w, m->u.welcome.epoch);
-    break;
-  case GPUIPC_MSG_DENIED:
-    gpuipc__put_str(w, m->u.denied.reason);
-    break;
-  case GPUIPC_MSG_ERROR:
-    gpuipc__put_u32(w, (uint32_t)m->u.error.code);
-    gpuipc__put_str(w, m->u.error.text);
-    break;
-  case GPUIPC_MSG_OK:
-    gpuipc__put_u64(w, m->u.ok.id);
-    break;
-  case GPUIPC_MSG_CREATE_IT:
-    gpuipc__put_u64(w, m->u.create_it.id);
-    break;
-  case GPUIPC_MSG_UNLINKED:
-    gpuipc__put_u64(w, m->u.unlinked.id);
-    break;
-  case GPUIPC_MSG_DISOWN:
-    gpuipc__put_u64(w, m->u.disown.id);
-    break;
-  case GPUIPC_MSG_LET_GO:
-    gpuipc__put_u64(w, m->u.let_go.id);
-    break;
-  case GPUIPC_MSG_HANDLE:
-    put_seg(w, &m->u.handle.seg);
-    break;
-  case GPUIPC_MSG_LIST_REPLY:
-    gpuipc__put_u32(w, m->u.list_reply.broker_pid);
-    gpuipc__put_u64(w, m->u.list_reply.epoch);
-    gpuipc__put_u32(w, m->u.list_reply.members);
-    gpuipc__put_u32(w, m->u.list_reply.segments);
-    gpuipc__put_u32(w, m->u.list_reply.fds);
-    gpuipc__put_u8(w, m->u.list_reply.more);
-    gpuipc__put_u32(w, m->u.list_reply.count);
-    for (uint32_t i = 0; i < m->u.list_reply.count; i++) {
-      const struct gpuipc__list_rec *lr = &m->u.list_reply.recs[i];
-      put_seg(w, &lr->seg);
-      gpuipc__put_u8(w, lr->broker_fd);
-      gpuipc__put_u32(w, lr->keeper_pid);
-      gpuipc__put_u32(w, lr->nholders);
-      gpuipc__put_u32(w, lr->nlisted);
-      for (uint32_t j = 0; j < lr->nlisted; j++) {
-        gpuipc__put_u32(w, lr->holders[j].pid);
-        gpuipc__put_u32(w, lr->holders[j].refs);
-      }
-    }
-    break;
-  case GPUIPC_MSG_HANDOFF_BEGIN:
-    gpuipc__put_u64(w, m->u.handoff_begin.epoch);
-    gpuipc__put_u64(w, m->u.handoff_begin.next_id);
-    gpuipc__put_u32(w, m->u.handoff_begin.count);
-    break;
-  case GPUIPC_MSG_HANDOFF_SEG:
-    put_seg(w, &m->u.handoff_seg.seg);
-    break;
-  case GPUIPC_MSG_HANDOFF_END:
-  case GPUIPC_MSG_HANDOFF_ACK:
-  case GPUIPC_MSG_HANDOFF_OFFER:
-  case GPUIPC_MSG_HANDOFF_ACCEPT:
-    gpuipc__put_u32(w, m->u.handoff_end.count);
+  case FT_OPT: {
+    bool has = *(const bool *)at(rec, f->off);
+    gpuipc__put_u8(w, has ? 1 : 0);
+    if (has)
+      gpuipc__put_bytes(w, at(rec, f->off2), f->n);
     break;
   }
+  case FT_SEG:
+    put_fields(w, &seg_fields, at(rec, f->off));
+    break;
+  case FT_ARRAY: {
+    uint32_t count = *(const uint32_t *)at(rec, f->off);
+    gpuipc__put_u32(w, count);
+    for (uint32_t i = 0; i < count && i < f->lim; i++)
+      put_fields(w, f->sub, at(rec, f->off2 + (size_t)i * f->n));
+    break;
+  }
+  }
+}
+
+static void put_fields(struct gpuipc__wbuf *w, const struct record *r,
+                       const void *rec)
+{
+  for (size_t i = 0; i < r->n; i++)
+    put_field(w, &r->f[i], rec);
 }
 
 int gpuipc__msg_encode(const struct gpuipc__msg *m, void *buf, size_t cap)
 {
   if (m == NULL || buf == NULL)
     return gpuipc__err(-EINVAL, "gpuipc__msg_encode: NULL argument");
+  const struct msg_type *t = msg_type(m->type);
+  if (t == NULL)
+    return PROTO_ERR("message type %u unknown", m->type);
   /* Not written to when encoding. */
-  int rc = check_msg((struct gpuipc__msg *)m, false);
+  int rc = check_fields(t->body, (struct gpuipc__msg *)m, t->name, false);
   if (rc != 0)
     return rc;
   struct gpuipc__wbuf w;
   gpuipc__wbuf_init(&w, buf, cap);
-  gpuipc__put_u32(&w, GPUIPC_PROTO_MAGIC);
-  gpuipc__put_u16(&w, GPUIPC_PROTO_VERSION);
-  gpuipc__put_u16(&w, m->type);
-  gpuipc__put_u32(&w, m->req);
-  gpuipc__put_u32(&w, 0); /* body length, patched below */
-  put_body(&w, m);
+  struct gpuipc__msghdr h = {GPUIPC_PROTO_MAGIC, GPUIPC_PROTO_VERSION, m->type,
+                             m->req, 0};
+  gpuipc__msghdr_put(&w, &h);
+  put_fields(&w, t->body, m);
+  gpuipc__msghdr_end(&w);
   if (w.err != 0)
     return gpuipc__err(-ENOSPC, "%s: message does not fit in %zu bytes",
-                       gpuipc__msg_name(m->type), cap);
-  uint32_t body = (uint32_t)(w.len - GPUIPC_PROTO_HDR);
-  uint8_t *p = (uint8_t *)buf + 12;
-  p[0] = (uint8_t)body;
-  p[1] = (uint8_t)(body >> 8);
-  p[2] = (uint8_t)(body >> 16);
-  p[3] = (uint8_t)(body >> 24);
+                       t->name, cap);
   return (int)w.len;
 }
 
@@ -525,166 +614,71 @@ int gpuipc__msg_encode(const struct gpuipc__msg *m, void *buf, size_t cap)
 /* Decoding                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static void get_seg(struct gpuipc__rbuf *r, struct gpuipc__seg_wire *s)
+static void get_fields(struct gpuipc__rbuf *r, const struct record *rc,
+                       void *rec);
+
+/* A malformed field: the reader's first error wins. */
+static void get_fail(struct gpuipc__rbuf *r)
 {
-  gpuipc__get_str(r, s->name, sizeof(s->name));
-  s->id = gpuipc__get_u64(r);
-  s->size = gpuipc__get_u64(r);
-  s->kind = gpuipc__get_u8(r);
-  s->state = gpuipc__get_u8(r);
-  gpuipc__get_bytes(r, s->uuid, sizeof(s->uuid));
-  uint8_t hh = gpuipc__get_u8(r);
-  if (hh > 1 && r->err == 0)
+  if (r->err == 0)
     r->err = GPUIPC_E_PROTO;
-  s->has_handle = hh == 1;
-  if (s->has_handle)
-    gpuipc__get_bytes(r, s->handle, sizeof(s->handle));
-  s->flags = gpuipc__get_u8(r);
-  uint8_t he = gpuipc__get_u8(r);
-  if (he > 1 && r->err == 0)
-    r->err = GPUIPC_E_PROTO;
-  s->has_event = he == 1;
-  if (s->has_event)
-    gpuipc__get_bytes(r, s->event, sizeof(s->event));
-  s->htype = 0;
 }
 
-static void get_body(struct gpuipc__rbuf *r, struct gpuipc__msg *m)
+static void get_field(struct gpuipc__rbuf *r, const struct field *f,
+                      void *rec)
 {
-  switch (m->type) {
-  case GPUIPC_MSG_HELLO:
-    m->u.hello.pid = gpuipc__get_u32(r);
-    m->u.hello.flags = gpuipc__get_u32(r);
-    m->u.hello.token = gpuipc__get_u64(r);
-    m->u.hello.epoch = gpuipc__get_u64(r);
-    m->u.hello.max_id = gpuipc__get_u64(r);
+  switch (f->type) {
+  case FT_INT:
+    int_set(rec, f, get_int(r, f->n));
     break;
-  case GPUIPC_MSG_OPEN:
-    gpuipc__get_str(r, m->u.open.name, sizeof(m->u.open.name));
-    m->u.open.flags = gpuipc__get_u32(r);
-    m->u.open.kind = gpuipc__get_u8(r);
-    m->u.open.size = gpuipc__get_u64(r);
-    m->u.open.timeout_ms = gpuipc__get_u32(r);
-    break;
-  case GPUIPC_MSG_PUBLISH:
-    m->u.publish.flags = gpuipc__get_u32(r);
-    get_seg(r, &m->u.publish.seg);
-    break;
-  case GPUIPC_MSG_ABANDON:
-    m->u.abandon.id = gpuipc__get_u64(r);
-    break;
-  case GPUIPC_MSG_READY: {
-    m->u.ready.id = gpuipc__get_u64(r);
-    uint8_t he = gpuipc__get_u8(r);
-    if (he > 1 && r->err == 0)
-      r->err = GPUIPC_E_PROTO;
-    m->u.ready.has_event = he == 1;
-    if (m->u.ready.has_event)
-      gpuipc__get_bytes(r, m->u.ready.event, sizeof(m->u.ready.event));
-    break;
-  }
-  case GPUIPC_MSG_RELEASE:
-    m->u.release.id = gpuipc__get_u64(r);
-    m->u.release.count = gpuipc__get_u32(r);
-    break;
-  case GPUIPC_MSG_UNLINK:
-    gpuipc__get_str(r, m->u.unlink.name, sizeof(m->u.unlink.name));
-    m->u.unlink.id = 0;
-    if (r->err == 0 && r->pos < r->len) { /* the optional id */
-      m->u.unlink.id = gpuipc__get_u64(r);
-      if (m->u.unlink.id == 0 && r->err == 0)
-        r->err = GPUIPC_E_PROTO; /* 0 is never written */
+  case FT_TAIL: /* there when bytes are left, and then never 0 */
+    int_set(rec, f, 0);
+    if (r->err == 0 && r->pos < r->len) {
+      int_set(rec, f, get_int(r, f->n));
+      if (int_get(rec, f) == 0)
+        get_fail(r);
     }
     break;
-  case GPUIPC_MSG_LIST:
-    gpuipc__get_str(r, m->u.list.name, sizeof(m->u.list.name));
-    m->u.list.after_id = gpuipc__get_u64(r);
-    m->u.list.max = gpuipc__get_u32(r);
+  case FT_STR:
+    gpuipc__get_str(r, at(rec, f->off), f->n);
     break;
-  case GPUIPC_MSG_REPUBLISH:
-    m->u.republish.holds = gpuipc__get_u32(r);
-    m->u.republish.flags = gpuipc__get_u32(r);
-    get_seg(r, &m->u.republish.seg);
+  case FT_BYTES:
+    gpuipc__get_bytes(r, at(rec, f->off), f->n);
     break;
-  case GPUIPC_MSG_WELCOME:
-    m->u.welcome.pid = gpuipc__get_u32(r);
-    m->u.welcome.flags = gpuipc__get_u32(r);
-    m->u.welcome.epoch = gpuipc__get_u64(r);
+  case FT_OPT: {
+    uint8_t has = gpuipc__get_u8(r);
+    if (has > 1)
+      get_fail(r);
+    *(bool *)at(rec, f->off) = has == 1;
+    if (has == 1)
+      gpuipc__get_bytes(r, at(rec, f->off2), f->n);
     break;
-  case GPUIPC_MSG_DENIED:
-    gpuipc__get_str(r, m->u.denied.reason, sizeof(m->u.denied.reason));
+  }
+  case FT_SEG: {
+    struct gpuipc__seg_wire *s = at(rec, f->off);
+    get_fields(r, &seg_fields, s);
+    s->htype = 0;
     break;
-  case GPUIPC_MSG_ERROR:
-    m->u.error.code = (int32_t)gpuipc__get_u32(r);
-    gpuipc__get_str(r, m->u.error.text, sizeof(m->u.error.text));
-    break;
-  case GPUIPC_MSG_OK:
-    m->u.ok.id = gpuipc__get_u64(r);
-    break;
-  case GPUIPC_MSG_CREATE_IT:
-    m->u.create_it.id = gpuipc__get_u64(r);
-    break;
-  case GPUIPC_MSG_UNLINKED:
-    m->u.unlinked.id = gpuipc__get_u64(r);
-    break;
-  case GPUIPC_MSG_DISOWN:
-    m->u.disown.id = gpuipc__get_u64(r);
-    break;
-  case GPUIPC_MSG_LET_GO:
-    m->u.let_go.id = gpuipc__get_u64(r);
-    break;
-  case GPUIPC_MSG_HANDLE:
-    get_seg(r, &m->u.handle.seg);
-    break;
-  case GPUIPC_MSG_LIST_REPLY:
-    m->u.list_reply.broker_pid = gpuipc__get_u32(r);
-    m->u.list_reply.epoch = gpuipc__get_u64(r);
-    m->u.list_reply.members = gpuipc__get_u32(r);
-    m->u.list_reply.segments = gpuipc__get_u32(r);
-    m->u.list_reply.fds = gpuipc__get_u32(r);
-    m->u.list_reply.more = gpuipc__get_u8(r);
-    m->u.list_reply.count = gpuipc__get_u32(r);
-    if (m->u.list_reply.count > GPUIPC__LIST_RECS) {
-      if (r->err == 0)
-        r->err = GPUIPC_E_PROTO;
+  }
+  case FT_ARRAY: {
+    uint32_t count = gpuipc__get_u32(r);
+    *(uint32_t *)at(rec, f->off) = count;
+    if (count > f->lim) {
+      get_fail(r);
       break;
     }
-    for (uint32_t i = 0; i < m->u.list_reply.count; i++) {
-      struct gpuipc__list_rec *lr = &m->u.list_reply.recs[i];
-      get_seg(r, &lr->seg);
-      lr->broker_fd = gpuipc__get_u8(r);
-      lr->keeper_pid = gpuipc__get_u32(r);
-      lr->nholders = gpuipc__get_u32(r);
-      lr->nlisted = gpuipc__get_u32(r);
-      if (lr->nlisted > GPUIPC__LIST_HOLDERS) {
-        if (r->err == 0)
-          r->err = GPUIPC_E_PROTO;
-        break;
-      }
-      for (uint32_t j = 0; j < lr->nlisted; j++) {
-        lr->holders[j].pid = gpuipc__get_u32(r);
-        lr->holders[j].refs = gpuipc__get_u32(r);
-      }
-    }
+    for (uint32_t i = 0; i < count; i++)
+      get_fields(r, f->sub, at(rec, f->off2 + (size_t)i * f->n));
     break;
-  case GPUIPC_MSG_HANDOFF_BEGIN:
-    m->u.handoff_begin.epoch = gpuipc__get_u64(r);
-    m->u.handoff_begin.next_id = gpuipc__get_u64(r);
-    m->u.handoff_begin.count = gpuipc__get_u32(r);
-    break;
-  case GPUIPC_MSG_HANDOFF_SEG:
-    get_seg(r, &m->u.handoff_seg.seg);
-    break;
-  case GPUIPC_MSG_HANDOFF_END:
-  case GPUIPC_MSG_HANDOFF_ACK:
-  case GPUIPC_MSG_HANDOFF_OFFER:
-  case GPUIPC_MSG_HANDOFF_ACCEPT:
-    m->u.handoff_end.count = gpuipc__get_u32(r);
-    break;
-  default:
-    if (r->err == 0)
-      r->err = GPUIPC_E_PROTO;
   }
+  }
+}
+
+static void get_fields(struct gpuipc__rbuf *r, const struct record *rc,
+                       void *rec)
+{
+  for (size_t i = 0; i < rc->n; i++)
+    get_field(r, &rc->f[i], rec);
 }
 
 int gpuipc__msg_decode(const void *buf, size_t len, int nfds,
@@ -692,47 +686,40 @@ int gpuipc__msg_decode(const void *buf, size_t len, int nfds,
 {
   if (buf == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc__msg_decode: NULL argument");
-  if (len < GPUIPC_PROTO_HDR)
-    return gpuipc__err(GPUIPC_E_PROTO, "message of %zu bytes is shorter "
-                       "than its %d-byte header", len, GPUIPC_PROTO_HDR);
   if (nfds < 0 || nfds > 16)
     return gpuipc__err(GPUIPC_E_PROTO, "%d descriptors with a message", nfds);
+  struct gpuipc__msghdr h;
+  int rc = gpuipc__msghdr_decode(buf, len, GPUIPC_PROTO_MAGIC,
+                                 GPUIPC_PROTO_VERSION, gpuipc__msg_name, &h);
+  if (rc == 0 || rc == GPUIPC_E_VERSION) {
+    out->type = h.type;
+    out->version = h.version;
+    out->req = h.req;
+  }
+  if (rc != 0)
+    return rc;
+  unsigned type = h.type;
+  uint32_t body = h.body;
   struct gpuipc__rbuf r;
-  gpuipc__rbuf_init(&r, buf, len);
-  uint32_t magic = gpuipc__get_u32(&r);
-  uint16_t version = gpuipc__get_u16(&r);
-  uint16_t type = gpuipc__get_u16(&r);
-  uint32_t req = gpuipc__get_u32(&r);
-  uint32_t body = gpuipc__get_u32(&r);
-  if (magic != GPUIPC_PROTO_MAGIC)
-    return gpuipc__err(GPUIPC_E_PROTO, "message magic 0x%08x is not gpuipc's",
-                       magic);
-  out->type = type;
-  out->version = version;
-  out->req = req;
-  if (version != GPUIPC_PROTO_VERSION)
-    return gpuipc__err(GPUIPC_E_VERSION,
-                       "peer speaks protocol version %u, this is version %u",
-                       version, GPUIPC_PROTO_VERSION);
-  if ((size_t)body != len - GPUIPC_PROTO_HDR)
-    return gpuipc__err(GPUIPC_E_PROTO,
-                       "%s: header says %u body bytes, %zu arrived",
-                       gpuipc__msg_name(type), body, len - GPUIPC_PROTO_HDR);
-  get_body(&r, out);
+  gpuipc__rbuf_init(&r, (const uint8_t *)buf + GPUIPC_PROTO_HDR, body);
+  const struct msg_type *t = msg_type(type);
+  if (t == NULL)
+    return gpuipc__err(GPUIPC_E_PROTO, "message type %u unknown", type);
+  get_fields(&r, t->body, out);
   if (r.err != 0)
     return gpuipc__err(GPUIPC_E_PROTO, "%s (type %u): body of %u bytes is "
                        "truncated or has a malformed field",
-                       gpuipc__msg_name(type), type, body);
+                       t->name, type, body);
   if (r.pos != r.len)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: %zu bytes left over after the body",
-                       gpuipc__msg_name(type), r.len - r.pos);
-  int rc = check_msg(out, true);
+                       t->name, r.len - r.pos);
+  rc = check_fields(t->body, out, t->name, true);
   if (rc != 0)
     return rc;
   int want = gpuipc__msg_nfds(out);
   if (nfds != want)
     return gpuipc__err(GPUIPC_E_PROTO,
                        "%s: %d descriptors arrived, the message carries %d",
-                       gpuipc__msg_name(type), nfds, want);
+                       t->name, nfds, want);
   return 0;
 }

@@ -1,8 +1,8 @@
 /*
  * src/domain/proto: the messages between domain members and their broker.
  *
- * Every message is a 16-byte header followed by a body, both little-endian
- * and written with the src/wire encoders:
+ * Every message is a 16-byte header (src/wire's msghdr) followed by a body,
+ * both little-endian and written with the src/wire encoders:
  *
  *   u32 magic (GPUIPC_PROTO_MAGIC)  u16 version  u16 type
  *   u32 request id                  u32 body length
@@ -21,6 +21,7 @@
 #define GPUIPC_DOMAIN_PROTO_H
 
 #include "core/core.h"
+#include "wire/wire.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,7 +33,7 @@
  * READY, an event record in segment records).
  */
 #define GPUIPC_PROTO_VERSION 2
-#define GPUIPC_PROTO_HDR 16
+#define GPUIPC_PROTO_HDR GPUIPC__MSGHDR_BYTES
 
 /* Segment and domain names: 1..63 of [A-Za-z0-9._-], not starting with '.'. */
 #define GPUIPC__NAME_MAX 63
@@ -52,38 +53,53 @@
 /* OPEN timeout meaning "wait forever". */
 #define GPUIPC__WAIT_FOREVER 0xffffffffu
 
+/*
+ * Every message type, once: X(NAME, number, fields, fds). GPUIPC_MSG_<NAME>
+ * is its number and gpuipc__msg_name() its name; proto.c describes its body
+ * in the field list msg_<fields> (types that share a layout share one) and
+ * walks that list to encode, decode and check it. @fds: descriptors that
+ * travel with every message of the type (a segment record adds its own).
+ * Numbers never change; a retired number is never reused.
+ */
+#define GPUIPC_MSG_TABLE(X)                                                    \
+  /* member -> broker */                                                       \
+  X(HELLO, 1, hello, 0)         /* first message on a connection */           \
+  X(OPEN, 2, open, 0)           /* -> CREATE_IT, HANDLE or ERROR */           \
+  X(PUBLISH, 3, publish, 0)     /* + fd for fd kinds; -> OK(id) or ERROR */   \
+  X(ABANDON, 4, abandon, 0)     /* give a CREATE_IT reservation back */       \
+  X(RELEASE, 5, release, 0)     /* fire-and-forget */                         \
+  X(UNLINK, 6, unlink, 0)       /* -> OK or ERROR */                          \
+  X(LIST, 7, list, 0)           /* -> LIST_REPLY */                           \
+  X(REPUBLISH, 8, republish, 0) /* after a failover; + fd; fire-and-forget */ \
+  /* (9 was spoken once and is retired) */                                     \
+  X(DISOWN, 10, id, 0) /* the keeper lets go -> OK (free it) or ERROR */       \
+  X(READY, 11, ready, 0) /* the creator filled it -> OK(id) or ERROR */        \
+  /* broker -> member */                                                       \
+  X(WELCOME, 32, welcome, 0)                                                   \
+  X(DENIED, 33, denied, 0)                                                     \
+  X(ERROR, 34, error, 0)                                                       \
+  X(OK, 35, ok, 0)                                                             \
+  X(CREATE_IT, 36, id, 0) /* the name is reserved for the requester */         \
+  X(HANDLE, 37, handle, 0) /* + fd for fd kinds */                             \
+  X(LIST_REPLY, 38, list_reply, 0)                                             \
+  X(UNLINKED, 39, id, 0) /* push: a segment you hold was unlinked */           \
+  X(LET_GO, 40, id, 0)   /* push: free the memory you keep for it */           \
+  /* broker -> its successor, on a clean hand-over */                          \
+  X(HANDOFF_BEGIN, 48, handoff_begin, 2) /* + the lock and listener fds */     \
+  X(HANDOFF_SEG, 49, handoff_seg, 0)     /* + fd for fd kinds */               \
+  X(HANDOFF_END, 50, count, 0)                                                 \
+  X(HANDOFF_ACK, 51, count, 0) /* successor -> broker: it runs now */          \
+  /* Before any of it: the broker asks, the member says it takes it. */        \
+  X(HANDOFF_OFFER, 52, count, 0)  /* broker -> member: will you host? */       \
+  X(HANDOFF_ACCEPT, 53, count, 0) /* member -> broker: yes, send it */
+
 enum gpuipc__msg_type {
-  /* member -> broker */
-  GPUIPC_MSG_HELLO = 1,     /* first message on a connection */
-  GPUIPC_MSG_OPEN = 2,      /* -> CREATE_IT, HANDLE or ERROR */
-  GPUIPC_MSG_PUBLISH = 3,   /* + fd for fd kinds; -> OK(id) or ERROR */
-  GPUIPC_MSG_ABANDON = 4,   /* give a CREATE_IT reservation back */
-  GPUIPC_MSG_RELEASE = 5,   /* fire-and-forget */
-  GPUIPC_MSG_UNLINK = 6,    /* -> OK or ERROR */
-  GPUIPC_MSG_LIST = 7,      /* -> LIST_REPLY */
-  GPUIPC_MSG_REPUBLISH = 8, /* after a failover; + fd; fire-and-forget */
-  /* (9 was spoken once and is retired) */
-  GPUIPC_MSG_DISOWN = 10,   /* the keeper lets go -> OK (free it) or ERROR */
-  GPUIPC_MSG_READY = 11,    /* the creator filled it -> OK(id) or ERROR */
-  /* broker -> member */
-  GPUIPC_MSG_WELCOME = 32,
-  GPUIPC_MSG_DENIED = 33,
-  GPUIPC_MSG_ERROR = 34,
-  GPUIPC_MSG_OK = 35,
-  GPUIPC_MSG_CREATE_IT = 36, /* the name is reserved for the requester */
-  GPUIPC_MSG_HANDLE = 37,    /* + fd for fd kinds */
-  GPUIPC_MSG_LIST_REPLY = 38,
-  GPUIPC_MSG_UNLINKED = 39,  /* push: a segment you hold was unlinked */
-  GPUIPC_MSG_LET_GO = 40,    /* push: free the memory you keep for it */
-  /* broker -> its successor, on a clean hand-over */
-  GPUIPC_MSG_HANDOFF_BEGIN = 48, /* + the lock fd and the listener fd */
-  GPUIPC_MSG_HANDOFF_SEG = 49,   /* + fd for fd kinds */
-  GPUIPC_MSG_HANDOFF_END = 50,
-  GPUIPC_MSG_HANDOFF_ACK = 51,   /* successor -> broker: it runs now */
-  /* Before any of it: the broker asks, the member says it takes it. */
-  GPUIPC_MSG_HANDOFF_OFFER = 52,  /* broker -> member: will you host? */
-  GPUIPC_MSG_HANDOFF_ACCEPT = 53, /* member -> broker: yes, send it */
+#define GPUIPC__MSG_ENUM(name, num, fields, fds) GPUIPC_MSG_##name = num,
+  GPUIPC_MSG_TABLE(GPUIPC__MSG_ENUM)
+#undef GPUIPC__MSG_ENUM
 };
+/* Every type number is below this. */
+#define GPUIPC__MSG_TYPES 64
 
 /* HELLO flags. */
 #define GPUIPC__HELLO_NO_BROKER 0x1u /* never make this member the broker */

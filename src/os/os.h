@@ -164,6 +164,13 @@ int gpuipc__rundir_prune(const char *dir, unsigned flags,
  * (and not the socket of a domain of that name). */
 bool gpuipc__rundir_chan_sock(int dfd, const char *name);
 
+/*
+ * Fill @buf with @n random bytes (random.c). Returns 0 when the kernel gave
+ * them (getrandom); -errno when it could not, and @buf then holds bytes
+ * mixed from clocks, the pid and a counter: distinct, not secret.
+ */
+int gpuipc__random(void *buf, size_t n);
+
 /* ----- who this process is ----- */
 struct gpuipc__proc_id {
   uint8_t boot_id[16];

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -98,43 +97,12 @@ static int read_boot_id(uint8_t out[16])
   return 0;
 }
 
-/* Random bytes from getrandom, else a mix of clocks and addresses. */
-static void random_bytes(void *p, size_t n)
-{
-  uint8_t *b = p;
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = getrandom(b + got, n - got, 0);
-    if (r > 0) {
-      got += (size_t)r;
-      continue;
-    }
-    if (r < 0 && errno == EINTR)
-      continue;
-    break;
-  }
-  if (got == n)
-    return;
-  /* No getrandom (old kernel, seccomp): not secret, but distinct. */
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
-               ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&ts ^
-               gpuipc__now_ns();
-  for (; got < n; got++) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 29;
-    b[got] ^= (uint8_t)x;
-  }
-}
-
 static void self_compute(void)
 {
   if (!boot_known) {
     int rc = read_boot_id(self.boot_id);
     if (rc < 0) {
-      random_bytes(self.boot_id, sizeof(self.boot_id));
+      gpuipc__random(self.boot_id, sizeof(self.boot_id));
       GPUIPC_LOG_W("cannot read /proc/sys/kernel/random/boot_id (%s): using a "
                    "random boot id, so other processes will not recognise "
                    "this one as on the same boot",
@@ -152,7 +120,7 @@ static void self_compute(void)
     self.pidns = 0;
   }
   do
-    random_bytes(&self.nonce, sizeof(self.nonce));
+    gpuipc__random(&self.nonce, sizeof(self.nonce));
   while (self.nonce == 0);
 }
 

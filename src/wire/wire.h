@@ -1,6 +1,9 @@
 /*
- * src/wire: little-endian encoding with bounds checks, and the handle
- * record. Decoders check every field and say which one was wrong.
+ * src/wire: little-endian encoding with bounds checks, and every decoder
+ * of bytes that come from another process: the handle record (handle.c),
+ * the header of a client-broker message (msghdr.c; the bodies are described
+ * in src/domain/proto.c) and a channel's records (desc.c, desc.h).
+ * Decoders check every field and say which one was wrong.
  */
 #ifndef GPUIPC_WIRE_H
 #define GPUIPC_WIRE_H
@@ -77,6 +80,36 @@ int gpuipc__rbuf_finish(const struct gpuipc__rbuf *r, const char *who);
  * @w->err with a sentence naming @who and the capacity.
  */
 int gpuipc__wbuf_finish(const struct gpuipc__wbuf *w, const char *who);
+
+/*
+ * The header of a framed message (msghdr.c; the client-broker protocol in
+ * src/domain/proto.h uses it): little-endian u32 magic, u16 version, u16
+ * type, u32 request id, u32 body length.
+ */
+#define GPUIPC__MSGHDR_BYTES 16
+struct gpuipc__msghdr {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t req;
+  uint32_t body; /* bytes after the header */
+};
+
+/* Write @h at the start of @w with body length 0 (@h->body is ignored). */
+void gpuipc__msghdr_put(struct gpuipc__wbuf *w, const struct gpuipc__msghdr *h);
+/* After the body: write its length into the header (nothing after an error). */
+void gpuipc__msghdr_end(struct gpuipc__wbuf *w);
+/*
+ * Decode the header of the @len-byte message at @buf into @out and check it:
+ * @magic, @version, and a body length that is what follows the header.
+ * Returns 0; GPUIPC_E_VERSION when only the version differs (@out is filled
+ * in); GPUIPC_E_PROTO with a sentence (naming the type through @type_name)
+ * for anything else.
+ */
+int gpuipc__msghdr_decode(const void *buf, size_t len, uint32_t magic,
+                          uint16_t version,
+                          const char *(*type_name)(unsigned type),
+                          struct gpuipc__msghdr *out);
 
 /*
  * CRC-32C (Castagnoli) of @n bytes, continuing from @crc: pass 0 to start,

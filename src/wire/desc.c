@@ -1,8 +1,9 @@
 /*
- * Descriptor, release and buffer records of a channel: little-endian,
- * written with the src/wire encoders, decoded strictly. The receiving end
- * decodes what the peer wrote into shared memory, so every field is checked
- * before it is used.
+ * Descriptor, release and buffer records of a channel (src/channel sends
+ * and receives them): little-endian, written with the src/wire encoders,
+ * decoded strictly. The receiving end decodes what the peer wrote into
+ * shared memory, so every field is checked before it is used; the dtype and
+ * layout checks at the top serve that decoder and the senders' own checks.
  *
  * Descriptor (at most GPUIPC__CHAN_DESC_BYTES):
  *   u32 magic "GCHD"  u16 version  u16 type  u16 length  u16 reserved
@@ -20,7 +21,7 @@
  *   u32 magic "GCHB"  u16 version  u16 reserved  u64 key
  *   packed handle (GPUIPC_HANDLE_PACKED_SIZE bytes)
  */
-#include "channel/channel.h"
+#include "wire/desc.h"
 #include "wire/wire.h"
 
 #include <stdio.h>
@@ -274,7 +275,7 @@ int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor carries an event "
                        "without using it", who);
   if ((out->flags & GPUIPC__DESC_EVENT) &&
-      out->ev_key >= GPUIPC__CHAN_EV_DEVS * GPUIPC__CHAN_DEPTH_MAX)
+      out->ev_key >= GPUIPC__CHAN_EV_DEVS * GPUIPC_CHANNEL_DEPTH_MAX)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor event key %u is out "
                        "of range", who, out->ev_key);
   if (out->buf_size == 0 || out->buf_size > GPUIPC_SIZE_MAX_ABSURD)
@@ -339,7 +340,7 @@ int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
     return gpuipc__err(GPUIPC_E_PROTO, "%s: release carries an event "
                        "without using it", who);
   if ((out->flags & GPUIPC__REL_EVENT) &&
-      out->ev_key >= GPUIPC__CHAN_EV_DEVS * GPUIPC__CHAN_DEPTH_MAX)
+      out->ev_key >= GPUIPC__CHAN_EV_DEVS * GPUIPC_CHANNEL_DEPTH_MAX)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: release event key %u is out of "
                        "range", who, out->ev_key);
   return 0;

@@ -1,0 +1,121 @@
+/*
+ * src/wire/desc: the records a channel's two ends exchange (desc.c):
+ * descriptors and releases in the rings of the channel's shared segment,
+ * buffer messages on its socket; and the dtype and layout checks that
+ * judge a tensor from a peer (and one from a caller, src/channel and
+ * src/mpi). The layout of the rings is src/channel/channel.h's.
+ */
+#ifndef GPUIPC_WIRE_DESC_H
+#define GPUIPC_WIRE_DESC_H
+
+#include "core/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A ring slot: a descriptor and a release record are at most this long. */
+#define GPUIPC__CHAN_DESC_BYTES 512
+#define GPUIPC__CHAN_REL_BYTES 256
+/* Event keys: device * GPUIPC_CHANNEL_DEPTH_MAX + slot, device below this. */
+#define GPUIPC__CHAN_EV_DEVS 64
+
+/* ----- descriptors ----- */
+
+#define GPUIPC__DESC_MAGIC 0x44484347u /* "GCHD" */
+#define GPUIPC__DESC_VERSION 1
+#define GPUIPC__DESC_TENSOR 1
+
+/* Descriptor flags. */
+#define GPUIPC__DESC_NEW_BUF 0x1u   /* the buffer's handle is on the socket */
+#define GPUIPC__DESC_EVENT 0x2u     /* wait for sender event ev_key */
+#define GPUIPC__DESC_NEW_EVENT 0x4u /* ev_handle carries that event */
+#define GPUIPC__DESC_FORGET 0x8u    /* drop buffer forget_key */
+#define GPUIPC__DESC_STAGED 0x10u   /* the bytes are a staged copy */
+#define GPUIPC__DESC_FLAGS 0x1fu
+
+struct gpuipc__desc {
+  uint16_t type;
+  uint32_t flags;
+  uint64_t seq;
+  uint64_t buf_key;
+  uint64_t buf_size;   /* the buffer's size as the sender knows it */
+  uint64_t forget_key;
+  uint32_t ev_key;
+  uint64_t offset;     /* of the first element, in the buffer */
+  int32_t dev_type, dev_id; /* the sender's view (informational) */
+  gpuipc_dl_dtype_t dtype;
+  uint32_t ndim;
+  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
+  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
+  uint8_t ev_handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
+};
+
+/*
+ * Encode @d into @dst as it is, without judging the fields (a test writes
+ * lies with it): ndim is written as given, with min(ndim, MAX) extents.
+ * Returns the length (<= GPUIPC__CHAN_DESC_BYTES) or -ENOSPC.
+ */
+int gpuipc__desc_encode(const struct gpuipc__desc *d, void *dst, size_t cap);
+
+/*
+ * Decode and check a descriptor slot: magic, version, type, length, flags,
+ * ndim, dtype, extents, strides and offset against buf_size, keys, the
+ * event handle's presence. GPUIPC_E_PROTO with a sentence beginning with
+ * @who and naming the field.
+ */
+int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
+                        const char *who);
+
+/* Bytes per element of @dt, 0 when gpuipc does not know the dtype. */
+size_t gpuipc__dtype_size(gpuipc_dl_dtype_t dt);
+
+/*
+ * Check a layout: @ndim <= MAX, a known dtype, extents >= 0, and every
+ * element reachable from @offset through @shape and @strides (in
+ * elements; NULL: row-major) inside [0, @size). Fills @span (bytes from
+ * the lowest to one past the highest element, 0 when empty) when not NULL.
+ * Returns 0 or @code with a sentence beginning with @who.
+ */
+int gpuipc__layout_check(int code, const char *who, gpuipc_dl_dtype_t dt,
+                         int64_t ndim, const int64_t *shape,
+                         const int64_t *strides, uint64_t offset,
+                         uint64_t size, uint64_t *span);
+
+/* Whether @strides (NULL counts as such) are row-major for @shape. */
+bool gpuipc__layout_compact(int ndim, const int64_t *shape,
+                            const int64_t *strides);
+
+/* Number of elements (0 if any extent is 0). */
+uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
+
+/* ----- release records ----- */
+
+#define GPUIPC__REL_MAGIC 0x52484347u /* "GCHR" */
+#define GPUIPC__REL_EVENT 0x1u        /* the sender must wait for ev_key */
+#define GPUIPC__REL_NEW_EVENT 0x2u    /* ev_handle carries it */
+#define GPUIPC__REL_FLAGS 0x3u
+
+struct gpuipc__rel {
+  uint32_t flags;
+  uint64_t seq;
+  uint32_t ev_key;
+  uint8_t ev_handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
+};
+
+int gpuipc__rel_encode(const struct gpuipc__rel *r, void *dst, size_t cap);
+int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
+                       const char *who);
+
+/* ----- the buffer message on the socket ----- */
+
+#define GPUIPC__BUFMSG_MAGIC 0x42484347u /* "GCHB" */
+#define GPUIPC__BUFMSG_BYTES (16 + GPUIPC_HANDLE_PACKED_SIZE)
+
+int gpuipc__bufmsg_encode(uint64_t key, const gpuipc_handle_t *h, void *dst,
+                          size_t cap);
+/* Decode; @out->fd is left -1. */
+int gpuipc__bufmsg_decode(const void *src, size_t len, uint64_t *key,
+                          gpuipc_handle_t *out, const char *who);
+
+#endif
