@@ -113,20 +113,20 @@ struct gpuipc_mpi_channel {
   bool closed;
 };
 
-/* A view received on the MPI path: a buffer of the receiver's own. */
+#define MVIEW_MAGIC 0x5749564du /* "MVIW" */
+
+/* A view received on the MPI path: a buffer of the receiver's own. The
+ * user sees .t; the magic after it tells gpuipc_mpi_tensor_release an
+ * MPI-path view from a gpuipc channel's, as src/channel knows its own
+ * (gpuipc__view_of). */
 struct mview {
   gpuipc_tensor_t t;
+  uint32_t magic;
   int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
   int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
-  struct gpuipc_mpi_channel *ch;
+  struct gpuipc_mpi_channel *ch; /* a reference */
   uint64_t seq;
-  struct mview *prev, *next;
 };
-
-/* Live MPI-path views, so that gpuipc_mpi_tensor_release tells them from
- * gpuipc's without reading past a view it does not own. */
-static pthread_mutex_t g_views_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct mview *g_views;
 
 /* ---- small things --------------------------------------------------------*/
 
@@ -1337,13 +1337,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_recv(gpuipc_mpi_channel_t *ch,
   v->seq = w->seq;
   v->ch = ch;
   __atomic_add_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL);
+  v->magic = MVIEW_MAGIC;
   rc = rx_next(ch);
-  pthread_mutex_lock(&g_views_lock);
-  v->next = g_views;
-  if (g_views != NULL)
-    g_views->prev = v;
-  g_views = v;
-  pthread_mutex_unlock(&g_views_lock);
   *view = &v->t;
   v = NULL;
 unlock:
@@ -1432,23 +1427,12 @@ GPUIPC_MPI_API int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view,
   gpuipc__mpi_call_begin();
   if (view == NULL)
     return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_tensor_release: NULL view");
-  struct mview *v;
-  pthread_mutex_lock(&g_views_lock);
-  for (v = g_views; v != NULL && &v->t != view; v = v->next)
-    ;
-  if (v != NULL) {
-    if (v->prev != NULL)
-      v->prev->next = v->next;
-    else
-      g_views = v->next;
-    if (v->next != NULL)
-      v->next->prev = v->prev;
-  }
-  pthread_mutex_unlock(&g_views_lock);
-  if (v == NULL) {
+  struct mview *v = (struct mview *)view;
+  if (v->magic != MVIEW_MAGIC) {
     int rc = gpuipc_tensor_release(view, stream);
     return rc ? gpuipc__mpi_fail_gpuipc(rc) : 0;
   }
+  v->magic = 0;
   struct gpuipc_mpi_channel *ch = v->ch;
   gpuipc_buf_t *b = v->t.buf;
   int rc = 0;
