@@ -4,8 +4,8 @@
  * which share gpu.c's helpers (gpu.h). buf.c holds the public buffer calls
  * and reaches a kind only through its gpuipc__kind_ops table; foreign.c
  * makes handles of memory gpuipc did not allocate, through the kinds'
- * export_foreign entries. Calls go one way: buf.c, foreign.c -> kinds ->
- * gpu.c.
+ * export_foreign entries. Calls go one way: foreign.c -> buf.c -> kinds
+ * -> gpu.c (foreign.c also takes vmm.c's granularity).
  */
 #ifndef GPUIPC_MEM_H
 #define GPUIPC_MEM_H

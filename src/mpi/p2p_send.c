@@ -116,7 +116,8 @@ static int tx_break(struct gpuipc_mpi_channel *ch, int rc)
  * A staging buffer of @n bytes for slot @s: its own when large enough,
  * else that of a slot whose sends are over (free, or awaiting only its
  * release), swapped, so that pinning new memory (milliseconds for a few
- * MiB) is rare. Else a new one. tx_lock held, after tx_poll.
+ * MiB) is rare. Else a new one. tx_lock held, after
+ * gpuipc__mpi_tx_poll.
  */
 static int tx_stage(struct gpuipc_mpi_channel *ch, struct slot *s, uint64_t n)
 {
