@@ -9,10 +9,14 @@
  * finds the original buffer the same way. A buffer being imported sits in
  * the table as a placeholder so that concurrent imports of the same export
  * wait for one mapping instead of making two.
+ *
+ * A kind is reached only through its gpuipc__kind_ops table (mem.h): the
+ * calls here check what all kinds share and leave the rest to the kind.
  */
 #include "mem/mem.h"
 
 #include "cuda/cuda.h"
+#include "cuda/peer.h"
 #include "os/os.h"
 #include "wire/wire.h"
 
@@ -269,6 +273,34 @@ gpuipc_kind_t gpuipc_buf_kind(const gpuipc_buf_t *buf)
 int gpuipc_buf_device(const gpuipc_buf_t *buf)
 {
   return buf != NULL ? buf->device : -1;
+}
+
+int gpuipc_buf_access(gpuipc_buf_t *buf, int device)
+{
+  static const char who[] = "gpuipc_buf_access";
+  if (buf == NULL)
+    return gpuipc__err(-EINVAL, "%s: NULL buffer", who);
+  if (buf->ops->access == NULL)
+    return 0; /* HOST memory: every device reaches it */
+  int rc = gpuipc__dev_check(device, who);
+  if (rc != 0)
+    return rc;
+  if (device == buf->device)
+    return 0;
+  int owner = gpuipc_device_by_uuid(buf->uuid);
+  if (owner < 0)
+    return owner;
+  rc = gpuipc__p2p_check(device, owner, who);
+  if (rc != 0)
+    return rc;
+  return buf->ops->access(buf, device, owner);
+}
+
+int gpuipc_buf_alive(const gpuipc_buf_t *buf)
+{
+  if (buf == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_alive: NULL buffer");
+  return buf->ops->alive != NULL ? buf->ops->alive(buf) : 0;
 }
 
 int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out)

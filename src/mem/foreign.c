@@ -4,7 +4,10 @@
  * PyTorch's storage._share_cuda_() form of it) and
  * gpuipc_handle_from_cuda_fd (a cuMem POSIX file descriptor). The handle
  * made is an ordinary one: gpuipc_buf_import maps it, the import cache
- * keeps it, gpuipc_handle_pack carries it.
+ * keeps it, gpuipc_handle_pack carries it. And the other way,
+ * gpuipc_buf_export_foreign: a handle for device memory gpuipc did not
+ * allocate, made here up to the kind of the memory, then by that kind's
+ * export_foreign (legacy.c, vmm.c) through its gpuipc__kind_ops table.
  *
  * Identity (what the import cache keys on). A legacy handle names a block
  * of its exporter, which we know by pid; the exporter's own nonce is
@@ -189,6 +192,17 @@ int gpuipc_handle_from_cuda_ipc(const void *bytes, size_t len, size_t offset,
 
 #if GPUIPC_HAVE_CUDA
 
+/*
+ * A new export id for a handle made of memory gpuipc did not allocate
+ * (gpuipc_buf_export_foreign, gpuipc_handle_from_cuda_fd): top bit set,
+ * apart from the buffers' ids, never reused by this process.
+ */
+static uint64_t foreign_export_id(void)
+{
+  static _Atomic uint64_t foreign_ids = 1;
+  return (1ull << 63) | atomic_fetch_add(&foreign_ids, 1);
+}
+
 int gpuipc_handle_from_cuda_fd(int fd, size_t offset, size_t size,
                                int device, gpuipc_handle_t *out)
 {
@@ -218,11 +232,125 @@ int gpuipc_handle_from_cuda_fd(int fd, size_t offset, size_t size,
   h.kind = GPUIPC_KIND_VMM;
   h.type = GPUIPC_HT_POSIX_FD;
   h.alloc_size = span;
-  h.export_id = gpuipc__foreign_export_id();
+  h.export_id = foreign_export_id();
   rc = gpuipc__handle_validate(&h, who);
   if (rc != 0)
     return rc;
   h.fd = fd;
+  *out = h;
+  return 0;
+}
+
+/* ----- gpuipc_buf_export_foreign ----- */
+
+/* The export of [p, p + size), in the context of the memory's device. */
+/* The kind whose export_foreign shares the device memory at @p (> 0), or
+ * a negative code. */
+static int foreign_kind(CUdeviceptr p)
+{
+  void *ptr = (void *)(uintptr_t)p;
+  unsigned long long legacy_ok = 0; /* a boolean of the driver's width */
+  static const char attr[] =
+      "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)";
+  int rc = gpuipc__ptr_attr(
+      &legacy_ok, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p, attr);
+  if (rc != 0)
+    return rc;
+  if (legacy_ok)
+    return GPUIPC_KIND_LEGACY;
+  CUmemGenericAllocationHandle probe;
+  if (gpuipc__cu.cuMemRetainAllocationHandle == NULL ||
+      gpuipc__cu.cuMemRetainAllocationHandle(&probe, ptr) != CUDA_SUCCESS)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "gpuipc_buf_export_foreign: %p is neither "
+                       "cudaMalloc/cuMemAlloc memory nor a cuMemCreate "
+                       "mapping", ptr);
+  gpuipc__cu.cuMemRelease(probe);
+  return GPUIPC_KIND_VMM;
+}
+
+static int foreign_export(CUdeviceptr p, size_t size, unsigned flags,
+                          gpuipc_handle_t *h)
+{
+  static const char who[] = "gpuipc_buf_export_foreign";
+  void *ptr = (void *)(uintptr_t)p;
+  CUdeviceptr base = 0;
+  size_t rsize = 0;
+  int rc = GPUIPC_CU(cuMemGetAddressRange, &base, &rsize, p);
+  if (rc != 0)
+    return rc;
+  if (size > rsize - (size_t)(p - base))
+    return gpuipc__err(-EINVAL, "%s: [%p, +%zu) runs past the end of its "
+                       "allocation [0x%llx, +%zu)", who, ptr, size,
+                       (unsigned long long)base, rsize);
+  h->size = size;
+  h->offset = (uint64_t)(p - base);
+  h->alloc_size = rsize;
+  int kind = foreign_kind(p);
+  if (kind < 0)
+    return kind;
+  const struct gpuipc__foreign_range r = {
+      .ptr = p, .size = size, .base = base, .alloc_size = rsize,
+      .flags = flags};
+  return gpuipc__kind_ops((gpuipc_kind_t)kind)->export_foreign(&r, h);
+}
+
+int gpuipc_buf_export_foreign(void *ptr, size_t size, unsigned flags,
+                              gpuipc_handle_t *out)
+{
+  static const char who[] = "gpuipc_buf_export_foreign";
+  if (ptr == NULL || size == 0 || out == NULL ||
+      (flags & ~GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK) != 0)
+    return gpuipc__err(-EINVAL, "%s: %s", who,
+                       ptr == NULL    ? "ptr is NULL"
+                       : size == 0    ? "size is 0"
+                       : out == NULL  ? "out is NULL"
+                                      : "unknown flags");
+  int rc = gpuipc__cuda_load();
+  if (rc != 0)
+    return rc;
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+  unsigned int memtype = 0;
+  CUresult r = gpuipc__cu.cuPointerGetAttribute(
+      &memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+  if (r != CUDA_SUCCESS || memtype != CU_MEMORYTYPE_DEVICE)
+    return gpuipc__err(-EINVAL, "%s: %p is not CUDA device memory", who, ptr);
+  /*
+   * Stream-ordered pool memory sits in the pool's larger allocations:
+   * sharing its handle would share the neighbours (share the pool).
+   */
+  CUmemoryPool mempool = NULL;
+  r = gpuipc__cu.cuPointerGetAttribute(&mempool,
+                                       CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p);
+  if (r == CUDA_SUCCESS && mempool != NULL)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "%s: %p comes from a stream-ordered memory pool, "
+                       "whose memory is shared by exporting the pool (the "
+                       "POOL kind), never one allocation by itself", who, ptr);
+  int dev = -1;
+  rc = gpuipc__ptr_attr(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p,
+                        "cuPointerGetAttribute(DEVICE_ORDINAL)");
+  if (rc == 0)
+    rc = gpuipc__dev_check(dev, who);
+  if (rc != 0)
+    return rc;
+  gpuipc_handle_t h;
+  handle_init(&h, dev, 0, size);
+  struct gpuipc__ctx_saved saved;
+  rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  rc = foreign_export(p, size, flags, &h);
+  gpuipc__ctx_leave(&saved);
+  if (rc != 0)
+    return rc;
+  h.export_id = foreign_export_id();
+  rc = gpuipc__handle_validate(&h, who);
+  if (rc != 0) {
+    if (h.fd >= 0)
+      close(h.fd);
+    return rc;
+  }
   *out = h;
   return 0;
 }
@@ -238,6 +366,16 @@ int gpuipc_handle_from_cuda_fd(int fd, size_t offset, size_t size,
     return gpuipc__err(-EINVAL, "gpuipc_handle_from_cuda_fd: bad argument");
   return gpuipc__err(GPUIPC_E_UNSUPPORTED,
                      "gpuipc_handle_from_cuda_fd: built without CUDA");
+}
+
+int gpuipc_buf_export_foreign(void *ptr, size_t size, unsigned flags,
+                              gpuipc_handle_t *out)
+{
+  if (ptr == NULL || size == 0 || out == NULL ||
+      (flags & ~GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK) != 0)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_export_foreign: bad argument");
+  return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                     "gpuipc_buf_export_foreign: built without CUDA");
 }
 
 #endif

@@ -1,5 +1,7 @@
 /*
- * src/mem: what the GPU kinds (vmm.c, legacy.c, pool.c) share, in gpu.c.
+ * src/mem: what the GPU kinds (vmm.c, legacy.c, pool.c) share, in gpu.c,
+ * and the few calls the kinds offer their neighbours beyond their
+ * gpuipc__kind_ops tables (at the end, each marked with its file).
  */
 #ifndef GPUIPC_MEM_GPU_H
 #define GPUIPC_MEM_GPU_H
@@ -47,32 +49,29 @@ bool gpuipc__exporter_gone(const uint8_t boot_id[16], uint64_t pidns,
 bool gpuipc__exporter_gone_fast(const uint8_t boot_id[16], uint64_t pidns,
                                 uint32_t pid);
 
+#if GPUIPC_HAVE_CUDA
+/* Read-write access for local device @device, for cuMemSetAccess. */
+void gpuipc__rw_access(CUmemAccessDesc *a, int device);
+
+/* The CUDA error in a CUresult, for the few callers that branch on it. */
+int gpuipc__cu_oom(CUresult r, const char *what, size_t size, int device);
+
+/* cuPointerGetAttribute(@a) of @p into @out; @name says which, on error. */
+int gpuipc__ptr_attr(void *out, CUpointer_attribute a, CUdeviceptr p,
+                     const char *name);
+#endif
+
+/* ----- offered by the kinds themselves ----- */
+
 /*
- * POOL import statistics for tests: pools imported from other processes
- * since the start, and imported pools alive now.
+ * pool.c: POOL import statistics for tests: pools imported from other
+ * processes since the start, and imported pools alive now.
  */
 void gpuipc__pool_stats(uint64_t *imported, uint64_t *live);
 
 #if GPUIPC_HAVE_CUDA
-/* Grant local device @device read-write access to @b (gpuipc_buf_access). */
-int gpuipc__vmm_access(struct gpuipc_buf *b, int device);
-int gpuipc__pool_access(struct gpuipc_buf *b, int device);
-
-/* Read-write access for local device @device, for cuMemSetAccess. */
-void gpuipc__rw_access(CUmemAccessDesc *a, int device);
-
-/*
- * A new export id for a handle made of memory gpuipc did not allocate
- * (gpuipc_buf_export_foreign, gpuipc_handle_from_cuda_fd): top bit set,
- * apart from the buffers' ids, never reused by this process.
- */
-uint64_t gpuipc__foreign_export_id(void);
-
-/* The VMM allocation granularity of local device @device. */
+/* vmm.c: the VMM allocation granularity of local device @device. */
 int gpuipc__vmm_granularity(int device, size_t *out);
-
-/* The CUDA error in a CUresult, for the few callers that branch on it. */
-int gpuipc__cu_oom(CUresult r, const char *what, size_t size, int device);
 #endif
 
 #endif

@@ -335,6 +335,68 @@ static int legacy_same_export(const struct gpuipc_buf *b,
                      (unsigned long long)h->export_id, h->pid);
 }
 
+/*
+ * gpuipc_buf_export_foreign: the cudaMalloc allocation [base, base +
+ * alloc_size) by legacy IPC. Only a whole allocation that fills whole
+ * blocks of its own keeps the neighbours' bytes out of the importer's
+ * reach.
+ */
+static int legacy_export_foreign(const struct gpuipc__foreign_range *r,
+                                 gpuipc_handle_t *h)
+{
+  static const char who[] = "gpuipc_buf_export_foreign";
+  CUdeviceptr p = (CUdeviceptr)r->ptr, base = (CUdeviceptr)r->base;
+  size_t size = r->size, rsize = r->alloc_size;
+  bool whole = p == base && size == rsize &&
+               base % GPUIPC__LEGACY_BLOCK == 0 &&
+               rsize % GPUIPC__LEGACY_BLOCK == 0;
+  if (!whole && !(r->flags & GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK))
+    return gpuipc__err(GPUIPC_E_WHOLEBLOCK,
+                       "%s: [0x%llx, +%zu) lies in the cudaMalloc allocation "
+                       "[0x%llx, +%zu), which %s: a legacy IPC handle would "
+                       "let the importer read its whole 2 MiB block; pass "
+                       "GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK to accept that",
+                       who, (unsigned long long)p, size,
+                       (unsigned long long)base, rsize,
+                       p != base || size != rsize
+                           ? "the range does not cover"
+                           : "does not fill whole 2 MiB blocks of its own "
+                             "(small allocations share blocks)");
+  if (gpuipc__cu.cuIpcGetMemHandle == NULL)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "%s: the driver lacks "
+                       "cuIpcGetMemHandle", who);
+  CUipcMemHandle ipc;
+  int rc = GPUIPC_CU(cuIpcGetMemHandle, &ipc, base);
+  if (rc != 0)
+    return rc;
+  h->kind = GPUIPC_KIND_LEGACY;
+  h->type = GPUIPC_HT_LEGACY;
+  _Static_assert(sizeof(ipc.reserved) == GPUIPC_HANDLE_BYTES,
+                 "CUipcMemHandle is 64 bytes");
+  memcpy(h->bytes, ipc.reserved, GPUIPC_HANDLE_BYTES);
+  h->fd = -1;
+  return 0;
+}
+
+/* gpuipc_buf_access: cuMemAlloc memory (and its IPC mappings) follow peer
+ * access. */
+static int legacy_access(struct gpuipc_buf *b, int device, int owner)
+{
+  return gpuipc_peer_enable(device, owner);
+}
+
+/* gpuipc_buf_alive: an imported block dies with the process that
+ * allocated it. */
+static int legacy_alive(const struct gpuipc_buf *b)
+{
+  if (b->imported && gpuipc__exporter_gone(b->boot_id, b->pidns, b->pid))
+    return gpuipc__err(GPUIPC_E_PEER_GONE,
+                       "gpuipc_buf_alive: the process %u that allocated "
+                       "this LEGACY buffer has exited, and its memory with it",
+                       b->pid);
+  return 0;
+}
+
 const struct gpuipc__kind_ops gpuipc__legacy_ops = {
     .kind = GPUIPC_KIND_LEGACY,
     .available = legacy_available,
@@ -343,6 +405,9 @@ const struct gpuipc__kind_ops gpuipc__legacy_ops = {
     .import = legacy_import,
     .release = legacy_release,
     .same_export = legacy_same_export,
+    .access = legacy_access,
+    .alive = legacy_alive,
+    .export_foreign = legacy_export_foreign,
 };
 
 #endif

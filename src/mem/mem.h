@@ -1,6 +1,11 @@
 /*
  * src/mem: the buffer object and the interface each kind implements.
- * Kinds: host.c (memfd), and the CUDA kinds (vmm.c, legacy.c, pool.c).
+ * Kinds: host.c (memfd), and the CUDA kinds (vmm.c, legacy.c, pool.c),
+ * which share gpu.c's helpers (gpu.h). buf.c holds the public buffer calls
+ * and reaches a kind only through its gpuipc__kind_ops table; foreign.c
+ * makes handles of memory gpuipc did not allocate, through the kinds'
+ * export_foreign entries. Calls go one way: foreign.c -> buf.c -> kinds
+ * -> gpu.c (foreign.c also takes vmm.c's granularity).
  */
 #ifndef GPUIPC_MEM_H
 #define GPUIPC_MEM_H
@@ -13,6 +18,19 @@
 #include <stdint.h>
 
 struct gpuipc_buf;
+
+/*
+ * Device memory gpuipc did not allocate, for a kind's export_foreign:
+ * [ptr, ptr + size) inside the driver's allocation [base, base +
+ * alloc_size), with gpuipc_buf_export_foreign's @flags.
+ */
+struct gpuipc__foreign_range {
+  uint64_t ptr; /* CUdeviceptr values */
+  size_t size;
+  uint64_t base;
+  size_t alloc_size;
+  unsigned flags;
+};
 
 /*
  * A buffer's last-release hook. Returns false to let the kind free the
@@ -60,6 +78,28 @@ struct gpuipc__kind_ops {
    * 0, or GPUIPC_E_BADHANDLE with a sentence.
    */
   int (*same_export)(const struct gpuipc_buf *b, const gpuipc_handle_t *h);
+  /*
+   * Optional: grant local device @device read-write access to @b, whose
+   * memory is on local device @owner (gpuipc_buf_access, which has checked
+   * that @device is visible, is not b->device and reaches @owner by P2P).
+   * Without it (HOST) every device reaches the memory already.
+   */
+  int (*access)(struct gpuipc_buf *b, int device, int owner);
+  /*
+   * Optional: whether @b's memory is still there (gpuipc_buf_alive): 0, or
+   * GPUIPC_E_PEER_GONE with a sentence. Without it, memory lives as long
+   * as a buffer maps it.
+   */
+  int (*alive)(const struct gpuipc_buf *b);
+  /*
+   * Optional: fill @h's kind, type, bytes and fd (a new close-on-exec
+   * descriptor or -1) to share @r, memory of this kind that gpuipc did not
+   * allocate (gpuipc_buf_export_foreign, which found the kind and is in
+   * the context of the memory's device). Identity, sizes and UUID are
+   * filled by the caller.
+   */
+  int (*export_foreign)(const struct gpuipc__foreign_range *r,
+                        gpuipc_handle_t *h);
 };
 
 struct gpuipc_buf {

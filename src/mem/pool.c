@@ -415,19 +415,28 @@ static int pool_release(struct gpuipc_buf *b)
   return rc;
 }
 
-int gpuipc__pool_access(struct gpuipc_buf *b, int device)
+/* Let @device use the pool of @b. Caller holds pools_lock. */
+static int pool_grant(struct gpuipc_buf *b, int device)
 {
   struct pool_buf *pb = b->priv;
+  if (pb->remote != NULL)
+    return remote_grant(pb->remote, device);
+  CUmemAccessDesc a;
+  gpuipc__rw_access(&a, device);
+  return GPUIPC_CU(cuMemPoolSetAccess, local[b->device].pool, &a, 1);
+}
+
+/* gpuipc_buf_access: in the context of the device granted, as imports do. */
+static int pool_access(struct gpuipc_buf *b, int device, int owner)
+{
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(device, &saved);
+  if (rc != 0)
+    return rc;
   pthread_mutex_lock(&pools_lock);
-  int rc;
-  if (pb->remote != NULL) {
-    rc = remote_grant(pb->remote, device);
-  } else {
-    CUmemAccessDesc a;
-    gpuipc__rw_access(&a, device);
-    rc = GPUIPC_CU(cuMemPoolSetAccess, local[b->device].pool, &a, 1);
-  }
+  rc = pool_grant(b, device);
   pthread_mutex_unlock(&pools_lock);
+  gpuipc__ctx_leave(&saved);
   return rc;
 }
 
@@ -446,6 +455,7 @@ const struct gpuipc__kind_ops gpuipc__pool_ops = {
     .export = pool_export,
     .import = pool_import,
     .release = pool_release,
+    .access = pool_access,
 };
 
 #else /* !GPUIPC_HAVE_CUDA */

@@ -408,12 +408,69 @@ int gpuipc__vmm_granularity(int device, size_t *out)
   return granularity(gpuipc__dev_get(device), out);
 }
 
-int gpuipc__vmm_access(struct gpuipc_buf *b, int device)
+/* gpuipc_buf_access: in the context of the device granted, as imports do. */
+static int vmm_access(struct gpuipc_buf *b, int device, int owner)
 {
   struct vmm *v = b->priv;
   CUmemAccessDesc a;
   gpuipc__rw_access(&a, device);
-  return GPUIPC_CU(cuMemSetAccess, v->va, v->map_size, &a, 1);
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(device, &saved);
+  if (rc != 0)
+    return rc;
+  rc = GPUIPC_CU(cuMemSetAccess, v->va, v->map_size, &a, 1);
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
+
+/*
+ * gpuipc_buf_export_foreign: the cuMemCreate allocation mapped at [base,
+ * base + alloc_size), by fd.
+ */
+static int vmm_export_foreign(const struct gpuipc__foreign_range *r,
+                              gpuipc_handle_t *h)
+{
+  static const char who[] = "gpuipc_buf_export_foreign";
+  CUdeviceptr p = (CUdeviceptr)r->ptr, base = (CUdeviceptr)r->base;
+  size_t size = r->size, rsize = r->alloc_size;
+  unsigned long long types = 0;
+  int rc = gpuipc__ptr_attr(&types, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                            p, "cuPointerGetAttribute(ALLOWED_HANDLE_TYPES)");
+  if (rc != 0)
+    return rc;
+  if (!(types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED,
+                       "%s: 0x%llx was created without "
+                       "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (handle "
+                       "types 0x%llx): it cannot be shared", who,
+                       (unsigned long long)p, types);
+  if ((p != base || size != rsize) &&
+      !(r->flags & GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK))
+    return gpuipc__err(GPUIPC_E_WHOLEBLOCK,
+                       "%s: [0x%llx, +%zu) is part of the cuMemCreate "
+                       "allocation [0x%llx, +%zu) and its fd would share "
+                       "all of it; pass GPUIPC_FOREIGN_ALLOW_WHOLEBLOCK to "
+                       "accept that", who, (unsigned long long)p, size,
+                       (unsigned long long)base, rsize);
+  CUmemGenericAllocationHandle mh;
+  rc = GPUIPC_CU(cuMemRetainAllocationHandle, &mh, (void *)(uintptr_t)base);
+  if (rc != 0)
+    return rc;
+  int fd = -1;
+  rc = GPUIPC_CU(cuMemExportToShareableHandle, &fd, mh,
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  gpuipc__cu.cuMemRelease(mh); /* the retain's reference */
+  if (rc != 0)
+    return rc;
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+    rc = gpuipc__err_errno(errno, "%s: fcntl(FD_CLOEXEC)", who);
+    close(fd);
+    return rc;
+  }
+  h->kind = GPUIPC_KIND_VMM;
+  h->type = GPUIPC_HT_POSIX_FD;
+  h->fd = fd;
+  return 0;
 }
 
 const struct gpuipc__kind_ops gpuipc__vmm_ops = {
@@ -423,6 +480,8 @@ const struct gpuipc__kind_ops gpuipc__vmm_ops = {
     .export = vmm_export,
     .import = vmm_import,
     .release = vmm_release,
+    .access = vmm_access,
+    .export_foreign = vmm_export_foreign,
 };
 
 #else /* !GPUIPC_HAVE_CUDA */

@@ -13,6 +13,10 @@
 
 #include "mpi/mpi_int.h"
 
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
 /* ---- failure sentences ---------------------------------------------------*/
 
 static __thread char g_err[512];
@@ -42,6 +46,26 @@ int gpuipc__mpi_fail_mpi(int mrc, const char *call)
   if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS)
     snprintf(msg, sizeof(msg), "MPI error %d", mrc);
   return gpuipc__mpi_fail(-EIO, "%s failed: %s", call, msg);
+}
+
+int gpuipc__mpi_err(int mrc, const char *call)
+{
+#if defined(MPIX_ERR_PROC_FAILED)
+  int cls = 0;
+  if (MPI_Error_class(mrc, &cls) == MPI_SUCCESS &&
+      cls == MPIX_ERR_PROC_FAILED)
+    return gpuipc__mpi_fail(GPUIPC_E_PEER_GONE,
+                            "%s: the peer rank has failed", call);
+#endif
+  return gpuipc__mpi_fail_mpi(mrc, call);
+}
+
+void gpuipc__mpi_cancel(MPI_Request *r)
+{
+  if (*r == MPI_REQUEST_NULL)
+    return;
+  MPI_Cancel(r);
+  MPI_Wait(r, MPI_STATUS_IGNORE);
 }
 
 GPUIPC_MPI_API const char *gpuipc_mpi_last_error(void)

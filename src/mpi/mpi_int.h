@@ -1,14 +1,15 @@
 /*
  * Internals of libgpuipc_mpi shared by its files: failure sentences,
  * agreement of outcomes, scopes and domains (mpi.c), staging copies for
- * GPU memory (stage.c). Never exported: the library hides every symbol
- * not marked GPUIPC_MPI_API.
+ * GPU memory (stage.c); the channel's own are in mpi_chan.h. Never
+ * exported: the library hides every symbol not marked GPUIPC_MPI_API.
  */
 #ifndef GPUIPC_MPI_INT_H
 #define GPUIPC_MPI_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gpuipc_mpi.h"
 
@@ -22,6 +23,11 @@ __attribute__((format(printf, 2, 3))) int gpuipc__mpi_fail(int code,
 int gpuipc__mpi_fail_gpuipc(int code);
 /* An MPI call failed with @mrc: -EIO with MPI's sentence. */
 int gpuipc__mpi_fail_mpi(int mrc, const char *call);
+/* An MPI failure between two ranks: GPUIPC_E_PEER_GONE where MPI says
+ * the peer failed, else as gpuipc__mpi_fail_mpi. */
+int gpuipc__mpi_err(int mrc, const char *call);
+/* Cancel and complete @r, unless it is MPI_REQUEST_NULL. */
+void gpuipc__mpi_cancel(MPI_Request *r);
 /* The value of gpuipc setting @name (gpuipc_config_get; never NULL: ""
  * when unset). */
 const char *gpuipc__mpi_setting(const char *name);
@@ -42,6 +48,8 @@ int gpuipc__mpi_scope_comm(MPI_Comm comm, gpuipc_mpi_scope_t scope,
 int gpuipc__mpi_join_new(MPI_Comm scope, gpuipc_domain_t **out);
 
 /* ---- GPU memory (stage.c) ------------------------------------------------*/
+
+#define NEV 16 /* staging copies (and receives) in flight per direction */
 
 /*
  * Whether to hand device pointers to MPI: GPUIPC_MPI_CUDA_AWARE "1" or
@@ -69,5 +77,22 @@ int gpuipc__mpi_stream_sync(int device, void *stream);
  * value that is not a power of two in 4..1048576.
  */
 int gpuipc__mpi_chunk_setting(unsigned *shift);
+
+/* Release the events @ev[NEV]; *@ev_dev becomes -1. */
+void gpuipc__mpi_ev_free(gpuipc_event_t **ev, int *ev_dev);
+/*
+ * Events @ev[NEV] for copies on device @dev, made once and kept (anew when
+ * the device changes). Where the device cannot make them, ev[0] stays NULL
+ * and the copies are waited for one by one.
+ */
+void gpuipc__mpi_ev_fit(gpuipc_event_t **ev, int *ev_dev, int dev);
+/*
+ * Copy one staged chunk on @stream of device @dev: queued, with @ev
+ * recorded after it, or (@ev NULL: no events on the device) waited for.
+ */
+int gpuipc__mpi_stage_copy(int dev, void *to, const void *from, uint64_t len,
+                           void *stream, gpuipc_event_t *ev);
+/* Grow @*buf (HOST, pinned when a GPU is there) to hold @n bytes. */
+int gpuipc__mpi_stage_fit(gpuipc_buf_t **buf, uint64_t n);
 
 #endif /* GPUIPC_MPI_INT_H */

@@ -1,5 +1,5 @@
 /*
- * The records of the MPI path of channels (src/mpi/channel.c), shared with
+ * The records of the MPI path of channels (src/mpi/p2p*.c), shared with
  * the test that speaks them by hand (tests/mpi/mpi_channel_proto.c).
  *
  * On the pair's communicator (ranks 0 and 1), three tags:

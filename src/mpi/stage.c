@@ -1,7 +1,8 @@
 /*
  * Copies between host and GPU memory for the MPI path of channels: through
  * libgpuipc (gpuipc_memcpy, in the device's primary context), so that the
- * driver is loaded once, by the library. And the chunk size setting.
+ * driver is loaded once, by the library. The chunk size setting. And the
+ * events and pinned buffers the channel's staged chunks use.
  */
 
 #include <errno.h>
@@ -74,4 +75,59 @@ int gpuipc__mpi_stream_sync(int device, void *stream)
 {
   int rc = gpuipc_stream_sync(device, stream);
   return rc != 0 ? gpuipc__mpi_fail_gpuipc(rc) : 0;
+}
+
+/* ---- staging chunks of the MPI channel -----------------------------------*/
+
+void gpuipc__mpi_ev_free(gpuipc_event_t **ev, int *ev_dev)
+{
+  for (int i = 0; i < NEV; i++) {
+    if (ev[i] != NULL)
+      gpuipc_event_release(ev[i]);
+    ev[i] = NULL;
+  }
+  *ev_dev = -1;
+}
+
+void gpuipc__mpi_ev_fit(gpuipc_event_t **ev, int *ev_dev, int dev)
+{
+  if (*ev_dev == dev)
+    return;
+  gpuipc__mpi_ev_free(ev, ev_dev);
+  *ev_dev = dev;
+  for (int i = 0; i < NEV; i++) {
+    if (gpuipc_event_create(dev, 0, &ev[i]) != 0) {
+      gpuipc__mpi_ev_free(ev, ev_dev);
+      *ev_dev = dev;
+      return;
+    }
+  }
+}
+
+int gpuipc__mpi_stage_copy(int dev, void *to, const void *from, uint64_t len,
+                           void *stream, gpuipc_event_t *ev)
+{
+  if (ev == NULL)
+    return gpuipc__mpi_copy(dev, to, from, len, stream);
+  int rc = gpuipc__mpi_copy_async(dev, to, from, len, stream);
+  if (rc == 0) {
+    rc = gpuipc_event_record(ev, stream);
+    if (rc != 0)
+      rc = gpuipc__mpi_fail_gpuipc(rc);
+  }
+  return rc;
+}
+
+int gpuipc__mpi_stage_fit(gpuipc_buf_t **buf, uint64_t n)
+{
+  if (*buf != NULL && gpuipc_buf_size(*buf) >= n)
+    return 0;
+  gpuipc_buf_t *b;
+  int rc = gpuipc_buf_alloc(n, GPUIPC_KIND_HOST, -1, 0, &b);
+  if (rc != 0)
+    return gpuipc__mpi_fail_gpuipc(rc);
+  if (*buf != NULL)
+    gpuipc_buf_release(*buf);
+  *buf = b;
+  return 0;
 }
