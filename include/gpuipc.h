@@ -31,9 +31,17 @@ extern "C" {
 #define GPUIPC_API
 #endif
 
-#define GPUIPC_VERSION_MAJOR 0
-#define GPUIPC_VERSION_MINOR 1
+/*
+ * The version of this header; gpuipc_version() gives the library's as
+ * "MAJOR.MINOR.PATCH". GPUIPC_VERSION is one number that orders releases
+ * (10000 for 1.0.0), for #if GPUIPC_VERSION >= ... tests.
+ */
+#define GPUIPC_VERSION_MAJOR 1
+#define GPUIPC_VERSION_MINOR 0
 #define GPUIPC_VERSION_PATCH 0
+#define GPUIPC_VERSION                                                         \
+  (GPUIPC_VERSION_MAJOR * 10000 + GPUIPC_VERSION_MINOR * 100 +                 \
+   GPUIPC_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
