@@ -707,7 +707,8 @@ GPUIPC_API int gpuipc_event_wait(gpuipc_event_t *ev, void *stream);
  */
 GPUIPC_API int gpuipc_event_query(gpuipc_event_t *ev);
 
-/* gpuipc_event_sync - block the host until @ev has completed. */
+/* gpuipc_event_sync - block the host until @ev has completed.
+ * Returns 0; -EINVAL (NULL); GPUIPC_E_CUDA. */
 GPUIPC_API int gpuipc_event_sync(gpuipc_event_t *ev);
 
 /* The local ordinal of @ev's device, -1 for NULL. */
@@ -1310,7 +1311,8 @@ GPUIPC_API int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
 typedef void (*gpuipc_release_fn)(gpuipc_channel_t *ch, uint64_t ticket,
                                   void *user);
 
-/* gpuipc_channel_on_release - set (or clear, with NULL) the callback. */
+/* gpuipc_channel_on_release - set (or clear, with NULL) the callback.
+ * Returns 0, or -EINVAL for a NULL @ch. */
 GPUIPC_API int gpuipc_channel_on_release(gpuipc_channel_t *ch,
                                          gpuipc_release_fn fn, void *user);
 
