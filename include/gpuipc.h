@@ -4,27 +4,27 @@
  * A map of this header, in the order a program meets its objects (the man
  * page named on the right describes them; gpuipc(7) is the overview):
  *
- * Domains: processes that meet by name                         gpuipc(7)
+ * Domains: processes that meet by name                              gpuipc(7)
  *   gpuipc_domain_join      join a domain (hosting its broker if none runs)
  *   gpuipc_domain_info      ask the broker: members, segments, its pid
  *   gpuipc_domain_leave     leave it; the broker moves to another member
- * Named segments: a buffer found by name              gpuipc_segment(3)
+ * Named segments: a buffer found by name                    gpuipc_segment(3)
  *   gpuipc_segment_open     open one, or with GPUIPC_CREATE allocate it
  *   ... fill it: CPU writes, or kernels and copies queued on a stream
  *   gpuipc_segment_publish  let others open it, after the writes on a stream
  *   gpuipc_segment_unlink   free the name; the memory goes with its holders
  *   gpuipc_segment_stat / _list / _state_name   describe one / all of them
- * Buffers and handles: memory shared by hand              gpuipc_buf(3)
+ * Buffers and handles: memory shared by hand                    gpuipc_buf(3)
  *   gpuipc_buf_alloc        allocate HOST, VMM, LEGACY or POOL memory
  *   gpuipc_buf_ptr / _size / _kind / _device    what a buffer is
  *   gpuipc_buf_export       a gpuipc_handle_t (and fd) for another process
  *   gpuipc_handle_pack / _unpack                that handle as 192 bytes
  *   gpuipc_buf_import       map a handle; gpuipc_buf_release unmaps
  *   gpuipc_buf_access / _alive                  peer access; LEGACY liveness
- *   gpuipc_buf_export_foreign                   share cudaMalloc'd memory
+ *   gpuipc_buf_export_foreign                   memory gpuipc did not allocate
  *   gpuipc_handle_from_cuda_ipc / _from_cuda_fd other programs' CUDA IPC
  *   gpuipc_kind_name / _available, gpuipc_fabric_status
- * Channels: tensors between two processes             gpuipc_channel(3)
+ * Channels: tensors between two processes                   gpuipc_channel(3)
  *   gpuipc_channel_open     pair with the other end by name
  *   gpuipc_channel_send     send a tensor (its buffer, or staged bytes)
  *   gpuipc_channel_recv     receive a zero-copy view ...
@@ -33,19 +33,19 @@
  *   gpuipc_channel_send_done / _send_wait / _on_release / _progress
  *                           learn when a sent buffer is free again
  *   gpuipc_channel_info / _close
- * Tensors and DLPack                                  gpuipc_channel(3)
+ * Tensors and DLPack                                        gpuipc_channel(3)
  *   gpuipc_tensor_nbytes / _layout              size; where the bytes lie
  *   gpuipc_tensor_from_dlpack                   a DLTensor to send
  *   gpuipc_tensor_to_dlpack[_versioned][_stream]  a view for a framework
- * Interprocess events: GPU order across processes       gpuipc_event(3)
+ * Interprocess events: GPU order across processes             gpuipc_event(3)
  *   gpuipc_event_create / _export / _import / _release
  *   gpuipc_event_record / _wait / _query / _sync / _device
  *   gpuipc_event_handle_pack / _unpack
- * Devices, copies and topology                                 gpuipc(7)
+ * Devices, copies and topology                                      gpuipc(7)
  *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid / _current
- *   gpuipc_memcpy / _memcpy_async, gpuipc_stream_sync
+ *   gpuipc_memcpy[_async], gpuipc_stream_sync   copies, and waits for them
  *   gpuipc_topo_p2p / _nvml, gpuipc_link_name, gpuipc_peer_enable
- * Errors, logging, settings, version                          gpuipc(7)
+ * Errors, logging, settings, version                                gpuipc(7)
  *   gpuipc_strerror / _err_name / _last_error   what went wrong
  *   gpuipc_log_set          where log lines go
  *   gpuipc_config_count / _get                  the GPUIPC_* settings
