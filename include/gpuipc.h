@@ -1189,10 +1189,15 @@ GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
  * are ordered after the sender's stream work, never dropped or reordered;
  * each end has at most `depth` in flight; a peer that dies or closes its
  * end makes the calls that need it return GPUIPC_E_PEER_GONE once what it
- * sent has been received. Thread safety: one send-side and
- * one receive-side lock, so one thread may send while another receives;
- * gpuipc_tensor_release may be called from any thread. docs/channels.md
- * tells how a channel orders, bounds and gives back what it carries.
+ * sent has been received.
+ *
+ * Thread safety: the send side (gpuipc_channel_send, _send_done, _send_wait,
+ * _progress) and the receive side (gpuipc_channel_recv, _recv_into) each
+ * take a lock of their own, so one thread may send while another receives;
+ * gpuipc_tensor_release may be called from any thread.
+ *
+ * docs/channels.md tells how a channel orders, bounds and gives back what
+ * it carries.
  */
 typedef struct gpuipc_channel gpuipc_channel_t;
 
