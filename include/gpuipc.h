@@ -1,6 +1,62 @@
 /*
  * gpuipc — share GPU (and host) memory between processes on one machine.
  *
+ * A map of this header, in the order a program meets its objects (the man
+ * page named on the right describes them; gpuipc(7) is the overview):
+ *
+ * Domains: processes that meet by name                              gpuipc(7)
+ *   gpuipc_domain_join      join a domain (hosting its broker if none runs)
+ *   gpuipc_domain_info      ask the broker: members, segments, its pid
+ *   gpuipc_domain_leave     leave it; the broker moves to another member
+ * Named segments: a buffer found by name                    gpuipc_segment(3)
+ *   gpuipc_segment_open     open one, or with GPUIPC_CREATE allocate it
+ *   ... fill it: CPU writes, or kernels and copies queued on a stream
+ *   gpuipc_segment_publish  let others open it, after the writes on a stream
+ *   gpuipc_segment_unlink   free the name; the memory goes with its holders
+ *   gpuipc_segment_stat / _list / _state_name   describe one / all of them
+ * Buffers and handles: memory shared by hand                    gpuipc_buf(3)
+ *   gpuipc_buf_alloc        allocate HOST, VMM, LEGACY or POOL memory
+ *   gpuipc_buf_ptr / _size / _kind / _device    what a buffer is
+ *   gpuipc_buf_export       a gpuipc_handle_t (and fd) for another process
+ *   gpuipc_handle_pack / _unpack                that handle as 192 bytes
+ *   gpuipc_buf_import       map a handle; gpuipc_buf_release unmaps
+ *   gpuipc_buf_access / _alive                  peer access; LEGACY liveness
+ *   gpuipc_buf_export_foreign                   memory gpuipc did not allocate
+ *   gpuipc_handle_from_cuda_ipc / _from_cuda_fd other programs' CUDA IPC
+ *   gpuipc_kind_name / _available, gpuipc_fabric_status
+ * Channels: tensors between two processes                   gpuipc_channel(3)
+ *   gpuipc_channel_open     pair with the other end by name
+ *   gpuipc_channel_send     send a tensor (its buffer, or staged bytes)
+ *   gpuipc_channel_recv     receive a zero-copy view ...
+ *   gpuipc_tensor_release   ... and give it back to the sender
+ *   gpuipc_channel_recv_into                    receive by copying instead
+ *   gpuipc_channel_send_done / _send_wait / _on_release / _progress
+ *                           learn when a sent buffer is free again
+ *   gpuipc_channel_info / _close
+ * Tensors and DLPack                                        gpuipc_channel(3)
+ *   gpuipc_tensor_nbytes / _layout              size; where the bytes lie
+ *   gpuipc_tensor_from_dlpack                   a DLTensor to send
+ *   gpuipc_tensor_to_dlpack[_versioned][_stream]  a view for a framework
+ * Interprocess events: GPU order across processes             gpuipc_event(3)
+ *   gpuipc_event_create / _export / _import / _release
+ *   gpuipc_event_record / _wait / _query / _sync / _device
+ *   gpuipc_event_handle_pack / _unpack
+ * Devices, copies and topology                                      gpuipc(7)
+ *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid / _current
+ *   gpuipc_memcpy[_async], gpuipc_stream_sync   copies, and waits for them
+ *   gpuipc_topo_p2p / _nvml, gpuipc_link_name, gpuipc_peer_enable
+ * Errors, logging, settings, version                                gpuipc(7)
+ *   gpuipc_strerror / _err_name / _last_error   what went wrong
+ *   gpuipc_log_set          where log lines go
+ *   gpuipc_config_count / _get                  the GPUIPC_* settings
+ *   gpuipc_version, GPUIPC_VERSION              which gpuipc this is
+ *
+ * The declarations below come in the library's layers, lowest first: status
+ * codes, settings, devices, buffers, handles, events, topology, domains,
+ * segments, tensors, channels. Longer stories: docs/segment-lifetime.md
+ * (how long a segment's memory lives) and docs/channels.md (how a channel
+ * orders, bounds and gives back what it carries).
+ *
  * Conventions for every function in this header:
  *  - Functions that can fail return int: 0 (or a count) on success, a negative
  *    code on failure. Operating-system failures are -errno (-EINVAL, -ENOMEM,
@@ -31,9 +87,17 @@ extern "C" {
 #define GPUIPC_API
 #endif
 
-#define GPUIPC_VERSION_MAJOR 0
-#define GPUIPC_VERSION_MINOR 1
+/*
+ * The version of this header; gpuipc_version() gives the library's as
+ * "MAJOR.MINOR.PATCH". GPUIPC_VERSION is one number that orders releases
+ * (10000 for 1.0.0), for #if GPUIPC_VERSION >= ... tests.
+ */
+#define GPUIPC_VERSION_MAJOR 1
+#define GPUIPC_VERSION_MINOR 0
 #define GPUIPC_VERSION_PATCH 0
+#define GPUIPC_VERSION                                                         \
+  (GPUIPC_VERSION_MAJOR * 10000 + GPUIPC_VERSION_MINOR * 100 +                 \
+   GPUIPC_VERSION_PATCH)
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
@@ -654,7 +718,8 @@ GPUIPC_API int gpuipc_event_wait(gpuipc_event_t *ev, void *stream);
  */
 GPUIPC_API int gpuipc_event_query(gpuipc_event_t *ev);
 
-/* gpuipc_event_sync - block the host until @ev has completed. */
+/* gpuipc_event_sync - block the host until @ev has completed.
+ * Returns 0; -EINVAL (NULL); GPUIPC_E_CUDA. */
 GPUIPC_API int gpuipc_event_sync(gpuipc_event_t *ev);
 
 /* The local ordinal of @ev's device, -1 for NULL. */
@@ -902,23 +967,12 @@ typedef struct gpuipc_segment_opts {
  * @out: the buffer with one reference; release it with gpuipc_buf_release.
  *        Opening a segment this process already holds returns the same
  *        buffer (one mapping, one more reference).
- * Lifetime. VMM and HOST memory travels with a descriptor that the broker
- * and every holder keep: the segment outlives its creator until it is
- * unlinked and released by all. LEGACY memory (and fabric memory, and a
- * POOL allocation, which the driver wants freed by its importers first)
- * lives in the creating process alone, which therefore keeps it after its
- * own last gpuipc_buf_release for as long as the segment is published, or
- * unlinked but still held; it frees it once the broker reports the segment
- * unlinked and held by nobody. A creator opening its kept segment again
- * gets the same buffer back. When the creator leaves the domain the
- * segment is lost for new opens (GPUIPC_E_LOST); its memory is freed at
- * once if nobody else holds it, else kept until the creator exits
- * (gpuipc_domain_leave never waits for holders). When the creator exits,
- * its memory goes with it: holders then get GPUIPC_E_PEER_GONE from
- * gpuipc_buf_alive (LEGACY) and new opens GPUIPC_E_LOST. gpuipc_segment_stat
- * shows such a segment's keeper_pid. A creator that exits, leaves the
- * domain or releases its buffer before publishing frees the name: the
- * next CREATE opener (a waiting one included) allocates it anew.
+ * Lifetime (docs/segment-lifetime.md tells it all). HOST and VMM memory
+ * outlives its creator until the segment is unlinked and released by all.
+ * LEGACY, POOL and fabric memory lives in its creator, which keeps it after
+ * its own last release until the segment is unlinked and held by nobody;
+ * when the creator leaves or exits, new opens get GPUIPC_E_LOST. A creator
+ * that goes before publishing frees the name for the next CREATE opener.
  * Returns 0; -EINVAL (NULL argument, bad name — the sentence gives the
  * rule —, opts->size below sizeof(size_t), unknown flags or kind, EXCL or
  * SCRATCH without CREATE, CREATE with bytes 0, a bad timeout); -EFBIG;
@@ -1144,37 +1198,21 @@ GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
 
 /*
  * A channel is an ordered, two-way pipe for tensors between two processes
- * of a domain. Descriptors (DLPack layout) travel through rings in shared
- * memory; a buffer's handle and file descriptor travel once, the first time
- * the buffer is sent, over a Unix socket of the channel's own. The broker is
- * only involved in gpuipc_channel_open.
+ * of a domain: gpuipc_channel_send hands the receiver a view of the
+ * sender's buffer (gpuipc_channel_recv, given back by
+ * gpuipc_tensor_release), or gpuipc_channel_recv_into copies it. Messages
+ * are ordered after the sender's stream work, never dropped or reordered;
+ * each end has at most `depth` in flight; a peer that dies or closes its
+ * end makes the calls that need it return GPUIPC_E_PEER_GONE once what it
+ * sent has been received.
  *
- * Zero-copy: gpuipc_channel_send hands the receiver a view of the sender's buffer
- * (gpuipc_channel_recv), which the receiver gives back with gpuipc_tensor_release.
- * Copy: gpuipc_channel_recv_into copies the tensor into the receiver's memory on
- * its stream and gives the sender's buffer back when the copy's event
- * fires, with no host synchronisation on either side.
+ * Thread safety: the send side (gpuipc_channel_send, _send_done, _send_wait,
+ * _progress) and the receive side (gpuipc_channel_recv, _recv_into) each
+ * take a lock of their own, so one thread may send while another receives;
+ * gpuipc_tensor_release may be called from any thread.
  *
- * Each message is ordered after the work that the sender queued on its
- * stream before gpuipc_channel_send (an interprocess event, for GPU kinds), and
- * the sender's buffer counts as free only after the receiver's work on it
- * (another event). HOST buffers have no events: the sender must have
- * written them before sending, and a receiver that reads them from the GPU
- * must finish that before releasing.
- *
- * Each end may have at most its `depth` messages in flight (sent and not
- * yet given back); a further send waits for a release, or fails at once
- * with GPUIPC_SEND_NONBLOCK, or after the send timeout. Nothing is ever
- * dropped or reordered. When the other process dies or closes its end,
- * calls that need it return GPUIPC_E_PEER_GONE; views already received
- * stay readable for HOST and VMM/POOL buffers, and LEGACY memory dies with
- * its exporter (gpuipc_buf_alive(view->buf) says so).
- *
- * Thread safety: the send side (gpuipc_channel_send, gpuipc_channel_send_done,
- * gpuipc_channel_send_wait, gpuipc_channel_progress) and the receive side
- * (gpuipc_channel_recv, gpuipc_channel_recv_into) each take a lock of their own, so one
- * thread may send while another receives; gpuipc_tensor_release may be
- * called from any thread.
+ * docs/channels.md tells how a channel orders, bounds and gives back what
+ * it carries.
  */
 typedef struct gpuipc_channel gpuipc_channel_t;
 
@@ -1293,7 +1331,8 @@ GPUIPC_API int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
 typedef void (*gpuipc_release_fn)(gpuipc_channel_t *ch, uint64_t ticket,
                                   void *user);
 
-/* gpuipc_channel_on_release - set (or clear, with NULL) the callback. */
+/* gpuipc_channel_on_release - set (or clear, with NULL) the callback.
+ * Returns 0, or -EINVAL for a NULL @ch. */
 GPUIPC_API int gpuipc_channel_on_release(gpuipc_channel_t *ch,
                                          gpuipc_release_fn fn, void *user);
 

@@ -69,12 +69,18 @@ const char *gpuipc_kind_name(gpuipc_kind_t kind)
   return "?";
 }
 
+/* CMake's project(VERSION), the one in the library's file name and soname;
+ * tests/version.c checks that gpuipc.h's macros say the same. */
 const char *gpuipc_version(void)
 {
+#ifdef GPUIPC__VERSION_STRING
+  return GPUIPC__VERSION_STRING;
+#else
 #define GPUIPC__STR2(x) #x
 #define GPUIPC__STR(x) GPUIPC__STR2(x)
   return GPUIPC__STR(GPUIPC_VERSION_MAJOR) "." GPUIPC__STR(
       GPUIPC_VERSION_MINOR) "." GPUIPC__STR(GPUIPC_VERSION_PATCH);
+#endif
 }
 
 GPUIPC__PRINTF(1, 0)
