@@ -22,6 +22,7 @@ def run_pair(env, a, b, dom="g", feed=None, timeout=180):
         return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     pa, pb = start(*a), start(*b)
+    first = None
     if feed is not None:
         first = json.loads(pa.stdout.readline())
         pb.stdin.write(feed(first) + "\n")
@@ -29,8 +30,13 @@ def run_pair(env, a, b, dom="g", feed=None, timeout=180):
     out_b, _ = pb.communicate(timeout=timeout)
     out_a, _ = pa.communicate("\n", timeout=timeout)
     assert pa.returncode == 0 and pb.returncode == 0
-    last = lambda s: json.loads(s.strip().splitlines()[-1])  # noqa: E731
-    return last(out_a), last(out_b)
+
+    def last(s, before=None):
+        # The line a fed process said before it was fed was read above.
+        lines = s.strip().splitlines()
+        assert lines or before is not None, "the peer printed nothing"
+        return json.loads(lines[-1]) if lines else before
+    return last(out_a, first), last(out_b)
 
 
 @pytest.fixture
