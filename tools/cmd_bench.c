@@ -18,7 +18,6 @@
 #include "cuda/cuda.h"
 
 #include <errno.h>
-#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +92,7 @@ static void stats(double *v, int n, double *median, double *p99)
 {
   qsort(v, (size_t)n, sizeof(*v), cmp_double);
   *median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  int k = (int)ceil(0.99 * n) - 1;
+  int k = (99 * n + 99) / 100 - 1; /* ceil(0.99 n) - 1 */
   *p99 = v[k < 0 ? 0 : k];
 }
 
