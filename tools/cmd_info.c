@@ -3,7 +3,6 @@
 
 #include "core/core.h"
 #include "cuda/cuda.h"
-#include "os/os.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -68,7 +67,7 @@ static void gather(struct report *r)
                gpuipc_last_error());
   }
 
-  r->dir_rc = gpuipc__runtime_dir(r->dir, sizeof(r->dir));
+  r->dir_rc = gpuipc_runtime_dir(r->dir, sizeof(r->dir), 0);
   if (r->dir_rc != 0) {
     r->dir[0] = '\0';
     snprintf(r->dir_error, sizeof(r->dir_error), "%s", gpuipc_last_error());
