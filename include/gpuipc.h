@@ -156,6 +156,24 @@ GPUIPC_API int gpuipc_config_count(void);
  */
 GPUIPC_API int gpuipc_config_get(int index, gpuipc_config_item_t *out);
 
+/*
+ * gpuipc_config_rejected - whether the environment's value of setting
+ * @index did not parse (the default is then in force, and the calls that
+ * depend on it fail). @value, @why (out, may be NULL): that value and what
+ * is wrong with it, static strings, set only when it was rejected.
+ * Returns 1 when it was, 0 when not, -ERANGE for an index out of range.
+ */
+GPUIPC_API int gpuipc_config_rejected(int index, const char **value,
+                                      const char **why);
+
+/*
+ * gpuipc_config_unknown - the @index-th GPUIPC_* variable of the
+ * environment that names no setting (misspelt?), in @name (out: "NAME",
+ * a static string). At most 16 are kept. Returns 0; -ERANGE past the
+ * last; -EINVAL for a NULL @name.
+ */
+GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
+
 /* Flag of gpuipc_runtime_dir: create nothing (for tools that only look). */
 #define GPUIPC_RUNDIR_FIND 0x1u
 
@@ -190,6 +208,16 @@ GPUIPC_API int gpuipc_runtime_dir(char *out, size_t cap, unsigned flags);
  * 0 when no driver loaded. Thread-safe.
  */
 GPUIPC_API int gpuipc_driver_status(int *driver_version);
+
+/*
+ * gpuipc_driver_library - which CUDA driver library gpuipc uses: loads
+ * the driver as gpuipc_driver_status does, then sets @path (out, a static
+ * string) to the file it was loaded from, as the dynamic linker found it,
+ * or to the name it was looked for under (libcuda.so.1 or GPUIPC_CUDA_LIB)
+ * when it did not load. Returns 0, or -EINVAL for a NULL @path.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_driver_library(const char **path);
 
 /*
  * gpuipc_device_count - the number of CUDA devices this process sees

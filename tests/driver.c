@@ -511,6 +511,17 @@ static void check_uuid_str(void)
   ASSERT_EQ(out[0], 'x');
 }
 
+/* Loaded or not, the driver library it tried has a name (the variants
+ * check each name through `gpuipc info`, which asks this call). */
+static void check_driver_library(void)
+{
+  const char *lib = NULL;
+  ASSERT_OK(gpuipc_driver_library(&lib));
+  ASSERT_TRUE(lib != NULL && lib[0] != '\0');
+  printf("driver library: %s\n", lib);
+  ASSERT_RC(gpuipc_driver_library(NULL), -EINVAL);
+}
+
 static void check_variants(void)
 {
 #if !GPUIPC_HAVE_CUDA
@@ -748,6 +759,7 @@ int main(void)
   check_uuid_str();
   check_this_process();
   check_variants();
+  check_driver_library();
 #ifdef GPUIPC_CLI
   check_cli();
 #else
