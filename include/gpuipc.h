@@ -220,6 +220,43 @@ GPUIPC_API int gpuipc_config_count(void);
  */
 GPUIPC_API int gpuipc_config_get(int index, gpuipc_config_item_t *out);
 
+/*
+ * gpuipc_config_rejected - whether the environment's value of setting
+ * @index did not parse (the default is then in force, and the calls that
+ * depend on it fail). @value, @why (out, may be NULL): that value and what
+ * is wrong with it, static strings, set only when it was rejected.
+ * Returns 1 when it was, 0 when not, -ERANGE for an index out of range.
+ */
+GPUIPC_API int gpuipc_config_rejected(int index, const char **value,
+                                      const char **why);
+
+/*
+ * gpuipc_config_unknown - the @index-th GPUIPC_* variable of the
+ * environment that names no setting (misspelt?), in @name (out: "NAME",
+ * a static string). At most 16 are kept. Returns 0; -ERANGE past the
+ * last; -EINVAL for a NULL @name.
+ */
+GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
+
+/* Flag of gpuipc_runtime_dir: create nothing (for tools that only look). */
+#define GPUIPC_RUNDIR_FIND 0x1u
+
+/*
+ * gpuipc_runtime_dir - the directory where this user's domains keep their
+ * sockets and files: $GPUIPC_DIR, else $XDG_RUNTIME_DIR/gpuipc, else
+ * /tmp/gpuipc-$UID (to share it with a container, or to look inside).
+ * It is created with mode 0700 when missing, unless @flags has
+ * GPUIPC_RUNDIR_FIND. @out (in/out): a buffer of @cap bytes, given the
+ * NUL-terminated path on success only.
+ * Returns 0; -EINVAL for a NULL @out, unknown @flags or a relative
+ * GPUIPC_DIR; -ENAMETOOLONG when @cap is too small; -ENOENT with
+ * GPUIPC_RUNDIR_FIND when it does not exist; GPUIPC_E_DENIED when it (or
+ * one of its ancestors) is unsafe: a symbolic link, not a directory,
+ * another user's, or writable by others; gpuipc_last_error() says which.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_runtime_dir(char *out, size_t cap, unsigned flags);
+
 /* ------------------------------------------------------------------------ */
 /* CUDA driver and devices                                                  */
 /* ------------------------------------------------------------------------ */
@@ -235,6 +272,16 @@ GPUIPC_API int gpuipc_config_get(int index, gpuipc_config_item_t *out);
  * 0 when no driver loaded. Thread-safe.
  */
 GPUIPC_API int gpuipc_driver_status(int *driver_version);
+
+/*
+ * gpuipc_driver_library - which CUDA driver library gpuipc uses: loads
+ * the driver as gpuipc_driver_status does, then sets @path (out, a static
+ * string) to the file it was loaded from, as the dynamic linker found it,
+ * or to the name it was looked for under (libcuda.so.1 or GPUIPC_CUDA_LIB)
+ * when it did not load. Returns 0, or -EINVAL for a NULL @path.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_driver_library(const char **path);
 
 /*
  * gpuipc_device_count - the number of CUDA devices this process sees
@@ -275,6 +322,14 @@ GPUIPC_API int gpuipc_device_info(int ordinal, gpuipc_device_info_t *out);
  * no visible device has that UUID.
  */
 GPUIPC_API int gpuipc_device_by_uuid(const uint8_t uuid[16]);
+
+/*
+ * gpuipc_uuid_str - write @uuid (a device_uuid of gpuipc_segment_info_t,
+ * gpuipc_event_info_t, ...) as gpuipc_device_info_t's uuid_str does:
+ * "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", NUL-terminated, into @out.
+ * Returns 0, or -EINVAL for a NULL argument. Thread-safe.
+ */
+GPUIPC_API int gpuipc_uuid_str(const uint8_t uuid[16], char out[41]);
 
 /*
  * gpuipc_device_current - the local ordinal of the device of the CUDA

@@ -5,7 +5,8 @@
  * receiver copies it (copy mode and views, alternately) on its own stream
  * and must see the pattern in every byte. For VMM, LEGACY and POOL
  * buffers, cudaMalloc memory (staged), and across two GPUs when there are
- * two.
+ * two. tests/channel_gpu_order.c checks the same waits on the fake CUDA
+ * driver, on every machine.
  */
 #include "gpu_test.h"
 

@@ -7,6 +7,7 @@
  */
 #include "test.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,32 @@ static gpuipc_config_item_t item(const char *name)
   TFAIL("no setting %s", name);
 }
 
+/* gpuipc_config_rejected and gpuipc_config_unknown say what the log said:
+ * @rejected (NAME or NULL) with value @bad, the one @unknown (or NULL). */
+static void expect_problems(const char *rejected, const char *bad,
+                            const char *unknown)
+{
+  for (int i = 0; i < gpuipc_config_count(); i++) {
+    gpuipc_config_item_t it;
+    ASSERT_OK(gpuipc_config_get(i, &it));
+    const char *value = "untouched", *why = "untouched";
+    bool is_bad = rejected != NULL && strcmp(it.name, rejected) == 0;
+    ASSERT_RC(gpuipc_config_rejected(i, &value, &why), is_bad ? 1 : 0);
+    ASSERT_STREQ(value, is_bad ? bad : "untouched");
+    if (is_bad && strlen(why) == 0)
+      TFAIL("%s rejected without a reason", it.name);
+  }
+  ASSERT_RC(gpuipc_config_rejected(-1, NULL, NULL), -ERANGE);
+  ASSERT_RC(gpuipc_config_rejected(gpuipc_config_count(), NULL, NULL),
+            -ERANGE);
+  const char *name = "untouched";
+  ASSERT_RC(gpuipc_config_unknown(0, &name), unknown != NULL ? 0 : -ERANGE);
+  ASSERT_STREQ(name, unknown != NULL ? unknown : "untouched");
+  ASSERT_RC(gpuipc_config_unknown(1, &name), -ERANGE);
+  ASSERT_RC(gpuipc_config_unknown(-1, &name), -ERANGE);
+  ASSERT_RC(gpuipc_config_unknown(0, NULL), -EINVAL);
+}
+
 #define ASSERT_LOGGED(needle)                                                  \
   do {                                                                         \
     if (strstr(logged, (needle)) == NULL)                                      \
@@ -48,6 +75,7 @@ static void case_timeout(void)
   ASSERT_EQ(it.is_set, 1);
   ASSERT_LOGGED("GPUIPC_TIMEOUT_MS=\"abc\"");
   ASSERT_LOGGED("GPUIPC_TIMEOUT_MSS");
+  expect_problems("GPUIPC_TIMEOUT_MS", "abc", "GPUIPC_TIMEOUT_MSS");
 
   gpuipc_domain_t *d = NULL;
   ASSERT_RC(gpuipc_domain_join("cfg", NULL, &d), -EINVAL);
@@ -60,6 +88,7 @@ static void case_uids(void)
 {
   ASSERT_STREQ(item("GPUIPC_ALLOW_UIDS").value, "");
   ASSERT_LOGGED("GPUIPC_ALLOW_UIDS=\"1000;x\"");
+  expect_problems("GPUIPC_ALLOW_UIDS", "1000;x", NULL);
   gpuipc_domain_t *d = NULL;
   ASSERT_RC(gpuipc_domain_join("cfg", NULL, &d), -EINVAL);
   ASSERT_ERR_MENTIONS("GPUIPC_ALLOW_UIDS=\"1000;x\"");
@@ -89,6 +118,7 @@ static void case_good(void)
   ASSERT_STREQ(item("GPUIPC_NO_CUDA").value, "1");
   if (logged[0] != '\0')
     TFAIL("warned about good settings:\n%s", logged);
+  expect_problems(NULL, NULL, NULL);
   gpuipc_domain_t *d;
   ASSERT_OK(gpuipc_domain_join("cfg", NULL, &d));
   ASSERT_OK(gpuipc_domain_leave(d));

@@ -498,6 +498,30 @@ static void check_this_process(void)
 
 #define MISSING_LIB "/nonexistent-gpuipc-test/libcuda-missing.so.1"
 
+/* gpuipc_uuid_str writes a UUID as the device table does. */
+static void check_uuid_str(void)
+{
+  static const uint8_t uuid[16] = FAKE_CUDA_UUID0;
+  char out[41];
+  ASSERT_OK(gpuipc_uuid_str(uuid, out));
+  ASSERT_STREQ(out, FAKE_CUDA_UUID0_STR);
+  memset(out, 'x', sizeof(out));
+  ASSERT_RC(gpuipc_uuid_str(NULL, out), -EINVAL);
+  ASSERT_RC(gpuipc_uuid_str(uuid, NULL), -EINVAL);
+  ASSERT_EQ(out[0], 'x');
+}
+
+/* Loaded or not, the driver library it tried has a name (the variants
+ * check each name through `gpuipc info`, which asks this call). */
+static void check_driver_library(void)
+{
+  const char *lib = NULL;
+  ASSERT_OK(gpuipc_driver_library(&lib));
+  ASSERT_TRUE(lib != NULL && lib[0] != '\0');
+  printf("driver library: %s\n", lib);
+  ASSERT_RC(gpuipc_driver_library(NULL), -EINVAL);
+}
+
 static void check_variants(void)
 {
 #if !GPUIPC_HAVE_CUDA
@@ -732,8 +756,10 @@ static void check_cli(void)
 int main(void)
 {
   check_json_reader();
+  check_uuid_str();
   check_this_process();
   check_variants();
+  check_driver_library();
 #ifdef GPUIPC_CLI
   check_cli();
 #else

@@ -120,6 +120,21 @@ static void create_and_check(void)
   ASSERT_RC(gpuipc__runtime_dir(small, sizeof(small)), -ENAMETOOLONG);
   ASSERT_STREQ(small, "abc");
   ASSERT_RC(gpuipc__runtime_dir(NULL, 10), -EINVAL);
+
+  /* The public call: the same directory, the same checks. */
+  ASSERT_OK(gpuipc_runtime_dir(out, sizeof(out), 0));
+  ASSERT_STREQ(out, base);
+  ASSERT_OK(gpuipc_runtime_dir(out, sizeof(out), GPUIPC_RUNDIR_FIND));
+  ASSERT_STREQ(out, base);
+  ASSERT_EQ(chmod(base, 0777), 0);
+  ASSERT_RC(gpuipc_runtime_dir(out, sizeof(out), GPUIPC_RUNDIR_FIND),
+            GPUIPC_E_DENIED);
+  ASSERT_EQ(chmod(base, 0700), 0);
+  ASSERT_RC(gpuipc_runtime_dir(small, sizeof(small), 0), -ENAMETOOLONG);
+  ASSERT_STREQ(small, "abc");
+  ASSERT_RC(gpuipc_runtime_dir(NULL, 10, 0), -EINVAL);
+  ASSERT_RC(gpuipc_runtime_dir(out, sizeof(out), 0x2), -EINVAL);
+  ASSERT_ERR_MENTIONS("unknown flags 0x2");
 }
 
 static void path_in(char *out, const char *dir, const char *name)

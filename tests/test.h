@@ -13,14 +13,24 @@
 
 #define TEST_SKIP 77
 
-#define TFAIL(...)                                                             \
+/*
+ * Fail the test at this line with a printf-style message. TFAIL_GPUIPC is
+ * for a failure of a gpuipc call, made on this thread just before: it
+ * adds gpuipc_last_error(), which says why. Any other failure (a value,
+ * a byte, a peer's exit status) prints only its message: the last error
+ * would be about some earlier call and mislead.
+ */
+#define TFAIL_AT_(last_error, ...)                                             \
   do {                                                                         \
     fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                      \
     fprintf(stderr, __VA_ARGS__);                                              \
-    fprintf(stderr, "\n  this thread's last gpuipc error (may predate a "      \
-                    "peer's reply): %s\n", gpuipc_last_error());               \
+    if (last_error)                                                            \
+      fprintf(stderr, "\n  gpuipc_last_error(): %s", gpuipc_last_error());     \
+    fprintf(stderr, "\n");                                                     \
     exit(1);                                                                   \
   } while (0)
+#define TFAIL(...) TFAIL_AT_(0, __VA_ARGS__)
+#define TFAIL_GPUIPC(...) TFAIL_AT_(1, __VA_ARGS__)
 
 #define ASSERT_TRUE(c)                                                         \
   do {                                                                         \
@@ -52,7 +62,7 @@
     int rc_ = (call);                                                          \
     int want_ = (code);                                                        \
     if (rc_ != want_)                                                          \
-      TFAIL("%s returned %d (%s), expected %d (%s)", #call, rc_,               \
+      TFAIL_GPUIPC("%s returned %d (%s), expected %d (%s)", #call, rc_,        \
             gpuipc_err_name(rc_), want_, gpuipc_err_name(want_));              \
   } while (0)
 #define ASSERT_OK(call) ASSERT_RC(call, 0)
@@ -69,7 +79,7 @@
 #define ASSERT_ERR_MENTIONS(needle)                                            \
   do {                                                                         \
     if (strstr(gpuipc_last_error(), (needle)) == NULL)                         \
-      TFAIL("last_error does not mention \"%s\"", (needle));                   \
+      TFAIL_GPUIPC("last_error does not mention \"%s\"", (needle));            \
   } while (0)
 
 #define SKIP(...)                                                              \

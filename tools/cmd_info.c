@@ -1,10 +1,6 @@
 /* gpuipc info: the library, the driver, the devices, the kinds, settings. */
 #include "cli.h"
 
-#include "core/core.h"
-#include "cuda/cuda.h"
-#include "os/os.h"
-
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +46,7 @@ static void gather(struct report *r)
   r->drv_rc = gpuipc_driver_status(&r->drv_version);
   if (r->drv_rc != 0)
     snprintf(r->drv_error, sizeof(r->drv_error), "%s", gpuipc_last_error());
-  r->library = gpuipc__cuda_lib_path();
+  gpuipc_driver_library(&r->library);
 
   int n = gpuipc_device_count();
   r->dev = n > 0 ? calloc((size_t)n, sizeof(*r->dev)) : NULL;
@@ -68,7 +64,7 @@ static void gather(struct report *r)
                gpuipc_last_error());
   }
 
-  r->dir_rc = gpuipc__runtime_dir(r->dir, sizeof(r->dir));
+  r->dir_rc = gpuipc_runtime_dir(r->dir, sizeof(r->dir), 0);
   if (r->dir_rc != 0) {
     r->dir[0] = '\0';
     snprintf(r->dir_error, sizeof(r->dir_error), "%s", gpuipc_last_error());
@@ -158,8 +154,8 @@ static void json_config(struct cli_json *j)
     gpuipc_config_item_t it;
     if (gpuipc_config_get(i, &it) != 0)
       continue;
-    const char *why;
-    const char *bad = gpuipc__cfg_rejected((gpuipc__cfg_t)i, &why);
+    const char *bad = NULL, *why = NULL;
+    gpuipc_config_rejected(i, &bad, &why);
     cli_json_obj(j, it.name);
     cli_json_str(j, "value", it.value);
     cli_json_str(j, "default", it.def);
@@ -171,8 +167,9 @@ static void json_config(struct cli_json *j)
   }
   cli_json_end(j);
   cli_json_arr(j, "unknown_settings");
-  for (int i = 0; gpuipc__cfg_unknown(i) != NULL; i++)
-    cli_json_str(j, NULL, gpuipc__cfg_unknown(i));
+  const char *name;
+  for (int i = 0; gpuipc_config_unknown(i, &name) == 0; i++)
+    cli_json_str(j, NULL, name);
   cli_json_end(j);
 }
 
@@ -243,8 +240,8 @@ static void print_config_text(void)
     gpuipc_config_item_t it;
     if (gpuipc_config_get(i, &it) != 0)
       continue;
-    const char *why;
-    const char *bad = gpuipc__cfg_rejected((gpuipc__cfg_t)i, &why);
+    const char *bad = NULL, *why = NULL;
+    gpuipc_config_rejected(i, &bad, &why);
     if (bad != NULL)
       printf("%s=\"%s\"  (REJECTED: set to \"%s\", which %s; default "
              "\"%s\")\n    %s\n", it.name, it.value, bad, why, it.def,
@@ -253,9 +250,10 @@ static void print_config_text(void)
       printf("%s=\"%s\"  (%s; default \"%s\")\n    %s\n", it.name,
              it.value, it.is_set ? "set" : "not set", it.def, it.help);
   }
-  for (int i = 0; gpuipc__cfg_unknown(i) != NULL; i++)
+  const char *name;
+  for (int i = 0; gpuipc_config_unknown(i, &name) == 0; i++)
     printf("%s  UNKNOWN: no gpuipc setting has this name (misspelt?); "
-           "ignored\n", gpuipc__cfg_unknown(i));
+           "ignored\n", name);
 }
 
 static int info_run(int argc, char **argv)

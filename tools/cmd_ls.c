@@ -1,7 +1,6 @@
 /* gpuipc ls: the domains in the runtime directory, or one domain's segments. */
 #include "cli.h"
 
-#include "cuda/cuda.h"
 #include "domain/domain.h"
 #include "os/os.h"
 
@@ -33,7 +32,7 @@ static const char *device_str(const uint8_t uuid[16], char out[41])
   static const uint8_t zero[16];
   if (memcmp(uuid, zero, 16) == 0)
     return "-";
-  gpuipc__uuid_str(uuid, out);
+  gpuipc_uuid_str(uuid, out);
   return out;
 }
 
@@ -157,7 +156,7 @@ static int no_dir(bool json)
 static int list_domains(bool json, bool prune)
 {
   char dir[PATH_MAX];
-  int rc = gpuipc__runtime_dir_find(dir, sizeof(dir));
+  int rc = gpuipc_runtime_dir(dir, sizeof(dir), GPUIPC_RUNDIR_FIND);
   if (rc == -ENOENT)
     return no_dir(json);
   if (rc != 0) {
@@ -233,7 +232,7 @@ static void holders_str(const gpuipc_segment_info_t *s, char *out, size_t cap)
 static int list_domain(const char *name, bool json)
 {
   char dir[PATH_MAX];
-  if (gpuipc__runtime_dir_find(dir, sizeof(dir)) != 0) { /* makes nothing */
+  if (gpuipc_runtime_dir(dir, sizeof(dir), GPUIPC_RUNDIR_FIND) != 0) { /* makes nothing */
     fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
     return CLI_EXIT_FAIL;
   }

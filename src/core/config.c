@@ -243,3 +243,31 @@ int gpuipc_config_get(int index, gpuipc_config_item_t *out)
   out->is_set = s->is_set;
   return 0;
 }
+
+int gpuipc_config_rejected(int index, const char **value, const char **why)
+{
+  if (index < 0 || index >= GPUIPC_CFG__COUNT)
+    return gpuipc__err(-ERANGE, "gpuipc_config_rejected: index %d not in "
+                       "[0, %d)", index, GPUIPC_CFG__COUNT);
+  const char *w;
+  const char *bad = gpuipc__cfg_rejected((gpuipc__cfg_t)index, &w);
+  if (bad == NULL)
+    return 0;
+  if (value != NULL)
+    *value = bad;
+  if (why != NULL)
+    *why = w;
+  return 1;
+}
+
+int gpuipc_config_unknown(int index, const char **name)
+{
+  if (name == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_config_unknown: name is NULL");
+  const char *n = gpuipc__cfg_unknown(index);
+  if (n == NULL)
+    return gpuipc__err(-ERANGE, "gpuipc_config_unknown: no unknown "
+                       "setting %d", index);
+  *name = n;
+  return 0;
+}

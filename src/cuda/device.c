@@ -35,6 +35,15 @@ void gpuipc__uuid_str(const uint8_t uuid[16], char out[41])
   *p = '\0';
 }
 
+int gpuipc_uuid_str(const uint8_t uuid[16], char out[41])
+{
+  if (uuid == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_uuid_str: NULL %s",
+                       uuid == NULL ? "uuid" : "out");
+  gpuipc__uuid_str(uuid, out);
+  return 0;
+}
+
 #if GPUIPC_HAVE_CUDA
 
 /* An attribute that only describes a feature: 0 when the driver cannot say

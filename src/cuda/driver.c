@@ -297,6 +297,14 @@ const char *gpuipc__cuda_lib_path(void)
   return lib_path;
 }
 
+int gpuipc_driver_library(const char **path)
+{
+  if (path == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_driver_library: path is NULL");
+  *path = gpuipc__cuda_lib_path();
+  return 0;
+}
+
 int gpuipc_driver_status(int *driver_version)
 {
   int rc = gpuipc__cuda_load();

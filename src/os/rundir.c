@@ -1,7 +1,8 @@
 /*
  * The private runtime directory that holds domain sockets and lock files.
  * Whoever can write in it can impersonate a broker, so it must be ours,
- * a real directory, and writable by nobody else.
+ * a real directory, and writable by nobody else. gpuipc_runtime_dir, at
+ * the end, is the public face of the two internal calls.
  */
 #include "os/os.h"
 
@@ -198,4 +199,12 @@ int gpuipc__runtime_dir(char *out, size_t cap)
 int gpuipc__runtime_dir_find(char *out, size_t cap)
 {
   return runtime_dir(out, cap, false);
+}
+
+int gpuipc_runtime_dir(char *out, size_t cap, unsigned flags)
+{
+  if ((flags & ~GPUIPC_RUNDIR_FIND) != 0)
+    return gpuipc__err(-EINVAL, "gpuipc_runtime_dir: unknown flags 0x%x",
+                       flags & ~GPUIPC_RUNDIR_FIND);
+  return runtime_dir(out, cap, (flags & GPUIPC_RUNDIR_FIND) == 0);
 }

@@ -30,6 +30,10 @@ if(GPUIPC_HAVE_CUDA)
   target_compile_definitions(test_channel_streams PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   target_link_libraries(chan_stream_peer PRIVATE ${CMAKE_DL_LIBS})
+  # tests/channel_gpu_order.c: tests/channel_gpu.c's scenarios on the fake.
+  add_dependencies(test_channel_gpu_order fake_cuda_full chan_order_peer)
+  target_compile_definitions(test_channel_gpu_order PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
 endif()
 add_dependencies(test_driver driver_probe)
 # `gpuipc info` is checked against the fake driver and without one.

@@ -181,7 +181,7 @@ static int run_import(int argc, char **argv)
       return 0;
     }
     if (rc != 0)
-      TFAIL("gpuipc_buf_import(%s, device %d) returned %s",
+      TFAIL_GPUIPC("gpuipc_buf_import(%s, device %d) returned %s",
             gpuipc_kind_name(h.kind), dev, gpuipc_err_name(rc));
     if (h.fd >= 0)
       close(h.fd); /* gpuipc keeps its own copy */

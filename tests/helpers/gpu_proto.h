@@ -51,7 +51,7 @@ static inline void proto_send_handle(int sock, const gpuipc_handle_t *h,
   m.left = left;
   int n = gpuipc_handle_pack(h, m.packed, sizeof(m.packed));
   if (n < 0)
-    TFAIL("gpuipc_handle_pack: %s", gpuipc_err_name(n));
+    TFAIL_GPUIPC("gpuipc_handle_pack: %s", gpuipc_err_name(n));
   m.len = (uint32_t)n;
   int nfds = h->fd >= 0 ? 1 : 0;
   int rc = gpuipc__sock_send(sock, &m, sizeof(m), &h->fd, nfds,
@@ -74,7 +74,7 @@ static inline void proto_recv_handle(int sock, gpuipc_handle_t *h,
           n < 0 ? gpuipc_err_name((int)n) : "short or wrong type");
   int rc = gpuipc_handle_unpack(m.packed, m.len, h);
   if (rc != 0)
-    TFAIL("gpuipc_handle_unpack: %s", gpuipc_err_name(rc));
+    TFAIL_GPUIPC("gpuipc_handle_unpack: %s", gpuipc_err_name(rc));
   h->fd = nfds == 1 ? fds[0] : -1;
   *seed = m.value;
   if (left != NULL)
@@ -88,7 +88,7 @@ static inline void proto_send_event(int sock, const gpuipc_event_handle_t *h)
   m.type = PROTO_EVENT;
   int n = gpuipc_event_handle_pack(h, m.packed, sizeof(m.packed));
   if (n < 0)
-    TFAIL("gpuipc_event_handle_pack: %s", gpuipc_err_name(n));
+    TFAIL_GPUIPC("gpuipc_event_handle_pack: %s", gpuipc_err_name(n));
   m.len = (uint32_t)n;
   int rc = gpuipc__sock_send(sock, &m, sizeof(m), NULL, 0, PROTO_TIMEOUT_MS);
   if (rc != 0)
@@ -105,7 +105,7 @@ static inline void proto_recv_event(int sock, gpuipc_event_handle_t *h)
           n < 0 ? gpuipc_err_name((int)n) : "short or wrong type");
   int rc = gpuipc_event_handle_unpack(m.packed, m.len, h);
   if (rc != 0)
-    TFAIL("gpuipc_event_handle_unpack: %s", gpuipc_err_name(rc));
+    TFAIL_GPUIPC("gpuipc_event_handle_unpack: %s", gpuipc_err_name(rc));
 }
 
 static inline void proto_send_word(int sock, enum proto_tag tag,

@@ -5,8 +5,9 @@
  *       owned by us and writable by nobody else.
  *   os_rundir fail CODE NEEDLE : it fails with CODE and a sentence that
  *       mentions NEEDLE.
- *   os_rundir missing PATH : gpuipc__runtime_dir_find says that PATH does
- *       not exist, and makes nothing.
+ *   os_rundir missing PATH : gpuipc__runtime_dir_find and
+ *       gpuipc_runtime_dir(GPUIPC_RUNDIR_FIND) say that PATH does not
+ *       exist, and make nothing.
  * Exit status 0 on success; anything else names the failed step on stderr.
  */
 #include "test.h"
@@ -39,6 +40,11 @@ int main(int argc, char **argv)
   if (argc == 3 && strcmp(argv[1], "missing") == 0) {
     ASSERT_RC(gpuipc__runtime_dir_find(out, sizeof(out)), -ENOENT);
     ASSERT_ERR_MENTIONS(argv[2]);
+    ASSERT_ERR_MENTIONS("does not exist");
+    ASSERT_STREQ(out, "untouched");
+    ASSERT_EQ(access(argv[2], F_OK), -1);
+    ASSERT_RC(gpuipc_runtime_dir(out, sizeof(out), GPUIPC_RUNDIR_FIND),
+              -ENOENT);
     ASSERT_ERR_MENTIONS("does not exist");
     ASSERT_STREQ(out, "untouched");
     ASSERT_EQ(access(argv[2], F_OK), -1);

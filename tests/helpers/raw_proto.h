@@ -30,7 +30,7 @@ static inline int raw_send(int fd, struct gpuipc__msg *m, const int *fds,
   uint8_t buf[GPUIPC__MSG_BUF];
   int len = gpuipc__msg_encode(m, buf, sizeof(buf));
   if (len < 0)
-    TFAIL("encode %s: %s", gpuipc__msg_name(m->type), gpuipc_last_error());
+    TFAIL_GPUIPC("encode %s", gpuipc__msg_name(m->type));
   int rc = gpuipc__sock_send(fd, buf, (size_t)len, fds, nfds, 5000);
   if (rc != 0 && rc != GPUIPC_E_PEER_GONE && rc != -EPIPE &&
       rc != -ECONNRESET)

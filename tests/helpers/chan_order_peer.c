@@ -1,0 +1,198 @@
+/*
+ * chan_order_peer: the two ends of tests/channel_gpu_order.c, the
+ * scenarios of tests/channel_gpu.c (tests/helpers/chan_gpu.cu) against the
+ * driver API, so that they run on the fake CUDA driver (GPUIPC_CUDA_LIB)
+ * on every machine:
+ *
+ *   chan_order_peer send DOMAIN CHANNEL ROUNDS
+ *   chan_order_peer recv DOMAIN CHANNEL ROUNDS
+ *
+ * The "GPU writes" are copies queued on a created stream (cuMemcpyAsync
+ * through gpuipc__cu): with FAKE_CUDA_COPY_LAG large they stay pending
+ * until a synchronisation, or until the other process's stream waits on
+ * an event recorded after them.
+ *
+ * Rounds come in threes, the first three with gpuipc_channel_recv_into,
+ * the next three as views, and so on:
+ *   - round A: the sender writes pattern r into its LEGACY buffer on its
+ *     stream and sends at once, the write still pending; the receiver
+ *     reads it on its stream (its copy of recv_into, or a copy of the view)
+ *     and synchronises its stream at once: the read sees pattern r only if
+ *     the stream waited for the sender's event (nothing else runs the
+ *     sender's write before that read);
+ *   - round B: as A, but the receiver does not synchronise: its read is
+ *     still pending when
+ *   - round C: the sender writes pattern r and synchronises its stream
+ *     before sending (from an idle stream: no event at all). That reaches
+ *     round B's read first only if the sender's stream waited for round
+ *     B's release (gpuipc_channel_send_wait); otherwise round B's read
+ *     sees round C's pattern. The receiver synchronises after receiving
+ *     round C, and checks round B and C.
+ */
+#include "test.h"
+
+#include "cuda/cuda.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#if GPUIPC_HAVE_CUDA
+
+#define BYTES ((size_t)1 << 20)
+
+#define CU_OK(fn, ...) ASSERT_OK(GPUIPC_CU(fn, __VA_ARGS__))
+
+/* Round @r's part in the scheme above, and whether it is a recv_into. */
+enum round_kind { ROUND_A, ROUND_B, ROUND_C };
+#define ROUND_KIND(r) ((enum round_kind)(((r) - 1) % 3))
+#define ROUND_INTO(r) ((((r) - 1) / 3) % 2 == 0)
+
+/* A created, non-blocking stream of device 0, its primary context current. */
+static CUstream stream_make(void)
+{
+  ASSERT_OK(gpuipc_driver_status(NULL));
+  CUcontext ctx;
+  CU_OK(cuDevicePrimaryCtxRetain, &ctx, 0);
+  CU_OK(cuCtxSetCurrent, ctx);
+  CUstream s;
+  CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+  return s;
+}
+
+static void tensor_of(gpuipc_tensor_t *t, int64_t *shape, void *p,
+                      gpuipc_buf_t *buf)
+{
+  memset(t, 0, sizeof(*t));
+  shape[0] = (int64_t)BYTES;
+  t->dl.data = p;
+  t->dl.device.device_type = GPUIPC_DL_CUDA;
+  t->dl.device.device_id = 0;
+  t->dl.ndim = 1;
+  t->dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
+  t->dl.shape = shape;
+  t->buf = buf;
+}
+
+static void sender(gpuipc_channel_t *ch, CUstream s, int rounds)
+{
+  gpuipc_buf_t *buf;
+  ASSERT_OK(gpuipc_buf_alloc(BYTES, GPUIPC_KIND_LEGACY, 0, 0, &buf));
+  uint8_t *dev = gpuipc_buf_ptr(buf);
+  uint8_t *src[2] = {malloc(BYTES), malloc(BYTES)};
+  ASSERT_TRUE(src[0] != NULL && src[1] != NULL);
+  int64_t shape[1];
+  gpuipc_tensor_t t;
+  tensor_of(&t, shape, dev, buf);
+  uint64_t ticket = 0;
+  for (int r = 1; r <= rounds; r++) {
+    /* Two sources: the write of round r - 1 may still be pending. */
+    uint8_t *from = src[r % 2];
+    test_fill(from, BYTES, (uint64_t)r);
+    CU_OK(cuMemcpyAsync, (CUdeviceptr)dev, (CUdeviceptr)from, BYTES, s);
+    if (ROUND_KIND(r) == ROUND_C) /* an idle stream: no event */
+      CU_OK(cuStreamSynchronize, s);
+    ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
+    /* The next round's write runs after the receiver is done. */
+    ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, s, 30000));
+  }
+  ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
+  CU_OK(cuStreamSynchronize, s);
+  ASSERT_OK(gpuipc_buf_release(buf));
+  free(src[0]);
+  free(src[1]);
+}
+
+/* Queue round @r's read of what arrived into @host, on @s. */
+static void recv_round(gpuipc_channel_t *ch, CUstream s, int r, void *dst,
+                       uint8_t *host)
+{
+  if (ROUND_INTO(r)) {
+    int64_t shape[1];
+    gpuipc_tensor_t t;
+    tensor_of(&t, shape, dst, NULL);
+    ASSERT_OK(gpuipc_channel_recv_into(ch, &t, s, 30000));
+    CU_OK(cuMemcpyAsync, (CUdeviceptr)host, (CUdeviceptr)dst, BYTES, s);
+    return;
+  }
+  gpuipc_tensor_t *v;
+  ASSERT_OK(gpuipc_channel_recv(ch, &v, s, 30000));
+  ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CUDA);
+  ASSERT_EQ(v->dl.device.device_id, 0);
+  ASSERT_EQ(v->dl.shape[0], (int64_t)BYTES);
+  const uint8_t *p = (const uint8_t *)v->dl.data + v->dl.byte_offset;
+  CU_OK(cuMemcpyAsync, (CUdeviceptr)host, (CUdeviceptr)p, BYTES, s);
+  ASSERT_OK(gpuipc_tensor_release(v, s));
+}
+
+static void check_round(const uint8_t *host, int r)
+{
+  size_t bad = test_check(host, BYTES, (uint64_t)r);
+  printf("recv round %d (%c, %s): %s\n", r, "ABC"[ROUND_KIND(r)],
+         ROUND_INTO(r) ? "copy" : "view",
+         bad == (size_t)-1 ? "pattern" : "WRONG");
+  if (bad != (size_t)-1)
+    TFAIL("round %d: byte %zu is %u, pattern says %u (%s)", r, bad, host[bad],
+          test_pattern((uint64_t)r, bad),
+          ROUND_KIND(r) == ROUND_B
+              ? "the next round's write ran first: no release wait?"
+              : "read before the sender's write: no wait on its event?");
+}
+
+static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds)
+{
+  gpuipc_buf_t *dbuf;
+  ASSERT_OK(gpuipc_buf_alloc(BYTES, GPUIPC_KIND_LEGACY, 0, 0, &dbuf));
+  uint8_t *host[2] = {malloc(BYTES), malloc(BYTES)};
+  ASSERT_TRUE(host[0] != NULL && host[1] != NULL);
+  for (int r = 1; r <= rounds; r++) {
+    memset(host[r % 2], 0, BYTES);
+    recv_round(ch, s, r, gpuipc_buf_ptr(dbuf), host[r % 2]);
+    if (ROUND_KIND(r) == ROUND_B) /* round C checks its release */
+      continue;
+    CU_OK(cuStreamSynchronize, s);
+    if (ROUND_KIND(r) == ROUND_C)
+      check_round(host[(r - 1) % 2], r - 1);
+    check_round(host[r % 2], r);
+  }
+  /* The sender's stream waits for the last release, whose work this
+   * process does: stay until the sender has closed. */
+  gpuipc_tensor_t *v;
+  ASSERT_RC(gpuipc_channel_recv(ch, &v, s, 30000), GPUIPC_E_PEER_GONE);
+  CU_OK(cuStreamSynchronize, s);
+  ASSERT_OK(gpuipc_buf_release(dbuf));
+  free(host[0]);
+  free(host[1]);
+}
+
+int main(int argc, char **argv)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (argc != 5 || atoi(argv[4]) % 3 != 0)
+    TFAIL("usage: chan_order_peer send|recv DOMAIN CHANNEL ROUNDS (3k)");
+  bool send = strcmp(argv[1], "send") == 0;
+  int rounds = atoi(argv[4]);
+  CUstream s = stream_make();
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
+  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  if (!send) {
+    o.device = 0;
+    o.device_set = 1;
+  }
+  gpuipc_channel_t *ch;
+  ASSERT_OK(gpuipc_channel_open(dom, argv[3], &o, &ch));
+  if (send)
+    sender(ch, s, rounds);
+  else
+    receiver(ch, s, rounds);
+  ASSERT_OK(gpuipc_channel_close(ch));
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  CU_OK(cuStreamDestroy, s);
+  return 0;
+}
+#else
+int main(void)
+{
+  SKIP("built without the CUDA headers");
+}
+#endif
