@@ -3,7 +3,9 @@
  *
  *   proto.c     the messages between members and the broker
  *   registry.c  the broker's segment table (names, ids, holders, fds)
- *   broker.c    the broker: an event loop over its listener and members
+ *   broker*.c   the broker: an event loop over its listener and members
+ *               (broker_int.h lists its files)
+ *   handoff.c   the hand-over of a domain, the leaving broker's half
  *   client.c    a member: one connection, a reader thread, election,
  *               reconnection and the hand-over it may receive
  *   segment.c   gpuipc_segment_*: open, publish, release hooks, unlink, list
@@ -103,7 +105,7 @@ bool gpuipc__dom_stale(const gpuipc_domain_t *d);
 /* Registry (the broker's)                                                  */
 /* ------------------------------------------------------------------------ */
 
-struct gpuipc__conn; /* a broker's connection to one member (broker.c) */
+struct gpuipc__conn; /* a broker's connection to one member (broker_int.h) */
 
 struct gpuipc__holder {
   struct gpuipc__conn *conn;
