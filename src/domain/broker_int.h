@@ -11,7 +11,8 @@
  *   broker_seg.c      the segments' state machine: reserve, unlink, lose,
  *                     free, keepers, holds of a connection that went, parked
  *                     requests and their dispatch, the recovery window
- *   broker_journal.c  the journal of names: writing and replaying it
+ *   broker_journal.c  the one place a segment changes state, and the
+ *                     journal of names that each change is recorded in
  *   broker_check.c    what a member may publish: descriptors and exporters
  *   handoff.c         the hand-over of a domain, the leaving broker's half
  *
@@ -104,6 +105,7 @@ struct gpuipc__broker {
   uint64_t owner_token;
   uint64_t jlen, jrecs; /* the journal's length and record count */
   bool jfailed;         /* a journal write failed (said once) */
+  bool jloading;        /* replaying the journal: nothing is written */
   struct gpuipc__registry reg;
   enum gpuipc__recovery recovery;
   uint64_t recovery_end; /* 0 once the window closed */
@@ -189,11 +191,17 @@ void gpuipc__bk_send_id(struct gpuipc__broker *b, struct gpuipc__conn *c,
 
 /* ----- broker_journal.c ----- */
 
-/* @s is published (or being filled, or lost) under its name. */
-void gpuipc__bk_journal_put(struct gpuipc__broker *b,
-                            const struct gpuipc__seg *s);
-/* Segment @id no longer has a name. */
-void gpuipc__bk_journal_drop(struct gpuipc__broker *b, uint64_t id);
+/*
+ * Move @s to @state, the only way a segment's state changes: records it in
+ * the journal (a name published, filling or lost is put; one that stops
+ * being any of these is dropped), takes its name away when it becomes
+ * UNLINKED, and refuses (logs, and asserts in debug builds) a change the
+ * state machine does not make.
+ */
+void gpuipc__bk_seg_set_state(struct gpuipc__broker *b, struct gpuipc__seg *s,
+                              uint8_t state);
+/* Forget @s (its journal record too, if it has one). */
+void gpuipc__bk_seg_forget(struct gpuipc__broker *b, struct gpuipc__seg *s);
 /* Rewrite the journal from the registry. */
 void gpuipc__bk_journal_compact(struct gpuipc__broker *b);
 /* After a crash: every name the dead broker had is lost until re-published. */

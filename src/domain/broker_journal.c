@@ -1,20 +1,30 @@
 /*
- * The broker's journal of names, in the domain's lock file: written as
- * segments are published, filled, lost and unlinked (broker_seg.c and
- * broker_req.c say when), compacted when it grows, emptied when the domain
- * ends, and replayed by a broker elected after a crash. See broker_int.h
- * for the other broker files.
+ * A segment's state, and the journal that records it. Every change of a
+ * segment's state in the broker goes through gpuipc__bk_seg_set_state,
+ * which checks that the state machine makes it (broker_seg.c and
+ * broker_req.c decide when) and writes the journal record it needs; a
+ * segment forgotten with a record has it dropped (gpuipc__bk_seg_forget).
+ * Nothing else writes the journal but compaction. See broker_int.h for the
+ * other broker files.
  */
 #include "domain/broker_int.h"
 #include "os/os.h"
 #include "wire/wire.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* Whether a segment in @state, reachable by @named or not, has a record. */
+static bool journaled(bool named, uint8_t state)
+{
+  return named && (state == GPUIPC__SEG_PUBLISHED ||
+                   state == GPUIPC__SEG_FILLING || state == GPUIPC__SEG_LOST);
+}
 
 /*
  * The broker keeps, in the domain's lock file, a journal of the names it
@@ -67,9 +77,7 @@ void gpuipc__bk_journal_compact(struct gpuipc__broker *b)
   }
   b->jlen = b->jrecs = 0;
   for (struct gpuipc__seg *s = b->reg.head; s != NULL; s = s->next)
-    if (s->named && (s->w.state == GPUIPC__SEG_PUBLISHED ||
-                     s->w.state == GPUIPC__SEG_FILLING ||
-                     s->w.state == GPUIPC__SEG_LOST))
+    if (journaled(s->named, s->w.state))
       journal_rec(b, s);
 }
 
@@ -80,18 +88,19 @@ static void journal_maybe_compact(struct gpuipc__broker *b)
 }
 
 /* @s is published (or being filled, or lost) under its name. */
-void gpuipc__bk_journal_put(struct gpuipc__broker *b,
-                            const struct gpuipc__seg *s)
+static void journal_put(struct gpuipc__broker *b, const struct gpuipc__seg *s)
 {
-  if (!s->named)
+  if (!s->named || b->jloading)
     return;
   journal_rec(b, s);
   journal_maybe_compact(b);
 }
 
 /* Segment @id no longer has a name. */
-void gpuipc__bk_journal_drop(struct gpuipc__broker *b, uint64_t id)
+static void journal_drop(struct gpuipc__broker *b, uint64_t id)
 {
+  if (b->jloading)
+    return;
   char rec[32];
   int len = snprintf(rec, sizeof(rec), "U %llu\n", (unsigned long long)id);
   journal_write(b, rec, len);
@@ -128,9 +137,9 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
     return; /* never published: nothing of it is lost */
   if (gpuipc__reg_add(&b->reg, name, id, &s) != 0)
     return;
-  s->w.state = GPUIPC__SEG_LOST;
   s->w.size = size;
   s->w.kind = (uint8_t)kind;
+  gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_LOST);
 }
 
 /* After a crash: every name the dead broker had is lost until re-published. */
@@ -148,12 +157,67 @@ void gpuipc__bk_journal_load(struct gpuipc__broker *b)
   if (n > 0) {
     buf[n] = '\0';
     char *line = buf;
+    b->jloading = true; /* the records replayed are in the file already */
     for (char *nl; (nl = strchr(line, '\n')) != NULL; line = nl + 1) {
       *nl = '\0'; /* a torn last line (no newline) is ignored */
       journal_apply(b, line);
     }
+    b->jloading = false;
   }
   free(buf);
   GPUIPC_LOG_I("broker %s: the journal names %zu segments of the last broker",
                b->name, b->reg.count);
+}
+
+/*
+ * The changes the state machine makes. 0 is a segment just added to the
+ * registry: reserved (CREATING), published, re-published or handed in
+ * (any state a record may carry), or replayed from the journal (LOST).
+ */
+static bool legal(uint8_t from, uint8_t to)
+{
+  switch (from) {
+  case 0:
+    return to != 0;
+  case GPUIPC__SEG_CREATING: /* published, or filled */
+    return to == GPUIPC__SEG_PUBLISHED || to == GPUIPC__SEG_FILLING;
+  case GPUIPC__SEG_FILLING: /* READY */
+    return to == GPUIPC__SEG_PUBLISHED;
+  case GPUIPC__SEG_PUBLISHED: /* unlinked, lost, or re-published */
+    return to == GPUIPC__SEG_UNLINKED || to == GPUIPC__SEG_LOST ||
+           to == GPUIPC__SEG_PUBLISHED;
+  case GPUIPC__SEG_LOST: /* brought back by a holder */
+    return to == GPUIPC__SEG_PUBLISHED || to == GPUIPC__SEG_UNLINKED;
+  case GPUIPC__SEG_UNLINKED: /* re-published as it is */
+    return to == GPUIPC__SEG_UNLINKED;
+  default:
+    return false;
+  }
+}
+
+void gpuipc__bk_seg_set_state(struct gpuipc__broker *b, struct gpuipc__seg *s,
+                              uint8_t state)
+{
+  uint8_t from = s->w.state;
+  if (!legal(from, state)) {
+    GPUIPC_LOG_E("broker %s: segment %s (id %llu) may not go from state %u "
+                 "to %u (a bug in the broker)", b->name, s->w.name,
+                 (unsigned long long)s->w.id, from, state);
+    assert(!"illegal segment state change");
+  }
+  bool had = journaled(s->named, from);
+  if (state == GPUIPC__SEG_UNLINKED && s->named)
+    gpuipc__reg_unname(&b->reg, s);
+  s->w.state = state;
+  if (journaled(s->named, state))
+    journal_put(b, s);
+  else if (had)
+    journal_drop(b, s->w.id);
+}
+
+void gpuipc__bk_seg_forget(struct gpuipc__broker *b, struct gpuipc__seg *s)
+{
+  if (journaled(s->named, s->w.state))
+    journal_drop(b, s->w.id);
+  gpuipc__reg_remove(&b->reg, s);
 }

@@ -3,8 +3,9 @@
  * (served or parked by broker_seg.c), PUBLISH, READY, ABANDON, RELEASE,
  * DISOWN, LIST and REPUBLISH (a member's holds brought to a new broker).
  * broker_conn.c hands each decoded request of a member here; what may be
- * published is checked by broker_check.c. See broker_int.h for the other
- * broker files.
+ * published is checked by broker_check.c, and every change of a segment's
+ * state goes through gpuipc__bk_seg_set_state (broker_journal.c). See
+ * broker_int.h for the other broker files.
  */
 #include "domain/broker_int.h"
 #include "os/os.h"
@@ -56,22 +57,21 @@ static void publish_into(struct gpuipc__broker *b, struct gpuipc__seg *s,
                          const struct gpuipc__seg_wire *w, int *fd,
                          uint32_t pid)
 {
-  uint64_t id = s->w.id;
-  bool named = s->named;
-  char name[sizeof(s->w.name)];
-  memcpy(name, s->w.name, sizeof(name));
-  s->w = *w;
-  s->w.id = id;
-  memcpy(s->w.name, name, sizeof(name));
-  s->w.state = !named                                ? GPUIPC__SEG_UNLINKED
-                : w->state == GPUIPC__SEG_FILLING ? GPUIPC__SEG_FILLING
-                                                  : GPUIPC__SEG_PUBLISHED;
+  uint8_t state = !s->named                         ? GPUIPC__SEG_UNLINKED
+                  : w->state == GPUIPC__SEG_FILLING ? GPUIPC__SEG_FILLING
+                                                    : GPUIPC__SEG_PUBLISHED;
+  struct gpuipc__seg_wire rec = *w;
+  rec.id = s->w.id;
+  memcpy(rec.name, s->w.name, sizeof(rec.name));
+  rec.state = s->w.state; /* changed below, and journaled */
+  s->w = rec;
   if (s->creator != NULL)
     s->creator->nreserved--;
   s->creator = NULL;
   s->creator_pid = pid;
   gpuipc__reg_set_fd(&b->reg, s, *fd);
   *fd = -1;
+  gpuipc__bk_seg_set_state(b, s, state);
 }
 
 /*
@@ -167,17 +167,14 @@ static void on_publish(struct gpuipc__broker *b, struct gpuipc__conn *c,
     return;
   } else {
     /* No reservation (the broker changed since CREATE_IT): take it anew. */
-    if (s != NULL) { /* LOST */
-      gpuipc__bk_journal_drop(b, s->w.id);
-      gpuipc__reg_remove(&b->reg, s);
-    }
+    if (s != NULL) /* LOST */
+      gpuipc__bk_seg_forget(b, s);
     if (gpuipc__reg_add(&b->reg, w->name, gpuipc__bk_take_id(b), &s) != 0) {
       gpuipc__bk_send_error(b, c, m->req, -ENOMEM, "broker out of memory");
       return;
     }
   }
   publish_into(b, s, w, fd, pid);
-  gpuipc__bk_journal_put(b, s);
   if (s->w.state == GPUIPC__SEG_FILLING)
     fill_by(s, c);
   else if (gpuipc__bk_creator_held(s))
@@ -230,14 +227,13 @@ static void on_ready(struct gpuipc__broker *b, struct gpuipc__conn *c,
                           pid);
     return;
   }
-  s->w.state = GPUIPC__SEG_PUBLISHED;
   s->w.has_event = m->u.ready.has_event;
   memcpy(s->w.event, m->u.ready.event, sizeof(s->w.event));
   c->nreserved--;
   s->creator = NULL;
   if (gpuipc__bk_creator_held(s))
     s->keeper = c;
-  gpuipc__bk_journal_put(b, s);
+  gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_PUBLISHED);
   GPUIPC_LOG_D("broker %s: pid %u published %s (id %llu)%s", b->name, pid,
                s->w.name, (unsigned long long)id,
                s->w.has_event ? ", ordered by an event" : "");
@@ -464,12 +460,9 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                      !(w->flags & GPUIPC__SEGF_CREATOR_HELD);
     if (may_bring && (s->w.state == GPUIPC__SEG_LOST || s->fd < 0)) {
       /* A tombstone, or a record without memory: this holder brings it. */
-      if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED) {
-        gpuipc__bk_journal_drop(b, s->w.id);
-        gpuipc__reg_unname(&b->reg, s);
-      }
+      if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED)
+        gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_UNLINKED);
       publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
-      gpuipc__bk_journal_put(b, s);
     }
     republish_take(b, c, s, holds, keeper);
     return;
@@ -483,10 +476,8 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                    (unsigned long long)n->w.id);
       return;
     }
-    if (n != NULL) {
-      gpuipc__bk_journal_drop(b, n->w.id);
-      gpuipc__reg_remove(&b->reg, n);
-    }
+    if (n != NULL)
+      gpuipc__bk_seg_forget(b, n);
   }
   /*
    * An unlinked segment may share its old name with a newer one: adding
@@ -497,7 +488,6 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   if (w->state == GPUIPC__SEG_UNLINKED)
     gpuipc__reg_unname(&b->reg, s);
   publish_into(b, s, w, fd, pid);
-  gpuipc__bk_journal_put(b, s);
   if (s->w.state == GPUIPC__SEG_FILLING)
     fill_by(s, c);
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,

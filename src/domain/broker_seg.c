@@ -4,9 +4,10 @@
  * (a creator that holds its memory) leaving does; what a connection that
  * went leaves behind; and the requests (OPEN, UNLINK) that wait -- parked
  * -- for a name to be published or freed, for their deadline, or for the
- * recovery window after a crash to close, and the journal records they
- * leave (broker_journal.c). The member's requests that drive it are in
- * broker_req.c. See broker_int.h for the other broker files.
+ * recovery window after a crash to close. Each change of state itself is
+ * made (and journaled) by gpuipc__bk_seg_set_state (broker_journal.c);
+ * the member's requests that drive it are in broker_req.c. See
+ * broker_int.h for the other broker files.
  */
 #include "domain/broker_int.h"
 #include "os/os.h"
@@ -26,11 +27,10 @@ static void lose(struct gpuipc__broker *b, struct gpuipc__seg *s,
 {
   GPUIPC_LOG_I("broker %s: segment %s (id %llu) %s: lost", b->name,
                s->w.name, (unsigned long long)s->w.id, why);
-  s->w.state = GPUIPC__SEG_LOST;
   s->w.has_handle = false;
   s->w.htype = 0;
   gpuipc__reg_set_fd(&b->reg, s, -1);
-  gpuipc__bk_journal_put(b, s);
+  gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_LOST);
 }
 
 /*
@@ -47,8 +47,7 @@ static void unfill(struct gpuipc__broker *b, struct gpuipc__seg *s)
                (unsigned long long)s->w.id);
   if (s->creator != NULL)
     s->creator->nreserved--;
-  gpuipc__bk_journal_drop(b, s->w.id);
-  gpuipc__reg_remove(&b->reg, s);
+  gpuipc__bk_seg_forget(b, s);
   gpuipc__bk_redispatch(b, name);
 }
 
@@ -148,11 +147,11 @@ static void reserve(struct gpuipc__broker *b, struct gpuipc__conn *c,
     return;
   }
   c->nreserved++;
-  s->w.state = GPUIPC__SEG_CREATING;
   s->w.size = p->size;
   s->w.kind = p->kind != GPUIPC_KIND_AUTO ? p->kind : GPUIPC_KIND_HOST;
   s->creator = c;
   s->creator_pid = (uint32_t)c->cred.pid;
+  gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_CREATING);
   gpuipc__bk_send_id(b, c, GPUIPC_MSG_CREATE_IT, p->req, s->w.id);
 }
 
@@ -229,8 +228,7 @@ void gpuipc__bk_dispatch_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
   }
   if (s != NULL && s->w.state == GPUIPC__SEG_LOST) {
     if (create) {
-      gpuipc__bk_journal_drop(b, s->w.id);
-      gpuipc__reg_remove(&b->reg, s);
+      gpuipc__bk_seg_forget(b, s);
       reserve(b, c, p);
       return;
     }
@@ -291,12 +289,10 @@ void gpuipc__bk_dispatch_unlink(struct gpuipc__broker *b,
     return;
   }
   uint64_t id = s->w.id;
-  gpuipc__bk_journal_drop(b, id);
   if (s->w.state == GPUIPC__SEG_LOST) {
-    gpuipc__reg_remove(&b->reg, s);
+    gpuipc__bk_seg_forget(b, s);
   } else {
-    gpuipc__reg_unname(&b->reg, s);
-    s->w.state = GPUIPC__SEG_UNLINKED;
+    gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_UNLINKED);
     /* Holders keep it alive; tell them, so that after a crash they
      * re-publish it as unlinked rather than resurrect the name. */
     for (uint32_t i = 0; i < s->nholders; i++)
@@ -382,9 +378,7 @@ void gpuipc__bk_conn_drop_state(struct gpuipc__broker *b,
       GPUIPC_LOG_I("broker %s: pid %d left before publishing %s; the name "
                    "is free again",
                    b->name, (int)c->cred.pid, s->w.name);
-      if (s->w.state == GPUIPC__SEG_FILLING)
-        gpuipc__bk_journal_drop(b, s->w.id);
-      gpuipc__reg_remove(&b->reg, s);
+      gpuipc__bk_seg_forget(b, s);
     } else {
       bool kept = s->keeper == c;
       uint32_t dropped = gpuipc__reg_drop(s, c, UINT32_MAX);
@@ -412,7 +406,7 @@ void gpuipc__bk_end_recovery(struct gpuipc__broker *b)
   while (s != NULL) {
     struct gpuipc__seg *next = s->next;
     if (fresh && s->w.state == GPUIPC__SEG_LOST)
-      gpuipc__reg_remove(&b->reg, s);
+      gpuipc__bk_seg_forget(b, s);
     else if (gpuipc__bk_creator_held(s) && s->keeper == NULL &&
              s->w.state == GPUIPC__SEG_PUBLISHED)
       lose(b, s, "did not come back with its creator, which kept its "
