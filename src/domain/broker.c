@@ -55,7 +55,7 @@ static int next_timeout(struct gpuipc__broker *b, uint64_t now)
   for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
     if (c->state != CONN_READY && !c->doomed && c->deadline < next)
       next = c->deadline;
-  for (struct park *p = b->parks; p != NULL; p = p->next)
+  for (struct park *p = b->parks.head; p != NULL; p = p->next)
     if (!p->recovery && p->deadline < next)
       next = p->deadline;
   if (next == UINT64_MAX)
@@ -181,11 +181,7 @@ static void broker_shutdown(struct gpuipc__broker *b)
     gpuipc__bk_conn_free(c);
   }
   b->nconns = 0;
-  while (b->parks != NULL) { /* their members are gone: no accounts */
-    struct park *p = b->parks;
-    b->parks = p->next;
-    free(p);
-  }
+  gpuipc__bk_parks_free_all(&b->parks);
   gpuipc__fd_close(&b->listen_fd);
   gpuipc__fd_close(&b->lock_fd);
   gpuipc__reg_destroy(&b->reg);

@@ -410,9 +410,10 @@ void gpuipc__bk_shut_answered(struct gpuipc__broker *b)
   }
 }
 
-/* Drop every doomed connection (the state it left may doom no other). */
-void gpuipc__bk_reap(struct gpuipc__broker *b)
+/* Take the doomed connections out of the list, in its order. */
+static struct gpuipc__conn *take_doomed(struct gpuipc__broker *b)
 {
+  struct gpuipc__conn *gone = NULL, **tail = &gone;
   struct gpuipc__conn **pp = &b->conns;
   while (*pp != NULL) {
     struct gpuipc__conn *c = *pp;
@@ -421,13 +422,32 @@ void gpuipc__bk_reap(struct gpuipc__broker *b)
       continue;
     }
     *pp = c->next;
+    c->next = NULL;
+    *tail = c;
+    tail = &c->next;
     b->nconns--;
-    uid_uncount(b, c);
-    if (c->state == CONN_READY)
-      GPUIPC_LOG_D("broker %s: pid %d left", b->name, (int)c->cred.pid);
-    gpuipc__bk_conn_drop_state(b, c);
-    gpuipc__bk_conn_free(c);
-    pp = &b->conns; /* dropping state may have doomed others: restart */
+  }
+  return gone;
+}
+
+/*
+ * Drop every doomed connection and what it held. Dropping that may doom
+ * others (a keeper told LET_GO whose outbox is full): those go in the next
+ * round, until a round finds none.
+ */
+void gpuipc__bk_reap(struct gpuipc__broker *b)
+{
+  struct gpuipc__conn *gone;
+  while ((gone = take_doomed(b)) != NULL) {
+    while (gone != NULL) {
+      struct gpuipc__conn *c = gone;
+      gone = c->next;
+      uid_uncount(b, c);
+      if (c->state == CONN_READY)
+        GPUIPC_LOG_D("broker %s: pid %d left", b->name, (int)c->cred.pid);
+      gpuipc__bk_conn_drop_state(b, c);
+      gpuipc__bk_conn_free(c);
+    }
   }
 }
 

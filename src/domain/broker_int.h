@@ -11,13 +11,14 @@
  *   broker_seg.c      the segments' state machine: reserve, unlink, lose,
  *                     free, keepers, holds of a connection that went, parked
  *                     requests and their dispatch, the recovery window
+ *   broker_park.c     the index of parked requests (by name, by connection)
  *   broker_journal.c  the one place a segment changes state, and the
  *                     journal of names that each change is recorded in
  *   broker_check.c    what a member may publish: descriptors and exporters
  *   handoff.c         the hand-over of a domain, the leaving broker's half
  *
  * Dependencies go one way, top to bottom: broker.c, handoff.c, then
- * broker_conn.c, broker_req.c, broker_seg.c, then
+ * broker_conn.c, broker_req.c, broker_seg.c, then broker_park.c,
  * broker_journal.c, broker_check.c, broker_send.c; all of them use
  * registry.c. The broker's data belong to its thread alone: no locks.
  */
@@ -34,6 +35,8 @@
 
 /* Uids and gids GPUIPC_ALLOW_UIDS / GPUIPC_ALLOW_GIDS may name. */
 #define ALLOW_MAX 64
+/* Buckets of the index of parked requests by name (a power of two). */
+#define PARK_BUCKETS 256
 
 struct out_msg {
   struct out_msg *next;
@@ -49,6 +52,8 @@ enum conn_state {
   CONN_CLOSING, /* refused: answered; dropped once the member hangs up */
 };
 
+struct park;
+
 struct gpuipc__conn {
   struct gpuipc__conn *next;
   int fd;
@@ -61,6 +66,7 @@ struct gpuipc__conn {
   uint64_t token;
   uint64_t seq; /* accept order */
   uint32_t nparks; /* its requests waiting */
+  struct park *parks; /* them (broker_park.c) */
   uint32_t nreserved; /* names it reserved, not published yet */
   uint64_t deadline;  /* CONN_NEW, CONN_CLOSING: dropped after this */
   struct out_msg *out_head, *out_tail;
@@ -69,7 +75,9 @@ struct gpuipc__conn {
 
 /* A request waiting for an event: a publication, a name, the clock. */
 struct park {
-  struct park *next;
+  struct park *prev, *next;           /* every park, in arrival order */
+  struct park *name_prev, *name_next; /* its name's bucket, in order */
+  struct park *conn_prev, *conn_next; /* its connection's */
   struct gpuipc__conn *conn;
   uint16_t type; /* OPEN or UNLINK */
   uint32_t req;
@@ -80,6 +88,14 @@ struct park {
   uint64_t id; /* UNLINK: only while the name names this segment (0: any) */
   uint64_t deadline;
   bool recovery; /* parked only until the recovery window ends */
+};
+
+/* Parked requests: in arrival order, and by name (broker_park.c). */
+struct gpuipc__parks {
+  struct park *head, *tail;
+  struct {
+    struct park *head, *tail;
+  } by_name[PARK_BUCKETS];
 };
 
 /* A warning said at most once every WARN_EVERY_NS. */
@@ -121,7 +137,7 @@ struct gpuipc__broker {
   struct uid_count *uids;
   size_t nuids, capuids;
   struct warn_gate warn_refused, warn_accept;
-  struct park *parks;
+  struct gpuipc__parks parks;
   pid_t pid;
   uid_t uid;
   uint32_t allow_uids[ALLOW_MAX], allow_gids[ALLOW_MAX];
@@ -226,6 +242,25 @@ bool gpuipc__bk_is_exporter(const struct gpuipc__conn *c,
                             const struct gpuipc__seg_wire *w);
 /* The exporter's pid as a handle record names it (for sentences). */
 uint32_t gpuipc__bk_exporter_pid(const struct gpuipc__seg_wire *w);
+
+/* ----- broker_park.c ----- */
+
+/* Park @p (its conn set): last in arrival order, on its name, on its conn. */
+void gpuipc__bk_park_add(struct gpuipc__parks *ps, struct park *p);
+/* Take @p out of every list (not freed; its connection's count drops). */
+void gpuipc__bk_park_unlink(struct gpuipc__parks *ps, struct park *p);
+/*
+ * Take out, in arrival order, as a list through ->next: the parks on
+ * @name that wait for it (not for the recovery window); or, @name NULL,
+ * every park that waits for the recovery window.
+ */
+struct park *gpuipc__bk_parks_take(struct gpuipc__parks *ps,
+                                   const char *name);
+/* Free @c's parks. */
+void gpuipc__bk_parks_drop_conn(struct gpuipc__parks *ps,
+                                struct gpuipc__conn *c);
+/* Free every park, without accounts (their connections are gone). */
+void gpuipc__bk_parks_free_all(struct gpuipc__parks *ps);
 
 /* ----- broker_seg.c ----- */
 

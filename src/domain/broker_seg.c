@@ -116,19 +116,8 @@ static int park(struct gpuipc__broker *b, struct gpuipc__conn *c,
   *n = *p;
   n->conn = c;
   n->recovery = for_recovery;
-  n->next = NULL;
-  c->nparks++;
-  struct park **pp = &b->parks;
-  while (*pp != NULL)
-    pp = &(*pp)->next;
-  *pp = n;
+  gpuipc__bk_park_add(&b->parks, n);
   return 0;
-}
-
-static void park_free(struct park *p)
-{
-  p->conn->nparks--;
-  free(p);
 }
 
 static void reserve(struct gpuipc__broker *b, struct gpuipc__conn *c,
@@ -314,23 +303,11 @@ static void dispatch(struct gpuipc__broker *b, struct gpuipc__conn *c,
 /* Re-run every request parked on @name, in arrival order. */
 void gpuipc__bk_redispatch(struct gpuipc__broker *b, const char *name)
 {
-  struct park *mine = NULL, **tail = &mine;
-  struct park **pp = &b->parks;
-  while (*pp != NULL) {
-    struct park *p = *pp;
-    if (!p->recovery && strcmp(p->name, name) == 0) {
-      *pp = p->next;
-      p->next = NULL;
-      *tail = p;
-      tail = &p->next;
-    } else {
-      pp = &p->next;
-    }
-  }
+  /* Taken out first (their counts drop): dispatch may park them again. */
+  struct park *mine = gpuipc__bk_parks_take(&b->parks, name);
   while (mine != NULL) {
     struct park *p = mine;
     mine = p->next;
-    p->conn->nparks--; /* before dispatch may park it again */
     if (!p->conn->doomed) {
       uint64_t now = gpuipc__now_ns();
       if (p->deadline != UINT64_MAX && now >= p->deadline)
@@ -347,16 +324,7 @@ void gpuipc__bk_redispatch(struct gpuipc__broker *b, const char *name)
 void gpuipc__bk_conn_drop_state(struct gpuipc__broker *b,
                                 struct gpuipc__conn *c)
 {
-  struct park **pp = &b->parks;
-  while (*pp != NULL) {
-    if ((*pp)->conn == c) {
-      struct park *p = *pp;
-      *pp = p->next;
-      park_free(p);
-    } else {
-      pp = &(*pp)->next;
-    }
-  }
+  gpuipc__bk_parks_drop_conn(&b->parks, c);
   /* Names whose reservation died: the next waiter may create them. */
   char (*freed)[GPUIPC__NAME_MAX + 1] = NULL;
   size_t nfreed = 0, capfreed = 0;
@@ -420,23 +388,11 @@ void gpuipc__bk_end_recovery(struct gpuipc__broker *b)
   GPUIPC_LOG_I("broker %s: recovery window closed: %zu segments%s", b->name,
                b->reg.count,
                fresh ? " (no member of the last broker came back)" : "");
-  struct park *list = NULL, **tail = &list;
-  struct park **pp = &b->parks;
-  while (*pp != NULL) {
-    struct park *p = *pp;
-    if (p->recovery) {
-      *pp = p->next;
-      p->next = NULL;
-      *tail = p;
-      tail = &p->next;
-    } else {
-      pp = &p->next;
-    }
-  }
+  /* Taken out first (their counts drop): dispatch may park them again. */
+  struct park *list = gpuipc__bk_parks_take(&b->parks, NULL);
   while (list != NULL) {
     struct park *p = list;
     list = p->next;
-    p->conn->nparks--; /* before dispatch may park it again */
     if (!p->conn->doomed)
       dispatch(b, p->conn, p);
     free(p);
@@ -445,17 +401,15 @@ void gpuipc__bk_end_recovery(struct gpuipc__broker *b)
 
 void gpuipc__bk_expire_parks(struct gpuipc__broker *b, uint64_t now)
 {
-  struct park **pp = &b->parks;
-  while (*pp != NULL) {
-    struct park *p = *pp;
-    if (p->recovery || p->deadline > now) {
-      pp = &p->next;
+  struct park *next;
+  for (struct park *p = b->parks.head; p != NULL; p = next) {
+    next = p->next;
+    if (p->recovery || p->deadline > now)
       continue;
-    }
-    *pp = p->next;
+    gpuipc__bk_park_unlink(&b->parks, p);
     if (p->type == GPUIPC_MSG_OPEN)
       gpuipc__bk_send_error(b, p->conn, p->req, -ETIMEDOUT,
                             "segment %s was not published in time", p->name);
-    park_free(p);
+    free(p);
   }
 }
