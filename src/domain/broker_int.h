@@ -15,7 +15,7 @@
  *   broker_journal.c  the one place a segment changes state, and the
  *                     journal of names that each change is recorded in
  *   broker_check.c    what a member may publish: descriptors and exporters
- *   handoff.c         the hand-over of a domain, the leaving broker's half
+ *   handoff.c         the hand-over of a domain, both halves
  *
  * Dependencies go one way, top to bottom: broker.c, handoff.c, then
  * broker_conn.c, broker_req.c, broker_seg.c, then broker_park.c,

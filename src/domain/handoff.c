@@ -1,11 +1,17 @@
 /*
  * The hand-over of a domain from a broker that stops to a member that
- * takes it on (see domain.h for the whole exchange), the leaving broker's
- * half (broker.c's shutdown calls it): choose the oldest member that may
- * host, OFFER it the domain, and only once it ACCEPTs send it the lock and
- * listener (BEGIN), every segment with its descriptor (SEG) and END, then
- * wait for its ACK. The member's half is in client.c. See broker_int.h for
- * the other broker files.
+ * takes it on (see domain.h for the whole exchange), both halves:
+ *
+ *  - the leaving broker's (broker.c's shutdown calls it): choose the
+ *    oldest member that may host, OFFER it the domain, and only once it
+ *    ACCEPTs send it the lock and listener (BEGIN), every segment with its
+ *    descriptor (SEG) and END, then wait for its ACK;
+ *  - the member's (client.c's reader thread feeds it the messages): check
+ *    and collect what arrives into a registry, and at END start a broker
+ *    with it (the member hosts that broker and answers ACK).
+ *
+ * What each half sends and counts is here, in one place, so the two agree.
+ * See broker_int.h for the other broker files.
  */
 #include "domain/broker_int.h"
 #include "os/os.h"
@@ -20,6 +26,10 @@
 #define HANDOFF_ACK_MS 5000
 /* Bound on a candidate's answer to the offer to take the domain over. */
 #define HANDOFF_OFFER_MS 1000
+
+/* ------------------------------------------------------------------------ */
+/* The leaving broker                                                       */
+/* ------------------------------------------------------------------------ */
 
 /* Whether @c may take the domain over from this broker. */
 static bool may_succeed(const struct gpuipc__broker *b,
@@ -178,3 +188,110 @@ bool gpuipc__bk_try_handoff(struct gpuipc__broker *b)
   return false;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The member taking the domain over                                        */
+/* ------------------------------------------------------------------------ */
+
+void gpuipc__handoff_discard(struct gpuipc__handoff_in *h)
+{
+  if (!h->active)
+    return;
+  gpuipc__fd_close(&h->init.lock_fd);
+  gpuipc__fd_close(&h->init.listen_fd);
+  if (h->init.have_reg)
+    gpuipc__reg_destroy(&h->init.reg);
+  memset(h, 0, sizeof(*h));
+  h->init.lock_fd = h->init.listen_fd = -1;
+}
+
+void gpuipc__handoff_begin(struct gpuipc__handoff_in *h, const char *name,
+                           uint64_t token, const struct gpuipc__msg *m,
+                           int *fds)
+{
+  gpuipc__handoff_discard(h);
+  struct gpuipc__broker_init *init = &h->init;
+  memset(init, 0, sizeof(*init));
+  if (gpuipc__reg_init(&init->reg) != 0) {
+    gpuipc__fd_close(&fds[0]);
+    gpuipc__fd_close(&fds[1]);
+    return;
+  }
+  init->have_reg = true;
+  snprintf(init->name, sizeof(init->name), "%s", name);
+  init->lock_fd = fds[0];
+  init->listen_fd = fds[1];
+  fds[0] = fds[1] = -1;
+  init->epoch = m->u.handoff_begin.epoch;
+  init->next_id = m->u.handoff_begin.next_id;
+  init->recovery = GPUIPC__RECOVER_HANDOFF;
+  init->owner_token = token;
+  h->expect = m->u.handoff_begin.count;
+  h->got = 0;
+  h->active = true;
+}
+
+void gpuipc__handoff_seg(struct gpuipc__handoff_in *h, const char *name,
+                         const struct gpuipc__msg *m, int *fds, int nfds)
+{
+  const struct gpuipc__seg_wire *w = &m->u.handoff_seg.seg;
+  struct gpuipc__registry *reg = &h->init.reg;
+  if (!h->active || gpuipc__reg_by_id(reg, w->id) != NULL ||
+      (w->state != GPUIPC__SEG_UNLINKED &&
+       gpuipc__reg_by_name(reg, w->name) != NULL)) {
+    GPUIPC_LOG_W("domain %s: unexpected hand-over record %s", name,
+                 w->name);
+    return;
+  }
+  struct gpuipc__seg *s;
+  if (gpuipc__reg_add(reg, w->name, w->id, &s) != 0) {
+    gpuipc__handoff_discard(h);
+    return;
+  }
+  s->w = *w; /* the record as the last broker had it, state and all */
+  if (w->state == GPUIPC__SEG_UNLINKED)
+    gpuipc__reg_unname(reg, s);
+  if (nfds == 1) {
+    gpuipc__reg_set_fd(reg, s, fds[0]);
+    fds[0] = -1;
+  }
+  h->got++;
+}
+
+struct gpuipc__broker *gpuipc__handoff_end(struct gpuipc__handoff_in *h,
+                                           const char *name,
+                                           const struct gpuipc__msg *m)
+{
+  if (!h->active)
+    return NULL;
+  if (h->got != h->expect || m->u.handoff_end.count != h->expect) {
+    GPUIPC_LOG_W("domain %s: hand-over announced %u segments, %u arrived; "
+                 "ignoring it", name, h->expect, h->got);
+    gpuipc__handoff_discard(h);
+    return NULL;
+  }
+  struct gpuipc__broker *b;
+  h->active = false;
+  int rc = gpuipc__broker_start(&h->init, &b);
+  memset(h, 0, sizeof(*h));
+  h->init.lock_fd = h->init.listen_fd = -1;
+  if (rc != 0) {
+    GPUIPC_LOG_E("domain %s: cannot start the broker handed over: %s",
+                 name, gpuipc_last_error());
+    return NULL;
+  }
+  return b;
+}
+
+void gpuipc__handoff_answer(struct gpuipc__msg *m)
+{
+  if (m->type == GPUIPC_MSG_HANDOFF_OFFER) {
+    uint32_t count = m->u.handoff_offer.count;
+    m->type = GPUIPC_MSG_HANDOFF_ACCEPT;
+    m->u.handoff_accept.count = count;
+  } else {
+    uint32_t count = m->u.handoff_end.count;
+    m->type = GPUIPC_MSG_HANDOFF_ACK;
+    m->u.handoff_ack.count = count;
+  }
+  m->req = 0;
+}
