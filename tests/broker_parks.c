@@ -36,17 +36,19 @@ static void check_lists(size_t want)
 {
   size_t n = 0, named = 0;
   uint32_t last = 0;
-  for (struct park *p = parks.head; p != NULL; p = p->next, n++) {
+  for (struct park *p = parks.all.head; p != NULL; p = p->all.next, n++) {
     if (n != 0)
       ASSERT_GT(p->req, last); /* arrival order */
     last = p->req;
-    ASSERT_PTR_EQ(p->next == NULL ? parks.tail : p->next->prev, p);
+    ASSERT_PTR_EQ(p->all.next == NULL ? parks.all.tail : p->all.next->all.prev,
+                  p);
   }
   ASSERT_EQ(n, want);
   for (size_t i = 0; i < PARK_BUCKETS; i++)
-    for (struct park *p = parks.by_name[i].head; p != NULL; p = p->name_next) {
-      ASSERT_PTR_EQ(p->name_next == NULL ? parks.by_name[i].tail
-                                         : p->name_next->name_prev,
+    for (struct park *p = parks.by_name[i].head; p != NULL;
+         p = p->by_name.next) {
+      ASSERT_PTR_EQ(p->by_name.next == NULL ? parks.by_name[i].tail
+                                            : p->by_name.next->by_name.prev,
                     p);
       named++;
     }
@@ -54,7 +56,8 @@ static void check_lists(size_t want)
   size_t counted = 0;
   for (int c = 0; c < 3; c++) {
     uint32_t k = 0;
-    for (struct park *p = conns[c].parks; p != NULL; p = p->conn_next, k++)
+    for (struct park *p = conns[c].parks.head; p != NULL;
+         p = p->by_conn.next, k++)
       ASSERT_PTR_EQ(p->conn, &conns[c]);
     ASSERT_EQ(k, conns[c].nparks);
     counted += k;
@@ -108,13 +111,13 @@ int main(void)
   size_t of1 = conns[1].nparks;
   gpuipc__bk_parks_drop_conn(&parks, &conns[1]);
   ASSERT_EQ(conns[1].nparks, 0);
-  ASSERT_PTR_EQ(conns[1].parks, NULL);
+  ASSERT_PTR_EQ(conns[1].parks.head, NULL);
   n -= of1;
   check_lists(n);
 
   /* The recovery window closes: the parks that waited for it, only. */
   size_t left_recovery = 0;
-  for (struct park *p = parks.head; p != NULL; p = p->next)
+  for (struct park *p = parks.all.head; p != NULL; p = p->all.next)
     left_recovery += p->recovery;
   ASSERT_GT(left_recovery, 0);
   ASSERT_LT(left_recovery, recovery);
@@ -122,18 +125,18 @@ int main(void)
             left_recovery);
   n -= left_recovery;
   check_lists(n);
-  for (struct park *p = parks.head; p != NULL; p = p->next)
+  for (struct park *p = parks.all.head; p != NULL; p = p->all.next)
     ASSERT_TRUE(!p->recovery);
 
   /* One unlinked by hand (a deadline passed), then the rest at once. */
-  struct park *mid = parks.head->next;
+  struct park *mid = parks.all.head->all.next;
   gpuipc__bk_park_unlink(&parks, mid);
   free(mid);
   n--;
   check_lists(n);
   gpuipc__bk_parks_free_all(&parks);
-  ASSERT_PTR_EQ(parks.head, NULL);
-  ASSERT_PTR_EQ(parks.tail, NULL);
+  ASSERT_PTR_EQ(parks.all.head, NULL);
+  ASSERT_PTR_EQ(parks.all.tail, NULL);
   printf("broker_parks: ok\n");
   return 0;
 }

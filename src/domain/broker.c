@@ -55,7 +55,7 @@ static int next_timeout(struct gpuipc__broker *b, uint64_t now)
   for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
     if (c->state != CONN_READY && !c->doomed && c->deadline < next)
       next = c->deadline;
-  for (struct park *p = b->parks.head; p != NULL; p = p->next)
+  for (struct park *p = b->parks.all.head; p != NULL; p = p->all.next)
     if (!p->recovery && p->deadline < next)
       next = p->deadline;
   if (next == UINT64_MAX)

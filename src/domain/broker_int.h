@@ -54,6 +54,14 @@ enum conn_state {
 
 struct park;
 
+/* A park's place in one list, and a list (broker_park.c). */
+struct park_link {
+  struct park *prev, *next;
+};
+struct park_list {
+  struct park *head, *tail;
+};
+
 struct gpuipc__conn {
   struct gpuipc__conn *next;
   int fd;
@@ -66,7 +74,7 @@ struct gpuipc__conn {
   uint64_t token;
   uint64_t seq; /* accept order */
   uint32_t nparks; /* its requests waiting */
-  struct park *parks; /* them (broker_park.c) */
+  struct park_list parks; /* them (broker_park.c) */
   uint32_t nreserved; /* names it reserved, not published yet */
   uint64_t deadline;  /* CONN_NEW, CONN_CLOSING: dropped after this */
   struct out_msg *out_head, *out_tail;
@@ -75,9 +83,10 @@ struct gpuipc__conn {
 
 /* A request waiting for an event: a publication, a name, the clock. */
 struct park {
-  struct park *prev, *next;           /* every park, in arrival order */
-  struct park *name_prev, *name_next; /* its name's bucket, in order */
-  struct park *conn_prev, *conn_next; /* its connection's */
+  struct park_link all;     /* every park, in arrival order */
+  struct park_link by_name; /* its name's bucket, in arrival order */
+  struct park_link by_conn; /* its connection's */
+  struct park *next;        /* in a list taken out (gpuipc__bk_parks_take) */
   struct gpuipc__conn *conn;
   uint16_t type; /* OPEN or UNLINK */
   uint32_t req;
@@ -92,10 +101,8 @@ struct park {
 
 /* Parked requests: in arrival order, and by name (broker_park.c). */
 struct gpuipc__parks {
-  struct park *head, *tail;
-  struct {
-    struct park *head, *tail;
-  } by_name[PARK_BUCKETS];
+  struct park_list all;
+  struct park_list by_name[PARK_BUCKETS];
 };
 
 /* A warning said at most once every WARN_EVERY_NS. */

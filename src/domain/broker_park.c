@@ -9,6 +9,7 @@
  */
 #include "domain/broker_int.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,79 +21,71 @@ static size_t bucket_of(const char *name)
   return h & (PARK_BUCKETS - 1);
 }
 
+#define ALL offsetof(struct park, all)
+#define BY_NAME offsetof(struct park, by_name)
+#define BY_CONN offsetof(struct park, by_conn)
+
+/* @p's link at offset @off (ALL, BY_NAME or BY_CONN). */
+static struct park_link *link_at(struct park *p, size_t off)
+{
+  return (struct park_link *)((char *)p + off);
+}
+
+static void list_add(struct park_list *l, struct park *p, size_t off)
+{
+  struct park_link *k = link_at(p, off);
+  k->next = NULL;
+  k->prev = l->tail;
+  if (l->tail != NULL)
+    link_at(l->tail, off)->next = p;
+  else
+    l->head = p;
+  l->tail = p;
+}
+
+static void list_del(struct park_list *l, struct park *p, size_t off)
+{
+  struct park_link *k = link_at(p, off);
+  if (k->prev != NULL)
+    link_at(k->prev, off)->next = k->next;
+  else
+    l->head = k->next;
+  if (k->next != NULL)
+    link_at(k->next, off)->prev = k->prev;
+  else
+    l->tail = k->prev;
+  k->prev = k->next = NULL;
+}
+
 void gpuipc__bk_park_add(struct gpuipc__parks *ps, struct park *p)
 {
-  p->next = NULL;
-  p->prev = ps->tail;
-  if (ps->tail != NULL)
-    ps->tail->next = p;
-  else
-    ps->head = p;
-  ps->tail = p;
-
-  size_t i = bucket_of(p->name);
-  p->name_next = NULL;
-  p->name_prev = ps->by_name[i].tail;
-  if (ps->by_name[i].tail != NULL)
-    ps->by_name[i].tail->name_next = p;
-  else
-    ps->by_name[i].head = p;
-  ps->by_name[i].tail = p;
-
-  struct gpuipc__conn *c = p->conn;
-  p->conn_prev = NULL;
-  p->conn_next = c->parks;
-  if (c->parks != NULL)
-    c->parks->conn_prev = p;
-  c->parks = p;
-  c->nparks++;
+  list_add(&ps->all, p, ALL);
+  list_add(&ps->by_name[bucket_of(p->name)], p, BY_NAME);
+  list_add(&p->conn->parks, p, BY_CONN);
+  p->conn->nparks++;
 }
 
 void gpuipc__bk_park_unlink(struct gpuipc__parks *ps, struct park *p)
 {
-  if (p->prev != NULL)
-    p->prev->next = p->next;
-  else
-    ps->head = p->next;
-  if (p->next != NULL)
-    p->next->prev = p->prev;
-  else
-    ps->tail = p->prev;
-
-  size_t i = bucket_of(p->name);
-  if (p->name_prev != NULL)
-    p->name_prev->name_next = p->name_next;
-  else
-    ps->by_name[i].head = p->name_next;
-  if (p->name_next != NULL)
-    p->name_next->name_prev = p->name_prev;
-  else
-    ps->by_name[i].tail = p->name_prev;
-
-  struct gpuipc__conn *c = p->conn;
-  if (p->conn_prev != NULL)
-    p->conn_prev->conn_next = p->conn_next;
-  else
-    c->parks = p->conn_next;
-  if (p->conn_next != NULL)
-    p->conn_next->conn_prev = p->conn_prev;
-  c->nparks--;
-  p->prev = p->next = p->name_prev = p->name_next = NULL;
-  p->conn_prev = p->conn_next = NULL;
+  list_del(&ps->all, p, ALL);
+  list_del(&ps->by_name[bucket_of(p->name)], p, BY_NAME);
+  list_del(&p->conn->parks, p, BY_CONN);
+  p->conn->nparks--;
 }
 
 struct park *gpuipc__bk_parks_take(struct gpuipc__parks *ps, const char *name)
 {
   struct park *list = NULL, **tail = &list, *next;
   struct park *p = name != NULL ? ps->by_name[bucket_of(name)].head
-                                : ps->head;
+                                : ps->all.head;
   for (; p != NULL; p = next) {
-    next = name != NULL ? p->name_next : p->next;
+    next = name != NULL ? p->by_name.next : p->all.next;
     bool take = name != NULL ? !p->recovery && strcmp(p->name, name) == 0
                              : p->recovery;
     if (!take)
       continue;
     gpuipc__bk_park_unlink(ps, p);
+    p->next = NULL;
     *tail = p;
     tail = &p->next;
   }
@@ -102,8 +95,8 @@ struct park *gpuipc__bk_parks_take(struct gpuipc__parks *ps, const char *name)
 void gpuipc__bk_parks_drop_conn(struct gpuipc__parks *ps,
                                 struct gpuipc__conn *c)
 {
-  while (c->parks != NULL) {
-    struct park *p = c->parks;
+  while (c->parks.head != NULL) {
+    struct park *p = c->parks.head;
     gpuipc__bk_park_unlink(ps, p);
     free(p);
   }
@@ -111,9 +104,9 @@ void gpuipc__bk_parks_drop_conn(struct gpuipc__parks *ps,
 
 void gpuipc__bk_parks_free_all(struct gpuipc__parks *ps)
 {
-  while (ps->head != NULL) { /* their members are gone: no accounts */
-    struct park *p = ps->head;
-    ps->head = p->next;
+  while (ps->all.head != NULL) { /* their members are gone: no accounts */
+    struct park *p = ps->all.head;
+    ps->all.head = p->all.next;
     free(p);
   }
   memset(ps, 0, sizeof(*ps));

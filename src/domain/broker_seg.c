@@ -402,8 +402,8 @@ void gpuipc__bk_end_recovery(struct gpuipc__broker *b)
 void gpuipc__bk_expire_parks(struct gpuipc__broker *b, uint64_t now)
 {
   struct park *next;
-  for (struct park *p = b->parks.head; p != NULL; p = next) {
-    next = p->next;
+  for (struct park *p = b->parks.all.head; p != NULL; p = next) {
+    next = p->all.next;
     if (p->recovery || p->deadline > now)
       continue;
     gpuipc__bk_park_unlink(&b->parks, p);
