@@ -17,10 +17,14 @@
  *   broker_check.c    what a member may publish: descriptors and exporters
  *   handoff.c         the hand-over of a domain, both halves
  *
- * Dependencies go one way, top to bottom: broker.c, handoff.c, then
- * broker_conn.c, broker_req.c, broker_seg.c, then broker_park.c,
- * broker_journal.c, broker_check.c, broker_send.c; all of them use
- * registry.c. The broker's data belong to its thread alone: no locks.
+ * Dependencies go one way: broker.c may call any of the others, and
+ * none calls it; broker_conn.c calls broker_req.c, which calls broker_seg.c and
+ * broker_check.c; broker_seg.c calls broker_park.c and broker_journal.c;
+ * any of them may send (broker_send.c) and use the registry (registry.c).
+ * A member starts a broker (client.c) and feeds the hand-over it receives
+ * to handoff.c; nothing here calls back into the member, but for the
+ * domain's paths and gpuipc__proto_send, both in client.c for now. The
+ * broker's data belong to its thread alone: no locks.
  */
 #ifndef GPUIPC_BROKER_INT_H
 #define GPUIPC_BROKER_INT_H

@@ -612,12 +612,18 @@ static void ho_offer(struct gpuipc_domain *d)
   ho_answer(d);
 }
 
-/* The hand-over arrived whole (handoff.c): host its broker, say so. */
+/* The hand-over ends: if it arrived whole, start and host its broker. */
 static void ho_end(struct gpuipc_domain *d)
 {
-  struct gpuipc__broker *b = gpuipc__handoff_end(&d->ho, d->name, &d->rmsg);
-  if (b == NULL)
+  struct gpuipc__broker_init init;
+  struct gpuipc__broker *b;
+  if (!gpuipc__handoff_end(&d->ho, d->name, &d->rmsg, &init))
     return;
+  if (gpuipc__broker_start(&init, &b) != 0) {
+    GPUIPC_LOG_E("domain %s: cannot start the broker handed over: %s",
+                 d->name, gpuipc_last_error());
+    return;
+  }
   pthread_mutex_lock(&d->mu);
   struct gpuipc__broker *old = d->broker;
   d->broker = b;

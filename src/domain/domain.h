@@ -261,13 +261,13 @@ void gpuipc__handoff_begin(struct gpuipc__handoff_in *h, const char *name,
 void gpuipc__handoff_seg(struct gpuipc__handoff_in *h, const char *name,
                          const struct gpuipc__msg *m, int *fds, int nfds);
 /*
- * HANDOFF_END @m: start a broker with what arrived, if all of it did.
- * Returns that broker (the member hosts it, then answers HANDOFF_ACK), or
- * NULL (said in the log).
+ * HANDOFF_END @m: whether all that was announced arrived. If so, @out is
+ * what to start a broker with (gpuipc__broker_start takes it over) and @h
+ * is empty again; if not, the hand-over is void (said in the log).
  */
-struct gpuipc__broker *gpuipc__handoff_end(struct gpuipc__handoff_in *h,
-                                           const char *name,
-                                           const struct gpuipc__msg *m);
+bool gpuipc__handoff_end(struct gpuipc__handoff_in *h, const char *name,
+                         const struct gpuipc__msg *m,
+                         struct gpuipc__broker_init *out);
 /* Turn HANDOFF_OFFER @m into its HANDOFF_ACCEPT, HANDOFF_END into its ACK. */
 void gpuipc__handoff_answer(struct gpuipc__msg *m);
 

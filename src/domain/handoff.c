@@ -7,8 +7,8 @@
  *    ACCEPTs send it the lock and listener (BEGIN), every segment with its
  *    descriptor (SEG) and END, then wait for its ACK;
  *  - the member's (client.c's reader thread feeds it the messages): check
- *    and collect what arrives into a registry, and at END start a broker
- *    with it (the member hosts that broker and answers ACK).
+ *    and collect what arrives into a registry, whole at END (the member
+ *    then starts a broker with it, hosts it, and answers ACK).
  *
  * What each half sends and counts is here, in one place, so the two agree.
  * See broker_int.h for the other broker files.
@@ -257,29 +257,22 @@ void gpuipc__handoff_seg(struct gpuipc__handoff_in *h, const char *name,
   h->got++;
 }
 
-struct gpuipc__broker *gpuipc__handoff_end(struct gpuipc__handoff_in *h,
-                                           const char *name,
-                                           const struct gpuipc__msg *m)
+bool gpuipc__handoff_end(struct gpuipc__handoff_in *h, const char *name,
+                         const struct gpuipc__msg *m,
+                         struct gpuipc__broker_init *out)
 {
   if (!h->active)
-    return NULL;
+    return false;
   if (h->got != h->expect || m->u.handoff_end.count != h->expect) {
     GPUIPC_LOG_W("domain %s: hand-over announced %u segments, %u arrived; "
                  "ignoring it", name, h->expect, h->got);
     gpuipc__handoff_discard(h);
-    return NULL;
+    return false;
   }
-  struct gpuipc__broker *b;
-  h->active = false;
-  int rc = gpuipc__broker_start(&h->init, &b);
+  *out = h->init;
   memset(h, 0, sizeof(*h));
   h->init.lock_fd = h->init.listen_fd = -1;
-  if (rc != 0) {
-    GPUIPC_LOG_E("domain %s: cannot start the broker handed over: %s",
-                 name, gpuipc_last_error());
-    return NULL;
-  }
-  return b;
+  return true;
 }
 
 void gpuipc__handoff_answer(struct gpuipc__msg *m)
