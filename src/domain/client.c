@@ -78,12 +78,7 @@ struct gpuipc_domain {
   struct gpuipc_domain *next_joined; /* joined (doms_mu) */
   int wake[2];
 
-  /* A hand-over being received (reader thread only). */
-  struct {
-    bool active;
-    uint32_t expect, got;
-    struct gpuipc__broker_init init;
-  } ho;
+  struct gpuipc__handoff_in ho; /* being received (reader thread only) */
   uint8_t rbuf[GPUIPC_MSG_MAX];
   struct gpuipc__msg rmsg;
   struct gpuipc__reply reply; /* scratch for replies nobody waits for */
@@ -594,85 +589,34 @@ int gpuipc__dom_post(gpuipc_domain_t *d, struct gpuipc__msg *m,
 /* The reader thread                                                        */
 /* ------------------------------------------------------------------------ */
 
-static void ho_discard(struct gpuipc_domain *d)
+/* Answer the hand-over message in d->rmsg (OFFER or END). */
+static void ho_answer(struct gpuipc_domain *d)
 {
-  if (!d->ho.active)
-    return;
-  gpuipc__fd_close(&d->ho.init.lock_fd);
-  gpuipc__fd_close(&d->ho.init.listen_fd);
-  if (d->ho.init.have_reg)
-    gpuipc__reg_destroy(&d->ho.init.reg);
-  memset(&d->ho, 0, sizeof(d->ho));
-  d->ho.init.lock_fd = d->ho.init.listen_fd = -1;
+  gpuipc__handoff_answer(&d->rmsg);
+  pthread_mutex_lock(&d->send_mu);
+  (void)gpuipc__proto_send(d->fd, &d->rmsg, NULL, 0, 1000);
+  pthread_mutex_unlock(&d->send_mu);
 }
 
-static void ho_begin(struct gpuipc_domain *d, const struct gpuipc__msg *m,
-                     int *fds)
+/*
+ * The broker asks whether this member takes the domain over: yes, unless
+ * it is leaving. Only a member that reads its connection gets that far.
+ */
+static void ho_offer(struct gpuipc_domain *d)
 {
-  ho_discard(d);
-  struct gpuipc__broker_init *init = &d->ho.init;
-  memset(init, 0, sizeof(*init));
-  if (gpuipc__reg_init(&init->reg) != 0) {
-    close_fds(fds, 2);
-    return;
-  }
-  init->have_reg = true;
-  snprintf(init->name, sizeof(init->name), "%s", d->name);
-  init->lock_fd = fds[0];
-  init->listen_fd = fds[1];
-  fds[0] = fds[1] = -1;
-  init->epoch = m->u.handoff_begin.epoch;
-  init->next_id = m->u.handoff_begin.next_id;
-  init->recovery = GPUIPC__RECOVER_HANDOFF;
-  init->owner_token = d->token;
-  d->ho.expect = m->u.handoff_begin.count;
-  d->ho.got = 0;
-  d->ho.active = true;
+  if (atomic_load(&d->leaving) || (d->flags & GPUIPC_JOIN_NO_BROKER))
+    return; /* the broker asks the next member when no answer comes */
+  ho_answer(d);
 }
 
-static void ho_seg(struct gpuipc_domain *d, const struct gpuipc__msg *m,
-                   int *fds, int nfds)
+/* The hand-over ends: if it arrived whole, start and host its broker. */
+static void ho_end(struct gpuipc_domain *d)
 {
-  const struct gpuipc__seg_wire *w = &m->u.handoff_seg.seg;
-  struct gpuipc__registry *reg = &d->ho.init.reg;
-  if (!d->ho.active || gpuipc__reg_by_id(reg, w->id) != NULL ||
-      (w->state != GPUIPC__SEG_UNLINKED &&
-       gpuipc__reg_by_name(reg, w->name) != NULL)) {
-    GPUIPC_LOG_W("domain %s: unexpected hand-over record %s", d->name,
-                 w->name);
-    return;
-  }
-  struct gpuipc__seg *s;
-  if (gpuipc__reg_add(reg, w->name, w->id, &s) != 0) {
-    ho_discard(d);
-    return;
-  }
-  s->w = *w;
-  if (w->state == GPUIPC__SEG_UNLINKED)
-    gpuipc__reg_unname(reg, s);
-  if (nfds == 1) {
-    gpuipc__reg_set_fd(reg, s, fds[0]);
-    fds[0] = -1;
-  }
-  d->ho.got++;
-}
-
-static void ho_end(struct gpuipc_domain *d, const struct gpuipc__msg *m)
-{
-  if (!d->ho.active)
-    return;
-  if (d->ho.got != d->ho.expect || m->u.handoff_end.count != d->ho.expect) {
-    GPUIPC_LOG_W("domain %s: hand-over announced %u segments, %u arrived; "
-                 "ignoring it", d->name, d->ho.expect, d->ho.got);
-    ho_discard(d);
-    return;
-  }
+  struct gpuipc__broker_init init;
   struct gpuipc__broker *b;
-  d->ho.active = false;
-  int rc = gpuipc__broker_start(&d->ho.init, &b);
-  memset(&d->ho, 0, sizeof(d->ho));
-  d->ho.init.lock_fd = d->ho.init.listen_fd = -1;
-  if (rc != 0) {
+  if (!gpuipc__handoff_end(&d->ho, d->name, &d->rmsg, &init))
+    return;
+  if (gpuipc__broker_start(&init, &b) != 0) {
     GPUIPC_LOG_E("domain %s: cannot start the broker handed over: %s",
                  d->name, gpuipc_last_error());
     return;
@@ -683,35 +627,9 @@ static void ho_end(struct gpuipc_domain *d, const struct gpuipc__msg *m)
   pthread_mutex_unlock(&d->mu);
   if (old != NULL)
     gpuipc__broker_stop(old);
-  /* The last broker waits for this before it lets go. */
-  struct gpuipc__msg *ack = &d->rmsg;
-  uint32_t count = m->u.handoff_end.count;
-  ack->type = GPUIPC_MSG_HANDOFF_ACK;
-  ack->req = 0;
-  ack->u.handoff_ack.count = count;
-  pthread_mutex_lock(&d->send_mu);
-  (void)gpuipc__proto_send(d->fd, ack, NULL, 0, 1000);
-  pthread_mutex_unlock(&d->send_mu);
+  ho_answer(d); /* the last broker waits for this before it lets go */
   GPUIPC_LOG_I("domain %s: the broker moved to this process (pid %d)",
                d->name, (int)getpid());
-}
-
-/*
- * The broker asks whether this member takes the domain over: yes, unless
- * it is leaving. Only a member that reads its connection gets that far.
- */
-static void ho_offer(struct gpuipc_domain *d, const struct gpuipc__msg *m)
-{
-  if (atomic_load(&d->leaving) || (d->flags & GPUIPC_JOIN_NO_BROKER))
-    return; /* the broker asks the next member when no answer comes */
-  struct gpuipc__msg *acc = &d->rmsg;
-  uint32_t count = m->u.handoff_offer.count;
-  acc->type = GPUIPC_MSG_HANDOFF_ACCEPT;
-  acc->req = 0;
-  acc->u.handoff_accept.count = count;
-  pthread_mutex_lock(&d->send_mu);
-  (void)gpuipc__proto_send(d->fd, acc, NULL, 0, 1000);
-  pthread_mutex_unlock(&d->send_mu);
 }
 
 /* Hand a reply to its waiter, or undo it when nobody waits any more. */
@@ -762,16 +680,16 @@ static void on_push(struct gpuipc_domain *d, int *fds, int nfds)
     gpuipc__seg_let_go(d, m->u.let_go.id);
     break;
   case GPUIPC_MSG_HANDOFF_OFFER:
-    ho_offer(d, m);
+    ho_offer(d);
     break;
   case GPUIPC_MSG_HANDOFF_BEGIN:
-    ho_begin(d, m, fds);
+    gpuipc__handoff_begin(&d->ho, d->name, d->token, m, fds);
     break;
   case GPUIPC_MSG_HANDOFF_SEG:
-    ho_seg(d, m, fds, nfds);
+    gpuipc__handoff_seg(&d->ho, d->name, m, fds, nfds);
     break;
   case GPUIPC_MSG_HANDOFF_END:
-    ho_end(d, m);
+    ho_end(d);
     break;
   default:
     GPUIPC_LOG_W("domain %s: the broker sent an unexpected %s", d->name,
@@ -798,7 +716,7 @@ static void reconnect(struct gpuipc_domain *d)
   gpuipc__fd_close(&d->fd);
   pthread_mutex_unlock(&d->send_mu);
   /* A hand-over that did not finish is void: its sender is gone. */
-  ho_discard(d);
+  gpuipc__handoff_discard(&d->ho);
 
   GPUIPC_LOG_I("domain %s: lost the broker; reconnecting", d->name);
   int fd = -1;
@@ -1044,7 +962,7 @@ int gpuipc_domain_leave(gpuipc_domain_t *d)
   pthread_mutex_lock(&d->send_mu);
   gpuipc__fd_close(&d->fd);
   pthread_mutex_unlock(&d->send_mu);
-  ho_discard(d);
+  gpuipc__handoff_discard(&d->ho);
   if (d->broker != NULL)
     gpuipc__broker_stop(d->broker); /* hands the domain over */
   dom_free(d);

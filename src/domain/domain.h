@@ -3,9 +3,12 @@
  *
  *   proto.c     the messages between members and the broker
  *   registry.c  the broker's segment table (names, ids, holders, fds)
- *   broker.c    the broker: an event loop over its listener and members
+ *   broker*.c   the broker: an event loop over its listener and members
+ *               (broker_int.h lists its files)
+ *   handoff.c   the hand-over of a domain: the leaving broker's half and
+ *               the half of the member that takes it on
  *   client.c    a member: one connection, a reader thread, election,
- *               reconnection and the hand-over it may receive
+ *               reconnection; it feeds a hand-over it receives to handoff.c
  *   segment.c   gpuipc_segment_*: open, publish, release hooks, unlink, list
  *
  * Locks, always taken in this order: the process-wide segment table lock
@@ -103,7 +106,7 @@ bool gpuipc__dom_stale(const gpuipc_domain_t *d);
 /* Registry (the broker's)                                                  */
 /* ------------------------------------------------------------------------ */
 
-struct gpuipc__conn; /* a broker's connection to one member (broker.c) */
+struct gpuipc__conn; /* a broker's connection to one member (broker_int.h) */
 
 struct gpuipc__holder {
   struct gpuipc__conn *conn;
@@ -233,6 +236,40 @@ uint64_t gpuipc__broker_epoch(const struct gpuipc__broker *b);
  * stop as gpuipc__broker_stop does. For `gpuipc serve`.
  */
 int gpuipc__broker_run(struct gpuipc__broker_init *init, int stop_fd);
+
+/* ------------------------------------------------------------------------ */
+/* Hand-over, the member's half (handoff.c), used by client.c               */
+/* ------------------------------------------------------------------------ */
+
+/* A hand-over a member is receiving (its reader thread's alone). */
+struct gpuipc__handoff_in {
+  bool active;
+  uint32_t expect, got;
+  struct gpuipc__broker_init init; /* its descriptors -1 while none */
+};
+
+/* Void the hand-over half received: its sender went, or the member leaves. */
+void gpuipc__handoff_discard(struct gpuipc__handoff_in *h);
+/*
+ * HANDOFF_BEGIN @m to member @token of domain @name, with the lock and the
+ * listener in @fds[0..1] (taken: set to -1).
+ */
+void gpuipc__handoff_begin(struct gpuipc__handoff_in *h, const char *name,
+                           uint64_t token, const struct gpuipc__msg *m,
+                           int *fds);
+/* HANDOFF_SEG @m, with its descriptor if @nfds is 1 (taken: set to -1). */
+void gpuipc__handoff_seg(struct gpuipc__handoff_in *h, const char *name,
+                         const struct gpuipc__msg *m, int *fds, int nfds);
+/*
+ * HANDOFF_END @m: whether all that was announced arrived. If so, @out is
+ * what to start a broker with (gpuipc__broker_start takes it over) and @h
+ * is empty again; if not, the hand-over is void (said in the log).
+ */
+bool gpuipc__handoff_end(struct gpuipc__handoff_in *h, const char *name,
+                         const struct gpuipc__msg *m,
+                         struct gpuipc__broker_init *out);
+/* Turn HANDOFF_OFFER @m into its HANDOFF_ACCEPT, HANDOFF_END into its ACK. */
+void gpuipc__handoff_answer(struct gpuipc__msg *m);
 
 /* ------------------------------------------------------------------------ */
 /* Members (client.c), used by segment.c                                    */
