@@ -1162,7 +1162,9 @@ GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
  * gpuipc_channel_send_wait, gpuipc_channel_progress) and the receive side
  * (gpuipc_channel_recv, gpuipc_channel_recv_into) each take a lock of their own, so one
  * thread may send while another receives; gpuipc_tensor_release may be
- * called from any thread.
+ * called from any thread. A send waiting for room (or a ticket waiting)
+ * does not hold the send lock while it sleeps: another thread's
+ * NONBLOCK send or gpuipc_channel_progress returns meanwhile.
  */
 typedef struct gpuipc_channel gpuipc_channel_t;
 

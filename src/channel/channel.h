@@ -287,6 +287,7 @@ struct gpuipc__tx {
   gpuipc_release_fn cb;
   void *cb_user;
   uint64_t sent, bufs_sent;
+  uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
   int err; /* sticky GPUIPC_E_PROTO */
 };
 

@@ -127,9 +127,37 @@ static int tx_progress(struct gpuipc_channel *ch)
   return rc < 0 ? rc : n;
 }
 
+enum { NAP_YIELD, NAP_SHORT, NAP_RELEASE };
+
+/*
+ * Let the send lock go for a nap (NAP_YIELD, NAP_SHORT: 20 us, NAP_RELEASE:
+ * until a release arrives or @deadline) and take it back, so that another thread's send,
+ * progress or ticket query does not wait behind a sleeping sender. The
+ * caller looks at everything again after: another thread may have sent,
+ * or taken releases in, meanwhile (tx->unlocks tells that it may have).
+ */
+static int tx_sleep(struct gpuipc_channel *ch, int nap, uint64_t deadline)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint32_t seen = tx->rel_tail;
+  int rc = 0;
+  tx->unlocks++;
+  pthread_mutex_unlock(&tx->lock);
+  if (nap == NAP_RELEASE)
+    rc = gpuipc__chan_wait(ch, &ch->txd->rel_head, seen, &ch->txd->send_sleep,
+                           deadline);
+  else if (nap == NAP_SHORT)
+    gpuipc__sleep_us(20);
+  else
+    sched_yield();
+  pthread_mutex_lock(&tx->lock);
+  return rc;
+}
+
 /*
  * Wait until @done(ch, arg) holds: releases are taken in between, and a
- * released message whose event is pending is polled.
+ * released message whose event is pending is polled. The send lock is let
+ * go while it sleeps.
  */
 static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket);
 
@@ -155,14 +183,10 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
       uint64_t now = gpuipc__now_ns();
       if (polling == 0)
         polling = now;
-      if (now - polling < 200000)
-        sched_yield();
-      else
-        gpuipc__sleep_us(20);
+      tx_sleep(ch, now - polling < 200000 ? NAP_YIELD : NAP_SHORT, 0);
       continue;
     }
-    rc = gpuipc__chan_wait(ch, &ch->txd->rel_head, ch->tx.rel_tail,
-                           &ch->txd->send_sleep, deadline);
+    rc = tx_sleep(ch, NAP_RELEASE, deadline);
     if (rc != 0)
       return rc;
   }
@@ -207,8 +231,9 @@ static uint64_t send_deadline(const struct gpuipc_channel *ch)
                                  : UINT64_MAX;
 }
 
-/* Room for one more message (flow control). */
-static int tx_room(struct gpuipc_channel *ch, unsigned flags)
+/* Room for one more message (flow control), waiting until @deadline. */
+static int tx_room(struct gpuipc_channel *ch, unsigned flags,
+                   uint64_t deadline)
 {
   struct gpuipc__tx *tx = &ch->tx;
   int rc = tx_progress(ch);
@@ -221,7 +246,7 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags)
                        "gpuipc_channel_send: channel %s has %u messages in "
                        "flight, its depth",
                        ch->name, tx->depth);
-  rc = tx_wait(ch, send_deadline(ch), has_room, 0, true);
+  rc = tx_wait(ch, deadline, has_room, 0, true);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT,
                        "gpuipc_channel_send: channel %s: %u messages "
@@ -230,9 +255,12 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags)
   return rc;
 }
 
-/* A free staging slot on area @area (0: host, d + 1: device d). */
+/*
+ * A free staging slot on area @area (0: host, d + 1: device d), waiting
+ * until @deadline.
+ */
 static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
-                     int *slot_out)
+                     uint64_t deadline, int *slot_out)
 {
   struct gpuipc__tx *tx = &ch->tx;
   if (tx->stage == NULL) {
@@ -255,7 +283,6 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   }
   uint64_t all = ch->stage_slots == 64 ? UINT64_MAX
                                         : (1ull << ch->stage_slots) - 1;
-  uint64_t deadline = 0; /* set when the first wait begins */
   while ((s->busy & all) == all) {
     /* Every slot is in flight: wait until the oldest message is free. */
     if (flags & GPUIPC_SEND_NONBLOCK)
@@ -263,8 +290,6 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
                          "gpuipc_channel_send: channel %s: all %u staging "
                          "slots are in flight",
                          ch->name, ch->stage_slots);
-    if (deadline == 0)
-      deadline = send_deadline(ch);
     int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
     if (rc == -ETIMEDOUT)
       return gpuipc__err(-ETIMEDOUT,
@@ -280,6 +305,33 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   int slot = __builtin_ctzll(~s->busy);
   *slot_out = slot;
   return 0;
+}
+
+/*
+ * Room for message @t, and a staging slot in *@area, *@slot when it is
+ * staged (else -1). A wait for either lets the send lock go, and another
+ * thread may take what was found: look again until a pass finds both
+ * without letting it go.
+ */
+static int tx_reserve(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
+                      unsigned flags, int *area, int *slot)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint64_t deadline = send_deadline(ch);
+  *area = -1;
+  *slot = -1;
+  if (t->buf == NULL)
+    *area = gpuipc__chan_is_host_dev(t->dl.device.device_type)
+                ? 0
+                : t->dl.device.device_id + 1;
+  for (;;) {
+    uint64_t unlocks = tx->unlocks;
+    int rc = tx_room(ch, flags, deadline);
+    if (rc == 0 && *area >= 0)
+      rc = stage_get(ch, *area, flags, deadline, slot);
+    if (rc != 0 || tx->unlocks == unlocks)
+      return rc;
+  }
 }
 
 /* The key the receiver knows @b by, or 0. */
@@ -441,19 +493,15 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   rc = gpuipc__chan_peer_check(ch, false);
   if (rc != 0)
     goto unlock;
-  rc = tx_room(ch, flags);
+  int area, slot, ev_dev = -1;
+  rc = tx_reserve(ch, t, flags, &area, &slot);
   if (rc != 0)
     goto unlock;
   uint64_t seq = tx->next_seq;
   gpuipc_buf_t *buf = t->buf;
-  int area = -1, slot = -1, ev_dev = -1;
   if (buf == NULL) {
     const gpuipc_dl_tensor_t *dl = &t->dl;
-    bool host = gpuipc__chan_is_host_dev(dl->device.device_type);
-    area = host ? 0 : dl->device.device_id + 1;
-    rc = stage_get(ch, area, flags, &slot);
-    if (rc != 0)
-      goto unlock;
+    bool host = area == 0;
     buf = tx->stage[area].buf;
     d.offset = (uint64_t)slot * ch->stage_slot_bytes;
     uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(buf) + d.offset;
