@@ -4,6 +4,7 @@
  *   desc.c     the descriptor and release records: strict encode / decode,
  *              dtype and layout checks (shared by both ends)
  *   ring.c       waiting on a shared ring word: spin, yield, then futex,
+ *                (the slot arithmetic: inline, "ring slots" below)
  *                checking that the peer is still there
  *   open.c       gpuipc_channel_open (options, segment), _close, _info
  *   rendezvous.c pairing the two openers of a name, the socket
@@ -356,6 +357,29 @@ struct gpuipc__view {
 /* The view behind a user pointer, or NULL when it is not one. */
 struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t);
 
+/* ----- ring slots: where message and position numbers land ----- */
+
+/* The descriptor slot of ring position @pos (ring of DEPTH_MAX slots). */
+static inline uint8_t *gpuipc__chan_desc_slot(uint8_t *ring, uint32_t pos)
+{
+  return ring + (size_t)(pos % GPUIPC__CHAN_DEPTH_MAX) *
+                    GPUIPC__CHAN_DESC_BYTES;
+}
+
+/* The release slot of ring position @pos. */
+static inline uint8_t *gpuipc__chan_rel_slot(uint8_t *ring, uint32_t pos)
+{
+  return ring + (size_t)(pos % GPUIPC__CHAN_DEPTH_MAX) *
+                    GPUIPC__CHAN_REL_BYTES;
+}
+
+/* The sender's record of message @seq (at seq % depth while in flight). */
+static inline struct gpuipc__tx_rec *gpuipc__chan_tx_rec(struct gpuipc__tx *tx,
+                                                         uint64_t seq)
+{
+  return &tx->recs[seq % tx->depth];
+}
+
 /* ----- shared by the files of the channel ----- */
 
 /* A deadline @timeout_ms from now; 0 for 0 (poll only). */
@@ -438,6 +462,18 @@ int gpuipc__chan_event_peer(struct gpuipc__event **tab, int *n, int *cap,
                             uint32_t key, const uint8_t *packed, int dev,
                             const char *who, gpuipc_event_t **out);
 void gpuipc__chan_event_tab_free(struct gpuipc__event *tab, int n);
+/*
+ * Record our event for message @seq (slot seq % @depth of device @dev) of
+ * the pool (@pool, @sent, @ndev) on @stream. *@key: its key for the peer.
+ * When the peer does not have it yet, its packed handle goes into @handle
+ * and *@sent_flag points at the flag to set once the record that carries
+ * it is published; else *@sent_flag is NULL.
+ */
+int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
+                              int *ndev, uint32_t depth, int dev,
+                              uint64_t seq, void *stream, uint32_t *key,
+                              uint8_t handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE],
+                              uint8_t **sent_flag);
 /* How long to poll a pending event of the peer's before a stream wait. */
 uint64_t gpuipc__chan_ev_poll_ns(void);
 

@@ -59,6 +59,28 @@ int gpuipc__chan_event_get(gpuipc_event_t ***pool, uint8_t **sent, int *ndev,
   return 0;
 }
 
+int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
+                              int *ndev, uint32_t depth, int dev,
+                              uint64_t seq, void *stream, uint32_t *key,
+                              uint8_t handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE],
+                              uint8_t **sent_flag)
+{
+  uint32_t slot = (uint32_t)(seq % depth);
+  gpuipc_event_t *ev;
+  bool is_new;
+  int rc = gpuipc__chan_event_get(pool, sent, ndev, depth, dev, slot, &ev,
+                                  &is_new);
+  if (rc == 0 && is_new)
+    rc = gpuipc__chan_event_pack(ev, handle);
+  if (rc == 0)
+    rc = gpuipc_event_record(ev, stream);
+  if (rc != 0)
+    return rc;
+  *key = (uint32_t)dev * GPUIPC__CHAN_DEPTH_MAX + slot;
+  *sent_flag = is_new ? &(*sent)[(size_t)dev * depth + slot] : NULL;
+  return 0;
+}
+
 void gpuipc__chan_event_pool_free(gpuipc_event_t **pool, uint8_t *sent,
                                   int ndev, uint32_t depth)
 {

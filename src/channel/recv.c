@@ -127,11 +127,7 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
                                      "published, more than the ring holds",
                                      who, h - rx->tail));
   uint8_t slot[GPUIPC__CHAN_DESC_BYTES];
-  memcpy(slot,
-         ch->rx_ring +
-             (size_t)(rx->tail % GPUIPC__CHAN_DEPTH_MAX) *
-                 GPUIPC__CHAN_DESC_BYTES,
-         sizeof(slot));
+  memcpy(slot, gpuipc__chan_desc_slot(ch->rx_ring, rx->tail), sizeof(slot));
   rx->tail++;
   struct gpuipc__desc *d = &rx->pdesc;
   int rc = gpuipc__desc_decode(slot, sizeof(slot), d, who);
@@ -219,24 +215,14 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   rl.seq = seq;
   uint8_t *sent = NULL;
   if (dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream))) {
-    uint32_t es = (uint32_t)(seq % rx->depth);
-    gpuipc_event_t *ev;
-    bool is_new;
-    rc = gpuipc__chan_event_get(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
-                                rx->depth, dev, es, &ev, &is_new);
-    if (rc == 0 && is_new)
-      rc = gpuipc__chan_event_pack(ev, rl.ev_handle);
-    if (rc == 0)
-      rc = gpuipc_event_record(ev, stream);
+    rc = gpuipc__chan_event_record(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
+                                   rx->depth, dev, seq, stream, &rl.ev_key,
+                                   rl.ev_handle, &sent);
     if (rc != 0)
       goto unlock;
-    rl.flags = GPUIPC__REL_EVENT | (is_new ? GPUIPC__REL_NEW_EVENT : 0);
-    rl.ev_key = (uint32_t)dev * GPUIPC__CHAN_DEPTH_MAX + es;
-    if (is_new)
-      sent = &rx->rel_ev_sent[(size_t)dev * rx->depth + es];
+    rl.flags = GPUIPC__REL_EVENT | (sent ? GPUIPC__REL_NEW_EVENT : 0);
   }
-  uint8_t *dst = ch->rx_rel + (size_t)(rx->rel_head % GPUIPC__CHAN_DEPTH_MAX) *
-                                  GPUIPC__CHAN_REL_BYTES;
+  uint8_t *dst = gpuipc__chan_rel_slot(ch->rx_rel, rx->rel_head);
   rc = gpuipc__rel_encode(&rl, dst, GPUIPC__CHAN_REL_BYTES);
   if (rc < 0)
     goto unlock;

@@ -63,13 +63,11 @@ static int tx_take(struct gpuipc_channel *ch)
   int taken = 0;
   while (tx->rel_tail != h) {
     uint8_t slot[GPUIPC__CHAN_REL_BYTES];
-    memcpy(slot,
-           ch->tx_rel + (size_t)(tx->rel_tail % GPUIPC__CHAN_DEPTH_MAX) *
-                            GPUIPC__CHAN_REL_BYTES,
+    memcpy(slot, gpuipc__chan_rel_slot(ch->tx_rel, tx->rel_tail),
            sizeof(slot));
     struct gpuipc__rel rl;
     int rc = gpuipc__rel_decode(slot, sizeof(slot), &rl, who);
-    struct gpuipc__tx_rec *r = &tx->recs[rl.seq % tx->depth];
+    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, rl.seq);
     if (rc == 0 && (rl.seq < tx->oldest || rl.seq >= tx->next_seq ||
                     r->seq != rl.seq || r->released))
       rc = gpuipc__err(GPUIPC_E_PROTO, "%s: release of message %llu, which "
@@ -101,7 +99,7 @@ static int tx_recycle(struct gpuipc_channel *ch)
 {
   struct gpuipc__tx *tx = &ch->tx;
   while (tx->oldest < tx->next_seq) {
-    struct gpuipc__tx_rec *r = &tx->recs[tx->oldest % tx->depth];
+    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, tx->oldest);
     if (!r->released)
       break;
     if (r->rel_ev != NULL) {
@@ -203,7 +201,7 @@ static bool ticket_free(struct gpuipc_channel *ch, uint64_t ticket)
   struct gpuipc__tx *tx = &ch->tx;
   if (ticket < tx->oldest)
     return true;
-  struct gpuipc__tx_rec *r = &tx->recs[ticket % tx->depth];
+  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
   return r->released &&
          (r->rel_ev == NULL || gpuipc_event_query(r->rel_ev) == 0);
 }
@@ -211,7 +209,7 @@ static bool ticket_free(struct gpuipc_channel *ch, uint64_t ticket)
 static bool ticket_released(struct gpuipc_channel *ch, uint64_t ticket)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  return ticket < tx->oldest || tx->recs[ticket % tx->depth].released;
+  return ticket < tx->oldest || gpuipc__chan_tx_rec(tx, ticket)->released;
 }
 
 /* Whether waiting for @ticket means polling a GPU event. */
@@ -220,7 +218,7 @@ static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
   struct gpuipc__tx *tx = &ch->tx;
   if (ticket < tx->oldest || ticket >= tx->next_seq)
     return false;
-  struct gpuipc__tx_rec *r = &tx->recs[ticket % tx->depth];
+  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
   return r->released && r->rel_ev != NULL;
 }
 
@@ -548,24 +546,15 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   if (ev_dev >= 0)
     ev_dev = gpuipc__stream_dev(stream, ev_dev);
   if (ev_dev >= 0 && !gpuipc__stream_idle(ev_dev, stream)) {
-    uint32_t es = (uint32_t)(seq % tx->depth);
-    gpuipc_event_t *ev;
-    bool is_new;
-    rc = gpuipc__chan_event_get(&tx->ev, &tx->ev_sent, &tx->ndev, tx->depth,
-                                ev_dev, es, &ev, &is_new);
-    if (rc == 0 && is_new)
-      rc = gpuipc__chan_event_pack(ev, d.ev_handle);
-    if (rc == 0)
-      rc = gpuipc_event_record(ev, stream);
+    rc = gpuipc__chan_event_record(&tx->ev, &tx->ev_sent, &tx->ndev,
+                                   tx->depth, ev_dev, seq, stream, &d.ev_key,
+                                   d.ev_handle, &ev_sent);
     if (rc != 0)
       goto broken;
-    d.flags |= GPUIPC__DESC_EVENT | (is_new ? GPUIPC__DESC_NEW_EVENT : 0);
-    d.ev_key = (uint32_t)ev_dev * GPUIPC__CHAN_DEPTH_MAX + es;
-    if (is_new)
-      ev_sent = &tx->ev_sent[(size_t)ev_dev * tx->depth + es];
+    d.flags |= GPUIPC__DESC_EVENT | (ev_sent ? GPUIPC__DESC_NEW_EVENT : 0);
   }
 
-  struct gpuipc__tx_rec *r = &tx->recs[seq % tx->depth];
+  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, seq);
   r->seq = seq;
   r->released = false;
   r->rel_ev = NULL;
@@ -577,9 +566,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     tx->stage[area].busy |= 1ull << slot;
 
   uint32_t head = tx->head; /* ours: never read back from shared memory */
-  uint8_t *dst = ch->tx_ring +
-                 (size_t)(head % GPUIPC__CHAN_DEPTH_MAX) *
-                     GPUIPC__CHAN_DESC_BYTES;
+  uint8_t *dst = gpuipc__chan_desc_slot(ch->tx_ring, head);
   rc = gpuipc__desc_encode(&d, dst, GPUIPC__CHAN_DESC_BYTES);
   if (rc < 0)
     goto broken;
@@ -654,7 +641,7 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
   rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), ticket_released,
                ticket, false);
   if (rc == 0 && ticket >= tx->oldest) {
-    struct gpuipc__tx_rec *r = &tx->recs[ticket % tx->depth];
+    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
     gpuipc_event_t *ev = r->rel_ev;
     int dev =
         ev != NULL ? gpuipc__stream_dev(stream, gpuipc_event_device(ev)) : -1;
@@ -732,8 +719,7 @@ int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
     rc = gpuipc__sock_send(ch->sock, bufmsg, bufmsg_len, &fd, fd >= 0, 1000);
   if (rc == 0) {
     uint32_t head = ch->tx.head++;
-    uint8_t *dst = ch->tx_ring + (size_t)(head % GPUIPC__CHAN_DEPTH_MAX) *
-                                     GPUIPC__CHAN_DESC_BYTES;
+    uint8_t *dst = gpuipc__chan_desc_slot(ch->tx_ring, head);
     memset(dst, 0, GPUIPC__CHAN_DESC_BYTES);
     memcpy(dst, bytes, len);
     gpuipc__chan_publish(&ch->txd->head, ch->tx.head, &ch->txd->recv_sleep);
