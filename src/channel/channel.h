@@ -221,6 +221,19 @@ void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
  */
 int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check);
 
+/*
+ * Mark @ch broken with @code unless it is already (the first code stays).
+ * Returns @code, so that a failure can be returned through it.
+ */
+int gpuipc__chan_break(struct gpuipc_channel *ch, int code);
+
+/*
+ * 0 while @ch is not broken; else its code, with a sentence. @gone_too:
+ * count GPUIPC_E_PEER_GONE (a receiver still takes what was sent before
+ * the peer went, and a sender the releases it published).
+ */
+int gpuipc__chan_broken(struct gpuipc_channel *ch, bool gone_too);
+
 
 /* ----- the channel object (channel.c) ----- */
 
@@ -289,7 +302,6 @@ struct gpuipc__tx {
   void *cb_user;
   uint64_t sent, bufs_sent;
   uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
-  int err; /* sticky GPUIPC_E_PROTO */
 };
 
 struct gpuipc__rx {
@@ -311,7 +323,6 @@ struct gpuipc__rx {
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
   uint64_t received, bufs_imported;
   _Atomic uint64_t views;
-  int err; /* sticky GPUIPC_E_PROTO */
 };
 
 struct gpuipc_channel {
@@ -328,7 +339,13 @@ struct gpuipc_channel {
   int send_timeout_ms;
   uint32_t stage_slots;
   size_t stage_slot_bytes;
-  _Atomic int gone;  /* the peer is gone (sticky) */
+  /*
+   * 0, or why the channel is unusable, for good: GPUIPC_E_PEER_GONE,
+   * GPUIPC_E_PROTO, or the failure that left the two ends out of step.
+   * Set once, by gpuipc__chan_break. (shm->closed[] is only the signal
+   * between the processes; closing is this end's own close.)
+   */
+  _Atomic int broken;
   _Atomic int closing;
   struct gpuipc__chan_dir *txd, *rxd;
   uint8_t *tx_ring, *rx_ring;   /* descriptor rings */

@@ -263,7 +263,7 @@ int gpuipc_channel_info(gpuipc_channel_t *ch, gpuipc_channel_info_t *out)
   i.buffers_imported = ch->rx.bufs_imported;
   pthread_mutex_unlock(&ch->rx.lock);
   i.views = atomic_load(&ch->rx.views);
-  i.peer_gone = atomic_load(&ch->gone);
+  i.peer_gone = atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE;
   memcpy(out, &i, out->size < sizeof(i) ? out->size : sizeof(i));
   return 0;
 }

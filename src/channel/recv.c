@@ -16,8 +16,7 @@
 
 static int rx_broken(struct gpuipc_channel *ch, int rc)
 {
-  ch->rx.err = rc;
-  return rc;
+  return gpuipc__chan_break(ch, rc);
 }
 
 static gpuipc_buf_t *rxbuf_find(struct gpuipc__rx *rx, uint64_t key, int *at)
@@ -55,7 +54,7 @@ static int rx_import(struct gpuipc_channel *ch, const struct gpuipc__desc *d,
                        (unsigned long long)d->buf_key);
   if (n < 0) {
     if (n == GPUIPC_E_PEER_GONE)
-      atomic_store(&ch->gone, 1);
+      gpuipc__chan_break(ch, (int)n);
     return gpuipc__err((int)n, "%s: message %llu announced a buffer that "
                        "did not arrive on the socket", who,
                        (unsigned long long)d->seq);
@@ -105,13 +104,13 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   struct gpuipc__rx *rx = &ch->rx;
   if (rx->pending)
     return 0;
-  if (rx->err != 0)
-    return gpuipc__err(rx->err, "channel %s: the peer broke the protocol "
-                       "earlier", ch->name);
+  int rc = gpuipc__chan_broken(ch, false);
+  if (rc != 0)
+    return rc;
   uint32_t h = atomic_load_explicit(&ch->rxd->head, memory_order_acquire);
   if (h == rx->tail) {
-    int rc = gpuipc__chan_wait(ch, &ch->rxd->head, rx->tail,
-                               &ch->rxd->recv_sleep, deadline);
+    rc = gpuipc__chan_wait(ch, &ch->rxd->head, rx->tail,
+                           &ch->rxd->recv_sleep, deadline);
     if (rc == -EAGAIN)
       return gpuipc__err(-EAGAIN, "channel %s: no message", ch->name);
     if (rc == -ETIMEDOUT)
@@ -130,7 +129,7 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   memcpy(slot, gpuipc__chan_desc_slot(ch->rx_ring, rx->tail), sizeof(slot));
   rx->tail++;
   struct gpuipc__desc *d = &rx->pdesc;
-  int rc = gpuipc__desc_decode(slot, sizeof(slot), d, who);
+  rc = gpuipc__desc_decode(slot, sizeof(slot), d, who);
   if (rc != 0)
     return rx_broken(ch, rc);
   if (d->seq != rx->expect_seq)
@@ -205,11 +204,14 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   pthread_mutex_lock(&rx->rel_lock);
   if (atomic_load(&ch->closing))
     goto unlock; /* nobody to tell */
-  if (atomic_load(&ch->gone)) {
+  if (atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE) {
     rc = gpuipc__err(GPUIPC_E_PEER_GONE, "gpuipc_tensor_release: the sender "
                      "of channel %s is gone", ch->name);
     goto unlock;
   }
+  rc = gpuipc__chan_broken(ch, false);
+  if (rc != 0)
+    goto unlock;
   struct gpuipc__rel rl;
   memset(&rl, 0, sizeof(rl));
   rl.seq = seq;

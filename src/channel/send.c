@@ -47,18 +47,18 @@ static int tx_take(struct gpuipc_channel *ch)
 {
   struct gpuipc__tx *tx = &ch->tx;
   const char *who = ch->who;
-  if (tx->err != 0)
-    return gpuipc__err(tx->err, "channel %s: the peer broke the protocol "
-                       "earlier", ch->name);
+  int rc = gpuipc__chan_broken(ch, false);
+  if (rc != 0)
+    return rc;
   uint32_t h = atomic_load_explicit(&ch->txd->rel_head, memory_order_acquire);
   uint32_t avail = h - tx->rel_tail;
   if (avail == 0)
     return 0;
   if (avail > tx->depth) {
-    tx->err = GPUIPC_E_PROTO;
-    return gpuipc__err(GPUIPC_E_PROTO, "%s: %u releases published, more than "
-                       "the %u messages that can be in flight", who, avail,
-                       tx->depth);
+    return gpuipc__chan_break(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: %u "
+                              "releases published, more than the %u "
+                              "messages that can be in flight", who, avail,
+                              tx->depth));
   }
   int taken = 0;
   while (tx->rel_tail != h) {
@@ -66,7 +66,7 @@ static int tx_take(struct gpuipc_channel *ch)
     memcpy(slot, gpuipc__chan_rel_slot(ch->tx_rel, tx->rel_tail),
            sizeof(slot));
     struct gpuipc__rel rl;
-    int rc = gpuipc__rel_decode(slot, sizeof(slot), &rl, who);
+    rc = gpuipc__rel_decode(slot, sizeof(slot), &rl, who);
     struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, rl.seq);
     if (rc == 0 && (rl.seq < tx->oldest || rl.seq >= tx->next_seq ||
                     r->seq != rl.seq || r->released))
@@ -79,10 +79,10 @@ static int tx_take(struct gpuipc_channel *ch)
           &tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs, rl.ev_key,
           (rl.flags & GPUIPC__REL_NEW_EVENT) ? rl.ev_handle : NULL,
           r->buf != NULL ? gpuipc_buf_device(r->buf) : -1, who, &ev);
-    if (rc != 0) {
-      tx->err = rc == GPUIPC_E_PROTO ? rc : tx->err;
+    if (rc == GPUIPC_E_PROTO)
+      return gpuipc__chan_break(ch, rc);
+    if (rc != 0)
       return rc;
-    }
     r->released = true;
     r->rel_ev = ev;
     r->rel_key = rl.ev_key;
@@ -407,7 +407,7 @@ static int send_bufmsg(struct gpuipc_channel *ch, gpuipc_buf_t *b,
                            BUFMSG_TIMEOUT_MS);
   gpuipc__fd_close(&h.fd);
   if (rc == GPUIPC_E_PEER_GONE)
-    atomic_store(&ch->gone, 1);
+    gpuipc__chan_break(ch, rc);
   return rc;
 }
 
@@ -531,7 +531,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     if (rc != 0) {
       known_drop(tx, d.buf_key);
       if (d.forget_key != 0)
-        tx->err = rc; /* the evicted entry is lost: no way back */
+        gpuipc__chan_break(ch, rc); /* the evicted entry is lost */
       goto unlock;
     }
     if (d.forget_key != 0)
@@ -585,7 +585,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
 broken:
   /* A buffer message may be on the socket already: nothing can follow. */
   if (new_buf)
-    tx->err = rc < 0 ? rc : GPUIPC_E_PROTO;
+    gpuipc__chan_break(ch, rc < 0 ? rc : GPUIPC_E_PROTO);
 unlock:
   pthread_mutex_unlock(&tx->lock);
   return rc;
