@@ -13,7 +13,8 @@
  *   recv.c       the receiving side: descriptors taken, buffers imported,
  *                releases published, views
  *   events.c     CUDA event pools (ours) and tables (the peer's)
- *   tensor.c     tensor utilities: place in a buffer, size, layout
+ *   tensor.c     tensor utilities: place in a buffer, size, layout;
+ *                tensor.h the checks the MPI channel shares
  *   dlpack.c     DLManagedTensor conversions
  *
  * Files depend one way: open -> rendezvous, send, recv; send, recv ->

@@ -6,6 +6,7 @@
  * send.c.
  */
 #include "channel/channel.h"
+#include "channel/tensor.h"
 #include "cuda/cuda.h"
 #include "mem/mem.h"
 #include "os/os.h"
@@ -328,18 +329,10 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
   if (rc != 0)
     goto unlock;
   const struct gpuipc__desc *d = &rx->pdesc;
-  bool same =
-      d->ndim == (uint32_t)dl->ndim && d->dtype.code == dl->dtype.code &&
-      d->dtype.bits == dl->dtype.bits && d->dtype.lanes == dl->dtype.lanes;
-  for (uint32_t i = 0; same && i < d->ndim; i++)
-    same = d->shape[i] == dl->shape[i];
-  if (!same) {
-    rc = gpuipc__err(-EINVAL, "%s: message %llu (ndim %u, dtype %u/%u/%u) "
-                     "does not match the destination (ndim %d, dtype "
-                     "%u/%u/%u) in shape or dtype; it stays first in line",
-                     who, (unsigned long long)d->seq, d->ndim, d->dtype.code,
-                     d->dtype.bits, d->dtype.lanes, dl->ndim, dl->dtype.code,
-                     dl->dtype.bits, dl->dtype.lanes);
+  char why[200];
+  if (gpuipc__tensor_mismatch(d->seq, (int)d->ndim, d->dtype, d->shape, dl,
+                              why, sizeof(why)) != NULL) {
+    rc = gpuipc__err(-EINVAL, "%s: %s", who, why);
     goto unlock;
   }
   if (!gpuipc__layout_compact((int)d->ndim, d->shape, d->strides)) {

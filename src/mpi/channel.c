@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "channel/tensor.h"
 #include "mpi/mpi_int.h"
 #include "mpi/mpi_wire.h"
 
@@ -1388,19 +1389,10 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_recv_into(gpuipc_mpi_channel_t *ch,
   if (rc != 0)
     goto unlock;
   const struct wire *w = &ch->desc_w;
-  bool same = w->ndim == dl->ndim && w->dtype.code == dl->dtype.code &&
-              w->dtype.bits == dl->dtype.bits &&
-              w->dtype.lanes == dl->dtype.lanes;
-  for (int i = 0; same && i < w->ndim; i++)
-    same = w->shape[i] == dl->shape[i];
-  if (!same) {
-    rc = gpuipc__mpi_fail(-EINVAL, "%s: message %llu (ndim %d, dtype "
-                          "%u/%u/%u) does not match the destination (ndim "
-                          "%d, dtype %u/%u/%u) in shape or dtype; it stays "
-                          "first in line", who, (unsigned long long)w->seq,
-                          w->ndim, w->dtype.code, w->dtype.bits,
-                          w->dtype.lanes, dl->ndim, dl->dtype.code,
-                          dl->dtype.bits, dl->dtype.lanes);
+  char why[200];
+  if (gpuipc__tensor_mismatch(w->seq, w->ndim, w->dtype, w->shape, dl, why,
+                              sizeof(why)) != NULL) {
+    rc = gpuipc__mpi_fail(-EINVAL, "%s: %s", who, why);
     goto unlock;
   }
   if (w->offset != 0 || w->nbytes != lay.nbytes) {
