@@ -591,35 +591,40 @@ unlock:
   return rc;
 }
 
+/*
+ * Wait, with the send lock held, until @done holds for @ticket (@what:
+ * "free", "released"), for gpuipc_channel_send_done and _send_wait (@who).
+ */
+static int ticket_wait(struct gpuipc_channel *ch, const char *who,
+                       uint64_t ticket, int timeout_ms,
+                       bool (*done)(struct gpuipc_channel *, uint64_t),
+                       bool poll_events, const char *what)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  unsigned long long t = ticket;
+  if (ticket == 0 || ticket >= tx->next_seq)
+    return gpuipc__err(-EINVAL, "%s: ticket %llu was not sent on channel %s",
+                       who, t, ch->name);
+  int rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), done, ticket,
+                   poll_events);
+  if (rc == -EAGAIN)
+    return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
+                       what);
+  if (rc == -ETIMEDOUT)
+    return gpuipc__err(-ETIMEDOUT, "%s: message %llu was not %s within %d "
+                       "ms", who, t, what, timeout_ms);
+  return rc;
+}
+
 int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
                              int timeout_ms)
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_send_done: NULL channel");
-  struct gpuipc__tx *tx = &ch->tx;
-  pthread_mutex_lock(&tx->lock);
-  int rc = 0;
-  if (ticket == 0 || ticket >= tx->next_seq) {
-    rc = gpuipc__err(-EINVAL,
-                     "gpuipc_channel_send_done: ticket %llu was not sent "
-                     "on channel %s",
-                     (unsigned long long)ticket, ch->name);
-    goto unlock;
-  }
-  rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), ticket_free, ticket,
-               true);
-  if (rc == -EAGAIN)
-    rc = gpuipc__err(-EAGAIN,
-                     "gpuipc_channel_send_done: message %llu is not free "
-                     "yet",
-                     (unsigned long long)ticket);
-  else if (rc == -ETIMEDOUT)
-    rc = gpuipc__err(-ETIMEDOUT,
-                     "gpuipc_channel_send_done: message %llu was not "
-                     "free within %d ms",
-                     (unsigned long long)ticket, timeout_ms);
-unlock:
-  pthread_mutex_unlock(&tx->lock);
+  pthread_mutex_lock(&ch->tx.lock);
+  int rc = ticket_wait(ch, "gpuipc_channel_send_done", ticket, timeout_ms,
+                       ticket_free, true, "free");
+  pthread_mutex_unlock(&ch->tx.lock);
   return rc;
 }
 
@@ -630,16 +635,8 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
     return gpuipc__err(-EINVAL, "gpuipc_channel_send_wait: NULL channel");
   struct gpuipc__tx *tx = &ch->tx;
   pthread_mutex_lock(&tx->lock);
-  int rc = 0;
-  if (ticket == 0 || ticket >= tx->next_seq) {
-    rc = gpuipc__err(-EINVAL,
-                     "gpuipc_channel_send_wait: ticket %llu was not sent "
-                     "on channel %s",
-                     (unsigned long long)ticket, ch->name);
-    goto unlock;
-  }
-  rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), ticket_released,
-               ticket, false);
+  int rc = ticket_wait(ch, "gpuipc_channel_send_wait", ticket, timeout_ms,
+                       ticket_released, false, "released");
   if (rc == 0 && ticket >= tx->oldest) {
     struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
     gpuipc_event_t *ev = r->rel_ev;
@@ -651,16 +648,7 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
                                    r->rel_key, NULL, dev, ch->who, &ev);
     if (rc == 0 && ev != NULL)
       rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
-  } else if (rc == -EAGAIN) {
-    rc = gpuipc__err(-EAGAIN, "gpuipc_channel_send_wait: message %llu is not "
-                     "released yet", (unsigned long long)ticket);
-  } else if (rc == -ETIMEDOUT) {
-    rc = gpuipc__err(-ETIMEDOUT,
-                     "gpuipc_channel_send_wait: message %llu was not "
-                     "released within %d ms",
-                     (unsigned long long)ticket, timeout_ms);
   }
-unlock:
   pthread_mutex_unlock(&tx->lock);
   return rc;
 }
