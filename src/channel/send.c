@@ -129,10 +129,11 @@ enum { NAP_YIELD, NAP_SHORT, NAP_RELEASE };
 
 /*
  * Let the send lock go for a nap (NAP_YIELD, NAP_SHORT: 20 us, NAP_RELEASE:
- * until a release arrives or @deadline) and take it back, so that another thread's send,
- * progress or ticket query does not wait behind a sleeping sender. The
- * caller looks at everything again after: another thread may have sent,
- * or taken releases in, meanwhile (tx->unlocks tells that it may have).
+ * until a release arrives or @deadline) and take it back, so that another
+ * thread's send, progress or ticket query does not wait behind a sleeping
+ * sender. The caller looks at everything again after: another thread may
+ * have sent, or taken releases in, meanwhile (tx->unlocks tells that it
+ * may have).
  */
 static int tx_sleep(struct gpuipc_channel *ch, int nap, uint64_t deadline)
 {
