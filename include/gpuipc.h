@@ -1267,7 +1267,9 @@ GPUIPC_API int gpuipc_tensor_layout(const gpuipc_tensor_t *t,
  * gpuipc_tensor_release may be called from any thread.
  *
  * docs/channels.md tells how a channel orders, bounds and gives back what
- * it carries.
+ * it carries. A send waiting for room (or a ticket waiting) does not
+ * hold the send lock while it sleeps: another thread's NONBLOCK send or
+ * gpuipc_channel_progress returns meanwhile.
  */
 typedef struct gpuipc_channel gpuipc_channel_t;
 
@@ -1277,7 +1279,9 @@ typedef struct gpuipc_channel gpuipc_channel_t;
 #define GPUIPC_CHANNEL_DEPTH_MAX 1024
 
 typedef struct gpuipc_channel_opts {
-  size_t size;       /* sizeof(gpuipc_channel_opts_t) (or an earlier size) */
+  /* sizeof(gpuipc_channel_opts_t), or the size of an earlier version: only
+   * the first @size bytes are read, the fields beyond take their defaults. */
+  size_t size;
   unsigned flags;    /* reserved, 0 */
   /* Milliseconds gpuipc_channel_open waits for the other end; 0: the
    * domain's timeout; < 0: forever. */
@@ -1517,7 +1521,9 @@ GPUIPC_API int gpuipc_tensor_from_dlpack(const gpuipc_dl_tensor_t *dl,
                                          gpuipc_tensor_t *out);
 
 typedef struct gpuipc_channel_info {
-  size_t size;       /* set by the caller to sizeof(*info) */
+  /* Set by the caller to sizeof(*info), or the size of an earlier version
+   * of this struct: only the first @size bytes are written. */
+  size_t size;
   char name[GPUIPC_CHANNEL_NAME_MAX + 1];
   int end;           /* 0: the first opener, 1: the second */
   int peer_pid;

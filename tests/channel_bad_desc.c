@@ -8,7 +8,8 @@
  *
  * Receiving end: a lying peer (chan_liar) writes bad descriptors straight
  * into the ring; gpuipc_channel_recv answers GPUIPC_E_PROTO with a sentence naming
- * what was wrong, every time after that too, and never hands out a view.
+ * what was wrong, every time after that too, and never hands out a view;
+ * a send on that channel gets the same code (one sticky code a channel).
  * A descriptor announcing a new buffer whose message never came is refused
  * by a receive that does not wait (timeout 0), not waited for.
  */
@@ -141,6 +142,18 @@ static void liar(const char *name, const char *what, const char *mention)
   ASSERT_TRUE(v == NULL);
   /* The channel stays refused. */
   ASSERT_RC(gpuipc_channel_recv(ch, &v, NULL, 0), GPUIPC_E_PROTO);
+  /* Both ways: a channel has one sticky code, its sends get it too. */
+  uint8_t byte = 7;
+  int64_t one = 1;
+  gpuipc_tensor_t t;
+  memset(&t, 0, sizeof(t));
+  t.dl.data = &byte;
+  t.dl.device.device_type = GPUIPC_DL_CPU;
+  t.dl.ndim = 1;
+  t.dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
+  t.dl.shape = &one;
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, GPUIPC_SEND_NONBLOCK, NULL),
+            GPUIPC_E_PROTO);
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_EQ(test_wait(pid, 60000), 0);
 }

@@ -200,8 +200,14 @@ static void both_ways(void)
 {
   const char *args[] = {"echo", "chan-open", "echo", "50", NULL};
   pid_t pid = test_spawn("chan_peer", args, NULL);
+  /* Options of a caller built before the staging fields: what lies past
+   * its size (here an impossible stage_slots) is not read. */
+  gpuipc_channel_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.size = offsetof(gpuipc_channel_opts_t, stage_slots);
+  o.stage_slots = 1000;
   gpuipc_channel_t *ch;
-  ASSERT_OK(gpuipc_channel_open(dom, "echo", NULL, &ch));
+  ASSERT_OK(gpuipc_channel_open(dom, "echo", &o, &ch));
   gpuipc_buf_t *buf;
   ASSERT_OK(gpuipc_buf_alloc(CHAN_SLOT * CHAN_SLOTS, GPUIPC_KIND_HOST, -1, 0,
                              &buf));
@@ -228,6 +234,21 @@ static void both_ways(void)
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ(info.sent, 50);
   ASSERT_EQ(info.received, 50);
+  /* A caller built against the struct before peer_gone: what fits is
+   * filled, nothing beyond its size is written. */
+  union {
+    gpuipc_channel_info_t i;
+    uint8_t b[sizeof(gpuipc_channel_info_t)];
+  } old;
+  size_t old_size = offsetof(gpuipc_channel_info_t, peer_gone);
+  memset(&old, 0xa5, sizeof(old));
+  old.i.size = old_size;
+  ASSERT_OK(gpuipc_channel_info(ch, &old.i));
+  ASSERT_EQ(old.i.sent, 50);
+  ASSERT_EQ(old.i.received, 50);
+  ASSERT_EQ_U(old.i.size, old_size);
+  for (size_t k = old_size; k < sizeof(old); k++)
+    ASSERT_EQ(old.b[k], 0xa5);
   ASSERT_OK(gpuipc_channel_close(ch));
   gpuipc_buf_release(buf);
 }

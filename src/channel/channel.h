@@ -3,11 +3,24 @@
  *
  *   (the descriptor, release and buffer records, their strict decoding
  *   and the dtype and layout checks are src/wire's: wire/desc.h)
- *   ring.c     waiting on a shared ring word: spin, yield, then futex,
- *              checking that the peer is still there
- *   channel.c  open (rendezvous on a segment), close, send, receive,
- *              release, flow control, the buffer and event tables
- *   dlpack.c   DLManagedTensor conversions
+ *   ring.c       waiting on a shared ring word: spin, yield, then futex,
+ *                (the slot arithmetic: inline, "ring slots" below)
+ *                checking that the peer is still there
+ *   open.c       gpuipc_channel_open (options, segment), _close, _info
+ *   rendezvous.c pairing the two openers of a name, the socket
+ *   send.c       the sending side: send, flow control, staging, releases
+ *                taken in, the buffers the receiver knows
+ *   recv.c       the receiving side: descriptors taken, buffers imported,
+ *                releases published, views
+ *   events.c     CUDA event pools (ours) and tables (the peer's)
+ *   tensor.c     tensor utilities: place in a buffer, size, layout;
+ *                tensor.h the checks the MPI channel shares
+ *   dlpack.c     DLManagedTensor conversions
+ *
+ * Files depend one way: open -> rendezvous, send, recv; send, recv ->
+ * events, tensor, ring, desc; the stream glue is src/cuda/stream.c. The
+ * one way back is a received view's reference on its channel (recv.c's
+ * gpuipc_tensor_release drops it through gpuipc__chan_unref).
  *
  * Shared memory: one HOST segment "chan.NAME" of GPUIPC__CHAN_SEG_BYTES,
  * laid out at fixed offsets (never read from the segment):
@@ -27,6 +40,7 @@
 #define GPUIPC_CHANNEL_H
 
 #include "core/core.h"
+#include "os/os.h"
 #include "wire/desc.h"
 
 #include <stdatomic.h>
@@ -107,6 +121,19 @@ void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
  */
 int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check);
 
+/*
+ * Mark @ch broken with @code unless it is already (the first code stays).
+ * Returns @code, so that a failure can be returned through it.
+ */
+int gpuipc__chan_break(struct gpuipc_channel *ch, int code);
+
+/*
+ * 0 while @ch is not broken; else its code, with a sentence. @gone_too:
+ * count GPUIPC_E_PEER_GONE (a receiver still takes what was sent before
+ * the peer went, and a sender the releases it published).
+ */
+int gpuipc__chan_broken(struct gpuipc_channel *ch, bool gone_too);
+
 
 /* ----- the channel object (channel.c) ----- */
 
@@ -174,7 +201,7 @@ struct gpuipc__tx {
   gpuipc_release_fn cb;
   void *cb_user;
   uint64_t sent, bufs_sent;
-  int err; /* sticky GPUIPC_E_PROTO */
+  uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
 };
 
 struct gpuipc__rx {
@@ -196,7 +223,6 @@ struct gpuipc__rx {
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
   uint64_t received, bufs_imported;
   _Atomic uint64_t views;
-  int err; /* sticky GPUIPC_E_PROTO */
 };
 
 struct gpuipc_channel {
@@ -213,7 +239,13 @@ struct gpuipc_channel {
   int send_timeout_ms;
   uint32_t stage_slots;
   size_t stage_slot_bytes;
-  _Atomic int gone;  /* the peer is gone (sticky) */
+  /*
+   * 0, or why the channel is unusable, for good: GPUIPC_E_PEER_GONE,
+   * GPUIPC_E_PROTO, or the failure that left the two ends out of step.
+   * Set once, by gpuipc__chan_break. (shm->closed[] is only the signal
+   * between the processes; closing is this end's own close.)
+   */
+  _Atomic int broken;
   _Atomic int closing;
   struct gpuipc__chan_dir *txd, *rxd;
   uint8_t *tx_ring, *rx_ring;   /* descriptor rings */
@@ -241,6 +273,135 @@ struct gpuipc__view {
 
 /* The view behind a user pointer, or NULL when it is not one. */
 struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t);
+
+/* ----- ring slots: where message and position numbers land ----- */
+
+/* The descriptor slot of ring position @pos (ring of DEPTH_MAX slots). */
+static inline uint8_t *gpuipc__chan_desc_slot(uint8_t *ring, uint32_t pos)
+{
+  return ring + (size_t)(pos % GPUIPC__CHAN_DEPTH_MAX) *
+                    GPUIPC__CHAN_DESC_BYTES;
+}
+
+/* The release slot of ring position @pos. */
+static inline uint8_t *gpuipc__chan_rel_slot(uint8_t *ring, uint32_t pos)
+{
+  return ring + (size_t)(pos % GPUIPC__CHAN_DEPTH_MAX) *
+                    GPUIPC__CHAN_REL_BYTES;
+}
+
+/* The sender's record of message @seq (at seq % depth while in flight). */
+static inline struct gpuipc__tx_rec *gpuipc__chan_tx_rec(struct gpuipc__tx *tx,
+                                                         uint64_t seq)
+{
+  return &tx->recs[seq % tx->depth];
+}
+
+/* ----- shared by the files of the channel ----- */
+
+/* A deadline @timeout_ms from now; 0 for 0 (poll only). */
+static inline uint64_t gpuipc__chan_deadline_of(int timeout_ms)
+{
+  return timeout_ms == 0 ? 0 : gpuipc__deadline(timeout_ms);
+}
+
+/* Whether @deadline (UINT64_MAX: never) has passed. */
+static inline bool gpuipc__chan_past(uint64_t deadline)
+{
+  return deadline != UINT64_MAX && gpuipc__now_ns() >= deadline;
+}
+
+/* Whether DLPack device type @t is memory the host reads. */
+static inline bool gpuipc__chan_is_host_dev(int32_t t)
+{
+  return t == GPUIPC_DL_CPU || t == GPUIPC_DL_CUDA_HOST;
+}
+
+/* ----- open.c, rendezvous.c ----- */
+
+/* gpuipc_channel_opts_t as read, with the defaults filled in. */
+struct gpuipc__chan_cfg {
+  int timeout_ms;
+  uint32_t depth;
+  int device;
+  int send_timeout_ms;
+  uint32_t stage_slots;
+  size_t stage_slot_bytes;
+};
+
+/* gpuipc__chan_rendezvous: paired, or try the name afresh. */
+enum { GPUIPC__CHAN_PAIR_DONE = 0, GPUIPC__CHAN_PAIR_RETRY = 1 };
+
+/*
+ * One attempt to pair on the segment in ch->seg (named @segname): fills
+ * ch->end, ch->sock and ch->peer_pid. Returns GPUIPC__CHAN_PAIR_DONE,
+ * GPUIPC__CHAN_PAIR_RETRY, or a negative code with a sentence.
+ */
+int gpuipc__chan_rendezvous(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
+                            const char *segname,
+                            const struct gpuipc__chan_cfg *c,
+                            uint64_t deadline);
+
+/* Call the test hook (gpuipc__chan_test_hook), if any. */
+void gpuipc__chan_hook(const char *name, int where);
+
+/* Drop a reference; the last one frees the channel. */
+void gpuipc__chan_unref(struct gpuipc_channel *ch);
+
+/* Let go of what each side holds (gpuipc_channel_close). */
+void gpuipc__chan_tx_close(struct gpuipc_channel *ch);
+void gpuipc__chan_rx_close(struct gpuipc_channel *ch);
+
+/* ----- events.c ----- */
+
+/* Visible devices, at most GPUIPC__CHAN_EV_DEVS. */
+int gpuipc__chan_dev_count(void);
+
+/*
+ * Our event for (@dev, @slot) in @pool ([ndev * depth], with @sent: whether
+ * the peer has its handle), both created on first use. @is_new: the peer
+ * has not had its handle yet.
+ */
+int gpuipc__chan_event_get(gpuipc_event_t ***pool, uint8_t **sent,
+                           int *ndev, uint32_t depth, int dev, uint32_t slot,
+                           gpuipc_event_t **out, bool *is_new);
+void gpuipc__chan_event_pool_free(gpuipc_event_t **pool, uint8_t *sent,
+                                  int ndev, uint32_t depth);
+/* Export @ev and pack its handle into @dst. */
+int gpuipc__chan_event_pack(gpuipc_event_t *ev,
+                            uint8_t dst[GPUIPC_EVENT_HANDLE_PACKED_SIZE]);
+/*
+ * The peer's event @key from table (@tab, @n, @cap), opened for local
+ * device @dev (-1: the GPU the handle names); @packed: the handle sent
+ * with the key's first use, or NULL. GPUIPC_E_PROTO naming @who.
+ */
+int gpuipc__chan_event_peer(struct gpuipc__event **tab, int *n, int *cap,
+                            uint32_t key, const uint8_t *packed, int dev,
+                            const char *who, gpuipc_event_t **out);
+void gpuipc__chan_event_tab_free(struct gpuipc__event *tab, int n);
+/*
+ * Record our event for message @seq (slot seq % @depth of device @dev) of
+ * the pool (@pool, @sent, @ndev) on @stream. *@key: its key for the peer.
+ * When the peer does not have it yet, its packed handle goes into @handle
+ * and *@sent_flag points at the flag to set once the record that carries
+ * it is published; else *@sent_flag is NULL.
+ */
+int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
+                              int *ndev, uint32_t depth, int dev,
+                              uint64_t seq, void *stream, uint32_t *key,
+                              uint8_t handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE],
+                              uint8_t **sent_flag);
+/* How long to poll a pending event of the peer's before a stream wait. */
+uint64_t gpuipc__chan_ev_poll_ns(void);
+
+/* ----- tensor.c ----- */
+
+/*
+ * The byte offset of @t's first element in its buffer @t->buf, whose
+ * memory the data pointer must point into. -EINVAL naming @who.
+ */
+int gpuipc__tensor_buf_offset(const char *who, const gpuipc_tensor_t *t,
+                              uint64_t *offset);
 
 /* ----- for tests ----- */
 

@@ -26,11 +26,33 @@ static inline void cpu_relax(void)
 #endif
 }
 
+int gpuipc__chan_break(struct gpuipc_channel *ch, int code)
+{
+  int none = 0;
+  atomic_compare_exchange_strong(&ch->broken, &none, code);
+  return code;
+}
+
+int gpuipc__chan_broken(struct gpuipc_channel *ch, bool gone_too)
+{
+  int b = atomic_load(&ch->broken);
+  if (b == 0 || (b == GPUIPC_E_PEER_GONE && !gone_too))
+    return 0;
+  if (b == GPUIPC_E_PEER_GONE)
+    return gpuipc__err(b, "channel %s: the peer (pid %d) is gone", ch->name,
+                       (int)ch->peer_pid);
+  if (b == GPUIPC_E_PROTO)
+    return gpuipc__err(b, "channel %s: the peer broke the protocol earlier",
+                       ch->name);
+  return gpuipc__err(b, "channel %s: out of step with its peer since an "
+                     "earlier failure (%s)", ch->name, gpuipc_strerror(b));
+}
+
 int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check)
 {
-  if (atomic_load_explicit(&ch->gone, memory_order_relaxed))
-    return gpuipc__err(GPUIPC_E_PEER_GONE, "channel %s: the peer (pid %d) "
-                       "is gone", ch->name, (int)ch->peer_pid);
+  int rc = gpuipc__chan_broken(ch, true);
+  if (rc != 0)
+    return rc;
   const char *why = NULL;
   if (atomic_load_explicit(&ch->shm->closed[1 - ch->end],
                            memory_order_acquire))
@@ -45,7 +67,7 @@ int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check)
     why = "exited";
   if (why == NULL)
     return 0;
-  atomic_store(&ch->gone, 1);
+  gpuipc__chan_break(ch, GPUIPC_E_PEER_GONE);
   return gpuipc__err(GPUIPC_E_PEER_GONE, "channel %s: the peer (pid %d) %s",
                      ch->name, (int)ch->peer_pid, why);
 }

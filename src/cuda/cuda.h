@@ -14,6 +14,8 @@
 
 #include "core/core.h"
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #if GPUIPC_HAVE_CUDA
@@ -227,5 +229,31 @@ void gpuipc__ctx_leave(const struct gpuipc__ctx_saved *saved);
  * gpuipc__ctx_enter, GPUIPC_E_CUDA.
  */
 int gpuipc__stream_order(int ordinal, void *after, void *before);
+
+/* ----- stream glue for the channels (stream.c) ----- */
+
+/*
+ * The local ordinal whose primary context @stream belongs to; @fallback
+ * for a default stream or when the driver cannot say (and without CUDA).
+ */
+int gpuipc__stream_dev(void *stream, int fallback);
+/*
+ * Whether everything queued on @stream (of device @dev) has completed;
+ * false when it cannot be told (and without CUDA).
+ */
+bool gpuipc__stream_idle(int dev, void *stream);
+/*
+ * Make @stream wait for @ev, unless @ev completes within @poll_ns. Returns
+ * 0 or what the event calls return.
+ */
+int gpuipc__stream_wait_event(gpuipc_event_t *ev, void *stream,
+                              uint64_t poll_ns);
+/*
+ * Queue a copy of @n bytes on @stream of device @dev (unified addressing).
+ * Returns 0, the codes of gpuipc__ctx_enter, GPUIPC_E_CUDA;
+ * GPUIPC_E_UNSUPPORTED without CUDA.
+ */
+int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
+                              void *stream);
 
 #endif

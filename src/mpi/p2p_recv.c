@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <string.h>
 
+#include "channel/tensor.h"
 #include "mpi/mpi_chan.h"
 
 #define MVIEW_MAGIC 0x5749564du /* "MVIW" */
@@ -346,19 +347,10 @@ int gpuipc__mpi_p2p_recv_into(struct gpuipc_mpi_channel *ch,
   if (rc != 0)
     goto unlock;
   const struct wire *w = &ch->desc_w;
-  bool same = w->ndim == dl->ndim && w->dtype.code == dl->dtype.code &&
-              w->dtype.bits == dl->dtype.bits &&
-              w->dtype.lanes == dl->dtype.lanes;
-  for (int i = 0; same && i < w->ndim; i++)
-    same = w->shape[i] == dl->shape[i];
-  if (!same) {
-    rc = gpuipc__mpi_fail(-EINVAL, "%s: message %llu (ndim %d, dtype "
-                          "%u/%u/%u) does not match the destination (ndim "
-                          "%d, dtype %u/%u/%u) in shape or dtype; it stays "
-                          "first in line", who, (unsigned long long)w->seq,
-                          w->ndim, w->dtype.code, w->dtype.bits,
-                          w->dtype.lanes, dl->ndim, dl->dtype.code,
-                          dl->dtype.bits, dl->dtype.lanes);
+  char why[200];
+  if (gpuipc__tensor_mismatch(w->seq, w->ndim, w->dtype, w->shape, dl, why,
+                              sizeof(why)) != NULL) {
+    rc = gpuipc__mpi_fail(-EINVAL, "%s: %s", who, why);
     goto unlock;
   }
   if (w->offset != 0 || w->nbytes != lay.nbytes) {

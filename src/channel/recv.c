@@ -1,0 +1,421 @@
+/*
+ * Channels: the receiving side (gpuipc_channel_recv, _recv_into,
+ * gpuipc_tensor_release): descriptors taken from the ring and checked,
+ * buffers imported from the socket, releases published back to the
+ * sender. The layout of the rings is in channel.h, the sending side in
+ * send.c.
+ */
+#include "channel/channel.h"
+#include "channel/tensor.h"
+#include "cuda/cuda.h"
+#include "mem/mem.h"
+#include "os/os.h"
+#include "wire/wire.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int rx_broken(struct gpuipc_channel *ch, int rc)
+{
+  return gpuipc__chan_break(ch, rc);
+}
+
+static gpuipc_buf_t *rxbuf_find(struct gpuipc__rx *rx, uint64_t key, int *at)
+{
+  int i = rx->last_buf;
+  if (i < rx->nbufs && rx->bufs[i].key == key) {
+    *at = i;
+    return rx->bufs[i].buf;
+  }
+  for (i = 0; i < rx->nbufs; i++)
+    if (rx->bufs[i].key == key) {
+      rx->last_buf = i;
+      *at = i;
+      return rx->bufs[i].buf;
+    }
+  return NULL;
+}
+
+/*
+ * Read the buffer message for @d from the socket and import it. The sender
+ * queued it before publishing @d, so it is read without waiting.
+ */
+static int rx_import(struct gpuipc_channel *ch, const struct gpuipc__desc *d,
+                     const char *who)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  uint8_t msg[GPUIPC__BUFMSG_BYTES + 16];
+  int fds[1] = {-1}, nfds = 1, at;
+  ssize_t n = gpuipc__sock_recv(ch->sock, msg, sizeof(msg), fds, &nfds, 0);
+  if (n == -ETIMEDOUT)
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu announced buffer "
+                       "key %llu, but its buffer message is not on the "
+                       "socket (a sender queues it before the descriptor)",
+                       who, (unsigned long long)d->seq,
+                       (unsigned long long)d->buf_key);
+  if (n < 0) {
+    if (n == GPUIPC_E_PEER_GONE)
+      gpuipc__chan_break(ch, (int)n);
+    return gpuipc__err((int)n, "%s: message %llu announced a buffer that "
+                       "did not arrive on the socket", who,
+                       (unsigned long long)d->seq);
+  }
+  int fd = nfds > 0 ? fds[0] : -1;
+  uint64_t key;
+  gpuipc_handle_t h;
+  int rc = gpuipc__bufmsg_decode(msg, (size_t)n, &key, &h, who);
+  if (rc == 0 && key != d->buf_key)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: buffer message for key %llu where "
+                     "message %llu announced key %llu", who,
+                     (unsigned long long)key, (unsigned long long)d->seq,
+                     (unsigned long long)d->buf_key);
+  if (rc == 0 && rxbuf_find(rx, key, &at) != NULL)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: buffer key %llu sent twice", who,
+                     (unsigned long long)key);
+  bool want_fd = h.type == GPUIPC_HT_POSIX_FD || h.type == GPUIPC_HT_POOL;
+  if (rc == 0 && want_fd != (fd >= 0))
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: buffer key %llu came %s a "
+                     "descriptor", who, (unsigned long long)key,
+                     fd >= 0 ? "with" : "without");
+  if (rc == 0 && rx->nbufs == GPUIPC__CHAN_BUFS)
+    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: the peer sent more than %d "
+                     "buffers without forgetting any", who,
+                     GPUIPC__CHAN_BUFS);
+  if (rc != 0) {
+    gpuipc__fd_close(&fd);
+    return rc;
+  }
+  h.fd = fd;
+  gpuipc_buf_t *b;
+  rc = gpuipc_buf_import(&h, h.kind == GPUIPC_KIND_HOST ? -1 : ch->device,
+                         0, &b);
+  gpuipc__fd_close(&fd);
+  if (rc != 0)
+    return rc;
+  rx->bufs[rx->nbufs].key = key;
+  rx->bufs[rx->nbufs].buf = b;
+  rx->last_buf = rx->nbufs++;
+  rx->bufs_imported++;
+  return 0;
+}
+
+/* Make the next message pending (taken from the ring, checked, mapped). */
+static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (rx->pending)
+    return 0;
+  int rc = gpuipc__chan_broken(ch, false);
+  if (rc != 0)
+    return rc;
+  uint32_t h = atomic_load_explicit(&ch->rxd->head, memory_order_acquire);
+  if (h == rx->tail) {
+    rc = gpuipc__chan_wait(ch, &ch->rxd->head, rx->tail,
+                           &ch->rxd->recv_sleep, deadline);
+    if (rc == -EAGAIN)
+      return gpuipc__err(-EAGAIN, "channel %s: no message", ch->name);
+    if (rc == -ETIMEDOUT)
+      return gpuipc__err(-ETIMEDOUT, "channel %s: no message in time",
+                         ch->name);
+    if (rc != 0)
+      return rc;
+    h = atomic_load_explicit(&ch->rxd->head, memory_order_acquire);
+  }
+  const char *who = ch->who;
+  if (h - rx->tail > GPUIPC__CHAN_DEPTH_MAX)
+    return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: %u descriptors "
+                                     "published, more than the ring holds",
+                                     who, h - rx->tail));
+  uint8_t slot[GPUIPC__CHAN_DESC_BYTES];
+  memcpy(slot, gpuipc__chan_desc_slot(ch->rx_ring, rx->tail), sizeof(slot));
+  rx->tail++;
+  struct gpuipc__desc *d = &rx->pdesc;
+  rc = gpuipc__desc_decode(slot, sizeof(slot), d, who);
+  if (rc != 0)
+    return rx_broken(ch, rc);
+  if (d->seq != rx->expect_seq)
+    return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu "
+                                     "arrived where %llu was due", who,
+                                     (unsigned long long)d->seq,
+                                     (unsigned long long)rx->expect_seq));
+  rx->expect_seq++;
+  int at;
+  if (d->flags & GPUIPC__DESC_FORGET) {
+    gpuipc_buf_t *old = rxbuf_find(rx, d->forget_key, &at);
+    if (old == NULL)
+      return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu "
+                                       "forgets buffer key %llu, which was "
+                                       "never sent", who,
+                                       (unsigned long long)d->seq,
+                                       (unsigned long long)d->forget_key));
+    gpuipc_buf_release(old); /* views hold references of their own */
+    rx->bufs[at] = rx->bufs[--rx->nbufs];
+    rx->last_buf = 0;
+  }
+  if (d->flags & GPUIPC__DESC_NEW_BUF) {
+    rc = rx_import(ch, d, who);
+    if (rc != 0)
+      return rx_broken(ch, rc);
+  }
+  gpuipc_buf_t *b = rxbuf_find(rx, d->buf_key, &at);
+  if (b == NULL)
+    return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu uses "
+                                     "buffer key %llu, which was never sent",
+                                     who, (unsigned long long)d->seq,
+                                     (unsigned long long)d->buf_key));
+  /* Check the layout against the memory as mapped here, not as claimed. */
+  rc = gpuipc__layout_check(GPUIPC_E_PROTO, who, d->dtype, d->ndim, d->shape,
+                            d->strides, d->offset, gpuipc_buf_size(b), NULL);
+  if (rc != 0)
+    return rx_broken(ch, rc);
+  rx->pbuf = b;
+  rx->pending = true;
+  return 0;
+}
+
+/* The sender's event of the pending message, opened for @dev, or NULL. */
+static int rx_event(struct gpuipc_channel *ch, int dev, gpuipc_event_t **out)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  struct gpuipc__desc *d = &rx->pdesc;
+  *out = NULL;
+  if (!(d->flags & GPUIPC__DESC_EVENT))
+    return 0;
+  int rc = gpuipc__chan_event_peer(
+      &rx->evs, &rx->nevs, &rx->capevs, d->ev_key,
+      (d->flags & GPUIPC__DESC_NEW_EVENT) ? d->ev_handle : NULL, dev, ch->who,
+      out);
+  if (rc == 0)
+    d->flags &= ~GPUIPC__DESC_NEW_EVENT; /* imported: a retry looks it up */
+  else if (rc == GPUIPC_E_PROTO)
+    rx_broken(ch, rc);
+  return rc;
+}
+
+/*
+ * Publish the release of message @seq, with an event on @stream (of device
+ * @dev, -1 for none) unless the stream is idle; @busy: it is known not to
+ * be (work was just queued on it), no need to ask.
+ */
+static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
+                      void *stream, bool busy)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  int rc = 0;
+  pthread_mutex_lock(&rx->rel_lock);
+  if (atomic_load(&ch->closing))
+    goto unlock; /* nobody to tell */
+  if (atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE) {
+    rc = gpuipc__err(GPUIPC_E_PEER_GONE, "gpuipc_tensor_release: the sender "
+                     "of channel %s is gone", ch->name);
+    goto unlock;
+  }
+  rc = gpuipc__chan_broken(ch, false);
+  if (rc != 0)
+    goto unlock;
+  struct gpuipc__rel rl;
+  memset(&rl, 0, sizeof(rl));
+  rl.seq = seq;
+  uint8_t *sent = NULL;
+  if (dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream))) {
+    rc = gpuipc__chan_event_record(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
+                                   rx->depth, dev, seq, stream, &rl.ev_key,
+                                   rl.ev_handle, &sent);
+    if (rc != 0)
+      goto unlock;
+    rl.flags = GPUIPC__REL_EVENT | (sent ? GPUIPC__REL_NEW_EVENT : 0);
+  }
+  uint8_t *dst = gpuipc__chan_rel_slot(ch->rx_rel, rx->rel_head);
+  rc = gpuipc__rel_encode(&rl, dst, GPUIPC__CHAN_REL_BYTES);
+  if (rc < 0)
+    goto unlock;
+  rc = 0;
+  rx->rel_head++;
+  gpuipc__chan_publish(&ch->rxd->rel_head, rx->rel_head, &ch->rxd->send_sleep);
+  if (sent != NULL)
+    *sent = 1;
+unlock:
+  pthread_mutex_unlock(&rx->rel_lock);
+  return rc;
+}
+
+int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
+                        void *stream, int timeout_ms)
+{
+  if (ch == NULL || view == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_recv: NULL %s",
+                       ch == NULL ? "channel" : "view");
+  struct gpuipc__rx *rx = &ch->rx;
+  pthread_mutex_lock(&rx->lock);
+  int rc = rx_fetch(ch, gpuipc__chan_deadline_of(timeout_ms));
+  if (rc != 0)
+    goto unlock;
+  gpuipc_event_t *ev;
+  rc = rx_event(ch, gpuipc__stream_dev(stream, gpuipc_buf_device(rx->pbuf)),
+                &ev);
+  if (rc == 0 && ev != NULL)
+    rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+  if (rc != 0)
+    goto unlock;
+  struct gpuipc__view *v = calloc(1, sizeof(*v));
+  if (v == NULL) {
+    rc = gpuipc__err(-ENOMEM, "gpuipc_channel_recv: out of memory");
+    goto unlock;
+  }
+  const struct gpuipc__desc *d = &rx->pdesc;
+  gpuipc_buf_t *b = rx->pbuf;
+  v->magic = GPUIPC__VIEW_MAGIC;
+  v->t.dl.data = gpuipc_buf_ptr(b);
+  v->t.dl.byte_offset = d->offset;
+  v->t.dl.ndim = (int32_t)d->ndim;
+  v->t.dl.dtype = d->dtype;
+  memcpy(v->shape, d->shape, sizeof(v->shape));
+  memcpy(v->strides, d->strides, sizeof(v->strides));
+  v->t.dl.shape = v->shape;
+  v->t.dl.strides = v->strides;
+  if (gpuipc_buf_kind(b) == GPUIPC_KIND_HOST) {
+    v->t.dl.device.device_type = GPUIPC_DL_CPU;
+    v->device = -1;
+  } else {
+    v->t.dl.device.device_type = GPUIPC_DL_CUDA;
+    v->t.dl.device.device_id = gpuipc_buf_device(b);
+    v->device = gpuipc_buf_device(b);
+  }
+  gpuipc__buf_ref(b);
+  v->t.buf = b;
+  v->seq = d->seq;
+  v->recv_stream = stream;
+  atomic_fetch_add(&ch->refs, 1);
+  v->ch = ch;
+  rx->pending = false;
+  rx->received++;
+  atomic_fetch_add(&rx->views, 1);
+  *view = &v->t;
+unlock:
+  pthread_mutex_unlock(&rx->lock);
+  return rc;
+}
+
+int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
+                     void *stream, int timeout_ms)
+{
+  static const char who[] = "gpuipc_channel_recv_into";
+  if (ch == NULL || dst == NULL)
+    return gpuipc__err(-EINVAL, "%s: NULL %s", who,
+                       ch == NULL ? "channel" : "destination");
+  const gpuipc_dl_tensor_t *dl = &dst->dl;
+  if (dl->data == NULL)
+    return gpuipc__err(-EINVAL, "%s: destination data is NULL", who);
+  int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
+                                dl->strides, 0, GPUIPC_SIZE_MAX_ABSURD, NULL);
+  if (rc != 0)
+    return rc;
+  if (!gpuipc__layout_compact(dl->ndim, dl->shape, dl->strides))
+    return gpuipc__err(-EINVAL, "%s: the destination must be contiguous "
+                       "(row-major)", who);
+  if (dst->buf != NULL) {
+    uintptr_t base = (uintptr_t)gpuipc_buf_ptr(dst->buf);
+    uintptr_t p = (uintptr_t)dl->data + dl->byte_offset;
+    uint64_t n = gpuipc__layout_count(dl->ndim, dl->shape) *
+                 gpuipc__dtype_size(dl->dtype);
+    if (p < base || p - base > gpuipc_buf_size(dst->buf) ||
+        n > gpuipc_buf_size(dst->buf) - (p - base))
+      return gpuipc__err(-EINVAL, "%s: the destination reaches outside its "
+                         "buffer", who);
+  }
+  struct gpuipc__rx *rx = &ch->rx;
+  pthread_mutex_lock(&rx->lock);
+  rc = rx_fetch(ch, gpuipc__chan_deadline_of(timeout_ms));
+  if (rc != 0)
+    goto unlock;
+  const struct gpuipc__desc *d = &rx->pdesc;
+  char why[200];
+  if (gpuipc__tensor_mismatch(d->seq, (int)d->ndim, d->dtype, d->shape, dl,
+                              why, sizeof(why)) != NULL) {
+    rc = gpuipc__err(-EINVAL, "%s: %s", who, why);
+    goto unlock;
+  }
+  if (!gpuipc__layout_compact((int)d->ndim, d->shape, d->strides)) {
+    rc = gpuipc__err(-EINVAL,
+                     "%s: message %llu is not contiguous: receive "
+                     "it with gpuipc_channel_recv",
+                     who, (unsigned long long)d->seq);
+    goto unlock;
+  }
+  gpuipc_buf_t *b = rx->pbuf;
+  size_t n = (size_t)(gpuipc__layout_count((int)d->ndim, d->shape) *
+                      gpuipc__dtype_size(d->dtype));
+  const uint8_t *src = (const uint8_t *)gpuipc_buf_ptr(b) + d->offset;
+  uint8_t *to = (uint8_t *)dl->data + dl->byte_offset;
+  int rel_dev = -1;
+  if (gpuipc_buf_kind(b) == GPUIPC_KIND_HOST &&
+      gpuipc__chan_is_host_dev(dl->device.device_type)) {
+    if (n > 0)
+      memcpy(to, src, n);
+  } else {
+    rel_dev = dl->device.device_type == GPUIPC_DL_CUDA
+                  ? dl->device.device_id
+                  : gpuipc_buf_device(b);
+    if (rel_dev < 0) {
+      rc = gpuipc__err(-EINVAL, "%s: destination device type %d", who,
+                       dl->device.device_type);
+      goto unlock;
+    }
+    rel_dev = gpuipc__stream_dev(stream, rel_dev);
+    gpuipc_event_t *ev;
+    rc = rx_event(ch, rel_dev, &ev);
+    if (rc == 0 && ev != NULL)
+      rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+    if (rc == 0 && n > 0)
+      rc = gpuipc__stream_copy_async(rel_dev, to, src, n, stream);
+    if (rc != 0)
+      goto unlock;
+  }
+  uint64_t seq = d->seq;
+  rx->pending = false;
+  rx->received++;
+  rc = rx_release(ch, seq, rel_dev, stream, n > 0 && rel_dev >= 0);
+unlock:
+  pthread_mutex_unlock(&rx->lock);
+  return rc;
+}
+
+struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t)
+{
+  if (t == NULL)
+    return NULL;
+  struct gpuipc__view *v = (struct gpuipc__view *)t;
+  return v->magic == GPUIPC__VIEW_MAGIC ? v : NULL;
+}
+
+int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
+{
+  struct gpuipc__view *v = gpuipc__view_of(t);
+  if (v == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_tensor_release: not a received "
+                       "view");
+  struct gpuipc_channel *ch = v->ch;
+  int rc = rx_release(
+      ch, v->seq, v->device >= 0 ? gpuipc__stream_dev(stream, v->device) : -1,
+      stream, false);
+  gpuipc_buf_release(v->t.buf);
+  v->magic = 0;
+  free(v);
+  atomic_fetch_sub(&ch->rx.views, 1);
+  gpuipc__chan_unref(ch);
+  return rc;
+}
+
+void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  for (int i = 0; i < rx->nbufs; i++)
+    gpuipc_buf_release(rx->bufs[i].buf);
+  rx->nbufs = 0;
+  gpuipc__chan_event_tab_free(rx->evs, rx->nevs);
+  pthread_mutex_lock(&rx->rel_lock);
+  gpuipc__chan_event_pool_free(rx->rel_ev, rx->rel_ev_sent, rx->ndev,
+                               rx->depth);
+  rx->rel_ev = NULL;
+  pthread_mutex_unlock(&rx->rel_lock);
+}

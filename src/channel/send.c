@@ -1,0 +1,735 @@
+/*
+ * Channels: the sending side (gpuipc_channel_send, _send_done, _send_wait,
+ * _on_release, _progress), its flow control and staging, and the test
+ * hooks that write raw descriptors.
+ *
+ * Data path. Each direction has a descriptor ring and a release ring in
+ * the segment, single producer and single consumer each. Message s of a
+ * direction is the s-th descriptor (s = 1, 2, ...); the sender keeps a
+ * record of it at s % depth until it is free, so at most depth messages are
+ * in flight, and the rings (GPUIPC__CHAN_DEPTH_MAX slots) never overflow.
+ * A buffer's handle and fd go over the socket just before the first
+ * descriptor that uses it (flag NEW_BUF): sendmsg has queued the message
+ * at the receiver before the descriptor is published, so the receiver
+ * reads it without waiting, and a NEW_BUF whose message is not there is a
+ * broken peer (GPUIPC_E_PROTO at once). The sender remembers the 256
+ * buffers the receiver holds and tells it to forget the least recently
+ * used one when it needs room.
+ */
+#include "channel/channel.h"
+#include "cuda/cuda.h"
+#include "mem/mem.h"
+#include "os/os.h"
+#include "wire/wire.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUFMSG_TIMEOUT_MS 5000 /* a sender's wait for room on the socket */
+
+/* Sending side                                                             */
+/* ------------------------------------------------------------------------ */
+
+static void tx_rec_free(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
+{
+  if (r->buf != NULL)
+    gpuipc_buf_release(r->buf);
+  if (r->stage >= 0 && ch->tx.stage != NULL)
+    ch->tx.stage[r->stage].busy &= ~(1ull << r->slot);
+  memset(r, 0, sizeof(*r));
+  r->stage = -1;
+  r->slot = -1;
+}
+
+/* Take in the releases the receiver has published. Returns how many. */
+static int tx_take(struct gpuipc_channel *ch)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  const char *who = ch->who;
+  int rc = gpuipc__chan_broken(ch, false);
+  if (rc != 0)
+    return rc;
+  uint32_t h = atomic_load_explicit(&ch->txd->rel_head, memory_order_acquire);
+  uint32_t avail = h - tx->rel_tail;
+  if (avail == 0)
+    return 0;
+  if (avail > tx->depth) {
+    return gpuipc__chan_break(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: %u "
+                              "releases published, more than the %u "
+                              "messages that can be in flight", who, avail,
+                              tx->depth));
+  }
+  int taken = 0;
+  while (tx->rel_tail != h) {
+    uint8_t slot[GPUIPC__CHAN_REL_BYTES];
+    memcpy(slot, gpuipc__chan_rel_slot(ch->tx_rel, tx->rel_tail),
+           sizeof(slot));
+    struct gpuipc__rel rl;
+    rc = gpuipc__rel_decode(slot, sizeof(slot), &rl, who);
+    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, rl.seq);
+    if (rc == 0 && (rl.seq < tx->oldest || rl.seq >= tx->next_seq ||
+                    r->seq != rl.seq || r->released))
+      rc = gpuipc__err(GPUIPC_E_PROTO, "%s: release of message %llu, which "
+                       "is not in flight", who, (unsigned long long)rl.seq);
+    gpuipc_event_t *ev = NULL;
+    /* Opened where the sender's streams most likely wait: the buffer's GPU. */
+    if (rc == 0 && (rl.flags & GPUIPC__REL_EVENT))
+      rc = gpuipc__chan_event_peer(
+          &tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs, rl.ev_key,
+          (rl.flags & GPUIPC__REL_NEW_EVENT) ? rl.ev_handle : NULL,
+          r->buf != NULL ? gpuipc_buf_device(r->buf) : -1, who, &ev);
+    if (rc == GPUIPC_E_PROTO)
+      return gpuipc__chan_break(ch, rc);
+    if (rc != 0)
+      return rc;
+    r->released = true;
+    r->rel_ev = ev;
+    r->rel_key = rl.ev_key;
+    tx->rel_tail++;
+    taken++;
+    if (tx->cb != NULL)
+      tx->cb(ch, rl.seq, tx->cb_user);
+  }
+  return taken;
+}
+
+/* Free the oldest messages whose buffers are free again. */
+static int tx_recycle(struct gpuipc_channel *ch)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  while (tx->oldest < tx->next_seq) {
+    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, tx->oldest);
+    if (!r->released)
+      break;
+    if (r->rel_ev != NULL) {
+      int q = gpuipc_event_query(r->rel_ev);
+      if (q == -EAGAIN)
+        break;
+      if (q != 0)
+        return q;
+    }
+    tx_rec_free(ch, r);
+    tx->oldest++;
+  }
+  return 0;
+}
+
+/* Take releases in and recycle; how many were taken in, or an error. */
+static int tx_progress(struct gpuipc_channel *ch)
+{
+  int n = tx_take(ch);
+  if (n < 0)
+    return n;
+  int rc = tx_recycle(ch);
+  return rc < 0 ? rc : n;
+}
+
+enum { NAP_YIELD, NAP_SHORT, NAP_RELEASE };
+
+/*
+ * Let the send lock go for a nap (NAP_YIELD, NAP_SHORT: 20 us, NAP_RELEASE:
+ * until a release arrives or @deadline) and take it back, so that another
+ * thread's send, progress or ticket query does not wait behind a sleeping
+ * sender. The caller looks at everything again after: another thread may
+ * have sent, or taken releases in, meanwhile (tx->unlocks tells that it
+ * may have).
+ */
+static int tx_sleep(struct gpuipc_channel *ch, int nap, uint64_t deadline)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint32_t seen = tx->rel_tail;
+  int rc = 0;
+  tx->unlocks++;
+  pthread_mutex_unlock(&tx->lock);
+  if (nap == NAP_RELEASE)
+    rc = gpuipc__chan_wait(ch, &ch->txd->rel_head, seen, &ch->txd->send_sleep,
+                           deadline);
+  else if (nap == NAP_SHORT)
+    gpuipc__sleep_us(20);
+  else
+    sched_yield();
+  pthread_mutex_lock(&tx->lock);
+  return rc;
+}
+
+/*
+ * Wait until @done(ch, arg) holds: releases are taken in between, and a
+ * released message whose event is pending is polled. The send lock is let
+ * go while it sleeps.
+ */
+static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket);
+
+static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
+                   bool (*done)(struct gpuipc_channel *, uint64_t),
+                   uint64_t arg, bool poll_events)
+{
+  uint64_t polling = 0; /* when polling a GPU event began */
+  for (;;) {
+    int rc = tx_progress(ch);
+    if (rc < 0)
+      return rc;
+    if (done(ch, arg))
+      return 0;
+    /* A ticket of 0 stands for the oldest message in flight. */
+    if (poll_events && pending_event(ch, arg != 0 ? arg : ch->tx.oldest)) {
+      /* The GPU still works on a released buffer: poll its event. */
+      if (deadline == 0)
+        return -EAGAIN;
+      if (gpuipc__chan_past(deadline))
+        return -ETIMEDOUT;
+      /* Copies end within microseconds: yield first, sleep after 200 us. */
+      uint64_t now = gpuipc__now_ns();
+      if (polling == 0)
+        polling = now;
+      tx_sleep(ch, now - polling < 200000 ? NAP_YIELD : NAP_SHORT, 0);
+      continue;
+    }
+    rc = tx_sleep(ch, NAP_RELEASE, deadline);
+    if (rc != 0)
+      return rc;
+  }
+}
+
+static bool has_room(struct gpuipc_channel *ch, uint64_t unused)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  return tx->next_seq - tx->oldest < tx->depth;
+}
+
+static bool ticket_free(struct gpuipc_channel *ch, uint64_t ticket)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (ticket < tx->oldest)
+    return true;
+  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
+  return r->released &&
+         (r->rel_ev == NULL || gpuipc_event_query(r->rel_ev) == 0);
+}
+
+static bool ticket_released(struct gpuipc_channel *ch, uint64_t ticket)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  return ticket < tx->oldest || gpuipc__chan_tx_rec(tx, ticket)->released;
+}
+
+/* Whether waiting for @ticket means polling a GPU event. */
+static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (ticket < tx->oldest || ticket >= tx->next_seq)
+    return false;
+  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
+  return r->released && r->rel_ev != NULL;
+}
+
+/* When a blocked send gives up (send_timeout_ms; 0 waits forever). */
+static uint64_t send_deadline(const struct gpuipc_channel *ch)
+{
+  return ch->send_timeout_ms > 0 ? gpuipc__deadline(ch->send_timeout_ms)
+                                 : UINT64_MAX;
+}
+
+/* Room for one more message (flow control), waiting until @deadline. */
+static int tx_room(struct gpuipc_channel *ch, unsigned flags,
+                   uint64_t deadline)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  int rc = tx_progress(ch);
+  if (rc < 0)
+    return rc;
+  if (has_room(ch, 0))
+    return 0;
+  if (flags & GPUIPC_SEND_NONBLOCK)
+    return gpuipc__err(-EAGAIN,
+                       "gpuipc_channel_send: channel %s has %u messages in "
+                       "flight, its depth",
+                       ch->name, tx->depth);
+  rc = tx_wait(ch, deadline, has_room, 0, true);
+  if (rc == -ETIMEDOUT)
+    return gpuipc__err(-ETIMEDOUT,
+                       "gpuipc_channel_send: channel %s: %u messages "
+                       "in flight and none given back within %d ms",
+                       ch->name, tx->depth, ch->send_timeout_ms);
+  return rc;
+}
+
+/*
+ * A free staging slot on area @area (0: host, d + 1: device d), waiting
+ * until @deadline.
+ */
+static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
+                     uint64_t deadline, int *slot_out)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (tx->stage == NULL) {
+    int n = gpuipc__chan_dev_count();
+    tx->stage = calloc((size_t)n + 1, sizeof(*tx->stage));
+    if (tx->stage == NULL)
+      return gpuipc__err(-ENOMEM, "gpuipc_channel_send: out of memory");
+    tx->ndev = n;
+  }
+  if (area > tx->ndev)
+    return gpuipc__err(-ERANGE, "gpuipc_channel_send: device %d is not visible",
+                       area - 1);
+  struct gpuipc__stage *s = &tx->stage[area];
+  if (s->buf == NULL) {
+    int rc = gpuipc_buf_alloc(ch->stage_slots * ch->stage_slot_bytes,
+                              area == 0 ? GPUIPC_KIND_HOST : GPUIPC_KIND_AUTO,
+                              area - 1, 0, &s->buf);
+    if (rc != 0)
+      return rc;
+  }
+  uint64_t all = ch->stage_slots == 64 ? UINT64_MAX
+                                        : (1ull << ch->stage_slots) - 1;
+  while ((s->busy & all) == all) {
+    /* Every slot is in flight: wait until the oldest message is free. */
+    if (flags & GPUIPC_SEND_NONBLOCK)
+      return gpuipc__err(-EAGAIN,
+                         "gpuipc_channel_send: channel %s: all %u staging "
+                         "slots are in flight",
+                         ch->name, ch->stage_slots);
+    int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
+    if (rc == -ETIMEDOUT)
+      return gpuipc__err(-ETIMEDOUT,
+                         "gpuipc_channel_send: channel %s: no staging "
+                         "slot came free within %d ms",
+                         ch->name, ch->send_timeout_ms);
+    if (rc != 0)
+      return rc;
+    rc = tx_recycle(ch);
+    if (rc != 0)
+      return rc;
+  }
+  int slot = __builtin_ctzll(~s->busy);
+  *slot_out = slot;
+  return 0;
+}
+
+/*
+ * Room for message @t, and a staging slot in *@area, *@slot when it is
+ * staged (else -1). A wait for either lets the send lock go, and another
+ * thread may take what was found: look again until a pass finds both
+ * without letting it go.
+ */
+static int tx_reserve(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
+                      unsigned flags, int *area, int *slot)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint64_t deadline = send_deadline(ch);
+  *area = -1;
+  *slot = -1;
+  if (t->buf == NULL)
+    *area = gpuipc__chan_is_host_dev(t->dl.device.device_type)
+                ? 0
+                : t->dl.device.device_id + 1;
+  for (;;) {
+    uint64_t unlocks = tx->unlocks;
+    int rc = tx_room(ch, flags, deadline);
+    if (rc == 0 && *area >= 0)
+      rc = stage_get(ch, *area, flags, deadline, slot);
+    if (rc != 0 || tx->unlocks == unlocks)
+      return rc;
+  }
+}
+
+/* The key the receiver knows @b by, or 0. */
+static uint64_t known_find(struct gpuipc__tx *tx, const struct gpuipc_buf *b)
+{
+  int i = tx->last_known;
+  if (i < tx->nknown && tx->known[i].export_id == b->export_id &&
+      tx->known[i].nonce == b->nonce && tx->known[i].pid == b->pid) {
+    tx->known[i].last_use = ++tx->clock;
+    return tx->known[i].key;
+  }
+  for (i = 0; i < tx->nknown; i++) {
+    struct gpuipc__known *k = &tx->known[i];
+    if (k->export_id == b->export_id && k->nonce == b->nonce &&
+        k->pid == b->pid) {
+      k->last_use = ++tx->clock;
+      tx->last_known = i;
+      return k->key;
+    }
+  }
+  return 0;
+}
+
+/*
+ * Remember @b under a new key, evicting the least recently used entry
+ * when full (its key in *@forget, else 0).
+ */
+static uint64_t known_add(struct gpuipc__tx *tx, const struct gpuipc_buf *b,
+                          uint64_t *forget)
+{
+  int i = tx->nknown;
+  *forget = 0;
+  if (i == GPUIPC__CHAN_BUFS) {
+    i = 0;
+    for (int j = 1; j < tx->nknown; j++)
+      if (tx->known[j].last_use < tx->known[i].last_use)
+        i = j;
+    *forget = tx->known[i].key;
+  } else {
+    tx->nknown++;
+  }
+  struct gpuipc__known *k = &tx->known[i];
+  k->export_id = b->export_id;
+  k->nonce = b->nonce;
+  k->pid = b->pid;
+  k->key = tx->next_key++;
+  k->last_use = ++tx->clock;
+  tx->last_known = i;
+  return k->key;
+}
+
+/* Undo known_add when the message could not be sent. */
+static void known_drop(struct gpuipc__tx *tx, uint64_t key)
+{
+  for (int i = 0; i < tx->nknown; i++)
+    if (tx->known[i].key == key) {
+      tx->known[i] = tx->known[--tx->nknown];
+      tx->last_known = 0;
+      return;
+    }
+}
+
+/* Send @b's handle and fd to the receiver as @key. */
+static int send_bufmsg(struct gpuipc_channel *ch, gpuipc_buf_t *b,
+                       uint64_t key)
+{
+  gpuipc_handle_t h;
+  int rc = gpuipc_buf_export(b, &h);
+  if (rc != 0)
+    return rc;
+  uint8_t msg[GPUIPC__BUFMSG_BYTES];
+  rc = gpuipc__bufmsg_encode(key, &h, msg, sizeof(msg));
+  if (rc >= 0)
+    rc = gpuipc__sock_send(ch->sock, msg, (size_t)rc, &h.fd, h.fd >= 0,
+                           BUFMSG_TIMEOUT_MS);
+  gpuipc__fd_close(&h.fd);
+  if (rc == GPUIPC_E_PEER_GONE)
+    gpuipc__chan_break(ch, rc);
+  return rc;
+}
+
+/* Check @t and fill the layout part of @d; the offset into its buffer. */
+static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
+                      struct gpuipc__desc *d, uint64_t *span)
+{
+  static const char who[] = "gpuipc_channel_send";
+  const gpuipc_dl_tensor_t *dl = &t->dl;
+  if (dl->ndim < 0 || dl->ndim > GPUIPC_TENSOR_MAX_DIMS)
+    return gpuipc__err(-EINVAL, "%s: ndim %d is outside 0..%d", who,
+                       dl->ndim, GPUIPC_TENSOR_MAX_DIMS);
+  if (dl->ndim > 0 && dl->shape == NULL)
+    return gpuipc__err(-EINVAL, "%s: shape is NULL with ndim %d", who,
+                       dl->ndim);
+  if (dl->data == NULL)
+    return gpuipc__err(-EINVAL, "%s: data is NULL", who);
+  d->type = GPUIPC__DESC_TENSOR;
+  d->ndim = (uint32_t)dl->ndim;
+  d->dtype = dl->dtype;
+  d->dev_type = dl->device.device_type;
+  d->dev_id = dl->device.device_id;
+  for (int i = 0; i < dl->ndim; i++)
+    d->shape[i] = dl->shape[i];
+  /* The tensor's own strides, or row-major (the staged copy is). */
+  const int64_t *strides = t->buf != NULL ? dl->strides : NULL;
+  int64_t compact = 1;
+  for (int i = dl->ndim - 1; i >= 0; i--) {
+    d->strides[i] = strides != NULL ? strides[i] : compact;
+    if (dl->shape[i] > 0 && compact <= ((int64_t)1 << 56) / dl->shape[i])
+      compact *= dl->shape[i];
+  }
+  if (t->buf != NULL) {
+    int rc = gpuipc__tensor_buf_offset(who, t, &d->offset);
+    if (rc != 0)
+      return rc;
+    return gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
+                                dl->strides, d->offset,
+                                gpuipc_buf_size(t->buf), span);
+  }
+  /* Staged: contiguous, fitting a slot. */
+  int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
+                                dl->strides, 0, GPUIPC_SIZE_MAX_ABSURD, span);
+  if (rc != 0)
+    return rc;
+  if (!gpuipc__layout_compact(dl->ndim, dl->shape, dl->strides))
+    return gpuipc__err(-EINVAL, "%s: memory gpuipc did not allocate is "
+                       "staged, and must be contiguous (row-major)", who);
+  if (*span > ch->stage_slot_bytes)
+    return gpuipc__err(-EMSGSIZE, "%s: %llu bytes to stage exceed the "
+                       "%zu-byte staging slot (stage_slot_bytes)", who,
+                       (unsigned long long)*span, ch->stage_slot_bytes);
+  if (!gpuipc__chan_is_host_dev(dl->device.device_type) &&
+      dl->device.device_type != GPUIPC_DL_CUDA)
+    return gpuipc__err(-EINVAL, "%s: device type %d (CPU, CUDA or CUDA host "
+                       "memory only)", who, dl->device.device_type);
+  if (dl->device.device_type == GPUIPC_DL_CUDA &&
+      (dl->device.device_id < 0 ||
+       dl->device.device_id >= gpuipc_device_count()))
+    return gpuipc__err(-EINVAL, "%s: CUDA device %d is not visible", who,
+                       dl->device.device_id);
+  return 0;
+}
+int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
+                        void *stream, unsigned flags, uint64_t *ticket)
+{
+  if (ch == NULL || t == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send: NULL %s",
+                       ch == NULL ? "channel" : "tensor");
+  if (flags & ~GPUIPC_SEND_NONBLOCK)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send: flags 0x%x", flags);
+  struct gpuipc__desc d;
+  memset(&d, 0, sizeof(d));
+  uint64_t span = 0;
+  int rc = send_check(ch, t, &d, &span);
+  if (rc != 0)
+    return rc;
+
+  struct gpuipc__tx *tx = &ch->tx;
+  pthread_mutex_lock(&tx->lock);
+  rc = gpuipc__chan_peer_check(ch, false);
+  if (rc != 0)
+    goto unlock;
+  int area, slot, ev_dev = -1;
+  rc = tx_reserve(ch, t, flags, &area, &slot);
+  if (rc != 0)
+    goto unlock;
+  uint64_t seq = tx->next_seq;
+  gpuipc_buf_t *buf = t->buf;
+  if (buf == NULL) {
+    const gpuipc_dl_tensor_t *dl = &t->dl;
+    bool host = area == 0;
+    buf = tx->stage[area].buf;
+    d.offset = (uint64_t)slot * ch->stage_slot_bytes;
+    uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(buf) + d.offset;
+    const uint8_t *src = (const uint8_t *)dl->data + dl->byte_offset;
+    if (host) {
+      if (span > 0)
+        memcpy(dst, src, span);
+    } else {
+      ev_dev = dl->device.device_id;
+      if (span > 0) {
+        rc = gpuipc__stream_copy_async(ev_dev, dst, src, span, stream);
+        if (rc != 0)
+          goto unlock;
+      }
+    }
+    d.flags |= GPUIPC__DESC_STAGED;
+  } else if (gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST) {
+    ev_dev = gpuipc_buf_device(buf);
+  }
+  d.seq = seq;
+  d.buf_size = gpuipc_buf_size(buf);
+
+  /* The buffer's handle, the first time the receiver sees it. */
+  bool new_buf = false;
+  d.buf_key = known_find(tx, buf);
+  if (d.buf_key == 0) {
+    d.buf_key = known_add(tx, buf, &d.forget_key);
+    rc = send_bufmsg(ch, buf, d.buf_key);
+    if (rc != 0) {
+      known_drop(tx, d.buf_key);
+      if (d.forget_key != 0)
+        gpuipc__chan_break(ch, rc); /* the evicted entry is lost */
+      goto unlock;
+    }
+    if (d.forget_key != 0)
+      d.flags |= GPUIPC__DESC_FORGET;
+    d.flags |= GPUIPC__DESC_NEW_BUF;
+    new_buf = true;
+    tx->bufs_sent++;
+  }
+
+  /* Order the message after the sender's stream (unless it is idle). */
+  uint8_t *ev_sent = NULL;
+  if (ev_dev >= 0)
+    ev_dev = gpuipc__stream_dev(stream, ev_dev);
+  if (ev_dev >= 0 && !gpuipc__stream_idle(ev_dev, stream)) {
+    rc = gpuipc__chan_event_record(&tx->ev, &tx->ev_sent, &tx->ndev,
+                                   tx->depth, ev_dev, seq, stream, &d.ev_key,
+                                   d.ev_handle, &ev_sent);
+    if (rc != 0)
+      goto broken;
+    d.flags |= GPUIPC__DESC_EVENT | (ev_sent ? GPUIPC__DESC_NEW_EVENT : 0);
+  }
+
+  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, seq);
+  r->seq = seq;
+  r->released = false;
+  r->rel_ev = NULL;
+  gpuipc__buf_ref(buf);
+  r->buf = buf;
+  r->stage = area;
+  r->slot = slot;
+  if (area >= 0)
+    tx->stage[area].busy |= 1ull << slot;
+
+  uint32_t head = tx->head; /* ours: never read back from shared memory */
+  uint8_t *dst = gpuipc__chan_desc_slot(ch->tx_ring, head);
+  rc = gpuipc__desc_encode(&d, dst, GPUIPC__CHAN_DESC_BYTES);
+  if (rc < 0)
+    goto broken;
+  tx->head = head + 1;
+  gpuipc__chan_publish(&ch->txd->head, tx->head, &ch->txd->recv_sleep);
+  if (ev_sent != NULL)
+    *ev_sent = 1;
+  tx->next_seq++;
+  tx->sent++;
+  tx->last_key = d.buf_key;
+  pthread_mutex_unlock(&tx->lock);
+  if (ticket != NULL)
+    *ticket = seq;
+  return 0;
+
+broken:
+  /* A buffer message may be on the socket already: nothing can follow. */
+  if (new_buf)
+    gpuipc__chan_break(ch, rc < 0 ? rc : GPUIPC_E_PROTO);
+unlock:
+  pthread_mutex_unlock(&tx->lock);
+  return rc;
+}
+
+/*
+ * Wait, with the send lock held, until @done holds for @ticket (@what:
+ * "free", "released"), for gpuipc_channel_send_done and _send_wait (@who).
+ */
+static int ticket_wait(struct gpuipc_channel *ch, const char *who,
+                       uint64_t ticket, int timeout_ms,
+                       bool (*done)(struct gpuipc_channel *, uint64_t),
+                       bool poll_events, const char *what)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  unsigned long long t = ticket;
+  if (ticket == 0 || ticket >= tx->next_seq)
+    return gpuipc__err(-EINVAL, "%s: ticket %llu was not sent on channel %s",
+                       who, t, ch->name);
+  int rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), done, ticket,
+                   poll_events);
+  if (rc == -EAGAIN)
+    return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
+                       what);
+  if (rc == -ETIMEDOUT)
+    return gpuipc__err(-ETIMEDOUT, "%s: message %llu was not %s within %d "
+                       "ms", who, t, what, timeout_ms);
+  return rc;
+}
+
+int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
+                             int timeout_ms)
+{
+  if (ch == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send_done: NULL channel");
+  pthread_mutex_lock(&ch->tx.lock);
+  int rc = ticket_wait(ch, "gpuipc_channel_send_done", ticket, timeout_ms,
+                       ticket_free, true, "free");
+  pthread_mutex_unlock(&ch->tx.lock);
+  return rc;
+}
+
+int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
+                             void *stream, int timeout_ms)
+{
+  if (ch == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_send_wait: NULL channel");
+  struct gpuipc__tx *tx = &ch->tx;
+  pthread_mutex_lock(&tx->lock);
+  int rc = ticket_wait(ch, "gpuipc_channel_send_wait", ticket, timeout_ms,
+                       ticket_released, false, "released");
+  if (rc == 0 && ticket >= tx->oldest) {
+    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
+    gpuipc_event_t *ev = r->rel_ev;
+    int dev =
+        ev != NULL ? gpuipc__stream_dev(stream, gpuipc_event_device(ev)) : -1;
+    /* The stream's device needs the event opened there. */
+    if (ev != NULL && dev != gpuipc_event_device(ev))
+      rc = gpuipc__chan_event_peer(&tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs,
+                                   r->rel_key, NULL, dev, ch->who, &ev);
+    if (rc == 0 && ev != NULL)
+      rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+  }
+  pthread_mutex_unlock(&tx->lock);
+  return rc;
+}
+
+int gpuipc_channel_on_release(gpuipc_channel_t *ch, gpuipc_release_fn fn,
+                              void *user)
+{
+  if (ch == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_on_release: NULL channel");
+  pthread_mutex_lock(&ch->tx.lock);
+  ch->tx.cb = fn;
+  ch->tx.cb_user = user;
+  pthread_mutex_unlock(&ch->tx.lock);
+  return 0;
+}
+
+int gpuipc_channel_progress(gpuipc_channel_t *ch)
+{
+  if (ch == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_channel_progress: NULL channel");
+  pthread_mutex_lock(&ch->tx.lock);
+  int rc = tx_progress(ch);
+  pthread_mutex_unlock(&ch->tx.lock);
+  return rc;
+}
+
+
+void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (tx->recs != NULL)
+    for (uint32_t i = 0; i < tx->depth; i++)
+      if (tx->recs[i].seq != 0)
+        tx_rec_free(ch, &tx->recs[i]);
+  free(tx->recs);
+  tx->recs = NULL;
+  if (tx->stage != NULL) {
+    for (int i = 0; i <= tx->ndev; i++)
+      if (tx->stage[i].buf != NULL)
+        gpuipc_buf_release(tx->stage[i].buf);
+    free(tx->stage);
+  }
+  gpuipc__chan_event_pool_free(tx->ev, tx->ev_sent, tx->ndev, tx->depth);
+  gpuipc__chan_event_tab_free(tx->rel_evs, tx->nrel_evs);
+}
+
+int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
+                        size_t len, const void *bufmsg, size_t bufmsg_len,
+                        int fd)
+{
+  if (len > GPUIPC__CHAN_DESC_BYTES)
+    return -EINVAL;
+  pthread_mutex_lock(&ch->tx.lock);
+  int rc = 0;
+  if (bufmsg != NULL)
+    rc = gpuipc__sock_send(ch->sock, bufmsg, bufmsg_len, &fd, fd >= 0, 1000);
+  if (rc == 0) {
+    uint32_t head = ch->tx.head++;
+    uint8_t *dst = gpuipc__chan_desc_slot(ch->tx_ring, head);
+    memset(dst, 0, GPUIPC__CHAN_DESC_BYTES);
+    memcpy(dst, bytes, len);
+    gpuipc__chan_publish(&ch->txd->head, ch->tx.head, &ch->txd->recv_sleep);
+  }
+  pthread_mutex_unlock(&ch->tx.lock);
+  return rc;
+}
+
+uint64_t gpuipc__chan_last_key(struct gpuipc_channel *ch)
+{
+  pthread_mutex_lock(&ch->tx.lock);
+  uint64_t k = ch->tx.last_key;
+  pthread_mutex_unlock(&ch->tx.lock);
+  return k;
+}
+
+uint64_t gpuipc__chan_next_seq(struct gpuipc_channel *ch)
+{
+  pthread_mutex_lock(&ch->tx.lock);
+  uint64_t s = ch->tx.next_seq;
+  pthread_mutex_unlock(&ch->tx.lock);
+  return s;
+}
+

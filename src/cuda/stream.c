@@ -1,0 +1,126 @@
+/*
+ * Stream glue for the channels: which device a stream belongs to, whether
+ * it is idle, making it wait for an event (polling briefly first), and a
+ * copy queued on it; with the stubs of a build without CUDA. Declared in
+ * cuda.h.
+ */
+#include "cuda/cuda.h"
+#include "os/os.h"
+
+#include <stdbool.h>
+
+#if GPUIPC_HAVE_CUDA
+/*
+ * The local ordinal whose primary context @stream belongs to; @fallback
+ * for a default stream (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: that
+ * of the primary context of the device that uses the data, whatever
+ * context is current) or when the driver cannot say. A stream of another
+ * context gives its device, and the event calls then refuse it with a
+ * sentence.
+ */
+int gpuipc__stream_dev(void *stream, int fallback)
+{
+  if (gpuipc__stream_is_default(stream) ||
+      gpuipc__cu.cuStreamGetCtx == NULL)
+    return fallback;
+  CUcontext sc = NULL;
+  if (gpuipc__cu.cuStreamGetCtx((CUstream)stream, &sc) != CUDA_SUCCESS ||
+      sc == NULL)
+    return fallback;
+  int n = gpuipc__dev_count();
+  for (int i = 0; i < n; i++)
+    if (__atomic_load_n(&gpuipc__dev_get(i)->primary, __ATOMIC_ACQUIRE) ==
+        sc)
+      return i;
+  /* A context gpuipc has not retained: ask it for its device. */
+  CUcontext cur = NULL;
+  CUdevice cd;
+  int dev = fallback;
+  if (gpuipc__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+    return fallback;
+  if (gpuipc__cu.cuCtxSetCurrent(sc) == CUDA_SUCCESS &&
+      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS)
+    for (int i = 0; i < n; i++)
+      if (gpuipc__dev_get(i)->cu_dev == cd)
+        dev = i;
+  gpuipc__cu.cuCtxSetCurrent(cur);
+  return dev;
+}
+
+/*
+ * Make @stream (a default stream: that of the event's device) wait for
+ * @ev, unless its last record has completed already or completes
+ * within @poll_ns: then the stream gets nothing to wait for and stays
+ * idle, so that a release after it needs no event either.
+ */
+int gpuipc__stream_wait_event(gpuipc_event_t *ev, void *stream,
+                              uint64_t poll_ns)
+{
+  int q = gpuipc_event_query(ev);
+  if (q == -EAGAIN && poll_ns > 0) {
+    uint64_t end = gpuipc__now_ns() + poll_ns;
+    while (q == -EAGAIN && gpuipc__now_ns() < end)
+      q = gpuipc_event_query(ev);
+  }
+  if (q == 0)
+    return 0;
+  if (q != -EAGAIN)
+    return q;
+  return gpuipc_event_wait(ev, stream);
+}
+
+/*
+ * Whether everything queued on @stream (a stream of device @dev) has
+ * completed. Then a message or a release needs no event: what it orders
+ * after is done already, and the peer has nothing to wait for. Asked in
+ * the device's primary context, where a default stream (NULL, legacy,
+ * per-thread: the calling thread's) is the one the event calls use.
+ */
+bool gpuipc__stream_idle(int dev, void *stream)
+{
+  if (dev < 0 || gpuipc__cu.cuStreamQuery == NULL)
+    return false;
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__ctx_enter(dev, &saved) != 0)
+    return false;
+  CUresult r = gpuipc__cu.cuStreamQuery((CUstream)stream);
+  gpuipc__ctx_leave(&saved);
+  return r == CUDA_SUCCESS;
+}
+
+int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
+                              void *stream)
+{
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                 (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream);
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
+#else
+int gpuipc__stream_dev(void *stream, int fallback)
+{
+  return fallback;
+}
+
+bool gpuipc__stream_idle(int dev, void *stream)
+{
+  return false;
+}
+
+int gpuipc__stream_wait_event(gpuipc_event_t *ev, void *stream,
+                              uint64_t poll_ns)
+{
+  return gpuipc_event_wait(ev, stream);
+}
+
+int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
+                              void *stream)
+{
+  return gpuipc__err(GPUIPC_E_UNSUPPORTED, "channel: this build has no CUDA "
+                     "support for device copies");
+}
+#endif
