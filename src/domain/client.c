@@ -131,24 +131,6 @@ static int stale_err(const gpuipc_domain_t *d, const char *what)
                      what, d->name);
 }
 
-int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
-{
-  int rc = gpuipc__name_check(name, "domain name");
-  if (rc != 0)
-    return rc;
-  rc = gpuipc__runtime_dir(out->dir, sizeof(out->dir));
-  if (rc != 0)
-    return rc;
-  int n1 = snprintf(out->sock, sizeof(out->sock), "%s/%s.sock", out->dir, name);
-  int n2 = snprintf(out->lock, sizeof(out->lock), "%s/%s.lock", out->dir, name);
-  if (n1 < 0 || n2 < 0 || (size_t)n1 >= sizeof(out->sock) ||
-      (size_t)n2 >= sizeof(out->lock))
-    return gpuipc__err(-ENAMETOOLONG, "domain %s: path %s/%s.lock is longer "
-                       "than %d bytes", name, out->dir, name, PATH_MAX - 1);
-  gpuipc__dom_fork_guard(out->dir);
-  return 0;
-}
-
 /* Remove the channel sockets that killed channel ends left behind. */
 static void prune_channels(const struct gpuipc_domain *d)
 {

@@ -58,6 +58,7 @@
 
 #include "core/core.h"
 #include "domain/proto.h"
+#include "os/os.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -68,13 +69,11 @@
 /* Paths                                                                    */
 /* ------------------------------------------------------------------------ */
 
-struct gpuipc__dom_paths {
-  char dir[PATH_MAX];
-  char sock[PATH_MAX]; /* DIR/NAME.sock */
-  char lock[PATH_MAX]; /* DIR/NAME.lock */
-};
-
-/* Check @name and fill @out from the runtime directory. */
+/*
+ * Check @name and fill @out from the runtime directory (src/os/paths.c),
+ * then make sure a child made by fork() closes this directory's domain
+ * descriptors (fork.c).
+ */
 int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out);
 
 /*
