@@ -149,18 +149,6 @@ static uint64_t random_token(void)
   return v;
 }
 
-int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
-                       int nfds, int timeout_ms)
-{
-  uint8_t buf[GPUIPC__MSG_BUF];
-  int len = gpuipc__msg_encode(m, buf, sizeof(buf));
-  if (len < 0)
-    return len;
-  if (fd < 0)
-    return gpuipc__err(GPUIPC_E_PEER_GONE, "no connection to the broker");
-  return gpuipc__sock_send(fd, buf, (size_t)len, fds, nfds, timeout_ms);
-}
-
 static void close_fds(int *fds, int n)
 {
   for (int i = 0; i < n; i++)

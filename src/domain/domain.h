@@ -345,7 +345,7 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
                         gpuipc_kind_t kind, unsigned flags, int timeout_ms,
                         struct gpuipc__reply *out);
 
-/* Send a message on @fd in full (blocking, bounded). */
+/* Send a message on @fd in full (blocking, bounded). proto.c */
 int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
                        int nfds, int timeout_ms);
 
