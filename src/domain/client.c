@@ -67,6 +67,8 @@ struct gpuipc_domain {
   struct gpuipc__broker *broker; /* the broker this member hosts */
   _Atomic uint64_t max_id;
   atomic_bool leaving;
+  /* Who keeps state per connection (segment.c), or NULL. */
+  _Atomic(const struct gpuipc__dom_listener *) listener;
 
   pthread_mutex_t send_mu; /* fd, fd_gen, and sending on it */
   int fd;
@@ -717,19 +719,24 @@ static void deliver(struct gpuipc_domain *d, int *fds, int nfds)
     d->reply.nfds++;
   }
   d->reply.gen = gen;
-  gpuipc__seg_orphan(d, &d->reply);
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
+  if (l != NULL && l->on_orphan != NULL)
+    l->on_orphan(d, &d->reply);
   close_fds(d->reply.fds, d->reply.nfds);
 }
 
 static void on_push(struct gpuipc_domain *d, int *fds, int nfds)
 {
   const struct gpuipc__msg *m = &d->rmsg;
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
   switch (m->type) {
   case GPUIPC_MSG_UNLINKED:
-    gpuipc__seg_unlinked(d, m->u.unlinked.id);
+    if (l != NULL && l->on_unlinked != NULL)
+      l->on_unlinked(d, m->u.unlinked.id);
     break;
   case GPUIPC_MSG_LET_GO:
-    gpuipc__seg_let_go(d, m->u.let_go.id);
+    if (l != NULL && l->on_let_go != NULL)
+      l->on_let_go(d, m->u.let_go.id);
     break;
   case GPUIPC_MSG_HANDOFF_OFFER:
     ho_offer(d, m);
@@ -807,7 +814,20 @@ static void reconnect(struct gpuipc_domain *d)
       backoff *= 2;
   }
   /* Re-publish what we hold and go up, with no release in between. */
-  gpuipc__seg_republish(d, fd);
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
+  if (l != NULL && l->on_reconnect != NULL)
+    l->on_reconnect(d, fd);
+  else
+    gpuipc__dom_set_up(d, fd);
+}
+
+int gpuipc__dom_listen(gpuipc_domain_t *d, const struct gpuipc__dom_listener *l)
+{
+  const struct gpuipc__dom_listener *none = NULL;
+  if (atomic_compare_exchange_strong(&d->listener, &none, l) || none == l)
+    return 0;
+  return gpuipc__err(-EBUSY, "domain %s: another listener is registered",
+                     d->name);
 }
 
 void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd)
@@ -983,8 +1003,9 @@ int gpuipc_domain_leave(gpuipc_domain_t *d)
 {
   if (d == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_domain_leave: dom is NULL");
-  gpuipc__seg_disown_domain(d);
-  gpuipc__seg_forget_domain(d);
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
+  if (l != NULL && l->on_leave != NULL)
+    l->on_leave(d);
   dom_list_remove(d);
   if (gpuipc__dom_stale(d)) {
     /*

@@ -286,36 +286,42 @@ uint64_t gpuipc__dom_gen(gpuipc_domain_t *d);
 /* Note a segment id seen from the broker (the next broker continues above). */
 void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id);
 
-/* ----- segment.c, called by client.c ----- */
+/*
+ * What a domain tells the module that keeps state per connection (segment.c,
+ * which registers with gpuipc__dom_listen before its first request through
+ * a domain). Called on the reader thread unless said otherwise; any member
+ * may be NULL.
+ */
+struct gpuipc__dom_listener {
+  /*
+   * After a reconnection: re-publish what this process holds through @d
+   * on the new connection @fd, then make @fd the domain's connection
+   * (gpuipc__dom_set_up). Without a listener the domain goes up at once.
+   */
+  void (*on_reconnect)(gpuipc_domain_t *d, int fd);
+  /* The broker says segment @id was unlinked. */
+  void (*on_unlinked)(gpuipc_domain_t *d, uint64_t id);
+  /*
+   * The broker says segment @id, whose memory this process created and
+   * kept, is unlinked and held by nobody: free it.
+   */
+  void (*on_let_go)(gpuipc_domain_t *d, uint64_t id);
+  /* A reply arrived for a request whose caller gave up: undo what it did. */
+  void (*on_orphan)(gpuipc_domain_t *d, struct gpuipc__reply *r);
+  /*
+   * @d is being left (the leaving thread, before the connection closes):
+   * settle what is kept for @d and forget what is held through it.
+   */
+  void (*on_leave)(gpuipc_domain_t *d);
+};
 
 /*
- * After a reconnection (reader thread): re-publish every segment this
- * process holds through @d on the new connection @fd, then make @fd the
- * domain's connection (gpuipc__dom_set_up). The sends happen outside the
- * segment table lock; releases and late grants meanwhile are queued and
- * sent on @fd, in order, before it goes up, so that none falls in between.
+ * Make @l (static, never freed) @d's listener. Idempotent; -EBUSY when
+ * another listener is registered.
  */
-void gpuipc__seg_republish(gpuipc_domain_t *d, int fd);
+int gpuipc__dom_listen(gpuipc_domain_t *d, const struct gpuipc__dom_listener *l);
 /* Make @fd the connection and wake the callers waiting for one. */
 void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd);
-/* The broker says segment @id was unlinked. */
-void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id);
-/* A reply arrived for a request whose caller gave up: undo what it did. */
-void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r);
-/*
- * The broker says segment @id, whose memory this process created and kept,
- * is unlinked and held by nobody: free it (reader thread).
- */
-void gpuipc__seg_let_go(gpuipc_domain_t *d, uint64_t id);
-/*
- * @d is being left: for each segment whose memory this process keeps for
- * @d, ask the broker (DISOWN, at most 2 s in all); free the memory when
- * nobody else holds it, else keep it until the process exits. Never waits
- * for holders.
- */
-void gpuipc__seg_disown_domain(gpuipc_domain_t *d);
-/* @d is being left: forget its holds. */
-void gpuipc__seg_forget_domain(gpuipc_domain_t *d);
 
 /*
  * gpuipc_segment_unlink, but only while @name still names the segment that

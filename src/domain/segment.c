@@ -247,7 +247,7 @@ static void send_all(struct outgoing *list, int fd)
 
 /*
  * Send what the caller decided under seg_mu (which it released), then let
- * a departing domain's gpuipc__seg_forget_domain go on.
+ * a departing domain's seg_forget_domain go on.
  */
 static void send_posted(struct outgoing *list)
 {
@@ -386,7 +386,7 @@ static struct seg_hold *find_keeper(gpuipc_domain_t *d, uint64_t id,
   return NULL;
 }
 
-void gpuipc__seg_let_go(gpuipc_domain_t *d, uint64_t id)
+static void seg_let_go(gpuipc_domain_t *d, uint64_t id)
 {
   pthread_mutex_lock(&seg_mu);
   struct seg_entry *e;
@@ -424,7 +424,13 @@ static int disown(gpuipc_domain_t *d, uint64_t id, int timeout_ms)
   return rc;
 }
 
-void gpuipc__seg_disown_domain(gpuipc_domain_t *d)
+/*
+ * @d is being left: for each segment whose memory this process keeps for
+ * @d, ask the broker (DISOWN, at most 2 s in all); free the memory when
+ * nobody else holds it, else keep it until the process exits. Never waits
+ * for holders.
+ */
+static void seg_disown_domain(gpuipc_domain_t *d)
 {
   /* The parent's domain (after fork): nothing of it is this process's to
    * tell, nor its memory to free. */
@@ -525,7 +531,14 @@ static struct outgoing *republish_out(gpuipc_domain_t *d, gpuipc_buf_t *buf,
   return o;
 }
 
-void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
+/*
+ * After a reconnection (reader thread): re-publish every segment this
+ * process holds through @d on the new connection @fd, then make @fd the
+ * domain's connection (gpuipc__dom_set_up). The sends happen outside the
+ * segment table lock; releases and late grants meanwhile are queued and
+ * sent on @fd, in order, before it goes up, so that none falls in between.
+ */
+static void seg_republish(gpuipc_domain_t *d, int fd)
 {
   struct republishing rp = {.dom = d};
   rp.tail = &rp.head;
@@ -571,7 +584,7 @@ void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
   GPUIPC_LOG_D("re-published %zu segments", n);
 }
 
-void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id)
+static void seg_unlinked(gpuipc_domain_t *d, uint64_t id)
 {
   pthread_mutex_lock(&seg_mu);
   for (size_t i = 0; i < SEG_BUCKETS; i++)
@@ -582,7 +595,7 @@ void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id)
   pthread_mutex_unlock(&seg_mu);
 }
 
-void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
+static void seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
 {
   if (r->gen != gpuipc__dom_gen(d))
     return; /* that broker is gone, and what it counted with it */
@@ -597,7 +610,8 @@ void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
     post_release(d, r->msg.u.ok.id, 1);
 }
 
-void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
+/* @d is being left: forget its holds. */
+static void seg_forget_domain(gpuipc_domain_t *d)
 {
   pthread_mutex_lock(&seg_mu);
   /* Messages to @d decided before: sent before @d goes. */
@@ -619,6 +633,21 @@ void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
   }
   pthread_mutex_unlock(&seg_mu);
 }
+
+static void seg_leave(gpuipc_domain_t *d)
+{
+  seg_disown_domain(d);
+  seg_forget_domain(d);
+}
+
+/* How a domain reaches this file (registered before any request). */
+static const struct gpuipc__dom_listener seg_listener = {
+    .on_reconnect = seg_republish,
+    .on_unlinked = seg_unlinked,
+    .on_let_go = seg_let_go,
+    .on_orphan = seg_orphan,
+    .on_leave = seg_leave,
+};
 
 /*
  * Count one grant of segment @w by @d on @buf. @gen: the connection the
@@ -707,6 +736,11 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
                         gpuipc_kind_t kind, unsigned flags, int timeout_ms,
                         struct gpuipc__reply *out)
 {
+  /* Before the first request: its reply may come to nobody (on_orphan). */
+  out->nfds = 0;
+  int rc = gpuipc__dom_listen(d, &seg_listener);
+  if (rc != 0)
+    return rc;
   struct gpuipc__msg *m = &out->msg; /* reused for the reply */
   memset(&m->u.open, 0, sizeof(m->u.open));
   m->type = GPUIPC_MSG_OPEN;
@@ -719,7 +753,7 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
   int wait_ms = timeout_ms < 0 ? -1 : timeout_ms + REPLY_MARGIN_MS;
   char what[GPUIPC__NAME_MAX + 48];
   snprintf(what, sizeof(what), "gpuipc_segment_open(%s)", name);
-  int rc = gpuipc__dom_call(d, m, NULL, 0, wait_ms, what, out);
+  rc = gpuipc__dom_call(d, m, NULL, 0, wait_ms, what, out);
   if (rc != 0)
     return rc;
   /* The two replies keep the id at different places: a HANDLE's union
