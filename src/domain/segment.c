@@ -31,7 +31,10 @@
 
 /* One domain's grant of a buffer. */
 struct seg_hold {
-  struct seg_hold *next;
+  struct seg_hold *next;           /* the entry's holds */
+  struct seg_hold *id_next;        /* by_id chain */
+  struct seg_hold *dom_prev, *dom_next; /* its seg_dom's holds */
+  struct seg_entry *entry;         /* the buffer it is a hold of */
   gpuipc_domain_t *dom;
   uint64_t id;
   uint32_t grants; /* opens the broker counted for this process */
@@ -59,8 +62,17 @@ struct seg_entry {
   bool forever;
 };
 
+/* The holds through one domain (what re-publishing and leaving walk). */
+struct seg_dom {
+  struct seg_dom *next;
+  gpuipc_domain_t *dom;
+  struct seg_hold *holds; /* dom_next chain */
+};
+
 static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct seg_entry *entries[SEG_BUCKETS];
+static struct seg_entry *entries[SEG_BUCKETS]; /* by buffer */
+static struct seg_hold *by_id[SEG_BUCKETS];    /* by (domain, id) */
+static struct seg_dom *seg_doms;               /* the domains holding any */
 /* Tests: publish every segment created here as held by its creator. */
 static atomic_bool test_creator_held;
 
@@ -78,12 +90,112 @@ static size_t hash_ptr(const void *p)
   return (size_t)(x & (SEG_BUCKETS - 1));
 }
 
+static size_t hash_id(const gpuipc_domain_t *d, uint64_t id)
+{
+  uint64_t x = (uint64_t)(uintptr_t)d ^ (id * 0x9e3779b97f4a7c15ull);
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return (size_t)(x & (SEG_BUCKETS - 1));
+}
+
+/* ----- the hold indexes (seg_mu held) ----- */
+
+static struct seg_dom *seg_dom_find(const gpuipc_domain_t *d)
+{
+  for (struct seg_dom *sd = seg_doms; sd != NULL; sd = sd->next)
+    if (sd->dom == d)
+      return sd;
+  return NULL;
+}
+
+/* Make @h, a new hold of @e, findable by (domain, id). -ENOMEM. */
+static int hold_index(struct seg_entry *e, struct seg_hold *h)
+{
+  struct seg_dom *sd = seg_dom_find(h->dom);
+  if (sd == NULL) {
+    sd = calloc(1, sizeof(*sd));
+    if (sd == NULL)
+      return -ENOMEM;
+    sd->dom = h->dom;
+    sd->next = seg_doms;
+    seg_doms = sd;
+  }
+  h->entry = e;
+  h->dom_prev = NULL;
+  h->dom_next = sd->holds;
+  if (sd->holds != NULL)
+    sd->holds->dom_prev = h;
+  sd->holds = h;
+  size_t i = hash_id(h->dom, h->id);
+  h->id_next = by_id[i];
+  by_id[i] = h;
+  return 0;
+}
+
+static void seg_dom_drop(struct seg_dom *sd)
+{
+  for (struct seg_dom **pp = &seg_doms; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == sd) {
+      *pp = sd->next;
+      free(sd);
+      return;
+    }
+}
+
+static void hold_unindex(struct seg_hold *h)
+{
+  for (struct seg_hold **pp = &by_id[hash_id(h->dom, h->id)]; *pp != NULL;
+       pp = &(*pp)->id_next)
+    if (*pp == h) {
+      *pp = h->id_next;
+      break;
+    }
+  struct seg_dom *sd = seg_dom_find(h->dom);
+  if (h->dom_next != NULL)
+    h->dom_next->dom_prev = h->dom_prev;
+  if (h->dom_prev != NULL)
+    h->dom_prev->dom_next = h->dom_next;
+  else if (sd != NULL)
+    sd->holds = h->dom_next;
+  if (sd != NULL && sd->holds == NULL)
+    seg_dom_drop(sd);
+}
+
+/* The holds of @d's segment @id: walk them with hold_next. */
+static struct seg_hold *hold_first(const gpuipc_domain_t *d, uint64_t id)
+{
+  struct seg_hold *h = by_id[hash_id(d, id)];
+  while (h != NULL && !(h->dom == d && h->id == id))
+    h = h->id_next;
+  return h;
+}
+
+static struct seg_hold *hold_next(struct seg_hold *h)
+{
+  const gpuipc_domain_t *d = h->dom;
+  uint64_t id = h->id;
+  for (h = h->id_next; h != NULL; h = h->id_next)
+    if (h->dom == d && h->id == id)
+      return h;
+  return NULL;
+}
+
+/* The holds through @d, linked by dom_next (NULL: none). */
+static struct seg_hold *holds_of(const gpuipc_domain_t *d)
+{
+  struct seg_dom *sd = seg_dom_find(d);
+  return sd != NULL ? sd->holds : NULL;
+}
+
 /*
- * Free @h. A creator's event goes with it, once complete: an opener that
+ * Free @h (indexed, or not yet: entry NULL). A creator's event goes with it, once complete: an opener that
  * gets the segment later finds the event gone and its writes done.
  */
 static void hold_free(struct seg_hold *h)
 {
+  if (h->entry != NULL)
+    hold_unindex(h);
   if (h->ev != NULL) {
     (void)gpuipc_event_sync(h->ev);
     (void)gpuipc_event_release(h->ev);
@@ -376,13 +488,11 @@ static gpuipc_buf_t *hold_unkeep(struct seg_entry *e, struct seg_hold *h)
 static struct seg_hold *find_keeper(gpuipc_domain_t *d, uint64_t id,
                                     struct seg_entry **entry)
 {
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && h->id == id && h->keeper) {
-          *entry = e;
-          return h;
-        }
+  for (struct seg_hold *h = hold_first(d, id); h != NULL; h = hold_next(h))
+    if (h->keeper) {
+      *entry = h->entry;
+      return h;
+    }
   return NULL;
 }
 
@@ -440,24 +550,22 @@ static void seg_disown_domain(gpuipc_domain_t *d)
   uint64_t *ids = NULL;
   size_t n = 0, cap = 0;
   pthread_mutex_lock(&seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next) {
-        if (h->dom != d || !h->keeper)
-          continue;
-        if (n == cap) {
-          size_t nc = cap ? cap * 2 : 16;
-          uint64_t *ni = realloc(ids, nc * sizeof(*ids));
-          if (ni == NULL) {
-            h->keeper = false; /* no memory to ask: keep it until exit */
-            e->forever = true;
-            continue;
-          }
-          ids = ni;
-          cap = nc;
-        }
-        ids[n++] = h->id;
+  for (struct seg_hold *h = holds_of(d); h != NULL; h = h->dom_next) {
+    if (!h->keeper)
+      continue;
+    if (n == cap) {
+      size_t nc = cap ? cap * 2 : 16;
+      uint64_t *ni = realloc(ids, nc * sizeof(*ids));
+      if (ni == NULL) {
+        h->keeper = false; /* no memory to ask: keep it until exit */
+        h->entry->forever = true;
+        continue;
       }
+      ids = ni;
+      cap = nc;
+    }
+    ids[n++] = h->id;
+  }
   pthread_mutex_unlock(&seg_mu);
 
   int ms = gpuipc__dom_timeout(d);
@@ -545,17 +653,15 @@ static void seg_republish(gpuipc_domain_t *d, int fd)
   struct outgoing *snap = NULL, **tail = &snap;
   size_t n = 0;
   pthread_mutex_lock(&seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && (h->grants != 0 || h->keeper)) {
-          struct outgoing *o = republish_out(d, e->buf, h, h->grants);
-          if (o != NULL) {
-            *tail = o;
-            tail = &o->next;
-            n++;
-          }
-        }
+  for (struct seg_hold *h = holds_of(d); h != NULL; h = h->dom_next)
+    if (h->grants != 0 || h->keeper) {
+      struct outgoing *o = republish_out(d, h->entry->buf, h, h->grants);
+      if (o != NULL) {
+        *tail = o;
+        tail = &o->next;
+        n++;
+      }
+    }
   rp.next = republishing;
   republishing = &rp;
   pthread_mutex_unlock(&seg_mu);
@@ -587,11 +693,8 @@ static void seg_republish(gpuipc_domain_t *d, int fd)
 static void seg_unlinked(gpuipc_domain_t *d, uint64_t id)
 {
   pthread_mutex_lock(&seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && h->id == id)
-          h->unlinked = true;
+  for (struct seg_hold *h = hold_first(d, id); h != NULL; h = hold_next(h))
+    h->unlinked = true;
   pthread_mutex_unlock(&seg_mu);
 }
 
@@ -617,19 +720,15 @@ static void seg_forget_domain(gpuipc_domain_t *d)
   /* Messages to @d decided before: sent before @d goes. */
   while (posting != 0)
     pthread_cond_wait(&posted, &seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++) {
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next) {
-      struct seg_hold **pp = &e->holds;
-      while (*pp != NULL) {
-        if ((*pp)->dom == d) {
-          struct seg_hold *h = *pp;
-          *pp = h->next;
-          hold_free(h);
-        } else {
-          pp = &(*pp)->next;
-        }
+  struct seg_hold *h;
+  while ((h = holds_of(d)) != NULL) {
+    for (struct seg_hold **pp = &h->entry->holds; *pp != NULL;
+         pp = &(*pp)->next)
+      if (*pp == h) {
+        *pp = h->next;
+        break;
       }
-    }
+    hold_free(h); /* the last one frees @d's seg_dom */
   }
   pthread_mutex_unlock(&seg_mu);
 }
@@ -695,6 +794,13 @@ static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
     h->filling = filling;
     h->has_event = w->has_event;
     memcpy(h->event, w->event, sizeof(h->event));
+    if (hold_index(e, h) != 0) {
+      free(h);
+      if (fresh)
+        free(e);
+      pthread_mutex_unlock(&seg_mu);
+      return gpuipc__err(-ENOMEM, "segment %s: out of memory", w->name);
+    }
     h->next = e->holds;
     e->holds = h;
   }
