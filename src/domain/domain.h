@@ -5,11 +5,19 @@
  *   registry.c  the broker's segment table (names, ids, holders, fds)
  *   broker.c    the broker: an event loop over its listener and members
  *   client.c    a member: one connection, a reader thread, election,
- *               reconnection and the hand-over it may receive
- *   segment.c   gpuipc_segment_*: open, publish, release hooks, unlink, list
+ *               reconnection and the hand-over it may receive; it tells
+ *               a registered listener (struct gpuipc__dom_listener) of
+ *               reconnections, pushes and orphaned replies
+ *   fork.c      gpuipc__dom_paths and the fork() handlers
+ *   segment.c   gpuipc_segment_*: open, publish, unlink, list; registers
+ *               the segment table as each domain's listener
+ *   seg_table.c the member's segment table (seg_table.h): holds by buffer
+ *               and by (domain, id), release hooks, re-publishing
+ *   seg_keep.c  memory its creator keeps: LET_GO and DISOWN
+ * src/os/paths.c finds a domain's socket and lock file.
  *
  * Locks, always taken in this order: the process-wide segment table lock
- * (segment.c), a domain's state lock, a domain's send lock. The broker owns
+ * (seg_table.c), a domain's state lock, a domain's send lock. The broker owns
  * its data alone (one thread) and takes none of them.
  *
  * Files, in the runtime directory: NAME.sock, where the broker listens, and
@@ -45,7 +53,7 @@
  *
  * Memory its creator holds (GPUIPC__SEGF_CREATOR_HELD: LEGACY, fabric, a
  * POOL allocation) has no descriptor that keeps it: the creator keeps it
- * after its own last release (segment.c), and the broker remembers that
+ * after its own last release (seg_keep.c), and the broker remembers that
  * connection as the segment's keeper. Unlinked and held by nobody, the
  * broker pushes LET_GO to the keeper, which frees it. A keeper leaving
  * asks first (DISOWN: OK, nobody else holds it; -EBUSY, keep it until the
@@ -90,7 +98,7 @@ void gpuipc__dom_fork_guard(const char *dir);
 uint64_t gpuipc__fork_gen(void);
 
 /* fork() handlers of the domain module's process-wide locks, in order. */
-void gpuipc__seg_fork_lock(void);   /* segment.c: seg_mu */
+void gpuipc__seg_fork_lock(void);   /* seg_table.c: gpuipc__seg_mu */
 void gpuipc__seg_fork_unlock(void);
 void gpuipc__seg_fork_child(void);  /* unlock, forget the parent's sends */
 void gpuipc__dom_fork_lock(void);   /* client.c: every domain's state lock */
