@@ -761,7 +761,12 @@ typedef struct gpuipc_domain gpuipc_domain_t;
 #define GPUIPC_JOIN_NO_BROKER 0x1u
 
 typedef struct gpuipc_domain_opts {
-  size_t size;    /* sizeof(gpuipc_domain_opts_t) (or an earlier size) */
+  /*
+   * sizeof(gpuipc_domain_opts_t), or the size of an earlier version of
+   * this struct: the library reads only the first @size bytes and takes
+   * the default of every field beyond them (below sizeof(size_t): -EINVAL).
+   */
+  size_t size;
   unsigned flags; /* GPUIPC_JOIN_* */
   /*
    * Milliseconds to wait for the broker when joining and for every request
@@ -810,7 +815,11 @@ GPUIPC_API int gpuipc_domain_join(const char *name,
 GPUIPC_API int gpuipc_domain_leave(gpuipc_domain_t *dom);
 
 typedef struct gpuipc_domain_info {
-  size_t size;                     /* set by the caller to sizeof(*info) */
+  /*
+   * Set by the caller to sizeof(*info), or the size of an earlier version:
+   * only the first @size bytes are written (below sizeof(size_t): -EINVAL).
+   */
+  size_t size;
   char name[GPUIPC_NAME_MAX + 1];
   int broker_pid;                  /* process hosting the broker */
   int hosts_broker;                /* 1 when this very member hosts it */
@@ -822,7 +831,7 @@ typedef struct gpuipc_domain_info {
 
 /*
  * gpuipc_domain_info - ask the broker about the domain.
- * Returns 0; -EINVAL (NULL argument, @out->size too small);
+ * Returns 0; -EINVAL (NULL argument, @out->size below sizeof(size_t));
  * -ETIMEDOUT or GPUIPC_E_PEER_GONE when the broker did not answer.
  * Thread-safe.
  */
@@ -985,7 +994,11 @@ GPUIPC_API const char *gpuipc_segment_state_name(gpuipc_segment_state_t st);
 #define GPUIPC_SEGMENT_HOLDERS 16
 
 typedef struct gpuipc_segment_info {
-  size_t size;                     /* set by the caller to sizeof(*info) */
+  /*
+   * Set by the caller to sizeof(*info), or the size of an earlier version:
+   * only the first @size bytes are written (below sizeof(size_t): -EINVAL).
+   */
+  size_t size;
   char name[GPUIPC_NAME_MAX + 1];
   uint64_t id;                     /* never reused in the domain */
   uint64_t bytes;                  /* the size its creator asked for */
@@ -1002,8 +1015,10 @@ typedef struct gpuipc_segment_info {
 
 /*
  * gpuipc_segment_list - describe the domain's segments (every state, in id
- * order) in @out[0..cap). Each out[i].size must be set by the caller
- * (0 .. cap may be 0 and @out NULL to count).
+ * order) in @out[0..cap). Each out[i].size must be set by the caller, all
+ * to the same value, which is also how far apart the elements lie (an
+ * earlier, smaller version of the struct works; -EINVAL when they differ).
+ * cap may be 0 and @out NULL to count.
  * Returns the number of segments in the registry (which may exceed @cap:
  * only the first @cap are filled); -EINVAL; -ETIMEDOUT /
  * GPUIPC_E_PEER_GONE. The listing is gathered in pages: segments that come

@@ -924,16 +924,16 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   unsigned flags = 0;
   int timeout = (int)gpuipc__cfg_long(GPUIPC_CFG_TIMEOUT_MS, 10000);
   if (opts != NULL) {
-    if (opts->size < offsetof(gpuipc_domain_opts_t, timeout_ms) +
-                         sizeof(opts->timeout_ms))
-      return gpuipc__err(-EINVAL, "gpuipc_domain_join: opts->size %zu is "
-                         "too small", opts->size);
-    if (opts->flags & ~GPUIPC_JOIN_NO_BROKER)
+    gpuipc_domain_opts_t o = {.size = sizeof(o)};
+    if ((rc = gpuipc__size_check(opts->size, "gpuipc_domain_join: opts")))
+      return rc;
+    gpuipc__opts_read(&o, sizeof(o), opts, opts->size);
+    if (o.flags & ~GPUIPC_JOIN_NO_BROKER)
       return gpuipc__err(-EINVAL, "gpuipc_domain_join: unknown flags 0x%x",
-                         opts->flags & ~GPUIPC_JOIN_NO_BROKER);
-    flags = opts->flags;
-    if (opts->timeout_ms != 0)
-      timeout = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
+                         o.flags & ~GPUIPC_JOIN_NO_BROKER);
+    flags = o.flags;
+    if (o.timeout_ms != 0)
+      timeout = o.timeout_ms < 0 ? -1 : o.timeout_ms;
   }
   struct gpuipc_domain *d = calloc(1, sizeof(*d));
   if (d == NULL)
@@ -1046,9 +1046,9 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
 {
   if (d == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_domain_info: NULL argument");
-  if (out->size < sizeof(*out))
-    return gpuipc__err(-EINVAL, "gpuipc_domain_info: out->size %zu, "
-                       "expected %zu", out->size, sizeof(*out));
+  int rc = gpuipc__size_check(out->size, "gpuipc_domain_info: out");
+  if (rc != 0)
+    return rc;
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
@@ -1058,7 +1058,6 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
     return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
   }
   uint64_t deadline = gpuipc__deadline(d->timeout_ms);
-  int rc;
   do { /* a broker that changed meanwhile: ask the next one */
     memset(&m->u.list, 0, sizeof(m->u.list));
     m->type = GPUIPC_MSG_LIST;
@@ -1070,18 +1069,17 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
     rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_domain_info: broker answered "
                      "with %s", gpuipc__msg_name(r->msg.type));
   if (rc == 0) {
-    size_t size = out->size;
-    memset(out, 0, sizeof(*out));
-    out->size = size;
-    snprintf(out->name, sizeof(out->name), "%s", d->name);
-    out->broker_pid = (int)r->msg.u.list_reply.broker_pid;
-    out->epoch = r->msg.u.list_reply.epoch;
-    out->members = (int)r->msg.u.list_reply.members;
-    out->segments = (int)r->msg.u.list_reply.segments;
-    out->broker_fds = (int)r->msg.u.list_reply.fds;
+    gpuipc_domain_info_t i = {.size = sizeof(i)};
+    snprintf(i.name, sizeof(i.name), "%s", d->name);
+    i.broker_pid = (int)r->msg.u.list_reply.broker_pid;
+    i.epoch = r->msg.u.list_reply.epoch;
+    i.members = (int)r->msg.u.list_reply.members;
+    i.segments = (int)r->msg.u.list_reply.segments;
+    i.broker_fds = (int)r->msg.u.list_reply.fds;
     pthread_mutex_lock(&d->mu);
-    out->hosts_broker = d->broker != NULL;
+    i.hosts_broker = d->broker != NULL;
     pthread_mutex_unlock(&d->mu);
+    gpuipc__out_write(out, out->size, &i, sizeof(i));
   }
   close_fds(r->fds, r->nfds);
   free(m);

@@ -309,11 +309,10 @@ static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
 {
   gpuipc_segment_opts_t u = GPUIPC_SEGMENT_OPTS_INIT;
   if (opts != NULL) {
-    if (opts->size < sizeof(opts->size))
-      return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): opts->size %zu "
-                         "is below %zu", name, opts->size,
-                         sizeof(opts->size));
-    memcpy(&u, opts, opts->size < sizeof(u) ? opts->size : sizeof(u));
+    int rc = gpuipc__size_check(opts->size, "gpuipc_segment_open: opts");
+    if (rc != 0)
+      return rc;
+    gpuipc__opts_read(&u, sizeof(u), opts, opts->size);
   }
   unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT | GPUIPC_SCRATCH;
   if (u.flags & ~known)
@@ -575,11 +574,11 @@ const char *gpuipc_segment_state_name(gpuipc_segment_state_t st)
   return "?";
 }
 
-static void fill_info(gpuipc_segment_info_t *o, const struct gpuipc__list_rec *lr)
+/* Fill the caller's @out (its prefix: out->size) from @lr. */
+static void fill_info(gpuipc_segment_info_t *out,
+                      const struct gpuipc__list_rec *lr)
 {
-  size_t size = o->size;
-  memset(o, 0, sizeof(*o));
-  o->size = size;
+  gpuipc_segment_info_t info = {.size = sizeof(info)}, *o = &info;
   snprintf(o->name, sizeof(o->name), "%s", lr->seg.name);
   o->id = lr->seg.id;
   o->bytes = lr->seg.size;
@@ -594,6 +593,14 @@ static void fill_info(gpuipc_segment_info_t *o, const struct gpuipc__list_rec *l
   }
   o->creator_held = (lr->seg.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
   o->keeper_pid = (int)lr->keeper_pid;
+  gpuipc__out_write(out, out->size, &info, sizeof(info));
+}
+
+/* Element @i of the caller's array of @stride-byte structs. */
+static gpuipc_segment_info_t *info_at(gpuipc_segment_info_t *out,
+                                      size_t stride, int i)
+{
+  return (gpuipc_segment_info_t *)((char *)out + (size_t)i * stride);
 }
 
 /* One LIST round trip. */
@@ -625,10 +632,16 @@ int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
 {
   if (dom == NULL || cap < 0 || (cap > 0 && out == NULL))
     return gpuipc__err(-EINVAL, "gpuipc_segment_list: bad argument");
-  for (int i = 0; i < cap; i++)
-    if (out[i].size < sizeof(out[i]))
+  /* The caller's struct may be an older, smaller one: out[0].size apart. */
+  size_t stride = cap > 0 ? out[0].size : sizeof(*out);
+  int rc = gpuipc__size_check(stride, "gpuipc_segment_list: out[0]");
+  if (rc != 0)
+    return rc;
+  for (int i = 1; i < cap; i++)
+    if (info_at(out, stride, i)->size != stride)
       return gpuipc__err(-EINVAL, "gpuipc_segment_list: out[%d].size %zu, "
-                         "expected %zu", i, out[i].size, sizeof(out[i]));
+                         "out[0].size %zu", i, info_at(out, stride, i)->size,
+                         stride);
   struct gpuipc__reply *r = malloc(sizeof(*r));
   /* Filled page by page; out[] is written only once every page came. */
   gpuipc_segment_info_t *tmp =
@@ -642,7 +655,6 @@ int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
     tmp[i].size = sizeof(tmp[i]);
   int filled = 0, total = -1;
   uint64_t after = 0;
-  int rc;
   for (;;) {
     uint32_t max = (uint32_t)(cap - filled);
     if (max > GPUIPC__LIST_RECS)
@@ -667,11 +679,9 @@ int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
   }
   free(r);
   if (rc == 0)
-    for (int i = 0; i < filled; i++) {
-      size_t size = out[i].size;
-      out[i] = tmp[i];
-      out[i].size = size;
-    }
+    for (int i = 0; i < filled; i++)
+      gpuipc__out_write(info_at(out, stride, i), stride, &tmp[i],
+                        sizeof(tmp[i]));
   free(tmp);
   if (rc != 0)
     return rc;
@@ -683,10 +693,10 @@ int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,
 {
   if (dom == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_segment_stat: NULL argument");
-  if (out->size < sizeof(*out))
-    return gpuipc__err(-EINVAL, "gpuipc_segment_stat: out->size %zu, "
-                       "expected %zu", out->size, sizeof(*out));
-  int rc = gpuipc__name_check(name, "gpuipc_segment_stat: segment name");
+  int rc = gpuipc__size_check(out->size, "gpuipc_segment_stat: out");
+  if (rc != 0)
+    return rc;
+  rc = gpuipc__name_check(name, "gpuipc_segment_stat: segment name");
   if (rc != 0)
     return rc;
   struct gpuipc__reply *r = malloc(sizeof(*r));
