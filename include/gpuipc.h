@@ -760,6 +760,14 @@ typedef struct gpuipc_domain gpuipc_domain_t;
 /* gpuipc_domain_opts_t.flags: never host the broker; fail if none runs. */
 #define GPUIPC_JOIN_NO_BROKER 0x1u
 
+/*
+ * Timeouts (gpuipc_domain_opts_t, gpuipc_segment_opts_t): milliseconds, or
+ * one of these. 0 does not wait at all (the domain's own timeout excepted:
+ * see there).
+ */
+#define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
+#define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
+
 typedef struct gpuipc_domain_opts {
   /*
    * sizeof(gpuipc_domain_opts_t), or the size of an earlier version of
@@ -769,9 +777,13 @@ typedef struct gpuipc_domain_opts {
   size_t size;
   unsigned flags; /* GPUIPC_JOIN_* */
   /*
-   * Milliseconds to wait for the broker when joining and for every request
-   * (gpuipc_segment_open's GPUIPC_WAIT included); 0: the GPUIPC_TIMEOUT_MS
-   * setting; < 0: wait forever.
+   * The domain's timeout: how long to wait for the broker when joining and
+   * for every request (gpuipc_segment_open's GPUIPC_WAIT included) that
+   * says GPUIPC_TIMEOUT_DEFAULT. Milliseconds, GPUIPC_TIMEOUT_FOREVER, or
+   * GPUIPC_TIMEOUT_DEFAULT: the GPUIPC_TIMEOUT_MS setting (default). 0 is
+   * read as GPUIPC_TIMEOUT_DEFAULT here (a domain that never waits could
+   * complete no request), so zeroed options keep the setting. Below
+   * GPUIPC_TIMEOUT_DEFAULT: -EINVAL.
    */
   int timeout_ms;
 } gpuipc_domain_opts_t;
@@ -848,10 +860,6 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
 #define GPUIPC_WAIT 0x4u    /* wait until someone publishes the name */
 #define GPUIPC_SCRATCH 0x8u /* with CREATE: published at once, contents
                                undefined (no gpuipc_segment_publish) */
-
-/* gpuipc_segment_opts_t.timeout_ms: 0 does not wait at all. */
-#define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
-#define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
 
 typedef struct gpuipc_segment_opts {
   /*

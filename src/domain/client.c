@@ -931,9 +931,15 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
     if (o.flags & ~GPUIPC_JOIN_NO_BROKER)
       return gpuipc__err(-EINVAL, "gpuipc_domain_join: unknown flags 0x%x",
                          o.flags & ~GPUIPC_JOIN_NO_BROKER);
+    if (o.timeout_ms < GPUIPC_TIMEOUT_DEFAULT)
+      return gpuipc__err(-EINVAL, "gpuipc_domain_join: timeout_ms %d (a "
+                         "count of ms, GPUIPC_TIMEOUT_FOREVER or "
+                         "GPUIPC_TIMEOUT_DEFAULT)", o.timeout_ms);
     flags = o.flags;
-    if (o.timeout_ms != 0)
-      timeout = o.timeout_ms < 0 ? -1 : o.timeout_ms;
+    /* 0 as GPUIPC_TIMEOUT_DEFAULT: a domain that never waits could
+     * answer no request, and zeroed options must keep working. */
+    if (o.timeout_ms != GPUIPC_TIMEOUT_DEFAULT && o.timeout_ms != 0)
+      timeout = o.timeout_ms;
   }
   struct gpuipc_domain *d = calloc(1, sizeof(*d));
   if (d == NULL)
