@@ -242,7 +242,7 @@ uint64_t gpuipc__broker_epoch(const struct gpuipc__broker *b);
 int gpuipc__broker_run(struct gpuipc__broker_init *init, int stop_fd);
 
 /* ------------------------------------------------------------------------ */
-/* Members (client.c), used by segment.c                                    */
+/* Members (client.c), used by segment.c, seg_table.c, seg_keep.c        */
 /* ------------------------------------------------------------------------ */
 
 /* A reply as a caller receives it. */
@@ -327,7 +327,8 @@ struct gpuipc__dom_listener {
  * Make @l (static, never freed) @d's listener. Idempotent; -EBUSY when
  * another listener is registered.
  */
-int gpuipc__dom_listen(gpuipc_domain_t *d, const struct gpuipc__dom_listener *l);
+int gpuipc__dom_listen(gpuipc_domain_t *d,
+                       const struct gpuipc__dom_listener *l);
 /* Make @fd the connection and wake the callers waiting for one. */
 void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd);
 
