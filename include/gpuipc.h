@@ -880,13 +880,30 @@ typedef struct gpuipc_domain gpuipc_domain_t;
 /* gpuipc_domain_opts_t.flags: never host the broker; fail if none runs. */
 #define GPUIPC_JOIN_NO_BROKER 0x1u
 
+/*
+ * Timeouts (gpuipc_domain_opts_t, gpuipc_segment_opts_t): milliseconds, or
+ * one of these. 0 does not wait at all (the domain's own timeout excepted:
+ * see there).
+ */
+#define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
+#define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
+
 typedef struct gpuipc_domain_opts {
-  size_t size;    /* sizeof(gpuipc_domain_opts_t) (or an earlier size) */
+  /*
+   * sizeof(gpuipc_domain_opts_t), or the size of an earlier version of
+   * this struct: the library reads only the first @size bytes and takes
+   * the default of every field beyond them (below sizeof(size_t): -EINVAL).
+   */
+  size_t size;
   unsigned flags; /* GPUIPC_JOIN_* */
   /*
-   * Milliseconds to wait for the broker when joining and for every request
-   * (gpuipc_segment_open's GPUIPC_WAIT included); 0: the GPUIPC_TIMEOUT_MS
-   * setting; < 0: wait forever.
+   * The domain's timeout: how long to wait for the broker when joining and
+   * for every request (gpuipc_segment_open's GPUIPC_WAIT included) that
+   * says GPUIPC_TIMEOUT_DEFAULT. Milliseconds, GPUIPC_TIMEOUT_FOREVER, or
+   * GPUIPC_TIMEOUT_DEFAULT: the GPUIPC_TIMEOUT_MS setting (default). 0 is
+   * read as GPUIPC_TIMEOUT_DEFAULT here (a domain that never waits could
+   * complete no request), so zeroed options keep the setting. Below
+   * GPUIPC_TIMEOUT_DEFAULT: -EINVAL.
    */
   int timeout_ms;
 } gpuipc_domain_opts_t;
@@ -930,7 +947,11 @@ GPUIPC_API int gpuipc_domain_join(const char *name,
 GPUIPC_API int gpuipc_domain_leave(gpuipc_domain_t *dom);
 
 typedef struct gpuipc_domain_info {
-  size_t size;                     /* set by the caller to sizeof(*info) */
+  /*
+   * Set by the caller to sizeof(*info), or the size of an earlier version:
+   * only the first @size bytes are written (below sizeof(size_t): -EINVAL).
+   */
+  size_t size;
   char name[GPUIPC_NAME_MAX + 1];
   int broker_pid;                  /* process hosting the broker */
   int hosts_broker;                /* 1 when this very member hosts it */
@@ -942,7 +963,7 @@ typedef struct gpuipc_domain_info {
 
 /*
  * gpuipc_domain_info - ask the broker about the domain.
- * Returns 0; -EINVAL (NULL argument, @out->size too small);
+ * Returns 0; -EINVAL (NULL argument, @out->size below sizeof(size_t));
  * -ETIMEDOUT or GPUIPC_E_PEER_GONE when the broker did not answer.
  * Thread-safe.
  */
@@ -959,10 +980,6 @@ GPUIPC_API int gpuipc_domain_info(gpuipc_domain_t *dom,
 #define GPUIPC_WAIT 0x4u    /* wait until someone publishes the name */
 #define GPUIPC_SCRATCH 0x8u /* with CREATE: published at once, contents
                                undefined (no gpuipc_segment_publish) */
-
-/* gpuipc_segment_opts_t.timeout_ms: 0 does not wait at all. */
-#define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
-#define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
 
 typedef struct gpuipc_segment_opts {
   /*
@@ -1094,7 +1111,11 @@ GPUIPC_API const char *gpuipc_segment_state_name(gpuipc_segment_state_t st);
 #define GPUIPC_SEGMENT_HOLDERS 16
 
 typedef struct gpuipc_segment_info {
-  size_t size;                     /* set by the caller to sizeof(*info) */
+  /*
+   * Set by the caller to sizeof(*info), or the size of an earlier version:
+   * only the first @size bytes are written (below sizeof(size_t): -EINVAL).
+   */
+  size_t size;
   char name[GPUIPC_NAME_MAX + 1];
   uint64_t id;                     /* never reused in the domain */
   uint64_t bytes;                  /* the size its creator asked for */
@@ -1111,8 +1132,10 @@ typedef struct gpuipc_segment_info {
 
 /*
  * gpuipc_segment_list - describe the domain's segments (every state, in id
- * order) in @out[0..cap). Each out[i].size must be set by the caller
- * (0 .. cap may be 0 and @out NULL to count).
+ * order) in @out[0..cap). Each out[i].size must be set by the caller, all
+ * to the same value, which is also how far apart the elements lie (an
+ * earlier, smaller version of the struct works; -EINVAL when they differ).
+ * cap may be 0 and @out NULL to count.
  * Returns the number of segments in the registry (which may exceed @cap:
  * only the first @cap are filled); -EINVAL; -ETIMEDOUT /
  * GPUIPC_E_PEER_GONE. The listing is gathered in pages: segments that come

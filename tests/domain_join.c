@@ -137,6 +137,29 @@ static void held_lock(void)
   ASSERT_OK(gpuipc_domain_leave(d));
 }
 
+/* The domain's timeout follows the segments' rule (0 as the default). */
+static void timeouts(void)
+{
+  gpuipc_domain_t *d = (gpuipc_domain_t *)0x1;
+  gpuipc_domain_opts_t o = {sizeof(o), 0, GPUIPC_TIMEOUT_DEFAULT - 1};
+  ASSERT_RC(gpuipc_domain_join("tmo", &o, &d), -EINVAL);
+  ASSERT_ERR_MENTIONS("timeout_ms");
+  ASSERT_PTR_EQ(d, (gpuipc_domain_t *)0x1);
+  gpuipc_domain_t *dflt;
+  ASSERT_OK(gpuipc_domain_join("tmo", NULL, &dflt));
+  ASSERT_GT(gpuipc__dom_timeout(dflt), 0);
+  const int in[] = {GPUIPC_TIMEOUT_DEFAULT, 0, GPUIPC_TIMEOUT_FOREVER, 250};
+  const int want[] = {gpuipc__dom_timeout(dflt), gpuipc__dom_timeout(dflt),
+                      -1, 250};
+  for (size_t i = 0; i < 4; i++) {
+    o.timeout_ms = in[i];
+    ASSERT_OK(gpuipc_domain_join("tmo", &o, &d));
+    ASSERT_EQ(gpuipc__dom_timeout(d), want[i]);
+    ASSERT_OK(gpuipc_domain_leave(d));
+  }
+  ASSERT_OK(gpuipc_domain_leave(dflt));
+}
+
 static void no_broker(void)
 {
   gpuipc_domain_t *d;
@@ -166,6 +189,7 @@ int main(void)
   first_hosts();
   stale_socket();
   held_lock();
+  timeouts();
   no_broker();
 
   ASSERT_EQ(test_count_fds(0), fds);

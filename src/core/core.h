@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <string.h>
 
 #define GPUIPC__HIDDEN __attribute__((visibility("hidden")))
 #define GPUIPC__PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -25,6 +26,43 @@ GPUIPC__HIDDEN int gpuipc__err(int code, const char *fmt, ...)
 /* gpuipc__err_errno - as gpuipc__err with -errno, appending strerror. */
 GPUIPC__HIDDEN int gpuipc__err_errno(int err, const char *fmt, ...)
     GPUIPC__PRINTF(2, 3);
+
+/* ----- extensible structs ----- */
+/*
+ * A public struct that may grow begins with `size_t size`. The library
+ * reads (and, for what it returns, writes) only the caller's first @size
+ * bytes and never refuses an older, smaller struct: the fields beyond keep
+ * their defaults (or are not written). A size below the size field itself,
+ * 0 included, is -EINVAL.
+ */
+static inline int gpuipc__size_check(size_t size, const char *what)
+{
+  if (size < sizeof(size_t))
+    return gpuipc__err(-EINVAL, "%s: size %zu is below %zu", what, size,
+                       sizeof(size_t));
+  return 0;
+}
+
+/* Copy the common prefix of the caller's @src over @dst (at defaults). */
+static inline void gpuipc__opts_read(void *dst, size_t dst_size,
+                                     const void *src, size_t src_size)
+{
+  memcpy(dst, src, src_size < dst_size ? src_size : dst_size);
+}
+
+/*
+ * Write @full (the library's struct, @full_size bytes) into the caller's
+ * @out, whose size field says it has @out_size bytes: the common prefix
+ * only, out's size field kept.
+ */
+static inline void gpuipc__out_write(void *out, size_t out_size,
+                                     const void *full, size_t full_size)
+{
+  size_t n = out_size < full_size ? out_size : full_size;
+  if (n > sizeof(size_t))
+    memcpy((char *)out + sizeof(size_t), (const char *)full + sizeof(size_t),
+           n - sizeof(size_t));
+}
 
 /* ----- logging ----- */
 GPUIPC__HIDDEN bool gpuipc__log_enabled(gpuipc_log_level_t level);

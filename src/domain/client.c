@@ -2,7 +2,10 @@
  * A domain member: one connection to the broker and one reader thread that
  * hands replies to the threads waiting for them (by request id), applies
  * what the broker pushes, receives a broker hand-over, and reconnects --
- * electing a new broker if need be -- when the connection drops.
+ * electing a new broker if need be -- when the connection drops. What a
+ * member holds (segments) listens through struct gpuipc__dom_listener;
+ * this file calls no segment code. Over 800 lines until the receiving end
+ * of a hand-over (ho_*) moves to a file of its own.
  */
 #include "domain/domain.h"
 #include "os/os.h"
@@ -67,6 +70,8 @@ struct gpuipc_domain {
   struct gpuipc__broker *broker; /* the broker this member hosts */
   _Atomic uint64_t max_id;
   atomic_bool leaving;
+  /* Who keeps state per connection (segment.c), or NULL. */
+  _Atomic(const struct gpuipc__dom_listener *) listener;
 
   pthread_mutex_t send_mu; /* fd, fd_gen, and sending on it */
   int fd;
@@ -126,24 +131,6 @@ static int stale_err(const gpuipc_domain_t *d, const char *what)
                      what, d->name);
 }
 
-int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
-{
-  int rc = gpuipc__name_check(name, "domain name");
-  if (rc != 0)
-    return rc;
-  rc = gpuipc__runtime_dir(out->dir, sizeof(out->dir));
-  if (rc != 0)
-    return rc;
-  int n1 = snprintf(out->sock, sizeof(out->sock), "%s/%s.sock", out->dir, name);
-  int n2 = snprintf(out->lock, sizeof(out->lock), "%s/%s.lock", out->dir, name);
-  if (n1 < 0 || n2 < 0 || (size_t)n1 >= sizeof(out->sock) ||
-      (size_t)n2 >= sizeof(out->lock))
-    return gpuipc__err(-ENAMETOOLONG, "domain %s: path %s/%s.lock is longer "
-                       "than %d bytes", name, out->dir, name, PATH_MAX - 1);
-  gpuipc__dom_fork_guard(out->dir);
-  return 0;
-}
-
 /* Remove the channel sockets that killed channel ends left behind. */
 static void prune_channels(const struct gpuipc_domain *d)
 {
@@ -160,18 +147,6 @@ static uint64_t random_token(void)
   while (v == 0)
     gpuipc__random(&v, sizeof(v));
   return v;
-}
-
-int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
-                       int nfds, int timeout_ms)
-{
-  uint8_t buf[GPUIPC__MSG_BUF];
-  int len = gpuipc__msg_encode(m, buf, sizeof(buf));
-  if (len < 0)
-    return len;
-  if (fd < 0)
-    return gpuipc__err(GPUIPC_E_PEER_GONE, "no connection to the broker");
-  return gpuipc__sock_send(fd, buf, (size_t)len, fds, nfds, timeout_ms);
 }
 
 static void close_fds(int *fds, int n)
@@ -665,19 +640,24 @@ static void deliver(struct gpuipc_domain *d, int *fds, int nfds)
     d->reply.nfds++;
   }
   d->reply.gen = gen;
-  gpuipc__seg_orphan(d, &d->reply);
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
+  if (l != NULL && l->on_orphan != NULL)
+    l->on_orphan(d, &d->reply);
   close_fds(d->reply.fds, d->reply.nfds);
 }
 
 static void on_push(struct gpuipc_domain *d, int *fds, int nfds)
 {
   const struct gpuipc__msg *m = &d->rmsg;
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
   switch (m->type) {
   case GPUIPC_MSG_UNLINKED:
-    gpuipc__seg_unlinked(d, m->u.unlinked.id);
+    if (l != NULL && l->on_unlinked != NULL)
+      l->on_unlinked(d, m->u.unlinked.id);
     break;
   case GPUIPC_MSG_LET_GO:
-    gpuipc__seg_let_go(d, m->u.let_go.id);
+    if (l != NULL && l->on_let_go != NULL)
+      l->on_let_go(d, m->u.let_go.id);
     break;
   case GPUIPC_MSG_HANDOFF_OFFER:
     ho_offer(d);
@@ -755,7 +735,21 @@ static void reconnect(struct gpuipc_domain *d)
       backoff *= 2;
   }
   /* Re-publish what we hold and go up, with no release in between. */
-  gpuipc__seg_republish(d, fd);
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
+  if (l != NULL && l->on_reconnect != NULL)
+    l->on_reconnect(d, fd);
+  else
+    gpuipc__dom_set_up(d, fd);
+}
+
+int gpuipc__dom_listen(gpuipc_domain_t *d,
+                       const struct gpuipc__dom_listener *l)
+{
+  const struct gpuipc__dom_listener *none = NULL;
+  if (atomic_compare_exchange_strong(&d->listener, &none, l) || none == l)
+    return 0;
+  return gpuipc__err(-EBUSY, "domain %s: another listener is registered",
+                     d->name);
 }
 
 void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd)
@@ -852,16 +846,22 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   unsigned flags = 0;
   int timeout = (int)gpuipc__cfg_long(GPUIPC_CFG_TIMEOUT_MS, 10000);
   if (opts != NULL) {
-    if (opts->size < offsetof(gpuipc_domain_opts_t, timeout_ms) +
-                         sizeof(opts->timeout_ms))
-      return gpuipc__err(-EINVAL, "gpuipc_domain_join: opts->size %zu is "
-                         "too small", opts->size);
-    if (opts->flags & ~GPUIPC_JOIN_NO_BROKER)
+    gpuipc_domain_opts_t o = {.size = sizeof(o)};
+    if ((rc = gpuipc__size_check(opts->size, "gpuipc_domain_join: opts")))
+      return rc;
+    gpuipc__opts_read(&o, sizeof(o), opts, opts->size);
+    if (o.flags & ~GPUIPC_JOIN_NO_BROKER)
       return gpuipc__err(-EINVAL, "gpuipc_domain_join: unknown flags 0x%x",
-                         opts->flags & ~GPUIPC_JOIN_NO_BROKER);
-    flags = opts->flags;
-    if (opts->timeout_ms != 0)
-      timeout = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
+                         o.flags & ~GPUIPC_JOIN_NO_BROKER);
+    if (o.timeout_ms < GPUIPC_TIMEOUT_DEFAULT)
+      return gpuipc__err(-EINVAL, "gpuipc_domain_join: timeout_ms %d (a "
+                         "count of ms, GPUIPC_TIMEOUT_FOREVER or "
+                         "GPUIPC_TIMEOUT_DEFAULT)", o.timeout_ms);
+    flags = o.flags;
+    /* 0 as GPUIPC_TIMEOUT_DEFAULT: a domain that never waits could
+     * answer no request, and zeroed options must keep working. */
+    if (o.timeout_ms != GPUIPC_TIMEOUT_DEFAULT && o.timeout_ms != 0)
+      timeout = o.timeout_ms;
   }
   struct gpuipc_domain *d = calloc(1, sizeof(*d));
   if (d == NULL)
@@ -931,8 +931,9 @@ int gpuipc_domain_leave(gpuipc_domain_t *d)
 {
   if (d == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_domain_leave: dom is NULL");
-  gpuipc__seg_disown_domain(d);
-  gpuipc__seg_forget_domain(d);
+  const struct gpuipc__dom_listener *l = atomic_load(&d->listener);
+  if (l != NULL && l->on_leave != NULL)
+    l->on_leave(d);
   dom_list_remove(d);
   if (gpuipc__dom_stale(d)) {
     /*
@@ -973,9 +974,9 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
 {
   if (d == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_domain_info: NULL argument");
-  if (out->size < sizeof(*out))
-    return gpuipc__err(-EINVAL, "gpuipc_domain_info: out->size %zu, "
-                       "expected %zu", out->size, sizeof(*out));
+  int rc = gpuipc__size_check(out->size, "gpuipc_domain_info: out");
+  if (rc != 0)
+    return rc;
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
@@ -985,7 +986,6 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
     return gpuipc__err(-ENOMEM, "gpuipc_domain_info: out of memory");
   }
   uint64_t deadline = gpuipc__deadline(d->timeout_ms);
-  int rc;
   do { /* a broker that changed meanwhile: ask the next one */
     memset(&m->u.list, 0, sizeof(m->u.list));
     m->type = GPUIPC_MSG_LIST;
@@ -997,18 +997,17 @@ int gpuipc_domain_info(gpuipc_domain_t *d, gpuipc_domain_info_t *out)
     rc = gpuipc__err(GPUIPC_E_PROTO, "gpuipc_domain_info: broker answered "
                      "with %s", gpuipc__msg_name(r->msg.type));
   if (rc == 0) {
-    size_t size = out->size;
-    memset(out, 0, sizeof(*out));
-    out->size = size;
-    snprintf(out->name, sizeof(out->name), "%s", d->name);
-    out->broker_pid = (int)r->msg.u.list_reply.broker_pid;
-    out->epoch = r->msg.u.list_reply.epoch;
-    out->members = (int)r->msg.u.list_reply.members;
-    out->segments = (int)r->msg.u.list_reply.segments;
-    out->broker_fds = (int)r->msg.u.list_reply.fds;
+    gpuipc_domain_info_t i = {.size = sizeof(i)};
+    snprintf(i.name, sizeof(i.name), "%s", d->name);
+    i.broker_pid = (int)r->msg.u.list_reply.broker_pid;
+    i.epoch = r->msg.u.list_reply.epoch;
+    i.members = (int)r->msg.u.list_reply.members;
+    i.segments = (int)r->msg.u.list_reply.segments;
+    i.broker_fds = (int)r->msg.u.list_reply.fds;
     pthread_mutex_lock(&d->mu);
-    out->hosts_broker = d->broker != NULL;
+    i.hosts_broker = d->broker != NULL;
     pthread_mutex_unlock(&d->mu);
+    gpuipc__out_write(out, out->size, &i, sizeof(i));
   }
   close_fds(r->fds, r->nfds);
   free(m);

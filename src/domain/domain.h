@@ -8,11 +8,19 @@
  *   handoff.c   the hand-over of a domain: the leaving broker's half and
  *               the half of the member that takes it on
  *   client.c    a member: one connection, a reader thread, election,
- *               reconnection; it feeds a hand-over it receives to handoff.c
- *   segment.c   gpuipc_segment_*: open, publish, release hooks, unlink, list
+ *               reconnection; it feeds a hand-over it receives to handoff.c,
+ *               and tells a registered listener (struct gpuipc__dom_listener)
+ *               of reconnections, pushes and orphaned replies
+ *   fork.c      gpuipc__dom_paths and the fork() handlers
+ *   segment.c   gpuipc_segment_*: open, publish, unlink, list; registers
+ *               the segment table as each domain's listener
+ *   seg_table.c the member's segment table (seg_table.h): holds by buffer
+ *               and by (domain, id), release hooks, re-publishing
+ *   seg_keep.c  memory its creator keeps: LET_GO and DISOWN
+ * src/os/paths.c finds a domain's socket and lock file.
  *
  * Locks, always taken in this order: the process-wide segment table lock
- * (segment.c), a domain's state lock, a domain's send lock. The broker owns
+ * (seg_table.c), a domain's state lock, a domain's send lock. The broker owns
  * its data alone (one thread) and takes none of them.
  *
  * Files, in the runtime directory: NAME.sock, where the broker listens, and
@@ -48,7 +56,7 @@
  *
  * Memory its creator holds (GPUIPC__SEGF_CREATOR_HELD: LEGACY, fabric, a
  * POOL allocation) has no descriptor that keeps it: the creator keeps it
- * after its own last release (segment.c), and the broker remembers that
+ * after its own last release (seg_keep.c), and the broker remembers that
  * connection as the segment's keeper. Unlinked and held by nobody, the
  * broker pushes LET_GO to the keeper, which frees it. A keeper leaving
  * asks first (DISOWN: OK, nobody else holds it; -EBUSY, keep it until the
@@ -61,6 +69,7 @@
 
 #include "core/core.h"
 #include "domain/proto.h"
+#include "os/os.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -71,13 +80,11 @@
 /* Paths                                                                    */
 /* ------------------------------------------------------------------------ */
 
-struct gpuipc__dom_paths {
-  char dir[PATH_MAX];
-  char sock[PATH_MAX]; /* DIR/NAME.sock */
-  char lock[PATH_MAX]; /* DIR/NAME.lock */
-};
-
-/* Check @name and fill @out from the runtime directory. */
+/*
+ * Check @name and fill @out from the runtime directory (src/os/paths.c),
+ * then make sure a child made by fork() closes this directory's domain
+ * descriptors (fork.c).
+ */
 int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out);
 
 /*
@@ -94,7 +101,7 @@ void gpuipc__dom_fork_guard(const char *dir);
 uint64_t gpuipc__fork_gen(void);
 
 /* fork() handlers of the domain module's process-wide locks, in order. */
-void gpuipc__seg_fork_lock(void);   /* segment.c: seg_mu */
+void gpuipc__seg_fork_lock(void);   /* seg_table.c: gpuipc__seg_mu */
 void gpuipc__seg_fork_unlock(void);
 void gpuipc__seg_fork_child(void);  /* unlock, forget the parent's sends */
 void gpuipc__dom_fork_lock(void);   /* client.c: every domain's state lock */
@@ -272,7 +279,7 @@ bool gpuipc__handoff_end(struct gpuipc__handoff_in *h, const char *name,
 void gpuipc__handoff_answer(struct gpuipc__msg *m);
 
 /* ------------------------------------------------------------------------ */
-/* Members (client.c), used by segment.c                                    */
+/* Members (client.c), used by segment.c, seg_table.c, seg_keep.c          */
 /* ------------------------------------------------------------------------ */
 
 /* A reply as a caller receives it. */
@@ -324,36 +331,43 @@ uint64_t gpuipc__dom_gen(gpuipc_domain_t *d);
 /* Note a segment id seen from the broker (the next broker continues above). */
 void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id);
 
-/* ----- segment.c, called by client.c ----- */
+/*
+ * What a domain tells the module that keeps state per connection (segment.c,
+ * which registers with gpuipc__dom_listen before its first request through
+ * a domain). Called on the reader thread unless said otherwise; any member
+ * may be NULL.
+ */
+struct gpuipc__dom_listener {
+  /*
+   * After a reconnection: re-publish what this process holds through @d
+   * on the new connection @fd, then make @fd the domain's connection
+   * (gpuipc__dom_set_up). Without a listener the domain goes up at once.
+   */
+  void (*on_reconnect)(gpuipc_domain_t *d, int fd);
+  /* The broker says segment @id was unlinked. */
+  void (*on_unlinked)(gpuipc_domain_t *d, uint64_t id);
+  /*
+   * The broker says segment @id, whose memory this process created and
+   * kept, is unlinked and held by nobody: free it.
+   */
+  void (*on_let_go)(gpuipc_domain_t *d, uint64_t id);
+  /* A reply arrived for a request whose caller gave up: undo what it did. */
+  void (*on_orphan)(gpuipc_domain_t *d, struct gpuipc__reply *r);
+  /*
+   * @d is being left (the leaving thread, before the connection closes):
+   * settle what is kept for @d and forget what is held through it.
+   */
+  void (*on_leave)(gpuipc_domain_t *d);
+};
 
 /*
- * After a reconnection (reader thread): re-publish every segment this
- * process holds through @d on the new connection @fd, then make @fd the
- * domain's connection (gpuipc__dom_set_up). The sends happen outside the
- * segment table lock; releases and late grants meanwhile are queued and
- * sent on @fd, in order, before it goes up, so that none falls in between.
+ * Make @l (static, never freed) @d's listener. Idempotent; -EBUSY when
+ * another listener is registered.
  */
-void gpuipc__seg_republish(gpuipc_domain_t *d, int fd);
+int gpuipc__dom_listen(gpuipc_domain_t *d,
+                       const struct gpuipc__dom_listener *l);
 /* Make @fd the connection and wake the callers waiting for one. */
 void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd);
-/* The broker says segment @id was unlinked. */
-void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id);
-/* A reply arrived for a request whose caller gave up: undo what it did. */
-void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r);
-/*
- * The broker says segment @id, whose memory this process created and kept,
- * is unlinked and held by nobody: free it (reader thread).
- */
-void gpuipc__seg_let_go(gpuipc_domain_t *d, uint64_t id);
-/*
- * @d is being left: for each segment whose memory this process keeps for
- * @d, ask the broker (DISOWN, at most 2 s in all); free the memory when
- * nobody else holds it, else keep it until the process exits. Never waits
- * for holders.
- */
-void gpuipc__seg_disown_domain(gpuipc_domain_t *d);
-/* @d is being left: forget its holds. */
-void gpuipc__seg_forget_domain(gpuipc_domain_t *d);
 
 /*
  * gpuipc_segment_unlink, but only while @name still names the segment that
@@ -383,7 +397,7 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
                         gpuipc_kind_t kind, unsigned flags, int timeout_ms,
                         struct gpuipc__reply *out);
 
-/* Send a message on @fd in full (blocking, bounded). */
+/* Send a message on @fd in full (blocking, bounded). proto.c */
 int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
                        int nfds, int timeout_ms);
 

@@ -10,6 +10,8 @@
  * (the child of a threaded process may call nothing else safely).
  *
  * A domain does not survive fork(): the child joins anew if it needs one.
+ * Whoever finds a domain's files (gpuipc__dom_paths, at the end) installs
+ * these handlers, so no domain descriptor exists before them.
  */
 #include "domain/domain.h"
 
@@ -193,4 +195,16 @@ void gpuipc__dom_fork_guard(const char *dir)
                                child_handler) == 0;
   }
   pthread_mutex_unlock(&mu);
+}
+
+int gpuipc__dom_paths(const char *name, struct gpuipc__dom_paths *out)
+{
+  int rc = gpuipc__name_check(name, "domain name");
+  if (rc != 0)
+    return rc;
+  rc = gpuipc__rundir_paths(name, out);
+  if (rc != 0)
+    return rc;
+  gpuipc__dom_fork_guard(out->dir);
+  return 0;
 }

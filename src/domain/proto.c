@@ -723,3 +723,25 @@ int gpuipc__msg_decode(const void *buf, size_t len, int nfds,
                        t->name, nfds, want);
   return 0;
 }
+
+/* ------------------------------------------------------------------------ */
+/* Sending (members and the broker alike)                                   */
+/* ------------------------------------------------------------------------ */
+/*
+ * Kept apart from the codec above, with its own includes: encoding is this
+ * file's, the socket is src/os's.
+ */
+#include "domain/domain.h"
+#include "os/os.h"
+
+int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,
+                       int nfds, int timeout_ms)
+{
+  uint8_t buf[GPUIPC__MSG_BUF];
+  int len = gpuipc__msg_encode(m, buf, sizeof(buf));
+  if (len < 0)
+    return len;
+  if (fd < 0)
+    return gpuipc__err(GPUIPC_E_PEER_GONE, "no connection to the broker");
+  return gpuipc__sock_send(fd, buf, (size_t)len, fds, nfds, timeout_ms);
+}

@@ -1,23 +1,11 @@
 /*
- * Named segments, member side.
- *
- * The process keeps one table of the segment buffers it holds: for each
- * buffer, the domains (and segment ids) that granted it and how many opens
- * each granted. The broker counts the same per connection. A buffer's
- * last-release hook tells every granting broker (RELEASE with that count),
- * so the broker's count drops to zero exactly when the process lets go.
- * After a broker failover the table is what the member re-publishes.
- *
- * Memory held by its creator (LEGACY and fabric memory, a POOL allocation:
- * no descriptor keeps it alive elsewhere) outlives the creator's own last
- * release: the hook keeps the buffer (gpuipc__buf_keep) while the hold of
- * the publishing domain is marked "keeper", until that domain's broker says
- * LET_GO (the segment was unlinked and nobody holds it). Leaving the domain
- * asks the broker (DISOWN): with nobody else holding it the memory goes at
- * once, otherwise it stays until the process exits, so that no holder ever
- * reads freed memory while the creator lives.
+ * Named segments, member side: gpuipc_segment_open (create or map), publish,
+ * unlink, list and stat. What this process holds is counted in the segment
+ * table (seg_table.c); memory its creator keeps is seg_keep.c's. This file
+ * registers both with each domain it sends a request through (the listener
+ * below), so that client.c calls neither.
  */
-#include "domain/domain.h"
+#include "domain/seg_table.h"
 #include "os/os.h"
 #include "wire/wire.h"
 #include "mem/mem.h"
@@ -27,40 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define SEG_BUCKETS 4096u
-
-/* One domain's grant of a buffer. */
-struct seg_hold {
-  struct seg_hold *next;
-  gpuipc_domain_t *dom;
-  uint64_t id;
-  uint32_t grants; /* opens the broker counted for this process */
-  bool unlinked;
-  bool keeper;     /* we created it and keep its memory for the domain */
-  bool creator;    /* we allocated it for the domain */
-  bool filling;    /* ... and have not published it yet */
-  char name[GPUIPC__NAME_MAX + 1];
-  uint64_t size;
-  uint8_t kind;
-  uint8_t flags;   /* GPUIPC__SEGF_* */
-  uint8_t uuid[16];
-  /* The event its creator's writes were recorded on, as published. */
-  bool has_event;
-  uint8_t event[GPUIPC_EVENT_HANDLE_PACKED_SIZE];
-  gpuipc_event_t *ev; /* creator: that event, alive while we hold it */
-};
-
-struct seg_entry {
-  struct seg_entry *next;
-  gpuipc_buf_t *buf;
-  struct seg_hold *holds;
-  /* Keep the memory until the process exits: its domain went, others
-   * still held it. */
-  bool forever;
-};
-
-static pthread_mutex_t seg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct seg_entry *entries[SEG_BUCKETS];
 /* Tests: publish every segment created here as held by its creator. */
 static atomic_bool test_creator_held;
 
@@ -69,632 +23,20 @@ void gpuipc__seg_test_creator_held(bool on)
   atomic_store(&test_creator_held, on);
 }
 
-static size_t hash_ptr(const void *p)
+static void seg_leave(gpuipc_domain_t *d)
 {
-  uint64_t x = (uint64_t)(uintptr_t)p;
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 32;
-  return (size_t)(x & (SEG_BUCKETS - 1));
+  gpuipc__seg_disown_domain(d);
+  gpuipc__seg_forget_domain(d);
 }
 
-/*
- * Free @h. A creator's event goes with it, once complete: an opener that
- * gets the segment later finds the event gone and its writes done.
- */
-static void hold_free(struct seg_hold *h)
-{
-  if (h->ev != NULL) {
-    (void)gpuipc_event_sync(h->ev);
-    (void)gpuipc_event_release(h->ev);
-  }
-  free(h);
-}
-
-/* ----- the buffer table (seg_mu held) ----- */
-
-static struct seg_entry *entry_find(const gpuipc_buf_t *buf)
-{
-  for (struct seg_entry *e = entries[hash_ptr(buf)]; e != NULL; e = e->next)
-    if (e->buf == buf)
-      return e;
-  return NULL;
-}
-
-static void entry_unlink(struct seg_entry *e)
-{
-  for (struct seg_entry **pp = &entries[hash_ptr(e->buf)]; *pp != NULL;
-       pp = &(*pp)->next) {
-    if (*pp == e) {
-      *pp = e->next;
-      return;
-    }
-  }
-}
-
-void gpuipc__seg_fork_lock(void)
-{
-  pthread_mutex_lock(&seg_mu);
-}
-
-
-static void post_release(gpuipc_domain_t *d, uint64_t id, uint32_t count)
-{
-  struct gpuipc__msg m;
-  m.type = GPUIPC_MSG_RELEASE;
-  m.u.release.id = id;
-  m.u.release.count = count;
-  (void)gpuipc__dom_post(d, &m, NULL, 0);
-}
-
-static void post_abandon(gpuipc_domain_t *d, uint64_t id)
-{
-  struct gpuipc__msg m;
-  m.type = GPUIPC_MSG_ABANDON;
-  m.u.abandon.id = id;
-  (void)gpuipc__dom_post(d, &m, NULL, 0);
-}
-
-/*
- * Messages decided under seg_mu and sent after it is released: a send may
- * block (a broker that does not read), and seg_mu is the whole process's.
- */
-struct outgoing {
-  struct outgoing *next;
-  gpuipc_domain_t *dom;
-  uint64_t gen;   /* the connection it is for (gpuipc__dom_post_on) */
-  uint16_t type;  /* RELEASE or REPUBLISH */
-  uint32_t count; /* RELEASE's count, REPUBLISH's holds */
-  uint32_t flags; /* REPUBLISH's flags */
-  struct gpuipc__seg_wire w; /* REPUBLISH's record; RELEASE: w.id only */
-  int fd;         /* REPUBLISH's descriptor, or -1 */
+/* How a domain reaches the segment table (registered before any request). */
+static const struct gpuipc__dom_listener seg_listener = {
+    .on_reconnect = gpuipc__seg_republish,
+    .on_unlinked = gpuipc__seg_unlinked,
+    .on_let_go = gpuipc__seg_let_go,
+    .on_orphan = gpuipc__seg_orphan,
+    .on_leave = seg_leave,
 };
-
-/*
- * A domain re-publishing on a new connection: what would be sent to it
- * meanwhile waits here, and goes out on that connection before it is up.
- */
-struct republishing {
-  struct republishing *next;
-  gpuipc_domain_t *dom;
-  struct outgoing *head, **tail;
-};
-
-static struct republishing *republishing; /* seg_mu */
-/* Threads sending messages decided under seg_mu (seg_mu). */
-static unsigned posting;
-static pthread_cond_t posted = PTHREAD_COND_INITIALIZER;
-
-void gpuipc__seg_fork_unlock(void)
-{
-  pthread_mutex_unlock(&seg_mu);
-}
-
-/*
- * In a child made by fork(): the threads sending or re-publishing are the
- * parent's, and so are the domains they send to.
- */
-void gpuipc__seg_fork_child(void)
-{
-  posting = 0;
-  republishing = NULL;
-  pthread_mutex_unlock(&seg_mu);
-}
-
-static struct republishing *republishing_of(gpuipc_domain_t *d)
-{
-  for (struct republishing *r = republishing; r != NULL; r = r->next)
-    if (r->dom == d)
-      return r;
-  return NULL;
-}
-
-static void out_free(struct outgoing *o)
-{
-  gpuipc__fd_close(&o->fd);
-  free(o);
-}
-
-static struct outgoing *out_new(gpuipc_domain_t *d, uint16_t type,
-                                uint32_t count)
-{
-  struct outgoing *o = calloc(1, sizeof(*o));
-  if (o == NULL)
-    return NULL;
-  o->dom = d;
-  o->type = type;
-  o->count = count;
-  o->fd = -1;
-  return o;
-}
-
-static void out_msg(const struct outgoing *o, struct gpuipc__msg *m)
-{
-  m->type = o->type;
-  m->req = 0;
-  if (o->type == GPUIPC_MSG_RELEASE) {
-    m->u.release.id = o->w.id;
-    m->u.release.count = o->count;
-  } else {
-    m->u.republish.holds = o->count;
-    m->u.republish.flags = o->flags;
-    m->u.republish.seg = o->w;
-  }
-}
-
-/* Send @o on @fd (>= 0: a connection not up yet) or on its connection. */
-static void out_send(struct outgoing *o, int fd)
-{
-  struct gpuipc__msg m;
-  out_msg(o, &m);
-  int n = o->fd >= 0 ? 1 : 0;
-  int rc = fd >= 0 ? gpuipc__proto_send(fd, &m, &o->fd, n, 2000)
-                   : gpuipc__dom_post_on(o->dom, o->gen, &m, &o->fd, n);
-  if (rc != 0 && o->type == GPUIPC_MSG_REPUBLISH)
-    GPUIPC_LOG_W("cannot re-publish segment %s: %s", o->w.name,
-                 gpuipc_last_error());
-}
-
-static void send_all(struct outgoing *list, int fd)
-{
-  while (list != NULL) {
-    struct outgoing *o = list;
-    list = o->next;
-    out_send(o, fd);
-    out_free(o);
-  }
-}
-
-/*
- * Send what the caller decided under seg_mu (which it released), then let
- * a departing domain's gpuipc__seg_forget_domain go on.
- */
-static void send_posted(struct outgoing *list)
-{
-  if (list == NULL)
-    return;
-  send_all(list, -1);
-  pthread_mutex_lock(&seg_mu);
-  if (--posting == 0)
-    pthread_cond_broadcast(&posted);
-  pthread_mutex_unlock(&seg_mu);
-}
-
-/*
- * Route @o (seg_mu held): into @d's queue while it re-publishes, onto
- * @list for the connection up now, or nowhere when none is (the broker of
- * the next one never learns of it: nothing to tell it).
- */
-static void route(struct outgoing *o, struct outgoing **list)
-{
-  struct republishing *r = republishing_of(o->dom);
-  if (r != NULL) {
-    *r->tail = o;
-    r->tail = &o->next;
-    return;
-  }
-  o->gen = gpuipc__dom_conn_gen(o->dom);
-  if (o->gen == 0) {
-    out_free(o);
-    return;
-  }
-  if (*list == NULL)
-    posting++;
-  o->next = *list;
-  *list = o;
-}
-
-static bool entry_keeps(const struct seg_entry *e)
-{
-  if (e->forever)
-    return true;
-  for (const struct seg_hold *h = e->holds; h != NULL; h = h->next)
-    if (h->keeper)
-      return true;
-  return false;
-}
-
-/*
- * The last reference to a segment buffer went: tell the brokers, and keep
- * the memory if this process created it for a domain that still has it.
- */
-static bool release_hook(struct gpuipc_buf *b, void *arg)
-{
-  struct seg_entry *e = arg;
-  struct outgoing *list = NULL;
-  pthread_mutex_lock(&seg_mu);
-  struct seg_hold **pp = &e->holds;
-  while (*pp != NULL) {
-    struct seg_hold *h = *pp;
-    /* A domain of the parent (after fork) is not this process's to tell. */
-    bool stale = gpuipc__dom_stale(h->dom);
-    if (h->grants != 0 && !stale) {
-      struct outgoing *o = out_new(h->dom, GPUIPC_MSG_RELEASE, h->grants);
-      if (o != NULL) {
-        o->w.id = h->id;
-        route(o, &list);
-      } else {
-        post_release(h->dom, h->id, h->grants); /* no memory: send now */
-      }
-    }
-    h->grants = 0;
-    if (h->keeper && !stale) {
-      pp = &h->next;
-    } else {
-      *pp = h->next;
-      hold_free(h);
-    }
-  }
-  bool keep = entry_keeps(e);
-  if (keep)
-    gpuipc__buf_keep(b); /* @b and @e may go once seg_mu is released */
-  else
-    entry_unlink(e);
-  pthread_mutex_unlock(&seg_mu);
-  if (!keep)
-    free(e);
-  send_posted(list);
-  return keep;
-}
-
-/* Forget @e (seg_mu held); its buffer was unkept or freed. */
-static void entry_free(struct seg_entry *e)
-{
-  entry_unlink(e);
-  while (e->holds != NULL) {
-    struct seg_hold *h = e->holds;
-    e->holds = h->next;
-    hold_free(h);
-  }
-  free(e);
-}
-
-/*
- * @h of @e no longer keeps the memory (seg_mu held). Returns the buffer
- * to destroy (the caller does, without seg_mu) when nothing keeps it and
- * nobody uses it any more, else NULL.
- */
-static gpuipc_buf_t *hold_unkeep(struct seg_entry *e, struct seg_hold *h)
-{
-  h->keeper = false;
-  if (h->grants == 0) {
-    for (struct seg_hold **pp = &e->holds; *pp != NULL; pp = &(*pp)->next)
-      if (*pp == h) {
-        *pp = h->next;
-        hold_free(h);
-        break;
-      }
-  }
-  if (entry_keeps(e) || !gpuipc__buf_unkeep(e->buf))
-    return NULL; /* still kept, or in use: its last release decides */
-  gpuipc_buf_t *b = e->buf;
-  entry_free(e);
-  return b;
-}
-
-/* The keeper hold of segment @id in @d, with its entry, or NULL. */
-static struct seg_hold *find_keeper(gpuipc_domain_t *d, uint64_t id,
-                                    struct seg_entry **entry)
-{
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && h->id == id && h->keeper) {
-          *entry = e;
-          return h;
-        }
-  return NULL;
-}
-
-void gpuipc__seg_let_go(gpuipc_domain_t *d, uint64_t id)
-{
-  pthread_mutex_lock(&seg_mu);
-  struct seg_entry *e;
-  struct seg_hold *h = find_keeper(d, id, &e);
-  gpuipc_buf_t *b = h != NULL ? hold_unkeep(e, h) : NULL;
-  pthread_mutex_unlock(&seg_mu);
-  if (b != NULL) {
-    GPUIPC_LOG_D("segment id %llu: unlinked and held by nobody: freeing the "
-                 "memory this process kept", (unsigned long long)id);
-    gpuipc__buf_destroy(b);
-  }
-}
-
-/* Leaving a domain: how long its DISOWNs may take in all. */
-#define DISOWN_MS 2000
-
-/*
- * Tell @d's broker that this process stops keeping segment @id's memory.
- * 0: nobody else holds it, free it; -EBUSY: others do; or the call's code.
- */
-static int disown(gpuipc_domain_t *d, uint64_t id, int timeout_ms)
-{
-  struct gpuipc__reply *r = malloc(sizeof(*r));
-  if (r == NULL)
-    return gpuipc__err(-ENOMEM, "disowning segment id %llu: out of memory",
-                       (unsigned long long)id);
-  struct gpuipc__msg *m = &r->msg;
-  memset(&m->u.disown, 0, sizeof(m->u.disown));
-  m->type = GPUIPC_MSG_DISOWN;
-  m->u.disown.id = id;
-  int rc = gpuipc__dom_call(d, m, NULL, 0, timeout_ms, "disown", r);
-  for (int i = 0; rc == 0 && i < r->nfds; i++)
-    gpuipc__fd_close(&r->fds[i]);
-  free(r);
-  return rc;
-}
-
-void gpuipc__seg_disown_domain(gpuipc_domain_t *d)
-{
-  /* The parent's domain (after fork): nothing of it is this process's to
-   * tell, nor its memory to free. */
-  if (gpuipc__dom_stale(d))
-    return;
-  /* The ids this process keeps memory for in @d. */
-  uint64_t *ids = NULL;
-  size_t n = 0, cap = 0;
-  pthread_mutex_lock(&seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next) {
-        if (h->dom != d || !h->keeper)
-          continue;
-        if (n == cap) {
-          size_t nc = cap ? cap * 2 : 16;
-          uint64_t *ni = realloc(ids, nc * sizeof(*ids));
-          if (ni == NULL) {
-            h->keeper = false; /* no memory to ask: keep it until exit */
-            e->forever = true;
-            continue;
-          }
-          ids = ni;
-          cap = nc;
-        }
-        ids[n++] = h->id;
-      }
-  pthread_mutex_unlock(&seg_mu);
-
-  int ms = gpuipc__dom_timeout(d);
-  uint64_t deadline = gpuipc__deadline(ms < 0 || ms > DISOWN_MS ? DISOWN_MS
-                                                                : ms);
-  for (size_t k = 0; k < n; k++) {
-    /* 0: nobody else holds it. Anything else (held elsewhere, no broker,
-     * no answer in time): keep the memory until this process exits. */
-    int rc = disown(d, ids[k], gpuipc__ms_left(deadline));
-    pthread_mutex_lock(&seg_mu);
-    struct seg_entry *e;
-    struct seg_hold *h = find_keeper(d, ids[k], &e);
-    gpuipc_buf_t *b = NULL;
-    if (h != NULL) {
-      if (rc != 0) {
-        e->forever = true;
-        GPUIPC_LOG_D("segment %s (id %llu): keeping its memory until this "
-                     "process exits: %s", h->name,
-                     (unsigned long long)ids[k], gpuipc_last_error());
-      }
-      b = hold_unkeep(e, h);
-    }
-    pthread_mutex_unlock(&seg_mu);
-    if (b != NULL)
-      gpuipc__buf_destroy(b);
-  }
-  free(ids);
-}
-
-/*
- * A REPUBLISH of @holds grants of @h for @buf (seg_mu held: @buf is
- * alive), exported now.
- */
-static struct outgoing *republish_out(gpuipc_domain_t *d, gpuipc_buf_t *buf,
-                                      const struct seg_hold *h,
-                                      uint32_t holds)
-{
-  struct outgoing *o = out_new(d, GPUIPC_MSG_REPUBLISH, holds);
-  if (o == NULL) {
-    GPUIPC_LOG_W("cannot re-publish segment %s: out of memory", h->name);
-    return NULL;
-  }
-  if (h->keeper)
-    o->flags = GPUIPC__REPUB_KEEPER;
-  gpuipc_handle_t hd;
-  int rc = gpuipc_buf_export(buf, &hd);
-  if (rc == 0) {
-    o->fd = hd.fd;
-    struct gpuipc__seg_wire *w = &o->w;
-    snprintf(w->name, sizeof(w->name), "%s", h->name);
-    w->id = h->id;
-    w->size = h->size;
-    w->kind = h->kind;
-    w->flags = h->flags;
-    w->state = h->filling    ? GPUIPC__SEG_FILLING
-               : h->unlinked ? GPUIPC__SEG_UNLINKED
-                             : GPUIPC__SEG_PUBLISHED;
-    w->has_event = h->has_event && !h->filling;
-    memcpy(w->event, h->event, sizeof(w->event));
-    memcpy(w->uuid, h->uuid, sizeof(w->uuid));
-    w->has_handle = true;
-    w->htype = (uint8_t)hd.type;
-    rc = gpuipc_handle_pack(&hd, w->handle, sizeof(w->handle));
-  }
-  if (rc < 0) {
-    GPUIPC_LOG_W("cannot re-publish segment %s: %s", h->name,
-                 gpuipc_last_error());
-    out_free(o);
-    return NULL;
-  }
-  return o;
-}
-
-void gpuipc__seg_republish(gpuipc_domain_t *d, int fd)
-{
-  struct republishing rp = {.dom = d};
-  rp.tail = &rp.head;
-  struct outgoing *snap = NULL, **tail = &snap;
-  size_t n = 0;
-  pthread_mutex_lock(&seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && (h->grants != 0 || h->keeper)) {
-          struct outgoing *o = republish_out(d, e->buf, h, h->grants);
-          if (o != NULL) {
-            *tail = o;
-            tail = &o->next;
-            n++;
-          }
-        }
-  rp.next = republishing;
-  republishing = &rp;
-  pthread_mutex_unlock(&seg_mu);
-
-  send_all(snap, fd);
-  /* Then what came meanwhile, until nothing did: then go up. */
-  for (;;) {
-    pthread_mutex_lock(&seg_mu);
-    struct outgoing *queued = rp.head;
-    rp.head = NULL;
-    rp.tail = &rp.head;
-    if (queued == NULL) {
-      for (struct republishing **pp = &republishing; *pp != NULL;
-           pp = &(*pp)->next)
-        if (*pp == &rp) {
-          *pp = rp.next;
-          break;
-        }
-      gpuipc__dom_set_up(d, fd);
-      pthread_mutex_unlock(&seg_mu);
-      break;
-    }
-    pthread_mutex_unlock(&seg_mu);
-    send_all(queued, fd);
-  }
-  GPUIPC_LOG_D("re-published %zu segments", n);
-}
-
-void gpuipc__seg_unlinked(gpuipc_domain_t *d, uint64_t id)
-{
-  pthread_mutex_lock(&seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++)
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next)
-      for (struct seg_hold *h = e->holds; h != NULL; h = h->next)
-        if (h->dom == d && h->id == id)
-          h->unlinked = true;
-  pthread_mutex_unlock(&seg_mu);
-}
-
-void gpuipc__seg_orphan(gpuipc_domain_t *d, struct gpuipc__reply *r)
-{
-  if (r->gen != gpuipc__dom_gen(d))
-    return; /* that broker is gone, and what it counted with it */
-  if (r->msg.type == GPUIPC_MSG_HANDLE)
-    post_release(d, r->msg.u.handle.seg.id, 1);
-  else if (r->msg.type == GPUIPC_MSG_CREATE_IT)
-    post_abandon(d, r->msg.u.create_it.id);
-  else if (r->msg.type == GPUIPC_MSG_OK &&
-           r->req_type == GPUIPC_MSG_PUBLISH)
-    /* A publication that timed out went through: the broker counts its
-     * creator as a holder, but the creator let its buffer go. */
-    post_release(d, r->msg.u.ok.id, 1);
-}
-
-void gpuipc__seg_forget_domain(gpuipc_domain_t *d)
-{
-  pthread_mutex_lock(&seg_mu);
-  /* Messages to @d decided before: sent before @d goes. */
-  while (posting != 0)
-    pthread_cond_wait(&posted, &seg_mu);
-  for (size_t i = 0; i < SEG_BUCKETS; i++) {
-    for (struct seg_entry *e = entries[i]; e != NULL; e = e->next) {
-      struct seg_hold **pp = &e->holds;
-      while (*pp != NULL) {
-        if ((*pp)->dom == d) {
-          struct seg_hold *h = *pp;
-          *pp = h->next;
-          hold_free(h);
-        } else {
-          pp = &(*pp)->next;
-        }
-      }
-    }
-  }
-  pthread_mutex_unlock(&seg_mu);
-}
-
-/*
- * Count one grant of segment @w by @d on @buf. @gen: the connection the
- * grant came on; if it dropped meanwhile and the member already
- * re-published, tell the new broker about this hold too. @creator: we
- * allocated it; published (scratch) with its memory held by its creator,
- * we keep that memory for the domain.
- */
-static int record(gpuipc_domain_t *d, gpuipc_buf_t *buf,
-                  const struct gpuipc__seg_wire *w, uint64_t gen, bool creator)
-{
-  bool filling = w->state == GPUIPC__SEG_FILLING;
-  bool keeper = creator && !filling &&
-                (w->flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
-  pthread_mutex_lock(&seg_mu);
-  struct seg_entry *e = entry_find(buf);
-  bool fresh = e == NULL;
-  if (fresh) {
-    e = calloc(1, sizeof(*e));
-    if (e == NULL) {
-      pthread_mutex_unlock(&seg_mu);
-      return gpuipc__err(-ENOMEM, "segment %s: out of memory", w->name);
-    }
-    e->buf = buf;
-  }
-  struct seg_hold *h = e->holds;
-  while (h != NULL && !(h->dom == d && h->id == w->id))
-    h = h->next;
-  if (h == NULL) {
-    h = calloc(1, sizeof(*h));
-    if (h == NULL) {
-      if (fresh)
-        free(e);
-      pthread_mutex_unlock(&seg_mu);
-      return gpuipc__err(-ENOMEM, "segment %s: out of memory", w->name);
-    }
-    h->dom = d;
-    h->id = w->id;
-    snprintf(h->name, sizeof(h->name), "%s", w->name);
-    h->size = w->size;
-    h->kind = w->kind;
-    h->flags = w->flags;
-    memcpy(h->uuid, w->uuid, sizeof(h->uuid));
-    h->creator = creator;
-    h->filling = filling;
-    h->has_event = w->has_event;
-    memcpy(h->event, w->event, sizeof(h->event));
-    h->next = e->holds;
-    e->holds = h;
-  }
-  h->grants++;
-  if (keeper)
-    h->keeper = true;
-  if (fresh) {
-    size_t i = hash_ptr(buf);
-    e->next = entries[i];
-    entries[i] = e;
-  }
-  gpuipc__dom_saw_id(d, w->id);
-  struct outgoing *list = NULL;
-  if (gpuipc__dom_gen(d) != gen &&
-      (republishing_of(d) != NULL || gpuipc__dom_conn_gen(d) != 0)) {
-    /* Re-published already without this grant (or being re-published)?
-     * Then add it; if the member has not begun re-publishing, its
-     * re-publication will include it. */
-    struct outgoing *o = republish_out(d, buf, h, 1);
-    if (o != NULL)
-      route(o, &list);
-  }
-  pthread_mutex_unlock(&seg_mu);
-  send_posted(list);
-  /* Still holding our reference: the hook cannot fire before it is set. */
-  if (fresh)
-    gpuipc__buf_set_release_hook(buf, release_hook, e);
-  return 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Opening                                                                  */
@@ -707,6 +49,11 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
                         gpuipc_kind_t kind, unsigned flags, int timeout_ms,
                         struct gpuipc__reply *out)
 {
+  /* Before the first request: its reply may come to nobody (on_orphan). */
+  out->nfds = 0;
+  int rc = gpuipc__dom_listen(d, &seg_listener);
+  if (rc != 0)
+    return rc;
   struct gpuipc__msg *m = &out->msg; /* reused for the reply */
   memset(&m->u.open, 0, sizeof(m->u.open));
   m->type = GPUIPC_MSG_OPEN;
@@ -719,7 +66,7 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
   int wait_ms = timeout_ms < 0 ? -1 : timeout_ms + REPLY_MARGIN_MS;
   char what[GPUIPC__NAME_MAX + 48];
   snprintf(what, sizeof(what), "gpuipc_segment_open(%s)", name);
-  int rc = gpuipc__dom_call(d, m, NULL, 0, wait_ms, what, out);
+  rc = gpuipc__dom_call(d, m, NULL, 0, wait_ms, what, out);
   if (rc != 0)
     return rc;
   /* The two replies keep the id at different places: a HANDLE's union
@@ -854,7 +201,7 @@ static int create_it(gpuipc_domain_t *d, const char *name,
                            ? GPUIPC_KIND_HOST : o->kind;
     rc = gpuipc_buf_alloc(o->size, ak, o->device, 0, own);
     if (rc != 0) {
-      post_abandon(d, id);
+      gpuipc__seg_post_abandon(d, id);
       return rc;
     }
   }
@@ -871,7 +218,7 @@ static int create_it(gpuipc_domain_t *d, const char *name,
   if (rc == GPUIPC_E_PEER_GONE)
     return rc; /* the caller asks the next broker */
   if (rc != 0) {
-    post_abandon(d, id);
+    gpuipc__seg_post_abandon(d, id);
     if (rc == -ETIMEDOUT && scratch &&
         (pub.flags & GPUIPC__SEGF_CREATOR_HELD)) {
       /* The publication may have gone through unanswered, and others
@@ -883,10 +230,10 @@ static int create_it(gpuipc_domain_t *d, const char *name,
     return rc;
   }
   bool keeper = scratch && (pub.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
-  rc = record(d, *own, &pub, r->gen, true);
+  rc = gpuipc__seg_record(d, *own, &pub, r->gen, true);
   if (rc != 0) {
-    post_release(d, pub.id, 1);
-    if (keeper && disown(d, pub.id, 2000) != 0) {
+    gpuipc__seg_post_release(d, pub.id, 1);
+    if (keeper && gpuipc__seg_disown(d, pub.id, 2000) != 0) {
       /* Others may map it already: never free it under them. */
       GPUIPC_LOG_W("segment %s: keeping memory nobody tracks until "
                    "this process exits", name);
@@ -908,14 +255,14 @@ static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
   gpuipc_buf_t *buf;
   int rc = import_reply(r, o->device, &buf);
   if (rc != 0) {
-    post_release(d, w.id, 1);
+    gpuipc__seg_post_release(d, w.id, 1);
     return rc;
   }
   rc = wait_writes(&w, buf, o->stream);
   if (rc == 0)
-    rc = record(d, buf, &w, gen, false);
+    rc = gpuipc__seg_record(d, buf, &w, gen, false);
   if (rc != 0) {
-    post_release(d, w.id, 1);
+    gpuipc__seg_post_release(d, w.id, 1);
     gpuipc_buf_release(buf);
     return rc;
   }
@@ -962,11 +309,10 @@ static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
 {
   gpuipc_segment_opts_t u = GPUIPC_SEGMENT_OPTS_INIT;
   if (opts != NULL) {
-    if (opts->size < sizeof(opts->size))
-      return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): opts->size %zu "
-                         "is below %zu", name, opts->size,
-                         sizeof(opts->size));
-    memcpy(&u, opts, opts->size < sizeof(u) ? opts->size : sizeof(u));
+    int rc = gpuipc__size_check(opts->size, "gpuipc_segment_open: opts");
+    if (rc != 0)
+      return rc;
+    gpuipc__opts_read(&u, sizeof(u), opts, opts->size);
   }
   unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT | GPUIPC_SCRATCH;
   if (u.flags & ~known)
@@ -1026,7 +372,7 @@ int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
  */
 static struct seg_hold *filling_hold(gpuipc_buf_t *buf, int *rc)
 {
-  struct seg_entry *e = entry_find(buf);
+  struct seg_entry *e = gpuipc__seg_entry_find(buf);
   bool created = false;
   for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL;
        h = h->next) {
@@ -1114,13 +460,13 @@ int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream)
   if (seg == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_segment_publish: seg is NULL");
   int rc = 0;
-  pthread_mutex_lock(&seg_mu);
+  pthread_mutex_lock(&gpuipc__seg_mu);
   struct seg_hold *h = filling_hold(seg, &rc);
   gpuipc_domain_t *d = h != NULL ? h->dom : NULL;
   uint64_t id = h != NULL ? h->id : 0;
   char name[GPUIPC__NAME_MAX + 1];
   snprintf(name, sizeof(name), "%s", h != NULL ? h->name : "");
-  pthread_mutex_unlock(&seg_mu);
+  pthread_mutex_unlock(&gpuipc__seg_mu);
   if (d == NULL)
     return rc;
   gpuipc_event_t *ev;
@@ -1128,8 +474,8 @@ int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream)
   rc = order_writes(seg, stream, &ev, &eh);
   if (rc == 0)
     rc = ready(d, id, name, ev, &eh);
-  pthread_mutex_lock(&seg_mu);
-  struct seg_entry *e = entry_find(seg);
+  pthread_mutex_lock(&gpuipc__seg_mu);
+  struct seg_entry *e = gpuipc__seg_entry_find(seg);
   for (h = e != NULL ? e->holds : NULL; h != NULL; h = h->next)
     if (h->dom == d && h->id == id && h->filling)
       break;
@@ -1142,7 +488,7 @@ int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream)
     h->ev = ev;
     ev = NULL;
   }
-  pthread_mutex_unlock(&seg_mu);
+  pthread_mutex_unlock(&gpuipc__seg_mu);
   if (ev != NULL)
     (void)gpuipc_event_release(ev);
   return rc;
@@ -1198,13 +544,13 @@ int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
                                 const gpuipc_buf_t *buf)
 {
   uint64_t id = 0;
-  pthread_mutex_lock(&seg_mu);
-  struct seg_entry *e = entry_find(buf);
+  pthread_mutex_lock(&gpuipc__seg_mu);
+  struct seg_entry *e = gpuipc__seg_entry_find(buf);
   for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL;
        h = h->next)
     if (h->dom == dom && strcmp(h->name, name) == 0)
       id = h->id;
-  pthread_mutex_unlock(&seg_mu);
+  pthread_mutex_unlock(&gpuipc__seg_mu);
   if (id == 0)
     return gpuipc__err(-ENOENT, "gpuipc_segment_unlink(%s): this process "
                        "holds no segment of that name at %p", name,
@@ -1228,11 +574,11 @@ const char *gpuipc_segment_state_name(gpuipc_segment_state_t st)
   return "?";
 }
 
-static void fill_info(gpuipc_segment_info_t *o, const struct gpuipc__list_rec *lr)
+/* Fill the caller's @out (its prefix: out->size) from @lr. */
+static void fill_info(gpuipc_segment_info_t *out,
+                      const struct gpuipc__list_rec *lr)
 {
-  size_t size = o->size;
-  memset(o, 0, sizeof(*o));
-  o->size = size;
+  gpuipc_segment_info_t info = {.size = sizeof(info)}, *o = &info;
   snprintf(o->name, sizeof(o->name), "%s", lr->seg.name);
   o->id = lr->seg.id;
   o->bytes = lr->seg.size;
@@ -1247,6 +593,14 @@ static void fill_info(gpuipc_segment_info_t *o, const struct gpuipc__list_rec *l
   }
   o->creator_held = (lr->seg.flags & GPUIPC__SEGF_CREATOR_HELD) != 0;
   o->keeper_pid = (int)lr->keeper_pid;
+  gpuipc__out_write(out, out->size, &info, sizeof(info));
+}
+
+/* Element @i of the caller's array of @stride-byte structs. */
+static gpuipc_segment_info_t *info_at(gpuipc_segment_info_t *out,
+                                      size_t stride, int i)
+{
+  return (gpuipc_segment_info_t *)((char *)out + (size_t)i * stride);
 }
 
 /* One LIST round trip. */
@@ -1278,10 +632,16 @@ int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
 {
   if (dom == NULL || cap < 0 || (cap > 0 && out == NULL))
     return gpuipc__err(-EINVAL, "gpuipc_segment_list: bad argument");
-  for (int i = 0; i < cap; i++)
-    if (out[i].size < sizeof(out[i]))
+  /* The caller's struct may be an older, smaller one: out[0].size apart. */
+  size_t stride = cap > 0 ? out[0].size : sizeof(*out);
+  int rc = gpuipc__size_check(stride, "gpuipc_segment_list: out[0]");
+  if (rc != 0)
+    return rc;
+  for (int i = 1; i < cap; i++)
+    if (info_at(out, stride, i)->size != stride)
       return gpuipc__err(-EINVAL, "gpuipc_segment_list: out[%d].size %zu, "
-                         "expected %zu", i, out[i].size, sizeof(out[i]));
+                         "out[0].size %zu", i, info_at(out, stride, i)->size,
+                         stride);
   struct gpuipc__reply *r = malloc(sizeof(*r));
   /* Filled page by page; out[] is written only once every page came. */
   gpuipc_segment_info_t *tmp =
@@ -1295,7 +655,6 @@ int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
     tmp[i].size = sizeof(tmp[i]);
   int filled = 0, total = -1;
   uint64_t after = 0;
-  int rc;
   for (;;) {
     uint32_t max = (uint32_t)(cap - filled);
     if (max > GPUIPC__LIST_RECS)
@@ -1320,11 +679,9 @@ int gpuipc_segment_list(gpuipc_domain_t *dom, gpuipc_segment_info_t *out,
   }
   free(r);
   if (rc == 0)
-    for (int i = 0; i < filled; i++) {
-      size_t size = out[i].size;
-      out[i] = tmp[i];
-      out[i].size = size;
-    }
+    for (int i = 0; i < filled; i++)
+      gpuipc__out_write(info_at(out, stride, i), stride, &tmp[i],
+                        sizeof(tmp[i]));
   free(tmp);
   if (rc != 0)
     return rc;
@@ -1336,10 +693,10 @@ int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,
 {
   if (dom == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_segment_stat: NULL argument");
-  if (out->size < sizeof(*out))
-    return gpuipc__err(-EINVAL, "gpuipc_segment_stat: out->size %zu, "
-                       "expected %zu", out->size, sizeof(*out));
-  int rc = gpuipc__name_check(name, "gpuipc_segment_stat: segment name");
+  int rc = gpuipc__size_check(out->size, "gpuipc_segment_stat: out");
+  if (rc != 0)
+    return rc;
+  rc = gpuipc__name_check(name, "gpuipc_segment_stat: segment name");
   if (rc != 0)
     return rc;
   struct gpuipc__reply *r = malloc(sizeof(*r));

@@ -10,6 +10,7 @@
 
 #include "core/core.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -131,6 +132,18 @@ int gpuipc__runtime_dir(char *out, size_t cap);
  * directory does not exist (for read-only tools).
  */
 int gpuipc__runtime_dir_find(char *out, size_t cap);
+
+/* ----- a domain's files in the runtime directory (paths.c) ----- */
+struct gpuipc__dom_paths {
+  char dir[PATH_MAX];
+  char sock[PATH_MAX]; /* DIR/NAME.sock */
+  char lock[PATH_MAX]; /* DIR/NAME.lock */
+};
+/*
+ * Fill @out for domain @name (checked by the caller) from the runtime
+ * directory. -ENAMETOOLONG, or what gpuipc__runtime_dir returns.
+ */
+int gpuipc__rundir_paths(const char *name, struct gpuipc__dom_paths *out);
 
 /* ----- stale files of the runtime directory (prune.c) ----- */
 /*
