@@ -1332,8 +1332,11 @@ EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
   }
   pthread_mutex_unlock(&alloc_lock);
   if (buf != NULL) {
-    /* PyTorch frees a block once its stream work is done (it records
-     * events itself); the receivers keep their own mappings. */
+    /* A pluggable allocator's free is stream-ordered: PyTorch calls it as
+     * soon as the tensor goes, with kernels that use the block possibly
+     * still queued on @stream. Unmapping then would fault them, so the
+     * stream's work ends first. (The receivers keep their own mappings.) */
+    gpuipc_stream_sync(device, stream);
     gpuipc_buf_release(buf);
   }
 }
