@@ -66,8 +66,8 @@ int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
                               uint8_t **sent_flag)
 {
   uint32_t slot = (uint32_t)(seq % depth);
-  gpuipc_event_t *ev;
-  bool is_new;
+  gpuipc_event_t *ev = NULL;
+  bool is_new = false;
   int rc = gpuipc__chan_event_get(pool, sent, ndev, depth, dev, slot, &ev,
                                   &is_new);
   if (rc == 0 && is_new)
