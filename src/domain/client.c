@@ -4,8 +4,10 @@
  * what the broker pushes, receives a broker hand-over, and reconnects --
  * electing a new broker if need be -- when the connection drops. What a
  * member holds (segments) listens through struct gpuipc__dom_listener;
- * this file calls no segment code. Over 800 lines until the receiving end
- * of a hand-over (ho_*) moves to a file of its own.
+ * this file calls no segment code. It is over 800 lines: the request
+ * table, the reader thread and reconnection (with election) share the
+ * domain's state lock and the reply table, and have not been split yet;
+ * the hand-over's receiving half is in handoff.c already.
  */
 #include "domain/domain.h"
 #include "os/os.h"
