@@ -75,7 +75,8 @@ void cli_json_end(struct cli_json *j); /* closes the innermost container */
 void cli_json_str(struct cli_json *j, const char *key, const char *val);
 void cli_json_int(struct cli_json *j, const char *key, long long val);
 void cli_json_uint(struct cli_json *j, const char *key, uint64_t val);
-/* Three decimals; NaN and infinities as null. */
+/* Six significant digits (a small ratio is not rounded to 0); NaN and
+ * infinities as null. */
 void cli_json_double(struct cli_json *j, const char *key, double val);
 void cli_json_bool(struct cli_json *j, const char *key, bool val);
 void cli_json_null(struct cli_json *j, const char *key);

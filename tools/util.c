@@ -179,7 +179,7 @@ void cli_json_double(struct cli_json *j, const char *key, double val)
 {
   lead(j, key);
   if (isfinite(val))
-    fprintf(j->f, "%.3f", val);
+    fprintf(j->f, "%.6g", val);
   else
     fputs("null", j->f);
 }
