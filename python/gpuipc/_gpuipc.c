@@ -326,11 +326,8 @@ static PyObject *py_domain_join(PyObject *self, PyObject *args)
   return cap;
 }
 
-static PyObject *py_domain_info(PyObject *self, PyObject *args)
+static PyObject *py_domain_info(PyObject *self, PyObject *cap)
 {
-  PyObject *cap;
-  if (!PyArg_ParseTuple(args, "O", &cap))
-    return NULL;
   gpuipc_domain_t *dom = unbox(cap, DOM);
   if (dom == NULL)
     return NULL;
@@ -376,11 +373,8 @@ static PyObject *py_buf_alloc(PyObject *self, PyObject *args)
 }
 
 /* (ptr, size, kind, device, alive) of a buffer. */
-static PyObject *py_buf_info(PyObject *self, PyObject *args)
+static PyObject *py_buf_info(PyObject *self, PyObject *cap)
 {
-  PyObject *cap;
-  if (!PyArg_ParseTuple(args, "O", &cap))
-    return NULL;
   gpuipc_buf_t *buf = unbox(cap, BUF);
   if (buf == NULL)
     return NULL;
@@ -389,11 +383,8 @@ static PyObject *py_buf_info(PyObject *self, PyObject *args)
                        (int)gpuipc_buf_kind(buf), gpuipc_buf_device(buf));
 }
 
-static PyObject *py_buf_alive(PyObject *self, PyObject *args)
+static PyObject *py_buf_alive(PyObject *self, PyObject *cap)
 {
-  PyObject *cap;
-  if (!PyArg_ParseTuple(args, "O", &cap))
-    return NULL;
   gpuipc_buf_t *buf = unbox(cap, BUF);
   if (buf == NULL)
     return NULL;
@@ -406,11 +397,8 @@ static PyObject *py_buf_alive(PyObject *self, PyObject *args)
 }
 
 /* (packed handle bytes, fd or -1): the caller owns the fd. */
-static PyObject *py_buf_export(PyObject *self, PyObject *args)
+static PyObject *py_buf_export(PyObject *self, PyObject *cap)
 {
-  PyObject *cap;
-  if (!PyArg_ParseTuple(args, "O", &cap))
-    return NULL;
   gpuipc_buf_t *buf = unbox(cap, BUF);
   if (buf == NULL)
     return NULL;
@@ -639,11 +627,8 @@ static PyObject *py_segment_stat(PyObject *self, PyObject *args)
   return rc < 0 ? raise_code(rc) : seg_info_dict(&s);
 }
 
-static PyObject *py_segment_list(PyObject *self, PyObject *args)
+static PyObject *py_segment_list(PyObject *self, PyObject *dcap)
 {
-  PyObject *dcap;
-  if (!PyArg_ParseTuple(args, "O", &dcap))
-    return NULL;
   gpuipc_domain_t *dom = unbox(dcap, DOM);
   if (dom == NULL)
     return NULL;
@@ -1035,11 +1020,8 @@ static PyObject *py_channel_send_wait(PyObject *self, PyObject *args)
   Py_RETURN_NONE;
 }
 
-static PyObject *py_channel_progress(PyObject *self, PyObject *args)
+static PyObject *py_channel_progress(PyObject *self, PyObject *ccap)
 {
-  PyObject *ccap;
-  if (!PyArg_ParseTuple(args, "O", &ccap))
-    return NULL;
   gpuipc_channel_t *ch = unbox(ccap, CHAN);
   if (ch == NULL)
     return NULL;
@@ -1095,11 +1077,8 @@ static PyObject *py_channel_recv_into(PyObject *self, PyObject *args)
   Py_RETURN_NONE;
 }
 
-static PyObject *py_channel_info(PyObject *self, PyObject *args)
+static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
 {
-  PyObject *ccap;
-  if (!PyArg_ParseTuple(args, "O", &ccap))
-    return NULL;
   gpuipc_channel_t *ch = unbox(ccap, CHAN);
   if (ch == NULL)
     return NULL;
@@ -1121,11 +1100,8 @@ static PyObject *py_channel_info(PyObject *self, PyObject *args)
 }
 
 /* view_info(view) -> (description, buffer box with one more reference) */
-static PyObject *py_view_info(PyObject *self, PyObject *args)
+static PyObject *py_view_info(PyObject *self, PyObject *vcap)
 {
-  PyObject *vcap;
-  if (!PyArg_ParseTuple(args, "O", &vcap))
-    return NULL;
   gpuipc_tensor_t *v = unbox(vcap, VIEW);
   if (v == NULL)
     return NULL;
@@ -1180,11 +1156,8 @@ static PyObject *py_event_create(PyObject *self, PyObject *args)
   return cap;
 }
 
-static PyObject *py_event_export(PyObject *self, PyObject *args)
+static PyObject *py_event_export(PyObject *self, PyObject *cap)
 {
-  PyObject *cap;
-  if (!PyArg_ParseTuple(args, "O", &cap))
-    return NULL;
   gpuipc_event_t *ev = unbox(cap, EVENT);
   if (ev == NULL)
     return NULL;
@@ -1343,11 +1316,8 @@ EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
 
 /* alloc_lookup(ptr) -> buffer box holding @ptr (one more reference), or
  * None when the allocator did not make it. */
-static PyObject *py_alloc_lookup(PyObject *self, PyObject *args)
+static PyObject *py_alloc_lookup(PyObject *self, PyObject *p)
 {
-  PyObject *p;
-  if (!PyArg_ParseTuple(args, "O", &p))
-    return NULL;
   uintptr_t ptr = (uintptr_t)PyLong_AsVoidPtr(p);
   if (PyErr_Occurred())
     return NULL;
@@ -1386,22 +1356,22 @@ static PyMethodDef methods[] = {
     M(device_by_uuid, METH_VARARGS), M(device_current, METH_NOARGS),
     M(kind_available, METH_VARARGS), M(topo_p2p, METH_VARARGS),
     M(config, METH_NOARGS), M(close, METH_VARARGS),
-    M(domain_join, METH_VARARGS), M(domain_info, METH_VARARGS),
-    M(buf_alloc, METH_VARARGS), M(buf_info, METH_VARARGS),
-    M(buf_alive, METH_VARARGS), M(buf_export, METH_VARARGS),
+    M(domain_join, METH_VARARGS), M(domain_info, METH_O),
+    M(buf_alloc, METH_VARARGS), M(buf_info, METH_O),
+    M(buf_alive, METH_O), M(buf_export, METH_O),
     M(buf_import, METH_VARARGS), M(import_cuda_ipc, METH_VARARGS),
     M(import_cuda_fd, METH_VARARGS), M(segment_open, METH_VARARGS),
     M(segment_publish, METH_VARARGS), M(segment_unlink, METH_VARARGS),
-    M(segment_stat, METH_VARARGS), M(segment_list, METH_VARARGS),
+    M(segment_stat, METH_VARARGS), M(segment_list, METH_O),
     M(dlpack_take, METH_O), M(dlpack_of, METH_VARARGS),
     M(channel_open, METH_VARARGS), M(channel_send, METH_VARARGS),
     M(channel_send_done, METH_VARARGS), M(channel_send_wait, METH_VARARGS),
-    M(channel_progress, METH_VARARGS), M(channel_recv, METH_VARARGS),
-    M(channel_recv_into, METH_VARARGS), M(channel_info, METH_VARARGS),
-    M(view_info, METH_VARARGS), M(view_to_dlpack, METH_VARARGS),
-    M(event_create, METH_VARARGS), M(event_export, METH_VARARGS),
+    M(channel_progress, METH_O), M(channel_recv, METH_VARARGS),
+    M(channel_recv_into, METH_VARARGS), M(channel_info, METH_O),
+    M(view_info, METH_O), M(view_to_dlpack, METH_VARARGS),
+    M(event_create, METH_VARARGS), M(event_export, METH_O),
     M(event_import, METH_VARARGS), M(event_op, METH_VARARGS),
-    M(memcpy, METH_VARARGS), M(alloc_lookup, METH_VARARGS),
+    M(memcpy, METH_VARARGS), M(alloc_lookup, METH_O),
     M(alloc_set_kind, METH_VARARGS), {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gpuipc",
