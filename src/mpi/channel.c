@@ -14,7 +14,6 @@
 
 #include "mpi/mpi_chan.h"
 
-#define SIZE_ABSURD ((uint64_t)1 << 48)
 
 /* ---- opening -------------------------------------------------------------*/
 
@@ -196,65 +195,6 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_progress(gpuipc_mpi_channel_t *ch)
 }
 
 /* ---- receiving -----------------------------------------------------------*/
-
-/* Check descriptor @w (@count bytes) as the next message. */
-static int rx_check(struct gpuipc_mpi_channel *ch, const struct wire *w,
-                    int count)
-{
-  if (count != (int)sizeof(*w) || w->magic != WIRE_MAGIC ||
-      (w->type != MSG_TENSOR && w->type != MSG_CLOSE))
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "a descriptor of %d bytes, "
-                            "magic 0x%x, type %u: not a gpuipc descriptor",
-                            count, w->magic, w->type);
-  if (w->type == MSG_CLOSE)
-    return 0;
-  if (w->seq != ch->rx_seq)
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor seq %llu where %llu "
-                            "was due", (unsigned long long)w->seq,
-                            (unsigned long long)ch->rx_seq);
-  if (w->dev_type != GPUIPC_DL_CPU && w->dev_type != GPUIPC_DL_CUDA)
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: device type "
-                            "%d", (unsigned long long)w->seq, w->dev_type);
-  if (w->ndim < 0 || w->ndim > GPUIPC_TENSOR_MAX_DIMS ||
-      w->nbytes > SIZE_ABSURD)
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: ndim %d, "
-                            "%llu bytes", (unsigned long long)w->seq,
-                            w->ndim, (unsigned long long)w->nbytes);
-  if (w->chunk_shift < CHUNK_SHIFT_MIN || w->chunk_shift > CHUNK_SHIFT_MAX ||
-      chunk_count(w->nbytes, w->chunk_shift) > CHUNKS_MAX)
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: chunk_shift "
-                            "%u for %llu bytes: chunks must be 2^%d to 2^%d "
-                            "bytes, %llu of them at most",
-                            (unsigned long long)w->seq, w->chunk_shift,
-                            (unsigned long long)w->nbytes, CHUNK_SHIFT_MIN,
-                            CHUNK_SHIFT_MAX, (unsigned long long)CHUNKS_MAX);
-  gpuipc_tensor_t t;
-  memset(&t, 0, sizeof(t));
-  t.dl.data = (void *)w; /* any non-NULL base: offsets are checked */
-  t.dl.ndim = w->ndim;
-  t.dl.dtype = w->dtype;
-  t.dl.shape = (int64_t *)w->shape;
-  t.dl.strides = (int64_t *)w->strides;
-  t.dl.byte_offset = w->offset;
-  gpuipc_tensor_layout_t lay = {.size = sizeof(lay)};
-  if (gpuipc_tensor_layout(&t, &lay) != 0)
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: %s",
-                            (unsigned long long)w->seq, gpuipc_last_error());
-  if (lay.first != 0 || lay.span != w->nbytes)
-    return gpuipc__mpi_fail(GPUIPC_E_PROTO, "descriptor %llu: its elements "
-                            "reach bytes %llu..+%llu of the %llu sent",
-                            (unsigned long long)w->seq,
-                            (unsigned long long)lay.first,
-                            (unsigned long long)lay.span,
-                            (unsigned long long)w->nbytes);
-  return 0;
-}
-
-int gpuipc__mpi_desc_check(struct gpuipc_mpi_channel *ch, const struct wire *w,
-                           int count)
-{
-  return rx_check(ch, w, count);
-}
 
 GPUIPC_MPI_API int gpuipc_mpi_channel_recv(gpuipc_mpi_channel_t *ch,
                                    gpuipc_tensor_t **view, void *stream,

@@ -11,8 +11,7 @@
  *   p2p_send.c    its sending side, p2p_recv.c its receiving side and the
  *                 views it hands out
  * Calls go from channel.c to the ops tables (shm.c, p2p.c) and from there
- * down (p2p_send.c, p2p_recv.c, then stage.c and mpi.c); the one exception
- * is gpuipc__mpi_desc_check (see there).
+ * down (p2p_send.c, p2p_recv.c, then stage.c and mpi.c), never back.
  */
 #ifndef GPUIPC_MPI_CHAN_H
 #define GPUIPC_MPI_CHAN_H
@@ -189,15 +188,6 @@ static inline void release_fn_set(struct gpuipc_mpi_channel *ch,
 }
 
 /* ---- channel.c -----------------------------------------------------------*/
-
-/*
- * Check descriptor @w (@count bytes) as the next message: 0, or
- * GPUIPC_E_PROTO with a sentence. For p2p_recv.c; it stays in channel.c
- * (the one call from below back into it) while the tensor check it makes
- * becomes one shared with src/channel.
- */
-int gpuipc__mpi_desc_check(struct gpuipc_mpi_channel *ch, const struct wire *w,
-                           int count);
 
 /* ---- p2p_send.c ----------------------------------------------------------*/
 
