@@ -20,15 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t random_u64(void)
-{
-  uint64_t v = 0;
-  while (v == 0) {
-    gpuipc__random(&v, sizeof(v));
-  }
-  return v;
-}
-
 /* Ids start from the wall clock in microseconds, so a broker that starts
  * after a crash (with what survivors remember) continues above old ids. */
 static uint64_t clock_id(void)
@@ -258,7 +249,7 @@ static int broker_new(struct gpuipc__broker_init *init,
   init->lock_fd = init->listen_fd = -1;
   b->reg = init->reg;
   init->have_reg = false;
-  b->epoch = init->epoch ? init->epoch : random_u64();
+  b->epoch = init->epoch ? init->epoch : gpuipc__random_u64();
   b->next_id = clock_id();
   if (init->next_id > b->next_id)
     b->next_id = init->next_id;

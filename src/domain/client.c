@@ -143,14 +143,6 @@ static void prune_channels(const struct gpuipc_domain *d)
                  d->name, n, n == 1 ? "" : "s", d->paths.dir);
 }
 
-static uint64_t random_token(void)
-{
-  uint64_t v = 0;
-  while (v == 0)
-    gpuipc__random(&v, sizeof(v));
-  return v;
-}
-
 static void close_fds(int *fds, int n)
 {
   for (int i = 0; i < n; i++)
@@ -880,7 +872,7 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   snprintf(d->name, sizeof(d->name), "%s", name);
   d->flags = flags;
   d->timeout_ms = timeout;
-  d->token = random_token();
+  d->token = gpuipc__random_u64();
   d->gen = 1;
 
   rc = gpuipc__dom_paths(name, &d->paths); /* installs the fork handlers */

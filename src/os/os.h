@@ -183,6 +183,9 @@ bool gpuipc__rundir_chan_sock(int dfd, const char *name);
  * mixed from clocks, the pid and a counter: distinct, not secret.
  */
 int gpuipc__random(void *buf, size_t n);
+/* A random 64-bit value that is never 0 (0 stands for "none" in ids and
+ * tokens), from gpuipc__random. */
+uint64_t gpuipc__random_u64(void);
 
 /* ----- who this process is ----- */
 struct gpuipc__proc_id {

@@ -47,3 +47,11 @@ int gpuipc__random(void *buf, size_t n)
   }
   return 0;
 }
+
+uint64_t gpuipc__random_u64(void)
+{
+  uint64_t v = 0;
+  while (v == 0)
+    gpuipc__random(&v, sizeof(v));
+  return v;
+}
