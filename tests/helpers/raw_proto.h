@@ -203,6 +203,27 @@ static inline int raw_accept_member(int listen_fd)
   return fd;
 }
 
+/* The record of segment @name carrying handle @h (its kind and type). */
+static inline struct gpuipc__seg_wire raw_seg_of(const char *name,
+                                                 uint64_t id, uint64_t size,
+                                                 uint8_t state,
+                                                 const gpuipc_handle_t *h)
+{
+  struct gpuipc__seg_wire w;
+  memset(&w, 0, sizeof(w));
+  snprintf(w.name, sizeof(w.name), "%s", name);
+  w.id = id;
+  w.size = size;
+  w.kind = (uint8_t)h->kind;
+  w.state = state;
+  memcpy(w.uuid, h->device_uuid, 16);
+  w.has_handle = true;
+  w.htype = (uint8_t)h->type;
+  if (gpuipc_handle_pack(h, w.handle, sizeof(w.handle)) < 0)
+    TFAIL("pack: %s", gpuipc_last_error());
+  return w;
+}
+
 /* A LEGACY segment record: its memory travels without a descriptor. */
 static inline struct gpuipc__seg_wire raw_legacy_seg(const char *name,
                                                      uint64_t id,
@@ -226,19 +247,7 @@ static inline struct gpuipc__seg_wire raw_legacy_seg(const char *name,
   for (int i = 0; i < GPUIPC_HANDLE_BYTES; i++)
     h.bytes[i] = (uint8_t)(i + 1);
   h.fd = -1;
-  struct gpuipc__seg_wire w;
-  memset(&w, 0, sizeof(w));
-  snprintf(w.name, sizeof(w.name), "%s", name);
-  w.id = id;
-  w.size = size;
-  w.kind = GPUIPC_KIND_LEGACY;
-  w.state = state;
-  memcpy(w.uuid, h.device_uuid, 16);
-  w.has_handle = true;
-  w.htype = GPUIPC_HT_LEGACY;
-  if (gpuipc_handle_pack(&h, w.handle, sizeof(w.handle)) < 0)
-    TFAIL("pack: %s", gpuipc_last_error());
-  return w;
+  return raw_seg_of(name, id, size, state, &h);
 }
 
 /*
@@ -267,19 +276,7 @@ static inline struct gpuipc__seg_wire raw_fd_seg(const char *name,
   h.pidns = me->pidns;
   h.nonce = me->nonce;
   h.fd = -1;
-  struct gpuipc__seg_wire w;
-  memset(&w, 0, sizeof(w));
-  snprintf(w.name, sizeof(w.name), "%s", name);
-  w.id = id;
-  w.size = size;
-  w.kind = kind;
-  w.state = GPUIPC__SEG_PUBLISHED;
-  memcpy(w.uuid, h.device_uuid, 16);
-  w.has_handle = true;
-  w.htype = GPUIPC_HT_POSIX_FD;
-  if (gpuipc_handle_pack(&h, w.handle, sizeof(w.handle)) < 0)
-    TFAIL("pack: %s", gpuipc_last_error());
-  return w;
+  return raw_seg_of(name, id, size, GPUIPC__SEG_PUBLISHED, &h);
 }
 
 /* PUBLISH @w with descriptor @fd (-1: none); returns the reply's type. */
