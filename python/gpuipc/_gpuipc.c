@@ -164,6 +164,13 @@ static PyObject *py_close(PyObject *self, PyObject *args)
   return gpuipc__py_none(rc);
 }
 
+void gpuipc__py_append(PyObject **list, PyObject *item)
+{
+  if (item == NULL || PyList_Append(*list, item) < 0)
+    Py_CLEAR(*list);
+  Py_XDECREF(item);
+}
+
 /* ---- argument converters ("O&") --------------------------------------- */
 
 static int unbox_into(PyObject *o, const char *type, void *out)

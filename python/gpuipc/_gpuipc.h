@@ -57,6 +57,11 @@ int gpuipc__py_event(PyObject *o, void *out);
 int gpuipc__py_stream(PyObject *o, void *out);
 int gpuipc__py_ptr(PyObject *o, void *out);
 
+/* Append @item (a new reference, or NULL after a failure, whose exception
+ * stands) to list @*list, and drop @item; on failure @*list is dropped
+ * and set to NULL. */
+void gpuipc__py_append(PyObject **list, PyObject *item);
+
 /* Run @stmt (a blocking library call) with the GIL released. */
 #define GPUIPC__PY_NOGIL(stmt)                                                 \
   do {                                                                         \

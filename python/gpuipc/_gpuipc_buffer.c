@@ -245,12 +245,9 @@ static PyObject *seg_info_dict(const gpuipc_segment_info_t *s)
   int n = s->nholders < GPUIPC_SEGMENT_HOLDERS ? s->nholders
                                                : GPUIPC_SEGMENT_HOLDERS;
   PyObject *holders = PyList_New(0);
-  for (int i = 0; holders != NULL && i < n; i++) {
-    PyObject *t = Py_BuildValue("(ii)", s->holder_pids[i], s->holder_refs[i]);
-    if (t == NULL || PyList_Append(holders, t) < 0)
-      Py_CLEAR(holders);
-    Py_XDECREF(t);
-  }
+  for (int i = 0; holders != NULL && i < n; i++)
+    gpuipc__py_append(&holders, Py_BuildValue("(ii)", s->holder_pids[i],
+                                              s->holder_refs[i]));
   if (holders == NULL)
     return NULL;
   return Py_BuildValue("{s:s,s:K,s:K,s:s,s:y#,s:s,s:O,s:i,s:N,s:O,s:i}",
@@ -310,12 +307,8 @@ static PyObject *py_segment_list(PyObject *self, PyObject *dcap)
     return gpuipc__py_raise(rc);
   }
   PyObject *list = PyList_New(0);
-  for (int i = 0; list != NULL && i < rc; i++) {
-    PyObject *d = seg_info_dict(&v[i]);
-    if (d == NULL || PyList_Append(list, d) < 0)
-      Py_CLEAR(list);
-    Py_XDECREF(d);
-  }
+  for (int i = 0; list != NULL && i < rc; i++)
+    gpuipc__py_append(&list, seg_info_dict(&v[i]));
   free(v);
   return list;
 }

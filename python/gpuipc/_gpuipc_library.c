@@ -115,13 +115,11 @@ static PyObject *py_config(PyObject *self, PyObject *unused)
     gpuipc_config_item_t it;
     if (gpuipc_config_get(i, &it) < 0)
       continue;
-    PyObject *d = Py_BuildValue("{s:s,s:s,s:s,s:s,s:O}", "name", it.name,
-                                "value", it.value, "default", it.def, "help",
-                                it.help, "is_set",
-                                it.is_set ? Py_True : Py_False);
-    if (d == NULL || PyList_Append(list, d) < 0)
-      Py_CLEAR(list);
-    Py_XDECREF(d);
+    gpuipc__py_append(&list, Py_BuildValue("{s:s,s:s,s:s,s:s,s:O}", "name",
+                                           it.name, "value", it.value,
+                                           "default", it.def, "help", it.help,
+                                           "is_set",
+                                           it.is_set ? Py_True : Py_False));
   }
   return list;
 }
