@@ -35,9 +35,13 @@ if cuda and cuda != "/usr/include":
 # setuptools takes sources only relative to this directory.
 os.chdir(here)
 sources = [os.path.relpath(p, here) for p in sources]
+# The extension's own files: the module and its neighbours by concern
+# (gpuipc/_gpuipc.h lists them).
+module_sources = sorted(glob.glob(os.path.join("gpuipc", "_gpuipc*.c")))
 ext = Extension(
     "gpuipc._gpuipc",
-    sources=[os.path.join("gpuipc", "_gpuipc.c")] + sources,
+    sources=module_sources + sources,
+    depends=[os.path.join("gpuipc", "_gpuipc.h")],
     include_dirs=includes,
     define_macros=[("_GNU_SOURCE", None), ("GPUIPC_HAVE_CUDA", "1" if cuda else "0"),
                    ("Py_LIMITED_API", "0x03090000")],

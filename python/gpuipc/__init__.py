@@ -6,10 +6,14 @@ from ._errors import (Error, NoDriver, NoDevice, CudaError, BadHandle, VersionEr
                       Mismatch, Lost, Closed, TimeoutError, WouldBlock,
                       InvalidArgument, NotFound, Exists, MessageTooLarge,
                       AlreadyDone, OutOfMemory, OSError)
-from ._core import (AUTO, HOST, VMM, LEGACY, POOL, DEFAULT, Domain, Buffer, Segment,
-                    Channel, Tensor, Event, empty, describe, version, driver_status,
-                    device_count, devices, device_by_uuid, kind_available, topology,
-                    config)
+from ._common import AUTO, HOST, VMM, LEGACY, POOL, DEFAULT
+from ._buffer import Buffer, empty
+from ._tensor import Tensor, describe
+from ._channel import Channel
+from ._domain import Domain, Segment
+from ._event import Event
+from ._device import (version, driver_status, device_count, devices, device_by_uuid,
+                      kind_available, topology, config)
 
 __version__ = _gpuipc.version()
 

@@ -9,7 +9,8 @@ Segments outlive the publisher while held (HOST and VMM memory)."""
 import json
 import struct
 
-from ._core import HOST, VMM, Domain, _stream  # noqa: F401
+from ._common import HOST, VMM, _stream  # noqa: F401
+from ._domain import Domain  # noqa: F401
 from ._errors import NotFound
 
 _ALIGN = 256

@@ -4,7 +4,8 @@ handles. Needs a GPU."""
 import os
 
 from . import _gpuipc as _c
-from ._core import Buffer, _kind
+from ._buffer import Buffer
+from ._common import _kind
 
 _allocator = None
 

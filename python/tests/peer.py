@@ -126,13 +126,18 @@ def zero_copy_recv(dom, arg):
             sha=first, row_after=row, released=v._box is None)
 
 
-def torch_send(dom, arg):
+def torch_tensors():
+    """The CPU torch tensors torch_send sends and torch_recv expects."""
     import torch
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(33, 7, generator=g), torch.randint(-9, 9, (100,), generator=g),
+            torch.randn(4, 4, generator=g).to(torch.bfloat16),
+            torch.randn(6, 5, generator=g).t()[1:3]]
+
+
+def torch_send(dom, arg):
+    ts = torch_tensors()
     with gpuipc.Domain(dom) as d, d.channel("t", timeout=30) as ch:
-        g = torch.Generator().manual_seed(5)
-        ts = [torch.randn(33, 7, generator=g), torch.randint(-9, 9, (100,), generator=g),
-              torch.randn(4, 4, generator=g).to(torch.bfloat16),
-              torch.randn(6, 5, generator=g).t()[1:3]]
         for t in ts:
             ch.send(t.contiguous())
         say(sums=[float(t.float().sum()) for t in ts])
@@ -143,10 +148,7 @@ def torch_recv(dom, arg):
     import torch
     from torch.utils.dlpack import from_dlpack
     with gpuipc.Domain(dom) as d, d.channel("t", timeout=30) as ch:
-        g = torch.Generator().manual_seed(5)
-        want = [torch.randn(33, 7, generator=g), torch.randint(-9, 9, (100,), generator=g),
-                torch.randn(4, 4, generator=g).to(torch.bfloat16),
-                torch.randn(6, 5, generator=g).t()[1:3]]
+        want = torch_tensors()
         same = []
         for w in want:
             t = from_dlpack(ch.recv(timeout=30))

@@ -39,14 +39,6 @@ def run_pair(env, a, b, dom="g", feed=None, timeout=180):
     return last(out_a, first), last(out_b)
 
 
-@pytest.fixture
-def env(tmp_path):
-    e = dict(os.environ)
-    e["GPUIPC_DIR"] = str(tmp_path / "run")
-    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return e
-
-
 def test_torch_cuda_tensors_staged(env):
     _, r = run_pair(env, ("torch_send", None), ("torch_recv", None))
     assert r == {"same": [True] * 4}

@@ -46,15 +46,6 @@ class Proc:
 
 
 @pytest.fixture
-def env(tmp_path):
-    """Each test has a runtime directory of its own."""
-    e = dict(os.environ)
-    e["GPUIPC_DIR"] = str(tmp_path / "run")
-    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return e
-
-
-@pytest.fixture
 def procs():
     started = []
     yield started

@@ -1,0 +1,190 @@
+"""gpuipc's buffers: Buffer (memory gpuipc allocated or mapped), its
+sub-views, empty(), and the registry of this process's buffers that lets
+Channel.send (_channel.py) send an array lying in one without a copy. Their
+segments' class, Segment, is in _domain.py. The C calls live in
+_gpuipc_buffer.c."""
+import bisect
+import threading
+
+from . import _gpuipc as _c
+from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _dtype_of,
+                      _kind, _nbytes, _typestr_to_dl)
+
+# ---- the registry of gpuipc memory (zero-copy sends) -----------------------
+
+class _Registry:
+    """Address ranges of the buffers this process holds, so that an array
+    lying in one is sent as that buffer (no copy)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._starts = []  # sorted (device_type, start)
+        self._entries = {}  # (device_type, start) -> (end, weakref)
+
+    def add(self, buf):
+        import weakref
+        key = (buf._dl_device_type(), buf.ptr)
+        with self._lock:
+            if key not in self._entries:
+                bisect.insort(self._starts, key)
+            self._entries[key] = (buf.ptr + buf.nbytes, weakref.ref(buf))
+
+    def remove(self, buf):
+        key = (buf._dl_device_type(), buf.ptr)
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None and e[1]() in (buf, None):
+                del self._entries[key]
+                self._starts.remove(key)
+
+    def find(self, dev_type, lo, hi):
+        with self._lock:
+            i = bisect.bisect_right(self._starts, (dev_type, lo)) - 1
+            if i < 0 or self._starts[i][0] != dev_type:
+                return None
+            end, ref = self._entries[self._starts[i]]
+        buf = ref()
+        if buf is None or hi > end or buf._box is None:
+            return None
+        return buf
+
+
+_registry = _Registry()
+
+
+# ---- buffers ----------------------------------------------------------------
+
+class Buffer(_Boxed):
+    """Memory gpuipc allocated (``gpuipc_buf_alloc``) or mapped: arrays in it
+    are sent without a copy. Exposes ``__dlpack__``, and
+    ``__array_interface__`` (HOST) or ``__cuda_array_interface__`` (GPU), as
+    ``dtype`` x ``shape`` (default: bytes)."""
+
+    _closed = "the buffer was released"
+
+    def __init__(self, nbytes, kind=HOST, device=-1, shape=None, dtype="uint8"):
+        box = _c.buf_alloc(int(nbytes), _kind(kind), int(device))
+        self._init(box, shape, dtype)
+
+    @classmethod
+    def _wrap(cls, box, shape=None, dtype="uint8"):
+        self = cls.__new__(cls)
+        self._init(box, shape, dtype)
+        return self
+
+    def _init(self, box, shape, dtype):
+        self._box = box
+        self.ptr, self.nbytes, k, self.device = _c.buf_info(box)
+        self.kind = _KIND_NAMES.get(k, "?")
+        self.typestr, item = _dtype_of(dtype)
+        self.shape = tuple(shape) if shape is not None else (self.nbytes // item,)
+        n = _nbytes(self.shape, item)
+        if n > self.nbytes:
+            raise ValueError(f"shape {self.shape} of {dtype} needs {n} bytes; the buffer has {self.nbytes}")
+        _registry.add(self)
+
+    def __del__(self):
+        if self._box is not None:
+            _registry.remove(self)
+
+    def _dl_device_type(self):
+        return DL_CPU if self.kind == "host" else DL_CUDA
+
+    def release(self):
+        """Drop this process's reference (views made from it must be gone)."""
+        box = self._take_box()
+        if box is not None:
+            _registry.remove(self)
+            _c.close(box)
+
+    close = release
+
+    def __exit__(self, *exc):
+        self.release()  # a sub-view's own release, not close
+
+    def alive(self):
+        return _c.buf_alive(self._h())
+
+    def export(self):
+        """(packed handle bytes, fd or -1) for ``Buffer.from_handle`` in
+        another process; the caller owns (and must close) the fd."""
+        return _c.buf_export(self._h())
+
+    @classmethod
+    def from_handle(cls, packed, fd=-1, device=-1):
+        return cls._wrap(_c.buf_import(bytes(packed), int(fd), int(device)))
+
+    def _desc(self):
+        self._h()
+        dtype = _typestr_to_dl(self.typestr)
+        dev = self.device if self.device >= 0 else 0
+        return _Desc(self.ptr, self._dl_device_type(), dev, dtype, self.shape, None, self)
+
+    def __dlpack_device__(self):
+        d = self._desc()
+        return (d.device_type, d.device_id)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("gpuipc buffers are exported without copying")
+        return _c.dlpack_of(self, self._desc().t)
+
+    def _interface(self):
+        self._h()
+        return {"version": 3, "shape": self.shape, "typestr": self.typestr,
+                "data": (self.ptr, False), "strides": None}
+
+    @property
+    def __array_interface__(self):
+        if self.kind != "host":
+            raise AttributeError("__array_interface__: GPU memory (use __cuda_array_interface__)")
+        return self._interface()
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.kind == "host":
+            raise AttributeError("__cuda_array_interface__: host memory")
+        d = self._interface()
+        d["stream"] = None
+        return d
+
+    def numpy(self):
+        """A numpy array over this memory (HOST; no copy)."""
+        import numpy as np
+        return np.asarray(self)
+
+    def view(self, dtype, shape, offset=0):
+        """A Buffer-like view of ``shape`` x ``dtype`` starting ``offset``
+        bytes in (sendable without a copy)."""
+        return _SubView(self, dtype, shape, offset)
+
+    def __repr__(self):
+        return f"<gpuipc.{type(self).__name__} {self.kind} {self.nbytes} bytes at {self.ptr:#x}>"
+
+
+class _SubView(Buffer):
+    def __init__(self, parent, dtype, shape, offset):
+        self._parent = parent
+        self._box = parent._h()
+        self.kind, self.device = parent.kind, parent.device
+        self.typestr, item = _dtype_of(dtype)
+        self.shape = tuple(shape)
+        n = _nbytes(self.shape, item)
+        if offset < 0 or offset + n > parent.nbytes:
+            raise ValueError("the view reaches outside the buffer")
+        self.ptr, self.nbytes = parent.ptr + offset, n
+
+    def release(self):
+        self._box = None
+
+    def __del__(self):
+        pass
+
+
+def empty(shape, dtype="float32", kind=HOST, device=-1):
+    """A new gpuipc Buffer holding ``shape`` x ``dtype`` (zero-filled for
+    HOST): arrays made from it (``numpy()``, ``torch.from_dlpack``) are sent
+    without a copy."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    _, item = _dtype_of(dtype)
+    return Buffer(max(_nbytes(shape, item), 1), kind, device, shape, dtype)

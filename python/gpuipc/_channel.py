@@ -1,0 +1,116 @@
+"""gpuipc's channels: Channel, an ordered two-way pipe for tensors between
+two processes of a domain (opened by Domain.channel, _domain.py). What it
+sends is described by _tensor.describe and found in this process's buffers
+by _buffer's registry; what it receives is a _tensor.Tensor. The C calls
+live in _gpuipc_channel.c."""
+import threading
+
+from . import _gpuipc as _c
+from ._buffer import _registry
+from ._common import DEFAULT, _Boxed, _ms, _stream
+from ._errors import Error
+from ._tensor import Tensor, describe
+
+
+class Channel(_Boxed):
+    """A two-way, ordered pipe for tensors between two processes of a domain
+    (``gpuipc_channel_open``). A context manager that closes it."""
+
+    _closed = "the channel is closed"
+
+    def __init__(self, domain, name, timeout=DEFAULT, depth=0, device=None,
+                 send_timeout=None, stage_slots=0, stage_slot_bytes=0):
+        self.name = name
+        open_ms = _ms(timeout, default_ms=0)
+        if open_ms == 0 and timeout is not DEFAULT:
+            open_ms = 1  # 0 means "the domain's timeout" to the library
+        send_ms = 0 if send_timeout is None else max(1, _ms(send_timeout))
+        self._box = _c.channel_open(domain._h(), name, open_ms, int(depth),
+                                    -1 if device is None else int(device),
+                                    0 if device is None else 1, send_ms,
+                                    int(stage_slots), int(stage_slot_bytes))
+        self._keep = {}  # ticket -> what a staged GPU copy still reads
+        self._lock = threading.Lock()
+
+    def close(self):
+        box = self._take_box()
+        if box is not None:
+            _c.close(box)
+        self._keep.clear()
+
+    def send(self, obj, stream=None, block=True):
+        """Send a tensor (torch, CuPy, JAX, numpy, a gpuipc Buffer, anything
+        with DLPack, the CUDA array interface or the buffer protocol).
+        Memory of a gpuipc buffer travels without a copy; other memory is
+        staged through the channel's own buffer. ``block=False`` raises
+        WouldBlock instead of waiting for room. Returns the ticket."""
+        d = describe(obj, stream)
+        s = d.stream(stream)
+        buf = _registry.find(d.device_type, d.lo, d.hi)
+        box = buf._box if buf is not None else None
+        if box is None and d.cuda:
+            box = _c.alloc_lookup(d.lo)
+        flags = 0 if block else _c.SEND_NONBLOCK
+        ticket = _c.channel_send(self._h(), box, d.t, s, flags)
+        if d.cuda:
+            self._hold(ticket, (d.keep, box))
+        return ticket
+
+    def _hold(self, ticket, what):
+        with self._lock:
+            self._keep[ticket] = what
+            if len(self._keep) > 8:
+                for t in list(self._keep):
+                    try:
+                        if not _c.channel_send_done(self._box, t, 0):
+                            continue
+                    except Error:
+                        pass
+                    self._keep.pop(t, None)
+
+    def done(self, ticket, timeout=0):
+        """Whether message ``ticket``'s buffer is free again (released, and
+        the receiver's work on it complete); waits up to ``timeout`` s."""
+        ms = _ms(timeout)
+        try:
+            r = _c.channel_send_done(self._h(), ticket, ms)
+        except Error:
+            raise
+        if r:
+            self._keep.pop(ticket, None)
+        return r
+
+    def wait(self, ticket, stream=None, timeout=None):
+        """Wait (host) for the release of ``ticket``, then make ``stream``
+        wait for the receiver's work on it (no host wait for that)."""
+        _c.channel_send_wait(self._h(), ticket, _stream(stream), _ms(timeout))
+
+    def progress(self):
+        return _c.channel_progress(self._h())
+
+    def recv(self, timeout=None, stream=None):
+        """The next tensor, as a zero-copy view (``Tensor``). ``timeout`` in
+        seconds (None: forever, 0: do not wait); ``stream``: the stream that
+        will use a GPU view (made to wait for the sender's work)."""
+        s = _stream(stream)
+        box = _c.channel_recv(self._h(), s, _ms(timeout))
+        return Tensor(box, s)
+
+    def recv_into(self, dst, timeout=None, stream=None):
+        """Receive the next tensor by copying it into ``dst`` (same dtype and
+        shape, contiguous), on ``stream``; the sender's buffer is given back
+        when the copy is done."""
+        d = describe(dst, stream)
+        s = d.stream(stream)
+        _c.channel_recv_into(self._h(), d.t, s, _ms(timeout))
+        return dst
+
+    async def arecv(self, timeout=None, stream=None):
+        """``recv`` for asyncio: waits in a worker thread (the C API offers no
+        pollable descriptor yet)."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: self.recv(timeout, stream))
+
+    def info(self):
+        return _c.channel_info(self._h())

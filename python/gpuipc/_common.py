@@ -1,0 +1,179 @@
+"""What gpuipc's Python modules share: buffer kinds, DLPack codes, the
+"domain's timeout" marker, timeouts in seconds as the library's
+milliseconds, dtypes, streams, the tensor description the C layer takes
+(_Desc) and _Boxed, the base of the classes that hold a C object. The
+objects live by concern beside it: _buffer.py (Buffer), _tensor.py
+(describe, Tensor), _channel.py, _domain.py (Domain, Segment), _event.py,
+_device.py; gpuipc/__init__.py re-exports them."""
+import math
+import sys
+
+# Kinds (gpuipc_kind_t).
+AUTO, HOST, VMM, LEGACY, POOL = 0, 1, 2, 3, 4
+_KINDS = {"auto": AUTO, "host": HOST, "vmm": VMM, "legacy": LEGACY, "pool": POOL}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+
+# DLPack device types and type codes.
+DL_CPU, DL_CUDA, DL_CUDA_HOST = 1, 2, 3
+_INT, _UINT, _FLOAT, _BFLOAT, _COMPLEX, _BOOL = 0, 1, 2, 4, 5, 6
+
+DEFAULT = object()  # "the domain's timeout" (GPUIPC_TIMEOUT_DEFAULT)
+
+
+def _kind(kind):
+    if isinstance(kind, str):
+        try:
+            return _KINDS[kind.lower()]
+        except KeyError:
+            raise ValueError(f"unknown kind {kind!r}; one of {sorted(_KINDS)}") from None
+    return int(kind)
+
+
+def _ms(timeout, default=DEFAULT, forever=-1, default_ms=-2):
+    """Seconds (None: forever, 0: do not wait) as the library's milliseconds."""
+    if timeout is DEFAULT:
+        return default_ms
+    if timeout is None:
+        return forever
+    if timeout < 0:
+        raise ValueError("a timeout is None (forever) or >= 0 seconds")
+    if timeout == 0:
+        return 0
+    return max(1, min(int(math.ceil(timeout * 1000)), 2**31 - 1))
+
+
+# ---- dtypes ----------------------------------------------------------------
+
+def _typestr_to_dl(typestr):
+    """numpy's typestr ('<f4') as a DLPack (code, bits, lanes)."""
+    if typestr[0] == ">" and typestr[2:] not in ("1",):
+        raise ValueError(f"big-endian data ({typestr}) cannot be sent")
+    kind, size = typestr[1], int(typestr[2:])
+    code = {"i": _INT, "u": _UINT, "f": _FLOAT, "c": _COMPLEX, "b": _BOOL}.get(kind)
+    if code is None:
+        if kind == "V" and size == 2:
+            return (_BFLOAT, 16, 1)
+        raise ValueError(f"dtype {typestr} has no DLPack equivalent")
+    return (code, size * 8, 1)
+
+
+def _dl_to_typestr(code, bits, lanes):
+    if lanes != 1:
+        return f"|V{bits * lanes // 8}"
+    kind = {_INT: "i", _UINT: "u", _FLOAT: "f", _COMPLEX: "c", _BOOL: "b"}.get(code)
+    if kind is None:
+        return f"<V{bits // 8}"  # bfloat16, float8: raw bytes for numpy
+    return f"{'|' if bits == 8 else '<'}{kind}{bits // 8}"
+
+
+def _dtype_of(dtype):
+    """A dtype given as a numpy dtype, a torch dtype or a string, as
+    (typestr, itemsize)."""
+    name = str(dtype).replace("torch.", "")
+    if name in ("bfloat16",):
+        return "<V2", 2
+    try:
+        import numpy as np
+        dt = np.dtype(name)
+        return dt.str, dt.itemsize
+    except (ImportError, TypeError):
+        pass
+    table = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int8": "|i1",
+             "uint8": "|u1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+             "bool": "|b1"}
+    if name not in table:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    ts = table[name]
+    return ts, int(ts[2:])
+
+
+# ---- streams ---------------------------------------------------------------
+
+def _stream(s, cuda=True):
+    """A stream as an integer (CUstream), from an int, a torch/CuPy stream
+    (.cuda_stream / .ptr) or None (PyTorch's current stream when torch is in
+    use with CUDA, else the legacy default stream)."""
+    if s is None:
+        if not cuda:
+            return None
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda.current_stream().cuda_stream or None
+        return None
+    if isinstance(s, int):
+        return s
+    for attr in ("cuda_stream", "ptr", "handle"):
+        v = getattr(s, attr, None)
+        if isinstance(v, int):
+            return v
+    raise TypeError(f"not a stream: {s!r} (an int, or an object with .cuda_stream or .ptr)")
+
+
+# ---- tensors in: describe any array ----------------------------------------
+
+class _Desc:
+    """A tensor as the C layer takes it, and what keeps its memory alive."""
+    __slots__ = ("t", "keep", "device_type", "device_id", "lo", "hi")
+
+    def __init__(self, ptr, dev_type, dev_id, dtype, shape, strides, keep):
+        self.t = (ptr, dev_type, dev_id, dtype, tuple(shape),
+                  None if strides is None else tuple(strides), 0)
+        self.keep = keep
+        self.device_type, self.device_id = dev_type, dev_id
+        item = max(1, dtype[1] * dtype[2] // 8)
+        if any(n == 0 for n in shape):
+            self.lo = self.hi = ptr
+            return
+        if strides is None:
+            self.lo, self.hi = ptr, ptr + _nbytes(shape, item)
+        else:
+            lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+            hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+            self.lo, self.hi = ptr + lo * item, ptr + (hi + 1) * item
+
+    @property
+    def cuda(self):
+        return self.device_type == DL_CUDA
+
+    def stream(self, s):
+        """Stream ``s`` as an integer for a GPU tensor (None for host)."""
+        return _stream(s) if self.cuda else None
+
+
+def _c_strides(shape):
+    out, n = [], 1
+    for x in reversed(shape):
+        out.append(n)
+        n *= x
+    return tuple(reversed(out))
+
+
+def _nbytes(shape, item):
+    """The bytes of ``shape`` x elements of ``item`` bytes."""
+    n = item
+    for x in shape:
+        n *= x
+    return n
+
+
+class _Boxed:
+    """An object of the C layer's, held in ``_box`` (None once closed)."""
+
+    _box = None
+    _closed = "the object is closed"  # what using it after closing says
+
+    def _h(self):
+        if self._box is None:
+            raise ValueError(self._closed)
+        return self._box
+
+    def _take_box(self):
+        """The box, which this object no longer holds (None if closed)."""
+        box, self._box = self._box, None
+        return box
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,97 @@
+/*
+ * _gpuipc.h - what the C files of the extension gpuipc._gpuipc share.
+ *
+ * The module is one extension built from several files, one a concern:
+ *   _gpuipc.c          the module: errors, boxes, argument converters
+ *   _gpuipc_library.c  version, driver, devices, topology, settings
+ *   _gpuipc_buffer.c   domains, buffers and segments
+ *   _gpuipc_tensor.c   tensor descriptions, DLPack in and out, received views
+ *   _gpuipc_channel.c  channels
+ *   _gpuipc_event.c    interprocess events and copies
+ *   _gpuipc_alloc.c    PyTorch's pluggable allocator
+ * Each file but the first exports a method table that PyInit__gpuipc adds
+ * to the module. Everything here is private to the extension.
+ */
+#ifndef GPUIPC_PY_GPUIPC_H
+#define GPUIPC_PY_GPUIPC_H
+
+#define Py_LIMITED_API 0x03090000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "gpuipc.h"
+
+/* ---- errors (a negative code raises the Python layer's exception) ------ */
+
+/* Raise the exception for library code @code, with the code's name and
+ * gpuipc_last_error()'s sentence; returns NULL. */
+PyObject *gpuipc__py_raise(int code);
+/* None, or the exception for @rc < 0. */
+PyObject *gpuipc__py_none(int rc);
+/* @rc as an int, or the exception for @rc < 0. */
+PyObject *gpuipc__py_long(int rc);
+
+/* ---- boxes: library objects as capsules -------------------------------- */
+
+/* The capsule names, compared by address: a box's type. */
+extern const char gpuipc__py_BUF[], gpuipc__py_DOM[], gpuipc__py_CHAN[],
+    gpuipc__py_VIEW[], gpuipc__py_EVENT[];
+
+/* A new box of type @type holding @p, or the exception for @rc < 0. The
+ * box owns @p; when it cannot be made, @p is released. */
+PyObject *gpuipc__py_box(int rc, const char *type, void *p);
+/* The object in box @cap of type @type; NULL with an exception when it is
+ * not one or was closed. */
+void *gpuipc__py_unbox(PyObject *cap, const char *type);
+/* Take the object out of its box (the caller now owns it). */
+void *gpuipc__py_unbox_take(PyObject *cap, const char *type);
+
+/* PyArg_ParseTuple "O&" converters: a box of that type as its object (a
+ * closed or foreign box fails), a stream (None: NULL) or an address. */
+int gpuipc__py_domain(PyObject *o, void *out);
+int gpuipc__py_buf(PyObject *o, void *out);
+int gpuipc__py_opt_buf(PyObject *o, void *out); /* None: NULL */
+int gpuipc__py_channel(PyObject *o, void *out);
+int gpuipc__py_view(PyObject *o, void *out);
+int gpuipc__py_event(PyObject *o, void *out);
+int gpuipc__py_stream(PyObject *o, void *out);
+int gpuipc__py_ptr(PyObject *o, void *out);
+
+/* Append @item (a new reference, or NULL after a failure, whose exception
+ * stands) to list @*list, and drop @item; on failure @*list is dropped
+ * and set to NULL. */
+void gpuipc__py_append(PyObject **list, PyObject *item);
+
+/* Run @stmt (a blocking library call) with the GIL released. */
+#define GPUIPC__PY_NOGIL(stmt)                                                 \
+  do {                                                                         \
+    Py_BEGIN_ALLOW_THREADS stmt;                                               \
+    Py_END_ALLOW_THREADS                                                       \
+  } while (0)
+
+/* ---- shared between concerns ------------------------------------------- */
+
+/* A tensor description tuple parsed into a gpuipc_tensor_t (the channel's
+ * send and receive-into take one); see _gpuipc_tensor.c. */
+typedef struct gpuipc__py_desc {
+  gpuipc_tensor_t t;
+  int64_t shape[GPUIPC_TENSOR_MAX_DIMS];
+  int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
+} gpuipc__py_desc_t;
+
+int gpuipc__py_parse_desc(PyObject *tup, gpuipc__py_desc_t *d);
+/* PyArg_ParseTuple "O&" converter for a description tuple. */
+int gpuipc__py_desc(PyObject *o, void *out);
+
+/* One more reference to @buf, as a new box (_gpuipc_buffer.c). */
+PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf);
+
+/* The method tables of the files, added to the module at import. */
+extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
+    gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
+    gpuipc__py_event_methods[], gpuipc__py_alloc_methods[];
+
+#define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
+#define GPUIPC__PY_END {NULL, NULL, 0, NULL}
+
+#endif

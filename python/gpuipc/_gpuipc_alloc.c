@@ -1,0 +1,119 @@
+/*
+ * _gpuipc_alloc.c - PyTorch's pluggable allocator, exported from
+ * gpuipc._gpuipc for
+ *   torch.cuda.memory.CUDAPluggableAllocator(path_of_this_module,
+ *   "gpuipc_torch_malloc", "gpuipc_torch_free"):
+ * every block PyTorch's caching allocator asks for is a gpuipc VMM buffer,
+ * so a tensor in it can be sent with no copy (alloc_lookup finds its
+ * buffer, as a "gpuipc.buf" box). The Python side is gpuipc/torch.py.
+ * See _gpuipc.h.
+ */
+#include "_gpuipc.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct alloc_entry {
+  uintptr_t ptr;
+  size_t size;
+  gpuipc_buf_t *buf;
+} alloc_entry_t;
+
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static alloc_entry_t *allocs;
+static size_t nallocs, cap_allocs;
+static int alloc_kind = GPUIPC_KIND_VMM;
+
+EXPORT void *gpuipc_torch_malloc(ssize_t size, int device, void *stream);
+EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
+                              void *stream);
+
+EXPORT void *gpuipc_torch_malloc(ssize_t size, int device, void *stream)
+{
+  gpuipc_buf_t *buf = NULL;
+  if (size <= 0 ||
+      gpuipc_buf_alloc((size_t)size, (gpuipc_kind_t)alloc_kind, device, 0,
+                       &buf) < 0)
+    return NULL;
+  pthread_mutex_lock(&alloc_lock);
+  if (nallocs == cap_allocs) {
+    size_t ncap = cap_allocs ? cap_allocs * 2 : 64;
+    alloc_entry_t *n = realloc(allocs, ncap * sizeof(*n));
+    if (n == NULL) {
+      pthread_mutex_unlock(&alloc_lock);
+      gpuipc_buf_release(buf);
+      return NULL;
+    }
+    allocs = n;
+    cap_allocs = ncap;
+  }
+  allocs[nallocs].ptr = (uintptr_t)gpuipc_buf_ptr(buf);
+  allocs[nallocs].size = (size_t)size;
+  allocs[nallocs].buf = buf;
+  nallocs++;
+  pthread_mutex_unlock(&alloc_lock);
+  return gpuipc_buf_ptr(buf);
+}
+
+EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
+                              void *stream)
+{
+  gpuipc_buf_t *buf = NULL;
+  pthread_mutex_lock(&alloc_lock);
+  for (size_t i = 0; i < nallocs; i++) {
+    if (allocs[i].ptr == (uintptr_t)ptr) {
+      buf = allocs[i].buf;
+      allocs[i] = allocs[--nallocs];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&alloc_lock);
+  if (buf != NULL) {
+    /* A pluggable allocator's free is stream-ordered: PyTorch calls it as
+     * soon as the tensor goes, with kernels that use the block possibly
+     * still queued on @stream. Unmapping then would fault them, so the
+     * stream's work ends first. (The receivers keep their own mappings.) */
+    gpuipc_stream_sync(device, stream);
+    gpuipc_buf_release(buf);
+  }
+}
+
+/* alloc_lookup(ptr) -> buffer box holding @ptr (one more reference), or
+ * None when the allocator did not make it. */
+static PyObject *py_alloc_lookup(PyObject *self, PyObject *p)
+{
+  uintptr_t ptr = (uintptr_t)PyLong_AsVoidPtr(p);
+  if (PyErr_Occurred())
+    return NULL;
+  gpuipc_buf_t *buf = NULL;
+  pthread_mutex_lock(&alloc_lock);
+  for (size_t i = 0; i < nallocs && buf == NULL; i++)
+    if (ptr >= allocs[i].ptr && ptr < allocs[i].ptr + allocs[i].size)
+      buf = allocs[i].buf;
+  PyObject *r = NULL;
+  if (buf == NULL) {
+    pthread_mutex_unlock(&alloc_lock);
+    Py_RETURN_NONE;
+  }
+  r = gpuipc__py_buf_retain(buf); /* under the lock: a free cannot race it */
+  pthread_mutex_unlock(&alloc_lock);
+  return r;
+}
+
+static PyObject *py_alloc_set_kind(PyObject *self, PyObject *args)
+{
+  int kind;
+  if (!PyArg_ParseTuple(args, "i", &kind))
+    return NULL;
+  alloc_kind = kind;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef gpuipc__py_alloc_methods[] = {
+    GPUIPC__PY_FN(alloc_lookup, METH_O),
+    GPUIPC__PY_FN(alloc_set_kind, METH_VARARGS),
+    GPUIPC__PY_END};

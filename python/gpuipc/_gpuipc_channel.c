@@ -1,0 +1,159 @@
+/*
+ * _gpuipc_channel.c - gpuipc._gpuipc's channels: open, send (a tensor
+ * description, _gpuipc_tensor.c, with the gpuipc buffer it lies in, if
+ * any), the send tickets, receive (a "gpuipc.view" box) and receive into
+ * memory of the caller's. Channels travel as "gpuipc.channel" boxes
+ * (_gpuipc.c); the Python class is gpuipc/_channel.py. See _gpuipc.h.
+ */
+#include "_gpuipc.h"
+
+#include <errno.h>
+
+static PyObject *py_channel_open(PyObject *self, PyObject *args)
+{
+  gpuipc_domain_t *dom;
+  const char *name;
+  int timeout_ms, device, device_set, send_timeout_ms;
+  unsigned depth, stage_slots;
+  Py_ssize_t stage_slot_bytes;
+  if (!PyArg_ParseTuple(args, "O&siIiiiIn", gpuipc__py_domain, &dom, &name,
+                        &timeout_ms, &depth, &device, &device_set,
+                        &send_timeout_ms, &stage_slots, &stage_slot_bytes))
+    return NULL;
+  gpuipc_channel_opts_t o = {.size = sizeof(o)};
+  o.timeout_ms = timeout_ms;
+  o.depth = depth;
+  o.device = device;
+  o.device_set = device_set;
+  o.send_timeout_ms = send_timeout_ms;
+  o.stage_slots = stage_slots;
+  o.stage_slot_bytes = stage_slot_bytes < 0 ? 0 : (size_t)stage_slot_bytes;
+  gpuipc_channel_t *ch = NULL;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_open(dom, name, &o, &ch));
+  return gpuipc__py_box(rc, gpuipc__py_CHAN, ch);
+}
+
+/* channel_send(ch, buf|None, description, stream, flags) -> ticket */
+static PyObject *py_channel_send(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  gpuipc_buf_t *buf;
+  gpuipc__py_desc_t d;
+  void *stream;
+  unsigned flags;
+  if (!PyArg_ParseTuple(args, "O&O&O&O&I", gpuipc__py_channel, &ch,
+                        gpuipc__py_opt_buf, &buf, gpuipc__py_desc, &d,
+                        gpuipc__py_stream, &stream, &flags))
+    return NULL;
+  d.t.buf = buf;
+  uint64_t ticket = 0;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_send(ch, &d.t, stream, flags, &ticket));
+  if (rc < 0)
+    return gpuipc__py_raise(rc);
+  return PyLong_FromUnsignedLongLong(ticket);
+}
+
+/* channel_send_done(ch, ticket, timeout_ms) -> bool (False: -EAGAIN). */
+static PyObject *py_channel_send_done(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  unsigned long long ticket;
+  int timeout_ms;
+  if (!PyArg_ParseTuple(args, "O&Ki", gpuipc__py_channel, &ch, &ticket,
+                        &timeout_ms))
+    return NULL;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_send_done(ch, ticket, timeout_ms));
+  if (rc == -EAGAIN && timeout_ms == 0)
+    Py_RETURN_FALSE;
+  if (rc < 0)
+    return gpuipc__py_raise(rc);
+  Py_RETURN_TRUE;
+}
+
+static PyObject *py_channel_send_wait(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  unsigned long long ticket;
+  void *stream;
+  int timeout_ms;
+  if (!PyArg_ParseTuple(args, "O&KO&i", gpuipc__py_channel, &ch, &ticket,
+                        gpuipc__py_stream, &stream, &timeout_ms))
+    return NULL;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_send_wait(ch, ticket, stream,
+                                                 timeout_ms));
+  return gpuipc__py_none(rc);
+}
+
+static PyObject *py_channel_progress(PyObject *self, PyObject *ccap)
+{
+  gpuipc_channel_t *ch = gpuipc__py_unbox(ccap, gpuipc__py_CHAN);
+  if (ch == NULL)
+    return NULL;
+  return gpuipc__py_long(gpuipc_channel_progress(ch));
+}
+
+/* channel_recv(ch, stream, timeout_ms) -> view box */
+static PyObject *py_channel_recv(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  void *stream;
+  int timeout_ms;
+  if (!PyArg_ParseTuple(args, "O&O&i", gpuipc__py_channel, &ch,
+                        gpuipc__py_stream, &stream, &timeout_ms))
+    return NULL;
+  gpuipc_tensor_t *view = NULL;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_recv(ch, &view, stream, timeout_ms));
+  return gpuipc__py_box(rc, gpuipc__py_VIEW, view);
+}
+
+static PyObject *py_channel_recv_into(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  gpuipc__py_desc_t d;
+  void *stream;
+  int timeout_ms;
+  if (!PyArg_ParseTuple(args, "O&O&O&i", gpuipc__py_channel, &ch,
+                        gpuipc__py_desc, &d, gpuipc__py_stream, &stream,
+                        &timeout_ms))
+    return NULL;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_recv_into(ch, &d.t, stream,
+                                                 timeout_ms));
+  return gpuipc__py_none(rc);
+}
+
+static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
+{
+  gpuipc_channel_t *ch = gpuipc__py_unbox(ccap, gpuipc__py_CHAN);
+  if (ch == NULL)
+    return NULL;
+  gpuipc_channel_info_t in = {.size = sizeof(in)};
+  int rc = gpuipc_channel_info(ch, &in);
+  if (rc < 0)
+    return gpuipc__py_raise(rc);
+  return Py_BuildValue(
+      "{s:s,s:i,s:i,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:O}", "name", in.name,
+      "end", in.end, "peer_pid", in.peer_pid, "depth", in.depth, "peer_depth",
+      in.peer_depth, "sent", (unsigned long long)in.sent, "in_flight",
+      (unsigned long long)in.in_flight, "received",
+      (unsigned long long)in.received, "views", (unsigned long long)in.views,
+      "buffers_sent", (unsigned long long)in.buffers_sent,
+      "buffers_imported", (unsigned long long)in.buffers_imported,
+      "peer_gone", in.peer_gone ? Py_True : Py_False);
+}
+
+PyMethodDef gpuipc__py_channel_methods[] = {
+    GPUIPC__PY_FN(channel_open, METH_VARARGS),
+    GPUIPC__PY_FN(channel_send, METH_VARARGS),
+    GPUIPC__PY_FN(channel_send_done, METH_VARARGS),
+    GPUIPC__PY_FN(channel_send_wait, METH_VARARGS),
+    GPUIPC__PY_FN(channel_progress, METH_O),
+    GPUIPC__PY_FN(channel_recv, METH_VARARGS),
+    GPUIPC__PY_FN(channel_recv_into, METH_VARARGS),
+    GPUIPC__PY_FN(channel_info, METH_O),
+    GPUIPC__PY_END};

@@ -1,0 +1,191 @@
+"""gpuipc's tensors: describe() turns anything array-like (DLPack, the
+(CUDA) array interface, the buffer protocol, a gpuipc Buffer) into the
+description the C layer sends (_common._Desc), and Tensor is a view that
+Channel.recv (_channel.py) received, handed on through DLPack or the array
+interfaces. The C calls live in _gpuipc_tensor.c."""
+import sys
+
+from . import _gpuipc as _c
+from ._buffer import Buffer
+from ._common import (DL_CPU, DL_CUDA, _Boxed, _Desc, _KIND_NAMES, _c_strides,
+                      _dl_to_typestr, _nbytes, _stream, _typestr_to_dl)
+from ._errors import Error
+
+
+def _elem_strides(strides, item, what):
+    if strides is None:
+        return None
+    out = []
+    for s in strides:
+        if s % item:
+            raise ValueError(f"{what}: a stride of {s} bytes is not a whole number of elements")
+        out.append(s // item)
+    return out
+
+
+def _from_array_interface(obj, ai, dev_type):
+    if ai.get("mask") is not None:
+        raise ValueError("masked arrays cannot be sent")
+    dtype = _typestr_to_dl(ai["typestr"])
+    item = dtype[1] // 8
+    ptr = ai["data"][0] if ai.get("data") else 0
+    strides = _elem_strides(ai.get("strides"), item, "array")
+    dev_id = 0
+    if dev_type == DL_CUDA:
+        dev_id = _cuda_device_of(ptr)
+    return _Desc(ptr, dev_type, dev_id, dtype, ai["shape"], strides, obj)
+
+
+def _cuda_device_of(ptr):
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.current_device()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return cupy.cuda.runtime.getDevice()
+    try:
+        return _c.device_current()
+    except Error:
+        return 0
+
+
+def describe(obj, stream=None):
+    """Describe ``obj`` (DLPack, CUDA array interface, numpy array interface
+    or the buffer protocol) without copying it."""
+    if isinstance(obj, (Buffer, Tensor)):
+        return obj._desc()
+    ai = getattr(obj, "__array_interface__", None)
+    if isinstance(ai, dict):
+        return _from_array_interface(obj, ai, DL_CPU)
+    if hasattr(obj, "__dlpack__"):
+        dev = tuple(obj.__dlpack_device__()) if hasattr(obj, "__dlpack_device__") else (DL_CPU, 0)
+        if dev[0] == DL_CUDA:
+            cap = obj.__dlpack__(stream=_stream(stream) or 1)
+        else:
+            cap = obj.__dlpack__()
+        t, hold = _c.dlpack_take(cap)
+        d = _Desc(t[0], t[1], t[2], t[3], t[4], t[5], (obj, hold))
+        if t[6]:
+            d.t = d.t[:6] + (t[6],)
+            d.lo += t[6]
+            d.hi += t[6]
+        return d
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        return _from_array_interface(obj, cai, DL_CUDA)
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{type(obj).__name__} speaks neither DLPack, the CUDA array "
+                        "interface, the array interface nor the buffer protocol") from None
+    import numpy as np
+    arr = np.asarray(mv)
+    return _from_array_interface((obj, arr), arr.__array_interface__, DL_CPU)
+
+
+# ---- received tensors --------------------------------------------------------
+
+class Tensor(_Boxed):
+    """A tensor received with ``Channel.recv``: a view of the sender's
+    memory. Give it back with ``release()``, a ``with`` block, or by handing
+    it to a consumer (``torch.from_dlpack``, ``np.from_dlpack``,
+    ``cupy.from_dlpack``), whose deleter gives it back when the consumer's
+    array goes."""
+
+    _closed = "the tensor was released or handed to a consumer"
+
+    def __init__(self, box, stream):
+        self._box = box
+        self._stream = stream
+        (t, self.buffer_ptr, self.buffer_size, k, self.buffer_device) = _c.view_info(box)
+        (data, self.device_type, self.device_id, self._dl_dtype, self.shape,
+         strides, self.byte_offset) = t
+        self.data_ptr = data + self.byte_offset
+        self.kind = _KIND_NAMES.get(k, "?")
+        self.strides = strides if strides is not None else _c_strides(self.shape)
+        self.typestr = _dl_to_typestr(*self._dl_dtype)
+
+    @property
+    def device(self):
+        return "cpu" if self.device_type != DL_CUDA else f"cuda:{self.device_id}"
+
+    @property
+    def nbytes(self):
+        return _nbytes(self.shape, self._dl_dtype[1] * self._dl_dtype[2] // 8)
+
+    def release(self, stream=None):
+        """Give the view back to the sender (for GPU views, after the work
+        queued on ``stream`` so far; default: the stream it was received on)."""
+        box = self._take_box()
+        if box is not None:
+            s = self._stream if stream is None else _stream(stream)
+            _c.close(box, s if self.device_type == DL_CUDA else None)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def _desc(self):
+        self._h()
+        return _Desc(self.data_ptr, self.device_type, self.device_id, self._dl_dtype,
+                     self.shape, self.strides, self)
+
+    def __dlpack_device__(self):
+        return (self.device_type, self.device_id)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """Hand the view to a consumer that uses it on ``stream`` (DLPack's
+        convention: None or 1 the legacy default stream, 2 per-thread, -1 no
+        synchronisation, else a CUstream): the release is ordered after the
+        work the consumer queues there before letting go."""
+        if copy:
+            raise BufferError("gpuipc views are exported without copying")
+        s = None
+        if self.device_type == DL_CUDA:
+            if stream == -1:
+                s = self._stream
+            elif stream is not None:
+                s = _stream(stream)
+            if s is None:
+                s = 1
+        cap = _c.view_to_dlpack(self._h(), s)
+        self._box = None
+        return cap
+
+    def _interface(self):
+        item = self._dl_dtype[1] * self._dl_dtype[2] // 8
+        return {"version": 3, "shape": tuple(self.shape), "typestr": self.typestr,
+                "data": (self.data_ptr, False),
+                "strides": tuple(s * item for s in self.strides)}
+
+    @property
+    def __array_interface__(self):
+        self._h()
+        if self.device_type == DL_CUDA:
+            raise AttributeError("__array_interface__: a GPU tensor")
+        return self._interface()
+
+    @property
+    def __cuda_array_interface__(self):
+        self._h()
+        if self.device_type != DL_CUDA:
+            raise AttributeError("__cuda_array_interface__: a host tensor")
+        d = self._interface()
+        d["stream"] = self._stream if self._stream not in (None, 0) else 1
+        return d
+
+    def numpy(self):
+        """A numpy array over the view (HOST, no copy); the view is given back
+        when the array goes."""
+        import numpy as np
+        return np.from_dlpack(self)
+
+    def __repr__(self):
+        state = "" if self._box is not None else " released"
+        return f"<gpuipc.Tensor {self.typestr} {tuple(self.shape)} {self.device}{state}>"
+
