@@ -57,16 +57,20 @@ class Channel(_Boxed):
         return ticket
 
     def _hold(self, ticket, what):
+        """Keep ``what`` (a staged GPU tensor the copy still reads) until
+        message ``ticket`` is free; let the oldest ones go once they are
+        (tickets grow, so the first one not free ends the look)."""
         with self._lock:
-            self._keep[ticket] = what
-            if len(self._keep) > 8:
-                for t in list(self._keep):
-                    try:
-                        if not _c.channel_send_done(self._box, t, 0):
-                            continue
-                    except Error:
-                        pass
-                    self._keep.pop(t, None)
+            keep = self._keep
+            keep[ticket] = what
+            while len(keep) > 8:
+                t = next(iter(keep))
+                try:
+                    if not _c.channel_send_done(self._box, t, 0):
+                        break
+                except Error:
+                    pass
+                del keep[t]
 
     def done(self, ticket, timeout=0):
         """Whether message ``ticket``'s buffer is free again (released, and

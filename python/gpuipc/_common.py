@@ -89,16 +89,37 @@ def _dtype_of(dtype):
 
 # ---- streams ---------------------------------------------------------------
 
-def _stream(s, cuda=True):
+_raw_stream = None  # PyTorch's "current stream of device d" as an integer
+
+
+def _torch_stream(torch, device):
+    """PyTorch's current stream on ``device`` (None: the current device) as
+    an integer, without making a torch.cuda.Stream object (which costs
+    microseconds a call)."""
+    global _raw_stream
+    f = _raw_stream
+    if f is None:
+        f = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if f is None:  # a PyTorch without it
+            def f(dev):
+                return torch.cuda.current_stream(dev).cuda_stream
+        _raw_stream = f
+    if device is None:
+        device = torch.cuda.current_device()
+    return f(device)
+
+
+def _stream(s, cuda=True, device=None):
     """A stream as an integer (CUstream), from an int, a torch/CuPy stream
-    (.cuda_stream / .ptr) or None (PyTorch's current stream when torch is in
-    use with CUDA, else the legacy default stream)."""
+    (.cuda_stream / .ptr) or None (PyTorch's current stream on ``device``,
+    default the current one, when torch is in use with CUDA, else the
+    legacy default stream)."""
     if s is None:
         if not cuda:
             return None
         torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-            return torch.cuda.current_stream().cuda_stream or None
+        if torch is not None and torch.cuda.is_initialized():
+            return _torch_stream(torch, device) or None
         return None
     if isinstance(s, int):
         return s
@@ -137,7 +158,7 @@ class _Desc:
 
     def stream(self, s):
         """Stream ``s`` as an integer for a GPU tensor (None for host)."""
-        return _stream(s) if self.cuda else None
+        return _stream(s, device=self.device_id) if self.cuda else None
 
 
 def _c_strides(shape):

@@ -7,8 +7,9 @@ import sys
 
 from . import _gpuipc as _c
 from ._buffer import Buffer
-from ._common import (DL_CPU, DL_CUDA, _Boxed, _Desc, _KIND_NAMES, _c_strides,
-                      _dl_to_typestr, _nbytes, _stream, _typestr_to_dl)
+from ._common import (DL_CPU, DL_CUDA, _BFLOAT, _COMPLEX, _FLOAT, _INT, _UINT,
+                      _Boxed, _Desc, _KIND_NAMES, _c_strides, _dl_to_typestr,
+                      _nbytes, _stream, _typestr_to_dl)
 from ._errors import Error
 
 
@@ -49,18 +50,62 @@ def _cuda_device_of(ptr):
         return 0
 
 
+_TORCH_DL = None  # torch dtype -> DLPack (code, bits, lanes)
+
+
+def _torch_dtypes(torch):
+    global _TORCH_DL
+    if _TORCH_DL is None:
+        table = {}
+        for name, dl in (("float16", (_FLOAT, 16, 1)), ("float32", (_FLOAT, 32, 1)),
+                         ("float64", (_FLOAT, 64, 1)), ("bfloat16", (_BFLOAT, 16, 1)),
+                         ("int8", (_INT, 8, 1)), ("int16", (_INT, 16, 1)),
+                         ("int32", (_INT, 32, 1)), ("int64", (_INT, 64, 1)),
+                         ("uint8", (_UINT, 8, 1)), ("complex64", (_COMPLEX, 64, 1)),
+                         ("complex128", (_COMPLEX, 128, 1))):
+            dt = getattr(torch, name, None)
+            if dt is not None:
+                table[dt] = dl
+        _TORCH_DL = table
+    return _TORCH_DL
+
+
+def _from_torch(torch, t):
+    """A plain strided torch tensor described from its attributes: what
+    __dlpack__ would say, without its cost (a capsule, and a
+    torch.cuda.Stream object when a stream is named). None: take the DLPack
+    path (other layouts, conjugate or negative views, other dtypes)."""
+    dl = _torch_dtypes(torch).get(t.dtype)
+    if dl is None or t.layout is not torch.strided or t.is_conj() or t.is_neg():
+        return None
+    if t.is_cuda:
+        dev_type, dev_id = DL_CUDA, t.get_device()
+    elif t.device.type == "cpu":
+        dev_type, dev_id = DL_CPU, 0
+    else:
+        return None
+    return _Desc(t.data_ptr(), dev_type, dev_id, dl, t.shape, t.stride(), t)
+
+
 def describe(obj, stream=None):
     """Describe ``obj`` (DLPack, CUDA array interface, numpy array interface
-    or the buffer protocol) without copying it."""
+    or the buffer protocol) without copying it. A CUDA tensor's data must be
+    ready on ``stream`` (default: PyTorch's current stream of its device),
+    the stream its send or copy is ordered on."""
     if isinstance(obj, (Buffer, Tensor)):
         return obj._desc()
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        d = _from_torch(torch, obj)
+        if d is not None:
+            return d
     ai = getattr(obj, "__array_interface__", None)
     if isinstance(ai, dict):
         return _from_array_interface(obj, ai, DL_CPU)
     if hasattr(obj, "__dlpack__"):
         dev = tuple(obj.__dlpack_device__()) if hasattr(obj, "__dlpack_device__") else (DL_CPU, 0)
         if dev[0] == DL_CUDA:
-            cap = obj.__dlpack__(stream=_stream(stream) or 1)
+            cap = obj.__dlpack__(stream=_stream(stream, device=dev[1]) or 1)
         else:
             cap = obj.__dlpack__()
         t, hold = _c.dlpack_take(cap)
