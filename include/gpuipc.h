@@ -1575,6 +1575,10 @@ typedef struct gpuipc_channel_info {
   uint64_t buffers_sent;     /* buffer handles sent (first sends) */
   uint64_t buffers_imported; /* buffer handles received */
   int peer_gone;
+  /* Buffers received and still mapped here for the sender's messages (at
+   * most 256: the sender tells this end to forget the ones it no longer
+   * uses, its freed large stages among them). */
+  uint64_t buffers_mapped;
 } gpuipc_channel_info_t;
 
 /* gpuipc_channel_info - counters of @ch. Returns 0 or -EINVAL. */

@@ -262,6 +262,7 @@ int gpuipc_channel_info(gpuipc_channel_t *ch, gpuipc_channel_info_t *out)
   i.peer_depth = ch->rx.depth;
   i.received = ch->rx.received;
   i.buffers_imported = ch->rx.bufs_imported;
+  i.buffers_mapped = (uint64_t)ch->rx.nbufs;
   pthread_mutex_unlock(&ch->rx.lock);
   i.views = atomic_load(&ch->rx.views);
   i.peer_gone = atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE;
