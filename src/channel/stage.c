@@ -129,7 +129,9 @@ int gpuipc__chan_stage_large(struct gpuipc_channel *ch, int area,
                              int *idx)
 {
   struct gpuipc__stage *s = &ch->tx.stage[area];
-  size_t size = (size_t)((span + LARGE_ALIGN - 1) & ~(uint64_t)(LARGE_ALIGN - 1));
+  /* span <= GPUIPC_SIZE_MAX_ABSURD: rounding up cannot overflow. */
+  size_t size =
+      (size_t)((span + LARGE_ALIGN - 1) & ~(uint64_t)(LARGE_ALIGN - 1));
   for (;;) {
     int i = large_fit(s, span);
     if (i >= 0) {
