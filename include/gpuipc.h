@@ -1321,9 +1321,16 @@ typedef struct gpuipc_channel_opts {
    * -ETIMEDOUT; 0: forever. */
   int send_timeout_ms;
   /* Staging of memory gpuipc did not allocate: slots (1..64; 0: 4) of
-   * stage_slot_bytes (0: 4 MiB) each, per device, allocated on first use. */
+   * stage_slot_bytes (0: 4 MiB) each, per device, allocated on first use.
+   * A larger tensor is staged in a buffer of its own (a large stage, its
+   * size rounded up to 2 MiB), kept for later sends: at most stage_slots
+   * of them per device. */
   uint32_t stage_slots;
   size_t stage_slot_bytes;
+  /* Bytes of large stages kept per device (0: 1 GiB). A tensor larger
+   * than that still goes: it gets a stage of its own size, freed again when
+   * another large send needs the room. */
+  size_t stage_large_bytes;
 } gpuipc_channel_opts_t;
 
 /*
@@ -1357,9 +1364,14 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
 
 /*
  * gpuipc_channel_send - send tensor @t to the other end.
- * @t: the tensor; t->buf NULL stages the bytes (they must be contiguous,
- *     row-major, and fit a staging slot: -EMSGSIZE otherwise) through the
- *     channel's staging buffer, on @stream for device memory.
+ * @t: the tensor; t->buf NULL stages the bytes (they must be contiguous
+ *     and row-major; any size) with one copy (on @stream for device
+ *     memory) into the channel's own memory: a staging slot when they fit
+ *     one (stage_slot_bytes), else a large stage, a buffer of their size
+ *     rounded up to 2 MiB. A channel keeps what it staged through until it
+ *     is closed: stage_slots * stage_slot_bytes, plus up to
+ *     stage_large_bytes of large stages (or the largest tensor sent, when
+ *     more), per device and for host memory.
  * @stream: CUstream / cudaStream_t of the buffer's device, on which the
  *     sender queued its writes. NULL, CU_STREAM_LEGACY (cudaStreamLegacy)
  *     and CU_STREAM_PER_THREAD (cudaStreamPerThread, the calling thread's)
@@ -1375,9 +1387,13 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * naming the field, for more than GPUIPC_TENSOR_MAX_DIMS dimensions, a
  * negative extent, an unknown or unsupported dtype, strides or byte offset
  * reaching outside the buffer, a data pointer outside it.
- * Returns 0; -EINVAL; -EMSGSIZE; -EAGAIN (NONBLOCK and `depth` messages in
- * flight); -ETIMEDOUT (send timeout); GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO
- * (the peer broke the protocol; the channel is unusable); GPUIPC_E_CUDA.
+ * Returns 0; -EINVAL; -EAGAIN (NONBLOCK and `depth` messages in flight, or
+ * every staging slot, or every large stage that the limits allow, in
+ * flight); -ETIMEDOUT (send timeout); -ENOMEM (or the allocator's error)
+ * when no large stage of the tensor's size can be allocated: the sentence
+ * names the size, nothing was sent and the channel stays usable;
+ * GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO (the peer broke the protocol; the
+ * channel is unusable); GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                            void *stream, unsigned flags, uint64_t *ticket);
@@ -1559,6 +1575,10 @@ typedef struct gpuipc_channel_info {
   uint64_t buffers_sent;     /* buffer handles sent (first sends) */
   uint64_t buffers_imported; /* buffer handles received */
   int peer_gone;
+  /* Buffers received and still mapped here for the sender's messages (at
+   * most 256: the sender tells this end to forget the ones it no longer
+   * uses, its freed large stages among them). */
+  uint64_t buffers_mapped;
 } gpuipc_channel_info_t;
 
 /* gpuipc_channel_info - counters of @ch. Returns 0 or -EINVAL. */

@@ -167,7 +167,7 @@ int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,
 int gpuipc_mpi_channel_close(gpuipc_mpi_channel_t *ch);
 
 /* gpuipc_mpi_channel_send - as gpuipc_channel_send (tickets 1, 2, ...; same checks).
- * -EMSGSIZE is not returned on the MPI path (no staging slots). */
+ * Tensors of any size go, as they do there. */
 int gpuipc_mpi_channel_send(gpuipc_mpi_channel_t *ch, const gpuipc_tensor_t *t,
                     void *stream, unsigned flags, uint64_t *ticket);
 

@@ -57,16 +57,18 @@ int main(void)
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ(info.buffers_sent, 2);
 
-  /* Too large for a staging slot. */
-  int64_t big[1] = {CHAN_SLOT + 1};
-  uint8_t *large = malloc(CHAN_SLOT + 1);
-  gpuipc_tensor_t t = {.dl = {.data = large,
+  /* Any size is staged (tests/channel_large.c), but not an absurd one:
+   * refused before anything is allocated or sent. */
+  int64_t absurd[2] = {(int64_t)1 << 30, (int64_t)1 << 20}; /* 2^50 bytes */
+  gpuipc_tensor_t t = {.dl = {.data = foreign,
                               .device = {GPUIPC_DL_CPU, 0},
-                              .ndim = 1,
+                              .ndim = 2,
                               .dtype = {GPUIPC_DL_UINT, 8, 1},
-                              .shape = big}};
-  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EMSGSIZE);
-  free(large);
+                              .shape = absurd}};
+  ASSERT_RC(gpuipc_channel_send(ch, &t, NULL, 0, NULL), -EINVAL);
+  ASSERT_ERR_MENTIONS("outside the");
+  ASSERT_OK(gpuipc_channel_info(ch, &info));
+  ASSERT_EQ(info.sent, N);
   ASSERT_OK(gpuipc_channel_close(ch));
   gpuipc_buf_release(buf);
   free(foreign);

@@ -42,7 +42,7 @@ class WouldBlock(Error, builtins.BlockingIOError): """-EAGAIN: not now (a timeou
 class InvalidArgument(Error, ValueError): """-EINVAL: the library refused an argument."""
 class NotFound(Error, builtins.FileNotFoundError): """-ENOENT: no such segment or broker."""
 class Exists(Error, builtins.FileExistsError): """-EEXIST: the name exists."""
-class MessageTooLarge(Error, ValueError): """-EMSGSIZE: more than a staging slot holds."""
+class MessageTooLarge(Error, ValueError): """-EMSGSIZE: a message longer than its path carries (channels stage tensors of any size)."""
 class AlreadyDone(Error): """-EALREADY: published already."""
 class OutOfMemory(Error, MemoryError): """-ENOMEM."""
 class OSError(Error, builtins.OSError): """Another -errno code."""

@@ -46,6 +46,40 @@ def torch_recv(dom, arg):
         say(same=same)
 
 
+def big(n=1 << 28):
+    """1 GiB of int32 from PyTorch's caching allocator (not gpuipc memory),
+    each value a function of its index."""
+    import torch
+    i = torch.arange(n, dtype=torch.int64, device="cuda")
+    return (i * 2654435761 % 2**31).to(torch.int32)
+
+
+def large_send(dom, arg):
+    import torch
+    with gpuipc.Domain(dom) as d, d.channel("big", timeout=60) as ch:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            t = big()
+            ticket = ch.send(t, stream=s)  # staged: one copy on s
+        ch.wait(ticket, stream=s, timeout=120)
+        s.synchronize()
+        say(bytes=t.numel() * t.element_size(), info=ch.info()["buffers_sent"])
+
+
+def large_recv(dom, arg):
+    import torch
+    with gpuipc.Domain(dom) as d, d.channel("big", timeout=60) as ch:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            v = ch.recv(timeout=120, stream=s)
+            x = torch.from_dlpack(v)
+            shape = list(x.shape)
+            same = bool(torch.equal(x, big()))
+            del x
+        s.synchronize()
+        say(same=same, shape=shape)
+
+
 def cupy_send(dom, arg):
     import cupy as cp
     with gpuipc.Domain(dom) as d, d.channel("c", timeout=60) as ch:

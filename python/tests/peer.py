@@ -207,10 +207,11 @@ def errors(dom, arg):
             b.recv(timeout=0.1)
         except gpuipc.TimeoutError as e:
             res["recv_timeout"] = [e.name, time.monotonic() - t0 >= 0.09]
-        try:
-            a.send(np.zeros(10000, "uint8"))
-        except gpuipc.MessageTooLarge as e:
-            res["too_large"] = e.name
+        # far more than the 4096-byte slots: a large stage of its own
+        big = pattern(12, (64 << 20,), "uint8")
+        a.send(big, block=False)
+        with b.recv(timeout=10) as v:
+            res["large"] = [list(v.shape), bool(np.array_equal(v.numpy(), big))]
         try:
             a.send(object())
         except TypeError as e:

@@ -44,6 +44,15 @@ def test_torch_cuda_tensors_staged(env):
     assert r == {"same": [True] * 4}
 
 
+def test_torch_tensor_of_1_gib_from_pytorch_allocator_staged(env):
+    # larger than any staging slot: one large stage, one copy, every value
+    # checked by the receiver against its index
+    s, r = run_pair(env, ("large_send", None), ("large_recv", None),
+                    timeout=300)
+    assert r == {"same": True, "shape": [1 << 28]}
+    assert s["bytes"] == 1 << 30 and s["info"] == 1
+
+
 def test_torch_allocator_sends_without_staging(env):
     s, r = run_pair(env, ("torch_send", "alloc"), ("torch_recv", None))
     assert r == {"same": [True] * 4}

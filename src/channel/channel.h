@@ -8,8 +8,10 @@
  *                checking that the peer is still there
  *   open.c       gpuipc_channel_open (options, segment), _close, _info
  *   rendezvous.c pairing the two openers of a name, the socket
- *   send.c       the sending side: send, flow control, staging, releases
- *                taken in, the buffers the receiver knows
+ *   send.c       the sending side: send, flow control, staging slots,
+ *                releases taken in, the buffers the receiver knows
+ *   stage.c      large stages: a buffer of its own for a staged tensor
+ *                larger than a slot
  *   recv.c       the receiving side: descriptors taken, buffers imported,
  *                releases published, views
  *   events.c     CUDA event pools (ours) and tables (the peer's)
@@ -172,13 +174,25 @@ struct gpuipc__tx_rec {
   bool released;      /* the receiver gave it back */
   gpuipc_buf_t *buf;  /* a reference held while in flight */
   int stage, slot;    /* staging area (device + 1) and slot, or -1 */
+  int large;          /* or the area's large stage, or -1 */
   gpuipc_event_t *rel_ev; /* the receiver's release event (table's) */
   uint32_t rel_key;       /* its key */
+};
+
+/* The most large stages an area keeps (stage_slots says how many). */
+#define GPUIPC__CHAN_LARGE_MAX 64
+
+/* A large stage (stage.c): a buffer of its own for one staged tensor. */
+struct gpuipc__large {
+  gpuipc_buf_t *buf; /* NULL: an unused entry */
+  bool busy;         /* a message in flight holds it */
 };
 
 struct gpuipc__stage {
   gpuipc_buf_t *buf;
   uint64_t busy; /* slots in use */
+  struct gpuipc__large large[GPUIPC__CHAN_LARGE_MAX];
+  size_t large_bytes; /* the sizes of large[].buf together */
 };
 
 struct gpuipc__tx {
@@ -191,6 +205,13 @@ struct gpuipc__tx {
   uint32_t rel_tail;           /* releases taken in */
   struct gpuipc__known known[GPUIPC__CHAN_BUFS];
   int nknown, last_known;
+  /*
+   * Keys dropped from known[] whose buffers are gone (freed large stages),
+   * oldest first: each descriptor that forgets nothing else carries one
+   * (GPUIPC__DESC_FORGET). The receiver holds nknown + nforget buffers.
+   */
+  uint64_t forget[GPUIPC__CHAN_BUFS];
+  int nforget;
   uint64_t next_key, clock, last_key;
   gpuipc_event_t **ev;  /* [ndev * depth], created on first use */
   uint8_t *ev_sent;     /* whether the receiver has each one */
@@ -239,6 +260,7 @@ struct gpuipc_channel {
   int send_timeout_ms;
   uint32_t stage_slots;
   size_t stage_slot_bytes;
+  size_t stage_large_bytes;
   /*
    * 0, or why the channel is unusable, for good: GPUIPC_E_PEER_GONE,
    * GPUIPC_E_PROTO, or the failure that left the two ends out of step.
@@ -327,6 +349,7 @@ struct gpuipc__chan_cfg {
   int send_timeout_ms;
   uint32_t stage_slots;
   size_t stage_slot_bytes;
+  size_t stage_large_bytes;
 };
 
 /* gpuipc__chan_rendezvous: paired, or try the name afresh. */
@@ -393,6 +416,41 @@ int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
                               uint8_t **sent_flag);
 /* How long to poll a pending event of the peer's before a stream wait. */
 uint64_t gpuipc__chan_ev_poll_ns(void);
+
+/* ----- send.c, for stage.c ----- */
+
+/*
+ * Wait, with the send lock held (let go while it sleeps), until the oldest
+ * message in flight is free, and recycle it. Returns 0; -EAGAIN for
+ * GPUIPC_SEND_NONBLOCK in @flags; -ETIMEDOUT at @deadline; the channel's
+ * failure. The sentences of -EAGAIN and -ETIMEDOUT name @what, the thing
+ * that is all in flight ("staging slot", "large stage").
+ */
+int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
+                                uint64_t deadline, const char *what);
+
+/*
+ * @b's buffer is gone: drop it from the sender's table of buffers the
+ * receiver holds and queue its key to be forgotten (tx->forget).
+ */
+void gpuipc__chan_known_forget(struct gpuipc__tx *tx, const gpuipc_buf_t *b);
+
+/* ----- stage.c ----- */
+
+/*
+ * A free large stage of area @area (0: host, d + 1: device d; the areas
+ * exist) that holds @span bytes, in *@idx: a kept one, or one allocated
+ * for it, waiting for a message in flight to be free when the limits
+ * (stage_slots stages, stage_large_bytes bytes) leave no room until
+ * @deadline. Returns 0; -EAGAIN (NONBLOCK); -ETIMEDOUT; -ENOMEM (or the
+ * allocation's error) naming the size; the channel's failure.
+ */
+int gpuipc__chan_stage_large(struct gpuipc_channel *ch, int area,
+                             uint64_t span, unsigned flags, uint64_t deadline,
+                             int *idx);
+
+/* Free an area's large stages (none may be busy: the channel closes). */
+void gpuipc__chan_stage_large_free(struct gpuipc__stage *s);
 
 /* ----- tensor.c ----- */
 

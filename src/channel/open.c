@@ -18,6 +18,7 @@
 #define SEGMENT_PREFIX "chan."
 #define STAGE_SLOTS_DEFAULT 4
 #define STAGE_SLOT_BYTES_DEFAULT ((size_t)4 << 20)
+#define STAGE_LARGE_BYTES_DEFAULT ((size_t)1 << 30)
 
 static int name_check(const char *name)
 {
@@ -79,6 +80,8 @@ static int opts_read(const gpuipc_channel_opts_t *o, gpuipc_domain_t *dom,
     return gpuipc__err(-EINVAL, "%s: stage_slot_bytes %zu is too large", who,
                        c->stage_slot_bytes);
   c->stage_slot_bytes = (c->stage_slot_bytes + 255) & ~(size_t)255;
+  c->stage_large_bytes = v.stage_large_bytes != 0 ? v.stage_large_bytes
+                                                  : STAGE_LARGE_BYTES_DEFAULT;
   return 0;
 }
 
@@ -140,6 +143,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   ch->send_timeout_ms = c.send_timeout_ms;
   ch->stage_slots = c.stage_slots;
   ch->stage_slot_bytes = c.stage_slot_bytes;
+  ch->stage_large_bytes = c.stage_large_bytes;
   pthread_mutex_init(&ch->tx.lock, NULL);
   pthread_mutex_init(&ch->rx.lock, NULL);
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
@@ -258,6 +262,7 @@ int gpuipc_channel_info(gpuipc_channel_t *ch, gpuipc_channel_info_t *out)
   i.peer_depth = ch->rx.depth;
   i.received = ch->rx.received;
   i.buffers_imported = ch->rx.bufs_imported;
+  i.buffers_mapped = (uint64_t)ch->rx.nbufs;
   pthread_mutex_unlock(&ch->rx.lock);
   i.views = atomic_load(&ch->rx.views);
   i.peer_gone = atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE;

@@ -35,11 +35,17 @@ static void tx_rec_free(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
 {
   if (r->buf != NULL)
     gpuipc_buf_release(r->buf);
-  if (r->stage >= 0 && ch->tx.stage != NULL)
-    ch->tx.stage[r->stage].busy &= ~(1ull << r->slot);
+  if (r->stage >= 0 && ch->tx.stage != NULL) {
+    struct gpuipc__stage *s = &ch->tx.stage[r->stage];
+    if (r->large >= 0)
+      s->large[r->large].busy = false;
+    else if (r->slot >= 0)
+      s->busy &= ~(1ull << r->slot);
+  }
   memset(r, 0, sizeof(*r));
   r->stage = -1;
   r->slot = -1;
+  r->large = -1;
 }
 
 /* Take in the releases the receiver has published. Returns how many. */
@@ -254,12 +260,25 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags,
   return rc;
 }
 
-/*
- * A free staging slot on area @area (0: host, d + 1: device d), waiting
- * until @deadline.
- */
-static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
-                     uint64_t deadline, int *slot_out)
+int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
+                                uint64_t deadline, const char *what)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (flags & GPUIPC_SEND_NONBLOCK)
+    return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s: every %s "
+                       "is in flight", ch->name, what);
+  int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
+  if (rc == -ETIMEDOUT)
+    return gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send: channel %s: no %s "
+                       "came free within %d ms", ch->name, what,
+                       ch->send_timeout_ms);
+  if (rc != 0)
+    return rc;
+  return tx_recycle(ch);
+}
+
+/* The staging areas (host, then each device), and whether @area is one. */
+static int stage_areas(struct gpuipc_channel *ch, int area)
 {
   struct gpuipc__tx *tx = &ch->tx;
   if (tx->stage == NULL) {
@@ -272,6 +291,17 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   if (area > tx->ndev)
     return gpuipc__err(-ERANGE, "gpuipc_channel_send: device %d is not visible",
                        area - 1);
+  return 0;
+}
+
+/*
+ * A free staging slot on area @area (0: host, d + 1: device d), waiting
+ * until @deadline.
+ */
+static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
+                     uint64_t deadline, int *slot_out)
+{
+  struct gpuipc__tx *tx = &ch->tx;
   struct gpuipc__stage *s = &tx->stage[area];
   if (s->buf == NULL) {
     int rc = gpuipc_buf_alloc(ch->stage_slots * ch->stage_slot_bytes,
@@ -284,20 +314,7 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
                                         : (1ull << ch->stage_slots) - 1;
   while ((s->busy & all) == all) {
     /* Every slot is in flight: wait until the oldest message is free. */
-    if (flags & GPUIPC_SEND_NONBLOCK)
-      return gpuipc__err(-EAGAIN,
-                         "gpuipc_channel_send: channel %s: all %u staging "
-                         "slots are in flight",
-                         ch->name, ch->stage_slots);
-    int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
-    if (rc == -ETIMEDOUT)
-      return gpuipc__err(-ETIMEDOUT,
-                         "gpuipc_channel_send: channel %s: no staging "
-                         "slot came free within %d ms",
-                         ch->name, ch->send_timeout_ms);
-    if (rc != 0)
-      return rc;
-    rc = tx_recycle(ch);
+    int rc = gpuipc__chan_tx_wait_oldest(ch, flags, deadline, "staging slot");
     if (rc != 0)
       return rc;
   }
@@ -307,26 +324,35 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
 }
 
 /*
- * Room for message @t, and a staging slot in *@area, *@slot when it is
- * staged (else -1). A wait for either lets the send lock go, and another
- * thread may take what was found: look again until a pass finds both
- * without letting it go.
+ * Room for message @t, and when it is staged (@span bytes) a staging area
+ * in *@area and a slot there in *@slot, or a large stage in *@large when
+ * it is larger than a slot (else -1). A wait for either lets the send
+ * lock go, and another thread may take what was found: look again until
+ * a pass finds both without letting it go.
  */
 static int tx_reserve(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
-                      unsigned flags, int *area, int *slot)
+                      uint64_t span, unsigned flags, int *area, int *slot,
+                      int *large)
 {
   struct gpuipc__tx *tx = &ch->tx;
   uint64_t deadline = send_deadline(ch);
   *area = -1;
   *slot = -1;
-  if (t->buf == NULL)
+  *large = -1;
+  if (t->buf == NULL) {
     *area = gpuipc__chan_is_host_dev(t->dl.device.device_type)
                 ? 0
                 : t->dl.device.device_id + 1;
+    int rc = stage_areas(ch, *area);
+    if (rc != 0)
+      return rc;
+  }
   for (;;) {
     uint64_t unlocks = tx->unlocks;
     int rc = tx_room(ch, flags, deadline);
-    if (rc == 0 && *area >= 0)
+    if (rc == 0 && *area >= 0 && span > ch->stage_slot_bytes)
+      rc = gpuipc__chan_stage_large(ch, *area, span, flags, deadline, large);
+    else if (rc == 0 && *area >= 0)
       rc = stage_get(ch, *area, flags, deadline, slot);
     if (rc != 0 || tx->unlocks == unlocks)
       return rc;
@@ -393,6 +419,35 @@ static void known_drop(struct gpuipc__tx *tx, uint64_t key)
     }
 }
 
+void gpuipc__chan_known_forget(struct gpuipc__tx *tx, const gpuipc_buf_t *b)
+{
+  uint64_t key = known_find(tx, b);
+  if (key == 0)
+    return; /* evicted already: the receiver was told */
+  known_drop(tx, key);
+  /* The receiver holds nknown + nforget <= GPUIPC__CHAN_BUFS buffers. */
+  tx->forget[tx->nforget++] = key;
+}
+
+/*
+ * A key to forget for descriptor @d, unless it forgets one already: the
+ * oldest queued. Returns whether it took one (dropped once @d is out).
+ */
+static bool forget_queued(struct gpuipc__tx *tx, struct gpuipc__desc *d)
+{
+  if ((d->flags & GPUIPC__DESC_FORGET) || tx->nforget == 0)
+    return false;
+  d->forget_key = tx->forget[0];
+  d->flags |= GPUIPC__DESC_FORGET;
+  return true;
+}
+
+static void forget_sent(struct gpuipc__tx *tx)
+{
+  tx->nforget--;
+  memmove(tx->forget, tx->forget + 1, (size_t)tx->nforget * sizeof(uint64_t));
+}
+
 /* Send @b's handle and fd to the receiver as @key. */
 static int send_bufmsg(struct gpuipc_channel *ch, gpuipc_buf_t *b,
                        uint64_t key)
@@ -449,7 +504,7 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
                                 dl->strides, d->offset,
                                 gpuipc_buf_size(t->buf), span);
   }
-  /* Staged: contiguous, fitting a slot. */
+  /* Staged: contiguous (any size: a slot, or a large stage of its own). */
   int rc = gpuipc__layout_check(-EINVAL, who, dl->dtype, dl->ndim, dl->shape,
                                 dl->strides, 0, GPUIPC_SIZE_MAX_ABSURD, span);
   if (rc != 0)
@@ -457,10 +512,6 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
   if (!gpuipc__layout_compact(dl->ndim, dl->shape, dl->strides))
     return gpuipc__err(-EINVAL, "%s: memory gpuipc did not allocate is "
                        "staged, and must be contiguous (row-major)", who);
-  if (*span > ch->stage_slot_bytes)
-    return gpuipc__err(-EMSGSIZE, "%s: %llu bytes to stage exceed the "
-                       "%zu-byte staging slot (stage_slot_bytes)", who,
-                       (unsigned long long)*span, ch->stage_slot_bytes);
   if (!gpuipc__chan_is_host_dev(dl->device.device_type) &&
       dl->device.device_type != GPUIPC_DL_CUDA)
     return gpuipc__err(-EINVAL, "%s: device type %d (CPU, CUDA or CUDA host "
@@ -492,8 +543,8 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   rc = gpuipc__chan_peer_check(ch, false);
   if (rc != 0)
     goto unlock;
-  int area, slot, ev_dev = -1;
-  rc = tx_reserve(ch, t, flags, &area, &slot);
+  int area, slot, large, ev_dev = -1;
+  rc = tx_reserve(ch, t, span, flags, &area, &slot, &large);
   if (rc != 0)
     goto unlock;
   uint64_t seq = tx->next_seq;
@@ -501,8 +552,8 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   if (buf == NULL) {
     const gpuipc_dl_tensor_t *dl = &t->dl;
     bool host = area == 0;
-    buf = tx->stage[area].buf;
-    d.offset = (uint64_t)slot * ch->stage_slot_bytes;
+    buf = large >= 0 ? tx->stage[area].large[large].buf : tx->stage[area].buf;
+    d.offset = large >= 0 ? 0 : (uint64_t)slot * ch->stage_slot_bytes;
     uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(buf) + d.offset;
     const uint8_t *src = (const uint8_t *)dl->data + dl->byte_offset;
     if (host) {
@@ -563,8 +614,12 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   r->buf = buf;
   r->stage = area;
   r->slot = slot;
-  if (area >= 0)
+  r->large = large;
+  if (large >= 0)
+    tx->stage[area].large[large].busy = true;
+  else if (area >= 0)
     tx->stage[area].busy |= 1ull << slot;
+  bool forgets = forget_queued(tx, &d);
 
   uint32_t head = tx->head; /* ours: never read back from shared memory */
   uint8_t *dst = gpuipc__chan_desc_slot(ch->tx_ring, head);
@@ -575,6 +630,8 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   gpuipc__chan_publish(&ch->txd->head, tx->head, &ch->txd->recv_sleep);
   if (ev_sent != NULL)
     *ev_sent = 1;
+  if (forgets)
+    forget_sent(tx);
   tx->next_seq++;
   tx->sent++;
   tx->last_key = d.buf_key;
@@ -687,9 +744,11 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
   free(tx->recs);
   tx->recs = NULL;
   if (tx->stage != NULL) {
-    for (int i = 0; i <= tx->ndev; i++)
+    for (int i = 0; i <= tx->ndev; i++) {
       if (tx->stage[i].buf != NULL)
         gpuipc_buf_release(tx->stage[i].buf);
+      gpuipc__chan_stage_large_free(&tx->stage[i]);
+    }
     free(tx->stage);
   }
   gpuipc__chan_event_pool_free(tx->ev, tx->ev_sent, tx->ndev, tx->depth);
