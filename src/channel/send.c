@@ -91,6 +91,8 @@ static int tx_take(struct gpuipc_channel *ch)
     if (tx->cb != NULL)
       tx->cb(ch, rl.seq, tx->cb_user);
   }
+  atomic_store_explicit(&ch->poll_rel_tail, tx->rel_tail,
+                        memory_order_relaxed);
   return taken;
 }
 
@@ -240,11 +242,13 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags,
     return rc;
   if (has_room(ch, 0))
     return 0;
-  if (flags & GPUIPC_SEND_NONBLOCK)
+  if (flags & GPUIPC_SEND_NONBLOCK) {
+    gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN,
                        "gpuipc_channel_send: channel %s has %u messages in "
                        "flight, its depth",
                        ch->name, tx->depth);
+  }
   rc = tx_wait(ch, deadline, has_room, 0, true);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT,
@@ -284,11 +288,13 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
                                         : (1ull << ch->stage_slots) - 1;
   while ((s->busy & all) == all) {
     /* Every slot is in flight: wait until the oldest message is free. */
-    if (flags & GPUIPC_SEND_NONBLOCK)
+    if (flags & GPUIPC_SEND_NONBLOCK) {
+      gpuipc__chan_arm(ch);
       return gpuipc__err(-EAGAIN,
                          "gpuipc_channel_send: channel %s: all %u staging "
                          "slots are in flight",
                          ch->name, ch->stage_slots);
+    }
     int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
     if (rc == -ETIMEDOUT)
       return gpuipc__err(-ETIMEDOUT,
@@ -573,6 +579,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     goto broken;
   tx->head = head + 1;
   gpuipc__chan_publish(&ch->txd->head, tx->head, &ch->txd->recv_sleep);
+  gpuipc__chan_poke(ch);
   if (ev_sent != NULL)
     *ev_sent = 1;
   tx->next_seq++;
@@ -608,9 +615,11 @@ static int ticket_wait(struct gpuipc_channel *ch, const char *who,
                        who, t, ch->name);
   int rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), done, ticket,
                    poll_events);
-  if (rc == -EAGAIN)
+  if (rc == -EAGAIN) {
+    gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
                        what);
+  }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "%s: message %llu was not %s within %d "
                        "ms", who, t, what, timeout_ms);
@@ -672,6 +681,8 @@ int gpuipc_channel_progress(gpuipc_channel_t *ch)
     return gpuipc__err(-EINVAL, "gpuipc_channel_progress: NULL channel");
   pthread_mutex_lock(&ch->tx.lock);
   int rc = tx_progress(ch);
+  if (rc == 0)
+    gpuipc__chan_arm(ch); /* nothing came */
   pthread_mutex_unlock(&ch->tx.lock);
   return rc;
 }
@@ -712,6 +723,7 @@ int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
     memset(dst, 0, GPUIPC__CHAN_DESC_BYTES);
     memcpy(dst, bytes, len);
     gpuipc__chan_publish(&ch->txd->head, ch->tx.head, &ch->txd->recv_sleep);
+    gpuipc__chan_poke(ch);
   }
   pthread_mutex_unlock(&ch->tx.lock);
   return rc;
