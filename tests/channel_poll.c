@@ -12,6 +12,10 @@
  * wrote no eventfd of its; killed, the child makes every fd readable and
  * recv says GPUIPC_E_PEER_GONE.
  *
+ * Within one process, step by step: a message published between a look
+ * that found nothing and the arming (a test hook), or whose wake-up a
+ * later call drained, still leaves the fd readable; releases wake it too.
+ *
  * The hellos of the rendezvous: a peer whose hello carries a pipe, or a
  * blocking eventfd, fails the open with GPUIPC_E_PROTO, whichever end it
  * is; a peer of the first channel protocol, GPUIPC_E_VERSION.
@@ -200,6 +204,130 @@ static void bursts(void)
   close(gate[1]);
 }
 
+static bool readable(int fd)
+{
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int n = poll(&p, 1, 0);
+  ASSERT_GE(n, 0);
+  return n == 1 && (p.revents & POLLIN);
+}
+
+static void *open_peer(void *arg)
+{
+  gpuipc_channel_t **out = arg;
+  ASSERT_OK(gpuipc_channel_open(dom, "steps", NULL, out));
+  return NULL;
+}
+
+static gpuipc_channel_t *hook_y;
+static gpuipc_buf_t *hook_buf;
+static uint64_t hook_seq;
+
+static void send_msg(gpuipc_channel_t *ch, gpuipc_buf_t *buf, uint64_t i)
+{
+  struct chan_msg m;
+  gpuipc_tensor_t t;
+  uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf) + (i % CHAN_SLOTS) * CHAN_SLOT;
+  chan_msg_make(i, 0, p, buf, &m, &t);
+  ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, NULL));
+}
+
+/* In the window between the look and the arming: the peer sends. */
+static void send_in_window(struct gpuipc_channel *ch)
+{
+  (void)ch;
+  gpuipc__test_hook_chan_arm = NULL;
+  send_msg(hook_y, hook_buf, hook_seq);
+}
+
+static void recv_msg(gpuipc_channel_t *ch, uint64_t i)
+{
+  gpuipc_tensor_t *v;
+  ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 0));
+  const char *why = chan_msg_check(i, 0, v);
+  if (why != NULL)
+    TFAIL("%s", why);
+  ASSERT_OK(gpuipc_tensor_release(v, NULL));
+}
+
+static void steps(void)
+{
+  gpuipc_channel_t *x, *y;
+  pthread_t t;
+  ASSERT_OK(pthread_create(&t, NULL, open_peer, &y));
+  ASSERT_OK(gpuipc_channel_open(dom, "steps", NULL, &x));
+  ASSERT_OK(pthread_join(t, NULL));
+  gpuipc_buf_t *bx, *by;
+  ASSERT_OK(gpuipc_buf_alloc(CHAN_SLOT * CHAN_SLOTS, GPUIPC_KIND_HOST, -1, 0,
+                             &bx));
+  ASSERT_OK(gpuipc_buf_alloc(CHAN_SLOT * CHAN_SLOTS, GPUIPC_KIND_HOST, -1, 0,
+                             &by));
+  int fd = gpuipc_channel_fd(x);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(readable(fd)); /* at first */
+  gpuipc_tensor_t *v;
+  ASSERT_RC(gpuipc_channel_recv(x, &v, NULL, 0), -EAGAIN);
+  ASSERT_EQ(gpuipc_channel_progress(x), 0);
+  ASSERT_TRUE(!readable(fd));
+
+  /* A message wakes it; a progress that takes nothing (and drains the
+   * eventfd) leaves it readable while the message waits. */
+  send_msg(y, by, 1);
+  ASSERT_TRUE(readable(fd));
+  ASSERT_EQ(gpuipc_channel_progress(x), 0);
+  if (!readable(fd))
+    TFAIL("message 1 waits, but the fd is not readable after a progress");
+  recv_msg(x, 1);
+  ASSERT_RC(gpuipc_channel_recv(x, &v, NULL, 0), -EAGAIN);
+  ASSERT_EQ(gpuipc_channel_progress(x), 0);
+  ASSERT_TRUE(!readable(fd));
+
+  /* Published after recv looked, before it armed (message 2's wake-up
+   * disarmed x, and this recv drains it). */
+  send_msg(y, by, 2);
+  recv_msg(x, 2);
+  hook_y = y;
+  hook_buf = by;
+  hook_seq = 3;
+  gpuipc__test_hook_chan_arm = send_in_window;
+  ASSERT_RC(gpuipc_channel_recv(x, &v, NULL, 0), -EAGAIN);
+  ASSERT_TRUE(gpuipc__test_hook_chan_arm == NULL); /* it ran */
+  if (!readable(fd))
+    TFAIL("message 3, sent while recv armed, left the fd unreadable");
+  recv_msg(x, 3);
+  ASSERT_RC(gpuipc_channel_recv(x, &v, NULL, 0), -EAGAIN);
+  ASSERT_EQ(gpuipc_channel_progress(x), 0);
+  ASSERT_TRUE(!readable(fd));
+
+  /* A release wakes it. */
+  uint64_t ticket;
+  struct chan_msg m;
+  gpuipc_tensor_t tx;
+  chan_msg_make(1, 0, gpuipc_buf_ptr(bx), bx, &m, &tx);
+  ASSERT_OK(gpuipc_channel_send(x, &tx, NULL, 0, &ticket));
+  ASSERT_RC(gpuipc_channel_send_done(x, ticket, 0), -EAGAIN);
+  ASSERT_TRUE(!readable(fd));
+  recv_msg(y, 1);
+  ASSERT_TRUE(readable(fd));
+  ASSERT_EQ(gpuipc_channel_progress(x), 1);
+  ASSERT_OK(gpuipc_channel_send_done(x, ticket, 0));
+  ASSERT_RC(gpuipc_channel_recv(x, &v, NULL, 0), -EAGAIN);
+  ASSERT_EQ(gpuipc_channel_progress(x), 0);
+  ASSERT_TRUE(!readable(fd));
+
+  /* y never asked for an fd: x wrote none of y's; y wrote x's. */
+  ASSERT_EQ_U(gpuipc__chan_poll_kicks(x), 0);
+  ASSERT_GE(gpuipc__chan_poll_kicks(y), 1);
+  /* A clean close makes it readable for good. */
+  ASSERT_OK(gpuipc_channel_close(y));
+  ASSERT_TRUE(readable(fd));
+  ASSERT_RC(gpuipc_channel_recv(x, &v, NULL, 0), GPUIPC_E_PEER_GONE);
+  ASSERT_TRUE(readable(fd));
+  ASSERT_OK(gpuipc_channel_close(x));
+  gpuipc_buf_release(bx);
+  gpuipc_buf_release(by);
+}
+
 /* Wait until segment @segname has an end A ready for its B. */
 static void wait_end_a(const char *segname)
 {
@@ -282,6 +410,7 @@ int main(void)
   setvbuf(stdout, NULL, _IONBF, 0);
   ASSERT_OK(gpuipc_domain_join("chan-poll", NULL, &dom));
   bursts();
+  steps();
   bad_hellos();
   old_peer();
   ASSERT_OK(gpuipc_domain_leave(dom));

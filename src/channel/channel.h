@@ -502,5 +502,10 @@ uint64_t gpuipc__chan_poll_kicks(struct gpuipc_channel *ch);
  * carry @fd (-1: their own eventfd again) instead of their eventfd.
  */
 void gpuipc__chan_test_hello_fd(int fd);
+/*
+ * When set, gpuipc__chan_arm calls it with the channel after draining its
+ * eventfd and before arming: what it publishes lands in that window.
+ */
+extern void (*gpuipc__test_hook_chan_arm)(struct gpuipc_channel *ch);
 
 #endif

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 static _Thread_local int test_hello_fd = -1;
+void (*gpuipc__test_hook_chan_arm)(struct gpuipc_channel *ch);
 
 void gpuipc__chan_test_hello_fd(int fd)
 {
@@ -113,6 +114,8 @@ void gpuipc__chan_arm(struct gpuipc_channel *ch)
   uint64_t v;
   ssize_t n = read(ch->efd, &v, sizeof(v)); /* EAGAIN: it was not readable */
   (void)n;
+  if (gpuipc__test_hook_chan_arm != NULL)
+    gpuipc__test_hook_chan_arm(ch);
   atomic_store(&ch->shm->poll[ch->end].armed, 1);
   if (poll_pending(ch))
     kick(ch->efd);
