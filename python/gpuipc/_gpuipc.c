@@ -1029,6 +1029,16 @@ static PyObject *py_channel_progress(PyObject *self, PyObject *ccap)
   return rc < 0 ? raise_code(rc) : PyLong_FromLong(rc);
 }
 
+/* channel_fd(ch) -> the descriptor an event loop waits on */
+static PyObject *py_channel_fd(PyObject *self, PyObject *ccap)
+{
+  gpuipc_channel_t *ch = unbox(ccap, CHAN);
+  if (ch == NULL)
+    return NULL;
+  int rc = gpuipc_channel_fd(ch);
+  return rc < 0 ? raise_code(rc) : PyLong_FromLong(rc);
+}
+
 /* channel_recv(ch, stream, timeout_ms) -> view box */
 static PyObject *py_channel_recv(PyObject *self, PyObject *args)
 {
@@ -1366,7 +1376,8 @@ static PyMethodDef methods[] = {
     M(dlpack_take, METH_O), M(dlpack_of, METH_VARARGS),
     M(channel_open, METH_VARARGS), M(channel_send, METH_VARARGS),
     M(channel_send_done, METH_VARARGS), M(channel_send_wait, METH_VARARGS),
-    M(channel_progress, METH_O), M(channel_recv, METH_VARARGS),
+    M(channel_progress, METH_O), M(channel_fd, METH_O),
+    M(channel_recv, METH_VARARGS),
     M(channel_recv_into, METH_VARARGS), M(channel_info, METH_O),
     M(view_info, METH_O), M(view_to_dlpack, METH_VARARGS),
     M(event_create, METH_VARARGS), M(event_export, METH_O),
