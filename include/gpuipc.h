@@ -32,6 +32,7 @@
  *   gpuipc_channel_recv_into                    receive by copying instead
  *   gpuipc_channel_send_done / _send_wait / _on_release / _progress
  *                           learn when a sent buffer is free again
+ *   gpuipc_channel_fd       a descriptor for epoll / select / asyncio
  *   gpuipc_channel_info / _close
  * Tensors and DLPack                                        gpuipc_channel(3)
  *   gpuipc_tensor_nbytes / _layout              size; where the bytes lie
@@ -1343,8 +1344,10 @@ typedef struct gpuipc_channel_opts {
  * @out: the channel, to be closed with gpuipc_channel_close.
  * Returns 0; -EINVAL (NULL argument, bad name or options, with a
  * sentence); -ETIMEDOUT (nobody came); GPUIPC_E_PROTO (the peer wrote
- * an impossible ring layout); GPUIPC_E_PEER_GONE / -errno from the domain
- * or the socket calls.
+ * an impossible ring layout, or its hello carried no non-blocking eventfd);
+ * GPUIPC_E_VERSION (the other end is a gpuipc of another channel
+ * protocol); GPUIPC_E_PEER_GONE / -errno from the domain or the socket
+ * calls.
  */
 GPUIPC_API int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
                                    const gpuipc_channel_opts_t *opts,
@@ -1440,6 +1443,42 @@ GPUIPC_API int gpuipc_channel_on_release(gpuipc_channel_t *ch,
  * GPUIPC_E_PROTO; -EINVAL.
  */
 GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
+
+/*
+ * gpuipc_channel_fd - a descriptor that an event loop (epoll, poll,
+ * select, asyncio) waits on, readable when a message or a release may have
+ * come, so that one thread serves many channels without blocking calls.
+ * The descriptor is the channel's (an epoll fd over this end's eventfd and
+ * the channel's socket): the caller only waits on it for readability; it
+ * must not read, write or close it. It stays the same for the channel's
+ * life and is closed by gpuipc_channel_close (which also takes it out of
+ * the caller's epoll sets).
+ *
+ * Readiness is level-triggered, and precise in one direction only:
+ *  - it is readable when first returned;
+ *  - once a call of this end found nothing new -- gpuipc_channel_recv or
+ *    _recv_into returned -EAGAIN (@timeout_ms 0), gpuipc_channel_progress
+ *    returned 0, gpuipc_channel_send_done / _send_wait returned -EAGAIN,
+ *    a GPUIPC_SEND_NONBLOCK send returned -EAGAIN -- it becomes readable
+ *    when the peer publishes a message or a release after that call (or
+ *    published one that was not taken yet), and stays readable until the
+ *    next such call finds nothing;
+ *  - it is readable for good once the peer closed its end or died (the
+ *    channel's calls then return GPUIPC_E_PEER_GONE: drop it from the loop);
+ *  - it may be readable with nothing to take (a spurious wake-up), which is
+ *    harmless: the calls then return -EAGAIN / 0 and re-arm it.
+ * It does not tell when the GPU work of a released buffer completes (a
+ * send_done that polls a pending release event keeps returning -EAGAIN).
+ * The canonical loop, per channel that epoll_wait reports ready:
+ *     while (gpuipc_channel_recv(ch, &v, stream, 0) == 0) use(v);
+ *     gpuipc_channel_progress(ch);   (or send_done(ticket, 0))
+ * then back to epoll_wait. Both calls must be made, each until it finds
+ * nothing: the one descriptor serves both directions.
+ * Until the first call an end costs its peer nothing; afterwards the peer
+ * pays one atomic exchange and one write(2) per wake-up.
+ * Returns the descriptor (>= 0); -EINVAL for NULL; -errno from epoll.
+ */
+GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
 
 /*
  * gpuipc_channel_recv - receive the next tensor as a view of the sender's buffer

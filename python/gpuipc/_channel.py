@@ -109,12 +109,39 @@ class Channel(_Boxed):
         _c.channel_recv_into(self._h(), d.t, s, _ms(timeout))
         return dst
 
+    def fileno(self):
+        """The descriptor an event loop waits on for readability
+        (``gpuipc_channel_fd``): readable when a message or a release may
+        have come since a call found nothing. The channel owns it: do not
+        read or close it."""
+        return _c.channel_fd(self._h())
+
     async def arecv(self, timeout=None, stream=None):
-        """``recv`` for asyncio: waits in a worker thread (the C API offers no
-        pollable descriptor yet)."""
+        """``recv`` for asyncio, without threads: the running loop waits on
+        ``fileno()`` (``loop.add_reader``). Releases that arrive meanwhile
+        are taken in (``progress``). One ``arecv`` at a time per channel."""
         import asyncio
+        from ._errors import WouldBlock, error_for
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: self.recv(timeout, stream))
+        fd = self.fileno()
+        end = None if timeout is None else loop.time() + timeout
+        while True:
+            try:
+                return self.recv(0, stream)
+            except WouldBlock:
+                self.progress()  # the descriptor serves both directions
+            left = None if end is None else end - loop.time()
+            if left is not None and left <= 0:
+                raise error_for(-110, "ETIMEDOUT", f"channel {self.name}: "
+                                f"no message within {timeout} s")
+            ready = loop.create_future()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, left)
+            except asyncio.TimeoutError:
+                pass  # the next round raises, unless a message came
+            finally:
+                loop.remove_reader(fd)
 
     def info(self):
         return _c.channel_info(self._h())

@@ -96,6 +96,15 @@ static PyObject *py_channel_progress(PyObject *self, PyObject *ccap)
   return gpuipc__py_long(gpuipc_channel_progress(ch));
 }
 
+/* channel_fd(ch) -> the descriptor an event loop waits on */
+static PyObject *py_channel_fd(PyObject *self, PyObject *ccap)
+{
+  gpuipc_channel_t *ch = gpuipc__py_unbox(ccap, gpuipc__py_CHAN);
+  if (ch == NULL)
+    return NULL;
+  return gpuipc__py_long(gpuipc_channel_fd(ch));
+}
+
 /* channel_recv(ch, stream, timeout_ms) -> view box */
 static PyObject *py_channel_recv(PyObject *self, PyObject *args)
 {
@@ -153,6 +162,7 @@ PyMethodDef gpuipc__py_channel_methods[] = {
     GPUIPC__PY_FN(channel_send_done, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_wait, METH_VARARGS),
     GPUIPC__PY_FN(channel_progress, METH_O),
+    GPUIPC__PY_FN(channel_fd, METH_O),
     GPUIPC__PY_FN(channel_recv, METH_VARARGS),
     GPUIPC__PY_FN(channel_recv_into, METH_VARARGS),
     GPUIPC__PY_FN(channel_info, METH_O),

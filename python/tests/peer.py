@@ -276,22 +276,50 @@ def blocked_sender(dom, arg):
             say(peer_gone=e.name)
 
 
+ASYNC_CHANNELS, ASYNC_MESSAGES = 3, 20
+
+
 def async_recv(dom, arg):
+    """Several channels in one asyncio loop, waiting on their fds: no
+    thread besides the main one."""
     import asyncio
+    import threading
 
-    async def main(ch):
-        v = await ch.arecv(timeout=30)
-        with v:
-            return digest(np.asarray(v))
+    async def one(ch):
+        out = []
+        for _ in range(ASYNC_MESSAGES):
+            v = await ch.arecv(timeout=30)
+            with v:
+                out.append(digest(np.asarray(v)))
+        return out
 
-    with gpuipc.Domain(dom) as d, d.channel("a", timeout=30) as ch:
-        say(sha=asyncio.run(main(ch)))
+    async def main(chs):
+        got = await asyncio.gather(*(one(ch) for ch in chs))
+        return got, threading.active_count()
+
+    with gpuipc.Domain(dom) as d:
+        chs = [d.channel(f"a{k}", timeout=30) for k in range(ASYNC_CHANNELS)]
+        got, threads = asyncio.run(main(chs))
+        fds = {ch.fileno() for ch in chs}
+        for ch in chs:
+            ch.close()
+        say(sha=got, threads=threads, fds=len(fds))
 
 
 def async_send(dom, arg):
-    with gpuipc.Domain(dom) as d, d.channel("a", timeout=30) as ch:
-        t = ch.send(pattern(31, (4096,), "uint8"))
-        ch.done(t, timeout=30)
+    """Message i of channel k is pattern(100 * k + i), sent round robin
+    with pauses, so that the receiver waits on every channel."""
+    with gpuipc.Domain(dom) as d:
+        chs = [d.channel(f"a{k}", timeout=30) for k in range(ASYNC_CHANNELS)]
+        tickets = []
+        for i in range(ASYNC_MESSAGES):
+            for k, ch in enumerate(chs):
+                tickets.append((ch, ch.send(pattern(100 * k + i, (4096,), "uint8"))))
+                time.sleep(0.002 * ((i + k) % 3))
+        for ch, t in tickets:
+            ch.done(t, timeout=30)
+        for ch in chs:
+            ch.close()
 
 
 def sd_make(version):

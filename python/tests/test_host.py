@@ -154,7 +154,11 @@ def test_receiver_killed_blocked_sender_gets_peer_gone(env, procs):
 def test_asyncio_recv(env, procs):
     rx = start(procs, env, "async_recv", "d")
     tx = start(procs, env, "async_send", "d")
-    assert rx.finish()[-1] == {"sha": peer.digest(peer.pattern(31, (4096,), "uint8"))}
+    want = [[peer.digest(peer.pattern(100 * k + i, (4096,), "uint8"))
+             for i in range(peer.ASYNC_MESSAGES)]
+            for k in range(peer.ASYNC_CHANNELS)]
+    assert rx.finish()[-1] == {"sha": want, "threads": 1,
+                               "fds": peer.ASYNC_CHANNELS}
     tx.finish()
 
 

@@ -9,7 +9,8 @@
  *   open.c       gpuipc_channel_open (options, segment), _close, _info
  *   rendezvous.c pairing the two openers of a name, the socket
  *   send.c       the sending side: send, flow control, staging slots,
- *                releases taken in, the buffers the receiver knows
+ *                releases taken in
+ *   known.c      the buffers the receiver holds, by key (LRU, forgets)
  *   stage.c      large stages: a buffer of its own for a staged tensor
  *                larger than a slot
  *   recv.c       the receiving side: descriptors taken, buffers imported,
@@ -18,6 +19,7 @@
  *   tensor.c     tensor utilities: place in a buffer, size, layout;
  *                tensor.h the checks the MPI channel shares
  *   dlpack.c     DLManagedTensor conversions
+ *   poll.c       gpuipc_channel_fd: the eventfds that wake an event loop
  *
  * Files depend one way: open -> rendezvous, send, recv; send, recv ->
  * events, tensor, ring, desc; the stream glue is src/cuda/stream.c. The
@@ -51,7 +53,8 @@
 #include <stdint.h>
 
 #define GPUIPC__CHAN_MAGIC 0x4e414843u /* "CHAN" */
-#define GPUIPC__CHAN_VERSION 1
+/* 2: the hellos of the rendezvous carry each end's eventfd (poll.c). */
+#define GPUIPC__CHAN_VERSION 2
 #define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
 #define GPUIPC__CHAN_DEPTH_DEFAULT 64
 #define GPUIPC__CHAN_HDR_BYTES 8192
@@ -91,6 +94,14 @@ struct gpuipc__chan_shm {
   _Atomic uint32_t closed[2]; /* end i closed its side cleanly */
   char token[GPUIPC__CHAN_TOKEN_LEN + 1]; /* end 0's socket: chan-TOKEN.sock */
   _Alignas(64) struct gpuipc__chan_dir dir[2];
+  /*
+   * Per end: 1 while it waits on its eventfd (poll.c). The end sets it;
+   * its peer clears it, and then writes the end's eventfd, when it
+   * publishes a descriptor or a release to it.
+   */
+  struct {
+    _Alignas(64) _Atomic uint32_t armed;
+  } poll[2];
 };
 
 _Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
@@ -274,6 +285,14 @@ struct gpuipc_channel {
   uint8_t *tx_rel, *rx_rel;     /* release rings: we read tx_rel */
   struct gpuipc__tx tx;
   struct gpuipc__rx rx;
+  /* Waking an event loop (poll.c). */
+  int efd;                 /* our eventfd, the peer writes it */
+  int peer_efd;            /* the peer's, we write it */
+  _Atomic int pollfd;      /* gpuipc_channel_fd's epoll fd, -1 before */
+  _Atomic bool polled;     /* gpuipc_channel_fd was called: arm when idle */
+  _Atomic uint32_t poll_rx_tail;  /* rx.tail, rel_tail as last taken, */
+  _Atomic uint32_t poll_rel_tail; /* for the other side's arming */
+  _Atomic uint64_t poll_kicks;    /* writes to the peer's eventfd */
 };
 
 #define GPUIPC__VIEW_MAGIC 0x57454956u /* "VIEW" */
@@ -429,11 +448,31 @@ uint64_t gpuipc__chan_ev_poll_ns(void);
 int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
                                 uint64_t deadline, const char *what);
 
+/* ----- known.c: the buffers the receiver holds, by key ----- */
+
+/* The key the receiver knows @b by, or 0. */
+uint64_t gpuipc__chan_known_find(struct gpuipc__tx *tx,
+                                 const struct gpuipc_buf *b);
 /*
- * @b's buffer is gone: drop it from the sender's table of buffers the
- * receiver holds and queue its key to be forgotten (tx->forget).
+ * Remember @b under a new key, evicting the least recently used entry
+ * when full (its key in *@forget, else 0).
+ */
+uint64_t gpuipc__chan_known_add(struct gpuipc__tx *tx,
+                                const struct gpuipc_buf *b, uint64_t *forget);
+/* Undo gpuipc__chan_known_add when the message could not be sent. */
+void gpuipc__chan_known_drop(struct gpuipc__tx *tx, uint64_t key);
+/*
+ * @b's buffer is gone: drop it from the table and queue its key to be
+ * forgotten (tx->forget).
  */
 void gpuipc__chan_known_forget(struct gpuipc__tx *tx, const gpuipc_buf_t *b);
+/*
+ * A queued key to forget for descriptor @d, unless it forgets one already:
+ * the oldest. Returns whether it took one; gpuipc__chan_forget_sent drops
+ * it once @d is out.
+ */
+bool gpuipc__chan_forget_queued(struct gpuipc__tx *tx, struct gpuipc__desc *d);
+void gpuipc__chan_forget_sent(struct gpuipc__tx *tx);
 
 /* ----- stage.c ----- */
 
@@ -451,6 +490,45 @@ int gpuipc__chan_stage_large(struct gpuipc_channel *ch, int area,
 
 /* Free an area's large stages (none may be busy: the channel closes). */
 void gpuipc__chan_stage_large_free(struct gpuipc__stage *s);
+
+/* ----- poll.c ----- */
+
+/* Create ch->efd (and set the poll fields to none); at open. */
+int gpuipc__chan_poll_init(struct gpuipc_channel *ch);
+
+/* Close the descriptors of poll.c (idempotent). */
+void gpuipc__chan_poll_close(struct gpuipc_channel *ch);
+
+/* The descriptor our hello carries: ch->efd, unless a test replaced it. */
+int gpuipc__chan_hello_fd(struct gpuipc_channel *ch);
+
+/*
+ * Check that @fd, received from the peer in its hello, is a non-blocking
+ * eventfd. GPUIPC_E_PROTO with a sentence naming channel @name if not.
+ */
+int gpuipc__chan_efd_check(int fd, const char *name);
+
+/*
+ * A call of this end found nothing new: when the user polls (called
+ * gpuipc_channel_fd), drain our eventfd, arm, and look once more, so that
+ * a descriptor or release published meanwhile leaves the fd readable.
+ */
+void gpuipc__chan_arm(struct gpuipc_channel *ch);
+
+void gpuipc__chan_poke_slow(struct gpuipc_channel *ch);
+
+/*
+ * After publishing a descriptor or a release (or closing): wake the peer
+ * if it armed. One sequentially consistent load when nobody polls (it
+ * pairs with the store of the head just published, and the arming end's
+ * store of its flag with its load of the head: one of the two sees the
+ * other).
+ */
+static inline void gpuipc__chan_poke(struct gpuipc_channel *ch)
+{
+  if (atomic_load(&ch->shm->poll[1 - ch->end].armed) != 0)
+    gpuipc__chan_poke_slow(ch);
+}
 
 /* ----- tensor.c ----- */
 
@@ -495,5 +573,18 @@ uint64_t gpuipc__chan_next_seq(struct gpuipc_channel *ch);
 enum { GPUIPC__CHAN_HOOK_MAPPED = 1, GPUIPC__CHAN_HOOK_PAIRED = 2 };
 typedef void gpuipc__chan_hook_fn(const char *name, int where);
 void gpuipc__chan_test_hook(gpuipc__chan_hook_fn *fn);
+
+/* Writes this end made to the peer's eventfd. */
+uint64_t gpuipc__chan_poll_kicks(struct gpuipc_channel *ch);
+/*
+ * Tests only: the rendezvous hellos of channels the calling thread opens
+ * carry @fd (-1: their own eventfd again) instead of their eventfd.
+ */
+void gpuipc__chan_test_hello_fd(int fd);
+/*
+ * When set, gpuipc__chan_arm calls it with the channel after draining its
+ * eventfd and before arming: what it publishes lands in that window.
+ */
+extern void (*gpuipc__test_hook_chan_arm)(struct gpuipc_channel *ch);
 
 #endif

@@ -139,6 +139,9 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   atomic_init(&ch->refs, 1);
   snprintf(ch->name, sizeof(ch->name), "%s", name);
   ch->sock = -1;
+  rc = gpuipc__chan_poll_init(ch);
+  if (rc != 0)
+    goto free_ch;
   ch->device = c.device;
   ch->send_timeout_ms = c.send_timeout_ms;
   ch->stage_slots = c.stage_slots;
@@ -210,6 +213,7 @@ void gpuipc__chan_unref(struct gpuipc_channel *ch)
   if (atomic_fetch_sub(&ch->refs, 1) != 1)
     return;
   gpuipc__fd_close(&ch->sock);
+  gpuipc__chan_poll_close(ch);
   free(ch->tx.recs);
   if (ch->seg != NULL)
     gpuipc_buf_release(ch->seg);
@@ -228,12 +232,14 @@ int gpuipc_channel_close(gpuipc_channel_t *ch)
   pthread_mutex_unlock(&ch->rx.rel_lock);
   if (ch->shm != NULL) {
     atomic_store(&ch->shm->closed[ch->end], 1);
+    gpuipc__chan_poke(ch); /* a peer waiting on its fd learns of it */
     for (int d = 0; d < 2; d++) {
       gpuipc__futex_wake((uint32_t *)&ch->shm->dir[d].head, INT_MAX);
       gpuipc__futex_wake((uint32_t *)&ch->shm->dir[d].rel_head, INT_MAX);
     }
   }
   gpuipc__fd_close(&ch->sock);
+  gpuipc__chan_poll_close(ch);
 
   gpuipc__chan_tx_close(ch);
   gpuipc__chan_rx_close(ch);

@@ -112,8 +112,10 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   if (h == rx->tail) {
     rc = gpuipc__chan_wait(ch, &ch->rxd->head, rx->tail,
                            &ch->rxd->recv_sleep, deadline);
-    if (rc == -EAGAIN)
+    if (rc == -EAGAIN) {
+      gpuipc__chan_arm(ch);
       return gpuipc__err(-EAGAIN, "channel %s: no message", ch->name);
+    }
     if (rc == -ETIMEDOUT)
       return gpuipc__err(-ETIMEDOUT, "channel %s: no message in time",
                          ch->name);
@@ -129,6 +131,7 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   uint8_t slot[GPUIPC__CHAN_DESC_BYTES];
   memcpy(slot, gpuipc__chan_desc_slot(ch->rx_ring, rx->tail), sizeof(slot));
   rx->tail++;
+  atomic_store_explicit(&ch->poll_rx_tail, rx->tail, memory_order_relaxed);
   struct gpuipc__desc *d = &rx->pdesc;
   rc = gpuipc__desc_decode(slot, sizeof(slot), d, who);
   if (rc != 0)
@@ -232,6 +235,7 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   rc = 0;
   rx->rel_head++;
   gpuipc__chan_publish(&ch->rxd->rel_head, rx->rel_head, &ch->rxd->send_sleep);
+  gpuipc__chan_poke(ch);
   if (sent != NULL)
     *sent = 1;
 unlock:

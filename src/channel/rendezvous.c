@@ -8,7 +8,9 @@
  * is end A: it lays out the rings, listens on DIR/chan-TOKEN.sock (TOKEN
  * random, written into the segment) and sets state A_READY. The next opener
  * wins a CAS on b_pid, writes its depth, connects and waits for A's word;
- * A accepts only the process whose pid (SO_PEERCRED) is b_pid. A then
+ * A accepts only the process whose pid (SO_PEERCRED) is b_pid. Each end's
+ * hello (B's first, then A's word) carries its eventfd (poll.c), checked
+ * by the other: anything else fails the open with GPUIPC_E_PROTO. A then
  * marks the segment PAIRED (before its word, so B never pairs with a
  * segment not marked), removes the socket file and unlinks the segment's
  * name, so the name pairs the next two openers afresh; the two ends keep
@@ -30,7 +32,8 @@
 
 enum { PAIRED = GPUIPC__CHAN_PAIR_DONE, RETRY = GPUIPC__CHAN_PAIR_RETRY };
 
-#define HELLO_MAGIC 0x4f4c4548u /* "HELO" */
+#define HELLO_MAGIC 0x4f4c4548u   /* "HELO": A's word */
+#define HELLO_B_MAGIC 0x424c4548u /* "HELB": B's, before it */
 
 static void token_make(char out[GPUIPC__CHAN_TOKEN_LEN + 1])
 {
@@ -70,6 +73,44 @@ struct hello {
   uint32_t pid;
 };
 
+/*
+ * Receive the peer's hello (@magic, from @pid) on @fd within @timeout_ms,
+ * with its eventfd in *@efd. Returns 1 when it came, 0 when something else
+ * did (a stranger's word, a hang-up, nothing in time), or GPUIPC_E_PROTO
+ * when the hello came without a non-blocking eventfd.
+ */
+static int hello_recv(struct gpuipc_channel *ch, int fd, uint32_t magic,
+                      uint32_t pid, int timeout_ms, int *efd)
+{
+  struct hello h;
+  int fds[1] = {-1}, nfds = 1;
+  ssize_t n = gpuipc__sock_recv(fd, &h, sizeof(h), fds, &nfds, timeout_ms);
+  if (n < 0)
+    return n == -ETIMEDOUT ? -ETIMEDOUT : 0;
+  int got = nfds > 0 ? fds[0] : -1;
+  if (n != (ssize_t)sizeof(h) || h.magic != magic || h.pid != pid) {
+    gpuipc__fd_close(&got);
+    return 0;
+  }
+  int rc = got < 0 ? gpuipc__err(GPUIPC_E_PROTO, "gpuipc_channel_open: "
+                                 "channel %s: the peer's hello carries no "
+                                 "eventfd (an older gpuipc?)", ch->name)
+                   : gpuipc__chan_efd_check(got, ch->name);
+  if (rc != 0) {
+    gpuipc__fd_close(&got);
+    return rc;
+  }
+  *efd = got;
+  return 1;
+}
+
+static int hello_send(struct gpuipc_channel *ch, int fd, uint32_t magic)
+{
+  struct hello h = {magic, (uint32_t)getpid()};
+  int efd = gpuipc__chan_hello_fd(ch);
+  return gpuipc__sock_send(fd, &h, sizeof(h), &efd, 1, 1000);
+}
+
 static _Atomic(gpuipc__chan_hook_fn *) test_hook;
 
 void gpuipc__chan_test_hook(gpuipc__chan_hook_fn *fn)
@@ -102,17 +143,18 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
                 uint64_t deadline)
 {
   struct gpuipc__chan_shm *shm = ch->shm;
-  uint32_t me = (uint32_t)getpid();
   atomic_store(&shm->state, GPUIPC__CHAN_A_INIT);
   atomic_store(&shm->b_pid, 0);
   atomic_store(&shm->closed[0], 0);
   atomic_store(&shm->closed[1], 0);
   memset((void *)shm->dir, 0, sizeof(shm->dir));
+  atomic_store(&shm->poll[0].armed, 0);
+  atomic_store(&shm->poll[1].armed, 0);
   shm->magic = GPUIPC__CHAN_MAGIC;
   shm->version = GPUIPC__CHAN_VERSION;
   shm->dir[0].depth = c->depth;
   char token[GPUIPC__CHAN_TOKEN_LEN + 1], path[PATH_MAX];
-  int lfd = -1, fd = -1;
+  int lfd = -1, fd = -1, peer_efd = -1;
   token_make(token);
   int rc = sock_path(token, path, sizeof(path));
   if (rc != 0)
@@ -147,10 +189,18 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
       gpuipc__fd_close(&fd); /* not the process that claimed end B */
       continue;
     }
+    /* B says hello on connecting: a second is plenty. */
+    rc = hello_recv(ch, fd, HELLO_B_MAGIC, b, 1000, &peer_efd);
+    if (rc < 0 && rc != -ETIMEDOUT)
+      goto close_fd;
+    if (rc <= 0) {
+      gpuipc__fd_close(&fd); /* B went, or never spoke: wait for another */
+      continue;
+    }
     atomic_store(&shm->state, GPUIPC__CHAN_PAIRED);
-    struct hello h = {HELLO_MAGIC, me};
-    if (gpuipc__sock_send(fd, &h, sizeof(h), NULL, 0, 1000) != 0) {
+    if (hello_send(ch, fd, HELLO_MAGIC) != 0) {
       gpuipc__fd_close(&fd);
+      gpuipc__fd_close(&peer_efd);
       atomic_store(&shm->state, GPUIPC__CHAN_A_READY); /* B never heard */
       continue;
     }
@@ -162,9 +212,12 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   unlink_ours(ch, dom, segname, "as end A");
   ch->end = 0;
   ch->sock = fd;
+  ch->peer_efd = peer_efd;
   ch->peer_pid = (pid_t)b;
   return PAIRED;
 
+close_fd:
+  gpuipc__fd_close(&fd);
 unlink_sock:
   unlink(path);
   gpuipc__fd_close(&lfd);
@@ -212,31 +265,35 @@ static int be_b(struct gpuipc_channel *ch, const struct gpuipc__chan_cfg *c,
   char token[GPUIPC__CHAN_TOKEN_LEN + 1], path[PATH_MAX];
   memcpy(token, shm->token, GPUIPC__CHAN_TOKEN_LEN);
   token[GPUIPC__CHAN_TOKEN_LEN] = '\0';
-  int fd = -1;
+  int fd = -1, peer_efd = -1;
   int rc = sock_path(token, path, sizeof(path));
   if (rc != 0)
     goto unclaim;
   rc = gpuipc__sock_connect(path, 1000, &fd);
   if (rc != 0)
     goto unclaim_retry;
+  if (hello_send(ch, fd, HELLO_B_MAGIC) != 0)
+    goto close_retry;
   for (;;) {
-    struct hello h;
     int left = gpuipc__ms_left(deadline);
-    ssize_t n = gpuipc__sock_recv(fd, &h, sizeof(h), NULL, NULL,
-                                  left < 0 || left > 50 ? 50 : left);
-    if (n == (ssize_t)sizeof(h) && h.magic == HELLO_MAGIC && h.pid == a)
+    rc = hello_recv(ch, fd, HELLO_MAGIC, a, left < 0 || left > 50 ? 50 : left,
+                    &peer_efd);
+    if (rc == 1)
       break;
-    if (n == -ETIMEDOUT) {
+    if (rc == -ETIMEDOUT) {
       if (!gpuipc__chan_past(deadline) && gpuipc__pid_alive((pid_t)a))
         continue;
       rc = gpuipc__err(-ETIMEDOUT, "gpuipc_channel_open: channel %s: pid "
                        "%u did not accept in time", ch->name, a);
       goto close_fd;
     }
+    if (rc < 0)
+      goto close_fd; /* A's hello carried no eventfd */
     goto close_retry; /* refused, or a stranger's word */
   }
   ch->end = 1;
   ch->sock = fd;
+  ch->peer_efd = peer_efd;
   ch->peer_pid = (pid_t)a;
   return PAIRED;
 

@@ -97,6 +97,8 @@ static int tx_take(struct gpuipc_channel *ch)
     if (tx->cb != NULL)
       tx->cb(ch, rl.seq, tx->cb_user);
   }
+  atomic_store_explicit(&ch->poll_rel_tail, tx->rel_tail,
+                        memory_order_relaxed);
   return taken;
 }
 
@@ -246,11 +248,13 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags,
     return rc;
   if (has_room(ch, 0))
     return 0;
-  if (flags & GPUIPC_SEND_NONBLOCK)
+  if (flags & GPUIPC_SEND_NONBLOCK) {
+    gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN,
                        "gpuipc_channel_send: channel %s has %u messages in "
                        "flight, its depth",
                        ch->name, tx->depth);
+  }
   rc = tx_wait(ch, deadline, has_room, 0, true);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT,
@@ -264,9 +268,11 @@ int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
                                 uint64_t deadline, const char *what)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  if (flags & GPUIPC_SEND_NONBLOCK)
+  if (flags & GPUIPC_SEND_NONBLOCK) {
+    gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s: every %s "
                        "is in flight", ch->name, what);
+  }
   int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send: channel %s: no %s "
@@ -357,95 +363,6 @@ static int tx_reserve(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
     if (rc != 0 || tx->unlocks == unlocks)
       return rc;
   }
-}
-
-/* The key the receiver knows @b by, or 0. */
-static uint64_t known_find(struct gpuipc__tx *tx, const struct gpuipc_buf *b)
-{
-  int i = tx->last_known;
-  if (i < tx->nknown && tx->known[i].export_id == b->export_id &&
-      tx->known[i].nonce == b->nonce && tx->known[i].pid == b->pid) {
-    tx->known[i].last_use = ++tx->clock;
-    return tx->known[i].key;
-  }
-  for (i = 0; i < tx->nknown; i++) {
-    struct gpuipc__known *k = &tx->known[i];
-    if (k->export_id == b->export_id && k->nonce == b->nonce &&
-        k->pid == b->pid) {
-      k->last_use = ++tx->clock;
-      tx->last_known = i;
-      return k->key;
-    }
-  }
-  return 0;
-}
-
-/*
- * Remember @b under a new key, evicting the least recently used entry
- * when full (its key in *@forget, else 0).
- */
-static uint64_t known_add(struct gpuipc__tx *tx, const struct gpuipc_buf *b,
-                          uint64_t *forget)
-{
-  int i = tx->nknown;
-  *forget = 0;
-  if (i == GPUIPC__CHAN_BUFS) {
-    i = 0;
-    for (int j = 1; j < tx->nknown; j++)
-      if (tx->known[j].last_use < tx->known[i].last_use)
-        i = j;
-    *forget = tx->known[i].key;
-  } else {
-    tx->nknown++;
-  }
-  struct gpuipc__known *k = &tx->known[i];
-  k->export_id = b->export_id;
-  k->nonce = b->nonce;
-  k->pid = b->pid;
-  k->key = tx->next_key++;
-  k->last_use = ++tx->clock;
-  tx->last_known = i;
-  return k->key;
-}
-
-/* Undo known_add when the message could not be sent. */
-static void known_drop(struct gpuipc__tx *tx, uint64_t key)
-{
-  for (int i = 0; i < tx->nknown; i++)
-    if (tx->known[i].key == key) {
-      tx->known[i] = tx->known[--tx->nknown];
-      tx->last_known = 0;
-      return;
-    }
-}
-
-void gpuipc__chan_known_forget(struct gpuipc__tx *tx, const gpuipc_buf_t *b)
-{
-  uint64_t key = known_find(tx, b);
-  if (key == 0)
-    return; /* evicted already: the receiver was told */
-  known_drop(tx, key);
-  /* The receiver holds nknown + nforget <= GPUIPC__CHAN_BUFS buffers. */
-  tx->forget[tx->nforget++] = key;
-}
-
-/*
- * A key to forget for descriptor @d, unless it forgets one already: the
- * oldest queued. Returns whether it took one (dropped once @d is out).
- */
-static bool forget_queued(struct gpuipc__tx *tx, struct gpuipc__desc *d)
-{
-  if ((d->flags & GPUIPC__DESC_FORGET) || tx->nforget == 0)
-    return false;
-  d->forget_key = tx->forget[0];
-  d->flags |= GPUIPC__DESC_FORGET;
-  return true;
-}
-
-static void forget_sent(struct gpuipc__tx *tx)
-{
-  tx->nforget--;
-  memmove(tx->forget, tx->forget + 1, (size_t)tx->nforget * sizeof(uint64_t));
 }
 
 /* Send @b's handle and fd to the receiver as @key. */
@@ -576,12 +493,12 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
 
   /* The buffer's handle, the first time the receiver sees it. */
   bool new_buf = false;
-  d.buf_key = known_find(tx, buf);
+  d.buf_key = gpuipc__chan_known_find(tx, buf);
   if (d.buf_key == 0) {
-    d.buf_key = known_add(tx, buf, &d.forget_key);
+    d.buf_key = gpuipc__chan_known_add(tx, buf, &d.forget_key);
     rc = send_bufmsg(ch, buf, d.buf_key);
     if (rc != 0) {
-      known_drop(tx, d.buf_key);
+      gpuipc__chan_known_drop(tx, d.buf_key);
       if (d.forget_key != 0)
         gpuipc__chan_break(ch, rc); /* the evicted entry is lost */
       goto unlock;
@@ -619,7 +536,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     tx->stage[area].large[large].busy = true;
   else if (area >= 0)
     tx->stage[area].busy |= 1ull << slot;
-  bool forgets = forget_queued(tx, &d);
+  bool forgets = gpuipc__chan_forget_queued(tx, &d);
 
   uint32_t head = tx->head; /* ours: never read back from shared memory */
   uint8_t *dst = gpuipc__chan_desc_slot(ch->tx_ring, head);
@@ -628,10 +545,11 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     goto broken;
   tx->head = head + 1;
   gpuipc__chan_publish(&ch->txd->head, tx->head, &ch->txd->recv_sleep);
+  gpuipc__chan_poke(ch);
   if (ev_sent != NULL)
     *ev_sent = 1;
   if (forgets)
-    forget_sent(tx);
+    gpuipc__chan_forget_sent(tx);
   tx->next_seq++;
   tx->sent++;
   tx->last_key = d.buf_key;
@@ -665,9 +583,11 @@ static int ticket_wait(struct gpuipc_channel *ch, const char *who,
                        who, t, ch->name);
   int rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), done, ticket,
                    poll_events);
-  if (rc == -EAGAIN)
+  if (rc == -EAGAIN) {
+    gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
                        what);
+  }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "%s: message %llu was not %s within %d "
                        "ms", who, t, what, timeout_ms);
@@ -729,6 +649,8 @@ int gpuipc_channel_progress(gpuipc_channel_t *ch)
     return gpuipc__err(-EINVAL, "gpuipc_channel_progress: NULL channel");
   pthread_mutex_lock(&ch->tx.lock);
   int rc = tx_progress(ch);
+  if (rc == 0)
+    gpuipc__chan_arm(ch); /* nothing came */
   pthread_mutex_unlock(&ch->tx.lock);
   return rc;
 }
@@ -771,6 +693,7 @@ int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
     memset(dst, 0, GPUIPC__CHAN_DESC_BYTES);
     memcpy(dst, bytes, len);
     gpuipc__chan_publish(&ch->txd->head, ch->tx.head, &ch->txd->recv_sleep);
+    gpuipc__chan_poke(ch);
   }
   pthread_mutex_unlock(&ch->tx.lock);
   return rc;
