@@ -9,10 +9,17 @@
  * what a member learns from opening it must not spoil its reconnection.
  * Each round places the member that stays at another position in the line
  * of successors (the oldest member of another process is chosen first).
+ *
+ * Then a member that cannot run for a while (stopped here; a loaded machine
+ * keeps a process off the CPU the same way) while the host hands the
+ * domain over to a successor that leaves at once: the successor must wait
+ * for it to come back and hand the domain on, not end it (and lose the
+ * segment) once the recovery window of a failover has passed.
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <unistd.h>
 
@@ -109,10 +116,58 @@ static void round_once(int round)
   peer_finish(&m[stays]);
 }
 
+/* How long the member stays stopped: well past the recovery window
+ * (GPUIPC__RECOVERY_MS), within which a successor used to wait. */
+#define STOPPED_MS 1000
+
+static void stopped_member(void)
+{
+  struct peer host, succ, m;
+  peer_start(&host);
+  PEER_OK(&host, "join lrace_stopped");
+  PEER_OK(&host, "open %s %d c", SEG, SEG_SIZE);
+  PEER_OK(&host, "fill %s 77", SEG);
+  peer_start(&succ); /* the oldest member: the host's successor */
+  PEER_OK(&succ, "join lrace_stopped");
+  peer_start(&m);
+  PEER_OK(&m, "join lrace_stopped");
+  PEER_OK(&m, "open %s 0 -", SEG);
+  PEER_OK(&m, "check %s 77", SEG);
+  /* Only the broker's descriptor keeps the segment. */
+  PEER_OK(&m, "release %s", SEG);
+  PEER_OK(&host, "release %s", SEG);
+
+  ASSERT_EQ(kill(m.pid, SIGSTOP), 0);
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+  peer_send(&succ, "leave");
+  usleep(STOPPED_MS * 1000);
+  ASSERT_EQ(kill(m.pid, SIGCONT), 0);
+  const char *r = peer_read(&succ, PEER_REPLY_MS);
+  if (strcmp(r, "ok") != 0)
+    TFAIL("stopped member: the successor's leave: %s", r);
+  peer_finish(&succ);
+
+  r = peer_cmd(&m, "open %s 0 -", SEG);
+  if (strncmp(r, "ok", 2) != 0)
+    TFAIL("stopped member: after the successor left, open %s: %s", SEG, r);
+  PEER_OK(&m, "check %s 77", SEG);
+  struct peer_info i;
+  peer_info(&m, &i);
+  ASSERT_EQ(i.broker_pid, m.pid);
+  ASSERT_EQ(i.segments, 1);
+  PEER_OK(&m, "release %s", SEG);
+  PEER_OK(&m, "leave");
+  peer_finish(&m);
+}
+
 int main(void)
 {
   for (int round = 0; round < ROUNDS; round++)
     round_once(round);
   printf("broker_leave_race: ok (%d rounds)\n", ROUNDS);
+  stopped_member();
+  printf("broker_leave_race: a member stopped for %d ms across a hand-over "
+         "got the domain\n", STOPPED_MS);
   return 0;
 }

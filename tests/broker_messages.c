@@ -134,10 +134,11 @@ static void every_type(void)
 
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_HANDOFF_BEGIN;
-  m.u.handoff_begin = (typeof(m.u.handoff_begin)){5, 6, 7};
+  m.u.handoff_begin = (typeof(m.u.handoff_begin)){5, 6, 7, 8};
   round_trip(&m);
   ASSERT_EQ(gpuipc__msg_nfds(&out), 2);
   ASSERT_EQ(out.u.handoff_begin.count, 7);
+  ASSERT_EQ(out.u.handoff_begin.members, 8);
 
   static const uint16_t id_types[] = {GPUIPC_MSG_OK, GPUIPC_MSG_CREATE_IT,
                                       GPUIPC_MSG_UNLINKED, GPUIPC_MSG_ABANDON,

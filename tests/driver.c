@@ -542,7 +542,7 @@ static void check_variants(void)
   const char *v1 = "GPUIPC_CUDA_LIB=" FAKE_CUDA_V1;
 
   probe(V(full), V("fork"));
-  probe(V(full, "FAKE_CUDA_REGISTER_MS=400"), V("slow-publish"));
+  probe(V(full), V("slow-publish"));
   probe(V(full), V("auto-kind"));
   /* GPUIPC_NO_CUDA wins over a library that would load. */
   probe(V(full, "GPUIPC_NO_CUDA=1"),

@@ -497,6 +497,7 @@ int main(int argc, char **argv)
   m.u.handoff_begin.epoch = 0xfeed;
   m.u.handoff_begin.next_id = 1795300000000100ull;
   m.u.handoff_begin.count = 2;
+  m.u.handoff_begin.members = 3;
   valid("handoff_begin", &m);
   bad("handoff_begin-one-fd", &m, 1, NULL);
 

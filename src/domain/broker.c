@@ -29,9 +29,34 @@ static uint64_t clock_id(void)
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u + 1;
 }
 
+/*
+ * How long a broker handed the domain waits, when its host leaves at once,
+ * for the members of the last broker to come back, unless all of them
+ * have (or one that may take the domain over has) before.
+ */
+#define MEMBERS_BACK_MS 5000
+
 /* ------------------------------------------------------------------------ */
 /* The loop                                                                 */
 /* ------------------------------------------------------------------------ */
+
+/*
+ * Whether members that the last broker handed over are still on their way
+ * here (reconnecting takes a loaded machine a while): a broker that leaves
+ * meanwhile waits for one that may take the domain over, since it holds
+ * the only copy of the registry and of the segments' descriptors.
+ */
+static bool members_coming_back(const struct gpuipc__broker *b, uint64_t now)
+{
+  return b->came_back < b->members_back && now < b->back_end;
+}
+
+/* Whether a broker that leaves waits for a member to take the domain. */
+static bool awaiting_successor(const struct gpuipc__broker *b)
+{
+  return gpuipc__bk_recovering(b) ||
+         members_coming_back(b, gpuipc__now_ns());
+}
 
 /* Poll timeout in ms until the next deadline (-1: none). */
 static int next_timeout(struct gpuipc__broker *b, uint64_t now)
@@ -39,6 +64,8 @@ static int next_timeout(struct gpuipc__broker *b, uint64_t now)
   uint64_t next = UINT64_MAX;
   if (b->recovery_end != 0)
     next = b->recovery_end;
+  if (members_coming_back(b, now) && b->back_end < next)
+    next = b->back_end;
   if (b->accept_rest != 0 && b->accept_rest < next)
     next = b->accept_rest;
   for (struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
@@ -83,7 +110,7 @@ static void loop(struct gpuipc__broker *b, bool stopping)
 {
   for (;;) {
     if (stopping &&
-        (!gpuipc__bk_recovering(b) || gpuipc__bk_successor_ready(b)))
+        (!awaiting_successor(b) || gpuipc__bk_successor_ready(b)))
       return;
     if (ensure_pfds(b, b->nconns + 2) != 0) {
       usleep(1000);
@@ -144,9 +171,10 @@ static void broker_shutdown(struct gpuipc__broker *b)
    * once: they are reconnecting, and only it holds the segments'
    * descriptors. Ending the domain now would lose every segment nobody
    * maps; so serve until one of them may take the domain, or the window
-   * in which they come back closes.
+   * in which they come back closes -- after a hand-over, which says how
+   * many members come back, until every one of them has.
    */
-  while (!handed && gpuipc__bk_recovering(b)) {
+  while (!handed && awaiting_successor(b)) {
     GPUIPC_LOG_D("broker %s: leaving before its members came back; "
                  "waiting for one to take the domain over", b->name);
     loop(b, true);
@@ -262,6 +290,10 @@ static int broker_new(struct gpuipc__broker_init *init,
   gpuipc__bk_journal_compact(b); /* empty for a new domain */
   if (b->recovery != GPUIPC__RECOVER_NONE)
     b->recovery_end = gpuipc__now_ns() + GPUIPC__RECOVERY_MS * 1000000ull;
+  if (b->recovery == GPUIPC__RECOVER_HANDOFF) {
+    b->members_back = init->members_back;
+    b->back_end = gpuipc__deadline(MEMBERS_BACK_MS);
+  }
   b->pid = getpid();
   b->uid = geteuid();
   b->stop_fd = b->wake[0];

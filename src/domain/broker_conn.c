@@ -350,6 +350,11 @@ static void on_hello(struct gpuipc__broker *b, struct gpuipc__conn *c,
   c->token = m->u.hello.token;
   if (m->u.hello.flags & GPUIPC__HELLO_REJOIN)
     b->rejoined = true;
+  /* One of the members the last broker said would come back. */
+  if ((m->u.hello.flags & (GPUIPC__HELLO_REJOIN | GPUIPC__HELLO_NO_BROKER)) ==
+          GPUIPC__HELLO_REJOIN &&
+      c->token != b->owner_token)
+    b->came_back++;
   gpuipc__bk_learn_id(b, m->u.hello.max_id);
   c->state = CONN_READY;
   struct gpuipc__msg *o = &b->out;

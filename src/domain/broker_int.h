@@ -137,6 +137,11 @@ struct gpuipc__broker {
   enum gpuipc__recovery recovery;
   uint64_t recovery_end; /* 0 once the window closed */
   bool rejoined;         /* a member of the last broker came back */
+  /* After a hand-over: members of the last broker that may take the
+   * domain over, how many of them came back, and until when a broker
+   * that leaves waits for the others (0: it does not). */
+  uint32_t members_back, came_back;
+  uint64_t back_end;
   struct gpuipc__conn *conns;
   size_t nconns;
   uint64_t conn_seq;

@@ -206,6 +206,7 @@ struct gpuipc__broker_init {
   bool have_reg;               /* reg was initialised */
   enum gpuipc__recovery recovery;
   uint64_t owner_token; /* the hosting member: never its successor */
+  uint32_t members_back; /* RECOVER_HANDOFF: members reconnecting to it */
 };
 
 struct gpuipc__broker;

@@ -80,6 +80,17 @@ static int handoff_wait(struct gpuipc__broker *b, struct gpuipc__conn *c,
   }
 }
 
+/* The members besides @succ that may take the domain over: once it has,
+ * they reconnect to it. */
+static uint32_t members_back(const struct gpuipc__broker *b,
+                             const struct gpuipc__conn *succ)
+{
+  uint32_t n = 0;
+  for (const struct gpuipc__conn *c = b->conns; c != NULL; c = c->next)
+    n += c != succ && may_succeed(b, c);
+  return n;
+}
+
 static uint32_t handoff_count(const struct gpuipc__broker *b)
 {
   uint32_t count = 0;
@@ -125,6 +136,7 @@ static int handoff_to(struct gpuipc__broker *b, struct gpuipc__conn *c)
   o->u.handoff_begin.epoch = b->epoch;
   o->u.handoff_begin.next_id = b->next_id;
   o->u.handoff_begin.count = count;
+  o->u.handoff_begin.members = members_back(b, c);
   int fds[2] = {b->lock_fd, b->listen_fd};
   int rc = gpuipc__proto_send(c->fd, o, fds, 2, HANDOFF_SEND_MS);
   for (struct gpuipc__seg *s = b->reg.head; s != NULL && rc == 0;
@@ -183,6 +195,11 @@ bool gpuipc__bk_try_handoff(struct gpuipc__broker *b)
       GPUIPC_LOG_W("broker %s: hand-over to pid %d failed: %s", b->name,
                    (int)best->cred.pid, gpuipc_last_error());
       best->doomed = true;
+      /* A member that came back but answered too late may only be slow:
+       * dropped, it reconnects, and is waited for again. */
+      if (rc == -ETIMEDOUT && (best->hello_flags & GPUIPC__HELLO_REJOIN) &&
+          b->came_back > 0)
+        b->came_back--;
     }
   }
   return false;
@@ -225,6 +242,7 @@ void gpuipc__handoff_begin(struct gpuipc__handoff_in *h, const char *name,
   init->next_id = m->u.handoff_begin.next_id;
   init->recovery = GPUIPC__RECOVER_HANDOFF;
   init->owner_token = token;
+  init->members_back = m->u.handoff_begin.members;
   h->expect = m->u.handoff_begin.count;
   h->got = 0;
   h->active = true;

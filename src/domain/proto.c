@@ -216,7 +216,8 @@ RECORD(msg_list_reply, NULL,
 RECORD(msg_handoff_begin, NULL,
        M(handoff_begin.epoch, FT_INT, CK_NONZERO, 0),
        M(handoff_begin.next_id, FT_INT, CK_RANGE, GPUIPC__ID_MAX + 1),
-       M(handoff_begin.count, FT_INT, CK_ANY, 0));
+       M(handoff_begin.count, FT_INT, CK_ANY, 0),
+       M(handoff_begin.members, FT_INT, CK_ANY, 0));
 RECORD(msg_handoff_seg, NULL,
        M_SEG(handoff_seg.seg, -1,
              ST(PUBLISHED) | ST(UNLINKED) | ST(LOST) | ST(FILLING)));

@@ -259,6 +259,9 @@ struct gpuipc__msg {
       uint64_t epoch;
       uint64_t next_id;
       uint32_t count; /* HANDOFF_SEG messages that follow */
+      /* Members of the last broker, besides the successor and the host,
+       * that may take the domain over: they are reconnecting. */
+      uint32_t members;
     } handoff_begin;
     struct {
       struct gpuipc__seg_wire seg;

@@ -27,6 +27,14 @@ uint64_t gpuipc__deadline(int timeout_ms);
 int gpuipc__ms_left(uint64_t deadline);
 /* Sleep about @us microseconds; a signal may end it early. */
 void gpuipc__sleep_us(unsigned us);
+/*
+ * Tests only: move gpuipc__now_ns on by @ms at once, as if this process had
+ * been stopped that long, so that a test can let a timeout pass without
+ * waiting for it (and without depending on how busy the machine is). Waits
+ * on an absolute deadline of the real clock (futexes) last longer by as
+ * much.
+ */
+void gpuipc__test_hook_clock_skip_ms(unsigned ms);
 
 /* ----- Unix SOCK_SEQPACKET sockets passing messages and descriptors ----- */
 /*

@@ -280,8 +280,15 @@ fake_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
 }
 
 /* Host registration: accepted, after FAKE_CUDA_REGISTER_MS (a driver
- * starting up takes that long on its first real call). */
+ * starting up takes that long on its first real call) and the test's
+ * fake_cuda_on_register function. */
 static atomic_int registered;
+static void (*_Atomic on_register)(void);
+
+void fake_cuda_on_register(void (*fn)(void))
+{
+  atomic_store(&on_register, fn);
+}
 
 static CUresult fake_cuMemHostRegister(void *p, size_t n, unsigned int flags)
 {
@@ -298,6 +305,9 @@ static CUresult fake_cuMemHostRegister(void *p, size_t n, unsigned int flags)
     while (nanosleep(&ts, &ts) != 0)
       ;
   }
+  void (*fn)(void) = atomic_load(&on_register);
+  if (fn != NULL)
+    fn();
   atomic_fetch_add(&registered, 1);
   return CUDA_SUCCESS;
 }

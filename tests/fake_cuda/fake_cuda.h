@@ -71,6 +71,10 @@ int fake_cuda_calls_before_init(void);
 int fake_cuda_set_current_calls(void);
 /* Host ranges registered now (cuMemHostRegister minus unregisters). */
 int fake_cuda_registered(void);
+/* Have cuMemHostRegister call @fn (NULL: none) before it succeeds: a test
+ * makes the time a driver starting up takes pass there (it moves gpuipc's
+ * clock on) instead of sleeping FAKE_CUDA_REGISTER_MS. */
+void fake_cuda_on_register(void (*fn)(void));
 /* Queued copies done so far (each when its turn came, not when queued). */
 int fake_cuda_copies_done(void);
 /* Times cuEventQuery or cuStreamQuery answered CUDA_ERROR_NOT_READY. */

@@ -13,6 +13,7 @@
 #include "../test.h"
 
 #include "cuda/cuda.h"
+#include "os/os.h"
 
 #include "../fake_cuda/fake_cuda.h"
 
@@ -392,29 +393,45 @@ static int probe_fork(void)
 
 /*
  * A creator whose allocation outlasts the domain's timeout (a HOST buffer
- * registered by a driver that takes FAKE_CUDA_REGISTER_MS, longer than the
- * 100 ms timeout here, as a driver starting up does) still publishes: the
- * wait for the broker's answer begins after the allocation. A reader then
- * sees the creator's bytes.
+ * registered by a driver that starts up meanwhile) still publishes: the
+ * wait for the broker's answer begins after the allocation. The
+ * registration moves this process's clock on by more than the timeout
+ * instead of sleeping through it: a timeout short enough to sleep through
+ * would also be one that the domain's own calls (the join, the broker's
+ * answers) miss on a busy machine.
  */
+#define SLOW_TIMEOUT_MS 10000
+
+static void registration_outlasts_timeout(void)
+{
+  gpuipc__test_hook_clock_skip_ms(SLOW_TIMEOUT_MS + 1000);
+}
+
 static int probe_slow_publish(void)
 {
   char name[32];
   snprintf(name, sizeof(name), "slowpub%d", (int)getpid());
-  gpuipc_domain_opts_t o = {.size = sizeof(o), .timeout_ms = 100};
+  gpuipc_domain_opts_t o = {.size = sizeof(o), .timeout_ms = SLOW_TIMEOUT_MS};
   gpuipc_domain_t *d;
   ASSERT_OK(gpuipc_domain_join(name, &o, &d));
   ASSERT_OK(gpuipc_driver_status(NULL));
   void *h = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
   ASSERT_TRUE(h != NULL);
   int (*registered)(void) = (int (*)(void))dlsym(h, "fake_cuda_registered");
-  ASSERT_TRUE(registered != NULL);
+  void (*on_register)(void (*)(void)) =
+      (void (*)(void (*)(void)))dlsym(h, "fake_cuda_on_register");
+  ASSERT_TRUE(registered != NULL && on_register != NULL);
+  on_register(registration_outlasts_timeout);
+  uint64_t t0 = gpuipc__now_ns();
   gpuipc_buf_t *b;
   ASSERT_OK(test_seg_open(d, "slow", 8192, -1,
                                 GPUIPC_CREATE |
                                     TEST_SEG_KIND(GPUIPC_KIND_HOST),
                                 &b));
+  on_register(NULL);
   ASSERT_EQ(registered(), 1); /* the slow path was taken */
+  /* The clock passed the open's own deadline during the allocation. */
+  ASSERT_GT(gpuipc__now_ns() - t0, SLOW_TIMEOUT_MS * 1000000ull);
   memset(gpuipc_buf_ptr(b), 0x5c, 8192);
   gpuipc_segment_info_t st = {.size = sizeof(st)};
   ASSERT_OK(gpuipc_segment_stat(d, "slow", &st));
@@ -423,8 +440,8 @@ static int probe_slow_publish(void)
   ASSERT_OK(gpuipc_domain_leave(d));
   ASSERT_EQ(registered(), 0);
   dlclose(h);
-  printf("slow-publish: published after a %s ms registration\n",
-         getenv("FAKE_CUDA_REGISTER_MS"));
+  printf("slow-publish: published after a registration that outlasted the "
+         "%d ms timeout\n", SLOW_TIMEOUT_MS);
   return 0;
 }
 
