@@ -213,7 +213,7 @@ static void bad_messages(struct peer *p)
   m.req = 3;
   m.u.hello.token = 1;
   len = encode(&m, buf);
-  buf[4] = 3; /* version 3 */
+  buf[4] = GPUIPC_PROTO_VERSION + 1; /* a version to come */
   send_raw(fd, buf, (size_t)len, NULL, 0);
   uint8_t in[GPUIPC_MSG_MAX];
   int nfds = 0;
@@ -224,7 +224,7 @@ static void bad_messages(struct peer *p)
   ASSERT_EQ(r.type, GPUIPC_MSG_ERROR);
   ASSERT_EQ(r.req, 3);
   ASSERT_EQ(r.u.error.code, GPUIPC_E_VERSION);
-  expect_hangup(fd, "version 3");
+  expect_hangup(fd, "another version");
 
   /* A holder that turns bad loses its references. */
   fd = broker_connect();
@@ -457,7 +457,7 @@ static void huge_ids(struct peer *p)
   members_fine(p);
 }
 
-/* A "broker" that answers HELLO in protocol version 3. */
+/* A "broker" that answers HELLO in a protocol version to come. */
 static void *fake_broker(void *arg)
 {
   int lfd = *(int *)arg;
@@ -472,7 +472,7 @@ static void *fake_broker(void *arg)
   m.u.welcome.epoch = 1;
   uint8_t buf[GPUIPC__MSG_BUF];
   int len = gpuipc__msg_encode(&m, buf, sizeof(buf));
-  buf[4] = 3;
+  buf[4] = GPUIPC_PROTO_VERSION + 1;
   (void)gpuipc__sock_send(fd, buf, (size_t)len, NULL, 0, 5000);
   close(fd);
   return NULL;
@@ -486,7 +486,7 @@ static void version_mismatch(void)
   ASSERT_EQ(pthread_create(&t, NULL, fake_broker, &lfd), 0);
   gpuipc_domain_t *d;
   ASSERT_RC(gpuipc_domain_join("v2", NULL, &d), GPUIPC_E_VERSION);
-  ASSERT_ERR_MENTIONS("version 3");
+  ASSERT_ERR_MENTIONS("version 4");
   pthread_join(t, NULL);
   close(lfd);
   close(lock);

@@ -11,7 +11,7 @@
  *   cc -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc -o /tmp/gen_proto_corpus \
  *     -DGPUIPC_HAVE_CUDA=0 fuzz/gen/gen_proto_corpus.c src/domain/proto.c \
  *     src/wire/[a-z]*.c src/core/[a-z]*.c src/cuda/event.c src/os/proc.c \
- *     src/os/time.c \
+ *     src/os/time.c src/os/sock.c src/os/random.c src/os/fd.c \
  *     -lpthread
  *   /tmp/gen_proto_corpus fuzz/corpus/fuzz_proto
  * The output is deterministic.
@@ -189,9 +189,9 @@ static size_t bad_magic(uint8_t *b, size_t n)
   b[0] ^= 0x20;
   return n;
 }
-static size_t version3(uint8_t *b, size_t n)
+static size_t version_next(uint8_t *b, size_t n)
 {
-  b[4] = 3;
+  b[4] = GPUIPC_PROTO_VERSION + 1;
   return n;
 }
 static size_t type99(uint8_t *b, size_t n)
@@ -273,7 +273,7 @@ int main(int argc, char **argv)
   struct gpuipc__msg hello = m;
   bad_field("hello-token-0", &m, 0, 8, 0, 8);
   bad_field("hello-flags", &m, 0, 4, 0x80, 4);
-  bad("version-3", &hello, 0, version3);
+  bad("version-next", &hello, 0, version_next);
   bad("magic", &hello, 0, bad_magic);
   bad("type-99", &hello, 0, type99);
   bad("short-header", &hello, 0, short_header);

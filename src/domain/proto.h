@@ -31,8 +31,9 @@
 /*
  * 2: segments are filled before they are published (the FILLING state,
  * READY, an event record in segment records).
+ * 3: HANDOFF_BEGIN says how many members may come back to the successor.
  */
-#define GPUIPC_PROTO_VERSION 2
+#define GPUIPC_PROTO_VERSION 3
 #define GPUIPC_PROTO_HDR GPUIPC__MSGHDR_BYTES
 
 /* Segment and domain names: 1..63 of [A-Za-z0-9._-], not starting with '.'. */
