@@ -31,6 +31,8 @@
 enum { PAIRED = GPUIPC__CHAN_PAIR_DONE, RETRY = GPUIPC__CHAN_PAIR_RETRY };
 
 #define HELLO_MAGIC 0x4f4c4548u /* "HELO" */
+/* How long a B end that found A ready waits to connect and be greeted. */
+#define HANDSHAKE_MS 1000
 
 static void token_make(char out[GPUIPC__CHAN_TOKEN_LEN + 1])
 {
@@ -216,9 +218,12 @@ static int be_b(struct gpuipc_channel *ch, const struct gpuipc__chan_cfg *c,
   int rc = sock_path(token, path, sizeof(path));
   if (rc != 0)
     goto unclaim;
-  rc = gpuipc__sock_connect(path, 1000, &fd);
+  rc = gpuipc__sock_connect(path, HANDSHAKE_MS, &fd);
   if (rc != 0)
     goto unclaim_retry;
+  /* timeout_ms 0 waits for no peer, but lets one that was ready finish. */
+  if (c->timeout_ms == 0)
+    deadline = gpuipc__deadline(HANDSHAKE_MS);
   for (;;) {
     struct hello h;
     int left = gpuipc__ms_left(deadline);

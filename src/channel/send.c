@@ -223,11 +223,11 @@ static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
   return r->released && r->rel_ev != NULL;
 }
 
-/* When a blocked send gives up (send_timeout_ms; 0 waits forever). */
+/* When a blocked send gives up (send_timeout_ms: 0 does not wait, -1
+ * waits forever). */
 static uint64_t send_deadline(const struct gpuipc_channel *ch)
 {
-  return ch->send_timeout_ms > 0 ? gpuipc__deadline(ch->send_timeout_ms)
-                                 : UINT64_MAX;
+  return gpuipc__chan_deadline_of(ch->send_timeout_ms);
 }
 
 /* Room for one more message (flow control), waiting until @deadline. */
@@ -246,6 +246,11 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags,
                        "flight, its depth",
                        ch->name, tx->depth);
   rc = tx_wait(ch, deadline, has_room, 0, true);
+  if (rc == -EAGAIN)
+    return gpuipc__err(-EAGAIN,
+                       "gpuipc_channel_send: channel %s has %u messages in "
+                       "flight, its depth (send_timeout_ms 0: no wait)",
+                       ch->name, tx->depth);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT,
                        "gpuipc_channel_send: channel %s: %u messages "
@@ -290,6 +295,11 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
                          "slots are in flight",
                          ch->name, ch->stage_slots);
     int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
+    if (rc == -EAGAIN)
+      return gpuipc__err(-EAGAIN,
+                         "gpuipc_channel_send: channel %s: all %u staging "
+                         "slots are in flight (send_timeout_ms 0: no wait)",
+                         ch->name, ch->stage_slots);
     if (rc == -ETIMEDOUT)
       return gpuipc__err(-ETIMEDOUT,
                          "gpuipc_channel_send: channel %s: no staging "
@@ -606,14 +616,18 @@ static int ticket_wait(struct gpuipc_channel *ch, const char *who,
   if (ticket == 0 || ticket >= tx->next_seq)
     return gpuipc__err(-EINVAL, "%s: ticket %llu was not sent on channel %s",
                        who, t, ch->name);
-  int rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), done, ticket,
-                   poll_events);
+  int ms = -1;
+  int rc = gpuipc__timeout_resolve(who, "timeout_ms", timeout_ms,
+                                   ch->dom_timeout_ms, &ms);
+  if (rc != 0)
+    return rc;
+  rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), done, ticket, poll_events);
   if (rc == -EAGAIN)
     return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
                        what);
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "%s: message %llu was not %s within %d "
-                       "ms", who, t, what, timeout_ms);
+                       "ms", who, t, what, ms);
   return rc;
 }
 

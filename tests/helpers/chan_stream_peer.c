@@ -172,7 +172,8 @@ int main(int argc, char **argv)
 
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.timeout_ms = 30000;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, argv[3], &o, &ch));
   count_fn records = (count_fn)sym("fake_cuda_events_recorded");

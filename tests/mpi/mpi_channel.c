@@ -406,8 +406,9 @@ int main(int argc, char **argv)
                                     rank % 2 ? NULL : &ch), -EINVAL);
   ASSERT_TRUE(ch == NULL);
 
-  gpuipc_channel_opts_t opts = {
-      .size = sizeof(opts), .depth = DEPTH, .stage_slots = DEPTH};
+  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
+  opts.depth = DEPTH;
+  opts.stage_slots = DEPTH;
   ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 7, &opts, &ch));
   ASSERT_TRUE((gpuipc_mpi_channel_shm(ch) != NULL) == want_shm);
   MPI_Comm pairs;

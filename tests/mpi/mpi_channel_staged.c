@@ -249,8 +249,9 @@ int main(int argc, char **argv)
   }
   /* Views on the fake's device 1: it claims no VMM, so they are LEGACY
    * buffers, which the fake can make. */
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .device = 1,
-                             .device_set = 1};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.device = 1;
+  o.device_set = 1;
   ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, rank ^ 1, 9, &o, &ch));
   ASSERT_TRUE(gpuipc_mpi_channel_shm(ch) == NULL);
   uint8_t *mem = malloc(MAXBYTES);
