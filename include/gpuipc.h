@@ -42,8 +42,13 @@
  *   gpuipc_event_record / _wait / _query / _sync / _device
  *   gpuipc_event_handle_pack / _unpack
  * Devices, copies and topology                                      gpuipc(7)
- *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid / _current
- *   gpuipc_memcpy[_async], gpuipc_stream_sync   copies, and waits for them
+ *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid
+ *   gpuipc_memcpy           a copy that has completed on return (fill or
+ *                           read GPU memory without the CUDA runtime);
+ *                           queued copies, stream waits and the current
+ *                           device are the CUDA runtime's or driver's
+ *                           (cudaMemcpyAsync, cudaStreamSynchronize,
+ *                           cudaGetDevice)
  *   gpuipc_topo_p2p / _nvml, gpuipc_link_name, gpuipc_peer_enable
  * Errors, logging, settings, version                                gpuipc(7)
  *   gpuipc_strerror / _err_name / _last_error   what went wrong
@@ -332,15 +337,6 @@ GPUIPC_API int gpuipc_device_by_uuid(const uint8_t uuid[16]);
 GPUIPC_API int gpuipc_uuid_str(const uint8_t uuid[16], char out[41]);
 
 /*
- * gpuipc_device_current - the local ordinal of the device of the CUDA
- * context current on the calling thread (as the runtime API's
- * cudaGetDevice would say once a context exists).
- * Returns the ordinal (>= 0); GPUIPC_E_NODRIVER; GPUIPC_E_NODEVICE when no
- * context is current; GPUIPC_E_CUDA.
- */
-GPUIPC_API int gpuipc_device_current(void);
-
-/*
  * gpuipc_memcpy - copy @n bytes from @src to @dst on @stream of local
  * device @device (NULL: that device's legacy default stream), then wait
  * for the copy and the work queued before it on @stream. Either side may
@@ -352,25 +348,6 @@ GPUIPC_API int gpuipc_device_current(void);
  */
 GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
                              void *stream);
-
-/*
- * gpuipc_memcpy_async - as gpuipc_memcpy, but only queue the copy on
- * @stream and return: the copy has completed once the stream's later work
- * (an event recorded after it, gpuipc_stream_sync) says so. @src and @dst
- * must stay valid until then; pinned host memory (a HOST buffer of gpuipc)
- * lets the copy run alongside the host. With @device -1 the copy is a
- * plain memcpy, done on return.
- * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA. Thread-safe.
- */
-GPUIPC_API int gpuipc_memcpy_async(void *dst, const void *src, size_t n,
-                                   int device, void *stream);
-
-/*
- * gpuipc_stream_sync - wait until the work queued on @stream of local
- * device @device (NULL: its legacy default stream) has finished.
- * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA.
- */
-GPUIPC_API int gpuipc_stream_sync(int device, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */

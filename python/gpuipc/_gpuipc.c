@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "gpuipc.h"
+/* The library is linked in whole: its private interface is ours too. */
+#include "core/private.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -251,7 +253,7 @@ static PyObject *py_device_by_uuid(PyObject *self, PyObject *args)
 
 static PyObject *py_device_current(PyObject *self, PyObject *unused)
 {
-  int rc = gpuipc_device_current();
+  int rc = gpuipc__device_current();
   return rc < 0 ? raise_code(rc) : PyLong_FromLong(rc);
 }
 
@@ -1309,7 +1311,7 @@ EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
      * soon as the tensor goes, with kernels that use the block possibly
      * still queued on @stream. Unmapping then would fault them, so the
      * stream's work ends first. (The receivers keep their own mappings.) */
-    gpuipc_stream_sync(device, stream);
+    gpuipc__stream_sync(device, stream);
     gpuipc_buf_release(buf);
   }
 }

@@ -52,7 +52,7 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
     if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0)) {
       ch->rx_device = opts->device;
     } else {
-      int cur = gpuipc_device_current();
+      int cur = gpuipc__device_current();
       ch->rx_device = cur >= 0 ? cur : 0;
     }
   }

@@ -263,7 +263,7 @@ static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
 fail:
   /* Copies still queued write into the staging buffer: let them end. */
   if (issued > posted)
-    (void)gpuipc_stream_sync(dev, stream);
+    (void)gpuipc__stream_sync(dev, stream);
   if (s->nreq > 0)
     tx_break(ch, rc);
   return rc;
