@@ -714,9 +714,7 @@ int main(int argc, char **argv)
   snprintf(chname, sizeof(chname), "bench-%d-%d", pdev, cdev);
   gpuipc_domain_t *dom;
   GI_OK(gpuipc_domain_join("channel-bench", NULL, &dom));
-  gpuipc_channel_opts_t o;
-  memset(&o, 0, sizeof(o));
-  o.size = sizeof(o);
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.timeout_ms = 60000;
   o.depth = 16;
   o.device = is_consumer ? cdev : pdev;

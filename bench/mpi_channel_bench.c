@@ -199,8 +199,10 @@ int main(int argc, char **argv)
     MPI_Finalize();
     return 2;
   }
-  gpuipc_channel_opts_t opts = {.size = sizeof(opts), .depth = (uint32_t)depth,
-                                .device = gpu, .device_set = gpu >= 0};
+  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
+  opts.depth = (uint32_t)depth;
+  opts.device = gpu;
+  opts.device_set = gpu >= 0;
   gpuipc_mpi_channel_t *ch;
   int rc = gpuipc_mpi_channel_open(MPI_COMM_WORLD, 1 - rank, 1, &opts, &ch);
   if (rc != 0)

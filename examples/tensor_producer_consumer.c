@@ -99,7 +99,7 @@ static int producer(gpuipc_channel_t *ch, const struct cfg *c)
       ((uint8_t *)gpuipc_buf_ptr(buf))[0] = (uint8_t)i;
     double t0 = now_us();
     CHECK(gpuipc_channel_send(ch, &t, NULL, 0, &ticket));
-    CHECK(gpuipc_channel_send_done(ch, ticket, -1));
+    CHECK(gpuipc_channel_send_done(ch, ticket, GPUIPC_TIMEOUT_FOREVER));
     if (i >= 100) /* after warming up */
       lat[i - 100] = now_us() - t0;
   }
@@ -114,7 +114,7 @@ static int producer(gpuipc_channel_t *ch, const struct cfg *c)
   for (long i = 0; i < c->count; i++) {
     int s = (int)(i % SLOTS);
     if (tickets[s] != 0)
-      CHECK(gpuipc_channel_send_done(ch, tickets[s], -1));
+      CHECK(gpuipc_channel_send_done(ch, tickets[s], GPUIPC_TIMEOUT_FOREVER));
     if (host) {
       uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf) + (size_t)s * c->bytes;
       p[0] = (uint8_t)i;
@@ -125,7 +125,7 @@ static int producer(gpuipc_channel_t *ch, const struct cfg *c)
   }
   for (int s = 0; s < SLOTS; s++)
     if (tickets[s] != 0)
-      CHECK(gpuipc_channel_send_done(ch, tickets[s], -1));
+      CHECK(gpuipc_channel_send_done(ch, tickets[s], GPUIPC_TIMEOUT_FOREVER));
   double us = now_us() - t0;
   printf("producer: %ld tensors of %zu bytes in %.1f ms: %.0f tensors/s, "
          "%.2f GB/s (%s)\n", c->count, c->bytes, us / 1e3,
@@ -148,7 +148,7 @@ static int consumer(gpuipc_channel_t *ch, const struct cfg *c)
   for (long i = 0; i < 2100 + c->count; i++) {
     long k = i - 2100; /* index in the throughput run */
     if (c->copy && k >= 0) {
-      CHECK(gpuipc_channel_recv_into(ch, &into, NULL, -1));
+      CHECK(gpuipc_channel_recv_into(ch, &into, NULL, GPUIPC_TIMEOUT_FOREVER));
       if (gpuipc_buf_kind(dst) == GPUIPC_KIND_HOST) {
         const uint8_t *p = gpuipc_buf_ptr(dst);
         bad += p[0] != (uint8_t)k || p[c->bytes - 1] != (uint8_t)~k;
@@ -156,7 +156,7 @@ static int consumer(gpuipc_channel_t *ch, const struct cfg *c)
       continue;
     }
     gpuipc_tensor_t *v;
-    CHECK(gpuipc_channel_recv(ch, &v, NULL, -1));
+    CHECK(gpuipc_channel_recv(ch, &v, NULL, GPUIPC_TIMEOUT_FOREVER));
     if (v->dl.device.device_type == GPUIPC_DL_CPU) {
       const uint8_t *p = (const uint8_t *)v->dl.data + v->dl.byte_offset;
       if (k < 0)

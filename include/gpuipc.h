@@ -43,8 +43,13 @@
  *   gpuipc_event_record / _wait / _query / _sync / _device
  *   gpuipc_event_handle_pack / _unpack
  * Devices, copies and topology                                      gpuipc(7)
- *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid / _current
- *   gpuipc_memcpy[_async], gpuipc_stream_sync   copies, and waits for them
+ *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid
+ *   gpuipc_memcpy           a copy that has completed on return (fill or
+ *                           read GPU memory without the CUDA runtime);
+ *                           queued copies, stream waits and the current
+ *                           device are the CUDA runtime's or driver's
+ *                           (cudaMemcpyAsync, cudaStreamSynchronize,
+ *                           cudaGetDevice)
  *   gpuipc_topo_p2p / _nvml, gpuipc_link_name, gpuipc_peer_enable
  * Errors, logging, settings, version                                gpuipc(7)
  *   gpuipc_strerror / _err_name / _last_error   what went wrong
@@ -333,15 +338,6 @@ GPUIPC_API int gpuipc_device_by_uuid(const uint8_t uuid[16]);
 GPUIPC_API int gpuipc_uuid_str(const uint8_t uuid[16], char out[41]);
 
 /*
- * gpuipc_device_current - the local ordinal of the device of the CUDA
- * context current on the calling thread (as the runtime API's
- * cudaGetDevice would say once a context exists).
- * Returns the ordinal (>= 0); GPUIPC_E_NODRIVER; GPUIPC_E_NODEVICE when no
- * context is current; GPUIPC_E_CUDA.
- */
-GPUIPC_API int gpuipc_device_current(void);
-
-/*
  * gpuipc_memcpy - copy @n bytes from @src to @dst on @stream of local
  * device @device (NULL: that device's legacy default stream), then wait
  * for the copy and the work queued before it on @stream. Either side may
@@ -353,25 +349,6 @@ GPUIPC_API int gpuipc_device_current(void);
  */
 GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
                              void *stream);
-
-/*
- * gpuipc_memcpy_async - as gpuipc_memcpy, but only queue the copy on
- * @stream and return: the copy has completed once the stream's later work
- * (an event recorded after it, gpuipc_stream_sync) says so. @src and @dst
- * must stay valid until then; pinned host memory (a HOST buffer of gpuipc)
- * lets the copy run alongside the host. With @device -1 the copy is a
- * plain memcpy, done on return.
- * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA. Thread-safe.
- */
-GPUIPC_API int gpuipc_memcpy_async(void *dst, const void *src, size_t n,
-                                   int device, void *stream);
-
-/*
- * gpuipc_stream_sync - wait until the work queued on @stream of local
- * device @device (NULL: its legacy default stream) has finished.
- * Returns 0; -EINVAL; GPUIPC_E_NODRIVER; GPUIPC_E_CUDA.
- */
-GPUIPC_API int gpuipc_stream_sync(int device, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */
@@ -882,9 +859,21 @@ typedef struct gpuipc_domain gpuipc_domain_t;
 #define GPUIPC_JOIN_NO_BROKER 0x1u
 
 /*
- * Timeouts (gpuipc_domain_opts_t, gpuipc_segment_opts_t): milliseconds, or
- * one of these. 0 does not wait at all (the domain's own timeout excepted:
- * see there).
+ * Timeouts: one rule for every call and option that takes one
+ * (gpuipc_domain_opts_t, gpuipc_segment_opts_t, gpuipc_channel_opts_t's
+ * timeout_ms and send_timeout_ms, gpuipc_channel_recv, _recv_into,
+ * _send_done, _send_wait, and their gpuipc_mpi_channel_* twins):
+ * milliseconds, or one of these. 0 does not wait at all: the call returns
+ * at once with the code it documents for "not there" (-EAGAIN or
+ * -ETIMEDOUT). GPUIPC_TIMEOUT_DEFAULT takes the domain's timeout
+ * (gpuipc_domain_opts_t.timeout_ms; the GPUIPC_TIMEOUT_MS setting where
+ * there is no domain, as on the MPI path of gpuipc_mpi_channel_*). A
+ * negative value other than these two is -EINVAL. The domain's own
+ * timeout reads 0 as GPUIPC_TIMEOUT_DEFAULT (see there); every other
+ * zero means "do not wait", so option structs whose zero would mislead
+ * have an initializer (GPUIPC_SEGMENT_OPTS_INIT, GPUIPC_CHANNEL_OPTS_INIT)
+ * that sets GPUIPC_TIMEOUT_DEFAULT, and a struct of an older, smaller
+ * size takes GPUIPC_TIMEOUT_DEFAULT for the timeouts it lacks.
  */
 #define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
 #define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
@@ -1307,8 +1296,9 @@ typedef struct gpuipc_channel_opts {
    * the first @size bytes are read, the fields beyond take their defaults. */
   size_t size;
   unsigned flags;    /* reserved, 0 */
-  /* Milliseconds gpuipc_channel_open waits for the other end; 0: the
-   * domain's timeout; < 0: forever. */
+  /* How long gpuipc_channel_open waits for the other end ("Timeouts"):
+   * milliseconds, 0 (pair only with an end already waiting),
+   * GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT (default). */
   int timeout_ms;
   /* Messages this end may have in flight: a power of two, 1 ..
    * GPUIPC_CHANNEL_DEPTH_MAX; 0: 64. */
@@ -1318,8 +1308,13 @@ typedef struct gpuipc_channel_opts {
    * device_set 0): each tensor's own GPU. */
   int device;
   int device_set;    /* 1: @device is meant (so that 0 can be chosen) */
-  /* Milliseconds a blocked gpuipc_channel_send waits for a release before
-   * -ETIMEDOUT; 0: forever. */
+  /* How long gpuipc_channel_send waits for room (flow control: a release
+   * of a message in flight, or a free staging slot) before -ETIMEDOUT
+   * ("Timeouts"): milliseconds, 0 (-EAGAIN at once, as
+   * GPUIPC_SEND_NONBLOCK), GPUIPC_TIMEOUT_FOREVER or
+   * GPUIPC_TIMEOUT_DEFAULT (default: the domain's timeout, as every other
+   * wait; a sender that must wait for a slow receiver as long as it takes
+   * says GPUIPC_TIMEOUT_FOREVER). */
   int send_timeout_ms;
   /* Staging of memory gpuipc did not allocate: slots (1..64; 0: 4) of
    * stage_slot_bytes (0: 4 MiB) each, per device, allocated on first use.
@@ -1334,17 +1329,25 @@ typedef struct gpuipc_channel_opts {
   size_t stage_large_bytes;
 } gpuipc_channel_opts_t;
 
+/* Every field at its default (a zeroed struct does not wait: see the
+ * timeouts). */
+#define GPUIPC_CHANNEL_OPTS_INIT                                               \
+  {sizeof(gpuipc_channel_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, -1, 0,         \
+   GPUIPC_TIMEOUT_DEFAULT, 0, 0, 0}
+
 /*
  * gpuipc_channel_open - meet the other end of channel @name in @dom.
  * The first two processes (or threads) that open a name are paired; the
  * name is free again as soon as they are, so a third and fourth opener
  * make a channel of their own. The call waits for the other end (see
  * opts->timeout_ms). An opener that died before its peer came is replaced.
- * @opts: optional (NULL: defaults).
+ * @opts: optional (NULL: defaults; start from GPUIPC_CHANNEL_OPTS_INIT).
  * @out: the channel, to be closed with gpuipc_channel_close.
- * Returns 0; -EINVAL (NULL argument, bad name or options, with a
- * sentence); -ETIMEDOUT (nobody came); GPUIPC_E_PROTO (the peer wrote
- * an impossible ring layout, or its hello carried no non-blocking eventfd);
+ * Returns 0; -EINVAL (NULL argument, bad name or options — opts->size
+ * below sizeof(size_t), a timeout below GPUIPC_TIMEOUT_DEFAULT — with a
+ * sentence); -ETIMEDOUT (nobody came in time; at once with timeout_ms 0
+ * when no end was waiting); GPUIPC_E_PROTO (the peer wrote an impossible
+ * ring layout, or its hello carried no non-blocking eventfd);
  * GPUIPC_E_VERSION (the other end is a gpuipc of another channel
  * protocol); GPUIPC_E_PEER_GONE / -errno from the domain or the socket
  * calls.
@@ -1390,13 +1393,13 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * naming the field, for more than GPUIPC_TENSOR_MAX_DIMS dimensions, a
  * negative extent, an unknown or unsupported dtype, strides or byte offset
  * reaching outside the buffer, a data pointer outside it.
- * Returns 0; -EINVAL; -EAGAIN (NONBLOCK and `depth` messages in flight, or
- * every staging slot, or every large stage that the limits allow, in
- * flight); -ETIMEDOUT (send timeout); -ENOMEM (or the allocator's error)
- * when no large stage of the tensor's size can be allocated: the sentence
- * names the size, nothing was sent and the channel stays usable;
- * GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO (the peer broke the protocol; the
- * channel is unusable); GPUIPC_E_CUDA.
+ * Returns 0; -EINVAL; -EAGAIN (NONBLOCK, or send_timeout_ms 0, and
+ * `depth` messages in flight, or every staging slot, or every large stage
+ * that the limits allow, in flight); -ETIMEDOUT (send_timeout_ms passed);
+ * -ENOMEM (or the allocator's error) when no large stage of the tensor's
+ * size can be allocated: the sentence names the size, nothing was sent
+ * and the channel stays usable; GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO (the
+ * peer broke the protocol; the channel is unusable); GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                            void *stream, unsigned flags, uint64_t *ticket);
@@ -1404,9 +1407,12 @@ GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *
 /*
  * gpuipc_channel_send_done - whether message @ticket's buffer is free again: the
  * receiver released it and its work on it (its copy, or the work before
- * its release) has completed. Waits up to @timeout_ms (< 0: forever).
+ * its release) has completed. Waits up to @timeout_ms ("Timeouts":
+ * milliseconds, 0, GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT, the
+ * domain's timeout).
  * Returns 0 when free; -EAGAIN when @timeout_ms is 0 and it is not yet;
- * -ETIMEDOUT; -EINVAL (no such ticket yet); GPUIPC_E_PEER_GONE (the
+ * -ETIMEDOUT; -EINVAL (no such ticket yet, a timeout below
+ * GPUIPC_TIMEOUT_DEFAULT); GPUIPC_E_PEER_GONE (the
  * receiver went away without releasing it); GPUIPC_E_PROTO; GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
@@ -1496,8 +1502,10 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  *     waiting on another process's event on the same GPU waits for a
  *     switch between the two processes' contexts (~140 us on H200).
  *     Ignored for HOST buffers.
- * @timeout_ms: < 0 waits forever; 0 polls.
- * Returns 0; -EAGAIN (@timeout_ms 0, nothing there); -ETIMEDOUT;
+ * @timeout_ms: "Timeouts": milliseconds, 0 (do not wait),
+ *     GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT (the domain's).
+ * Returns 0; -EAGAIN (@timeout_ms 0, nothing there); -ETIMEDOUT; -EINVAL
+ * (NULL argument, a timeout below GPUIPC_TIMEOUT_DEFAULT);
  * GPUIPC_E_PEER_GONE (the peer is gone and everything it sent has been
  * received); GPUIPC_E_PROTO (the peer sent a malformed descriptor, with a
  * sentence naming the field; the channel is unusable afterwards);

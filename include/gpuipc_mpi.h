@@ -149,13 +149,17 @@ typedef struct gpuipc_mpi_channel gpuipc_mpi_channel_t;
  * @peer of @comm. Collective over the two ranks: @peer calls it with this
  * rank as its peer and the same @tag; (@comm, the pair, @tag) names the
  * channel, so that two channels of one pair need two tags (0..MPI_TAG_UB).
- * @opts: as for gpuipc_channel_open (NULL: defaults); depth,
- *     send_timeout_ms and device apply to both paths, timeout_ms and the
- *     staging fields to the shared-memory one.
+ * @opts: as for gpuipc_channel_open (NULL: defaults; start from
+ *     GPUIPC_CHANNEL_OPTS_INIT, an older smaller struct gets the defaults
+ *     beyond its size); depth, send_timeout_ms and device apply to both
+ *     paths, timeout_ms and the staging fields to the shared-memory one.
+ *     Timeouts, here and in the calls below, follow gpuipc.h's rule
+ *     ("Timeouts"); on the MPI path, which has no domain,
+ *     GPUIPC_TIMEOUT_DEFAULT is the GPUIPC_TIMEOUT_MS setting.
  * @out: the channel, to be closed with gpuipc_mpi_channel_close.
  * Returns 0 on both ranks or the same code on both: -EINVAL (MPI not
  * initialised, MPI_COMM_NULL, @peer not another rank of @comm, bad @tag,
- * NULL @out, bad options); -EIO (an MPI call failed); what
+ * NULL @out, bad options, a timeout below GPUIPC_TIMEOUT_DEFAULT); -EIO (an MPI call failed); what
  * gpuipc_domain_join and gpuipc_channel_open return.
  */
 int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,

@@ -22,8 +22,10 @@ int main(void)
   snprintf(n, sizeof(n), "%d", N);
   const char *args[] = {"recv-into", "chan-copy", "copy", n, NULL};
   pid_t pid = test_spawn("chan_peer", args, NULL);
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .depth = 16,
-                             .stage_slots = 3, .stage_slot_bytes = CHAN_SLOT};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.depth = 16;
+  o.stage_slots = 3;
+  o.stage_slot_bytes = CHAN_SLOT;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, "copy", &o, &ch));
   gpuipc_buf_t *buf;

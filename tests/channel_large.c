@@ -49,11 +49,11 @@ static uint64_t sent(gpuipc_channel_t *ch)
 
 static void large(gpuipc_domain_t *dom, int gate)
 {
-  gpuipc_channel_opts_t o = {.size = sizeof(o),
-                             .depth = LARGE_DEPTH,
-                             .stage_slots = LARGE_SLOTS,
-                             .stage_slot_bytes = LARGE_SLOT,
-                             .stage_large_bytes = LARGE_BYTES};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.depth = LARGE_DEPTH;
+  o.stage_slots = LARGE_SLOTS;
+  o.stage_slot_bytes = LARGE_SLOT;
+  o.stage_large_bytes = LARGE_BYTES;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, "large", &o, &ch));
 

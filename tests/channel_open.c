@@ -202,8 +202,7 @@ static void both_ways(void)
   pid_t pid = test_spawn("chan_peer", args, NULL);
   /* Options of a caller built before the staging fields: what lies past
    * its size (here an impossible stage_slots) is not read. */
-  gpuipc_channel_opts_t o;
-  memset(&o, 0, sizeof(o));
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.size = offsetof(gpuipc_channel_opts_t, stage_slots);
   o.stage_slots = 1000;
   gpuipc_channel_t *ch;

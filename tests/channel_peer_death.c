@@ -69,7 +69,8 @@ static void blocked_sender(void)
 {
   const char *args[] = {"recv-die", "chan-death", "rdie", "200", NULL};
   pid_t pid = test_spawn("chan_peer", args, NULL);
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .depth = 2};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.depth = 2;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, "rdie", &o, &ch));
   gpuipc_buf_t *buf;

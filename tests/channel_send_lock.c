@@ -48,8 +48,9 @@ int main(void)
   pid_t pid = test_spawn("chan_peer", args, keep);
   close(gate[0]);
 
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .depth = 1,
-                             .send_timeout_ms = 5000};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.depth = 1;
+  o.send_timeout_ms = 5000;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, "lock", &o, &ch));
   gpuipc_buf_t *buf;

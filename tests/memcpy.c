@@ -1,6 +1,7 @@
-/* gpuipc_memcpy, gpuipc_memcpy_async and gpuipc_stream_sync: argument
+/* gpuipc_memcpy, gpuipc__memcpy_async and gpuipc__stream_sync: argument
  * checks and host copies everywhere; host <-> GPU buffer round trips where
  * a GPU is present. */
+#include "core/private.h"
 #include "test.h"
 
 static void host_only(void)
@@ -15,21 +16,21 @@ static void host_only(void)
   ASSERT_RC(gpuipc_memcpy(b, NULL, 1, -1, NULL), -EINVAL);
   /* The queued form: a plain copy, done on return, with device -1. */
   memset(b, 0, sizeof(b));
-  ASSERT_OK(gpuipc_memcpy_async(b, a, sizeof(a), -1, NULL));
+  ASSERT_OK(gpuipc__memcpy_async(b, a, sizeof(a), -1, NULL));
   ASSERT_EQ(test_check(b, sizeof(b), 21), (size_t)-1);
-  ASSERT_OK(gpuipc_memcpy_async(NULL, NULL, 0, -1, NULL));
-  ASSERT_RC(gpuipc_memcpy_async(NULL, a, 1, -1, NULL), -EINVAL);
-  ASSERT_RC(gpuipc_memcpy_async(b, NULL, 1, -1, NULL), -EINVAL);
+  ASSERT_OK(gpuipc__memcpy_async(NULL, NULL, 0, -1, NULL));
+  ASSERT_RC(gpuipc__memcpy_async(NULL, a, 1, -1, NULL), -EINVAL);
+  ASSERT_RC(gpuipc__memcpy_async(b, NULL, 1, -1, NULL), -EINVAL);
   if (gpuipc_driver_status(NULL) != 0) {
     int rc = gpuipc_memcpy(b, a, 16, 0, NULL);
     ASSERT_TRUE(rc == GPUIPC_E_NODRIVER || rc == GPUIPC_E_NODEVICE);
-    rc = gpuipc_memcpy_async(b, a, 16, 0, NULL);
+    rc = gpuipc__memcpy_async(b, a, 16, 0, NULL);
     ASSERT_TRUE(rc == GPUIPC_E_NODRIVER || rc == GPUIPC_E_NODEVICE);
-    rc = gpuipc_stream_sync(0, NULL);
+    rc = gpuipc__stream_sync(0, NULL);
     ASSERT_TRUE(rc == GPUIPC_E_NODRIVER || rc == GPUIPC_E_NODEVICE);
   } else {
     ASSERT_RC(gpuipc_memcpy(b, a, 16, gpuipc_device_count(), NULL), -EINVAL);
-    ASSERT_RC(gpuipc_memcpy_async(b, a, 16, gpuipc_device_count(), NULL),
+    ASSERT_RC(gpuipc__memcpy_async(b, a, 16, gpuipc_device_count(), NULL),
               -EINVAL);
   }
 }
@@ -50,15 +51,15 @@ static void gpu_round_trips(void)
       memset(back, 0, size);
       ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(b), src, size, d, NULL));
       ASSERT_OK(gpuipc_memcpy(back, gpuipc_buf_ptr(b), size, d, NULL));
-      ASSERT_OK(gpuipc_stream_sync(d, NULL));
+      ASSERT_OK(gpuipc__stream_sync(d, NULL));
       ASSERT_EQ(test_check(back, size, 30 + k), (size_t)-1);
       /* Queued in halves, then one wait. */
       memset(back, 0, size);
       uint8_t *g = gpuipc_buf_ptr(b);
       size_t h = size / 2;
-      ASSERT_OK(gpuipc_memcpy_async(back, g, h, d, NULL));
-      ASSERT_OK(gpuipc_memcpy_async(back + h, g + h, size - h, d, NULL));
-      ASSERT_OK(gpuipc_stream_sync(d, NULL));
+      ASSERT_OK(gpuipc__memcpy_async(back, g, h, d, NULL));
+      ASSERT_OK(gpuipc__memcpy_async(back + h, g + h, size - h, d, NULL));
+      ASSERT_OK(gpuipc__stream_sync(d, NULL));
       ASSERT_EQ(test_check(back, size, 30 + k), (size_t)-1);
       ASSERT_OK(gpuipc_buf_release(b));
     }

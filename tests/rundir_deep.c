@@ -111,7 +111,8 @@ int main(void)
   /* And one of them with this process. */
   pid_t c = test_spawn("chan_peer", args, NULL);
   gpuipc_channel_t *ch;
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = TIMEOUT_MS};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.timeout_ms = TIMEOUT_MS;
   ASSERT_OK(gpuipc_channel_open(dom, "c", &o, &ch));
   gpuipc_channel_info_t ci = {.size = sizeof(ci)};
   ASSERT_OK(gpuipc_channel_info(ch, &ci));

@@ -439,7 +439,7 @@ static int peer_copies(struct peer *p, size_t bytes, long count, uint8_t want)
   for (long i = 0; rc == 0 && i < count; i++)
     rc = gpuipc_channel_recv_into(p->data, &into.t, p->stream, WAIT_MS);
   if (rc == 0 && p->dev >= 0)
-    rc = gpuipc_stream_sync(p->dev, p->stream);
+    rc = gpuipc__stream_sync(p->dev, p->stream);
   if (rc == 0)
     rc = peer_check(p, gpuipc_buf_ptr(p->dst), bytes, want);
   return rc;

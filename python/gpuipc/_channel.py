@@ -19,12 +19,12 @@ class Channel(_Boxed):
     _closed = "the channel is closed"
 
     def __init__(self, domain, name, timeout=DEFAULT, depth=0, device=None,
-                 send_timeout=None, stage_slots=0, stage_slot_bytes=0):
+                 send_timeout=DEFAULT, stage_slots=0, stage_slot_bytes=0):
         self.name = name
-        open_ms = _ms(timeout, default_ms=0)
-        if open_ms == 0 and timeout is not DEFAULT:
-            open_ms = 1  # 0 means "the domain's timeout" to the library
-        send_ms = 0 if send_timeout is None else max(1, _ms(send_timeout))
+        # Seconds, None (forever), 0 (no wait) or DEFAULT (the domain's),
+        # for the other end to come and for room to send.
+        open_ms = _ms(timeout)
+        send_ms = _ms(send_timeout)
         self._box = _c.channel_open(domain._h(), name, open_ms, int(depth),
                                     -1 if device is None else int(device),
                                     0 if device is None else 1, send_ms,

@@ -59,7 +59,7 @@ class Domain(_Boxed):
         return _c.segment_list(self._h())
 
     # channels
-    def channel(self, name, timeout=DEFAULT, depth=0, device=None, send_timeout=None,
+    def channel(self, name, timeout=DEFAULT, depth=0, device=None, send_timeout=DEFAULT,
                 stage_slots=0, stage_slot_bytes=0):
         """Meet the other end of channel ``name`` (``gpuipc_channel_open``)."""
         return Channel(self, name, timeout, depth, device, send_timeout, stage_slots,

@@ -20,6 +20,8 @@
 #include <Python.h>
 
 #include "gpuipc.h"
+/* The library is linked in whole: its private interface is ours too. */
+#include "core/private.h"
 
 /* ---- errors (a negative code raises the Python layer's exception) ------ */
 

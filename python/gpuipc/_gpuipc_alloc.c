@@ -77,7 +77,7 @@ EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
      * soon as the tensor goes, with kernels that use the block possibly
      * still queued on @stream. Unmapping then would fault them, so the
      * stream's work ends first. (The receivers keep their own mappings.) */
-    gpuipc_stream_sync(device, stream);
+    gpuipc__stream_sync(device, stream);
     gpuipc_buf_release(buf);
   }
 }

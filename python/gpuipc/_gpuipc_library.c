@@ -80,7 +80,7 @@ static PyObject *py_device_by_uuid(PyObject *self, PyObject *args)
 
 static PyObject *py_device_current(PyObject *self, PyObject *unused)
 {
-  return gpuipc__py_long(gpuipc_device_current());
+  return gpuipc__py_long(gpuipc__device_current());
 }
 
 static PyObject *py_kind_available(PyObject *self, PyObject *args)

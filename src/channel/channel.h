@@ -268,7 +268,8 @@ struct gpuipc_channel {
   int sock;
   pid_t peer_pid;
   int device;        /* receiving device, -1: each tensor's own */
-  int send_timeout_ms;
+  int send_timeout_ms; /* resolved: ms, or -1 for forever */
+  int dom_timeout_ms;  /* the domain's, for GPUIPC_TIMEOUT_DEFAULT */
   uint32_t stage_slots;
   size_t stage_slot_bytes;
   size_t stage_large_bytes;
@@ -340,10 +341,28 @@ static inline struct gpuipc__tx_rec *gpuipc__chan_tx_rec(struct gpuipc__tx *tx,
 
 /* ----- shared by the files of the channel ----- */
 
-/* A deadline @timeout_ms from now; 0 for 0 (poll only). */
+/* A deadline @timeout_ms (resolved: ms, or -1) from now; 0 for 0 (poll
+ * only). */
 static inline uint64_t gpuipc__chan_deadline_of(int timeout_ms)
 {
   return timeout_ms == 0 ? 0 : gpuipc__deadline(timeout_ms);
+}
+
+/*
+ * The deadline of a call's @timeout_ms under the public rule
+ * (GPUIPC_TIMEOUT_DEFAULT: the domain's timeout), in *@deadline; -EINVAL
+ * for a bad timeout, the sentence naming @who.
+ */
+static inline int gpuipc__chan_deadline(const struct gpuipc_channel *ch,
+                                        const char *who, int timeout_ms,
+                                        uint64_t *deadline)
+{
+  int ms = -1;
+  int rc = gpuipc__timeout_resolve(who, "timeout_ms", timeout_ms,
+                                   ch->dom_timeout_ms, &ms);
+  if (rc == 0)
+    *deadline = gpuipc__chan_deadline_of(ms);
+  return rc;
 }
 
 /* Whether @deadline (UINT64_MAX: never) has passed. */
@@ -362,10 +381,11 @@ static inline bool gpuipc__chan_is_host_dev(int32_t t)
 
 /* gpuipc_channel_opts_t as read, with the defaults filled in. */
 struct gpuipc__chan_cfg {
-  int timeout_ms;
+  int timeout_ms;      /* resolved: ms, or -1 for forever */
   uint32_t depth;
   int device;
-  int send_timeout_ms;
+  int send_timeout_ms; /* resolved: ms, or -1 for forever */
+  int dom_timeout_ms;  /* the domain's */
   uint32_t stage_slots;
   size_t stage_slot_bytes;
   size_t stage_large_bytes;

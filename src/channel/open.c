@@ -49,16 +49,26 @@ static int opts_read(const gpuipc_channel_opts_t *o, gpuipc_domain_t *dom,
                      struct gpuipc__chan_cfg *c)
 {
   static const char who[] = "gpuipc_channel_open";
-  gpuipc_channel_opts_t v;
-  memset(&v, 0, sizeof(v));
+  gpuipc_channel_opts_t v = GPUIPC_CHANNEL_OPTS_INIT;
   if (o != NULL) {
+    int rc = gpuipc__size_check(o->size, "gpuipc_channel_open: opts");
+    if (rc != 0)
+      return rc;
     /* An older, smaller struct: the fields it lacks take their defaults. */
-    memcpy(&v, o, o->size < sizeof(v) ? o->size : sizeof(v));
+    gpuipc__opts_read(&v, sizeof(v), o, o->size);
     if (v.flags != 0)
       return gpuipc__err(-EINVAL, "%s: opts->flags 0x%x (must be 0)", who,
                          v.flags);
   }
-  c->timeout_ms = v.timeout_ms != 0 ? v.timeout_ms : gpuipc__dom_timeout(dom);
+  c->dom_timeout_ms = gpuipc__dom_timeout(dom);
+  int rc = gpuipc__timeout_resolve(who, "opts->timeout_ms", v.timeout_ms,
+                                   c->dom_timeout_ms, &c->timeout_ms);
+  if (rc == 0)
+    rc = gpuipc__timeout_resolve(who, "opts->send_timeout_ms",
+                                 v.send_timeout_ms, c->dom_timeout_ms,
+                                 &c->send_timeout_ms);
+  if (rc != 0)
+    return rc;
   c->depth = v.depth != 0 ? v.depth : GPUIPC__CHAN_DEPTH_DEFAULT;
   if (c->depth > GPUIPC__CHAN_DEPTH_MAX || (c->depth & (c->depth - 1)) != 0)
     return gpuipc__err(-EINVAL, "%s: depth %u is not a power of two in "
@@ -66,10 +76,6 @@ static int opts_read(const gpuipc_channel_opts_t *o, gpuipc_domain_t *dom,
   c->device = v.device_set ? v.device : -1;
   if (c->device < -1)
     return gpuipc__err(-EINVAL, "%s: device %d", who, c->device);
-  if (v.send_timeout_ms < 0)
-    return gpuipc__err(-EINVAL, "%s: send_timeout_ms %d (0 waits forever)",
-                       who, v.send_timeout_ms);
-  c->send_timeout_ms = v.send_timeout_ms;
   c->stage_slots = v.stage_slots != 0 ? v.stage_slots : STAGE_SLOTS_DEFAULT;
   if (c->stage_slots > 64)
     return gpuipc__err(-EINVAL, "%s: stage_slots %u exceeds 64", who,
@@ -144,6 +150,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
     goto free_ch;
   ch->device = c.device;
   ch->send_timeout_ms = c.send_timeout_ms;
+  ch->dom_timeout_ms = c.dom_timeout_ms;
   ch->stage_slots = c.stage_slots;
   ch->stage_slot_bytes = c.stage_slot_bytes;
   ch->stage_large_bytes = c.stage_large_bytes;

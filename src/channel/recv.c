@@ -249,9 +249,14 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   if (ch == NULL || view == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_recv: NULL %s",
                        ch == NULL ? "channel" : "view");
+  uint64_t deadline;
+  int rc = gpuipc__chan_deadline(ch, "gpuipc_channel_recv", timeout_ms,
+                                 &deadline);
+  if (rc != 0)
+    return rc;
   struct gpuipc__rx *rx = &ch->rx;
   pthread_mutex_lock(&rx->lock);
-  int rc = rx_fetch(ch, gpuipc__chan_deadline_of(timeout_ms));
+  rc = rx_fetch(ch, deadline);
   if (rc != 0)
     goto unlock;
   gpuipc_event_t *ev;
@@ -327,9 +332,13 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
       return gpuipc__err(-EINVAL, "%s: the destination reaches outside its "
                          "buffer", who);
   }
+  uint64_t deadline;
+  rc = gpuipc__chan_deadline(ch, who, timeout_ms, &deadline);
+  if (rc != 0)
+    return rc;
   struct gpuipc__rx *rx = &ch->rx;
   pthread_mutex_lock(&rx->lock);
-  rc = rx_fetch(ch, gpuipc__chan_deadline_of(timeout_ms));
+  rc = rx_fetch(ch, deadline);
   if (rc != 0)
     goto unlock;
   const struct gpuipc__desc *d = &rx->pdesc;

@@ -34,6 +34,8 @@ enum { PAIRED = GPUIPC__CHAN_PAIR_DONE, RETRY = GPUIPC__CHAN_PAIR_RETRY };
 
 #define HELLO_MAGIC 0x4f4c4548u   /* "HELO": A's word */
 #define HELLO_B_MAGIC 0x424c4548u /* "HELB": B's, before it */
+/* How long a B end that found A ready waits to connect and be greeted. */
+#define HANDSHAKE_MS 1000
 
 static void token_make(char out[GPUIPC__CHAN_TOKEN_LEN + 1])
 {
@@ -269,11 +271,14 @@ static int be_b(struct gpuipc_channel *ch, const struct gpuipc__chan_cfg *c,
   int rc = sock_path(token, path, sizeof(path));
   if (rc != 0)
     goto unclaim;
-  rc = gpuipc__sock_connect(path, 1000, &fd);
+  rc = gpuipc__sock_connect(path, HANDSHAKE_MS, &fd);
   if (rc != 0)
     goto unclaim_retry;
   if (hello_send(ch, fd, HELLO_B_MAGIC) != 0)
     goto close_retry;
+  /* timeout_ms 0 waits for no peer, but lets one that was ready finish. */
+  if (c->timeout_ms == 0)
+    deadline = gpuipc__deadline(HANDSHAKE_MS);
   for (;;) {
     int left = gpuipc__ms_left(deadline);
     rc = hello_recv(ch, fd, HELLO_MAGIC, a, left < 0 || left > 50 ? 50 : left,

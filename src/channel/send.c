@@ -231,11 +231,11 @@ static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
   return r->released && r->rel_ev != NULL;
 }
 
-/* When a blocked send gives up (send_timeout_ms; 0 waits forever). */
+/* When a blocked send gives up (send_timeout_ms: 0 does not wait, -1
+ * waits forever). */
 static uint64_t send_deadline(const struct gpuipc_channel *ch)
 {
-  return ch->send_timeout_ms > 0 ? gpuipc__deadline(ch->send_timeout_ms)
-                                 : UINT64_MAX;
+  return gpuipc__chan_deadline_of(ch->send_timeout_ms);
 }
 
 /* Room for one more message (flow control), waiting until @deadline. */
@@ -256,6 +256,13 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags,
                        ch->name, tx->depth);
   }
   rc = tx_wait(ch, deadline, has_room, 0, true);
+  if (rc == -EAGAIN) {
+    gpuipc__chan_arm(ch);
+    return gpuipc__err(-EAGAIN,
+                       "gpuipc_channel_send: channel %s has %u messages in "
+                       "flight, its depth (send_timeout_ms 0: no wait)",
+                       ch->name, tx->depth);
+  }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT,
                        "gpuipc_channel_send: channel %s: %u messages "
@@ -274,6 +281,12 @@ int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
                        "is in flight", ch->name, what);
   }
   int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
+  if (rc == -EAGAIN) {
+    gpuipc__chan_arm(ch);
+    return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s: every %s "
+                       "is in flight (send_timeout_ms 0: no wait)", ch->name,
+                       what);
+  }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send: channel %s: no %s "
                        "came free within %d ms", ch->name, what,
@@ -581,8 +594,12 @@ static int ticket_wait(struct gpuipc_channel *ch, const char *who,
   if (ticket == 0 || ticket >= tx->next_seq)
     return gpuipc__err(-EINVAL, "%s: ticket %llu was not sent on channel %s",
                        who, t, ch->name);
-  int rc = tx_wait(ch, gpuipc__chan_deadline_of(timeout_ms), done, ticket,
-                   poll_events);
+  int ms = -1;
+  int rc = gpuipc__timeout_resolve(who, "timeout_ms", timeout_ms,
+                                   ch->dom_timeout_ms, &ms);
+  if (rc != 0)
+    return rc;
+  rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), done, ticket, poll_events);
   if (rc == -EAGAIN) {
     gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
@@ -590,7 +607,7 @@ static int ticket_wait(struct gpuipc_channel *ch, const char *who,
   }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "%s: message %llu was not %s within %d "
-                       "ms", who, t, what, timeout_ms);
+                       "ms", who, t, what, ms);
   return rc;
 }
 

@@ -64,6 +64,25 @@ static inline void gpuipc__out_write(void *out, size_t out_size,
            n - sizeof(size_t));
 }
 
+/* ----- timeouts ----- */
+/*
+ * The public rule for a timeout (include/gpuipc.h, "Timeouts"): @ms as
+ * given, GPUIPC_TIMEOUT_FOREVER as -1, GPUIPC_TIMEOUT_DEFAULT as @dflt
+ * (the domain's timeout: milliseconds or -1); any other negative value is
+ * -EINVAL with a sentence naming @who and @what.
+ */
+static inline int gpuipc__timeout_resolve(const char *who, const char *what,
+                                          int ms, int dflt, int *out)
+{
+  if (ms < GPUIPC_TIMEOUT_DEFAULT)
+    return gpuipc__err(-EINVAL, "%s: %s %d is not a count of ms, 0, "
+                       "GPUIPC_TIMEOUT_FOREVER (-1) or GPUIPC_TIMEOUT_DEFAULT "
+                       "(-2)", who, what, ms);
+  *out = ms == GPUIPC_TIMEOUT_DEFAULT ? (dflt < 0 ? -1 : dflt)
+                                      : ms < 0 ? -1 : ms;
+  return 0;
+}
+
 /* ----- logging ----- */
 GPUIPC__HIDDEN bool gpuipc__log_enabled(gpuipc_log_level_t level);
 GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,

@@ -57,10 +57,10 @@ int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
   return copy(dst, src, n, device, stream, true, "gpuipc_memcpy");
 }
 
-int gpuipc_memcpy_async(void *dst, const void *src, size_t n, int device,
+int gpuipc__memcpy_async(void *dst, const void *src, size_t n, int device,
                         void *stream)
 {
-  return copy(dst, src, n, device, stream, false, "gpuipc_memcpy_async");
+  return copy(dst, src, n, device, stream, false, "gpuipc__memcpy_async");
 }
 
 /* NULL and CU_STREAM_LEGACY ((void *)1) name the same stream. */
@@ -97,9 +97,9 @@ leave_ctx:
 #endif
 }
 
-int gpuipc_stream_sync(int device, void *stream)
+int gpuipc__stream_sync(int device, void *stream)
 {
-  int rc = device_check(device, "gpuipc_stream_sync");
+  int rc = device_check(device, "gpuipc__stream_sync");
   if (rc != 0)
     return rc;
 #if GPUIPC_HAVE_CUDA

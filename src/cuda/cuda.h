@@ -13,6 +13,7 @@
 #define GPUIPC_CUDA_H
 
 #include "core/core.h"
+#include "core/private.h"
 
 #include <stdbool.h>
 #include <stddef.h>

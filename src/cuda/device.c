@@ -260,7 +260,7 @@ int gpuipc_device_by_uuid(const uint8_t uuid[16])
                      s, ndev);
 }
 
-int gpuipc_device_current(void)
+int gpuipc__device_current(void)
 {
   int rc = gpuipc__cuda_load();
   if (rc != 0)
@@ -271,7 +271,7 @@ int gpuipc_device_current(void)
   if (rc != 0)
     return rc;
   if (ctx == NULL)
-    return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc_device_current: no CUDA "
+    return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc__device_current: no CUDA "
                                           "context is current on this thread");
   CUdevice dev;
   rc = GPUIPC_CU(cuCtxGetDevice, &dev);
@@ -281,6 +281,6 @@ int gpuipc_device_current(void)
     if (devs[i].cu_dev == dev)
       return i;
 #endif
-  return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc_device_current: the current "
+  return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc__device_current: the current "
                                         "context's device is not visible");
 }

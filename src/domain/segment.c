@@ -5,6 +5,7 @@
  * registers both with each domain it sends a request through (the listener
  * below), so that client.c calls neither.
  */
+#include "core/private.h"
 #include "domain/seg_table.h"
 #include "os/os.h"
 #include "wire/wire.h"
@@ -399,8 +400,8 @@ static int order_writes(gpuipc_buf_t *buf, void *stream, gpuipc_event_t **ev,
   if (gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST) {
     if (stream == NULL)
       return 0; /* the CPU's writes are done */
-    int dev = gpuipc_device_current();
-    return gpuipc_stream_sync(dev >= 0 ? dev : 0, stream);
+    int dev = gpuipc__device_current();
+    return gpuipc__stream_sync(dev >= 0 ? dev : 0, stream);
   }
   int rc = gpuipc_event_create(gpuipc_buf_device(buf), 0, ev);
   if (rc != 0)

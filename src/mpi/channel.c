@@ -7,6 +7,7 @@
  * (mpi_chan.h) does the rest.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,12 +18,55 @@
 
 /* ---- opening -------------------------------------------------------------*/
 
+/* A timeout under the public rule: -EINVAL below GPUIPC_TIMEOUT_DEFAULT. */
+static int check_timeout(const char *who, const char *what, int ms)
+{
+  if (ms < GPUIPC_TIMEOUT_DEFAULT)
+    return gpuipc__mpi_fail(-EINVAL, "%s: %s %d is not a count of ms, 0, "
+                            "GPUIPC_TIMEOUT_FOREVER (-1) or "
+                            "GPUIPC_TIMEOUT_DEFAULT (-2)", who, what, ms);
+  return 0;
+}
+
+/*
+ * What GPUIPC_TIMEOUT_DEFAULT means on the MPI path, which has no domain:
+ * the GPUIPC_TIMEOUT_MS setting, as a domain joined with defaults takes
+ * it (-1: forever).
+ */
+static int default_timeout(void)
+{
+  const char *s = gpuipc__mpi_setting("GPUIPC_TIMEOUT_MS");
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || v < 0 || v > INT_MAX)
+    return 10000;
+  return (int)v;
+}
+
+/*
+ * The caller's @opts (NULL, or a prefix of the struct: the fields beyond
+ * take their defaults) as a whole struct in *@o, checked.
+ */
+static int read_opts(const gpuipc_channel_opts_t *opts,
+                     gpuipc_channel_opts_t *o)
+{
+  static const char who[] = "gpuipc_mpi_channel_open";
+  *o = (gpuipc_channel_opts_t)GPUIPC_CHANNEL_OPTS_INIT;
+  if (opts == NULL)
+    return 0;
+  if (opts->size < sizeof(size_t))
+    return gpuipc__mpi_fail(-EINVAL, "opts->size %zu is too small",
+                            opts->size);
+  memcpy(o, opts, opts->size < sizeof(*o) ? opts->size : sizeof(*o));
+  o->size = sizeof(*o);
+  int rc = check_timeout(who, "opts->timeout_ms", o->timeout_ms);
+  if (rc == 0)
+    rc = check_timeout(who, "opts->send_timeout_ms", o->send_timeout_ms);
+  return rc;
+}
+
 static int check_opts(const gpuipc_channel_opts_t *o)
 {
-  if (o == NULL)
-    return 0;
-  if (o->size < offsetof(gpuipc_channel_opts_t, stage_slots))
-    return gpuipc__mpi_fail(-EINVAL, "opts->size %zu is too small", o->size);
   if (o->flags != 0)
     return gpuipc__mpi_fail(-EINVAL, "opts->flags 0x%x: reserved, must be 0",
                             o->flags);
@@ -30,9 +74,6 @@ static int check_opts(const gpuipc_channel_opts_t *o)
                         (o->depth & (o->depth - 1)) != 0))
     return gpuipc__mpi_fail(-EINVAL, "opts->depth %u is not a power of two "
                             "in 1..%d", o->depth, GPUIPC_CHANNEL_DEPTH_MAX);
-  if (o->send_timeout_ms < 0)
-    return gpuipc__mpi_fail(-EINVAL, "opts->send_timeout_ms %d is negative",
-                            o->send_timeout_ms);
   return 0;
 }
 
@@ -86,8 +127,11 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,
     return gpuipc__mpi_fail(-EINVAL, "tag %d is outside 0..MPI_TAG_UB", tag);
   /* Checks that one rank alone fails are agreed on after the pair exists:
    * both then return the same code. */
+  gpuipc_channel_opts_t o;
   rc = out == NULL ? gpuipc__mpi_fail(-EINVAL, "out is NULL")
-                   : check_opts(opts);
+                   : read_opts(opts, &o);
+  if (rc == 0)
+    rc = check_opts(&o);
   struct gpuipc_mpi_channel *ch = calloc(1, sizeof(*ch));
   if (ch == NULL && rc == 0)
     rc = gpuipc__mpi_fail(-ENOMEM, "no memory for a channel");
@@ -103,6 +147,7 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,
   ch->pair = pair;
   ch->peer = me < peer ? 1 : 0;
   ch->refs = 1;
+  ch->dflt_timeout_ms = default_timeout();
   pthread_mutex_init(&ch->tx_lock, NULL);
   pthread_mutex_init(&ch->rx_lock, NULL);
   pthread_mutex_init(&ch->ack_lock, NULL);
@@ -119,7 +164,7 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_open(MPI_Comm comm, int peer, int tag,
   if (rc != 0)
     goto destroy;
   ch->ops = nsize == 2 ? &gpuipc__mpi_shm_ops : &gpuipc__mpi_p2p_ops;
-  rc = ch->ops->open(ch, opts);
+  rc = ch->ops->open(ch, &o);
   if (rc != 0)
     goto destroy;
   *out = ch;
@@ -142,6 +187,20 @@ gpuipc_mpi_channel_shm(gpuipc_mpi_channel_t *ch)
 
 /* ---- sending -------------------------------------------------------------*/
 
+/*
+ * A call's timeout, checked; on the MPI path GPUIPC_TIMEOUT_DEFAULT becomes
+ * the channel's default (the shared-memory path's gpuipc channel takes its
+ * domain's itself).
+ */
+static int call_timeout(const struct gpuipc_mpi_channel *ch, const char *who,
+                        int *timeout_ms)
+{
+  int rc = check_timeout(who, "timeout_ms", *timeout_ms);
+  if (rc == 0 && ch->shm == NULL && *timeout_ms == GPUIPC_TIMEOUT_DEFAULT)
+    *timeout_ms = ch->dflt_timeout_ms;
+  return rc;
+}
+
 GPUIPC_MPI_API int gpuipc_mpi_channel_send(gpuipc_mpi_channel_t *ch,
                                    const gpuipc_tensor_t *t, void *stream,
                                    unsigned flags, uint64_t *ticket)
@@ -160,7 +219,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_send_done(gpuipc_mpi_channel_t *ch,
   if (ch == NULL)
     return gpuipc__mpi_fail(-EINVAL,
                             "gpuipc_mpi_channel_send_done: NULL channel");
-  return ch->ops->send_done(ch, ticket, timeout_ms);
+  int rc = call_timeout(ch, "gpuipc_mpi_channel_send_done", &timeout_ms);
+  return rc != 0 ? rc : ch->ops->send_done(ch, ticket, timeout_ms);
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_channel_send_wait(gpuipc_mpi_channel_t *ch,
@@ -171,7 +231,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_send_wait(gpuipc_mpi_channel_t *ch,
   if (ch == NULL)
     return gpuipc__mpi_fail(-EINVAL,
                             "gpuipc_mpi_channel_send_wait: NULL channel");
-  return ch->ops->send_wait(ch, ticket, stream, timeout_ms);
+  int rc = call_timeout(ch, "gpuipc_mpi_channel_send_wait", &timeout_ms);
+  return rc != 0 ? rc : ch->ops->send_wait(ch, ticket, stream, timeout_ms);
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_channel_on_release(gpuipc_mpi_channel_t *ch,
@@ -204,7 +265,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_recv(gpuipc_mpi_channel_t *ch,
   if (ch == NULL || view == NULL)
     return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_channel_recv: NULL %s",
                             ch == NULL ? "channel" : "view");
-  return ch->ops->recv(ch, view, stream, timeout_ms);
+  int rc = call_timeout(ch, "gpuipc_mpi_channel_recv", &timeout_ms);
+  return rc != 0 ? rc : ch->ops->recv(ch, view, stream, timeout_ms);
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_channel_recv_into(gpuipc_mpi_channel_t *ch,
@@ -215,7 +277,8 @@ GPUIPC_MPI_API int gpuipc_mpi_channel_recv_into(gpuipc_mpi_channel_t *ch,
   if (ch == NULL || dst == NULL)
     return gpuipc__mpi_fail(-EINVAL, "gpuipc_mpi_channel_recv_into: NULL %s",
                             ch == NULL ? "channel" : "destination");
-  return ch->ops->recv_into(ch, dst, stream, timeout_ms);
+  int rc = call_timeout(ch, "gpuipc_mpi_channel_recv_into", &timeout_ms);
+  return rc != 0 ? rc : ch->ops->recv_into(ch, dst, stream, timeout_ms);
 }
 
 GPUIPC_MPI_API int gpuipc_mpi_tensor_release(gpuipc_tensor_t *view,

@@ -152,7 +152,7 @@ static int node_id(int *out)
  */
 static int current_ordinal(void)
 {
-  int ordinal = gpuipc_device_current();
+  int ordinal = gpuipc__device_current();
   return ordinal >= 0 ? ordinal : 0;
 }
 

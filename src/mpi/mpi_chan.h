@@ -88,7 +88,8 @@ struct gpuipc_mpi_channel {
   MPI_Comm pair;
   int peer; /* in @pair */
   uint32_t depth;
-  int send_timeout_ms;
+  int send_timeout_ms;  /* resolved: ms, 0 (no wait) or -1 (forever) */
+  int dflt_timeout_ms;  /* GPUIPC_TIMEOUT_DEFAULT on the MPI path */
   int rx_device; /* ordinal for GPU views; -1: HOST */
   bool aware;
   unsigned chunk_shift; /* GPUIPC_MPI_CHUNK_KB; 0: built-in sizes */

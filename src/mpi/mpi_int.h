@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/private.h"
 #include "gpuipc_mpi.h"
 
 #define GPUIPC_MPI_API __attribute__((visibility("default")))
@@ -65,7 +66,7 @@ int gpuipc__mpi_cuda_aware(bool *aware);
  */
 int gpuipc__mpi_copy(int device, void *dst, const void *src, size_t n,
                      void *stream);
-/* Queue that copy on @stream and return (gpuipc_memcpy_async). */
+/* Queue that copy on @stream and return (gpuipc__memcpy_async). */
 int gpuipc__mpi_copy_async(int device, void *dst, const void *src, size_t n,
                            void *stream);
 /* Wait for the work queued on @stream of @device. */

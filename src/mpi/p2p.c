@@ -37,7 +37,9 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
                     const gpuipc_channel_opts_t *opts)
 {
   ch->depth = opts && opts->depth ? opts->depth : 64;
-  ch->send_timeout_ms = opts ? opts->send_timeout_ms : 0;
+  ch->send_timeout_ms = opts->send_timeout_ms == GPUIPC_TIMEOUT_DEFAULT
+                            ? ch->dflt_timeout_ms
+                            : opts->send_timeout_ms;
   ch->rx_device = -1;
   ch->tx_ev_dev = -1;
   ch->rx_ev_dev = -1;
@@ -50,7 +52,7 @@ static int open_mpi(struct gpuipc_mpi_channel *ch,
     if (opts && opts->device >= 0 && (opts->device_set || opts->device > 0)) {
       ch->rx_device = opts->device;
     } else {
-      int cur = gpuipc_device_current();
+      int cur = gpuipc__device_current();
       ch->rx_device = cur >= 0 ? cur : 0;
     }
   }

@@ -259,7 +259,7 @@ fail:
   for (uint64_t c = done; c < posted; c++)
     gpuipc__mpi_cancel(&reqs[c % win]);
   if (async)
-    (void)gpuipc_stream_sync(dev, stream);
+    (void)gpuipc__stream_sync(dev, stream);
   ch->rx_broken = true;
   return rc;
 }

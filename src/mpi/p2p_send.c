@@ -263,7 +263,7 @@ static int tx_staged(struct gpuipc_mpi_channel *ch, struct slot *s, int dev,
 fail:
   /* Copies still queued write into the staging buffer: let them end. */
   if (issued > posted)
-    (void)gpuipc_stream_sync(dev, stream);
+    (void)gpuipc__stream_sync(dev, stream);
   if (s->nreq > 0)
     tx_break(ch, rc);
   return rc;
@@ -310,9 +310,7 @@ int gpuipc__mpi_p2p_send(struct gpuipc_mpi_channel *ch,
   }
 
   pthread_mutex_lock(&ch->tx_lock);
-  int64_t deadline = ch->send_timeout_ms > 0
-                         ? deadline_of(ch->send_timeout_ms)
-                         : -1;
+  int64_t deadline = deadline_of(ch->send_timeout_ms);
   for (;;) {
     rc = gpuipc__mpi_tx_poll(ch);
     if (rc < 0)
@@ -324,7 +322,7 @@ int gpuipc__mpi_p2p_send(struct gpuipc_mpi_channel *ch,
     }
     if (ch->in_flight < ch->depth)
       break;
-    if (flags & GPUIPC_SEND_NONBLOCK) {
+    if ((flags & GPUIPC_SEND_NONBLOCK) || ch->send_timeout_ms == 0) {
       rc = gpuipc__mpi_fail(-EAGAIN, "%s: %u messages in flight", who,
                             ch->depth);
       goto unlock;

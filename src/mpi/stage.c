@@ -38,7 +38,7 @@ int gpuipc__mpi_cuda_aware(bool *aware)
 int gpuipc__mpi_copy_async(int device, void *dst, const void *src, size_t n,
                            void *stream)
 {
-  int rc = gpuipc_memcpy_async(dst, src, n, device, stream);
+  int rc = gpuipc__memcpy_async(dst, src, n, device, stream);
   return rc != 0 ? gpuipc__mpi_fail_gpuipc(rc) : 0;
 }
 
@@ -73,7 +73,7 @@ int gpuipc__mpi_chunk_setting(unsigned *shift)
 
 int gpuipc__mpi_stream_sync(int device, void *stream)
 {
-  int rc = gpuipc_stream_sync(device, stream);
+  int rc = gpuipc__stream_sync(device, stream);
   return rc != 0 ? gpuipc__mpi_fail_gpuipc(rc) : 0;
 }
 

@@ -104,9 +104,7 @@ static int do_send(gpuipc_domain_t *dom, const char *name, const char *kind,
   }
   CUDA_OK(cudaMemset(p, 0, SIZE));
   CUDA_OK(cudaDeviceSynchronize());
-  gpuipc_channel_opts_t o;
-  memset(&o, 0, sizeof(o));
-  o.size = sizeof(o);
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.timeout_ms = 60000;
   o.depth = 4;
   o.stage_slot_bytes = SIZE;
@@ -160,9 +158,7 @@ static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
   CUDA_OK(cudaMalloc(&dst, SIZE));
   uint8_t *host;
   CUDA_OK(cudaMallocHost((void **)&host, SIZE));
-  gpuipc_channel_opts_t o;
-  memset(&o, 0, sizeof(o));
-  o.size = sizeof(o);
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.timeout_ms = 60000;
   o.device = dev;
   o.device_set = 1;

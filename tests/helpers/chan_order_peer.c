@@ -174,7 +174,8 @@ int main(int argc, char **argv)
   CUstream s = stream_make();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.timeout_ms = 30000;
   if (!send) {
     o.device = 0;
     o.device_set = 1;

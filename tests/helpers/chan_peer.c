@@ -54,9 +54,7 @@ static void die_hook(const char *name, int where)
 
 static gpuipc_channel_t *open_ch(const char *name, int timeout_ms)
 {
-  gpuipc_channel_opts_t o;
-  memset(&o, 0, sizeof(o));
-  o.size = sizeof(o);
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.timeout_ms = timeout_ms;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, name, &o, &ch));

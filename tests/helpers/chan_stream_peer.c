@@ -23,6 +23,7 @@
  * Prints and checks this process's count of cuEventRecord and
  * cuStreamWaitEvent calls. Exit 0 when everything checked out.
  */
+#include "core/private.h"
 #include "test.h"
 
 #include <dlfcn.h>
@@ -98,14 +99,14 @@ static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
     /* The copy of message i - 1 has run: the receiver read it. */
     test_fill(src, BYTES, (uint64_t)i);
     if (lag)
-      ASSERT_OK(gpuipc_memcpy_async(dev, src, BYTES, 0, stream));
+      ASSERT_OK(gpuipc__memcpy_async(dev, src, BYTES, 0, stream));
     else
       ASSERT_OK(gpuipc_memcpy(dev, src, BYTES, 0, stream));
     uint64_t ticket;
     ASSERT_OK(gpuipc_channel_send(ch, &t, stream, 0, &ticket));
     ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, stream, 30000));
   }
-  ASSERT_OK(gpuipc_stream_sync(0, stream));
+  ASSERT_OK(gpuipc__stream_sync(0, stream));
   ASSERT_OK(gpuipc_buf_release(buf));
   free(src);
 }
@@ -135,7 +136,7 @@ static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
       TFAIL("message %ld: byte %zu of the read queued before its release "
             "differs", i - 1, bad);
     if (lag)
-      ASSERT_OK(gpuipc_memcpy_async(seen, p, BYTES, 0, stream));
+      ASSERT_OK(gpuipc__memcpy_async(seen, p, BYTES, 0, stream));
     ASSERT_OK(gpuipc_tensor_release(v, stream));
   }
   /* The sender opens the last release's event, and its stream waits for
@@ -144,7 +145,7 @@ static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
    * so that the sender always finds that event pending. */
   gpuipc_tensor_t *v;
   ASSERT_RC(gpuipc_channel_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
-  ASSERT_OK(gpuipc_stream_sync(0, stream));
+  ASSERT_OK(gpuipc__stream_sync(0, stream));
   if (lag) {
     size_t bad = test_check(seen, BYTES, (uint64_t)n);
     if (bad != (size_t)-1)
@@ -172,7 +173,8 @@ int main(int argc, char **argv)
 
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = 30000};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.timeout_ms = 30000;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, argv[3], &o, &ch));
   count_fn records = (count_fn)sym("fake_cuda_events_recorded");

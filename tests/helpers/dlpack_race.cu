@@ -67,9 +67,7 @@ static void tensor_1d(gpuipc_tensor_t *t, void *p, int dev, int64_t *shape)
 static gpuipc_channel_t *open_end(gpuipc_domain_t *dom, const char *name,
                                   int dev)
 {
-  gpuipc_channel_opts_t o;
-  memset(&o, 0, sizeof(o));
-  o.size = sizeof(o);
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.timeout_ms = 60000;
   o.device = dev;
   o.device_set = 1;

@@ -12,6 +12,8 @@
  * the sender closed and everything was received. With a GPU, device
  * tensors cross too (gpu_part); without one on every rank that part is
  * left out with a line saying so.
+ * With argv[2] "timeouts" (and GPUIPC_TIMEOUT_MS=300 from CTest) only
+ * timeouts_part runs: every call's timeout follows gpuipc.h's rule.
  */
 #include "gpuipc_mpi.h"
 #include "test.h"
@@ -382,16 +384,110 @@ static void gpu_part(gpuipc_mpi_channel_t *ch, int even, int dev)
   gpuipc_buf_release(host);
 }
 
+/*
+ * GPUIPC_CHANNEL_OPTS_INIT's send timeout: a send blocked on flow control
+ * (depth 1) gives up after GPUIPC_TIMEOUT_DEFAULT, GPUIPC_TIMEOUT_MS.
+ */
+static void default_send_part(int rank, int peer, MPI_Comm pair,
+                              const gpuipc_tensor_t *tp)
+{
+  gpuipc_mpi_channel_t *ch = NULL;
+  gpuipc_tensor_t t = *tp;
+  gpuipc_channel_opts_t d = GPUIPC_CHANNEL_OPTS_INIT;
+  d.depth = 1;
+  ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 12, &d, &ch));
+  if (rank % 2 == 0) {
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL));
+    ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -ETIMEDOUT);
+    MPI_Barrier(pair);
+  } else {
+    gpuipc_tensor_t *v = NULL;
+    MPI_Barrier(pair);
+    ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, GPUIPC_TIMEOUT_FOREVER));
+    ASSERT_OK(gpuipc_mpi_tensor_release(v, NULL));
+  }
+  MPI_Barrier(pair);
+  ASSERT_OK(gpuipc_mpi_channel_close(ch));
+}
+
+/*
+ * Timeouts on a channel of depth 1 whose send timeout is 0: 0 does not
+ * wait (-EAGAIN), GPUIPC_TIMEOUT_DEFAULT is GPUIPC_TIMEOUT_MS (300 ms
+ * here: -ETIMEDOUT), GPUIPC_TIMEOUT_FOREVER waits for the peer, -3 is
+ * -EINVAL. Barriers of @pair order the two ranks.
+ */
+static void timeouts_part(int rank, int peer, MPI_Comm pair, bool want_shm)
+{
+  gpuipc_mpi_channel_t *ch = NULL;
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.send_timeout_ms = -3;
+  ASSERT_RC(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 11, &o, &ch),
+            -EINVAL);
+  o.send_timeout_ms = 0;
+  o.depth = 1;
+  o.timeout_ms = GPUIPC_TIMEOUT_FOREVER;
+  ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 11, &o, &ch));
+  ASSERT_TRUE((gpuipc_mpi_channel_shm(ch) != NULL) == want_shm);
+  uint8_t mem[64];
+  memset(mem, 7, sizeof(mem));
+  int64_t shape[1] = {sizeof(mem)};
+  gpuipc_tensor_t t = {0};
+  t.dl.data = mem;
+  t.dl.device.device_type = GPUIPC_DL_CPU;
+  t.dl.ndim = 1;
+  t.dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
+  t.dl.shape = shape;
+  default_send_part(rank, peer, pair, &t);
+  if (rank % 2 == 1) {
+    gpuipc_tensor_t *v = NULL;
+    ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, 0), -EAGAIN);
+    ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, GPUIPC_TIMEOUT_DEFAULT),
+              -ETIMEDOUT);
+    ASSERT_RC(gpuipc_mpi_channel_recv(ch, &v, NULL, -3), -EINVAL);
+    ASSERT_RC(gpuipc_mpi_channel_recv_into(ch, &t, NULL, -3), -EINVAL);
+    MPI_Barrier(pair); /* the sender may send */
+    MPI_Barrier(pair); /* it has sent and checked its calls */
+    ASSERT_OK(gpuipc_mpi_channel_recv(ch, &v, NULL, GPUIPC_TIMEOUT_FOREVER));
+    ASSERT_EQ(((uint8_t *)v->dl.data)[v->dl.byte_offset], 7);
+    ASSERT_OK(gpuipc_mpi_tensor_release(v, NULL));
+  } else {
+    uint64_t tk;
+    MPI_Barrier(pair);
+    ASSERT_OK(gpuipc_mpi_channel_send(ch, &t, NULL, 0, &tk));
+    ASSERT_RC(gpuipc_mpi_channel_send(ch, &t, NULL, 0, NULL), -EAGAIN);
+    ASSERT_RC(gpuipc_mpi_channel_send_done(ch, tk, 0), -EAGAIN);
+    ASSERT_RC(gpuipc_mpi_channel_send_done(ch, tk, GPUIPC_TIMEOUT_DEFAULT),
+              -ETIMEDOUT);
+    ASSERT_RC(gpuipc_mpi_channel_send_wait(ch, tk, NULL,
+                                           GPUIPC_TIMEOUT_DEFAULT),
+              -ETIMEDOUT);
+    ASSERT_RC(gpuipc_mpi_channel_send_done(ch, tk, -3), -EINVAL);
+    ASSERT_RC(gpuipc_mpi_channel_send_wait(ch, tk, NULL, -3), -EINVAL);
+    MPI_Barrier(pair);
+    ASSERT_OK(gpuipc_mpi_channel_send_done(ch, tk, GPUIPC_TIMEOUT_FOREVER));
+  }
+  MPI_Barrier(pair);
+  ASSERT_OK(gpuipc_mpi_channel_close(ch));
+}
+
 int main(int argc, char **argv)
 {
   MPI_Init(&argc, &argv);
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  ASSERT_TRUE(argc == 2);
+  ASSERT_TRUE(argc == 2 || (argc == 3 && strcmp(argv[2], "timeouts") == 0));
   bool want_shm = strcmp(argv[1], "shm") == 0;
   ASSERT_EQ(size % 2, 0);
   int peer = rank ^ 1;
+  if (argc == 3) {
+    MPI_Comm pair;
+    MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pair);
+    timeouts_part(rank, peer, pair, want_shm);
+    MPI_Comm_free(&pair);
+    MPI_Finalize();
+    return 0;
+  }
 
   gpuipc_mpi_channel_t *ch = NULL;
   /* Arguments every rank can see are wrong alone. */
@@ -406,8 +502,9 @@ int main(int argc, char **argv)
                                     rank % 2 ? NULL : &ch), -EINVAL);
   ASSERT_TRUE(ch == NULL);
 
-  gpuipc_channel_opts_t opts = {
-      .size = sizeof(opts), .depth = DEPTH, .stage_slots = DEPTH};
+  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
+  opts.depth = DEPTH;
+  opts.stage_slots = DEPTH;
   ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, peer, 7, &opts, &ch));
   ASSERT_TRUE((gpuipc_mpi_channel_shm(ch) != NULL) == want_shm);
   MPI_Comm pairs;

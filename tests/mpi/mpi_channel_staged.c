@@ -31,6 +31,7 @@
  * Argument "bad-setting" (GPUIPC_MPI_CUDA_AWARE=maybe): opening fails on
  * both ranks with -EINVAL and a sentence naming the setting.
  */
+#include "core/private.h"
 #include "gpuipc_mpi.h"
 #include "test.h"
 
@@ -123,11 +124,11 @@ static uint64_t recv_all(gpuipc_mpi_channel_t *ch, int dir, int n,
     memset(dst, 0x5a, bytes);
     /* Work on the destination queued before the receive (a lagging copy
      * of junk): the received bytes must land after it. */
-    ASSERT_OK(gpuipc_memcpy_async(dst, junk, bytes, 0, NULL));
+    ASSERT_OK(gpuipc__memcpy_async(dst, junk, bytes, 0, NULL));
     int64_t shape = (int64_t)bytes;
     gpuipc_tensor_t t = cuda_tensor(dst, &shape);
     ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &t, NULL, -1));
-    ASSERT_OK(gpuipc_stream_sync(0, NULL));
+    ASSERT_OK(gpuipc__stream_sync(0, NULL));
     for (uint64_t i = 0; i < bytes; i++)
       if (dst[i] != pattern(dir, k, i))
         TFAIL("direction %d, message %d of %llu bytes: byte %llu (chunk "
@@ -163,7 +164,7 @@ static uint64_t send_buffers(gpuipc_mpi_channel_t *ch, int dir, int n)
     for (uint64_t i = 0; i < bytes; i++)
       host[b][i] = pattern(dir, k, i);
     /* host[b] stays as it is until the copy is known done (send_done). */
-    ASSERT_OK(gpuipc_memcpy_async(gpuipc_buf_ptr(buf[b]), host[b], bytes, 0,
+    ASSERT_OK(gpuipc__memcpy_async(gpuipc_buf_ptr(buf[b]), host[b], bytes, 0,
                                   NULL));
     int64_t shape = (int64_t)bytes;
     gpuipc_tensor_t t = cuda_tensor(gpuipc_buf_ptr(buf[b]), &shape);
@@ -249,8 +250,9 @@ int main(int argc, char **argv)
   }
   /* Views on the fake's device 1: it claims no VMM, so they are LEGACY
    * buffers, which the fake can make. */
-  gpuipc_channel_opts_t o = {.size = sizeof(o), .device = 1,
-                             .device_set = 1};
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.device = 1;
+  o.device_set = 1;
   ASSERT_OK(gpuipc_mpi_channel_open(MPI_COMM_WORLD, rank ^ 1, 9, &o, &ch));
   ASSERT_TRUE(gpuipc_mpi_channel_shm(ch) == NULL);
   uint8_t *mem = malloc(MAXBYTES);
