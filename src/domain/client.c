@@ -37,18 +37,6 @@ static void fork_unlock(struct gpuipc__fork_hook *h)
   pthread_mutex_unlock(&d->mu);
 }
 
-bool gpuipc__dom_stale(const gpuipc_domain_t *d)
-{
-  return d->fork_gen != gpuipc__fork_gen();
-}
-
-int gpuipc__dom_stale_err(const gpuipc_domain_t *d, const char *what)
-{
-  return gpuipc__err(GPUIPC_E_CLOSED, "%s: domain %s was joined by the "
-                     "parent of this process (before fork()); join it anew",
-                     what, d->name);
-}
-
 /* Remove the channel sockets that killed channel ends left behind. */
 static void prune_channels(const struct gpuipc_domain *d)
 {

@@ -16,6 +16,18 @@
 /* Bound on a fire-and-forget send. */
 #define POST_MS 2000
 
+bool gpuipc__dom_stale(const gpuipc_domain_t *d)
+{
+  return d->fork_gen != gpuipc__fork_gen();
+}
+
+int gpuipc__dom_stale_err(const gpuipc_domain_t *d, const char *what)
+{
+  return gpuipc__err(GPUIPC_E_CLOSED, "%s: domain %s was joined by the "
+                     "parent of this process (before fork()); join it anew",
+                     what, d->name);
+}
+
 int gpuipc__dom_timeout(const gpuipc_domain_t *d)
 {
   return d->timeout_ms;
