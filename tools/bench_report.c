@@ -44,8 +44,8 @@ void bench_print_tables(const struct prod *p)
     const struct bw_row *r = &p->r.bw[i];
     printf("  %-12s %9s %6ld %10.2f %9.2f %-8s %6.2f\n",
            bench_path_name(r->src, r->dst, path, 32),
-           cli_bytes(r->bytes, b, 32), r->count, r->gbs, r->base_gbs, baseline_name(r->src, r->dst),
-           r->gbs / r->base_gbs);
+           cli_bytes(r->bytes, b, 32), r->count, r->gbs, r->base_gbs,
+           baseline_name(r->src, r->dst), r->gbs / r->base_gbs);
   }
 }
 
