@@ -55,6 +55,12 @@
  *                                               files; what dead ones left
  *   gpuipc_version, GPUIPC_VERSION              which gpuipc this is
  *
+ * One header, over 800 lines, on purpose (as liburing.h): a program
+ * includes one file, the map above is its table of contents, and each
+ * declaration carries the comment a caller needs (errors, thread safety),
+ * so the man pages can stay short. Split, the map would span files and a
+ * reader would hunt for the declarations it names.
+ *
  * The declarations below come in the library's layers, lowest first: status
  * codes, settings, devices, buffers, handles, events, topology, domains,
  * segments, tensors, channels. Longer stories: docs/segment-lifetime.md
