@@ -8,6 +8,7 @@
  */
 #include "test.h"
 
+#include "helpers/dead_domain.h"
 #include "os/os.h"
 
 #include <fcntl.h>
@@ -25,20 +26,6 @@ static bool exists(const char *name)
   char p[PATH_MAX + 64];
   snprintf(p, sizeof(p), "%s/%s", dir, name);
   return access(p, F_OK) == 0;
-}
-
-/* A dead domain: a lock file nobody holds, a socket nobody listens on. */
-static void dead_domain(const char *name)
-{
-  char p[PATH_MAX + 64];
-  snprintf(p, sizeof(p), "%s/%s.lock", dir, name);
-  int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  snprintf(p, sizeof(p), "%s/%s.sock", dir, name);
-  int lfd;
-  ASSERT_OK(gpuipc__sock_listen(p, 1, &lfd));
-  close(lfd);
 }
 
 /* A channel's socket nobody listens on: stale, and no domain. */
@@ -178,7 +165,7 @@ int main(int argc, char **argv)
   gpuipc_domain_t *a, *z;
   ASSERT_OK(gpuipc_domain_join("zeta", NULL, &z));
   ASSERT_OK(gpuipc_domain_join("alpha", NULL, &a));
-  dead_domain("gone");
+  dead_domain(dir, "gone");
   dead_channel();
   names_listed();
   bad_arguments();
