@@ -38,6 +38,8 @@
  */
 #include <gpuipc.h>
 
+#include "bench_tens.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -137,27 +139,7 @@ static void result_lat(const char *name, std::vector<double> &v, double div);
  */
 static volatile double *g_clock;
 
-/* A 1-D uint8 tensor of @bytes at the start of @buf. */
-struct tens {
-  int64_t shape[1];
-  gpuipc_tensor_t t;
-};
-
-static void tens_init(tens *x, gpuipc_buf_t *buf, void *data, int dev,
-                      size_t bytes)
-{
-  memset(x, 0, sizeof(*x));
-  x->shape[0] = (int64_t)bytes;
-  x->t.buf = buf;
-  x->t.dl.data = data;
-  x->t.dl.device.device_type = dev >= 0 ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
-  x->t.dl.device.device_id = dev >= 0 ? dev : 0;
-  x->t.dl.ndim = 1;
-  x->t.dl.dtype.code = GPUIPC_DL_UINT;
-  x->t.dl.dtype.bits = 8;
-  x->t.dl.dtype.lanes = 1;
-  x->t.dl.shape = x->shape;
-}
+/* struct tens, tens_init: bench_tens.h */
 
 /* ------------------------------------------------------------------------ */
 /* Consumer                                                                 */

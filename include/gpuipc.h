@@ -8,6 +8,8 @@
  *   gpuipc_domain_join      join a domain (hosting its broker if none runs)
  *   gpuipc_domain_info      ask the broker: members, segments, its pid
  *   gpuipc_domain_leave     leave it; the broker moves to another member
+ *   gpuipc_domain_names     the domains of the runtime directory, live or not
+ *   gpuipc_domain_name_check                    whether a name is valid
  * Named segments: a buffer found by name                    gpuipc_segment(3)
  *   gpuipc_segment_open     open one, or with GPUIPC_CREATE allocate it
  *   ... fill it: CPU writes, or kernels and copies queued on a stream
@@ -55,7 +57,15 @@
  *   gpuipc_strerror / _err_name / _last_error   what went wrong
  *   gpuipc_log_set          where log lines go
  *   gpuipc_config_count / _get                  the GPUIPC_* settings
+ *   gpuipc_runtime_dir / _prune                 where domains keep their
+ *                                               files; what dead ones left
  *   gpuipc_version, GPUIPC_VERSION              which gpuipc this is
+ *
+ * One header, over 800 lines, on purpose (as liburing.h): a program
+ * includes one file, the map above is its table of contents, and each
+ * declaration carries the comment a caller needs (errors, thread safety),
+ * so the man pages can stay short. Split, the map would span files and a
+ * reader would hunt for the declarations it names.
  *
  * The declarations below come in the library's layers, lowest first: status
  * codes, settings, devices, buffers, handles, events, topology, domains,
@@ -262,6 +272,34 @@ GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
  * Thread-safe.
  */
 GPUIPC_API int gpuipc_runtime_dir(char *out, size_t cap, unsigned flags);
+
+/* Flag of gpuipc_runtime_prune: find the stale files, remove none. */
+#define GPUIPC_PRUNE_DRY_RUN 0x1u
+
+/*
+ * Told of each stale file of the runtime directory: @file, its name there;
+ * @why, a phrase saying why it is stale; @rc, 0 when it was removed (or, in
+ * a dry run, would be), negative when removing it failed (then
+ * gpuipc_last_error() gives the sentence). @arg is the caller's.
+ */
+typedef void gpuipc_stale_fn(void *arg, const char *file, const char *why,
+                             int rc);
+
+/*
+ * gpuipc_runtime_prune - find the files of the runtime directory that
+ * processes which died left behind: the socket and lock file of a domain
+ * whose broker is gone, a channel's socket nobody listens on; and remove
+ * them, unless @flags has GPUIPC_PRUNE_DRY_RUN. A live domain's or
+ * channel's files are never touched. Creates nothing.
+ * @fn (may be NULL): called for each stale file, with @arg.
+ * Returns how many stale files there were (a failed removal counts, and is
+ * told to @fn); -EINVAL for unknown @flags; -ENOENT when the runtime
+ * directory does not exist; GPUIPC_E_DENIED when it is unsafe (as
+ * gpuipc_runtime_dir); -errno when it cannot be read.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_runtime_prune(unsigned flags, gpuipc_stale_fn *fn,
+                                    void *arg);
 
 /* ------------------------------------------------------------------------ */
 /* CUDA driver and devices                                                  */
@@ -935,6 +973,38 @@ GPUIPC_API int gpuipc_domain_join(const char *name,
  * follow.
  */
 GPUIPC_API int gpuipc_domain_leave(gpuipc_domain_t *dom);
+
+/*
+ * gpuipc_domain_name_check - whether @name is a valid domain (or segment)
+ * name. Returns 0, or -EINVAL with a sentence giving the rule.
+ */
+GPUIPC_API int gpuipc_domain_name_check(const char *name);
+
+/* One domain of the runtime directory (gpuipc_domain_names). */
+typedef struct gpuipc_domain_entry {
+  /*
+   * Set by the caller to sizeof(*entry), or the size of an earlier
+   * version: only the first @size bytes are written.
+   */
+  size_t size;
+  char name[GPUIPC_NAME_MAX + 1];
+  int live; /* 1: a broker answers; 0: a socket left by a broker that died */
+} gpuipc_domain_entry_t;
+
+/*
+ * gpuipc_domain_names - the domains of the runtime directory, sorted by
+ * name, in @out[0..cap), without joining any (a broker that answers sees a
+ * connection open and close) and creating nothing. Each out[i].size must
+ * be set by the caller, all to the same value (as gpuipc_segment_list);
+ * @cap may be 0 and @out NULL to count.
+ * Returns how many domains there are (which may exceed @cap: only the
+ * first @cap are filled); -EINVAL for a negative @cap, a NULL @out with
+ * @cap > 0 or sizes that differ or are too small; -ENOENT when the runtime
+ * directory does not exist; GPUIPC_E_DENIED when it is unsafe (as
+ * gpuipc_runtime_dir); -ENOMEM; -errno when it cannot be read.
+ * Thread-safe.
+ */
+GPUIPC_API int gpuipc_domain_names(gpuipc_domain_entry_t *out, int cap);
 
 typedef struct gpuipc_domain_info {
   /*

@@ -62,13 +62,7 @@ static int disk_file(void)
 static void open_send(int fd, const char *name)
 {
   struct gpuipc__msg m;
-  memset(&m, 0, sizeof(m));
-  m.type = GPUIPC_MSG_OPEN;
-  m.req = 7;
-  snprintf(m.u.open.name, sizeof(m.u.open.name), "%s", name);
-  m.u.open.flags = GPUIPC_CREATE;
-  m.u.open.size = SIZE;
-  m.u.open.timeout_ms = 20000;
+  raw_open_msg(&m, 7, name, GPUIPC_CREATE, 0, SIZE, 20000);
   raw_send(fd, &m, NULL, 0);
 }
 

@@ -21,19 +21,12 @@ static void one(const char *kind, int sdev, int rdev)
   printf("--- %s: sender on GPU %d, receiver on GPU %d\n", kind, sdev, rdev);
   const char *sargs[] = {"send", "chan-gpu", name, kind, sd, "4", NULL};
   const char *rargs[] = {"recv", "chan-gpu", name, rd, "4", NULL};
-  pid_t s = test_spawn("chan_gpu", sargs, NULL);
-  pid_t r = test_spawn("chan_gpu", rargs, NULL);
-  ASSERT_EQ(test_wait(r, GPU_PROC_TIMEOUT_MS), 0);
-  ASSERT_EQ(test_wait(s, GPU_PROC_TIMEOUT_MS), 0);
+  gpu_run_pair("chan_gpu", sargs, rargs);
 }
 
 int main(void)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  test_require_gpus(1);
-  gpu_require_helper("chan_gpu");
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("chan-gpu", NULL, &dom));
+  gpuipc_domain_t *dom = gpu_test_begin(1, "chan_gpu", "chan-gpu");
   static const struct {
     const char *name;
     gpuipc_kind_t kind;

@@ -11,20 +11,13 @@
  * missing wait lets a read run before the write it depends on, or a write
  * before the read of the bytes it overwrites.
  */
-#include "test.h"
+#include "helpers/fake_lag.h"
 
 #define ROUNDS "12"
 
 int main(void)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-#ifndef FAKE_CUDA_FULL
-  SKIP("built without the CUDA headers: no fake CUDA driver");
-#else
-  setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
-  setenv("FAKE_CUDA_COPY_LAG", "1000000000", 1);
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("chan-gpu-order", NULL, &dom));
+  gpuipc_domain_t *dom = fake_lag_begin("chan-gpu-order");
   const char *rargs[] = {"recv", "chan-gpu-order", "order", ROUNDS, NULL};
   const char *sargs[] = {"send", "chan-gpu-order", "order", ROUNDS, NULL};
   pid_t r = test_spawn("chan_order_peer", rargs, NULL);
@@ -36,5 +29,4 @@ int main(void)
   printf(ROUNDS " rounds of 1 MiB, copies and views: every byte after the "
          "sender's write, before its next one\n");
   return 0;
-#endif
 }

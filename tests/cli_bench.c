@@ -8,7 +8,6 @@
 #include "gpu_test.h"
 
 #include <stdio.h>
-#include <sys/wait.h>
 
 #ifdef GPUIPC_CLI
 /* Run `ENV gpuipc bench ARGS`, returning its exit status and its stdout. */
@@ -16,12 +15,7 @@ static int run_cli(const char *env, const char *args, char *out, size_t cap)
 {
   char cmd[1024];
   snprintf(cmd, sizeof(cmd), "%s %s bench %s", env, GPUIPC_CLI, args);
-  FILE *f = popen(cmd, "r");
-  ASSERT_TRUE(f != NULL);
-  size_t n = fread(out, 1, cap - 1, f);
-  out[n] = '\0';
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  return test_popen(cmd, out, cap);
 }
 
 /* How many times @needle occurs in @s. */

@@ -18,19 +18,12 @@ static void one(const char *mode)
   snprintf(name, sizeof(name), "dl-%s", mode);
   const char *sargs[] = {"send", "dl-race", name, "0", ROUNDS, NULL};
   const char *rargs[] = {"recv", "dl-race", name, "0", ROUNDS, mode, NULL};
-  pid_t s = test_spawn("dlpack_race", sargs, NULL);
-  pid_t r = test_spawn("dlpack_race", rargs, NULL);
-  ASSERT_EQ(test_wait(r, GPU_PROC_TIMEOUT_MS), 0);
-  ASSERT_EQ(test_wait(s, GPU_PROC_TIMEOUT_MS), 0);
+  gpu_run_pair("dlpack_race", sargs, rargs);
 }
 
 int main(void)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  test_require_gpus(1);
-  gpu_require_helper("dlpack_race");
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("dl-race", NULL, &dom));
+  gpuipc_domain_t *dom = gpu_test_begin(1, "dlpack_race", "dl-race");
   one("legacy");
   one("stream");
   ASSERT_OK(gpuipc_domain_leave(dom));

@@ -55,7 +55,7 @@ static void *refusing_broker(void *arg)
   int len = gpuipc__msg_encode(&m, buf, sizeof(buf));
   ASSERT_GT(len, 0);
   if (refusal == GPUIPC_E_VERSION)
-    buf[4] = 3; /* protocol version 3 */
+    buf[4] = GPUIPC_PROTO_VERSION + 1; /* a version to come */
   (void)gpuipc__sock_send(fd, buf, (size_t)len, NULL, 0, 5000);
   close(fd);
   return NULL;
@@ -80,7 +80,7 @@ static void refused(const char *name, int code)
     rc = gpuipc_domain_info(d, &di);
   }
   ASSERT_RC(rc, code);
-  ASSERT_ERR_MENTIONS(code == GPUIPC_E_DENIED ? "go away" : "version 3");
+  ASSERT_ERR_MENTIONS(code == GPUIPC_E_DENIED ? "go away" : "version 4");
   gpuipc_buf_t *b;
   ASSERT_RC(test_seg_open(d, "x", 4096, -1, GPUIPC_CREATE, &b), code);
   ASSERT_OK(gpuipc_domain_leave(d));

@@ -6,6 +6,7 @@
  * and another process reads and writes their bytes.
  */
 #include "gpu_test.h"
+#include "helpers/vmm_prop.h"
 
 #include "mem/gpu.h"
 
@@ -43,13 +44,8 @@ struct vmm_alloc {
 static void vmm_create(struct vmm_alloc *v, size_t size,
                        CUmemAllocationHandleType types)
 {
-  const struct gpuipc__dev *d = gpuipc__dev_get(0);
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof(prop));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = d->cu_dev;
-  prop.requestedHandleTypes = types;
+  vmm_prop(0, types, &prop);
   struct gpuipc__ctx_saved saved;
   ASSERT_OK(gpuipc__ctx_enter(0, &saved));
   ASSERT_OK(GPUIPC_CU(cuMemCreate, &v->mh, size, &prop, 0));
@@ -58,7 +54,7 @@ static void vmm_create(struct vmm_alloc *v, size_t size,
   CUmemAccessDesc a;
   memset(&a, 0, sizeof(a));
   a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  a.location.id = d->cu_dev;
+  a.location.id = prop.location.id;
   a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   ASSERT_OK(GPUIPC_CU(cuMemSetAccess, v->va, size, &a, 1));
   gpuipc__ctx_leave(&saved);

@@ -26,6 +26,34 @@ static inline void gpu_require_helper(const char *name)
          name);
 }
 
+/*
+ * A GPU test's main() begins: stdout unbuffered, skipped without @ngpus
+ * GPUs or CUDA C helper @helper, domain @domain joined (its broker here).
+ */
+static inline gpuipc_domain_t *gpu_test_begin(int ngpus, const char *helper,
+                                              const char *domain)
+{
+  setvbuf(stdout, NULL, _IONBF, 0);
+  test_require_gpus(ngpus);
+  gpu_require_helper(helper);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join(domain, NULL, &dom));
+  return dom;
+}
+
+/*
+ * Start helper @helper as the sender (@sargs) and the receiver (@rargs) of
+ * a channel; both must exit 0 (the receiver is waited for first).
+ */
+static inline void gpu_run_pair(const char *helper, const char *const *sargs,
+                                const char *const *rargs)
+{
+  pid_t s = test_spawn(helper, sargs, NULL);
+  pid_t r = test_spawn(helper, rargs, NULL);
+  ASSERT_EQ(test_wait(r, GPU_PROC_TIMEOUT_MS), 0);
+  ASSERT_EQ(test_wait(s, GPU_PROC_TIMEOUT_MS), 0);
+}
+
 static inline const char *gpu_fmt_int(char *buf, size_t cap, long long v)
 {
   snprintf(buf, cap, "%lld", v);

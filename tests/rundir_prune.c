@@ -8,6 +8,7 @@
  */
 #include "helpers/chan_common.h"
 
+#include "helpers/dead_domain.h"
 #include "os/os.h"
 
 #include <dirent.h>
@@ -71,13 +72,9 @@ static int run_ls(const char *rd, const char *args, char *out, size_t cap)
   char cmd[PATH_MAX + 256];
   snprintf(cmd, sizeof(cmd), "GPUIPC_DIR='%s' %s ls %s 2>&1", rd, GPUIPC_CLI,
            args);
-  FILE *f = popen(cmd, "r");
-  ASSERT_TRUE(f != NULL);
-  size_t n = fread(out, 1, cap - 1, f);
-  out[n] = '\0';
-  int st = pclose(f);
+  int st = test_popen(cmd, out, cap);
   printf("$ gpuipc ls %s\n%s", args, out);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  return st;
 }
 #endif
 
@@ -170,27 +167,13 @@ static void live_not_touched(void)
   ASSERT_EQ(access(p, F_OK), -1);
 }
 
-/* A dead domain: a lock file nobody holds, a socket nobody listens on. */
-static void dead_domain(const char *name)
-{
-  char p[PATH_MAX + 64];
-  snprintf(p, sizeof(p), "%s/%s.lock", dir, name);
-  int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  snprintf(p, sizeof(p), "%s/%s.sock", dir, name);
-  int lfd;
-  ASSERT_OK(gpuipc__sock_listen(p, 1, &lfd));
-  close(lfd);
-}
-
 #ifdef GPUIPC_CLI
 /* `gpuipc ls` shows stale files; --prune removes them and nothing else. */
 static void ls_prune(void)
 {
   char sock[NAME_MAX + 1];
   kill_listener("dead3", sock, sizeof(sock));
-  dead_domain("gone");
+  dead_domain(dir, "gone");
   ASSERT_EQ(run_ls(dir, "", out, sizeof(out)), 0);
   ASSERT_TRUE(strstr(out, sock) != NULL);
   ASSERT_TRUE(strstr(out, "gone.lock") != NULL);

@@ -152,28 +152,34 @@ static void scratch(void)
   peer_finish(&other);
 }
 
+/*
+ * Options of an earlier, smaller struct (@size bytes) for 4096 bytes of
+ * @kind: the fields past @size hold junk the library must not read.
+ */
+static void old_opts(gpuipc_segment_opts_t *o, size_t size,
+                     gpuipc_kind_t kind, unsigned flags)
+{
+  memset(o, 0xa5, sizeof(*o));
+  o->size = size;
+  o->bytes = 4096;
+  o->kind = kind;
+  o->device = -1;
+  o->flags = flags;
+}
+
 static void old_struct_sizes(void)
 {
-  /* Fields past @size hold junk the library must not read. */
   gpuipc_segment_opts_t o;
-  memset(&o, 0xa5, sizeof(o));
-  o.size = offsetof(gpuipc_segment_opts_t, stream);
-  o.bytes = 4096;
-  o.kind = GPUIPC_KIND_HOST;
-  o.device = -1;
-  o.flags = GPUIPC_CREATE;
+  old_opts(&o, offsetof(gpuipc_segment_opts_t, stream), GPUIPC_KIND_HOST,
+           GPUIPC_CREATE);
   o.timeout_ms = GPUIPC_TIMEOUT_DEFAULT;
   gpuipc_buf_t *b, *b2, *b3;
   ASSERT_OK(gpuipc_segment_open(dom, "o1", &o, &b));
   memset(gpuipc_buf_ptr(b), 3, 4096);
   ASSERT_OK(gpuipc_segment_publish(b, NULL));
   /* Only size, bytes, kind, device, flags: the timeout is the domain's. */
-  memset(&o, 0xa5, sizeof(o));
-  o.size = offsetof(gpuipc_segment_opts_t, timeout_ms);
-  o.bytes = 4096;
-  o.kind = GPUIPC_KIND_AUTO;
-  o.device = -1;
-  o.flags = GPUIPC_WAIT;
+  old_opts(&o, offsetof(gpuipc_segment_opts_t, timeout_ms), GPUIPC_KIND_AUTO,
+           GPUIPC_WAIT);
   ASSERT_OK(gpuipc_segment_open(dom, "o1", &o, &b2));
   ASSERT_TRUE(b2 == b); /* our own: the same buffer */
   /* Only the size: every default, as NULL opts are. */

@@ -121,6 +121,13 @@ void test_warm_driver(void);
 /* Number of open descriptors of @pid (0: self) from /proc/PID/fd. */
 int test_count_fds(pid_t pid);
 
+/*
+ * Run shell command @cmd (the CLI, say): its stdout into @out (of @cap
+ * bytes, NUL-terminated, the rest dropped). Returns its exit status, 128
+ * when it did not exit.
+ */
+int test_popen(const char *cmd, char *out, size_t cap);
+
 /* Deterministic byte pattern: byte i of a pattern with @seed. */
 static inline uint8_t test_pattern(uint64_t seed, size_t i)
 {

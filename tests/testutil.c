@@ -120,3 +120,13 @@ size_t test_check(const void *p, size_t n, uint64_t seed)
       return i;
   return (size_t)-1;
 }
+
+int test_popen(const char *cmd, char *out, size_t cap)
+{
+  FILE *f = popen(cmd, "r");
+  ASSERT_TRUE(f != NULL);
+  size_t n = fread(out, 1, cap - 1, f);
+  out[n] = '\0';
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}

@@ -6,7 +6,6 @@
 #include "gpu_test.h"
 
 #include <stdio.h>
-#include <sys/wait.h>
 
 #ifdef GPUIPC_CLI
 /* Run `gpuipc topo ARGS`, returning its exit status and its stdout. */
@@ -14,12 +13,7 @@ static int run_cli(const char *args, char *out, size_t cap)
 {
   char cmd[1024];
   snprintf(cmd, sizeof(cmd), "%s topo %s 2>&1", GPUIPC_CLI, args);
-  FILE *f = popen(cmd, "r");
-  ASSERT_TRUE(f != NULL);
-  size_t n = fread(out, 1, cap - 1, f);
-  out[n] = '\0';
-  int st = pclose(f);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+  return test_popen(cmd, out, cap);
 }
 #endif
 

@@ -13,9 +13,14 @@
  * 0, or the error it met. Bandwidth orders carry the byte the producer
  * filled its buffer with, and the receiver checks its copy's first and last
  * bytes against it.
+ *
+ * This file: the arguments, the control channel, the receiving process and
+ * the producer's runs; bench.h lists the others (measuring and the
+ * baselines: bench_measure.c; the report: bench_report.c).
  */
-#include "cli.h"
-#include "cuda/cuda.h"
+#include "bench.h"
+#include "core/core.h" /* gpuipc__err: a sentence for the baseline */
+#include "core/private.h" /* gpuipc__stream_sync */
 
 #include <errno.h>
 #include <signal.h>
@@ -48,226 +53,12 @@ static const char bench_usage[] =
     "\n"
     "A progress line goes to stderr while it runs, when stderr is a terminal.\n";
 
-#define LAT_BYTES 4096
-/* No step of a run waits longer for the other process: one that fails
- * leaves the other to time out instead of waiting forever. */
-#define WAIT_MS 30000
-#define CTL_SLOTS 64
-#define MAX_DEVS 16
 
-enum op { OP_OPEN = 1, OP_LAT = 2, OP_BW = 3, OP_CLOSE = 4, OP_END = 5 };
-
-enum stream_mode { ST_NULL, ST_LEGACY, ST_PER_THREAD, ST_CREATED };
-static const char *const stream_names[] = {"null", "legacy", "per-thread",
-                                           "created"};
-
-struct bench_opts {
-  int json, quick;
-  gpuipc_kind_t kind;
-  enum stream_mode stream;
-  size_t max_bytes;
-  int ndev;
-  int devs[MAX_DEVS];
-};
-
-/* ------------------------------------------------------------------------ */
-/* Clock, statistics, tensors                                               */
-/* ------------------------------------------------------------------------ */
-
-static double now_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* Sorts @v; its median and 99th percentile. */
-static void stats(double *v, int n, double *median, double *p99)
-{
-  qsort(v, (size_t)n, sizeof(*v), cmp_double);
-  *median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  int k = (99 * n + 99) / 100 - 1; /* ceil(0.99 n) - 1 */
-  *p99 = v[k < 0 ? 0 : k];
-}
-
-/* A 1-D uint8 tensor of @bytes at @off in @buf (or at @data without one). */
-struct tens {
-  int64_t shape[1];
-  gpuipc_tensor_t t;
-};
-
-static void tens_init(struct tens *x, gpuipc_buf_t *buf, void *data, int dev,
-                      size_t bytes)
-{
-  memset(x, 0, sizeof(*x));
-  x->shape[0] = (int64_t)bytes;
-  x->t.buf = buf;
-  x->t.dl.data = data;
-  x->t.dl.device.device_type = dev >= 0 ? GPUIPC_DL_CUDA : GPUIPC_DL_CPU;
-  x->t.dl.device.device_id = dev >= 0 ? dev : 0;
-  x->t.dl.ndim = 1;
-  x->t.dl.dtype.code = GPUIPC_DL_UINT;
-  x->t.dl.dtype.bits = 8;
-  x->t.dl.dtype.lanes = 1;
-  x->t.dl.shape = x->shape;
-}
-
-/* ------------------------------------------------------------------------ */
-/* The driver, for streams, fills, checks and the baselines                 */
-/* ------------------------------------------------------------------------ */
-
-#if GPUIPC_HAVE_CUDA
-/* The stream of @mode on device @dev; NULL on failure (then `null`). */
-static void *stream_make(enum stream_mode mode, int dev)
-{
-  switch (mode) {
-  case ST_LEGACY:
-    return (void *)CU_STREAM_LEGACY;
-  case ST_PER_THREAD:
-    return (void *)CU_STREAM_PER_THREAD;
-  case ST_CREATED: {
-    struct gpuipc__ctx_saved saved;
-    CUstream s = NULL;
-    if (gpuipc__ctx_enter(dev, &saved) != 0)
-      return NULL;
-    if (GPUIPC_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING) != 0)
-      s = NULL;
-    gpuipc__ctx_leave(&saved);
-    return s;
-  }
-  default:
-    return NULL;
-  }
-}
-
-static void stream_free(enum stream_mode mode, int dev, void *s)
-{
-  if (mode != ST_CREATED || s == NULL)
-    return;
-  struct gpuipc__ctx_saved saved;
-  if (gpuipc__ctx_enter(dev, &saved) == 0) {
-    gpuipc__cu.cuStreamDestroy((CUstream)s);
-    gpuipc__ctx_leave(&saved);
-  }
-}
-
-/* cuMemsetD8 of @n bytes of device @dev memory, synchronously. */
-static int dev_fill(int dev, void *p, uint8_t v, size_t n)
-{
-  struct gpuipc__ctx_saved saved;
-  int rc = gpuipc__ctx_enter(dev, &saved);
-  if (rc == 0) {
-    rc = GPUIPC_CU(cuMemsetD8, (CUdeviceptr)(uintptr_t)p, v, n);
-    if (rc == 0)
-      rc = GPUIPC_CU(cuCtxSynchronize);
-    gpuipc__ctx_leave(&saved);
-  }
-  return rc;
-}
-
-/*
- * @count copies of @n bytes from @src (device @sdev) to @dst (device
- * @ddev) on @stream of @sdev, one to warm up first: cuMemcpyAsync on one
- * GPU, cuMemcpyPeerAsync between two. Microseconds for the @count, or < 0.
- */
-static double dev_copies(int sdev, int ddev, void *dst, const void *src,
-                         size_t n, long count, void *stream)
-{
-  const struct gpuipc__dev *sd = gpuipc__dev_get(sdev);
-  const struct gpuipc__dev *dd = gpuipc__dev_get(ddev);
-  struct gpuipc__ctx_saved saved, other;
-  if (sd == NULL || dd == NULL || gpuipc__ctx_enter(ddev, &other) != 0)
-    return -1;
-  gpuipc__ctx_leave(&other); /* retains @ddev's primary context */
-  if (gpuipc__ctx_enter(sdev, &saved) != 0)
-    return -1;
-  CUcontext sc = __atomic_load_n(&sd->primary, __ATOMIC_ACQUIRE);
-  CUcontext dc = __atomic_load_n(&dd->primary, __ATOMIC_ACQUIRE);
-  double t0 = 0, us = -1;
-  int rc = 0;
-  for (long i = -1; i < count && rc == 0; i++) {
-    if (i == 0) {
-      rc = GPUIPC_CU(cuStreamSynchronize, (CUstream)stream);
-      t0 = now_us();
-    }
-    if (rc == 0 && sdev == ddev)
-      rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                     (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream);
-    else if (rc == 0)
-      rc = GPUIPC_CU(cuMemcpyPeerAsync, (CUdeviceptr)(uintptr_t)dst, dc,
-                     (CUdeviceptr)(uintptr_t)src, sc, n, (CUstream)stream);
-  }
-  if (rc == 0)
-    rc = GPUIPC_CU(cuStreamSynchronize, (CUstream)stream);
-  if (rc == 0)
-    us = now_us() - t0;
-  gpuipc__ctx_leave(&saved);
-  return us;
-}
-
-/* Bytes [0, n) of device memory @p into @out. */
-static int dev_read(int dev, void *out, const void *p, size_t n)
-{
-  return gpuipc_memcpy(out, p, n, dev, NULL);
-}
-#else
-static void *stream_make(enum stream_mode mode, int dev)
-{
-  return NULL;
-}
-
-static void stream_free(enum stream_mode mode, int dev, void *s)
-{
-}
-
-static int dev_fill(int dev, void *p, uint8_t v, size_t n)
-{
-  return GPUIPC_E_UNSUPPORTED;
-}
-
-static double dev_copies(int sdev, int ddev, void *dst, const void *src,
-                         size_t n, long count, void *stream)
-{
-  return -1;
-}
-
-static int dev_read(int dev, void *out, const void *p, size_t n)
-{
-  return GPUIPC_E_UNSUPPORTED;
-}
-#endif
-
-static int fill(int dev, void *p, uint8_t v, size_t n)
-{
-  if (dev < 0) {
-    memset(p, v, n);
-    return 0;
-  }
-  return dev_fill(dev, p, v, n);
-}
-
-/* The byte a producer fills @bytes with. */
-static uint8_t pattern(size_t bytes)
-{
-  return (uint8_t)(0xa5 ^ (unsigned)__builtin_ctzll(bytes));
-}
 
 /* ------------------------------------------------------------------------ */
 /* Control channel: orders one way, answers the other                       */
 /* ------------------------------------------------------------------------ */
 
-struct ctl {
-  gpuipc_channel_t *ch;
-  gpuipc_buf_t *buf; /* HOST, CTL_SLOTS slots of 64 bytes */
-  uint64_t tickets[CTL_SLOTS];
-  int next;
-};
 
 static int ctl_init(struct ctl *c, gpuipc_domain_t *dom)
 {
@@ -371,7 +162,7 @@ static int peer_open(struct peer *p, int src, int dst)
   if (rc != 0)
     return rc;
   p->dev = dst;
-  p->stream = dst >= 0 ? stream_make(p->mode, dst) : NULL;
+  p->stream = dst >= 0 ? bench_stream_make(p->mode, dst) : NULL;
   return 0;
 }
 
@@ -381,7 +172,7 @@ static void peer_close(struct peer *p)
     gpuipc_channel_close(p->data);
   p->data = NULL;
   if (p->dev >= 0)
-    stream_free(p->mode, p->dev, p->stream);
+    bench_stream_free(p->mode, p->dev, p->stream);
   p->stream = NULL;
   if (p->dst != NULL)
     gpuipc_buf_release(p->dst);
@@ -412,9 +203,9 @@ static int peer_check(struct peer *p, const uint8_t *q, size_t bytes,
     memcpy(head, q, k);
     memcpy(tail, q + bytes - k, k);
   } else {
-    rc = dev_read(p->dev, head, q, k);
+    rc = bench_dev_read(p->dev, head, q, k);
     if (rc == 0)
-      rc = dev_read(p->dev, tail, q + bytes - k, k);
+      rc = bench_dev_read(p->dev, tail, q + bytes - k, k);
   }
   for (size_t i = 0; rc == 0 && i < k; i++)
     if (head[i] != want || tail[i] != want)
@@ -451,7 +242,7 @@ static int peer_main(const char *domain, const char *stream)
   memset(&p, 0, sizeof(p));
   p.dev = -1;
   for (int m = 0; m < 4; m++)
-    if (strcmp(stream, stream_names[m]) == 0)
+    if (strcmp(stream, bench_stream_names[m]) == 0)
       p.mode = (enum stream_mode)m;
   int rc = gpuipc_domain_join(domain, NULL, &p.dom);
   if (rc == 0)
@@ -502,34 +293,6 @@ static int peer_main(const char *domain, const char *stream)
 /* The producing process                                                    */
 /* ------------------------------------------------------------------------ */
 
-struct lat_row {
-  int src, dst;
-  int n;
-  double median, p99;
-};
-
-struct bw_row {
-  int src, dst;
-  size_t bytes;
-  long count;
-  double gbs, base_gbs;
-};
-
-struct results {
-  struct lat_row lat[MAX_DEVS * MAX_DEVS];
-  int nlat;
-  struct bw_row *bw;
-  int nbw, capbw;
-};
-
-struct prod {
-  const struct bench_opts *o;
-  gpuipc_domain_t *dom;
-  struct ctl ctl;
-  pid_t peer;
-  int steps, step; /* progress */
-  struct results r;
-};
 
 static void progress(struct prod *p, const char *what, int src, int dst,
                      size_t bytes)
@@ -539,18 +302,15 @@ static void progress(struct prod *p, const char *what, int src, int dst,
     return;
   char b[32];
   char path[32];
-  if (src < 0)
-    snprintf(path, sizeof(path), "host");
-  else
-    snprintf(path, sizeof(path), "GPU%d->GPU%d", src, dst);
-  fprintf(stderr, "\r\033[K[%d/%d] %s %s %s", p->step, p->steps, path, what,
+  fprintf(stderr, "\r\033[K[%d/%d] %s %s %s", p->step, p->steps,
+          bench_path_name(src, dst, path, sizeof(path)), what,
           cli_bytes(bytes, b, sizeof(b)));
   fflush(stderr);
 }
 
 static int spawn_peer(struct prod *p, const char *domain)
 {
-  const char *stream = stream_names[p->o->stream];
+  const char *stream = bench_stream_names[p->o->stream];
   pid_t pid = fork();
   if (pid < 0)
     return -errno;
@@ -589,12 +349,12 @@ static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
   tens_init(&x, b, gpuipc_buf_ptr(b), src, LAT_BYTES);
   for (int i = 0; rc == 0 && i < n + warm; i++) {
     uint64_t tk;
-    double t0 = now_us();
+    double t0 = bench_now_us();
     rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk);
     if (rc == 0)
       rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
     if (i >= warm)
-      t[i - warm] = now_us() - t0;
+      t[i - warm] = bench_now_us() - t0;
   }
   int64_t ans[4] = {0};
   if (rc == 0)
@@ -606,7 +366,7 @@ static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
     r->src = src;
     r->dst = dst;
     r->n = n;
-    stats(t, n, &r->median, &r->p99);
+    bench_stats(t, n, &r->median, &r->p99);
   }
   free(t);
   gpuipc_buf_release(b);
@@ -627,20 +387,6 @@ static int bw_row_add(struct results *r, const struct bw_row *row)
   return 0;
 }
 
-/* The baseline for @bytes x @count: the driver's copy, or memcpy. */
-static double base_us(int src, int dst, void *to, const void *from,
-                      size_t bytes, long count, void *stream)
-{
-  if (src >= 0)
-    return dev_copies(src, dst, to, from, bytes, count, stream);
-  memcpy(to, from, bytes); /* warm-up */
-  double t0 = now_us();
-  for (long i = 0; i < count; i++) {
-    memcpy(to, from, bytes);
-    __asm__ volatile("" : : "r"(to) : "memory");
-  }
-  return now_us() - t0;
-}
 
 /* One size: the channel's copies, then the baseline's. */
 static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
@@ -648,8 +394,8 @@ static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
                     size_t bytes)
 {
   long n = count_for(bytes, p->o->quick);
-  uint8_t v = pattern(bytes);
-  int rc = fill(src, gpuipc_buf_ptr(from), v, bytes);
+  uint8_t v = bench_pattern(bytes);
+  int rc = bench_fill(src, gpuipc_buf_ptr(from), v, bytes);
   int64_t order[4] = {OP_BW, (int64_t)bytes, n + 1, v};
   if (rc == 0)
     rc = ctl_send(&p->ctl, order);
@@ -660,12 +406,12 @@ static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
     rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk); /* warm-up */
   if (rc == 0)
     rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
-  double t0 = now_us();
+  double t0 = bench_now_us();
   for (long i = 0; rc == 0 && i < n; i++)
     rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk);
   if (rc == 0)
     rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
-  double us = now_us() - t0;
+  double us = bench_now_us() - t0;
   int64_t ans[4] = {0};
   if (rc == 0)
     rc = ctl_recv(&p->ctl, ans);
@@ -673,8 +419,8 @@ static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
     return (int)ans[0];
   if (rc != 0)
     return rc;
-  double bus = base_us(src, dst, gpuipc_buf_ptr(to), gpuipc_buf_ptr(from),
-                       bytes, n, stream);
+  double bus = bench_base_us(src, dst, gpuipc_buf_ptr(to),
+                             gpuipc_buf_ptr(from), bytes, n, stream);
   if (bus <= 0)
     return gpuipc__err(GPUIPC_E_CUDA, "bench: the baseline copy failed: %s",
                        gpuipc_last_error());
@@ -725,109 +471,16 @@ static int run_pair(struct prod *p, int src, int dst)
   }
   if (rc != 0)
     return rc;
-  void *stream = src >= 0 ? stream_make(p->o->stream, src) : NULL;
+  void *stream = src >= 0 ? bench_stream_make(p->o->stream, src) : NULL;
   progress(p, "latency", src, dst, LAT_BYTES);
   rc = run_latency(p, src, dst, ch, stream);
   if (rc == 0)
     rc = run_bandwidth(p, src, dst, ch, stream);
   if (src >= 0)
-    stream_free(p->o->stream, src, stream);
+    bench_stream_free(p->o->stream, src, stream);
   gpuipc_channel_close(ch);
   rc2 = ctl_order(&p->ctl, OP_CLOSE, 0, 0, 0);
   return rc != 0 ? rc : rc2;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Output                                                                   */
-/* ------------------------------------------------------------------------ */
-
-static const char *baseline_name(int src, int dst)
-{
-  return src < 0 ? "memcpy" : src == dst ? "cuMemcpyAsync"
-                                         : "cuMemcpyPeerAsync";
-}
-
-static const char *path_name(int src, int dst, char *buf, size_t cap)
-{
-  if (src < 0)
-    snprintf(buf, cap, "host");
-  else
-    snprintf(buf, cap, "GPU%d->GPU%d", src, dst);
-  return buf;
-}
-
-static void print_tables(const struct prod *p)
-{
-  char path[32], b[32];
-  printf("gpuipc bench: kind %s, stream %s\n\n",
-         gpuipc_kind_name(p->o->kind), stream_names[p->o->stream]);
-  printf("4 KiB round trip (send -> recv -> release -> free), us\n");
-  printf("  %-12s %9s %9s %7s\n", "path", "median", "p99", "n");
-  for (int i = 0; i < p->r.nlat; i++) {
-    const struct lat_row *r = &p->r.lat[i];
-    printf("  %-12s %9.2f %9.2f %7d\n", path_name(r->src, r->dst, path, 32),
-           r->median, r->p99, r->n);
-  }
-  printf("\nCopy bandwidth (gpuipc_channel_recv_into), GB/s (10^9 B/s)\n");
-  printf("  %-12s %9s %6s %10s %18s %6s\n", "path", "size", "msgs", "gpuipc",
-         "baseline", "ratio");
-  for (int i = 0; i < p->r.nbw; i++) {
-    const struct bw_row *r = &p->r.bw[i];
-    printf("  %-12s %9s %6ld %10.2f %9.2f %-8s %6.2f\n",
-           path_name(r->src, r->dst, path, 32), cli_bytes(r->bytes, b, 32),
-           r->count, r->gbs, r->base_gbs, baseline_name(r->src, r->dst),
-           r->gbs / r->base_gbs);
-  }
-}
-
-static void print_json(const struct prod *p)
-{
-  struct cli_json j;
-  cli_json_init(&j, stdout);
-  cli_json_obj(&j, NULL);
-  cli_json_str(&j, "version", gpuipc_version());
-  cli_json_str(&j, "kind", gpuipc_kind_name(p->o->kind));
-  cli_json_str(&j, "stream", stream_names[p->o->stream]);
-  cli_json_arr(&j, "devices");
-  for (int i = 0; i < p->o->ndev; i++) {
-    gpuipc_device_info_t d = {.size = sizeof(d)};
-    cli_json_obj(&j, NULL);
-    cli_json_int(&j, "ordinal", p->o->devs[i]);
-    if (gpuipc_device_info(p->o->devs[i], &d) == 0)
-      cli_json_str(&j, "name", d.name);
-    cli_json_end(&j);
-  }
-  cli_json_end(&j);
-  cli_json_arr(&j, "latency");
-  for (int i = 0; i < p->r.nlat; i++) {
-    const struct lat_row *r = &p->r.lat[i];
-    cli_json_obj(&j, NULL);
-    cli_json_int(&j, "src", r->src);
-    cli_json_int(&j, "dst", r->dst);
-    cli_json_int(&j, "bytes", LAT_BYTES);
-    cli_json_int(&j, "n", r->n);
-    cli_json_double(&j, "median_us", r->median);
-    cli_json_double(&j, "p99_us", r->p99);
-    cli_json_end(&j);
-  }
-  cli_json_end(&j);
-  cli_json_arr(&j, "bandwidth");
-  for (int i = 0; i < p->r.nbw; i++) {
-    const struct bw_row *r = &p->r.bw[i];
-    cli_json_obj(&j, NULL);
-    cli_json_int(&j, "src", r->src);
-    cli_json_int(&j, "dst", r->dst);
-    cli_json_uint(&j, "bytes", r->bytes);
-    cli_json_int(&j, "messages", r->count);
-    cli_json_double(&j, "gpuipc_gbs", r->gbs);
-    cli_json_str(&j, "baseline", baseline_name(r->src, r->dst));
-    cli_json_double(&j, "baseline_gbs", r->base_gbs);
-    cli_json_double(&j, "ratio", r->gbs / r->base_gbs);
-    cli_json_end(&j);
-  }
-  cli_json_end(&j);
-  cli_json_end(&j);
-  cli_json_finish(&j);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -876,7 +529,7 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
       i++;
     } else if (strcmp(a, "--stream") == 0 && v != NULL) {
       int m = 0;
-      while (m < 4 && strcmp(v, stream_names[m]) != 0)
+      while (m < 4 && strcmp(v, bench_stream_names[m]) != 0)
         m++;
       if (m == 4)
         return cli_usage_error(cmd, "unknown stream '%s'", v);
@@ -993,9 +646,9 @@ static int bench_run(int argc, char **argv)
   }
   if (rc == 0) {
     if (o.json)
-      print_json(&p);
+      bench_print_json(&p);
     else
-      print_tables(&p);
+      bench_print_tables(&p);
   }
   free(p.r.bw);
   return rc == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;

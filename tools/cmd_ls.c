@@ -1,14 +1,10 @@
 /* gpuipc ls: the domains in the runtime directory, or one domain's segments. */
 #include "cli.h"
 
-#include "domain/domain.h"
-#include "os/os.h"
-
-#include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const char usage[] =
     "usage: gpuipc ls [--json] [--prune] [DOMAIN]\n"
@@ -38,51 +34,30 @@ static const char *device_str(const uint8_t uuid[16], char out[41])
 
 /* ----- the domains in the runtime directory ----- */
 
-/* Whether a broker answers at @sock (a connection it will see close). */
-static bool live(const char *sock)
+/*
+ * The domains of the runtime directory, live or not (sorted); their count,
+ * or a negative code. The count may grow between two calls: ask until it
+ * fits.
+ */
+static int domain_names(gpuipc_domain_entry_t **out)
 {
-  int fd;
-  if (gpuipc__sock_connect(sock, 200, &fd) != 0)
-    return false;
-  close(fd);
-  return true;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* The domain names of the runtime directory (NAME.sock), sorted. */
-static size_t domain_names(DIR *d, char ***out)
-{
-  char **names = NULL;
-  size_t n = 0, cap = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    size_t len = strlen(e->d_name);
-    if (len <= 5 || strcmp(e->d_name + len - 5, ".sock") != 0 ||
-        gpuipc__rundir_chan_sock(dirfd(d), e->d_name))
-      continue;
-    char *name = strndup(e->d_name, len - 5);
-    if (name == NULL || gpuipc__name_check(name, "domain") != 0) {
-      free(name);
-      continue;
-    }
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      char **nn = realloc(names, cap * sizeof(*names));
-      if (nn == NULL) {
-        free(name);
-        break;
-      }
-      names = nn;
-    }
-    names[n++] = name;
+  gpuipc_domain_entry_t *e = NULL;
+  int n = gpuipc_domain_names(NULL, 0);
+  for (int cap = n + 16; n >= 0; cap = n + 16) {
+    free(e);
+    e = calloc((size_t)cap, sizeof(*e));
+    if (e == NULL)
+      return -ENOMEM;
+    for (int i = 0; i < cap; i++)
+      e[i].size = sizeof(e[i]);
+    n = gpuipc_domain_names(e, cap);
+    if (n <= cap)
+      break;
   }
-  if (n > 0)
-    qsort(names, n, sizeof(*names), cmp_str);
-  *out = names;
+  if (n < 0)
+    free(e);
+  else
+    *out = e;
   return n;
 }
 
@@ -110,18 +85,16 @@ static void on_stale(void *arg, const char *name, const char *why, int rc)
   }
 }
 
-/* Report, or with @prune remove, the stale files of @dir. */
-static int stale_files(const char *dir, bool json, bool prune,
+/* Report, or with @prune remove, the stale files of the runtime directory. */
+static int stale_files(bool json, bool prune,
                        struct cli_json *j)
 {
   struct stale_out o = {json, prune, j, 0};
-  unsigned flags = GPUIPC__PRUNE_CHANNELS | GPUIPC__PRUNE_DOMAINS;
   if (json)
     cli_json_arr(j, "stale");
   else
     printf("stale files:\n");
-  int n = gpuipc__rundir_prune(dir, flags | (prune ? 0 : GPUIPC__PRUNE_DRY_RUN),
-                               on_stale, &o);
+  int n = gpuipc_runtime_prune(prune ? 0 : GPUIPC_PRUNE_DRY_RUN, on_stale, &o);
   if (json)
     cli_json_end(j);
   else if (n == 0)
@@ -163,14 +136,12 @@ static int list_domains(bool json, bool prune)
     fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
     return CLI_EXIT_FAIL;
   }
-  DIR *d = opendir(dir);
-  if (d == NULL) {
-    fprintf(stderr, "gpuipc ls: %s: %s\n", dir, strerror(errno));
+  gpuipc_domain_entry_t *names;
+  int n = domain_names(&names);
+  if (n < 0) {
+    fprintf(stderr, "gpuipc ls: %s: %s\n", dir, gpuipc_last_error());
     return CLI_EXIT_FAIL;
   }
-  char **names;
-  size_t n = domain_names(d, &names);
-  closedir(d);
 
   struct cli_json j;
   if (json) {
@@ -183,23 +154,21 @@ static int list_domains(bool json, bool prune)
     if (n == 0)
       printf("no domains\n");
   }
-  for (size_t i = 0; i < n; i++) {
-    struct gpuipc__dom_paths paths;
-    bool up = gpuipc__dom_paths(names[i], &paths) == 0 && live(paths.sock);
+  for (int i = 0; i < n; i++) {
+    const char *state = names[i].live ? "live" : "stale";
     if (json) {
       cli_json_obj(&j, NULL);
-      cli_json_str(&j, "name", names[i]);
-      cli_json_str(&j, "state", up ? "live" : "stale");
+      cli_json_str(&j, "name", names[i].name);
+      cli_json_str(&j, "state", state);
       cli_json_end(&j);
     } else {
-      printf("%-32s %s\n", names[i], up ? "live" : "stale");
+      printf("%-32s %s\n", names[i].name, state);
     }
-    free(names[i]);
   }
   free(names);
   if (json)
     cli_json_end(&j);
-  rc = stale_files(dir, json, prune, &j);
+  rc = stale_files(json, prune, &j);
   if (json) {
     cli_json_end(&j);
     cli_json_finish(&j);
@@ -358,7 +327,7 @@ static int run(int argc, char **argv)
   if (prune)
     return cli_usage_error(&gpuipc_cmd_ls, "--prune is for the whole "
                            "runtime directory, not one domain");
-  if (gpuipc__name_check(name, "domain name") != 0)
+  if (gpuipc_domain_name_check(name) != 0)
     return cli_usage_error(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
   return list_domain(name, json);
 }

@@ -1,4 +1,10 @@
-/* gpuipc serve: a domain's broker as a standalone process. */
+/*
+ * gpuipc serve: a domain's broker as a standalone process. The one command
+ * on the library's internals (src/domain's broker), by design: running a
+ * broker outside a member is no call a program should make, so it has no
+ * public function. Besides it only bench reaches inside, for the CUDA
+ * driver its baselines call directly; info, topo and ls use the public API.
+ */
 #include "cli.h"
 
 #include "core/core.h"

@@ -21,10 +21,12 @@
  *   dlpack.c     DLManagedTensor conversions
  *   poll.c       gpuipc_channel_fd: the eventfds that wake an event loop
  *
- * Files depend one way: open -> rendezvous, send, recv; send, recv ->
- * events, tensor, ring, desc; the stream glue is src/cuda/stream.c. The
- * one way back is a received view's reference on its channel (recv.c's
- * gpuipc_tensor_release drops it through gpuipc__chan_unref).
+ *   ref.c        a channel's references (the user's, one per received
+ *                view) and its final free
+ *
+ * Files depend one way: open -> rendezvous, send, recv; open, recv -> ref;
+ * send, recv -> events, tensor, ring, desc; the stream glue is
+ * src/cuda/stream.c.
  *
  * Shared memory: one HOST segment "chan.NAME" of GPUIPC__CHAN_SEG_BYTES,
  * laid out at fixed offsets (never read from the segment):
@@ -407,12 +409,15 @@ int gpuipc__chan_rendezvous(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
 /* Call the test hook (gpuipc__chan_test_hook), if any. */
 void gpuipc__chan_hook(const char *name, int where);
 
-/* Drop a reference; the last one frees the channel. */
-void gpuipc__chan_unref(struct gpuipc_channel *ch);
-
 /* Let go of what each side holds (gpuipc_channel_close). */
 void gpuipc__chan_tx_close(struct gpuipc_channel *ch);
 void gpuipc__chan_rx_close(struct gpuipc_channel *ch);
+
+/* ----- ref.c ----- */
+
+/* Take a reference (a received view's); drop one: the last frees it. */
+void gpuipc__chan_ref(struct gpuipc_channel *ch);
+void gpuipc__chan_unref(struct gpuipc_channel *ch);
 
 /* ----- events.c ----- */
 

@@ -215,21 +215,6 @@ free_ch:
 /* Closing, information, test hooks                                         */
 /* ------------------------------------------------------------------------ */
 
-void gpuipc__chan_unref(struct gpuipc_channel *ch)
-{
-  if (atomic_fetch_sub(&ch->refs, 1) != 1)
-    return;
-  gpuipc__fd_close(&ch->sock);
-  gpuipc__chan_poll_close(ch);
-  free(ch->tx.recs);
-  if (ch->seg != NULL)
-    gpuipc_buf_release(ch->seg);
-  pthread_mutex_destroy(&ch->tx.lock);
-  pthread_mutex_destroy(&ch->rx.lock);
-  pthread_mutex_destroy(&ch->rx.rel_lock);
-  free(ch);
-}
-
 int gpuipc_channel_close(gpuipc_channel_t *ch)
 {
   if (ch == NULL)

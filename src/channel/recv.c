@@ -294,7 +294,7 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   v->t.buf = b;
   v->seq = d->seq;
   v->recv_stream = stream;
-  atomic_fetch_add(&ch->refs, 1);
+  gpuipc__chan_ref(ch);
   v->ch = ch;
   rx->pending = false;
   rx->received++;

@@ -14,19 +14,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The park request @m (OPEN or UNLINK) of segment @name would wait in. */
+static void park_of(struct park *p, const struct gpuipc__msg *m,
+                    const char *name, uint64_t deadline)
+{
+  memset(p, 0, sizeof(*p));
+  p->type = m->type;
+  p->req = m->req;
+  snprintf(p->name, sizeof(p->name), "%s", name);
+  p->deadline = deadline;
+}
+
 static void on_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
                     const struct gpuipc__msg *m)
 {
-  struct park p = {0};
-  p.type = GPUIPC_MSG_OPEN;
-  p.req = m->req;
-  snprintf(p.name, sizeof(p.name), "%s", m->u.open.name);
+  struct park p;
+  uint32_t ms = m->u.open.timeout_ms;
+  park_of(&p, m, m->u.open.name,
+          ms == GPUIPC__WAIT_FOREVER
+              ? UINT64_MAX
+              : gpuipc__now_ns() + (uint64_t)ms * 1000000u);
   p.flags = m->u.open.flags;
   p.kind = m->u.open.kind;
   p.size = m->u.open.size;
-  p.deadline = m->u.open.timeout_ms == GPUIPC__WAIT_FOREVER
-                   ? UINT64_MAX
-                   : gpuipc__now_ns() + (uint64_t)m->u.open.timeout_ms * 1000000u;
   if ((p.flags & GPUIPC_EXCL) && !(p.flags & GPUIPC_CREATE)) {
     gpuipc__bk_send_error(b, c, m->req, -EINVAL,
                           "GPUIPC_EXCL needs GPUIPC_CREATE");
@@ -38,12 +48,9 @@ static void on_open(struct gpuipc__broker *b, struct gpuipc__conn *c,
 static void on_unlink(struct gpuipc__broker *b, struct gpuipc__conn *c,
                       const struct gpuipc__msg *m)
 {
-  struct park p = {0};
-  p.type = GPUIPC_MSG_UNLINK;
-  p.req = m->req;
-  snprintf(p.name, sizeof(p.name), "%s", m->u.unlink.name);
+  struct park p;
+  park_of(&p, m, m->u.unlink.name, UINT64_MAX);
   p.id = m->u.unlink.id;
-  p.deadline = UINT64_MAX;
   gpuipc__bk_dispatch_unlink(b, c, &p);
 }
 

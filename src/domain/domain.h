@@ -7,11 +7,14 @@
  *               (broker_int.h lists its files)
  *   handoff.c   the hand-over of a domain: the leaving broker's half and
  *               the half of the member that takes it on
- *   client.c    a member: one connection, a reader thread, election,
- *               reconnection; it feeds a hand-over it receives to handoff.c,
- *               and tells a registered listener (struct gpuipc__dom_listener)
- *               of reconnections, pushes and orphaned replies
- *   fork.c      gpuipc__dom_paths and the fork() handlers
+ *   client*.c   a member (member.h lists its files): one connection, a
+ *               reader thread, election, reconnection; it feeds a hand-over
+ *               it receives to handoff.c, and tells a registered listener
+ *               (struct gpuipc__dom_listener) of reconnections, pushes and
+ *               orphaned replies
+ *   fork.c      gpuipc__dom_paths and the fork() handlers; objects whose
+ *               locks fork() takes register with it (struct
+ *               gpuipc__fork_hook)
  *   segment.c   gpuipc_segment_*: open, publish, unlink, list; registers
  *               the segment table as each domain's listener
  *   seg_table.c the member's segment table (seg_table.h): holds by buffer
@@ -104,8 +107,24 @@ uint64_t gpuipc__fork_gen(void);
 void gpuipc__seg_fork_lock(void);   /* seg_table.c: gpuipc__seg_mu */
 void gpuipc__seg_fork_unlock(void);
 void gpuipc__seg_fork_child(void);  /* unlock, forget the parent's sends */
-void gpuipc__dom_fork_lock(void);   /* client.c: every domain's state lock */
-void gpuipc__dom_fork_unlock(void);
+
+/*
+ * An object whose lock fork() must take (fork.c keeps the list): before
+ * fork() @prepare runs for each registered object, after the segment
+ * table's lock and in the order they were registered; after it @parent
+ * (in the parent) or @child (in the child) runs for each. A member
+ * registers each domain it joins (client.c), so fork.c calls no member
+ * code by name. Register and unregister take the list's lock: never call
+ * them holding a lock that a @prepare takes.
+ */
+struct gpuipc__fork_hook {
+  struct gpuipc__fork_hook *next; /* fork.c's */
+  void (*prepare)(struct gpuipc__fork_hook *h);
+  void (*parent)(struct gpuipc__fork_hook *h);
+  void (*child)(struct gpuipc__fork_hook *h);
+};
+void gpuipc__fork_register(struct gpuipc__fork_hook *h);
+void gpuipc__fork_unregister(struct gpuipc__fork_hook *h);
 /* Whether @d was joined before this process was made by fork(). */
 bool gpuipc__dom_stale(const gpuipc_domain_t *d);
 

@@ -158,6 +158,47 @@ uint64_t gpuipc__fork_gen(void)
   return atomic_load(&fork_gen);
 }
 
+/* Registered objects, in the order of registration (hooks_mu). */
+static pthread_mutex_t hooks_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct gpuipc__fork_hook *hooks, **hooks_tail = &hooks;
+
+void gpuipc__fork_register(struct gpuipc__fork_hook *h)
+{
+  pthread_mutex_lock(&hooks_mu);
+  h->next = NULL;
+  *hooks_tail = h;
+  hooks_tail = &h->next;
+  pthread_mutex_unlock(&hooks_mu);
+}
+
+void gpuipc__fork_unregister(struct gpuipc__fork_hook *h)
+{
+  pthread_mutex_lock(&hooks_mu);
+  for (struct gpuipc__fork_hook **pp = &hooks; *pp != NULL;
+       pp = &(*pp)->next)
+    if (*pp == h) {
+      *pp = h->next;
+      if (hooks_tail == &h->next)
+        hooks_tail = pp;
+      break;
+    }
+  pthread_mutex_unlock(&hooks_mu);
+}
+
+static void hooks_lock(void)
+{
+  pthread_mutex_lock(&hooks_mu);
+  for (struct gpuipc__fork_hook *h = hooks; h != NULL; h = h->next)
+    h->prepare(h);
+}
+
+static void hooks_unlock(bool child)
+{
+  for (struct gpuipc__fork_hook *h = hooks; h != NULL; h = h->next)
+    (child ? h->child : h->parent)(h);
+  pthread_mutex_unlock(&hooks_mu);
+}
+
 /*
  * The locks a child would otherwise inherit held by threads it does not
  * have: taken before fork() in their documented order (the buffer
@@ -166,19 +207,19 @@ uint64_t gpuipc__fork_gen(void)
 static void prepare_fork(void)
 {
   gpuipc__seg_fork_lock();
-  gpuipc__dom_fork_lock();
+  hooks_lock();
 }
 
 static void parent_after_fork(void)
 {
-  gpuipc__dom_fork_unlock();
+  hooks_unlock(false);
   gpuipc__seg_fork_unlock();
 }
 
 static void child_handler(void)
 {
   atomic_fetch_add(&fork_gen, 1); /* the parent's domains are not ours */
-  gpuipc__dom_fork_unlock();
+  hooks_unlock(true);
   gpuipc__seg_fork_child();
   child_after_fork();
 }

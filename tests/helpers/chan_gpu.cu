@@ -23,7 +23,7 @@ extern "C" {
 #include "test.h"
 }
 
-#include <cuda_runtime.h>
+#include "gpu_kernels.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,42 +32,6 @@ extern "C" {
 
 #define SIZE ((size_t)8 << 20)
 #define SPIN_MS 50
-
-#define CUDA_OK(call)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess)                                                     \
-      TFAIL("%s: %s", #call, cudaGetErrorString(e_));                          \
-  } while (0)
-
-__device__ static uint8_t dev_pattern(uint64_t seed, size_t i)
-{
-  uint64_t x = (seed + 0x9e3779b97f4a7c15ull) ^ (i * 0xbf58476d1ce4e5b9ull);
-  x ^= x >> 31;
-  return (uint8_t)(x ^ (x >> 17));
-}
-
-__device__ static uint64_t gpu_now_ns(void)
-{
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__global__ static void spin_kernel(uint64_t ns)
-{
-  uint64_t start = gpu_now_ns();
-  while (gpu_now_ns() - start < ns)
-    ;
-}
-
-__global__ static void fill_kernel(uint8_t *p, size_t n, uint64_t seed)
-{
-  size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    p[i] = dev_pattern(seed, i);
-}
 
 static double ms_now(void)
 {
@@ -201,20 +165,14 @@ static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
       TFAIL("round %d: byte %zu is %u, pattern says %u", r, bad, host[bad],
             test_pattern((uint64_t)r, bad));
   }
-  ASSERT_OK(gpuipc_channel_close(ch));
-  CUDA_OK(cudaFree(dst));
-  CUDA_OK(cudaFreeHost(host));
-  CUDA_OK(cudaStreamDestroy(s));
+  gpu_recv_done(ch, dst, host, s);
   return 0;
 }
 
 int main(int argc, char **argv)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  if (argc < 6)
-    TFAIL("usage: chan_gpu send|recv DOMAIN CHANNEL ...");
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
+  gpuipc_domain_t *dom =
+      gpu_helper_join(argc, argv, "chan_gpu send|recv DOMAIN CHANNEL ...");
   int rc;
   if (strcmp(argv[1], "send") == 0 && argc == 7)
     rc = do_send(dom, argv[3], argv[4], atoi(argv[5]), atoi(argv[6]));

@@ -24,6 +24,7 @@
  */
 #include "cuda/cuda.h"
 #include "test.h"
+#include "vmm_prop.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -175,13 +176,8 @@ static int do_legacy_export(int dev, size_t size, uint64_t seed)
 static int do_vmm_fd(int dev, size_t size, size_t off,
                      uint64_t seed)
 {
-  const struct gpuipc__dev *d = gpuipc__dev_get(dev);
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof(prop));
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = d->cu_dev;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  vmm_prop(dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &prop);
   struct gpuipc__ctx_saved saved;
   ASSERT_OK(gpuipc__ctx_enter(dev, &saved));
   size_t g = 0;

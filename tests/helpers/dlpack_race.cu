@@ -36,20 +36,6 @@ extern "C" {
 #define SEND_SPIN_US 50
 #define READ_SPIN_US 300
 
-__device__ static uint64_t gpu_now_ns(void)
-{
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__global__ static void spin_kernel(uint64_t ns)
-{
-  uint64_t start = gpu_now_ns();
-  while (gpu_now_ns() - start < ns)
-    ;
-}
-
 static void tensor_1d(gpuipc_tensor_t *t, void *p, int dev, int64_t *shape)
 {
   memset(t, 0, sizeof(*t));
@@ -148,20 +134,14 @@ static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
          "release\n", with_stream ? "to_dlpack_stream(view, S)"
                                   : "to_dlpack(view) (legacy stream)",
          raced, rounds);
-  ASSERT_OK(gpuipc_channel_close(ch));
-  CUDA_OK(cudaFree(dst));
-  CUDA_OK(cudaFreeHost(host));
-  CUDA_OK(cudaStreamDestroy(s));
+  gpu_recv_done(ch, dst, host, s);
   return 0;
 }
 
 int main(int argc, char **argv)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  if (argc < 6)
-    TFAIL("usage: dlpack_race send|recv DOMAIN CHANNEL DEV ROUNDS [MODE]");
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
+  gpuipc_domain_t *dom = gpu_helper_join(
+      argc, argv, "dlpack_race send|recv DOMAIN CHANNEL DEV ROUNDS [MODE]");
   int rc;
   if (strcmp(argv[1], "send") == 0 && argc == 6)
     rc = do_send(dom, argv[3], atoi(argv[4]), atoi(argv[5]));

@@ -25,19 +25,7 @@
 #define SIZE ((size_t)8 << 20)
 #define SPIN_MS 400
 
-__device__ static uint64_t now_ns(void)
-{
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__global__ static void spin_kernel(uint64_t ns)
-{
-  uint64_t start = now_ns();
-  while (now_ns() - start < ns)
-    ;
-}
+/* spin_kernel: gpu_kernels.cuh */
 
 /* Sleep on the GPU, then write pattern @seed, all on @s. */
 static void slow_fill(cudaStream_t s, void *p, uint64_t seed)

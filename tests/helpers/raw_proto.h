@@ -162,20 +162,29 @@ static inline void raw_expect_hangup(int fd, const char *what)
   close(fd);
 }
 
+/* An OPEN of @name (request @req) with @flags, @kind, @size, @timeout_ms. */
+static inline void raw_open_msg(struct gpuipc__msg *m, uint32_t req,
+                                const char *name, unsigned flags,
+                                uint8_t kind, uint64_t size,
+                                uint32_t timeout_ms)
+{
+  memset(m, 0, sizeof(*m));
+  m->type = GPUIPC_MSG_OPEN;
+  m->req = req;
+  snprintf(m->u.open.name, sizeof(m->u.open.name), "%s", name);
+  m->u.open.flags = flags;
+  m->u.open.kind = kind;
+  m->u.open.size = size;
+  m->u.open.timeout_ms = timeout_ms;
+}
+
 /* OPEN @name with @flags and @size; returns the reply's type. */
 static inline uint16_t raw_open(int fd, const char *name, unsigned flags,
                                 uint8_t kind, uint64_t size,
                                 struct gpuipc__msg *r)
 {
   struct gpuipc__msg m;
-  memset(&m, 0, sizeof(m));
-  m.type = GPUIPC_MSG_OPEN;
-  m.req = 2;
-  snprintf(m.u.open.name, sizeof(m.u.open.name), "%s", name);
-  m.u.open.flags = flags;
-  m.u.open.kind = kind;
-  m.u.open.size = size;
-  m.u.open.timeout_ms = 1000;
+  raw_open_msg(&m, 2, name, flags, kind, size, 1000);
   raw_send(fd, &m, NULL, 0);
   if (raw_recv(fd, r, NULL, NULL, 10000) != 0)
     TFAIL("OPEN %s: %s", name, gpuipc_last_error());

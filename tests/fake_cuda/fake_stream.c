@@ -1,0 +1,743 @@
+/*
+ * The fake CUDA driver's copies, streams and events, interprocess events
+ * included (fake_cuda_int.h lists its files).
+ */
+#include "fake_cuda_int.h"
+
+/* ---- copies, streams and events ------------------------------------------
+ *
+ * "Device memory" is host memory: a CUdeviceptr is a host address. A copy
+ * queued with cuMemcpyAsync is not made at once: it waits, in order, in
+ * its stream's queue until something shows it done. An event recorded on
+ * a stream marks the work queued there before it; cuEventQuery answers
+ * CUDA_ERROR_NOT_READY until that work is done, and does it (every copy
+ * up to the mark, in order) on its FAKE_CUDA_COPY_LAG-th query since the
+ * record (default 1: the first) once FAKE_CUDA_COPY_LAG_US microseconds
+ * have passed since the record (default 0). cuStreamQuery does the same
+ * for all the stream's work, counting its queries since the last work
+ * queued. cuEventSynchronize, cuStreamSynchronize and cuMemcpy do the
+ * work at once. So code that reads a copy's destination, or writes its
+ * source, before an event or a synchronisation said the copy is over sees
+ * the old bytes, or has the new ones copied: as on a GPU whose copies lag.
+ *
+ * Streams: NULL and CU_STREAM_LEGACY are the legacy stream of the current
+ * context, CU_STREAM_PER_THREAD the calling thread's stream of the current
+ * context (each made on first use); cuStreamCreate makes others, which
+ * belong to the context current then. (The legacy stream's implicit
+ * synchronisation with blocking streams is not modelled.)
+ *
+ * cuStreamWaitEvent queues a wait: the stream's later work is done only
+ * after the event's work. An interprocess event keeps its state in a
+ * shared page (its generation: records so far, and the generation done);
+ * another process opens it through the pid and fd numbers in its
+ * CUipcEventHandle. A process waiting for another's event asks that
+ * process to do the work by ringing its doorbell (a shared page the
+ * exporter's service thread sleeps on, by futex): a query counts as a
+ * query there (the exporter applies its own FAKE_CUDA_COPY_LAG), a
+ * synchronisation asks for the work at once and sleeps until it is done.
+ * cuEventRecord and cuStreamWaitEvent calls are counted
+ * (fake_cuda_events_recorded, fake_cuda_stream_waits).
+ *
+ * One lock over all of it.
+ */
+enum op_kind { OP_COPY, OP_WAIT_LOCAL, OP_WAIT_REMOTE };
+
+struct fake_stream;
+struct ipc_page;
+
+struct stream_op {
+  enum op_kind kind;
+  uint8_t *dst; /* OP_COPY */
+  const uint8_t *src;
+  size_t n;
+  struct fake_stream *ws; /* OP_WAIT_LOCAL: until ws->done >= wmark */
+  uint64_t wmark;
+  struct ipc_page *page; /* OP_WAIT_REMOTE: until page->done >= gen */
+  struct ipc_page *bell;
+  uint32_t gen;
+};
+
+#define FAKE_STREAMS 32
+
+enum stream_kind { ST_LEGACY = 1, ST_PER_THREAD, ST_CREATED };
+
+struct fake_stream {
+  enum stream_kind kind; /* 0: unused */
+  CUcontext ctx;
+  const void *thread; /* ST_PER_THREAD: whose */
+  struct stream_op *ops; /* not yet done: ops[start..len) */
+  size_t start, len, cap;
+  uint64_t queued, done; /* work queued and done, ever */
+  int queries;           /* cuStreamQuery calls since work was queued */
+  struct timespec at;    /* when work was last queued */
+};
+
+/* A shared page: an interprocess event's state, or a doorbell. */
+struct ipc_page {
+  _Atomic uint32_t gen;      /* records so far; the bell: rings */
+  _Atomic uint32_t done;     /* the generation whose work is done */
+  _Atomic uint32_t queries;  /* by other processes, since the record */
+  _Atomic uint32_t sync_req; /* a generation someone waits on */
+  _Atomic int64_t at_ns;     /* CLOCK_MONOTONIC of the record */
+};
+#define PAGE 4096
+
+struct CUevent_st {
+  unsigned flags;
+  struct fake_stream *s; /* NULL: never recorded (complete) */
+  uint64_t mark;         /* s->queued when recorded */
+  int queries;           /* since the record */
+  struct timespec at;    /* of the record */
+  /* Interprocess: */
+  struct ipc_page *page; /* shared state; NULL for a local event */
+  struct ipc_page *bell; /* opened: the exporter's doorbell */
+  int page_fd;           /* ours: the page's memfd */
+  bool opened;           /* by cuIpcOpenEventHandle */
+  uint32_t gen;          /* ours: generation of the last record */
+  struct CUevent_st *next; /* our interprocess events */
+};
+
+static pthread_mutex_t work_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_stream streams[FAKE_STREAMS];
+static struct CUevent_st *ipc_events; /* ours, interprocess */
+static struct ipc_page *bell;         /* ours */
+static int bell_fd = -1;
+static atomic_int copies_done;
+static atomic_int not_ready;
+static atomic_int events_recorded;
+static atomic_int stream_waits;
+static __thread char thread_anchor; /* its address names the thread */
+
+static bool is_special(CUstream h)
+{
+  return h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
+}
+
+/* The stream @h means now, a default one made on first use; NULL when
+ * there is no such stream, or no current context for a default one.
+ * work_lock held. */
+static struct fake_stream *stream_of(CUstream h)
+{
+  if (!is_special(h)) {
+    for (int i = 0; i < FAKE_STREAMS; i++)
+      if (streams[i].kind == ST_CREATED && h == (CUstream)&streams[i])
+        return &streams[i];
+    return NULL;
+  }
+  if (fake_current == NULL)
+    return NULL;
+  enum stream_kind k = h == CU_STREAM_PER_THREAD ? ST_PER_THREAD : ST_LEGACY;
+  const void *t = k == ST_PER_THREAD ? &thread_anchor : NULL;
+  struct fake_stream *fresh = NULL;
+  for (int i = 0; i < FAKE_STREAMS; i++) {
+    struct fake_stream *s = &streams[i];
+    if (s->kind == k && s->ctx == fake_current && s->thread == t)
+      return s;
+    if (s->kind == 0 && fresh == NULL)
+      fresh = s;
+  }
+  if (fresh != NULL) {
+    fresh->kind = k;
+    fresh->ctx = fake_current;
+    fresh->thread = t;
+  }
+  return fresh;
+}
+
+static CUresult stream_error(CUstream h)
+{
+  return is_special(h) && fake_current == NULL ? CUDA_ERROR_INVALID_CONTEXT
+                                          : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static long futex(_Atomic uint32_t *a, int op, uint32_t v,
+                  const struct timespec *ts)
+{
+  return syscall(SYS_futex, (uint32_t *)a, op, v, ts, NULL, 0);
+}
+
+static bool gen_done(struct ipc_page *p, uint32_t gen)
+{
+  return (int32_t)(atomic_load(&p->done) - gen) >= 0;
+}
+
+/* Tell the exporter of @page (whose doorbell is @b) that someone waits. */
+static void ring(struct ipc_page *b)
+{
+  atomic_fetch_add(&b->gen, 1);
+  futex(&b->gen, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
+/* Mark done our interprocess events whose work @s has done. */
+static void publish(struct fake_stream *s)
+{
+  for (struct CUevent_st *e = ipc_events; e != NULL; e = e->next)
+    if (e->s == s && s->done >= e->mark && !gen_done(e->page, e->gen)) {
+      atomic_store(&e->page->done, e->gen);
+      futex(&e->page->done, FUTEX_WAKE, INT32_MAX, NULL);
+    }
+}
+
+/*
+ * Do the work of @s up to number @mark, in order, as far as it can go: a
+ * wait for another process's event that is not done stops it (*@blocked
+ * says which). work_lock held.
+ */
+static void stream_run(struct fake_stream *s, uint64_t mark,
+                       struct stream_op *blocked)
+{
+  while (s->done < mark && s->start < s->len) {
+    struct stream_op *op = &s->ops[s->start];
+    if (op->kind == OP_WAIT_LOCAL) {
+      stream_run(op->ws, op->wmark, blocked);
+      if (op->ws->done < op->wmark)
+        break;
+    } else if (op->kind == OP_WAIT_REMOTE) {
+      if (!gen_done(op->page, op->gen)) {
+        *blocked = *op;
+        break;
+      }
+    } else {
+      if (op->n > 0)
+        memmove(op->dst, op->src, op->n);
+      atomic_fetch_add(&copies_done, 1);
+    }
+    s->start++;
+    s->done++;
+  }
+  if (s->start == s->len)
+    s->start = s->len = 0;
+  publish(s);
+}
+
+/* Lazily, as a query does: a remote wait in the way counts as a query of
+ * that event. work_lock held. */
+static void stream_poke(struct fake_stream *s, uint64_t mark)
+{
+  struct stream_op blocked = {.page = NULL};
+  stream_run(s, mark, &blocked);
+  if (blocked.page != NULL) {
+    atomic_fetch_add(&blocked.page->queries, 1);
+    ring(blocked.bell);
+  }
+}
+
+static void all_run(void)
+{
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    if (streams[i].kind != 0)
+      stream_poke(&streams[i], streams[i].queued);
+}
+
+/* Ask for generation @gen of @page (exporter's doorbell @b) and sleep
+ * until it is done, at most 60 s. */
+static CUresult remote_sync(struct ipc_page *page, struct ipc_page *b,
+                            uint32_t gen)
+{
+  for (int i = 0; i < 600 && !gen_done(page, gen); i++) {
+    uint32_t req = atomic_load(&page->sync_req);
+    while ((int32_t)(gen - req) > 0 &&
+           !atomic_compare_exchange_weak(&page->sync_req, &req, gen))
+      ;
+    ring(b);
+    uint32_t d = atomic_load(&page->done);
+    struct timespec ts = {0, 100 * 1000000};
+    if ((int32_t)(d - gen) < 0)
+      futex(&page->done, FUTEX_WAIT, d, &ts);
+  }
+  return gen_done(page, gen) ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
+/* Do the work of @s up to @mark now, waiting for other processes' events
+ * on the way (without the lock). */
+static CUresult stream_sync(struct fake_stream *s, uint64_t mark)
+{
+  for (;;) {
+    struct stream_op blocked = {.page = NULL};
+    pthread_mutex_lock(&work_lock);
+    stream_run(s, mark, &blocked);
+    bool done = s->done >= mark;
+    pthread_mutex_unlock(&work_lock);
+    if (done)
+      return CUDA_SUCCESS;
+    if (blocked.page == NULL)
+      return CUDA_ERROR_UNKNOWN; /* cannot happen */
+    CUresult r = remote_sync(blocked.page, blocked.bell, blocked.gen);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+}
+
+static long long usec_since(const struct timespec *t)
+{
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (long long)(now.tv_sec - t->tv_sec) * 1000000 +
+         (now.tv_nsec - t->tv_nsec) / 1000;
+}
+
+static int64_t now_ns(void)
+{
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+static bool lag_over(int queries, long long usec)
+{
+  return queries >= env_int("FAKE_CUDA_COPY_LAG", 1) &&
+         usec >= env_int("FAKE_CUDA_COPY_LAG_US", 0);
+}
+
+/* ---- the service thread: does our work that other processes wait on ---- */
+
+struct sync_job {
+  struct fake_stream *s;
+  uint64_t mark;
+};
+
+/* Lazy work asked for by queries is done here; what waits for a
+ * synchronisation goes to @jobs. work_lock held. */
+static int serve_scan(struct sync_job *jobs, int max)
+{
+  int n = 0;
+  for (struct CUevent_st *e = ipc_events; e != NULL; e = e->next) {
+    struct ipc_page *p = e->page;
+    if (e->s == NULL || gen_done(p, e->gen))
+      continue;
+    if ((int32_t)(atomic_load(&p->sync_req) - atomic_load(&p->done)) > 0) {
+      if (n < max)
+        jobs[n++] = (struct sync_job){e->s, e->mark};
+    } else if (lag_over((int)atomic_load(&p->queries),
+                        (now_ns() - atomic_load(&p->at_ns)) / 1000)) {
+      stream_poke(e->s, e->mark);
+    }
+  }
+  return n;
+}
+
+static void *serve(void *arg)
+{
+  (void)arg;
+  uint32_t seen = atomic_load(&bell->gen);
+  for (;;) {
+    futex(&bell->gen, FUTEX_WAIT, seen, NULL);
+    seen = atomic_load(&bell->gen);
+    struct sync_job jobs[16];
+    pthread_mutex_lock(&work_lock);
+    int n = serve_scan(jobs, 16);
+    pthread_mutex_unlock(&work_lock);
+    for (int i = 0; i < n; i++)
+      stream_sync(jobs[i].s, jobs[i].mark);
+    if (n == 16)
+      ring(bell); /* more to look at */
+  }
+  return NULL;
+}
+
+static pthread_once_t serve_once = PTHREAD_ONCE_INIT;
+static CUresult serve_started = CUDA_ERROR_OUT_OF_MEMORY;
+
+static void serve_start(void)
+{
+  int fd = memfd_create("fake_cuda_bell", MFD_CLOEXEC);
+  if (fd < 0)
+    return;
+  void *m = ftruncate(fd, PAGE) == 0 ? fake_map_fd(fd, PAGE) : NULL;
+  pthread_t t;
+  if (m == NULL) {
+    close(fd);
+    return;
+  }
+  bell = m;
+  bell_fd = fd;
+  if (pthread_create(&t, NULL, serve, NULL) != 0)
+    return;
+  pthread_detach(t);
+  serve_started = CUDA_SUCCESS;
+}
+
+/* ---- entry points ---- */
+
+/* Queue @op on the stream @h. work_lock held. */
+static CUresult enqueue(CUstream h, const struct stream_op *op)
+{
+  struct fake_stream *s = stream_of(h);
+  if (s == NULL)
+    return stream_error(h);
+  if (s->len == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    struct stream_op *ops = realloc(s->ops, cap * sizeof(*ops));
+    if (ops == NULL)
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    s->ops = ops;
+    s->cap = cap;
+  }
+  s->ops[s->len++] = *op;
+  s->queued++;
+  s->queries = 0;
+  clock_gettime(CLOCK_MONOTONIC, &s->at);
+  return CUDA_SUCCESS;
+}
+
+FAKE_HIDDEN CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
+                                   size_t n, CUstream h)
+{
+  NEED_INIT();
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (n > 0 && (dst == 0 || src == 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  struct stream_op op = {.kind = OP_COPY,
+                         .dst = (uint8_t *)(uintptr_t)dst,
+                         .src = (const uint8_t *)(uintptr_t)src,
+                         .n = n};
+  pthread_mutex_lock(&work_lock);
+  CUresult r = enqueue(h, &op);
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+/* Synchronous: after the work queued before it, as on the legacy stream. */
+FAKE_HIDDEN CUresult fake_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+  NEED_INIT();
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (n > 0 && (dst == 0 || src == 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&work_lock);
+  all_run();
+  if (n > 0)
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  pthread_mutex_unlock(&work_lock);
+  return CUDA_SUCCESS;
+}
+
+FAKE_HIDDEN CUresult fake_cuStreamCreate(CUstream *ph, unsigned int flags)
+{
+  NEED_INIT();
+  if (ph == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&work_lock);
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    if (streams[i].kind == 0) {
+      streams[i].kind = ST_CREATED;
+      streams[i].ctx = fake_current;
+      streams[i].thread = NULL;
+      *ph = (CUstream)&streams[i];
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+/* The work left runs first, as on a GPU (no waiting for other processes). */
+FAKE_HIDDEN CUresult fake_cuStreamDestroy(CUstream h)
+{
+  NEED_INIT();
+  if (is_special(h))
+    return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s != NULL) {
+    stream_poke(s, s->queued);
+    free(s->ops);
+    memset(s, 0, sizeof(*s));
+  } else {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuStreamGetCtx(CUstream h, CUcontext *pctx)
+{
+  NEED_INIT();
+  if (pctx == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (is_special(h)) {
+    if (fake_current == NULL)
+      return CUDA_ERROR_INVALID_CONTEXT;
+    *pctx = fake_current;
+    return CUDA_SUCCESS;
+  }
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s != NULL)
+    *pctx = s->ctx;
+  else
+    r = CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuStreamQuery(CUstream h)
+{
+  NEED_INIT();
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s == NULL) {
+    r = stream_error(h);
+  } else if (s->done < s->queued) {
+    if (lag_over(++s->queries, usec_since(&s->at)))
+      stream_poke(s, s->queued);
+    if (s->done < s->queued) {
+      r = CUDA_ERROR_NOT_READY;
+      atomic_fetch_add(&not_ready, 1);
+    }
+  }
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuStreamSynchronize(CUstream h)
+{
+  NEED_INIT();
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  uint64_t mark = s != NULL ? s->queued : 0;
+  pthread_mutex_unlock(&work_lock);
+  return s != NULL ? stream_sync(s, mark) : stream_error(h);
+}
+
+FAKE_HIDDEN CUresult fake_cuStreamWaitEvent(CUstream h, CUevent ev,
+                                       unsigned int flags)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct stream_op op = {.kind = OP_WAIT_LOCAL};
+  bool pending;
+  if (ev->opened) {
+    op.kind = OP_WAIT_REMOTE;
+    op.page = ev->page;
+    op.bell = ev->bell;
+    op.gen = atomic_load(&ev->page->gen);
+    pending = !gen_done(op.page, op.gen);
+  } else {
+    op.ws = ev->s;
+    op.wmark = ev->mark;
+    pending = ev->s != NULL && ev->s->done < ev->mark;
+  }
+  if (pending)
+    r = enqueue(h, &op);
+  else if (stream_of(h) == NULL)
+    r = stream_error(h);
+  pthread_mutex_unlock(&work_lock);
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&stream_waits, 1);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuEventCreate(CUevent *ev, unsigned int flags)
+{
+  NEED_INIT();
+  const unsigned all = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                       CU_EVENT_INTERPROCESS;
+  if (ev == NULL || (flags & ~all) != 0 ||
+      ((flags & CU_EVENT_INTERPROCESS) &&
+       !(flags & CU_EVENT_DISABLE_TIMING)))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  struct CUevent_st *e = calloc(1, sizeof(*e));
+  if (e == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  e->flags = flags;
+  e->page_fd = -1;
+  if (flags & CU_EVENT_INTERPROCESS) {
+    pthread_once(&serve_once, serve_start);
+    e->page_fd = memfd_create("fake_cuda_event", MFD_CLOEXEC);
+    if (serve_started != CUDA_SUCCESS || e->page_fd < 0 ||
+        ftruncate(e->page_fd, PAGE) != 0 ||
+        (e->page = fake_map_fd(e->page_fd, PAGE)) == NULL) {
+      if (e->page_fd >= 0)
+        close(e->page_fd);
+      free(e);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&work_lock);
+    e->next = ipc_events;
+    ipc_events = e;
+    pthread_mutex_unlock(&work_lock);
+  }
+  *ev = e;
+  return CUDA_SUCCESS;
+}
+
+/* An opened event must outlive the waits queued on it. */
+FAKE_HIDDEN CUresult fake_cuEventDestroy(CUevent ev)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (ev->opened) {
+    munmap(ev->page, PAGE);
+    munmap(ev->bell, PAGE);
+  } else if (ev->page != NULL) {
+    pthread_mutex_lock(&work_lock);
+    for (struct CUevent_st **pp = &ipc_events; *pp != NULL;
+         pp = &(*pp)->next)
+      if (*pp == ev) {
+        *pp = ev->next;
+        break;
+      }
+    pthread_mutex_unlock(&work_lock);
+    munmap(ev->page, PAGE);
+    close(ev->page_fd);
+  }
+  free(ev);
+  return CUDA_SUCCESS;
+}
+
+FAKE_HIDDEN CUresult fake_cuEventRecord(CUevent ev, CUstream h)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (ev->opened)
+    return CUDA_ERROR_NOT_SUPPORTED; /* not needed by gpuipc */
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = stream_of(h);
+  if (s != NULL) {
+    ev->s = s;
+    ev->mark = s->queued;
+    ev->queries = 0;
+    clock_gettime(CLOCK_MONOTONIC, &ev->at);
+    if (ev->page != NULL) {
+      ev->gen = atomic_load(&ev->page->gen) + 1;
+      atomic_store(&ev->page->queries, 0);
+      atomic_store(&ev->page->at_ns, now_ns());
+      atomic_store(&ev->page->gen, ev->gen);
+      publish(s); /* done already when the stream is */
+    }
+  } else {
+    r = stream_error(h);
+  }
+  pthread_mutex_unlock(&work_lock);
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&events_recorded, 1);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuEventQuery(CUevent ev)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  if (ev->opened) {
+    if (!gen_done(ev->page, atomic_load(&ev->page->gen))) {
+      atomic_fetch_add(&ev->page->queries, 1);
+      ring(ev->bell);
+      r = CUDA_ERROR_NOT_READY;
+    }
+  } else if (ev->s != NULL && ev->s->done < ev->mark) {
+    ev->queries++;
+    if (lag_over(ev->queries, usec_since(&ev->at)))
+      stream_poke(ev->s, ev->mark);
+    if (ev->s->done < ev->mark)
+      r = CUDA_ERROR_NOT_READY;
+  }
+  if (r == CUDA_ERROR_NOT_READY)
+    atomic_fetch_add(&not_ready, 1);
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuEventSynchronize(CUevent ev)
+{
+  NEED_INIT();
+  if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (ev->opened)
+    return remote_sync(ev->page, ev->bell, atomic_load(&ev->page->gen));
+  pthread_mutex_lock(&work_lock);
+  struct fake_stream *s = ev->s;
+  uint64_t mark = ev->mark;
+  pthread_mutex_unlock(&work_lock);
+  return s != NULL ? stream_sync(s, mark) : CUDA_SUCCESS;
+}
+
+FAKE_HIDDEN CUresult fake_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
+{
+  NEED_INIT();
+  if (h == NULL || ev == NULL || !(ev->flags & CU_EVENT_INTERPROCESS) ||
+      ev->opened)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct ipc_bytes b = {FAKE_EV_MAGIC, (uint32_t)getpid(), ev->page_fd,
+                        bell_fd, PAGE};
+  fake_ipc_put(h->reserved, &b);
+  return CUDA_SUCCESS;
+}
+
+FAKE_HIDDEN CUresult fake_cuIpcOpenEventHandle(CUevent *ph, CUipcEventHandle h)
+{
+  NEED_INIT();
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  struct ipc_bytes b;
+  memcpy(&b, h.reserved, sizeof(b));
+  if (ph == NULL || b.magic != FAKE_EV_MAGIC)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUevent_st *e = calloc(1, sizeof(*e));
+  if (e == NULL)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  int fd = fake_fd_of(b.pid, b.fd), fd2 = fake_fd_of(b.pid, b.fd2);
+  if (fd >= 0 && fd2 >= 0) {
+    e->page = fake_map_fd(fd, PAGE);
+    e->bell = fake_map_fd(fd2, PAGE);
+  }
+  if (fd >= 0)
+    close(fd);
+  if (fd2 >= 0)
+    close(fd2);
+  if (e->page == NULL || e->bell == NULL) {
+    if (e->page != NULL)
+      munmap(e->page, PAGE);
+    if (e->bell != NULL)
+      munmap(e->bell, PAGE);
+    free(e);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  e->flags = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  e->opened = true;
+  e->page_fd = -1;
+  *ph = e;
+  return CUDA_SUCCESS;
+}
+
+int fake_cuda_copies_done(void)
+{
+  return atomic_load(&copies_done);
+}
+
+int fake_cuda_not_ready(void)
+{
+  return atomic_load(&not_ready);
+}
+
+int fake_cuda_events_recorded(void)
+{
+  return atomic_load(&events_recorded);
+}
+
+int fake_cuda_stream_waits(void)
+{
+  return atomic_load(&stream_waits);
+}
+
