@@ -374,7 +374,9 @@ static void bad_hellos(void)
   pthread_t t;
   ASSERT_OK(pthread_create(&t, NULL, open_as_a, (void *)"lie-b"));
   wait_end_a("chan.lie-b");
-  const char *bargs[] = {"liar", "chan-poll", "lie-b", "blocking", "500",
+  /* Its own open must outlast its start (a GPU machine initialises CUDA
+   * first): it ends when that passes, after A refused it. */
+  const char *bargs[] = {"liar", "chan-poll", "lie-b", "blocking", "5000",
                          NULL};
   liar = test_spawn("chan_poll_peer", bargs, NULL);
   void *rc;
