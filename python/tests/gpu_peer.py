@@ -46,6 +46,32 @@ def torch_recv(dom, arg):
         say(same=same)
 
 
+def echo(dom, arg):
+    """Send back every CUDA tensor received (staged: a view is not this
+    process's memory), then leave at once: its last copies and their events
+    may still be queued when the channel closes."""
+    with gpuipc.Domain(dom) as d, d.channel("e", timeout=60) as ch:
+        for _ in range(int(arg)):
+            with ch.recv(timeout=60) as v:
+                ch.send(v)
+    say(done=True)
+
+
+def ping(dom, arg):
+    """Send a CUDA tensor, take its echo, check it; then close (which must
+    return though the echo's process is gone)."""
+    import torch
+    with gpuipc.Domain(dom) as d, d.channel("e", timeout=60) as ch:
+        same = True
+        for i in range(int(arg)):
+            x = make(i, 1024)
+            ch.send(x)
+            v = ch.recv(timeout=60)
+            same = same and bool(torch.equal(torch.from_dlpack(v), x))
+    torch.cuda.synchronize()
+    say(same=same)
+
+
 def big(n=1 << 28):
     """1 GiB of int32 from PyTorch's caching allocator (not gpuipc memory),
     each value a function of its index."""

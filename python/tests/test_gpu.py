@@ -53,6 +53,14 @@ def test_torch_tensor_of_1_gib_from_pytorch_allocator_staged(env):
     assert s["bytes"] == 1 << 30 and s["info"] == 1
 
 
+def test_close_after_the_peer_left_with_copies_queued(env):
+    # the echo leaves right after its last send; the pinging side's close
+    # (and its later synchronisation) must not wait for an event that the
+    # echo's context, gone, never recorded
+    p, e = run_pair(env, ("ping", "300"), ("echo", "300"), timeout=120)
+    assert p == {"same": True} and e == {"done": True}
+
+
 def test_torch_allocator_sends_without_staging(env):
     s, r = run_pair(env, ("torch_send", "alloc"), ("torch_recv", None))
     assert r == {"same": [True] * 4}
