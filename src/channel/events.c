@@ -11,21 +11,13 @@
  * which cannot be sent before message s is free.
  *
  * This file holds the pools of our own events (one per device and slot,
- * created on first use) and the tables of the peer's events, by key. A
- * pool is freed when the channel closes, after the events the peer has
- * (and may be waiting on) have fired, for at most EV_SETTLE_MS: a process
- * that leaves right after its last send must not leave its peer's stream
- * waiting on an event its context never recorded.
+ * created on first use) and the tables of the peer's events, by key.
  */
 #include "channel/channel.h"
 #include "mem/mem.h"
 
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* How long closing waits for its events the peer may wait on. */
-#define EV_SETTLE_MS 2000
 
 int gpuipc__chan_dev_count(void)
 {
@@ -89,30 +81,13 @@ int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
   return 0;
 }
 
-/*
- * Wait until @ev has fired, at most until @deadline: the peer's streams may
- * wait on it, and once this process's context goes, an event recorded
- * behind work still queued would never fire for them (their next
- * synchronisation would hang). Bounded, since our own stream may in turn
- * wait on an event of a peer that died.
- */
-static void event_settle(gpuipc_event_t *ev, uint64_t deadline)
-{
-  while (gpuipc_event_query(ev) == -EAGAIN && gpuipc__now_ns() < deadline)
-    sched_yield();
-}
-
 void gpuipc__chan_event_pool_free(gpuipc_event_t **pool, uint8_t *sent,
                                   int ndev, uint32_t depth)
 {
-  uint64_t deadline = gpuipc__deadline(EV_SETTLE_MS);
   if (pool != NULL)
     for (size_t i = 0; i < (size_t)ndev * depth; i++)
-      if (pool[i] != NULL) {
-        if (sent != NULL && sent[i])
-          event_settle(pool[i], deadline);
+      if (pool[i] != NULL)
         gpuipc_event_release(pool[i]);
-      }
   free(pool);
   free(sent);
 }
