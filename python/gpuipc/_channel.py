@@ -3,12 +3,13 @@ two processes of a domain (opened by Domain.channel, _domain.py). What it
 sends is described by _tensor.describe and found in this process's buffers
 by _buffer's registry; what it receives is a _tensor.Tensor. The C calls
 live in _gpuipc_channel.c."""
+import errno
 import threading
 
 from . import _gpuipc as _c
 from ._buffer import _registry
 from ._common import DEFAULT, _Boxed, _ms, _stream
-from ._errors import Error
+from ._errors import Error, WouldBlock, error_for
 from ._tensor import Tensor, describe
 
 
@@ -121,7 +122,6 @@ class Channel(_Boxed):
         ``fileno()`` (``loop.add_reader``). Releases that arrive meanwhile
         are taken in (``progress``). One ``arecv`` at a time per channel."""
         import asyncio
-        from ._errors import WouldBlock, error_for
         loop = asyncio.get_running_loop()
         fd = self.fileno()
         end = None if timeout is None else loop.time() + timeout
@@ -132,7 +132,7 @@ class Channel(_Boxed):
                 self.progress()  # the descriptor serves both directions
             left = None if end is None else end - loop.time()
             if left is not None and left <= 0:
-                raise error_for(-110, "ETIMEDOUT", f"channel {self.name}: "
+                raise error_for(-errno.ETIMEDOUT, "ETIMEDOUT", f"channel {self.name}: "
                                 f"no message within {timeout} s")
             ready = loop.create_future()
             loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))

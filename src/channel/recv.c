@@ -176,22 +176,44 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   return 0;
 }
 
-/* The sender's event of the pending message, opened for @dev, or NULL. */
-static int rx_event(struct gpuipc_channel *ch, int dev, gpuipc_event_t **out)
+/*
+ * Make @stream (of local device @dev) wait for the sender's work on the
+ * pending message: its event, when it carries one, opened for @dev.
+ */
+static int rx_ready(struct gpuipc_channel *ch, int dev, void *stream)
 {
   struct gpuipc__rx *rx = &ch->rx;
   struct gpuipc__desc *d = &rx->pdesc;
-  *out = NULL;
   if (!(d->flags & GPUIPC__DESC_EVENT))
     return 0;
+  gpuipc_event_t *ev;
   int rc = gpuipc__chan_event_peer(
       &rx->evs, &rx->nevs, &rx->capevs, d->ev_key,
       (d->flags & GPUIPC__DESC_NEW_EVENT) ? d->ev_handle : NULL, dev, ch->who,
-      out);
+      &ev);
   if (rc == 0)
     d->flags &= ~GPUIPC__DESC_NEW_EVENT; /* imported: a retry looks it up */
   else if (rc == GPUIPC_E_PROTO)
     rx_broken(ch, rc);
+  if (rc == 0)
+    rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+  return rc;
+}
+
+/*
+ * The next message, pending, within @timeout_ms (the channel calls' rule):
+ * 0 with the receive lock held; else its code, the lock not held.
+ */
+static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
+{
+  uint64_t deadline;
+  int rc = gpuipc__chan_deadline(ch, who, timeout_ms, &deadline);
+  if (rc != 0)
+    return rc;
+  pthread_mutex_lock(&ch->rx.lock);
+  rc = rx_fetch(ch, deadline);
+  if (rc != 0)
+    pthread_mutex_unlock(&ch->rx.lock);
   return rc;
 }
 
@@ -249,21 +271,12 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   if (ch == NULL || view == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_recv: NULL %s",
                        ch == NULL ? "channel" : "view");
-  uint64_t deadline;
-  int rc = gpuipc__chan_deadline(ch, "gpuipc_channel_recv", timeout_ms,
-                                 &deadline);
+  int rc = rx_take(ch, "gpuipc_channel_recv", timeout_ms);
   if (rc != 0)
     return rc;
   struct gpuipc__rx *rx = &ch->rx;
-  pthread_mutex_lock(&rx->lock);
-  rc = rx_fetch(ch, deadline);
-  if (rc != 0)
-    goto unlock;
-  gpuipc_event_t *ev;
-  rc = rx_event(ch, gpuipc__stream_dev(stream, gpuipc_buf_device(rx->pbuf)),
-                &ev);
-  if (rc == 0 && ev != NULL)
-    rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+  rc = rx_ready(ch, gpuipc__stream_dev(stream, gpuipc_buf_device(rx->pbuf)),
+                stream);
   if (rc != 0)
     goto unlock;
   struct gpuipc__view *v = calloc(1, sizeof(*v));
@@ -332,15 +345,10 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
       return gpuipc__err(-EINVAL, "%s: the destination reaches outside its "
                          "buffer", who);
   }
-  uint64_t deadline;
-  rc = gpuipc__chan_deadline(ch, who, timeout_ms, &deadline);
+  rc = rx_take(ch, who, timeout_ms);
   if (rc != 0)
     return rc;
   struct gpuipc__rx *rx = &ch->rx;
-  pthread_mutex_lock(&rx->lock);
-  rc = rx_fetch(ch, deadline);
-  if (rc != 0)
-    goto unlock;
   const struct gpuipc__desc *d = &rx->pdesc;
   char why[200];
   if (gpuipc__tensor_mismatch(d->seq, (int)d->ndim, d->dtype, d->shape, dl,
@@ -375,10 +383,7 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
       goto unlock;
     }
     rel_dev = gpuipc__stream_dev(stream, rel_dev);
-    gpuipc_event_t *ev;
-    rc = rx_event(ch, rel_dev, &ev);
-    if (rc == 0 && ev != NULL)
-      rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+    rc = rx_ready(ch, rel_dev, stream);
     if (rc == 0 && n > 0)
       rc = gpuipc__stream_copy_async(rel_dev, to, src, n, stream);
     if (rc != 0)

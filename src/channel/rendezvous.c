@@ -106,6 +106,17 @@ static int hello_recv(struct gpuipc_channel *ch, int fd, uint32_t magic,
   return 1;
 }
 
+/* This end is @end, talking to process @pid on @fd, whose eventfd is @efd. */
+static int paired(struct gpuipc_channel *ch, int end, int fd, int efd,
+                  uint32_t pid)
+{
+  ch->end = end;
+  ch->sock = fd;
+  ch->peer_efd = efd;
+  ch->peer_pid = (pid_t)pid;
+  return PAIRED;
+}
+
 static int hello_send(struct gpuipc_channel *ch, int fd, uint32_t magic)
 {
   struct hello h = {magic, (uint32_t)getpid()};
@@ -212,11 +223,7 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   unlink(path);
   gpuipc__fd_close(&lfd);
   unlink_ours(ch, dom, segname, "as end A");
-  ch->end = 0;
-  ch->sock = fd;
-  ch->peer_efd = peer_efd;
-  ch->peer_pid = (pid_t)b;
-  return PAIRED;
+  return paired(ch, 0, fd, peer_efd, b);
 
 close_fd:
   gpuipc__fd_close(&fd);
@@ -296,11 +303,7 @@ static int be_b(struct gpuipc_channel *ch, const struct gpuipc__chan_cfg *c,
       goto close_fd; /* A's hello carried no eventfd */
     goto close_retry; /* refused, or a stranger's word */
   }
-  ch->end = 1;
-  ch->sock = fd;
-  ch->peer_efd = peer_efd;
-  ch->peer_pid = (pid_t)a;
-  return PAIRED;
+  return paired(ch, 1, fd, peer_efd, a);
 
 close_retry:
   gpuipc__fd_close(&fd);

@@ -54,9 +54,7 @@ static gpuipc_kind_t kind_of(const char *s)
 static int do_send(gpuipc_domain_t *dom, const char *name, const char *kind,
                    int dev, int rounds)
 {
-  CUDA_OK(cudaSetDevice(dev));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = gpu_stream_on(dev);
   gpuipc_buf_t *buf = NULL;
   void *p;
   bool foreign = strcmp(kind, "foreign") == 0;
@@ -115,9 +113,7 @@ static int do_send(gpuipc_domain_t *dom, const char *name, const char *kind,
 static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
                    int rounds)
 {
-  CUDA_OK(cudaSetDevice(dev));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = gpu_stream_on(dev);
   void *dst;
   CUDA_OK(cudaMalloc(&dst, SIZE));
   uint8_t *host;

@@ -65,9 +65,7 @@ static gpuipc_channel_t *open_end(gpuipc_domain_t *dom, const char *name,
 static int do_send(gpuipc_domain_t *dom, const char *name, int dev,
                    int rounds)
 {
-  CUDA_OK(cudaSetDevice(dev));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = gpu_stream_on(dev);
   gpuipc_buf_t *buf;
   ASSERT_OK(gpuipc_buf_alloc(SIZE, GPUIPC_KIND_AUTO, dev, 0, &buf));
   uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf);
@@ -96,9 +94,7 @@ static int do_send(gpuipc_domain_t *dom, const char *name, int dev,
 static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
                    int rounds, bool with_stream)
 {
-  CUDA_OK(cudaSetDevice(dev));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = gpu_stream_on(dev);
   void *dst;
   CUDA_OK(cudaMalloc(&dst, SIZE));
   uint8_t *host;

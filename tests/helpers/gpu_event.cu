@@ -65,9 +65,7 @@ static void wait_and_check(gpuipc_event_t *ev, cudaStream_t s, const void *p,
 
 static int producer(int dev, int sock)
 {
-  CUDA_OK(cudaSetDevice(dev));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = gpu_stream_on(dev);
   uint8_t *host;
   CUDA_OK(cudaMallocHost((void **)&host, SIZE));
   gpuipc_buf_t *b;
@@ -128,9 +126,7 @@ static int producer(int dev, int sock)
 
 static int consumer(int dev, int sock)
 {
-  CUDA_OK(cudaSetDevice(dev));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t s = gpu_stream_on(dev);
   uint8_t *host;
   CUDA_OK(cudaMallocHost((void **)&host, SIZE));
   gpuipc_handle_t h;

@@ -64,6 +64,15 @@ static inline gpuipc_domain_t *gpu_helper_join(int argc, char **argv,
   return dom;
 }
 
+/* A new non-blocking stream on @dev, made the current device. */
+static inline cudaStream_t gpu_stream_on(int dev)
+{
+  CUDA_OK(cudaSetDevice(dev));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 /* A receiving helper is done: its channel closed, its memory freed. */
 static inline void gpu_recv_done(gpuipc_channel_t *ch, void *dst, void *host,
                                  cudaStream_t s)
