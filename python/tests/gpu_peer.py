@@ -59,13 +59,18 @@ def echo(dom, arg):
 
 def ping(dom, arg):
     """Send a CUDA tensor, take its echo, check it; then close (which must
-    return though the echo's process is gone)."""
+    return though the echo's process is gone). ARG: rounds, and ",late":
+    before the last receive the stream gets 0.2 s of GPU work, so that its
+    wait for the echo's event runs on the GPU after the echo has left."""
     import torch
+    n, _, late = arg.partition(",")
     with gpuipc.Domain(dom) as d, d.channel("e", timeout=60) as ch:
         same = True
-        for i in range(int(arg)):
+        for i in range(int(n)):
             x = make(i, 1024)
             ch.send(x)
+            if late and i == int(n) - 1:
+                torch.cuda._sleep(400_000_000)
             v = ch.recv(timeout=60)
             same = same and bool(torch.equal(torch.from_dlpack(v), x))
     torch.cuda.synchronize()

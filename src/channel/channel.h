@@ -16,6 +16,8 @@
  *   recv.c       the receiving side: descriptors taken, buffers imported,
  *                releases published, views
  *   events.c     CUDA event pools (ours) and tables (the peer's)
+ *   settle.c     the events across a close: the peer's used only while
+ *                they exist, ours complete before they are destroyed
  *   tensor.c     tensor utilities: place in a buffer, size, layout;
  *                tensor.h the checks the MPI channel shares
  *   dlpack.c     DLManagedTensor conversions
@@ -55,8 +57,9 @@
 #include <stdint.h>
 
 #define GPUIPC__CHAN_MAGIC 0x4e414843u /* "CHAN" */
-/* 2: the hellos of the rendezvous carry each end's eventfd (poll.c). */
-#define GPUIPC__CHAN_VERSION 2
+/* 2: the hellos of the rendezvous carry each end's eventfd (poll.c).
+ * 3: settled[] and ev_use[] in the header (settle.c). */
+#define GPUIPC__CHAN_VERSION 3
 #define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
 #define GPUIPC__CHAN_DEPTH_DEFAULT 64
 #define GPUIPC__CHAN_HDR_BYTES 8192
@@ -94,6 +97,8 @@ struct gpuipc__chan_shm {
   _Atomic uint32_t a_pid;  /* end 0's pid (claimed by CAS) */
   _Atomic uint32_t b_pid;  /* end 1's pid (claimed by CAS) */
   _Atomic uint32_t closed[2]; /* end i closed its side cleanly */
+  /* End i, closing: GPUIPC__CHAN_SETTLED_* (settle.c). */
+  _Atomic uint32_t settled[2];
   char token[GPUIPC__CHAN_TOKEN_LEN + 1]; /* end 0's socket: chan-TOKEN.sock */
   _Alignas(64) struct gpuipc__chan_dir dir[2];
   /*
@@ -104,7 +109,18 @@ struct gpuipc__chan_shm {
   struct {
     _Alignas(64) _Atomic uint32_t armed;
   } poll[2];
+  /* Per end: 1 while it uses its peer's events (settle.c). */
+  struct {
+    _Alignas(64) _Atomic uint32_t in_use;
+  } ev_use[2];
 };
+
+/* shm->settled[i]: end i has not closed, or is settling now ... */
+#define GPUIPC__CHAN_SETTLED_NOT 0
+/* ... closed with every event it gave the peer complete ... */
+#define GPUIPC__CHAN_SETTLED_DONE 1
+/* ... closed with work behind some of them unfinished. */
+#define GPUIPC__CHAN_SETTLED_UNFINISHED 2
 
 _Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
                "channel header overflows its page");
@@ -460,6 +476,24 @@ int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
                               uint8_t **sent_flag);
 /* How long to poll a pending event of the peer's before a stream wait. */
 uint64_t gpuipc__chan_ev_poll_ns(void);
+
+/* ----- settle.c ----- */
+
+/*
+ * Before any use of the peer's events (opening, query, stream wait), which
+ * is undefined once the peer destroyed them: 0 when they may be used, until
+ * gpuipc__chan_peer_ev_leave; 1 when the peer closed with all of them
+ * complete (treat each as complete, use none); GPUIPC_E_PEER_GONE (a
+ * sentence naming @who) when it closed with work unfinished, or is gone.
+ */
+int gpuipc__chan_peer_ev_enter(struct gpuipc_channel *ch, const char *who);
+void gpuipc__chan_peer_ev_leave(struct gpuipc_channel *ch);
+/*
+ * At close, before our events are destroyed: wait (bounded) for those the
+ * peer has handles of to complete, say so in the header, and wait for the
+ * peer to finish a use of them under way.
+ */
+void gpuipc__chan_settle(struct gpuipc_channel *ch);
 
 /* ----- send.c, for stage.c ----- */
 

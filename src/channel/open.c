@@ -230,6 +230,7 @@ int gpuipc_channel_close(gpuipc_channel_t *ch)
       gpuipc__futex_wake((uint32_t *)&ch->shm->dir[d].rel_head, INT_MAX);
     }
   }
+  gpuipc__chan_settle(ch); /* before our events are destroyed */
   gpuipc__fd_close(&ch->sock);
   gpuipc__chan_poll_close(ch);
 

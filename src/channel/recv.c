@@ -186,8 +186,13 @@ static int rx_ready(struct gpuipc_channel *ch, int dev, void *stream)
   struct gpuipc__desc *d = &rx->pdesc;
   if (!(d->flags & GPUIPC__DESC_EVENT))
     return 0;
+  int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
+  if (rc == 1)
+    return 0; /* the sender closed, its work complete */
+  if (rc != 0)
+    return rc;
   gpuipc_event_t *ev;
-  int rc = gpuipc__chan_event_peer(
+  rc = gpuipc__chan_event_peer(
       &rx->evs, &rx->nevs, &rx->capevs, d->ev_key,
       (d->flags & GPUIPC__DESC_NEW_EVENT) ? d->ev_handle : NULL, dev, ch->who,
       &ev);
@@ -197,6 +202,7 @@ static int rx_ready(struct gpuipc_channel *ch, int dev, void *stream)
     rx_broken(ch, rc);
   if (rc == 0)
     rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+  gpuipc__chan_peer_ev_leave(ch);
   return rc;
 }
 

@@ -160,6 +160,10 @@ static int be_a(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
   atomic_store(&shm->b_pid, 0);
   atomic_store(&shm->closed[0], 0);
   atomic_store(&shm->closed[1], 0);
+  for (int e = 0; e < 2; e++) {
+    atomic_store(&shm->settled[e], GPUIPC__CHAN_SETTLED_NOT);
+    atomic_store(&shm->ev_use[e].in_use, 0);
+  }
   memset((void *)shm->dir, 0, sizeof(shm->dir));
   atomic_store(&shm->poll[0].armed, 0);
   atomic_store(&shm->poll[1].armed, 0);

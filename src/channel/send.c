@@ -79,12 +79,20 @@ static int tx_take(struct gpuipc_channel *ch)
       rc = gpuipc__err(GPUIPC_E_PROTO, "%s: release of message %llu, which "
                        "is not in flight", who, (unsigned long long)rl.seq);
     gpuipc_event_t *ev = NULL;
-    /* Opened where the sender's streams most likely wait: the buffer's GPU. */
-    if (rc == 0 && (rl.flags & GPUIPC__REL_EVENT))
-      rc = gpuipc__chan_event_peer(
-          &tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs, rl.ev_key,
-          (rl.flags & GPUIPC__REL_NEW_EVENT) ? rl.ev_handle : NULL,
-          r->buf != NULL ? gpuipc_buf_device(r->buf) : -1, who, &ev);
+    /* Opened where the sender's streams most likely wait: the buffer's GPU.
+     * None when the receiver closed with its work complete (settle.c). */
+    if (rc == 0 && (rl.flags & GPUIPC__REL_EVENT)) {
+      rc = gpuipc__chan_peer_ev_enter(ch, who);
+      if (rc == 0) {
+        rc = gpuipc__chan_event_peer(
+            &tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs, rl.ev_key,
+            (rl.flags & GPUIPC__REL_NEW_EVENT) ? rl.ev_handle : NULL,
+            r->buf != NULL ? gpuipc_buf_device(r->buf) : -1, who, &ev);
+        gpuipc__chan_peer_ev_leave(ch);
+      } else if (rc == 1) {
+        rc = 0;
+      }
+    }
     if (rc == GPUIPC_E_PROTO)
       return gpuipc__chan_break(ch, rc);
     if (rc != 0)
@@ -102,6 +110,24 @@ static int tx_take(struct gpuipc_channel *ch)
   return taken;
 }
 
+/* Whether the receiver's work on @r's buffer is over: 0; -EAGAIN; an
+ * error (GPUIPC_E_PEER_GONE: it closed with that work unfinished). */
+static int rel_query(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
+{
+  if (r->rel_ev == NULL)
+    return 0;
+  int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
+  if (rc == 1) {
+    r->rel_ev = NULL; /* the receiver closed, its work complete */
+    return 0;
+  }
+  if (rc != 0)
+    return rc;
+  rc = gpuipc_event_query(r->rel_ev);
+  gpuipc__chan_peer_ev_leave(ch);
+  return rc;
+}
+
 /* Free the oldest messages whose buffers are free again. */
 static int tx_recycle(struct gpuipc_channel *ch)
 {
@@ -110,13 +136,11 @@ static int tx_recycle(struct gpuipc_channel *ch)
     struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, tx->oldest);
     if (!r->released)
       break;
-    if (r->rel_ev != NULL) {
-      int q = gpuipc_event_query(r->rel_ev);
-      if (q == -EAGAIN)
-        break;
-      if (q != 0)
-        return q;
-    }
+    int q = rel_query(ch, r);
+    if (q == -EAGAIN)
+      break;
+    if (q != 0)
+      return q;
     tx_rec_free(ch, r);
     tx->oldest++;
   }
@@ -211,8 +235,7 @@ static bool ticket_free(struct gpuipc_channel *ch, uint64_t ticket)
   if (ticket < tx->oldest)
     return true;
   struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
-  return r->released &&
-         (r->rel_ev == NULL || gpuipc_event_query(r->rel_ev) == 0);
+  return r->released && rel_query(ch, r) == 0;
 }
 
 static bool ticket_released(struct gpuipc_channel *ch, uint64_t ticket)
@@ -635,14 +658,24 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
   if (rc == 0 && ticket >= tx->oldest) {
     struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
     gpuipc_event_t *ev = r->rel_ev;
-    int dev =
-        ev != NULL ? gpuipc__stream_dev(stream, gpuipc_event_device(ev)) : -1;
-    /* The stream's device needs the event opened there. */
-    if (ev != NULL && dev != gpuipc_event_device(ev))
-      rc = gpuipc__chan_event_peer(&tx->rel_evs, &tx->nrel_evs, &tx->caprel_evs,
-                                   r->rel_key, NULL, dev, ch->who, &ev);
-    if (rc == 0 && ev != NULL)
-      rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+    if (ev != NULL) {
+      rc = gpuipc__chan_peer_ev_enter(ch, "gpuipc_channel_send_wait");
+      if (rc == 1)
+        r->rel_ev = ev = NULL; /* the receiver closed, its work complete */
+      if (rc == 1)
+        rc = 0;
+    }
+    if (rc == 0 && ev != NULL) {
+      int dev = gpuipc__stream_dev(stream, gpuipc_event_device(ev));
+      /* The stream's device needs the event opened there. */
+      if (dev != gpuipc_event_device(ev))
+        rc = gpuipc__chan_event_peer(&tx->rel_evs, &tx->nrel_evs,
+                                     &tx->caprel_evs, r->rel_key, NULL, dev,
+                                     ch->who, &ev);
+      if (rc == 0)
+        rc = gpuipc__stream_wait_event(ev, stream, gpuipc__chan_ev_poll_ns());
+      gpuipc__chan_peer_ev_leave(ch);
+    }
   }
   pthread_mutex_unlock(&tx->lock);
   return rc;

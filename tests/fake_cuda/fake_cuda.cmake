@@ -35,6 +35,12 @@ if(GPUIPC_HAVE_CUDA)
   add_dependencies(test_channel_gpu_order fake_cuda_full chan_order_peer)
   target_compile_definitions(test_channel_gpu_order PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  # tests/channel_close_events.c: closes while the other end's use of
+  # the events is still to come.
+  add_dependencies(test_channel_close_events fake_cuda_full chan_close_peer)
+  target_compile_definitions(test_channel_close_events PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_close_peer PRIVATE ${CMAKE_DL_LIBS})
 endif()
 add_dependencies(test_driver driver_probe)
 # `gpuipc info` is checked against the fake driver and without one.

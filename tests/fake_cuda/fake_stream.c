@@ -38,6 +38,13 @@
  * cuEventRecord and cuStreamWaitEvent calls are counted
  * (fake_cuda_events_recorded, fake_cuda_stream_waits).
  *
+ * CUDA leaves any use of an opened event undefined once its exporter
+ * destroyed it (on an H100 a stream wait on one waits for ever). The
+ * exporter's cuEventDestroy marks the shared page; opening, querying,
+ * synchronising or waiting on it after that is counted
+ * (fake_cuda_dead_event_uses) and fails with CUDA_ERROR_INVALID_HANDLE.
+ * (A wait queued before the destroy is done as usual.)
+ *
  * One lock over all of it.
  */
 enum op_kind { OP_COPY, OP_WAIT_LOCAL, OP_WAIT_REMOTE };
@@ -79,6 +86,7 @@ struct ipc_page {
   _Atomic uint32_t queries;  /* by other processes, since the record */
   _Atomic uint32_t sync_req; /* a generation someone waits on */
   _Atomic int64_t at_ns;     /* CLOCK_MONOTONIC of the record */
+  _Atomic uint32_t destroyed; /* by its exporter */
 };
 #define PAGE 4096
 
@@ -106,7 +114,17 @@ static atomic_int copies_done;
 static atomic_int not_ready;
 static atomic_int events_recorded;
 static atomic_int stream_waits;
+static atomic_int dead_event_uses;
 static __thread char thread_anchor; /* its address names the thread */
+
+/* Whether opened event @ev's exporter destroyed it (counted: a use). */
+static bool dead_use(const struct CUevent_st *ev)
+{
+  if (!ev->opened || atomic_load(&ev->page->destroyed) == 0)
+    return false;
+  atomic_fetch_add(&dead_event_uses, 1);
+  return true;
+}
 
 static bool is_special(CUstream h)
 {
@@ -516,6 +534,8 @@ FAKE_HIDDEN CUresult fake_cuStreamWaitEvent(CUstream h, CUevent ev,
     return CUDA_ERROR_INVALID_HANDLE;
   if (flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
+  if (dead_use(ev))
+    return CUDA_ERROR_INVALID_HANDLE;
   CUresult r = CUDA_SUCCESS;
   pthread_mutex_lock(&work_lock);
   struct stream_op op = {.kind = OP_WAIT_LOCAL};
@@ -587,6 +607,7 @@ FAKE_HIDDEN CUresult fake_cuEventDestroy(CUevent ev)
     munmap(ev->page, PAGE);
     munmap(ev->bell, PAGE);
   } else if (ev->page != NULL) {
+    atomic_store(&ev->page->destroyed, 1);
     pthread_mutex_lock(&work_lock);
     for (struct CUevent_st **pp = &ipc_events; *pp != NULL;
          pp = &(*pp)->next)
@@ -638,6 +659,8 @@ FAKE_HIDDEN CUresult fake_cuEventQuery(CUevent ev)
   NEED_INIT();
   if (ev == NULL)
     return CUDA_ERROR_INVALID_HANDLE;
+  if (dead_use(ev))
+    return CUDA_ERROR_INVALID_HANDLE;
   CUresult r = CUDA_SUCCESS;
   pthread_mutex_lock(&work_lock);
   if (ev->opened) {
@@ -663,6 +686,8 @@ FAKE_HIDDEN CUresult fake_cuEventSynchronize(CUevent ev)
 {
   NEED_INIT();
   if (ev == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (dead_use(ev))
     return CUDA_ERROR_INVALID_HANDLE;
   if (ev->opened)
     return remote_sync(ev->page, ev->bell, atomic_load(&ev->page->gen));
@@ -717,6 +742,12 @@ FAKE_HIDDEN CUresult fake_cuIpcOpenEventHandle(CUevent *ph, CUipcEventHandle h)
   e->flags = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   e->opened = true;
   e->page_fd = -1;
+  if (dead_use(e)) {
+    munmap(e->page, PAGE);
+    munmap(e->bell, PAGE);
+    free(e);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   *ph = e;
   return CUDA_SUCCESS;
 }
@@ -741,3 +772,7 @@ int fake_cuda_stream_waits(void)
   return atomic_load(&stream_waits);
 }
 
+int fake_cuda_dead_event_uses(void)
+{
+  return atomic_load(&dead_event_uses);
+}

@@ -1,0 +1,129 @@
+/*
+ * Channels: the two ends' events across a close.
+ *
+ * An end uses the peer's interprocess events (opens them, queries them,
+ * makes its streams wait on them) and the peer destroys them when it
+ * closes, or when its process ends. CUDA leaves any use of an imported
+ * event undefined once its exporter destroyed it; on an H100 a stream
+ * made to wait on one waits for ever. So:
+ *
+ *   - the closing end first waits, bounded, until every event it recorded
+ *     and handed to the peer has completed, then says in the header
+ *     whether they all did (shm->settled[end]: DONE or UNFINISHED), then
+ *     waits until the peer is not in the middle of using one
+ *     (shm->ev_use[peer]), and only then destroys them;
+ *   - an end about to use the peer's events says so first (ev_use[end]),
+ *     then looks at shm->closed[peer]: if the peer has not closed, the
+ *     events live until the use ends; if it has, the end uses none of
+ *     them: DONE means each one is complete (the work it stood for is
+ *     over), UNFINISHED that the work is not known to be, and the message
+ *     fails with GPUIPC_E_PEER_GONE.
+ *
+ * The two stores and the two loads are sequentially consistent (store,
+ * then load of the other word, on each side), so at least one end sees
+ * the other's word: either the user sees closed[] and keeps off, or the
+ * closer sees ev_use[] and waits for it to go.
+ *
+ * A peer that died without closing destroyed its events with no warning;
+ * an end that knows it (broken is GPUIPC_E_PEER_GONE) keeps off them.
+ */
+#include "channel/channel.h"
+#include "os/os.h"
+
+#include <sched.h>
+
+/* How long a closing end waits for its own events (at most). */
+#define SETTLE_MAX_MS 5000
+/* How long a user of the peer's events waits for the peer to settle, and
+ * a closer for the peer's use under way to end. */
+#define SETTLE_PEER_MS 5000
+
+int gpuipc__chan_peer_ev_enter(struct gpuipc_channel *ch, const char *who)
+{
+  struct gpuipc__chan_shm *shm = ch->shm;
+  int peer = 1 - ch->end;
+  atomic_store(&shm->ev_use[ch->end].in_use, 1);
+  if (atomic_load(&shm->closed[peer]) == 0) {
+    if (atomic_load(&ch->broken) != GPUIPC_E_PEER_GONE)
+      return 0;
+    atomic_store(&shm->ev_use[ch->end].in_use, 0);
+    return gpuipc__err(GPUIPC_E_PEER_GONE, "%s: the peer (pid %d) is gone "
+                       "and its CUDA events with it", who, (int)ch->peer_pid);
+  }
+  atomic_store(&shm->ev_use[ch->end].in_use, 0);
+  uint64_t deadline = gpuipc__now_ns() + (uint64_t)SETTLE_PEER_MS * 1000000;
+  for (;;) {
+    uint32_t s = atomic_load(&shm->settled[peer]);
+    if (s == GPUIPC__CHAN_SETTLED_DONE)
+      return 1;
+    if (s != GPUIPC__CHAN_SETTLED_NOT || gpuipc__now_ns() >= deadline ||
+        !gpuipc__pid_alive(ch->peer_pid))
+      return gpuipc__err(GPUIPC_E_PEER_GONE, "%s: the peer (pid %d) closed "
+                         "the channel before its GPU work on the message "
+                         "was known to be complete", who, (int)ch->peer_pid);
+    gpuipc__sleep_us(100);
+  }
+}
+
+void gpuipc__chan_peer_ev_leave(struct gpuipc_channel *ch)
+{
+  atomic_store(&ch->shm->ev_use[ch->end].in_use, 0);
+}
+
+/* Wait until each event of @pool the peer has (@sent) completed, or
+ * @deadline; whether they all did. */
+static bool pool_settle(gpuipc_event_t **pool, const uint8_t *sent, int ndev,
+                        uint32_t depth, uint64_t deadline)
+{
+  if (pool == NULL)
+    return true;
+  for (size_t i = 0; i < (size_t)ndev * depth; i++) {
+    if (pool[i] == NULL || !sent[i])
+      continue;
+    for (unsigned spins = 0;; spins++) {
+      int q = gpuipc_event_query(pool[i]);
+      if (q != -EAGAIN)
+        break; /* complete, or an error: nothing more will come of it */
+      if (gpuipc__now_ns() >= deadline)
+        return false;
+      if (spins < 64)
+        sched_yield();
+      else
+        gpuipc__sleep_us(50);
+    }
+  }
+  return true;
+}
+
+void gpuipc__chan_settle(struct gpuipc_channel *ch)
+{
+  struct gpuipc__chan_shm *shm = ch->shm;
+  if (shm == NULL)
+    return;
+  int peer = 1 - ch->end;
+  /* A peer that is gone cannot use them. (One that closed may still have
+   * a stream wait on one of them queued: it is settled all the same.) */
+  if (atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE &&
+      atomic_load(&shm->closed[peer]) == 0)
+    return;
+  int ms = ch->dom_timeout_ms >= 0 && ch->dom_timeout_ms < SETTLE_MAX_MS
+               ? ch->dom_timeout_ms
+               : SETTLE_MAX_MS;
+  uint64_t deadline = gpuipc__now_ns() + (uint64_t)ms * 1000000;
+  pthread_mutex_lock(&ch->tx.lock);
+  bool done = pool_settle(ch->tx.ev, ch->tx.ev_sent, ch->tx.ndev,
+                          ch->tx.depth, deadline);
+  pthread_mutex_unlock(&ch->tx.lock);
+  pthread_mutex_lock(&ch->rx.rel_lock);
+  done = done && pool_settle(ch->rx.rel_ev, ch->rx.rel_ev_sent, ch->rx.ndev,
+                             ch->rx.depth, deadline);
+  pthread_mutex_unlock(&ch->rx.rel_lock);
+  atomic_store(&shm->settled[ch->end], done ? GPUIPC__CHAN_SETTLED_DONE
+                                            : GPUIPC__CHAN_SETTLED_UNFINISHED);
+  /* closed[end] was stored before this: a use that began before the peer
+   * could see it ends soon (one open, query or stream wait). */
+  deadline = gpuipc__now_ns() + (uint64_t)SETTLE_PEER_MS * 1000000;
+  while (atomic_load(&shm->ev_use[peer].in_use) != 0 &&
+         gpuipc__now_ns() < deadline && gpuipc__pid_alive(ch->peer_pid))
+    sched_yield();
+}
