@@ -1431,7 +1431,16 @@ GPUIPC_API int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
  * GPUIPC_E_PEER_GONE once it has received what was sent. Views received
  * from @ch stay valid until released (releasing them after the close is
  * allowed). Messages sent and not yet released are abandoned. No other
- * call on @ch may be running or follow. Returns 0, or -EINVAL for NULL.
+ * call on @ch may be running or follow.
+ * The GPU work behind the events this end handed to the peer (a send's
+ * copy or writes before it; a release's reads) must be over before they
+ * are destroyed (CUDA leaves a wait on a destroyed event undefined): the
+ * call waits for it, up to the domain's timeout or 5 s, whichever is
+ * less. The peer then receives what was sent without waiting on this
+ * end's events; if the work was not over in time, its receive of such a
+ * message (or wait for such a release) fails with GPUIPC_E_PEER_GONE
+ * instead. A process that exits without closing gives no such promise.
+ * Returns 0, or -EINVAL for NULL.
  */
 GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
 

@@ -19,7 +19,8 @@ int main(void)
   gpuipc_domain_t *dom = fake_lag_begin("chan-close-ev");
   setenv("FAKE_CUDA_COPY_LAG", "3", 1);
   char dir[4096];
-  snprintf(dir, sizeof(dir), "%s/flags", getenv("GPUIPC_DIR"));
+  const char *run = getenv("GPUIPC_DIR"); /* ctest gives each test one */
+  snprintf(dir, sizeof(dir), "%s/chan-close-flags", run ? run : "/tmp");
   ASSERT_TRUE(mkdir(dir, 0700) == 0 || errno == EEXIST);
   char p[4200];
   const char *names[] = {"sent", "released", "done-send", "done-recv"};

@@ -66,8 +66,15 @@ def rtt_gpuipc(cuda):
 
 
 def _mp_echo(q_in, q_out, n):
-    # stays until told: the last tensor's fd is fetched from this process
+    # stays until told: the last tensor's fd is fetched from this process.
+    # torch.multiprocessing refuses to send on a CUDA tensor it received, so
+    # the echo answers with a CUDA tensor of its own, as a user would.
+    own = None
     for x in iter(q_in.get, None):
+        if x.is_cuda:
+            if own is None:
+                own = torch.empty_like(x)
+            x = own
         q_out.put(x)
 
 
@@ -135,21 +142,40 @@ def weights_mp(sd, rounds=2):
     return out
 
 
-def _mp_bucket_receiver(q, done):
+def _views(flat, shapes):
+    out, off = {}, 0
+    for n, shp in shapes:
+        k = 1
+        for x in shp:
+            k *= x
+        out[n] = flat[off:off + k].view(shp)
+        off += k
+    return out
+
+
+def _mp_bucket_receiver(q, done, copy):
     flat = q.get()
-    dst = torch.empty_like(flat)
-    dst.copy_(flat)
-    torch.cuda.synchronize()
+    if copy:
+        dst = torch.empty_like(flat)
+        dst.copy_(flat)
+        torch.cuda.synchronize()
+    else:
+        sd = _views(flat, llama_shapes())  # the 291 tensors, zero-copy
+        del sd
     del flat
     done.put(1)
 
 
-def weights_mp_bucket(sd):
+def weights_mp_bucket(sd, copy):
+    """A hand-made bucket: the sender concatenates (not timed, as if its
+    weights lived there), one handle crosses, the receiver cuts views or
+    copies the bucket into one of its own."""
     flat = torch.cat([v.reshape(-1) for v in sd.values()])
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_mp_bucket_receiver, args=(q, done))
+    p = ctx.Process(target=_mp_bucket_receiver, args=(q, done, copy))
     p.start()
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     q.put(flat)
     done.get()
@@ -159,37 +185,47 @@ def weights_mp_bucket(sd):
     return dt
 
 
-def _gp_sd_receiver(dom, rounds):
+def _gp_sd_receiver(dom, rounds, copy):
     from gpuipc import state_dict
     with gpuipc.Domain(dom) as d:
         dst = None
         for r in range(rounds):
             with d.channel(f"go{r}", timeout=600) as ch:
                 ch.recv(timeout=600).release()
-                if dst is None:
+                if copy:
+                    if dst is None:
+                        with state_dict.open(d, "w", device=0) as sd:
+                            dst = {k: torch.empty_like(v) for k, v in sd.items()}
+                    state_dict.copy_into(d, "w", dst)
+                else:
                     with state_dict.open(d, "w", device=0) as sd:
-                        dst = {k: torch.empty_like(v) for k, v in sd.items()}
-                state_dict.copy_into(d, "w", dst)
+                        assert len(sd) == 291
                 ch.send(torch.zeros(1))
 
 
-def weights_gpuipc_bucket(sd, rounds=2):
+def weights_gpuipc_bucket(sd, copy, rounds=2):
+    """gpuipc's state_dict: publish (packs the tensors into a new version's
+    segment), then the receiver opens it as 291 zero-copy tensors, or
+    copies it into tensors of its own (the first round allocates them, so
+    its time includes that)."""
     from gpuipc import state_dict
-    dom = f"w{os.getpid()}"
-    p = mp.get_context("spawn").Process(target=_gp_sd_receiver, args=(dom, rounds))
+    dom = f"w{os.getpid()}{int(copy)}"
+    p = mp.get_context("spawn").Process(target=_gp_sd_receiver,
+                                        args=(dom, rounds, copy))
     p.start()
     out = []
     with gpuipc.Domain(dom) as d:
         keep = []
         for r in range(rounds):
             with d.channel(f"go{r}", timeout=600) as ch:
+                torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 ver, segs = state_dict.publish(d, "w", sd)
                 keep = [segs]
                 ch.send(torch.zeros(1))
                 ch.recv(timeout=600).release()
                 out.append(time.perf_counter() - t0)
-        del keep
+        del keep, segs
     p.join()
     return out
 
@@ -206,9 +242,15 @@ def bench_weights():
     a, b = weights_mp(sd)
     print(f"torch.multiprocessing per-tensor handles: first {a:.3f} s, second {b:.3f} s",
           flush=True)
-    print(f"torch.multiprocessing one bucket: {weights_mp_bucket(sd):.3f} s", flush=True)
-    a, b = weights_gpuipc_bucket(sd)
-    print(f"gpuipc state_dict (one segment + copy_into): first {a:.3f} s, second {b:.3f} s",
+    torch.cuda.empty_cache()
+    print(f"torch.multiprocessing one bucket: zero-copy {weights_mp_bucket(sd, False):.4f} s, "
+          f"copied {weights_mp_bucket(sd, True):.4f} s", flush=True)
+    torch.cuda.empty_cache()  # the buckets' memory, cached by PyTorch
+    a, b = weights_gpuipc_bucket(sd, False)
+    print(f"gpuipc state_dict zero-copy (publish + open): first {a:.4f} s, second {b:.4f} s",
+          flush=True)
+    a, b = weights_gpuipc_bucket(sd, True)
+    print(f"gpuipc state_dict copied (publish + copy_into): first {a:.4f} s, second {b:.4f} s",
           flush=True)
 
 
