@@ -33,10 +33,10 @@
 
 #if GPUIPC_HAVE_CUDA
 
+#include "helpers/cu_peer.h"
+
 #define BYTES ((size_t)64 << 10)
 #define MSGS 3
-
-#define CU_OK(fn, ...) ASSERT_OK(GPUIPC_CU(fn, __VA_ARGS__))
 
 static const char *flagdir;
 
@@ -70,30 +70,6 @@ static int dead_uses(void)
   int n = fn();
   dlclose(fake);
   return n;
-}
-
-static CUstream stream_make(void)
-{
-  ASSERT_OK(gpuipc_driver_status(NULL));
-  CUcontext ctx;
-  CU_OK(cuDevicePrimaryCtxRetain, &ctx, 0);
-  CU_OK(cuCtxSetCurrent, ctx);
-  CUstream s;
-  CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
-  return s;
-}
-
-static void tensor_of(gpuipc_tensor_t *t, int64_t *shape, void *p,
-                      gpuipc_buf_t *buf)
-{
-  memset(t, 0, sizeof(*t));
-  shape[0] = (int64_t)BYTES;
-  t->dl.data = p;
-  t->dl.device.device_type = GPUIPC_DL_CUDA;
-  t->dl.ndim = 1;
-  t->dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
-  t->dl.shape = shape;
-  t->buf = buf;
 }
 
 static gpuipc_channel_t *chan_open(gpuipc_domain_t *dom, const char *name)
@@ -136,7 +112,7 @@ static void sender(gpuipc_domain_t *dom, CUstream s)
   gpuipc_channel_t *ch = chan_open(dom, "first");
   for (int i = 0; i < MSGS; i++) {
     write_async(gpuipc_buf_ptr(buf[i]), host[i], (uint64_t)i + 1, s);
-    tensor_of(&t, shape, gpuipc_buf_ptr(buf[i]), buf[i]);
+    cu_bytes_tensor(&t, shape, gpuipc_buf_ptr(buf[i]), BYTES, buf[i]);
     ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, NULL));
   }
   ASSERT_OK(gpuipc_channel_close(ch)); /* its events: complete, then gone */
@@ -145,7 +121,7 @@ static void sender(gpuipc_domain_t *dom, CUstream s)
   ch = chan_open(dom, "second");
   write_async(gpuipc_buf_ptr(buf[MSGS]), host[MSGS], 99, s);
   CU_OK(cuStreamSynchronize, s);
-  tensor_of(&t, shape, gpuipc_buf_ptr(buf[MSGS]), buf[MSGS]);
+  cu_bytes_tensor(&t, shape, gpuipc_buf_ptr(buf[MSGS]), BYTES, buf[MSGS]);
   uint64_t ticket;
   ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
   flag_wait("released");
@@ -177,7 +153,7 @@ static void receiver(gpuipc_domain_t *dom, CUstream s)
   for (int i = 0; i < MSGS; i++) {
     memset(host, 0, BYTES);
     if (i == 1) {
-      tensor_of(&t, shape, gpuipc_buf_ptr(dbuf), NULL);
+      cu_bytes_tensor(&t, shape, gpuipc_buf_ptr(dbuf), BYTES, NULL);
       ASSERT_OK(gpuipc_channel_recv_into(ch, &t, s, 30000));
       CU_OK(cuMemcpyAsync, (CUdeviceptr)host, (CUdeviceptr)gpuipc_buf_ptr(dbuf),
             BYTES, s);
@@ -218,7 +194,7 @@ int main(int argc, char **argv)
   if (argc != 4)
     TFAIL("usage: chan_close_peer send|recv DOMAIN FLAGDIR");
   flagdir = argv[3];
-  CUstream s = stream_make();
+  CUstream s = cu_stream_make();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
   if (strcmp(argv[1], "send") == 0)

@@ -38,40 +38,14 @@
 
 #if GPUIPC_HAVE_CUDA
 
-#define BYTES ((size_t)1 << 20)
+#include "helpers/cu_peer.h"
 
-#define CU_OK(fn, ...) ASSERT_OK(GPUIPC_CU(fn, __VA_ARGS__))
+#define BYTES ((size_t)1 << 20)
 
 /* Round @r's part in the scheme above, and whether it is a recv_into. */
 enum round_kind { ROUND_A, ROUND_B, ROUND_C };
 #define ROUND_KIND(r) ((enum round_kind)(((r) - 1) % 3))
 #define ROUND_INTO(r) ((((r) - 1) / 3) % 2 == 0)
-
-/* A created, non-blocking stream of device 0, its primary context current. */
-static CUstream stream_make(void)
-{
-  ASSERT_OK(gpuipc_driver_status(NULL));
-  CUcontext ctx;
-  CU_OK(cuDevicePrimaryCtxRetain, &ctx, 0);
-  CU_OK(cuCtxSetCurrent, ctx);
-  CUstream s;
-  CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
-  return s;
-}
-
-static void tensor_of(gpuipc_tensor_t *t, int64_t *shape, void *p,
-                      gpuipc_buf_t *buf)
-{
-  memset(t, 0, sizeof(*t));
-  shape[0] = (int64_t)BYTES;
-  t->dl.data = p;
-  t->dl.device.device_type = GPUIPC_DL_CUDA;
-  t->dl.device.device_id = 0;
-  t->dl.ndim = 1;
-  t->dl.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
-  t->dl.shape = shape;
-  t->buf = buf;
-}
 
 static void sender(gpuipc_channel_t *ch, CUstream s, int rounds)
 {
@@ -82,7 +56,7 @@ static void sender(gpuipc_channel_t *ch, CUstream s, int rounds)
   ASSERT_TRUE(src[0] != NULL && src[1] != NULL);
   int64_t shape[1];
   gpuipc_tensor_t t;
-  tensor_of(&t, shape, dev, buf);
+  cu_bytes_tensor(&t, shape, dev, BYTES, buf);
   uint64_t ticket = 0;
   for (int r = 1; r <= rounds; r++) {
     /* Two sources: the write of round r - 1 may still be pending. */
@@ -109,7 +83,7 @@ static void recv_round(gpuipc_channel_t *ch, CUstream s, int r, void *dst,
   if (ROUND_INTO(r)) {
     int64_t shape[1];
     gpuipc_tensor_t t;
-    tensor_of(&t, shape, dst, NULL);
+    cu_bytes_tensor(&t, shape, dst, BYTES, NULL);
     ASSERT_OK(gpuipc_channel_recv_into(ch, &t, s, 30000));
     CU_OK(cuMemcpyAsync, (CUdeviceptr)host, (CUdeviceptr)dst, BYTES, s);
     return;
@@ -171,7 +145,7 @@ int main(int argc, char **argv)
     TFAIL("usage: chan_order_peer send|recv DOMAIN CHANNEL ROUNDS (3k)");
   bool send = strcmp(argv[1], "send") == 0;
   int rounds = atoi(argv[4]);
-  CUstream s = stream_make();
+  CUstream s = cu_stream_make();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
   gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
