@@ -37,6 +37,13 @@ class _Registry:
                 del self._entries[key]
                 self._starts.remove(key)
 
+    def find_desc(self, d):
+        """The live buffer that holds all of _Desc ``d``, or None (at once,
+        without working out d's bounds, while no buffer is registered)."""
+        if not self._starts:
+            return None
+        return self.find(d.device_type, d.lo, d.hi)
+
     def find(self, dev_type, lo, hi):
         with self._lock:
             i = bisect.bisect_right(self._starts, (dev_type, lo)) - 1

@@ -47,7 +47,7 @@ class Channel(_Boxed):
         WouldBlock instead of waiting for room. Returns the ticket."""
         d = describe(obj, stream)
         s = d.stream(stream)
-        buf = _registry.find(d.device_type, d.lo, d.hi)
+        buf = _registry.find_desc(d)
         box = buf._box if buf is not None else None
         if box is None and d.cuda:
             box = _c.alloc_lookup(d.lo)

@@ -133,24 +133,43 @@ def _stream(s, cuda=True, device=None):
 # ---- tensors in: describe any array ----------------------------------------
 
 class _Desc:
-    """A tensor as the C layer takes it, and what keeps its memory alive."""
-    __slots__ = ("t", "keep", "device_type", "device_id", "lo", "hi")
+    """A tensor as the C layer takes it, and what keeps its memory alive.
+    ``lo``, ``hi``: the bytes it spans, worked out when first asked for."""
+    __slots__ = ("t", "keep", "device_type", "device_id", "_span")
 
-    def __init__(self, ptr, dev_type, dev_id, dtype, shape, strides, keep):
+    def __init__(self, ptr, dev_type, dev_id, dtype, shape, strides, keep, offset=0):
         self.t = (ptr, dev_type, dev_id, dtype, tuple(shape),
-                  None if strides is None else tuple(strides), 0)
+                  None if strides is None else tuple(strides), offset)
         self.keep = keep
         self.device_type, self.device_id = dev_type, dev_id
+        self._span = None
+
+    def _bounds(self):
+        ptr, _, _, dtype, shape, strides, offset = self.t
+        ptr += offset
         item = max(1, dtype[1] * dtype[2] // 8)
-        if any(n == 0 for n in shape):
-            self.lo = self.hi = ptr
-            return
-        if strides is None:
-            self.lo, self.hi = ptr, ptr + _nbytes(shape, item)
+        if 0 in shape:
+            span = (ptr, ptr)
+        elif strides is None:
+            span = (ptr, ptr + _nbytes(shape, item))
         else:
-            lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
-            hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
-            self.lo, self.hi = ptr + lo * item, ptr + (hi + 1) * item
+            lo = hi = 0
+            for n, st in zip(shape, strides):
+                if st < 0:
+                    lo += (n - 1) * st
+                else:
+                    hi += (n - 1) * st
+            span = (ptr + lo * item, ptr + (hi + 1) * item)
+        self._span = span
+        return span
+
+    @property
+    def lo(self):
+        return (self._span or self._bounds())[0]
+
+    @property
+    def hi(self):
+        return (self._span or self._bounds())[1]
 
     @property
     def cuda(self):

@@ -109,12 +109,7 @@ def describe(obj, stream=None):
         else:
             cap = obj.__dlpack__()
         t, hold = _c.dlpack_take(cap)
-        d = _Desc(t[0], t[1], t[2], t[3], t[4], t[5], (obj, hold))
-        if t[6]:
-            d.t = d.t[:6] + (t[6],)
-            d.lo += t[6]
-            d.hi += t[6]
-        return d
+        return _Desc(t[0], t[1], t[2], t[3], t[4], t[5], (obj, hold), t[6])
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         return _from_array_interface(obj, cai, DL_CUDA)
@@ -142,13 +137,29 @@ class Tensor(_Boxed):
     def __init__(self, box, stream):
         self._box = box
         self._stream = stream
-        (t, self.buffer_ptr, self.buffer_size, k, self.buffer_device) = _c.view_info(box)
-        (data, self.device_type, self.device_id, self._dl_dtype, self.shape,
-         strides, self.byte_offset) = t
-        self.data_ptr = data + self.byte_offset
-        self.kind = _KIND_NAMES.get(k, "?")
-        self.strides = strides if strides is not None else _c_strides(self.shape)
-        self.typestr = _dl_to_typestr(*self._dl_dtype)
+        # ((data, device type, device id, dtype, shape, strides, byte
+        # offset), buffer pointer, buffer size, kind, buffer device): read
+        # once here, so the attributes below outlive the view's release;
+        # each is worked out when asked for (a receive that only passes the
+        # view on, or gives it back, pays for none of them).
+        self._info = _c.view_info(box)
+
+    device_type = property(lambda self: self._info[0][1])
+    device_id = property(lambda self: self._info[0][2])
+    _dl_dtype = property(lambda self: self._info[0][3])
+    shape = property(lambda self: self._info[0][4])
+    byte_offset = property(lambda self: self._info[0][6])
+    data_ptr = property(lambda self: self._info[0][0] + self._info[0][6])
+    buffer_ptr = property(lambda self: self._info[1])
+    buffer_size = property(lambda self: self._info[2])
+    buffer_device = property(lambda self: self._info[4])
+    kind = property(lambda self: _KIND_NAMES.get(self._info[3], "?"))
+    typestr = property(lambda self: _dl_to_typestr(*self._info[0][3]))
+
+    @property
+    def strides(self):
+        st = self._info[0][5]
+        return st if st is not None else _c_strides(self._info[0][4])
 
     @property
     def device(self):
@@ -163,8 +174,8 @@ class Tensor(_Boxed):
         queued on ``stream`` so far; default: the stream it was received on)."""
         box = self._take_box()
         if box is not None:
-            s = self._stream if stream is None else _stream(stream)
-            _c.close(box, s if self.device_type == DL_CUDA else None)
+            # (a host view's release takes no stream: the C layer ignores it)
+            _c.close(box, self._stream if stream is None else _stream(stream))
 
     def __del__(self):
         try:
@@ -177,8 +188,8 @@ class Tensor(_Boxed):
 
     def _desc(self):
         self._h()
-        return _Desc(self.data_ptr, self.device_type, self.device_id, self._dl_dtype,
-                     self.shape, self.strides, self)
+        t = self._info[0]
+        return _Desc(t[0] + t[6], t[1], t[2], t[3], t[4], t[5], self)
 
     def __dlpack_device__(self):
         return (self.device_type, self.device_id)
