@@ -185,7 +185,7 @@ def table(lat, bw, quick):
                "send or release needs no event (gpuipc checks with "
                "cuStreamQuery); the 'kernel' rows show the event path: a "
                "peer's event that is still pending is polled for up to "
-               "GPUIPC_CHAN_EVENT_POLL_US (30 us) before a stream is made to "
+               "GPUIPC_CHAN_EVENT_POLL_US (200 us) before a stream is made to "
                "wait for it (on one GPU such a wait costs a switch between "
                "the two processes' contexts, about 140 us).")
     out.append("")

@@ -1577,7 +1577,7 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  * @stream: the stream that will use the view: it is made to wait for the
  *     sender's event (no host wait), which is opened on the stream's device.
  *     An event that has completed needs no wait; a pending one is polled
- *     for up to GPUIPC_CHAN_EVENT_POLL_US (30 us) first, because a stream
+ *     for up to GPUIPC_CHAN_EVENT_POLL_US (200 us) first, because a stream
  *     waiting on another process's event on the same GPU waits for a
  *     switch between the two processes' contexts (~140 us on H200).
  *     Ignored for HOST buffers.

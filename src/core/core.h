@@ -139,7 +139,7 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "MPI component: 1 hands device pointers of gpuipc buffers to MPI, 0 "    \
      "stages GPU memory through pinned host memory, auto asks the MPI "       \
      "library (MPIX_Query_cuda_support).")                                    \
-  XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "30",                    \
+  XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "200",                   \
      "Microseconds a channel end polls a peer's pending event before "         \
      "making its stream wait for it (0: never poll).")
 
