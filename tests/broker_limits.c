@@ -83,14 +83,16 @@ static bool try_join(int *out)
 }
 
 /* Both ends of every connection live in this process, whose limit the
- * broker reads when it starts. */
+ * broker reads: the members' ends count among the descriptors it holds
+ * besides its connections, and half of what the limit leaves beyond those
+ * is kept for segments (broker_conns). */
 static struct rlimit saved_rl;
 static bool room;
 
 static void make_room(void)
 {
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved_rl), 0);
-  rlim_t need = 2 * CONNS_MAX + 256;
+  rlim_t need = 3 * CONNS_MAX + 256;
   room = saved_rl.rlim_max >= need;
   if (!room)
     return;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -211,6 +212,29 @@ static void refuse(struct gpuipc__broker *b, int fd, pid_t pid, int code,
                  WARN_EVERY_NS / 1000000000ull);
 }
 
+/*
+ * Connections the process has descriptors for now, counting @nconns of
+ * them open: half of what its open-file limit leaves beyond the
+ * descriptors it holds for everything else (a CUDA driver's dozens, the
+ * segments the broker keeps) and NOFILE_MARGIN. The broker shares its
+ * process with a member, which may open descriptors at any time, so this
+ * is asked for each new connection; @other: those held otherwise.
+ */
+static size_t conns_room(size_t nconns, long *other)
+{
+  struct rlimit rl;
+  long open_now = gpuipc__fds_open();
+  *other = -1;
+  if (open_now < 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0 ||
+      rl.rlim_cur == RLIM_INFINITY)
+    return SIZE_MAX;
+  /* open_now counts the new connection's descriptor too */
+  long held = open_now - (long)nconns - 1;
+  *other = held < 0 ? 0 : held;
+  unsigned long long used = (unsigned long long)*other + NOFILE_MARGIN;
+  return rl.rlim_cur > used ? (size_t)(rl.rlim_cur - used) / 2 : 0;
+}
+
 /* Refuse @fd (and close it) if it is one connection too many. */
 static bool refused_over_cap(struct gpuipc__broker *b, int fd,
                              const struct gpuipc__cred *cred)
@@ -221,6 +245,17 @@ static bool refused_over_cap(struct gpuipc__broker *b, int fd,
            "takes (GPUIPC_MAX_MEMBERS; at most (open-file limit %llu - %d) "
            "/ 2); try again when members have left",
            b->name, b->nconns, (int)b->pid, b->nofile, NOFILE_MARGIN);
+    return true;
+  }
+  long other;
+  size_t room = conns_room(b->nconns, &other);
+  if (b->nconns >= room) {
+    refuse(b, fd, cred->pid, -EUSERS,
+           "domain %s has %zu connections, the most its broker (pid %d) "
+           "has descriptors for now (GPUIPC_MAX_MEMBERS; at most half of "
+           "what its open-file limit leaves beyond the %ld descriptors it "
+           "holds otherwise and %d more); try again when members have left",
+           b->name, b->nconns, (int)b->pid, other, NOFILE_MARGIN);
     return true;
   }
   struct uid_count *u = uid_slot(b, cred->uid, false);
@@ -252,10 +287,14 @@ static int shed_one(struct gpuipc__broker *b)
   if (rc == 0) {
     struct gpuipc__cred cred = {0};
     (void)gpuipc__peer_cred(fd, &cred);
+    struct rlimit rl; /* now: the member sharing the process may change it */
+    unsigned long long lim =
+        getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (unsigned long long)rl.rlim_cur
+                                           : b->nofile;
     refuse(b, fd, cred.pid, -EMFILE,
            "the broker of domain %s (pid %d) has no descriptor free (EMFILE: "
            "its process is at its open-file limit %llu); try again later",
-           b->name, (int)b->pid, b->nofile);
+           b->name, (int)b->pid, lim);
   }
   b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (rc != 0 && rc != -EMFILE && rc != -ENFILE)

@@ -1,6 +1,8 @@
-/* Descriptors: sealed memfds, duplicates, and flock-held lock files. */
+/* Descriptors: sealed memfds, duplicates, flock-held lock files, and how
+ * many this process has open. */
 #include "os/os.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
@@ -194,4 +196,18 @@ reopen:;
 close_fd:
   close(fd);
   return rc;
+}
+
+long gpuipc__fds_open(void)
+{
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL)
+    return -1;
+  long n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n - 1; /* not the directory's own descriptor */
 }

@@ -204,6 +204,8 @@ struct gpuipc__proc_id {
 };
 /* Cached; recomputed in a forked child. */
 const struct gpuipc__proc_id *gpuipc__proc_self(void);
+/* Descriptors this process has open now (/proc/self/fd), -1 unknown. */
+long gpuipc__fds_open(void);
 /*
  * Whether @pid (in our pid namespace) still exists (kill(pid, 0)); a zombie
  * (dead, not yet reaped) counts as gone.
