@@ -949,7 +949,8 @@ typedef struct gpuipc_domain_opts {
  * (the sentence names it); GPUIPC_E_VERSION when the broker speaks another
  * protocol version; -EUSERS when the broker has as many
  * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
- * half its process's open-file limit less 32) or from this uid
+ * half of what its process's open-file limit leaves beyond the descriptors
+ * the process holds otherwise and 32) or from this uid
  * (GPUIPC_MAX_MEMBERS_PER_UID); -EMFILE when the broker's process has no
  * descriptor free (or this process has none) — both at once, not after the
  * timeout, the sentence naming the limit: try again once members have

@@ -123,8 +123,9 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "Default timeout in milliseconds for broker requests.")                   \
   XX(MAX_MEMBERS, "GPUIPC_MAX_MEMBERS", "0",                                   \
      "Connections a broker takes at once; more are refused (-EUSERS). 0: "    \
-     "4096. Never more than half the broker process's open-file limit "       \
-     "(RLIMIT_NOFILE) less 32; the rest is for segment descriptors.")         \
+     "4096. Never more than half of what the broker process's open-file "     \
+     "limit (RLIMIT_NOFILE) leaves beyond the descriptors the process holds " \
+     "otherwise and 32, weighed at each new connection.")                     \
   XX(MAX_MEMBERS_PER_UID, "GPUIPC_MAX_MEMBERS_PER_UID", "0",                   \
      "Connections a broker takes at once from one uid; more are refused "     \
      "(-EUSERS). 0: as many as GPUIPC_MAX_MEMBERS.")                           \
