@@ -1,6 +1,7 @@
 #include "test.h"
 
-#include <dirent.h>
+#include "os/os.h"
+
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -88,21 +89,11 @@ void test_warm_driver(void)
 
 int test_count_fds(pid_t pid)
 {
-  char path[64];
-  if (pid == 0)
-    snprintf(path, sizeof(path), "/proc/self/fd");
-  else
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-  DIR *d = opendir(path);
-  if (d == NULL)
-    TFAIL("opendir %s: %s", path, strerror(errno));
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return pid == 0 ? n - 1 : n; /* not counting the DIR's own fd */
+  long n = gpuipc__fds_open(pid);
+  if (n < 0)
+    TFAIL("cannot read /proc/%d/fd: %s", (int)(pid ? pid : getpid()),
+          strerror(errno));
+  return (int)n;
 }
 
 void test_fill(void *p, size_t n, uint64_t seed)

@@ -42,9 +42,7 @@ class _Registry:
         without working out d's bounds, while no buffer is registered)."""
         if not self._starts:
             return None
-        return self.find(d.device_type, d.lo, d.hi)
-
-    def find(self, dev_type, lo, hi):
+        dev_type, lo, hi = d.device_type, d.lo, d.hi
         with self._lock:
             i = bisect.bisect_right(self._starts, (dev_type, lo)) - 1
             if i < 0 or self._starts[i][0] != dev_type:

@@ -660,10 +660,10 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
     gpuipc_event_t *ev = r->rel_ev;
     if (ev != NULL) {
       rc = gpuipc__chan_peer_ev_enter(ch, "gpuipc_channel_send_wait");
-      if (rc == 1)
+      if (rc == 1) {
         r->rel_ev = ev = NULL; /* the receiver closed, its work complete */
-      if (rc == 1)
         rc = 0;
+      }
     }
     if (rc == 0 && ev != NULL) {
       int dev = gpuipc__stream_dev(stream, gpuipc_event_device(ev));

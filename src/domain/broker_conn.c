@@ -130,6 +130,7 @@ static void conn_limits_init(struct gpuipc__broker *b)
   long per = gpuipc__cfg_long(GPUIPC_CFG_MAX_MEMBERS_PER_UID, 0);
   b->conns_max_uid = per > 0 && (size_t)per < max ? (size_t)per : max;
   b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  b->fds_other = -1;
 }
 
 /* Whether to say a warning now; *@missed: how many were not said. */
@@ -212,27 +213,59 @@ static void refuse(struct gpuipc__broker *b, int fd, pid_t pid, int code,
                  WARN_EVERY_NS / 1000000000ull);
 }
 
+/* Count the descriptors the process holds besides its connections (the
+ * new one, not yet counted in b->nconns, included in neither). */
+static void fds_count(struct gpuipc__broker *b)
+{
+  long open_now = gpuipc__fds_open(0);
+  long held = open_now - (long)b->nconns - 1;
+  b->fds_other = open_now < 0 ? -1 : held < 0 ? 0 : held;
+  b->fds_at = gpuipc__now_ns();
+  b->fds_age = 0;
+}
+
+/* Half of what @limit leaves beyond @other descriptors and the margin. */
+static size_t room_of(rlim_t limit, long other)
+{
+  unsigned long long used = (unsigned long long)other + NOFILE_MARGIN;
+  return limit > used ? (size_t)(limit - used) / 2 : 0;
+}
+
 /*
- * Connections the process has descriptors for now, counting @nconns of
- * them open: half of what its open-file limit leaves beyond the
- * descriptors it holds for everything else (a CUDA driver's dozens, the
- * segments the broker keeps) and NOFILE_MARGIN. The broker shares its
- * process with a member, which may open descriptors at any time, so this
- * is asked for each new connection; @other: those held otherwise.
+ * Connections the process has descriptors for now: half of what its
+ * open-file limit leaves beyond the descriptors it holds for everything
+ * else (a CUDA driver's dozens, the segments the broker keeps) and
+ * NOFILE_MARGIN. The broker shares its process with a member, which may
+ * open descriptors at any time, so this is asked for each new connection.
+ * Counting them (/proc/self/fd) costs a pass over all of them: the count
+ * is kept for FDS_KEEP_NS and FDS_KEEP_CONNS connections, but taken again
+ * before one is let in within FDS_NEAR of the cap, so that only refusals
+ * (a flood of them, say) go by a recent count. *@other: the count used.
  */
-static size_t conns_room(size_t nconns, long *other)
+#define FDS_KEEP_NS 100000000ull
+#define FDS_KEEP_CONNS 64
+#define FDS_NEAR 16
+static size_t conns_room(struct gpuipc__broker *b, long *other)
 {
   struct rlimit rl;
-  long open_now = gpuipc__fds_open();
   *other = -1;
-  if (open_now < 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0 ||
-      rl.rlim_cur == RLIM_INFINITY)
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
     return SIZE_MAX;
-  /* open_now counts the new connection's descriptor too */
-  long held = open_now - (long)nconns - 1;
-  *other = held < 0 ? 0 : held;
-  unsigned long long used = (unsigned long long)*other + NOFILE_MARGIN;
-  return rl.rlim_cur > used ? (size_t)(rl.rlim_cur - used) / 2 : 0;
+  bool fresh = b->fds_other < 0 || ++b->fds_age >= FDS_KEEP_CONNS ||
+               gpuipc__now_ns() - b->fds_at >= FDS_KEEP_NS;
+  if (fresh)
+    fds_count(b);
+  if (b->fds_other < 0)
+    return SIZE_MAX;
+  size_t room = room_of(rl.rlim_cur, b->fds_other);
+  if (!fresh && b->nconns < room && b->nconns + FDS_NEAR >= room) {
+    fds_count(b); /* about to let one in near the cap: count again */
+    if (b->fds_other < 0)
+      return SIZE_MAX;
+    room = room_of(rl.rlim_cur, b->fds_other);
+  }
+  *other = b->fds_other;
+  return room;
 }
 
 /* Refuse @fd (and close it) if it is one connection too many. */
@@ -248,7 +281,7 @@ static bool refused_over_cap(struct gpuipc__broker *b, int fd,
     return true;
   }
   long other;
-  size_t room = conns_room(b->nconns, &other);
+  size_t room = conns_room(b, &other);
   if (b->nconns >= room) {
     refuse(b, fd, cred->pid, -EUSERS,
            "domain %s has %zu connections, the most its broker (pid %d) "

@@ -149,6 +149,11 @@ struct gpuipc__broker {
   size_t conns_max, conns_max_uid;
   unsigned long long nofile; /* the soft open-file limit at start */
   int spare_fd;              /* given up to answer a connection at EMFILE */
+  /* Descriptors the process held besides connections at the last count
+   * (-1: none yet), when, and connections taken since (broker_conn.c). */
+  long fds_other;
+  uint64_t fds_at;
+  unsigned fds_age;
   uint64_t accept_rest;      /* listener not polled before (0: polled) */
   struct uid_count *uids;
   size_t nuids, capuids;

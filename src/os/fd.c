@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -198,9 +199,14 @@ close_fd:
   return rc;
 }
 
-long gpuipc__fds_open(void)
+long gpuipc__fds_open(pid_t pid)
 {
-  DIR *d = opendir("/proc/self/fd");
+  char path[64];
+  if (pid == 0)
+    snprintf(path, sizeof(path), "/proc/self/fd");
+  else
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(path);
   if (d == NULL)
     return -1;
   long n = 0;
@@ -209,5 +215,5 @@ long gpuipc__fds_open(void)
     if (e->d_name[0] != '.')
       n++;
   closedir(d);
-  return n - 1; /* not the directory's own descriptor */
+  return pid == 0 ? n - 1 : n; /* not the directory's own descriptor */
 }

@@ -204,8 +204,9 @@ struct gpuipc__proc_id {
 };
 /* Cached; recomputed in a forked child. */
 const struct gpuipc__proc_id *gpuipc__proc_self(void);
-/* Descriptors this process has open now (/proc/self/fd), -1 unknown. */
-long gpuipc__fds_open(void);
+/* Descriptors process @pid (0: this one) has open now (/proc/PID/fd),
+ * -1 unknown. */
+long gpuipc__fds_open(pid_t pid);
 /*
  * Whether @pid (in our pid namespace) still exists (kill(pid, 0)); a zombie
  * (dead, not yet reaped) counts as gone.

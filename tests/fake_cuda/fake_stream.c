@@ -731,20 +731,14 @@ FAKE_HIDDEN CUresult fake_cuIpcOpenEventHandle(CUevent *ph, CUipcEventHandle h)
     close(fd);
   if (fd2 >= 0)
     close(fd2);
-  if (e->page == NULL || e->bell == NULL) {
+  e->flags = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  e->opened = true;
+  e->page_fd = -1;
+  if (e->page == NULL || e->bell == NULL || dead_use(e)) {
     if (e->page != NULL)
       munmap(e->page, PAGE);
     if (e->bell != NULL)
       munmap(e->bell, PAGE);
-    free(e);
-    return CUDA_ERROR_INVALID_HANDLE;
-  }
-  e->flags = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-  e->opened = true;
-  e->page_fd = -1;
-  if (dead_use(e)) {
-    munmap(e->page, PAGE);
-    munmap(e->bell, PAGE);
     free(e);
     return CUDA_ERROR_INVALID_HANDLE;
   }
