@@ -1066,12 +1066,18 @@ typedef struct gpuipc_segment_opts {
    * (GPU kinds; default NULL).
    */
   void *stream;
+  /*
+   * With GPUIPC_CREATE: publish this buffer under the name instead of
+   * allocating one (memory that is already written, e.g. tensors born in
+   * gpuipc memory): see gpuipc_segment_open (default NULL).
+   */
+  gpuipc_buf_t *buf;
 } gpuipc_segment_opts_t;
 
 /* Every field at its default. */
 #define GPUIPC_SEGMENT_OPTS_INIT                                               \
   {sizeof(gpuipc_segment_opts_t), 0, GPUIPC_KIND_AUTO, -1, 0,                  \
-   GPUIPC_TIMEOUT_DEFAULT, NULL}
+   GPUIPC_TIMEOUT_DEFAULT, NULL, NULL}
 
 /*
  * gpuipc_segment_open - open the segment @name in @dom, as a buffer.
@@ -1097,6 +1103,18 @@ typedef struct gpuipc_segment_opts {
  *   stream: an opener that gets a published segment of a GPU kind makes
  *        this stream wait (without blocking the host) for the writes its
  *        creator ordered before gpuipc_segment_publish.
+ *   buf: with GPUIPC_CREATE, the memory of the new segment: a buffer this
+ *        process allocated (gpuipc_buf_alloc; not an imported one, not a
+ *        segment already). No copy is made: openers map these very bytes,
+ *        and see what this process writes into them later. GPUIPC_EXCL is
+ *        implied (-EEXIST: the name exists or is being filled; @buf is
+ *        left as it was). bytes must be 0 or the buffer's size, kind AUTO
+ *        or its kind, device -1 or its device. *@out is @buf with one more
+ *        reference (the segment's): the caller's own reference stays its
+ *        own. Filling and publishing go as for memory the call allocates
+ *        (GPUIPC_SCRATCH: published at once). Lifetime as for the kind:
+ *        HOST and VMM memory then outlives every reference of this process
+ *        while another process holds the segment.
  * @out: the buffer with one reference; release it with gpuipc_buf_release.
  *        Opening a segment this process already holds returns the same
  *        buffer (one mapping, one more reference).
@@ -1108,7 +1126,9 @@ typedef struct gpuipc_segment_opts {
  * that goes before publishing frees the name for the next CREATE opener.
  * Returns 0; -EINVAL (NULL argument, bad name — the sentence gives the
  * rule —, opts->size below sizeof(size_t), unknown flags or kind, EXCL or
- * SCRATCH without CREATE, CREATE with bytes 0, a bad timeout); -EFBIG;
+ * SCRATCH without CREATE, CREATE with bytes 0, a bad timeout; buf without
+ * CREATE, imported, or of another size, kind or device than asked);
+ * -EBUSY (buf is a segment already); -EFBIG;
  * -ENOENT; -EEXIST; -ETIMEDOUT; GPUIPC_E_MISMATCH; GPUIPC_E_LOST (the
  * broker failed over and no surviving process held the segment);
  * GPUIPC_E_PEER_GONE / -ETIMEDOUT when no broker could be reached; what

@@ -37,6 +37,17 @@ class Domain(_Boxed):
         flags = _c.CREATE | (_c.EXCL if exclusive else 0) | (_c.SCRATCH if scratch else 0)
         return self._open(name, nbytes, kind, device, flags, timeout, stream)
 
+    def lend_segment(self, name, buffer, scratch=False, timeout=DEFAULT):
+        """Publish ``buffer`` (a Buffer this process allocated, e.g. the
+        one ``gpuipc.torch.buffer_of`` finds under a tensor) as new segment
+        ``name``, without a copy: openers map these very bytes and see later
+        writes. Raises Exists if the name is taken. Then ``publish()``
+        (ordered after a stream's work), or ``scratch``: published at once."""
+        flags = _c.CREATE | (_c.SCRATCH if scratch else 0)
+        box = _c.segment_open(self._h(), name, 0, _kind(AUTO), -1, flags, _ms(timeout),
+                              None, buffer._h())
+        return Segment._wrap(box, name, self)
+
     def open_segment(self, name, wait=False, timeout=DEFAULT, nbytes=0, kind=AUTO,
                      device=-1, stream=None):
         """Open published segment ``name``; ``wait`` waits for its publication."""

@@ -196,9 +196,10 @@ static PyObject *py_segment_open(PyObject *self, PyObject *args)
   int kind, device, timeout_ms;
   unsigned flags;
   void *stream;
-  if (!PyArg_ParseTuple(args, "O&sniiIiO&", gpuipc__py_domain, &dom, &name,
+  gpuipc_buf_t *own = NULL;
+  if (!PyArg_ParseTuple(args, "O&sniiIiO&|O&", gpuipc__py_domain, &dom, &name,
                         &bytes, &kind, &device, &flags, &timeout_ms,
-                        gpuipc__py_stream, &stream))
+                        gpuipc__py_stream, &stream, gpuipc__py_opt_buf, &own))
     return NULL;
   if (bytes < 0) {
     PyErr_SetString(PyExc_ValueError, "nbytes must be >= 0");
@@ -211,6 +212,7 @@ static PyObject *py_segment_open(PyObject *self, PyObject *args)
   o.flags = flags;
   o.timeout_ms = timeout_ms;
   o.stream = stream;
+  o.buf = own;
   gpuipc_buf_t *buf = NULL;
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_segment_open(dom, name, &o, &buf));

@@ -187,6 +187,7 @@ struct seg_opts {
   unsigned flags;
   int timeout_ms; /* < 0: forever */
   void *stream;
+  gpuipc_buf_t *buf; /* CREATE: publish this buffer, allocate nothing */
 };
 
 /* Create @name: allocate (@own, kept across retries) and hand it over. */
@@ -279,6 +280,10 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_segment_open: out of memory");
+  if (o->buf != NULL) {
+    own = o->buf; /* the segment's reference, if it is made */
+    gpuipc__buf_ref(own);
+  }
   int rc;
   for (;;) {
     rc = gpuipc__seg_request(d, name, o->size, o->kind, o->flags,
@@ -301,6 +306,43 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
     gpuipc_buf_release(own);
   free(r);
   return rc;
+}
+
+/*
+ * A CREATE of existing buffer @o->buf: it must be this process's own, not
+ * a segment yet, and what the other options ask for (they take its size);
+ * EXCL is implied: an existing name is never opened in its place.
+ */
+static int adopt_check(const char *name, struct seg_opts *o)
+{
+  const gpuipc_buf_t *b = o->buf;
+  if (!(o->flags & GPUIPC_CREATE))
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): opts->buf needs "
+                       "GPUIPC_CREATE", name);
+  if (b->imported)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): opts->buf is "
+                       "memory of another process (imported)", name);
+  if (o->size != 0 && o->size != b->size)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): bytes %zu but "
+                       "opts->buf has %zu", name, o->size, b->size);
+  if (o->kind != GPUIPC_KIND_AUTO && o->kind != b->kind)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): kind %s but "
+                       "opts->buf is %s", name, gpuipc_kind_name(o->kind),
+                       gpuipc_kind_name(b->kind));
+  if (o->device >= 0 && o->device != b->device)
+    return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): device %d but "
+                       "opts->buf is on %d", name, o->device, b->device);
+  pthread_mutex_lock(&gpuipc__seg_mu);
+  bool segment = gpuipc__seg_entry_find(b) != NULL;
+  pthread_mutex_unlock(&gpuipc__seg_mu);
+  if (segment)
+    return gpuipc__err(-EBUSY, "gpuipc_segment_open(%s): opts->buf is a "
+                       "segment already", name);
+  o->size = b->size;
+  o->kind = b->kind;
+  o->device = b->device;
+  o->flags |= GPUIPC_EXCL;
+  return 0;
 }
 
 /* The caller's options: its prefix of the struct, defaults beyond it. */
@@ -326,7 +368,7 @@ static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
     return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_%s needs "
                        "GPUIPC_CREATE", name,
                        u.flags & GPUIPC_EXCL ? "EXCL" : "SCRATCH");
-  if ((u.flags & GPUIPC_CREATE) && u.bytes == 0)
+  if ((u.flags & GPUIPC_CREATE) && u.bytes == 0 && u.buf == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): GPUIPC_CREATE "
                        "needs a size (bytes) above 0", name);
   if (u.bytes > GPUIPC_SIZE_MAX_ABSURD)
@@ -344,7 +386,8 @@ static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
   if (o->timeout_ms < 0)
     o->timeout_ms = -1;
   o->stream = u.stream;
-  return 0;
+  o->buf = u.buf;
+  return o->buf != NULL ? adopt_check(name, o) : 0;
 }
 
 int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
