@@ -1104,8 +1104,9 @@ typedef struct gpuipc_segment_opts {
  *        this stream wait (without blocking the host) for the writes its
  *        creator ordered before gpuipc_segment_publish.
  *   buf: with GPUIPC_CREATE, the memory of the new segment: a buffer this
- *        process allocated (gpuipc_buf_alloc; not an imported one, not a
- *        segment already). No copy is made: openers map these very bytes,
+ *        process allocated (gpuipc_buf_alloc; not an imported one; it may
+ *        be a segment under other names already, each name then keeps it).
+ *        No copy is made: openers map these very bytes,
  *        and see what this process writes into them later. GPUIPC_EXCL is
  *        implied (-EEXIST: the name exists or is being filled; @buf is
  *        left as it was). bytes must be 0 or the buffer's size, kind AUTO
@@ -1128,7 +1129,7 @@ typedef struct gpuipc_segment_opts {
  * rule —, opts->size below sizeof(size_t), unknown flags or kind, EXCL or
  * SCRATCH without CREATE, CREATE with bytes 0, a bad timeout; buf without
  * CREATE, imported, or of another size, kind or device than asked);
- * -EBUSY (buf is a segment already); -EFBIG;
+ * -EFBIG;
  * -ENOENT; -EEXIST; -ETIMEDOUT; GPUIPC_E_MISMATCH; GPUIPC_E_LOST (the
  * broker failed over and no surviving process held the segment);
  * GPUIPC_E_PEER_GONE / -ETIMEDOUT when no broker could be reached; what

@@ -7,9 +7,10 @@
  *  - the memory outlives both of the lender's references while the reader
  *    holds it (HOST);
  *  - GPUIPC_SCRATCH publishes it at once;
- *  - misuse gets -EINVAL / -EBUSY / -EEXIST and costs the buffer nothing:
- *    no CREATE, another size, kind or device, an imported buffer, a buffer
- *    that is a segment already, a name that exists or is being filled;
+ *  - misuse gets -EINVAL / -EEXIST and costs the buffer nothing: no
+ *    CREATE, another size, kind or device, an imported buffer, a name that
+ *    exists or is being filled;
+ *  - one buffer under two names: the same bytes, each name keeps them;
  *  - an options struct of the size before the field ignores what lies
  *    past it.
  * HOST kind: runs anywhere.
@@ -163,17 +164,26 @@ static void misuse(void)
   o = lend_opts(theirs, GPUIPC_CREATE);
   refused(&o, "m2", -EINVAL, "imported");
 
-  /* Lent once; a second name for it is refused; it lends fine still. */
-  gpuipc_buf_t *seg;
+  /* After all that, it lends fine; and under a second name too: both
+   * names are the same bytes, and each keeps them. */
+  gpuipc_buf_t *seg, *seg2;
   o = lend_opts(b, GPUIPC_CREATE | GPUIPC_SCRATCH);
   ASSERT_OK(gpuipc_segment_open(dom, "m3", &o, &seg));
-  refused(&o, "m4", -EBUSY, "segment already");
+  ASSERT_OK(gpuipc_segment_open(dom, "m4", &o, &seg2));
+  ASSERT_PTR_EQ(seg2, b);
   PEER_OK(&other, "fopen m3 0 -");
   PEER_OK(&other, "check m3 5");
+  PEER_OK(&other, "fill m3 6");
+  PEER_OK(&other, "fopen m4 0 -");
+  PEER_OK(&other, "check m4 6");
   ASSERT_OK(gpuipc_segment_unlink(dom, "m3"));
   ASSERT_OK(gpuipc_buf_release(seg));
+  ASSERT_OK(gpuipc_buf_release(seg2));
   ASSERT_OK(gpuipc_buf_release(theirs));
   ASSERT_OK(gpuipc_buf_release(b));
+  PEER_OK(&other, "release m3");
+  PEER_OK(&other, "check m4 6");
+  ASSERT_OK(gpuipc_segment_unlink(dom, "m4"));
   PEER_OK(&other, "unlink taken");
   peer_finish(&other);
 }

@@ -6,10 +6,11 @@
 
 rtt: a 4 KiB tensor goes to a peer and back, N times: gpuipc Channel (HOST
 kind, and CUDA when a GPU is there) vs a torch.multiprocessing queue pair.
-weights: 291 bf16 tensors (13.48 GB) from one process to another on GPU 0:
-gpuipc per-tensor zero-copy sends (allocator), one-bucket (state_dict),
-and torch.multiprocessing per-tensor handles (first and second sync),
-one bucket, and a one-process copy_ as the floor."""
+weights: 291 bf16 tensors (13.48 GB) from one process to another on GPU 0,
+first and second sync: torch.multiprocessing per-tensor handles and a
+hand-made bucket (zero-copy and copied), gpuipc's state_dict as snapshots
+and lent from gpuipc.torch.mem_pool() (zero-copy and copied), and a
+one-process copy_ as the floor."""
 import os
 import sys
 import time
@@ -113,7 +114,15 @@ def _sync_secs(fn):
     return time.perf_counter() - t0
 
 
+def _warm_cuda():
+    """A receiver as a serving process is: CUDA up before the first sync."""
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+
+
 def _mp_receiver(q, done, rounds):
+    _warm_cuda()
+    done.put("ready")
     dst = None
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -132,6 +141,7 @@ def weights_mp(sd, rounds=2):
     q, done = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_mp_receiver, args=(q, done, rounds))
     p.start()
+    done.get()
     out = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -153,80 +163,97 @@ def _views(flat, shapes):
     return out
 
 
-def _mp_bucket_receiver(q, done, copy):
-    flat = q.get()
-    if copy:
-        dst = torch.empty_like(flat)
-        dst.copy_(flat)
-        torch.cuda.synchronize()
-    else:
-        sd = _views(flat, llama_shapes())  # the 291 tensors, zero-copy
-        del sd
-    del flat
-    done.put(1)
+def _mp_bucket_receiver(q, done, copy, rounds):
+    _warm_cuda()
+    done.put("ready")
+    dst = None
+    for _ in range(rounds):
+        flat = q.get()  # the second time torch finds the handle open
+        if copy:
+            if dst is None:
+                dst = torch.empty_like(flat)
+            dst.copy_(flat)
+            torch.cuda.synchronize()
+        else:
+            sd = _views(flat, llama_shapes())  # the 291 tensors, zero-copy
+            del sd
+        del flat
+        done.put(1)
 
 
-def weights_mp_bucket(sd, copy):
+def weights_mp_bucket(sd, copy, rounds=2):
     """A hand-made bucket: the sender concatenates (not timed, as if its
     weights lived there), one handle crosses, the receiver cuts views or
-    copies the bucket into one of its own."""
+    copies the bucket into one of its own (allocated the first time)."""
     flat = torch.cat([v.reshape(-1) for v in sd.values()])
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_mp_bucket_receiver, args=(q, done, copy))
+    p = ctx.Process(target=_mp_bucket_receiver, args=(q, done, copy, rounds))
     p.start()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    q.put(flat)
     done.get()
-    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        q.put(flat)
+        done.get()
+        out.append(time.perf_counter() - t0)
     p.join()
     del flat
-    return dt
+    return out
 
 
 def _gp_sd_receiver(dom, rounds, copy):
     from gpuipc import state_dict
-    with gpuipc.Domain(dom) as d:
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w", device=0) as rd, \
+            d.channel("go", timeout=600) as ch:
+        _warm_cuda()
+        ch.recv(timeout=600).release()  # the channel warmed up before timing
+        ch.send(torch.zeros(1))
         dst = None
         for r in range(rounds):
-            with d.channel(f"go{r}", timeout=600) as ch:
-                ch.recv(timeout=600).release()
-                if copy:
-                    if dst is None:
-                        with state_dict.open(d, "w", device=0) as sd:
-                            dst = {k: torch.empty_like(v) for k, v in sd.items()}
-                    state_dict.copy_into(d, "w", dst)
-                else:
-                    with state_dict.open(d, "w", device=0) as sd:
-                        assert len(sd) == 291
-                ch.send(torch.zeros(1))
+            ch.recv(timeout=600).release()
+            t0 = time.perf_counter()
+            if copy:
+                if dst is None:
+                    with rd.open() as sd:
+                        dst = {k: torch.empty_like(v) for k, v in sd.items()}
+                rd.copy_into(dst)
+            else:
+                with rd.open() as sd:
+                    assert len(sd) == 291
+            ch.send(torch.tensor([time.perf_counter() - t0], dtype=torch.float64))
 
 
-def weights_gpuipc_bucket(sd, copy, rounds=2):
-    """gpuipc's state_dict: publish (packs the tensors into a new version's
-    segment), then the receiver opens it as 291 zero-copy tensors, or
-    copies it into tensors of its own (the first round allocates them, so
-    its time includes that)."""
+def weights_gpuipc(sd, copy, lend, rounds=2):
+    """gpuipc's state_dict, Publisher and Reader kept between syncs. Without
+    ``lend`` each version is a snapshot (the tensors are copied into a new
+    segment); with it, the tensors (born in gpuipc.torch.mem_pool()) are
+    lent in place. The receiver opens 291 zero-copy tensors, or copies into
+    tensors of its own (the first round allocates them, so its time
+    includes that)."""
     from gpuipc import state_dict
-    dom = f"w{os.getpid()}{int(copy)}"
+    dom = f"w{os.getpid()}{int(copy)}{int(lend)}"
     p = mp.get_context("spawn").Process(target=_gp_sd_receiver,
                                         args=(dom, rounds, copy))
     p.start()
-    out = []
-    with gpuipc.Domain(dom) as d:
-        keep = []
+    out, parts = [], []
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w", lend=lend) as pub, \
+            d.channel("go", timeout=600) as ch:
+        ch.send(torch.zeros(1))
+        ch.recv(timeout=600).release()
         for r in range(rounds):
-            with d.channel(f"go{r}", timeout=600) as ch:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                ver, segs = state_dict.publish(d, "w", sd)
-                keep = [segs]
-                ch.send(torch.zeros(1))
-                ch.recv(timeout=600).release()
-                out.append(time.perf_counter() - t0)
-        del keep, segs
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            pub.publish(sd)
+            t1 = time.perf_counter()
+            ch.send(torch.zeros(1))
+            with ch.recv(timeout=600) as v:
+                took = float(torch.from_dlpack(v)[0])
+            out.append(time.perf_counter() - t0)
+            parts.append(f"publish {1e3 * (t1 - t0):.1f} ms, receiver {1e3 * took:.1f} ms")
     p.join()
+    print("   " + " | ".join(parts), flush=True)
     return out
 
 
@@ -236,22 +263,35 @@ def bench_weights():
     print(f"state dict: {len(sd)} tensors, {total / 1e9:.2f} GB", flush=True)
     dst = {k: torch.empty_like(v) for k, v in sd.items()}
     t = _sync_secs(lambda: [dst[k].copy_(v, non_blocking=True) for k, v in sd.items()])
-    print(f"one-process copy_ (floor): {t:.3f} s  {total / t / 1e9:.1f} GB/s", flush=True)
+    print(f"one-process copy_ (floor): {t:.4f} s  {total / t / 1e9:.1f} GB/s", flush=True)
     del dst
     torch.cuda.empty_cache()
     a, b = weights_mp(sd)
-    print(f"torch.multiprocessing per-tensor handles: first {a:.3f} s, second {b:.3f} s",
+    print(f"torch.multiprocessing per-tensor handles: first {a:.4f} s, second {b:.4f} s",
           flush=True)
     torch.cuda.empty_cache()
-    print(f"torch.multiprocessing one bucket: zero-copy {weights_mp_bucket(sd, False):.4f} s, "
-          f"copied {weights_mp_bucket(sd, True):.4f} s", flush=True)
-    torch.cuda.empty_cache()  # the buckets' memory, cached by PyTorch
-    a, b = weights_gpuipc_bucket(sd, False)
-    print(f"gpuipc state_dict zero-copy (publish + open): first {a:.4f} s, second {b:.4f} s",
-          flush=True)
-    a, b = weights_gpuipc_bucket(sd, True)
-    print(f"gpuipc state_dict copied (publish + copy_into): first {a:.4f} s, second {b:.4f} s",
-          flush=True)
+    for copy in (False, True):
+        a, b = weights_mp_bucket(sd, copy)
+        torch.cuda.empty_cache()  # the bucket's memory, cached by PyTorch
+        print(f"torch.multiprocessing one bucket, {'copied' if copy else 'zero-copy'}: "
+              f"first {a:.4f} s, second {b:.4f} s", flush=True)
+    for copy in (False, True):
+        a, b = weights_gpuipc(sd, copy, lend=False)
+        print(f"gpuipc state_dict snapshot, {'copied' if copy else 'zero-copy'} "
+              f"(publish + {'copy_into' if copy else 'open'}): first {a:.4f} s, "
+              f"second {b:.4f} s", flush=True)
+    # The same weights born in gpuipc memory, as a trainer's would be.
+    from gpuipc import torch as gt
+    pool = gt.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        lent = {k: v.clone() for k, v in sd.items()}
+    del sd
+    torch.cuda.empty_cache()
+    for copy in (False, True):
+        a, b = weights_gpuipc(lent, copy, lend=True)
+        print(f"gpuipc state_dict lent, {'copied' if copy else 'zero-copy'} "
+              f"(publish + {'copy_into' if copy else 'open'}): first {a:.4f} s, "
+              f"second {b:.4f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,10 @@ class _Registry:
         without working out d's bounds, while no buffer is registered)."""
         if not self._starts:
             return None
-        dev_type, lo, hi = d.device_type, d.lo, d.hi
+        return self.find_span(d.device_type, d.lo, d.hi)
+
+    def find_span(self, dev_type, lo, hi):
+        """The live buffer that holds bytes [lo, hi) of ``dev_type``, or None."""
         with self._lock:
             i = bisect.bisect_right(self._starts, (dev_type, lo)) - 1
             if i < 0 or self._starts[i][0] != dev_type:

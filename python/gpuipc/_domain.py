@@ -19,6 +19,8 @@ class Domain(_Boxed):
         self._box = _c.domain_join(name, _ms(timeout, default_ms=0), flags)
 
     def leave(self):
+        for p in self.__dict__.pop("_sd_publishers", {}).values():
+            p.close()  # state_dict.publish(lend=True)'s
         box = self._take_box()
         if box is not None:
             _c.close(box)

@@ -1,17 +1,32 @@
 """Weights in one step: a whole state dict under one name.
 
-The publisher packs every tensor into one segment (256-byte aligned) of
-version N, "NAME.vN", with a JSON manifest in "NAME.vN.m" (HOST), then
-points the 8-byte HOST segment "NAME" at N and unlinks version N-1, which
-lives on for readers that still hold it. Readers open the newest version
-as a dict of zero-copy tensors, or copy it into tensors of their own.
-Segments outlive the publisher while held (HOST and VMM memory)."""
+A version N is a JSON manifest in HOST segment "NAME.vN.m" that places
+every tensor in a segment: "NAME.vN" holds copies (packed, 256-byte
+aligned) of the tensors that were copied, and, with ``lend``, tensors that
+already lie in gpuipc memory (``gpuipc.torch.mem_pool`` /
+``use_allocator``, or a ``gpuipc.Buffer``) are not copied: the buffer under
+them is lent as a segment of its own, "NAME.<token>.<k>", which keeps its
+name from version to version while the publisher lends it. The 8-byte
+HOST segment "NAME" holds N; publishing N unlinks N-1's segments that N
+does not use (readers that hold them keep them).
+
+Copied versions are snapshots: a reader of N sees N even after N+1 is out.
+Lent tensors are the publisher's memory: readers see its later writes, so
+the publisher writes them only while no reader uses the version (as RL
+trainers and rollout engines alternate anyway).
+
+Publisher and Reader keep their segments between calls: a reader's second
+sync of a lent state dict maps nothing and makes no view anew. The module
+functions publish / open / copy_into are the one-shot forms."""
+import bisect
 import json
+import os
 import struct
+import threading
 
 from ._common import HOST, VMM, _stream  # noqa: F401
 from ._domain import Domain  # noqa: F401
-from ._errors import NotFound
+from ._errors import InvalidArgument, NotFound
 
 _ALIGN = 256
 
@@ -19,16 +34,6 @@ _ALIGN = 256
 def _torch():
     import torch
     return torch
-
-
-def _layout(sd):
-    entries, off = [], 0
-    for name, t in sd.items():
-        n = t.numel() * t.element_size()
-        entries.append({"name": name, "dtype": str(t.dtype).replace("torch.", ""),
-                        "shape": list(t.shape), "offset": off, "nbytes": n})
-        off += (n + _ALIGN - 1) // _ALIGN * _ALIGN
-    return entries, max(off, _ALIGN)
 
 
 def _as_bytes(buf):
@@ -42,50 +47,272 @@ def _tensor_at(raw, e):
         e["shape"])
 
 
-def publish(domain, name, sd, device=None, stream=None, timeout=30):
-    """Publish state dict ``sd`` (name -> torch tensor) under ``name`` as a
-    new version; returns (version, segments): keep the segments while
-    this version should stay openable by name. ``device``: the GPU to hold
-    it (default: that of the first tensor; None and CPU tensors: HOST)."""
-    torch = _torch()
-    entries, total = _layout(sd)
-    first = next(iter(sd.values()), None)
-    if device is None and first is not None and first.is_cuda:
-        device = first.device.index
+def _entry(name, t):
+    return {"name": name, "dtype": str(t.dtype).replace("torch.", ""),
+            "shape": list(t.shape), "nbytes": t.numel() * t.element_size()}
+
+
+def _buffer_under(t):
+    """(the gpuipc Buffer that holds all of contiguous tensor ``t``, whether
+    the caller must release it), or (None, False)."""
+    if not t.is_contiguous():
+        return None, False
+    from ._buffer import _registry
+    from ._common import DL_CPU, DL_CUDA
+    lo = t.data_ptr()
+    hi = lo + t.numel() * t.element_size()
+    if t.is_cuda:
+        from . import _gpuipc as _c
+        from ._buffer import Buffer
+        box = _c.alloc_lookup(lo)  # a block of PyTorch's allocator on gpuipc
+        if box is not None:
+            buf = Buffer._wrap(box)
+            if hi <= buf.ptr + buf.nbytes:
+                return buf, True
+            buf.release()
+    return _registry.find_span(DL_CUDA if t.is_cuda else DL_CPU, lo, hi), False
+
+
+def _create_fresh(domain, name, nbytes, **kw):
+    """Create segment ``name``; one left by a publisher that died before
+    it made its version current is unlinked first."""
+    from ._errors import Exists
     try:
-        head = domain.open_segment(name, nbytes=8, timeout=0)
+        return domain.create_segment(name, nbytes, exclusive=True, **kw)
+    except Exists:
+        try:
+            domain.unlink(name)
+        except NotFound:
+            pass
+        return domain.create_segment(name, nbytes, exclusive=True, **kw)
+
+
+def _parallel(fn, items, workers=8):
+    """fn(item) for every item, ``workers`` at a time (the C calls release
+    the GIL: broker requests and CUDA imports overlap); the first error is
+    raised once all are done."""
+    if len(items) <= 1:
+        for x in items:
+            fn(x)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(min(workers, len(items))) as ex:
+        for f in [ex.submit(fn, x) for x in items]:
+            f.result()
+
+
+def _read_u64(seg):
+    return struct.unpack("<Q", bytes(seg.numpy()[:8]))[0]
+
+
+def _manifest(domain, name, ver, timeout):
+    """Version ``ver``'s manifest (a dict), or None when it is gone."""
+    try:
+        m = domain.open_segment(f"{name}.v{ver}.m", wait=True, timeout=timeout)
     except NotFound:
-        head = domain.create_segment(name, 8, kind=HOST, scratch=True)
-    cur = struct.unpack("<Q", bytes(head.numpy()[:8]))[0]
-    ver = cur + 1
-    kind = HOST if device is None else VMM
-    dev = -1 if device is None else device
-    data = domain.create_segment(f"{name}.v{ver}", total, kind=kind, device=dev,
-                                 exclusive=True)
-    raw = _as_bytes(data)
-    s = stream if stream is not None else (torch.cuda.current_stream(dev)
-                                           if device is not None else None)
-    ctx = torch.cuda.stream(s) if device is not None else _Null()
-    with ctx:
-        for e, t in zip(entries, sd.values()):
-            _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
-    data.publish(s if device is not None else None)
-    man = json.dumps({"version": ver, "kind": "host" if device is None else "vmm",
-                      "nbytes": total, "tensors": entries}).encode()
-    mseg = domain.create_segment(f"{name}.v{ver}.m", len(man) + 8, kind=HOST, exclusive=True)
-    mseg.numpy()[:8] = list(struct.pack("<Q", len(man)))
-    mseg.numpy()[8:8 + len(man)] = list(man)
-    mseg.publish()
-    head.numpy()[:8] = list(struct.pack("<Q", ver))  # readers now find ver
-    if cur:
-        for old in (f"{name}.v{cur}", f"{name}.v{cur}.m"):
+        return None
+    try:
+        a = m.numpy()
+        n = struct.unpack("<Q", bytes(a[:8]))[0]
+        return json.loads(bytes(a[8:8 + n]))
+    finally:
+        m.release()
+
+
+class Publisher:
+    """Publishes versions of state dict ``name`` in ``domain``.
+
+    ``lend``: tensors lying in gpuipc memory are lent in place (no copy;
+    see the module's text), the others copied. ``device``: the GPU that
+    holds copies (default: that of the first tensor; CPU tensors: HOST)."""
+
+    def __init__(self, domain, name, lend=False, device=None, timeout=30):
+        self.domain, self.name, self.lend = domain, name, lend
+        self.device, self.timeout = device, timeout
+        self._token = os.urandom(3).hex()
+        self._serial = 0
+        self._head = None
+        self._lent = {}    # buffer address -> (segment name, Segment)
+        self._starts = []  # sorted addresses of _lent, for _lent_under
+        self._lock = threading.Lock()
+        self._keep = ()    # this version's copied segment and manifest
+        self._names = ()   # the segments this publisher's newest version names
+        self.version = 0
+
+    def _head_segment(self):
+        if self._head is None:
             try:
-                domain.unlink(old)
+                self._head = self.domain.open_segment(self.name, nbytes=8, timeout=0)
+            except NotFound:
+                self._head = self.domain.create_segment(self.name, 8, kind=HOST,
+                                                        scratch=True)
+        return self._head
+
+    def _lent_under(self, t):
+        """(name, Segment) of a buffer lent already that holds all of
+        contiguous tensor ``t``, or None. (Held, a lent buffer's addresses
+        cannot come to another buffer.)"""
+        if not self._starts or not t.is_contiguous():
+            return None
+        lo = t.data_ptr()
+        i = bisect.bisect_right(self._starts, lo) - 1
+        if i < 0:
+            return None
+        name, seg = self._lent[self._starts[i]]
+        if lo + t.numel() * t.element_size() > seg.ptr + seg.nbytes or (
+                seg.kind == "host") == t.is_cuda:
+            return None
+        return name, seg
+
+    def _lend_new(self, sd):
+        """Lend, several at a time, the buffers under ``sd``'s tensors that
+        are not lent yet (each is a request to the broker and, for GPU
+        memory, an export)."""
+        new = {}
+        for t in sd.values():
+            if self._lent_under(t) is None:
+                buf, owned = _buffer_under(t)
+                if buf is None:
+                    continue
+                if buf.ptr in new:
+                    if owned:
+                        buf.release()
+                    continue
+                new[buf.ptr] = (buf, owned)
+        if not new:
+            return
+        names = {}
+        for ptr in new:
+            self._serial += 1
+            names[ptr] = f"{self.name}.{self._token}.{self._serial}"
+        _parallel(lambda ptr: self._lend(names[ptr], *new[ptr]), list(new))
+
+    def _lend(self, seg_name, buf, owned):
+        """Lend ``buf`` as segment ``seg_name``; one that cannot be lent here
+        (another process's memory) is left to be copied."""
+        try:
+            seg = self.domain.lend_segment(seg_name, buf, scratch=True, timeout=self.timeout)
+        except InvalidArgument as e:
+            if "imported" not in e.detail:
+                raise
+            return  # another process's memory: copied instead
+        finally:
+            if owned:
+                buf.release()  # the segment holds this very buffer
+        with self._lock:
+            self._lent[seg.ptr] = (seg_name, seg)
+            bisect.insort(self._starts, seg.ptr)
+
+    def publish(self, sd, stream=None):
+        """Publish ``sd`` (name -> torch tensor) as the next version; returns
+        its number. Work queued on ``stream`` (default: PyTorch's current
+        stream) before the call is in it."""
+        torch = _torch()
+        entries, placed, segs, copies, off = [], [], {}, [], 0
+        first = next(iter(sd.values()), None)
+        if self.lend:
+            self._lend_new(sd)
+        for k, t in sd.items():
+            e = _entry(k, t)
+            lent = self._lent_under(t) if self.lend else None
+            if lent is not None:
+                seg_name, seg = lent
+                e["seg"] = segs.setdefault(seg_name, len(segs))
+                e["offset"] = t.data_ptr() - seg.ptr
+                placed.append(t)
+            else:
+                e["seg"], e["offset"] = -1, off
+                off += (e["nbytes"] + _ALIGN - 1) // _ALIGN * _ALIGN
+                copies.append((e, t))
+            entries.append(e)
+        head = self._head_segment()
+        cur = _read_u64(head)
+        ver = cur + 1
+        dev = self.device
+        if dev is None and first is not None and first.is_cuda:
+            dev = first.device.index
+        cuda = dev is not None or any(t.is_cuda for t in placed)
+        s = stream if stream is not None else (
+            torch.cuda.current_stream(dev) if cuda else None)
+        data = None
+        if copies:
+            data = _create_fresh(
+                self.domain, f"{self.name}.v{ver}", max(off, _ALIGN),
+                kind=HOST if dev is None else VMM, device=-1 if dev is None else dev,
+                timeout=self.timeout)
+            raw = _as_bytes(data)
+            with (torch.cuda.stream(s) if dev is not None else _Null()):
+                for e, t in copies:
+                    _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
+            data.publish(s if dev is not None else None)
+            data._keep_raw = raw
+        if placed and cuda and s is not None:
+            s.synchronize()  # readers find lent tensors written when they look
+        man = json.dumps({"version": ver, "copied": data is not None,
+                          "nbytes": off, "segments": sorted(segs, key=segs.get),
+                          "tensors": entries}).encode()
+        mseg = _create_fresh(self.domain, f"{self.name}.v{ver}.m", len(man) + 8, kind=HOST,
+                             timeout=self.timeout)
+        import numpy as np
+        a = mseg.numpy()
+        a[:8] = np.frombuffer(struct.pack("<Q", len(man)), np.uint8)
+        a[8:8 + len(man)] = np.frombuffer(man, np.uint8)
+        mseg.publish()
+        head.numpy()[:8] = np.frombuffer(struct.pack("<Q", ver), np.uint8)  # now ver
+        self._retire(cur, set(segs))
+        self._keep = tuple(x for x in (data, mseg) if x is not None)
+        self._names = ((f"{self.name}.v{ver}",) if data is not None else ()) + (
+            f"{self.name}.v{ver}.m",) + tuple(segs)
+        self.version = ver
+        return ver
+
+    def _retire(self, old, used):
+        """Unlink version ``old``'s segments that the new one does not use,
+        and let go of lent buffers no longer in it."""
+        if old == self.version:
+            names = self._names  # ours: no need to read its manifest
+        elif old:
+            prev = _manifest(self.domain, self.name, old, 0) or {}
+            names = (f"{self.name}.v{old}", f"{self.name}.v{old}.m") + tuple(
+                prev.get("segments", ()))
+        else:
+            names = ()
+        for n in names:
+            if n in used:
+                continue
+            try:
+                self.domain.unlink(n)
             except NotFound:
                 pass
-    # The publisher's own references: the broker and readers keep the rest.
-    data._keep_raw = raw
-    return ver, (head, data, mseg)
+        for ptr, (n, seg) in list(self._lent.items()):
+            if n not in used:
+                del self._lent[ptr]
+                self._starts.remove(ptr)
+                seg.release()
+        for seg in self._keep:
+            seg.release()
+        self._keep = ()
+
+    def segments(self):
+        """The segments this publisher holds for its newest version."""
+        return self._keep + tuple(seg for _, seg in self._lent.values())
+
+    def close(self):
+        """Let go of this publisher's references; the newest version stays
+        openable until a newer one or an unlink retires it (HOST and VMM
+        memory lives on in the domain)."""
+        for seg in self.segments():
+            seg.release()
+        self._lent, self._starts, self._keep = {}, [], ()
+        if self._head is not None:
+            self._head.release()
+            self._head = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
 
 
 class _Null:
@@ -98,13 +325,11 @@ class _Null:
 
 class SharedStateDict(dict):
     """name -> zero-copy tensor of one published version; ``release()``
-    (or a ``with`` block) lets the version go."""
+    (or a ``with`` block) drops the dict's tensors: the version's memory
+    goes once no tensor made from it is left."""
 
     def release(self):
         self.clear()
-        for s in self._segs:
-            s.release()
-        self._segs = ()
 
     def __enter__(self):
         return self
@@ -113,45 +338,144 @@ class SharedStateDict(dict):
         self.release()
 
 
+class Reader:
+    """Opens the newest version of state dict ``name`` again and again,
+    keeping the segments of lent tensors mapped (and their views made)
+    while versions keep using them. ``device``: the GPU to map GPU memory
+    on (-1: its own); ``stream``: the stream that waits for copied
+    versions' writes."""
+
+    def __init__(self, domain, name, device=-1, stream=None, timeout=30):
+        self.domain, self.name, self.device = domain, name, device
+        self.stream, self.timeout = stream, timeout
+        self._head = None
+        self._segs = {}   # lent segment name -> Segment
+        self._raws = {}   # lent segment name -> its bytes as a torch tensor
+        self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
+        self._lock = threading.Lock()
+        self.version = 0
+
+    def _newest(self):
+        if self._head is None:
+            self._head = self.domain.open_segment(self.name, wait=True,
+                                                  timeout=self.timeout)
+        for _ in range(100):
+            ver = _read_u64(self._head)
+            man = _manifest(self.domain, self.name, ver, self.timeout)
+            if man is not None:
+                return ver, man
+        raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
+
+    def open(self):
+        """The newest version as a SharedStateDict of zero-copy tensors. Its
+        memory stays mapped while a tensor of it is alive; the reader also
+        keeps lent segments mapped, and their tensors made, until a version
+        no longer uses them or ``close()``."""
+        ver, man = self._newest()
+        data = None
+        if man["copied"]:
+            data = self.domain.open_segment(f"{self.name}.v{ver}", wait=True,
+                                            timeout=self.timeout, device=self.device,
+                                            stream=self.stream)
+        out = SharedStateDict(self._make_views(man, data))
+        out.version = self.version = ver
+        return out
+
+    def _make_views(self, man, data):
+        names = man["segments"]
+
+        def open_one(n):
+            seg = self.domain.open_segment(n, wait=True, timeout=self.timeout,
+                                           device=self.device)
+            with self._lock:
+                self._segs[n] = seg
+        _parallel(open_one, [n for n in names if n not in self._segs])
+        for n in [n for n in self._segs if n not in names]:
+            del self._segs[n]  # unmapped once no tensor of it is left
+            self._raws.pop(n, None)
+        packed = _as_bytes(data) if data is not None else None
+        views, lent = {}, {}
+        for e in man["tensors"]:
+            if e["seg"] < 0:
+                views[e["name"]] = _tensor_at(packed, e)
+                continue
+            key = (names[e["seg"]], e["offset"], e["dtype"], tuple(e["shape"]))
+            t = self._views.get(key)
+            if t is None:
+                raw = self._raws.get(key[0])
+                if raw is None:
+                    raw = self._raws[key[0]] = _as_bytes(self._segs[key[0]])
+                t = _tensor_at(raw, e)
+            views[e["name"]] = lent[key] = t
+        self._views = lent
+        return views
+
+    def copy_into(self, target, stream=None):
+        """Copy the newest version into the tensors of ``target`` (a state
+        dict of the same names, shapes and dtypes) on ``stream`` (default:
+        PyTorch's current one); returns the version once the copies are done."""
+        torch = _torch()
+        first = next(iter(target.values()))
+        with self.open() as sd:
+            ctx = torch.cuda.stream(stream) if stream is not None else _Null()
+            with ctx:
+                for k, t in target.items():
+                    t.copy_(sd[k], non_blocking=True)
+            if first.is_cuda:
+                (stream or torch.cuda.current_stream()).synchronize()
+            return sd.version
+
+    def close(self):
+        """Let go of the reader's segments: each is unmapped once no tensor
+        made from it is left."""
+        self._segs, self._raws, self._views = {}, {}, {}
+        if self._head is not None:
+            self._head.release()
+            self._head = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+def publish(domain, name, sd, device=None, stream=None, timeout=30, lend=False):
+    """Publish state dict ``sd`` (name -> torch tensor) under ``name`` as a
+    new version (see Publisher); returns (version, segments). Without
+    ``lend``, keep the segments while this version should stay openable by
+    name. With ``lend``, the domain keeps one Publisher per name between
+    calls (a buffer keeps its segment from version to version; leaving the
+    domain lets go), and the segments are that publisher's."""
+    if lend:
+        pubs = domain.__dict__.setdefault("_sd_publishers", {})
+        p = pubs.get(name)
+        if p is None:
+            p = pubs[name] = Publisher(domain, name, lend=True, device=device,
+                                       timeout=timeout)
+        return p.publish(sd, stream), p.segments()
+    p = Publisher(domain, name, device=device, timeout=timeout)
+    ver = p.publish(sd, stream)
+    segs = p.segments()
+    p._keep = ()  # handed to the caller
+    p.close()
+    return ver, segs
+
+
 def open(domain, name, device=-1, timeout=30, stream=None):  # noqa: A001
     """The newest version of state dict ``name`` as a SharedStateDict of
     zero-copy tensors (on ``device``: the GPU to map a GPU version for)."""
-    head = domain.open_segment(name, wait=True, timeout=timeout)
+    r = Reader(domain, name, device=device, stream=stream, timeout=timeout)
     try:
-        for _ in range(100):
-            ver = struct.unpack("<Q", bytes(head.numpy()[:8]))[0]
-            try:
-                m = domain.open_segment(f"{name}.v{ver}.m", wait=True, timeout=timeout)
-                data = domain.open_segment(f"{name}.v{ver}", wait=True, timeout=timeout,
-                                           device=device, stream=stream)
-                break
-            except NotFound:
-                continue  # republished meanwhile: take the newer one
-        else:
-            raise NotFound(0, "ENOENT", f"state dict {name}: no stable version")
+        return r.open()
     finally:
-        head.release()
-    a = m.numpy()
-    n = struct.unpack("<Q", bytes(a[:8]))[0]
-    man = json.loads(bytes(a[8:8 + n]))
-    raw = _as_bytes(data)
-    out = SharedStateDict((e["name"], _tensor_at(raw, e)) for e in man["tensors"])
-    out.version = man["version"]
-    out._segs = (m, data)
-    return out
+        r.close()
 
 
 def copy_into(domain, name, target, stream=None, timeout=30):
     """Copy the newest version of ``name`` into the tensors of ``target``
     (a state dict of the same names, shapes and dtypes), on ``stream``."""
-    torch = _torch()
     first = next(iter(target.values()))
     dev = first.device.index if first.is_cuda else -1
-    with open(domain, name, device=dev, timeout=timeout, stream=stream) as sd:
-        ctx = torch.cuda.stream(stream) if stream is not None else _Null()
-        with ctx:
-            for k, t in target.items():
-                t.copy_(sd[k], non_blocking=True)
-        if first.is_cuda:
-            (stream or torch.cuda.current_stream()).synchronize()
-        return sd.version
+    with Reader(domain, name, device=dev, stream=stream, timeout=timeout) as r:
+        return r.copy_into(target, stream)

@@ -8,6 +8,27 @@ from ._buffer import Buffer
 from ._common import _kind
 
 _allocator = None
+_pool_allocator = None
+
+
+def _pluggable():
+    import torch
+    return torch.cuda.memory.CUDAPluggableAllocator(
+        _c.__file__, "gpuipc_torch_malloc", "gpuipc_torch_free")
+
+
+def mem_pool(kind="vmm"):
+    """A ``torch.cuda.MemPool`` whose blocks are gpuipc buffers: tensors made
+    under ``with torch.cuda.use_mem_pool(pool):`` are born shareable (sent
+    with no copy, lent in place by ``state_dict.Publisher(lend=True)``),
+    while the rest of the program keeps PyTorch's own allocator. ``kind``
+    applies to every gpuipc block made from now on."""
+    global _pool_allocator
+    import torch
+    _c.alloc_set_kind(_kind(kind))
+    if _pool_allocator is None:
+        _pool_allocator = _pluggable()
+    return torch.cuda.MemPool(_pool_allocator.allocator())
 
 
 def use_allocator(kind="vmm"):
@@ -18,14 +39,14 @@ def use_allocator(kind="vmm"):
     import torch
     if _allocator is None:
         _c.alloc_set_kind(_kind(kind))
-        _allocator = torch.cuda.memory.CUDAPluggableAllocator(
-            _c.__file__, "gpuipc_torch_malloc", "gpuipc_torch_free")
+        _allocator = _pluggable()
         torch.cuda.memory.change_current_allocator(_allocator)
     return _allocator
 
 
 def buffer_of(tensor):
-    """The gpuipc Buffer holding ``tensor``'s memory (use_allocator), or None."""
+    """The gpuipc Buffer holding ``tensor``'s memory (use_allocator,
+    mem_pool), or None."""
     box = _c.alloc_lookup(tensor.data_ptr())
     return None if box is None else Buffer._wrap(box)
 

@@ -178,5 +178,48 @@ def sd_read(dom, arg):
         say(same=same)
 
 
+def sd_lend_publish(dom, arg):
+    """Weights born in a gpuipc memory pool, lent in place (no copy); then
+    written in place and published again."""
+    import torch
+    from gpuipc import state_dict
+    from gpuipc import torch as gt
+    pool = gt.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        sd = {f"w{i}": make(i, 4096 * (i + 1)).to(torch.bfloat16) for i in range(8)}
+        sd["big"] = make(99, 8 << 20)  # a block of its own
+    other = make(100, 1000)  # PyTorch's own memory: copied
+    sd["other"] = other
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "sdl", lend=True) as pub:
+        ver = pub.publish(sd)
+        m = state_dict._manifest(d, "sdl", ver, 5)
+        say(published=ver, lent=sum(e["seg"] >= 0 for e in m["tensors"]),
+            segments=len(m["segments"]), copied=m["copied"])
+        sys.stdin.readline()
+        sd["big"].mul_(2)  # on the current stream; publish orders it
+        say(published=pub.publish(sd))
+        sys.stdin.readline()
+
+
+def sd_lend_read(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "sdl", device=0) as r:
+        v1 = r.open()
+        same = all(torch.equal(v1[f"w{i}"], make(i, 4096 * (i + 1)).to(torch.bfloat16))
+                   for i in range(8))
+        same = same and torch.equal(v1["big"], make(99, 8 << 20)) and torch.equal(
+            v1["other"], make(100, 1000))
+        say(version=v1.version, same=same)
+        sys.stdin.readline()  # version 2 is out
+        v2 = r.open()
+        mine = {k: torch.empty_like(t) for k, t in v2.items()}
+        ver = r.copy_into(mine)
+        say(version=v2.version, big_doubled=torch.equal(v2["big"], make(99, 8 << 20) * 2),
+            lent_view_kept=v2["w0"] is v1["w0"], sees_in_place=torch.equal(
+                v1["big"], v2["big"]), copied_version=ver,
+            copy_same=all(torch.equal(mine[k], v2[k]) for k in mine))
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -361,6 +361,88 @@ def sd_read(dom, arg):
         say(old_intact=still, new_version=ver, new_same=ok2, old_name_gone=gone)
 
 
+def _host_tensor(buf, dtype, shape, fill):
+    import torch
+    t = torch.from_dlpack(buf).view(dtype)[:int(np.prod(shape))].view(shape)
+    t.copy_(fill.reshape(shape))
+    return t
+
+
+def sd_lend_publish(dom, arg):
+    """Lends two tensors of one gpuipc buffer and one of another, copies one
+    that lies in ordinary memory; then writes in place, publishes again
+    with one lent buffer dropped and a new one added."""
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        a, b, c = (gpuipc.Buffer(1 << 16) for _ in range(3))
+        a1 = torch.from_dlpack(a).view(torch.float32)[1024:1040]  # 4 KiB in
+        a1.copy_(torch.ones(16))
+        sd = {"a0": _host_tensor(a, torch.float32, (64, 8), torch.arange(512.0)),
+              "a1": a1,
+              "b": _host_tensor(b, torch.int64, (100,), torch.arange(100)),
+              "plain": torch.full((5, 5), 7, dtype=torch.bfloat16)}
+        pub = state_dict.Publisher(d, "w", lend=True)
+        ver = pub.publish(sd)
+        m = state_dict._manifest(d, "w", ver, 5)
+        say(published=ver, segments=len(m["segments"]), copied=m["copied"],
+            lent=sorted(e["name"] for e in m["tensors"] if e["seg"] >= 0))
+        sys.stdin.readline()
+        sd["a0"][0, 0] = -1.0  # in place: readers see it
+        sd["plain"][0, 0] = -1  # not lent: the version's copy keeps 7
+        say(wrote=True)
+        sys.stdin.readline()
+        old_segs = m["segments"]
+        sd2 = {"a0": sd["a0"], "a1": sd["a1"],
+               "c": _host_tensor(c, torch.int16, (30,), torch.arange(30) * 3)}
+        ver = pub.publish(sd2)
+        m2 = state_dict._manifest(d, "w", ver, 5)
+        gone = [n for n in old_segs if n not in m2["segments"]]
+        def unlinked(n):
+            try:
+                d.stat(n)
+                return False
+            except gpuipc.NotFound:
+                return True
+        say(published=ver, kept=[n for n in old_segs if n in m2["segments"]] ==
+            [m2["segments"][m["tensors"][0]["seg"]]], unlinked=[unlinked(n) for n in gone],
+            copied=m2["copied"], old_pack_gone=unlinked("w.v1") and unlinked("w.v1.m"))
+        sys.stdin.readline()
+        pub.close()
+
+
+def sd_lend_read(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        r = state_dict.Reader(d, "w")
+        v1 = r.open()
+        ok = (torch.equal(v1["a0"].flatten(), torch.arange(512.0)) and
+              torch.equal(v1["a1"], torch.ones(16)) and
+              torch.equal(v1["b"], torch.arange(100)) and
+              torch.equal(v1["plain"], torch.full((5, 5), 7, dtype=torch.bfloat16)))
+        say(version=v1.version, same=ok, n=len(v1))
+        sys.stdin.readline()  # the publisher wrote in place
+        say(lent_sees=float(v1["a0"][0, 0]), copy_keeps=float(v1["plain"][0, 0]))
+        sys.stdin.readline()  # version 2 is out
+        segs_before = dict(r._segs)
+        v2 = r.open()
+        same_maps = all(r._segs[n] is s for n, s in segs_before.items() if n in r._segs)
+        ok2 = (sorted(v2) == ["a0", "a1", "c"] and float(v2["a0"][0, 0]) == -1.0 and
+               torch.equal(v2["c"], torch.arange(30, dtype=torch.int16) * 3))
+        again = r.open()
+        say(version=v2.version, same=ok2, reused=same_maps and len(r._segs) == 2,
+            views_kept=again["a0"] is v2["a0"], old_b_intact=torch.equal(
+                v1["b"], torch.arange(100)))
+        mine = {"a0": torch.zeros(64, 8), "a1": torch.zeros(16),
+                "c": torch.zeros(30, dtype=torch.int16)}
+        ver = state_dict.copy_into(d, "w", mine)
+        say(copied_version=ver, copy_same=torch.equal(mine["c"], v2["c"]) and
+            torch.equal(mine["a0"], v2["a0"]))
+        v1.release()
+        r.close()
+
+
 if __name__ == "__main__":
     role, dom = sys.argv[1], sys.argv[2]
     globals()[role](dom, sys.argv[3] if len(sys.argv) > 3 else None)

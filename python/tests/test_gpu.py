@@ -93,3 +93,36 @@ def test_state_dict_on_gpu(env):
         return ""
     _, r = run_pair(env, ("sd_publish", None), ("sd_read", None), feed=feed)
     assert r == {"same": True}
+
+
+def test_state_dict_lent_from_gpuipc_pool(env):
+    """Weights born in gpuipc.torch.mem_pool() are lent with no copy: the
+    reader sees the publisher's in-place writes, keeps its views from
+    version to version, and copies into tensors of its own."""
+    env = dict(env)
+    pa = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_peer.py"),
+                           "sd_lend_publish", "gl"], env=env, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+    pb = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_peer.py"),
+                           "sd_lend_read", "gl"], env=env, stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(pa.stdout.readline())
+        assert first["published"] == 1 and first["lent"] == 9 and first["copied"]
+        assert 1 <= first["segments"] <= 9
+        assert json.loads(pb.stdout.readline()) == {"version": 1, "same": True}
+        pa.stdin.write("\n")
+        pa.stdin.flush()
+        assert json.loads(pa.stdout.readline()) == {"published": 2}
+        pb.stdin.write("\n")
+        pb.stdin.flush()
+        assert json.loads(pb.stdout.readline()) == {
+            "version": 2, "big_doubled": True, "lent_view_kept": True,
+            "sees_in_place": True, "copied_version": 2, "copy_same": True}
+        pb.communicate(timeout=120)
+        pa.communicate("\n", timeout=120)
+        assert pa.returncode == 0 and pb.returncode == 0
+    finally:
+        for p in (pa, pb):
+            if p.poll() is None:
+                p.kill()

@@ -173,6 +173,37 @@ def test_error_hierarchy_in_process():
     assert isinstance(e, gpuipc.PeerGone) and e.detail == "peer 12 has gone"
 
 
+def _go(p):
+    p.p.stdin.write("\n")
+    p.p.stdin.flush()
+
+
+def test_state_dict_lent(env, procs):
+    """Tensors in gpuipc memory are lent in place: one segment per buffer,
+    readers see the publisher's later writes (copied tensors do not), a
+    buffer keeps its segment from version to version (the reader maps it
+    once), a buffer no longer used is unlinked."""
+    pytest.importorskip("torch")
+    pub = start(procs, env, "sd_lend_publish", "d")
+    assert pub.line() == {"published": 1, "segments": 2, "copied": True,
+                          "lent": ["a0", "a1", "b"]}
+    rd = start(procs, env, "sd_lend_read", "d")
+    assert rd.line() == {"version": 1, "same": True, "n": 4}
+    _go(pub)
+    assert pub.line() == {"wrote": True}
+    _go(rd)
+    assert rd.line() == {"lent_sees": -1.0, "copy_keeps": 7.0}
+    _go(pub)
+    assert pub.line() == {"published": 2, "kept": True, "unlinked": [True],
+                          "copied": False, "old_pack_gone": True}
+    _go(rd)
+    assert rd.line() == {"version": 2, "same": True, "reused": True, "views_kept": True,
+                         "old_b_intact": True}
+    assert rd.line() == {"copied_version": 2, "copy_same": True}
+    rd.finish()
+    pub.finish()
+
+
 def test_state_dict_versions(env, procs):
     pytest.importorskip("torch")
     pub = start(procs, env, "sd_publish", "d")

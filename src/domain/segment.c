@@ -309,9 +309,10 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
 }
 
 /*
- * A CREATE of existing buffer @o->buf: it must be this process's own, not
- * a segment yet, and what the other options ask for (they take its size);
- * EXCL is implied: an existing name is never opened in its place.
+ * A CREATE of existing buffer @o->buf: it must be this process's own and
+ * what the other options ask for (they take its size); EXCL is implied: an
+ * existing name is never opened in its place. A buffer may be a segment
+ * under several names (each a hold of its own in the segment table).
  */
 static int adopt_check(const char *name, struct seg_opts *o)
 {
@@ -332,12 +333,6 @@ static int adopt_check(const char *name, struct seg_opts *o)
   if (o->device >= 0 && o->device != b->device)
     return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): device %d but "
                        "opts->buf is on %d", name, o->device, b->device);
-  pthread_mutex_lock(&gpuipc__seg_mu);
-  bool segment = gpuipc__seg_entry_find(b) != NULL;
-  pthread_mutex_unlock(&gpuipc__seg_mu);
-  if (segment)
-    return gpuipc__err(-EBUSY, "gpuipc_segment_open(%s): opts->buf is a "
-                       "segment already", name);
   o->size = b->size;
   o->kind = b->kind;
   o->device = b->device;
