@@ -114,15 +114,17 @@ def _sync_secs(fn):
     return time.perf_counter() - t0
 
 
-def _warm_cuda():
-    """A receiver as a serving process is: CUDA up before the first sync."""
+def _warm_cuda(done=None):
+    """A receiver as a serving process is: CUDA up before the first sync
+    (then says so on ``done``)."""
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
+    if done is not None:
+        done.put("ready")
 
 
 def _mp_receiver(q, done, rounds):
-    _warm_cuda()
-    done.put("ready")
+    _warm_cuda(done)
     dst = None
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -164,8 +166,7 @@ def _views(flat, shapes):
 
 
 def _mp_bucket_receiver(q, done, copy, rounds):
-    _warm_cuda()
-    done.put("ready")
+    _warm_cuda(done)
     dst = None
     for _ in range(rounds):
         flat = q.get()  # the second time torch finds the handle open

@@ -19,12 +19,15 @@ Publisher and Reader keep their segments between calls: a reader's second
 sync of a lent state dict maps nothing and makes no view anew. The module
 functions publish / open / copy_into are the one-shot forms."""
 import bisect
+import contextlib
 import json
 import os
 import struct
 import threading
 
-from ._common import HOST, VMM, _stream  # noqa: F401
+from . import _gpuipc as _c
+from ._buffer import Buffer, _registry
+from ._common import DL_CPU, DL_CUDA, HOST, VMM, _stream  # noqa: F401
 from ._domain import Domain  # noqa: F401
 from ._errors import InvalidArgument, NotFound
 
@@ -57,13 +60,9 @@ def _buffer_under(t):
     the caller must release it), or (None, False)."""
     if not t.is_contiguous():
         return None, False
-    from ._buffer import _registry
-    from ._common import DL_CPU, DL_CUDA
     lo = t.data_ptr()
     hi = lo + t.numel() * t.element_size()
     if t.is_cuda:
-        from . import _gpuipc as _c
-        from ._buffer import Buffer
         box = _c.alloc_lookup(lo)  # a block of PyTorch's allocator on gpuipc
         if box is not None:
             buf = Buffer._wrap(box)
@@ -119,7 +118,28 @@ def _manifest(domain, name, ver, timeout):
         m.release()
 
 
-class Publisher:
+class _Named:
+    """What Publisher and Reader share: state dict ``name`` of ``domain``
+    and its head segment (the newest version's number), held while open."""
+
+    def __init__(self, domain, name, timeout):
+        self.domain, self.name, self.timeout = domain, name, timeout
+        self._head = None
+        self.version = 0
+
+    def _close_head(self):
+        if self._head is not None:
+            self._head.release()
+            self._head = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+class Publisher(_Named):
     """Publishes versions of state dict ``name`` in ``domain``.
 
     ``lend``: tensors lying in gpuipc memory are lent in place (no copy;
@@ -127,17 +147,15 @@ class Publisher:
     holds copies (default: that of the first tensor; CPU tensors: HOST)."""
 
     def __init__(self, domain, name, lend=False, device=None, timeout=30):
-        self.domain, self.name, self.lend = domain, name, lend
-        self.device, self.timeout = device, timeout
+        super().__init__(domain, name, timeout)
+        self.lend, self.device = lend, device
         self._token = os.urandom(3).hex()
         self._serial = 0
-        self._head = None
         self._lent = {}    # buffer address -> (segment name, Segment)
         self._starts = []  # sorted addresses of _lent, for _lent_under
         self._lock = threading.Lock()
         self._keep = ()    # this version's copied segment and manifest
         self._names = ()   # the segments this publisher's newest version names
-        self.version = 0
 
     def _head_segment(self):
         if self._head is None:
@@ -241,7 +259,7 @@ class Publisher:
                 kind=HOST if dev is None else VMM, device=-1 if dev is None else dev,
                 timeout=self.timeout)
             raw = _as_bytes(data)
-            with (torch.cuda.stream(s) if dev is not None else _Null()):
+            with (torch.cuda.stream(s) if dev is not None else contextlib.nullcontext()):
                 for e, t in copies:
                     _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
             data.publish(s if dev is not None else None)
@@ -304,23 +322,7 @@ class Publisher:
         for seg in self.segments():
             seg.release()
         self._lent, self._starts, self._keep = {}, [], ()
-        if self._head is not None:
-            self._head.release()
-            self._head = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        pass
+        self._close_head()
 
 
 class SharedStateDict(dict):
@@ -338,7 +340,7 @@ class SharedStateDict(dict):
         self.release()
 
 
-class Reader:
+class Reader(_Named):
     """Opens the newest version of state dict ``name`` again and again,
     keeping the segments of lent tensors mapped (and their views made)
     while versions keep using them. ``device``: the GPU to map GPU memory
@@ -346,14 +348,12 @@ class Reader:
     versions' writes."""
 
     def __init__(self, domain, name, device=-1, stream=None, timeout=30):
-        self.domain, self.name, self.device = domain, name, device
-        self.stream, self.timeout = stream, timeout
-        self._head = None
+        super().__init__(domain, name, timeout)
+        self.device, self.stream = device, stream
         self._segs = {}   # lent segment name -> Segment
         self._raws = {}   # lent segment name -> its bytes as a torch tensor
         self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
         self._lock = threading.Lock()
-        self.version = 0
 
     def _newest(self):
         if self._head is None:
@@ -417,7 +417,7 @@ class Reader:
         torch = _torch()
         first = next(iter(target.values()))
         with self.open() as sd:
-            ctx = torch.cuda.stream(stream) if stream is not None else _Null()
+            ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             with ctx:
                 for k, t in target.items():
                     t.copy_(sd[k], non_blocking=True)
@@ -429,15 +429,7 @@ class Reader:
         """Let go of the reader's segments: each is unmapped once no tensor
         made from it is left."""
         self._segs, self._raws, self._views = {}, {}, {}
-        if self._head is not None:
-            self._head.release()
-            self._head = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        self.close()
+        self._close_head()
 
 
 def publish(domain, name, sd, device=None, stream=None, timeout=30, lend=False):
