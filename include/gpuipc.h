@@ -1499,8 +1499,12 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * that the limits allow, in flight); -ETIMEDOUT (send_timeout_ms passed);
  * -ENOMEM (or the allocator's error) when no large stage of the tensor's
  * size can be allocated: the sentence names the size, nothing was sent
- * and the channel stays usable; GPUIPC_E_PEER_GONE; GPUIPC_E_PROTO (the
- * peer broke the protocol; the channel is unusable); GPUIPC_E_CUDA.
+ * and the channel stays usable; GPUIPC_E_PEER_GONE (the peer closed its
+ * end, or died: a death without a close is seen by the next wait, or by a
+ * send a millisecond or more after the last send that looked; what is
+ * sent to a dead peer before that is lost, as it would be just before
+ * the death); GPUIPC_E_PROTO (the peer broke the protocol; the channel is
+ * unusable); GPUIPC_E_CUDA.
  */
 GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                            void *stream, unsigned flags, uint64_t *ticket);

@@ -146,11 +146,14 @@ void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
                           _Atomic uint32_t *sleep);
 
 /*
- * Whether the peer is still there: its clean-close flag, a hang-up on the
- * socket and, when @pid_check, its pid. Returns 0 or GPUIPC_E_PEER_GONE
+ * Whether the peer is still there: its clean-close flag and what @look
+ * asks for besides (each a system call): GPUIPC__PEER_SOCK a hang-up on
+ * the socket, GPUIPC__PEER_PID its pid. Returns 0 or GPUIPC_E_PEER_GONE
  * (sticky, with a sentence).
  */
-int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check);
+#define GPUIPC__PEER_SOCK 0x1u
+#define GPUIPC__PEER_PID 0x2u
+int gpuipc__chan_peer_check(struct gpuipc_channel *ch, unsigned look);
 
 /*
  * Mark @ch broken with @code unless it is already (the first code stays).
@@ -252,6 +255,7 @@ struct gpuipc__tx {
   void *cb_user;
   uint64_t sent, bufs_sent;
   uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
+  uint64_t peer_looked_ns; /* when a send last polled the socket */
 };
 
 struct gpuipc__rx {

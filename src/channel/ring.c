@@ -48,7 +48,7 @@ int gpuipc__chan_broken(struct gpuipc_channel *ch, bool gone_too)
                      "earlier failure (%s)", ch->name, gpuipc_strerror(b));
 }
 
-int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check)
+int gpuipc__chan_peer_check(struct gpuipc_channel *ch, unsigned look)
 {
   int rc = gpuipc__chan_broken(ch, true);
   if (rc != 0)
@@ -57,13 +57,14 @@ int gpuipc__chan_peer_check(struct gpuipc_channel *ch, bool pid_check)
   if (atomic_load_explicit(&ch->shm->closed[1 - ch->end],
                            memory_order_acquire))
     why = "closed its end";
-  if (why == NULL) {
+  if (why == NULL && (look & GPUIPC__PEER_SOCK)) {
     struct pollfd p = {.fd = ch->sock, .events = 0};
     int n = poll(&p, 1, 0);
     if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)))
       why = "hung up its socket";
   }
-  if (why == NULL && pid_check && !gpuipc__pid_alive(ch->peer_pid))
+  if (why == NULL && (look & GPUIPC__PEER_PID) &&
+      !gpuipc__pid_alive(ch->peer_pid))
     why = "exited";
   if (why == NULL)
     return 0;
@@ -87,7 +88,8 @@ int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
   if (atomic_load_explicit(word, memory_order_acquire) != seen)
     return 0;
   if (deadline == 0) {
-    int rc = gpuipc__chan_peer_check(ch, true);
+    int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK |
+                                                GPUIPC__PEER_PID);
     return rc != 0 ? rc : -EAGAIN;
   }
   for (int i = 0; i < SPIN_ROUNDS; i++) {
@@ -109,7 +111,8 @@ int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
       atomic_store_explicit(sleep, 0, memory_order_relaxed);
       return 0;
     }
-    int rc = gpuipc__chan_peer_check(ch, true);
+    int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK |
+                                                GPUIPC__PEER_PID);
     if (rc != 0) {
       atomic_store_explicit(sleep, 0, memory_order_relaxed);
       return rc;

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #define BUFMSG_TIMEOUT_MS 5000 /* a sender's wait for room on the socket */
+#define PEER_LOOK_NS 1000000ull /* how often a send polls for a hang-up */
 
 /* Sending side                                                             */
 /* ------------------------------------------------------------------------ */
@@ -493,7 +494,13 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
 
   struct gpuipc__tx *tx = &ch->tx;
   pthread_mutex_lock(&tx->lock);
-  rc = gpuipc__chan_peer_check(ch, false);
+  /* The socket's hang-up is looked at (a system call) at most once a
+   * millisecond of sending; the close flag every time. */
+  uint64_t now = gpuipc__now_ns();
+  bool look = now - tx->peer_looked_ns >= PEER_LOOK_NS;
+  if (look)
+    tx->peer_looked_ns = now;
+  rc = gpuipc__chan_peer_check(ch, look ? GPUIPC__PEER_SOCK : 0);
   if (rc != 0)
     goto unlock;
   int area, slot, large, ev_dev = -1;
