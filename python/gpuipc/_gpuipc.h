@@ -8,7 +8,8 @@
  *   _gpuipc_tensor.c   tensor descriptions, DLPack in and out, received views
  *   _gpuipc_channel.c  channels
  *   _gpuipc_event.c    interprocess events and copies
- *   _gpuipc_alloc.c    PyTorch's pluggable allocator
+ *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
+ *   _gpuipc_chunks.c   its pooled form: blocks cut from large buffers
  * Each file but the first exports a method table that PyInit__gpuipc adds
  * to the module. Everything here is private to the extension.
  */
@@ -88,10 +89,17 @@ int gpuipc__py_desc(PyObject *o, void *out);
 /* One more reference to @buf, as a new box (_gpuipc_buffer.c). */
 PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf);
 
+/* The kind of memory the pluggable allocators take (alloc_set_kind,
+ * _gpuipc_alloc.c), and the pooled allocator's chunk holding @ptr with one
+ * more reference, or NULL (_gpuipc_chunks.c). */
+int gpuipc__py_alloc_kind(void);
+gpuipc_buf_t *gpuipc__py_chunk_find(uintptr_t ptr);
+
 /* The method tables of the files, added to the module at import. */
 extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
-    gpuipc__py_event_methods[], gpuipc__py_alloc_methods[];
+    gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
+    gpuipc__py_chunk_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

@@ -5,10 +5,13 @@
  *   "gpuipc_torch_malloc", "gpuipc_torch_free"):
  * every block PyTorch's caching allocator asks for is a gpuipc VMM buffer,
  * so a tensor in it can be sent with no copy (alloc_lookup finds its
- * buffer, as a "gpuipc.buf" box). The Python side is gpuipc/torch.py.
+ * buffer, or its chunk of the pooled form, _gpuipc_chunks.c, as a
+ * "gpuipc.buf" box). A buffer per block shares nothing but the block: this
+ * is the form for a program's whole allocator (use_allocator). The Python side is gpuipc/torch.py.
  * See _gpuipc.h.
  */
 #include "_gpuipc.h"
+#include "mem/mem.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -26,7 +29,7 @@ typedef struct alloc_entry {
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static alloc_entry_t *allocs;
 static size_t nallocs, cap_allocs;
-static int alloc_kind = GPUIPC_KIND_VMM;
+static _Atomic int alloc_kind = GPUIPC_KIND_VMM;
 
 EXPORT void *gpuipc_torch_malloc(ssize_t size, int device, void *stream);
 EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
@@ -83,7 +86,8 @@ EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
 }
 
 /* alloc_lookup(ptr) -> buffer box holding @ptr (one more reference), or
- * None when the allocator did not make it. */
+ * None when neither allocator made it. The reference is taken under the
+ * table's lock (a free cannot race it); the box is made after it. */
 static PyObject *py_alloc_lookup(PyObject *self, PyObject *p)
 {
   uintptr_t ptr = (uintptr_t)PyLong_AsVoidPtr(p);
@@ -94,14 +98,19 @@ static PyObject *py_alloc_lookup(PyObject *self, PyObject *p)
   for (size_t i = 0; i < nallocs && buf == NULL; i++)
     if (ptr >= allocs[i].ptr && ptr < allocs[i].ptr + allocs[i].size)
       buf = allocs[i].buf;
-  PyObject *r = NULL;
-  if (buf == NULL) {
-    pthread_mutex_unlock(&alloc_lock);
-    Py_RETURN_NONE;
-  }
-  r = gpuipc__py_buf_retain(buf); /* under the lock: a free cannot race it */
+  if (buf != NULL)
+    gpuipc__buf_ref(buf);
   pthread_mutex_unlock(&alloc_lock);
-  return r;
+  if (buf == NULL)
+    buf = gpuipc__py_chunk_find(ptr);
+  if (buf == NULL)
+    Py_RETURN_NONE;
+  return gpuipc__py_box(0, gpuipc__py_BUF, buf);
+}
+
+int gpuipc__py_alloc_kind(void)
+{
+  return alloc_kind;
 }
 
 static PyObject *py_alloc_set_kind(PyObject *self, PyObject *args)

@@ -7,6 +7,7 @@
  * gpuipc/_buffer.py and gpuipc/_domain.py. See _gpuipc.h.
  */
 #include "_gpuipc.h"
+#include "mem/mem.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -171,19 +172,11 @@ static PyObject *py_import_cuda_fd(PyObject *self, PyObject *args)
   return import_handle(rc, &h, device);
 }
 
-/* One more reference to @buf, as a new box: export and import it again
- * (importing this process's own export returns the same buffer). */
+/* One more reference to @buf (which the caller holds), as a new box. */
 PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf)
 {
-  gpuipc_handle_t h;
-  int rc = gpuipc_buf_export(buf, &h);
-  if (rc < 0)
-    return gpuipc__py_raise(rc);
-  gpuipc_buf_t *again = NULL;
-  rc = gpuipc_buf_import(&h, gpuipc_buf_device(buf), 0, &again);
-  if (h.fd >= 0)
-    close(h.fd);
-  return gpuipc__py_box(rc, gpuipc__py_BUF, again);
+  gpuipc__buf_ref(buf);
+  return gpuipc__py_box(0, gpuipc__py_BUF, buf);
 }
 
 /* ---- segments ---------------------------------------------------------- */

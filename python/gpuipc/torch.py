@@ -8,27 +8,37 @@ from ._buffer import Buffer
 from ._common import _kind
 
 _allocator = None
-_pool_allocator = None
+_pool_allocators = {}  # functions' prefix -> CUDAPluggableAllocator
 
 
-def _pluggable():
+def _pluggable(prefix="gpuipc_torch"):
     import torch
     return torch.cuda.memory.CUDAPluggableAllocator(
-        _c.__file__, "gpuipc_torch_malloc", "gpuipc_torch_free")
+        _c.__file__, prefix + "_malloc", prefix + "_free")
 
 
-def mem_pool(kind="vmm"):
-    """A ``torch.cuda.MemPool`` whose blocks are gpuipc buffers: tensors made
-    under ``with torch.cuda.use_mem_pool(pool):`` are born shareable (sent
-    with no copy, lent in place by ``state_dict.Publisher(lend=True)``),
-    while the rest of the program keeps PyTorch's own allocator. ``kind``
-    applies to every gpuipc block made from now on."""
-    global _pool_allocator
+def mem_pool(kind="vmm", chunk_bytes=2 << 30):
+    """A ``torch.cuda.MemPool`` of gpuipc memory: tensors made under
+    ``with torch.cuda.use_mem_pool(pool):`` are born shareable (sent with no
+    copy, lent in place by ``state_dict.Publisher(lend=True)``), while the
+    rest of the program keeps PyTorch's own allocator.
+
+    The pool cuts PyTorch's blocks from a few large gpuipc buffers (chunks:
+    64 MiB, doubling up to ``chunk_bytes``; a larger block gets one of its
+    own), so a model's hundreds of tensors are lent with a handful of
+    exports and imports. A tensor of the pool that is sent or lent shares
+    its whole chunk: keep in the pool only what is shared together (the
+    weights). ``chunk_bytes=0``: a buffer per block, sharing nothing else,
+    one export each. ``kind`` and ``chunk_bytes`` apply to the memory the
+    pools take from now on."""
     import torch
     _c.alloc_set_kind(_kind(kind))
-    if _pool_allocator is None:
-        _pool_allocator = _pluggable()
-    return torch.cuda.MemPool(_pool_allocator.allocator())
+    prefix = "gpuipc_torch" if not chunk_bytes else "gpuipc_torch_pool"
+    if chunk_bytes:
+        _c.pool_set_chunk(int(chunk_bytes))
+    if prefix not in _pool_allocators:
+        _pool_allocators[prefix] = _pluggable(prefix)
+    return torch.cuda.MemPool(_pool_allocators[prefix].allocator())
 
 
 def use_allocator(kind="vmm"):
