@@ -7,8 +7,12 @@ already lie in gpuipc memory (``gpuipc.torch.mem_pool`` /
 ``use_allocator``, or a ``gpuipc.Buffer``) are not copied: the buffer under
 them is lent as a segment of its own, "NAME.<token>.<k>", which keeps its
 name from version to version while the publisher lends it. The 8-byte
-HOST segment "NAME" holds N; publishing N unlinks N-1's segments that N
-does not use (readers that hold them keep them).
+HOST segment "NAME" holds N and, in its low 24 bits, how many versions
+back N's manifest was written: a version whose tensors all lie where the
+last one's did (lent, same names, places, dtypes and shapes) writes no
+manifest, it only moves the head, and a reader that has that manifest's
+tensors already hands them out again. Publishing N unlinks N-1's segments
+that N does not use (readers that hold them keep them).
 
 Copied versions are snapshots: a reader of N sees N even after N+1 is out.
 Lent tensors are the publisher's memory: readers see its later writes, so
@@ -29,7 +33,7 @@ from . import _gpuipc as _c
 from ._buffer import Buffer, _registry
 from ._common import DL_CPU, DL_CUDA, HOST, VMM, _stream  # noqa: F401
 from ._domain import Domain  # noqa: F401
-from ._errors import InvalidArgument, NotFound
+from ._errors import InvalidArgument, NotFound, TimeoutError
 
 _ALIGN = 256
 
@@ -100,15 +104,15 @@ def _parallel(fn, items, workers=8):
             f.result()
 
 
-def _read_u64(seg):
-    return struct.unpack("<Q", bytes(seg.numpy()[:8]))[0]
+_BACK = 24  # the head's low bits: how many versions back the manifest is
 
 
 def _manifest(domain, name, ver, timeout):
     """Version ``ver``'s manifest (a dict), or None when it is gone."""
     try:
-        m = domain.open_segment(f"{name}.v{ver}.m", wait=True, timeout=timeout)
-    except NotFound:
+        m = domain.open_segment(f"{name}.v{ver}.m", wait=timeout != 0,
+                                timeout=timeout)
+    except (NotFound, TimeoutError):
         return None
     try:
         a = m.numpy()
@@ -120,15 +124,29 @@ def _manifest(domain, name, ver, timeout):
 
 class _Named:
     """What Publisher and Reader share: state dict ``name`` of ``domain``
-    and its head segment (the newest version's number), held while open."""
+    and its head segment, held while open: one 8-byte word (written and
+    read whole) holding the newest version and its manifest's."""
 
     def __init__(self, domain, name, timeout):
         self.domain, self.name, self.timeout = domain, name, timeout
         self._head = None
+        self._word = None  # the head as one uint64
         self.version = 0
+
+    def _hold_head(self, seg):
+        import numpy as np
+        self._head = seg
+        self._word = seg.numpy()[:8].view(np.uint64)
+
+    def _read_head(self):
+        """(newest version, the version whose manifest places it)."""
+        w = int(self._word[0])
+        ver = w >> _BACK
+        return ver, ver - (w & ((1 << _BACK) - 1))
 
     def _close_head(self):
         if self._head is not None:
+            self._word = None
             self._head.release()
             self._head = None
 
@@ -156,15 +174,23 @@ class Publisher(_Named):
         self._lock = threading.Lock()
         self._keep = ()    # this version's copied segment and manifest
         self._names = ()   # the segments this publisher's newest version names
+        self._placed = None  # _layout of the newest version when all of it is lent
+        self._man_ver = 0    # the version whose manifest places the newest
+        self._sync_dev = -1  # the device whose stream a version waits for
 
     def _head_segment(self):
         if self._head is None:
             try:
-                self._head = self.domain.open_segment(self.name, nbytes=8, timeout=0)
+                seg = self.domain.open_segment(self.name, nbytes=8, timeout=0)
             except NotFound:
-                self._head = self.domain.create_segment(self.name, 8, kind=HOST,
-                                                        scratch=True)
+                seg = self.domain.create_segment(self.name, 8, kind=HOST, scratch=True)
+            self._hold_head(seg)
         return self._head
+
+    def _layout(self, sd):
+        """What places ``sd``'s tensors: equal from one call to the next
+        when every tensor lies where it lay."""
+        return [(k, t.data_ptr(), t.dtype, t.shape, t.stride()) for k, t in sd.items()]
 
     def _lent_under(self, t):
         """(name, Segment) of a buffer lent already that holds all of
@@ -226,6 +252,9 @@ class Publisher(_Named):
         its number. Work queued on ``stream`` (default: PyTorch's current
         stream) before the call is in it."""
         torch = _torch()
+        layout = self._layout(sd) if self.lend else None
+        if layout is not None and layout == self._placed:
+            return self._republish(sd, stream)
         entries, placed, segs, copies, off = [], [], {}, [], 0
         first = next(iter(sd.values()), None)
         if self.lend:
@@ -243,8 +272,8 @@ class Publisher(_Named):
                 off += (e["nbytes"] + _ALIGN - 1) // _ALIGN * _ALIGN
                 copies.append((e, t))
             entries.append(e)
-        head = self._head_segment()
-        cur = _read_u64(head)
+        self._head_segment()
+        cur, cur_man = self._read_head()
         ver = cur + 1
         dev = self.device
         if dev is None and first is not None and first.is_cuda:
@@ -266,6 +295,7 @@ class Publisher(_Named):
             data._keep_raw = raw
         if placed and cuda and s is not None:
             s.synchronize()  # readers find lent tensors written when they look
+        self._sync_dev = dev if placed and cuda else -1
         man = json.dumps({"version": ver, "copied": data is not None,
                           "nbytes": off, "segments": sorted(segs, key=segs.get),
                           "tensors": entries}).encode()
@@ -276,22 +306,41 @@ class Publisher(_Named):
         a[:8] = np.frombuffer(struct.pack("<Q", len(man)), np.uint8)
         a[8:8 + len(man)] = np.frombuffer(man, np.uint8)
         mseg.publish()
-        head.numpy()[:8] = np.frombuffer(struct.pack("<Q", ver), np.uint8)  # now ver
-        self._retire(cur, set(segs))
+        self._word[0] = ver << _BACK  # now ver, with a manifest of its own
+        self._retire(cur, cur_man, set(segs))
         self._keep = tuple(x for x in (data, mseg) if x is not None)
         self._names = ((f"{self.name}.v{ver}",) if data is not None else ()) + (
             f"{self.name}.v{ver}.m",) + tuple(segs)
+        self.version = self._man_ver = ver
+        self._placed = layout if data is None else None
+        return ver
+
+    def _republish(self, sd, stream):
+        """The next version of a state dict that lies where the newest did,
+        all of it lent: once the writes queued on ``stream`` are done, the
+        head names it, with the newest's manifest. Another publisher's
+        version in between, or a manifest too far back, takes the full path."""
+        torch = _torch()
+        cur, _ = self._read_head()
+        ver = cur + 1
+        if cur != self.version or ver - self._man_ver >= 1 << _BACK:
+            self._placed = None
+            return self.publish(sd, stream)
+        if self._sync_dev != -1:
+            (stream or torch.cuda.current_stream(self._sync_dev)).synchronize()
+        self._word[0] = ver << _BACK | (ver - self._man_ver)
         self.version = ver
         return ver
 
-    def _retire(self, old, used):
-        """Unlink version ``old``'s segments that the new one does not use,
-        and let go of lent buffers no longer in it."""
+    def _retire(self, old, old_man, used):
+        """Unlink version ``old``'s segments (its manifest is version
+        ``old_man``'s) that the new one does not use, and let go of lent
+        buffers no longer in it."""
         if old == self.version:
             names = self._names  # ours: no need to read its manifest
         elif old:
-            prev = _manifest(self.domain, self.name, old, 0) or {}
-            names = (f"{self.name}.v{old}", f"{self.name}.v{old}.m") + tuple(
+            prev = _manifest(self.domain, self.name, old_man, 0) or {}
+            names = (f"{self.name}.v{old}", f"{self.name}.v{old_man}.m") + tuple(
                 prev.get("segments", ()))
         else:
             names = ()
@@ -353,31 +402,44 @@ class Reader(_Named):
         self._segs = {}   # lent segment name -> Segment
         self._raws = {}   # lent segment name -> its bytes as a torch tensor
         self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
+        self._last = None  # (manifest version, views) of an all-lent version
         self._lock = threading.Lock()
 
     def _newest(self):
+        """(newest version, its manifest's version, the manifest)."""
         if self._head is None:
-            self._head = self.domain.open_segment(self.name, wait=True,
-                                                  timeout=self.timeout)
+            self._hold_head(self.domain.open_segment(self.name, wait=True,
+                                                     timeout=self.timeout))
         for _ in range(100):
-            ver = _read_u64(self._head)
-            man = _manifest(self.domain, self.name, ver, self.timeout)
+            ver, mver = self._read_head()
+            if self._last is not None and self._last[0] == mver:
+                return ver, mver, None  # placed as the last one opened
+            man = _manifest(self.domain, self.name, mver, self.timeout)
             if man is not None:
-                return ver, man
+                return ver, mver, man
         raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
 
     def open(self):
         """The newest version as a SharedStateDict of zero-copy tensors. Its
         memory stays mapped while a tensor of it is alive; the reader also
         keeps lent segments mapped, and their tensors made, until a version
-        no longer uses them or ``close()``."""
-        ver, man = self._newest()
+        no longer uses them or ``close()``. A version placed as the last one
+        opened (all lent, nothing moved) is those same tensors again."""
+        ver, mver, man = self._newest()
+        if man is None:
+            out = SharedStateDict(self._last[1])
+            out.version = self.version = ver
+            return out
+        self._last = None
         data = None
         if man["copied"]:
             data = self.domain.open_segment(f"{self.name}.v{ver}", wait=True,
                                             timeout=self.timeout, device=self.device,
                                             stream=self.stream)
-        out = SharedStateDict(self._make_views(man, data))
+        views = self._make_views(man, data)
+        if data is None:
+            self._last = (mver, views)
+        out = SharedStateDict(views)
         out.version = self.version = ver
         return out
 
@@ -428,7 +490,7 @@ class Reader(_Named):
     def close(self):
         """Let go of the reader's segments: each is unmapped once no tensor
         made from it is left."""
-        self._segs, self._raws, self._views = {}, {}, {}
+        self._segs, self._raws, self._views, self._last = {}, {}, {}, None
         self._close_head()
 
 

@@ -194,10 +194,18 @@ def sd_lend_publish(dom, arg):
         ver = pub.publish(sd)
         m = state_dict._manifest(d, "sdl", ver, 5)
         say(published=ver, lent=sum(e["seg"] >= 0 for e in m["tensors"]),
-            segments=len(m["segments"]), copied=m["copied"])
+            segments=len(m["segments"]), copied=m["copied"],
+            chunks=len(gpuipc._gpuipc.pool_chunks()))
         sys.stdin.readline()
         sd["big"].mul_(2)  # on the current stream; publish orders it
         say(published=pub.publish(sd))
+        sys.stdin.readline()
+        del sd["other"]  # all lent now: a manifest, then none while nothing moves
+        v3 = pub.publish(sd)
+        sd["big"].mul_(2)
+        v4 = pub.publish(sd)
+        say(published=[v3, v4], manifests=[state_dict._manifest(d, "sdl", v, 0) is not None
+                                           for v in (v3, v4)])  # timeout 0: at once
         sys.stdin.readline()
 
 
@@ -219,6 +227,11 @@ def sd_lend_read(dom, arg):
             lent_view_kept=v2["w0"] is v1["w0"], sees_in_place=torch.equal(
                 v1["big"], v2["big"]), copied_version=ver,
             copy_same=all(torch.equal(mine[k], v2[k]) for k in mine))
+        sys.stdin.readline()  # versions 3 (all lent) and 4 (moved nothing) are out
+        v4 = r.open()
+        say(version=v4.version, big_quadrupled=torch.equal(v4["big"], make(99, 8 << 20) * 4),
+            same_tensors=v4["w3"] is v1["w3"] and v4["big"] is v2["big"],
+            other_gone="other" not in v4)
 
 
 if __name__ == "__main__":

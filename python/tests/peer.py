@@ -443,6 +443,69 @@ def sd_lend_read(dom, arg):
         r.close()
 
 
+def _gone(d, name):
+    try:
+        d.stat(name)
+        return False
+    except gpuipc.NotFound:
+        return True
+
+
+def sd_same_publish(dom, arg):
+    """Publishes two lent tensors, then twice more after writing in place
+    (nothing moved: no manifest), then, as a publisher started anew, a
+    version where one tensor moved to another buffer."""
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        a, b, c = (gpuipc.Buffer(1 << 16) for _ in range(3))
+        sd = {"a": _host_tensor(a, torch.float32, (16, 4), torch.arange(64.0)),
+              "b": _host_tensor(b, torch.int32, (10,), torch.arange(10, dtype=torch.int32))}
+        pub = state_dict.Publisher(d, "w", lend=True)
+        say(published=pub.publish(sd), manifest=not _gone(d, "w.v1.m"))
+        sys.stdin.readline()
+        vers = []
+        for x in (5.0, 6.0):
+            sd["a"][0, 0] = x
+            vers.append(pub.publish(sd))
+        say(published=vers, manifests=[not _gone(d, f"w.v{v}.m") for v in vers],
+            first_kept=not _gone(d, "w.v1.m"))
+        sys.stdin.readline()
+        segs = state_dict._manifest(d, "w", 1, 5)["segments"]
+        pub2 = state_dict.Publisher(d, "w", lend=True)  # a restarted publisher
+        sd["b"] = _host_tensor(c, torch.int32, (10,), torch.arange(10, dtype=torch.int32) * 2)
+        v4 = pub2.publish(sd)
+        say(published=v4, manifest=not _gone(d, "w.v4.m"),
+            old_gone=_gone(d, "w.v1.m") and all(_gone(d, n) for n in segs))
+        sys.stdin.readline()
+        pub2.close()
+        pub.close()
+
+
+def sd_same_read(dom, arg):
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        r = state_dict.Reader(d, "w")
+        v1 = r.open()
+        say(version=v1.version, a=float(v1["a"][0, 0]), b=v1["b"].tolist())
+        sys.stdin.readline()  # versions 2 and 3: written in place
+        v3 = r.open()
+        fresh = state_dict.open(d, "w")  # a reader with nothing cached
+        mine = {"a": torch.zeros(16, 4), "b": torch.zeros(10, dtype=torch.int32)}
+        copied = state_dict.copy_into(d, "w", mine)
+        say(version=v3.version, same_tensors=v3["a"] is v1["a"] and v3["b"] is v1["b"],
+            a=float(v3["a"][0, 0]), fresh=[fresh.version, float(fresh["a"][0, 0]),
+                                          torch.equal(fresh["a"], v3["a"])],
+            copied=[copied, torch.equal(mine["a"], v3["a"]), torch.equal(mine["b"], v3["b"])])
+        fresh.release()
+        sys.stdin.readline()  # version 4: b moved, a lent anew
+        v4 = r.open()
+        say(version=v4.version, a=float(v4["a"][0, 0]), b=v4["b"].tolist(),
+            old_intact=v1["b"].tolist() == list(range(10)))
+        r.close()
+
+
 if __name__ == "__main__":
     role, dom = sys.argv[1], sys.argv[2]
     globals()[role](dom, sys.argv[3] if len(sys.argv) > 3 else None)

@@ -96,9 +96,11 @@ def test_state_dict_on_gpu(env):
 
 
 def test_state_dict_lent_from_gpuipc_pool(env):
-    """Weights born in gpuipc.torch.mem_pool() are lent with no copy: the
-    reader sees the publisher's in-place writes, keeps its views from
-    version to version, and copies into tensors of its own."""
+    """Weights born in gpuipc.torch.mem_pool() are lent with no copy, one
+    segment per chunk of the pool: the reader sees the publisher's in-place
+    writes (ordered by publish), keeps its views from version to version,
+    copies into tensors of its own, and a version that moved nothing is
+    published with no manifest."""
     env = dict(env)
     pa = subprocess.Popen([sys.executable, os.path.join(HERE, "gpu_peer.py"),
                            "sd_lend_publish", "gl"], env=env, stdin=subprocess.PIPE,
@@ -109,7 +111,8 @@ def test_state_dict_lent_from_gpuipc_pool(env):
     try:
         first = json.loads(pa.stdout.readline())
         assert first["published"] == 1 and first["lent"] == 9 and first["copied"]
-        assert 1 <= first["segments"] <= 9
+        # the pool cuts its blocks from chunks: one segment per chunk
+        assert first["segments"] == first["chunks"] == 1, first
         assert json.loads(pb.stdout.readline()) == {"version": 1, "same": True}
         pa.stdin.write("\n")
         pa.stdin.flush()
@@ -119,6 +122,14 @@ def test_state_dict_lent_from_gpuipc_pool(env):
         assert json.loads(pb.stdout.readline()) == {
             "version": 2, "big_doubled": True, "lent_view_kept": True,
             "sees_in_place": True, "copied_version": 2, "copy_same": True}
+        pa.stdin.write("\n")
+        pa.stdin.flush()
+        assert json.loads(pa.stdout.readline()) == {"published": [3, 4],
+                                                    "manifests": [True, False]}
+        pb.stdin.write("\n")
+        pb.stdin.flush()
+        assert json.loads(pb.stdout.readline()) == {
+            "version": 4, "big_quadrupled": True, "same_tensors": True, "other_gone": True}
         pb.communicate(timeout=120)
         pa.communicate("\n", timeout=120)
         assert pa.returncode == 0 and pb.returncode == 0

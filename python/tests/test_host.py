@@ -204,6 +204,32 @@ def test_state_dict_lent(env, procs):
     pub.finish()
 
 
+def test_state_dict_unmoved_versions(env, procs):
+    """A lent version where every tensor lies where it lay writes no
+    manifest: the head names the last one's, readers that had it hand out
+    the same tensors (seeing the in-place writes), a reader with nothing
+    cached and copy_into find the version through it, and a later version
+    that moves a tensor (from a publisher started anew) retires the old
+    manifest and segments."""
+    pytest.importorskip("torch")
+    pub = start(procs, env, "sd_same_publish", "d")
+    assert pub.line() == {"published": 1, "manifest": True}
+    rd = start(procs, env, "sd_same_read", "d")
+    assert rd.line() == {"version": 1, "a": 0.0, "b": list(range(10))}
+    _go(pub)
+    assert pub.line() == {"published": [2, 3], "manifests": [False, False],
+                          "first_kept": True}
+    _go(rd)
+    assert rd.line() == {"version": 3, "same_tensors": True, "a": 6.0,
+                         "fresh": [3, 6.0, True], "copied": [3, True, True]}
+    _go(pub)
+    assert pub.line() == {"published": 4, "manifest": True, "old_gone": True}
+    _go(rd)
+    assert rd.line() == {"version": 4, "a": 6.0, "b": [2 * i for i in range(10)],
+                         "old_intact": True}
+    rd.finish()
+    pub.finish()
+
 def test_state_dict_versions(env, procs):
     pytest.importorskip("torch")
     pub = start(procs, env, "sd_publish", "d")
