@@ -30,9 +30,7 @@ static int int64_tuple(PyObject *seq, int64_t *out, int cap, const char *what)
     return -1;
   }
   for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *k = PyLong_FromSsize_t(i);
-    PyObject *o = k != NULL ? PyObject_GetItem(seq, k) : NULL;
-    Py_XDECREF(k);
+    PyObject *o = PySequence_GetItem(seq, i);
     if (o == NULL)
       return -1;
     out[i] = PyLong_AsLongLong(o);

@@ -75,12 +75,13 @@ def _from_torch(torch, t):
     __dlpack__ would say, without its cost (a capsule, and a
     torch.cuda.Stream object when a stream is named). None: take the DLPack
     path (other layouts, conjugate or negative views, other dtypes)."""
-    dl = _torch_dtypes(torch).get(t.dtype)
-    if dl is None or t.layout is not torch.strided or t.is_conj() or t.is_neg():
+    dl = (_TORCH_DL or _torch_dtypes(torch)).get(t.dtype)
+    if dl is None or t.layout is not torch.strided or t.is_neg() or (
+            dl[0] == _COMPLEX and t.is_conj()):
         return None
     if t.is_cuda:
         dev_type, dev_id = DL_CUDA, t.get_device()
-    elif t.device.type == "cpu":
+    elif t.is_cpu:
         dev_type, dev_id = DL_CPU, 0
     else:
         return None
