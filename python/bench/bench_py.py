@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 import gpuipc
 
 N_RTT = 2000
+ROUNDS = 5  # syncs per mode: the first, then the median of the later ones
 
 
 def llama_shapes():
@@ -138,7 +139,13 @@ def _mp_receiver(q, done, rounds):
         done.put(time.perf_counter() - t0)
 
 
-def weights_mp(sd, rounds=2):
+def _first_later(out):
+    """(the first sync, the median of the later ones)."""
+    later = sorted(out[1:])
+    return out[0], later[len(later) // 2]
+
+
+def weights_mp(sd, rounds=ROUNDS):
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Queue()
     p = ctx.Process(target=_mp_receiver, args=(q, done, rounds))
@@ -182,7 +189,7 @@ def _mp_bucket_receiver(q, done, copy, rounds):
         done.put(1)
 
 
-def weights_mp_bucket(sd, copy, rounds=2):
+def weights_mp_bucket(sd, copy, rounds=ROUNDS):
     """A hand-made bucket: the sender concatenates (not timed, as if its
     weights lived there), one handle crosses, the receiver cuts views or
     copies the bucket into one of its own (allocated the first time)."""
@@ -226,7 +233,7 @@ def _gp_sd_receiver(dom, rounds, copy):
             ch.send(torch.tensor([time.perf_counter() - t0], dtype=torch.float64))
 
 
-def weights_gpuipc(sd, copy, lend, rounds=2):
+def weights_gpuipc(sd, copy, lend, rounds=ROUNDS):
     """gpuipc's state_dict, Publisher and Reader kept between syncs. Without
     ``lend`` each version is a snapshot (the tensors are copied into a new
     segment); with it, the tensors (born in gpuipc.torch.mem_pool()) are
@@ -252,47 +259,63 @@ def weights_gpuipc(sd, copy, lend, rounds=2):
             with ch.recv(timeout=600) as v:
                 took = float(torch.from_dlpack(v)[0])
             out.append(time.perf_counter() - t0)
-            parts.append(f"publish {1e3 * (t1 - t0):.1f} ms, receiver {1e3 * took:.1f} ms")
+            parts.append(f"{1e3 * (t1 - t0):.1f}/{1e3 * took:.1f}")
+        segs = len(pub.segments())
     p.join()
-    print("   " + " | ".join(parts), flush=True)
+    print(f"   publish/receiver ms by round: {' '.join(parts)}; {segs} segments",
+          flush=True)
     return out
+
+
+def _copy_floor(sd):
+    """The median time of a one-process copy_ of ``sd`` into tensors of its own."""
+    dst = {k: torch.empty_like(v) for k, v in sd.items()}
+
+    def copy_all():
+        for k, v in sd.items():
+            dst[k].copy_(v, non_blocking=True)
+    ts = sorted(_sync_secs(copy_all) for _ in range(ROUNDS))
+    return ts[len(ts) // 2]
 
 
 def bench_weights():
     sd = make_sd()
     total = sum(v.numel() * v.element_size() for v in sd.values())
-    print(f"state dict: {len(sd)} tensors, {total / 1e9:.2f} GB", flush=True)
-    dst = {k: torch.empty_like(v) for k, v in sd.items()}
-    t = _sync_secs(lambda: [dst[k].copy_(v, non_blocking=True) for k, v in sd.items()])
-    print(f"one-process copy_ (floor): {t:.4f} s  {total / t / 1e9:.1f} GB/s", flush=True)
-    del dst
+    print(f"state dict: {len(sd)} tensors, {total / 1e9:.2f} GB; {ROUNDS} syncs a mode: "
+          "the first, then the median of the others", flush=True)
+    t = _copy_floor(sd)
+    print(f"one-process copy_ (floor), median of {ROUNDS}: {t:.4f} s  "
+          f"{total / t / 1e9:.1f} GB/s", flush=True)
     torch.cuda.empty_cache()
-    a, b = weights_mp(sd)
-    print(f"torch.multiprocessing per-tensor handles: first {a:.4f} s, second {b:.4f} s",
-          flush=True)
+
+    def row(what, out):
+        a, b = _first_later(out)
+        print(f"{what}: first {a:.4f} s, later {b:.4f} s", flush=True)
+
+    row("torch.multiprocessing per-tensor handles", weights_mp(sd))
     torch.cuda.empty_cache()
     for copy in (False, True):
-        a, b = weights_mp_bucket(sd, copy)
+        out = weights_mp_bucket(sd, copy)
         torch.cuda.empty_cache()  # the bucket's memory, cached by PyTorch
-        print(f"torch.multiprocessing one bucket, {'copied' if copy else 'zero-copy'}: "
-              f"first {a:.4f} s, second {b:.4f} s", flush=True)
+        row(f"torch.multiprocessing one bucket, {'copied' if copy else 'zero-copy'}", out)
     for copy in (False, True):
-        a, b = weights_gpuipc(sd, copy, lend=False)
-        print(f"gpuipc state_dict snapshot, {'copied' if copy else 'zero-copy'} "
-              f"(publish + {'copy_into' if copy else 'open'}): first {a:.4f} s, "
-              f"second {b:.4f} s", flush=True)
-    # The same weights born in gpuipc memory, as a trainer's would be.
+        row(f"gpuipc state_dict snapshot, {'copied' if copy else 'zero-copy'} "
+            f"(publish + {'copy_into' if copy else 'open'})",
+            weights_gpuipc(sd, copy, lend=False))
+    # The same weights born in gpuipc memory, as a trainer's would be: in a
+    # pool of large chunks (the default), and a buffer per block.
     from gpuipc import torch as gt
-    pool = gt.mem_pool()
-    with torch.cuda.use_mem_pool(pool):
-        lent = {k: v.clone() for k, v in sd.items()}
-    del sd
-    torch.cuda.empty_cache()
-    for copy in (False, True):
-        a, b = weights_gpuipc(lent, copy, lend=True)
-        print(f"gpuipc state_dict lent, {'copied' if copy else 'zero-copy'} "
-              f"(publish + {'copy_into' if copy else 'open'}): first {a:.4f} s, "
-              f"second {b:.4f} s", flush=True)
+    for chunk in (2 << 30, 0):
+        pool = gt.mem_pool(chunk_bytes=chunk)
+        with torch.cuda.use_mem_pool(pool):
+            lent = {k: v.clone() for k, v in sd.items()}
+        how = "chunked pool" if chunk else "a buffer per block"
+        for copy in ((False, True) if chunk else (False,)):
+            row(f"gpuipc state_dict lent ({how}), {'copied' if copy else 'zero-copy'} "
+                f"(publish + {'copy_into' if copy else 'open'})",
+                weights_gpuipc(lent, copy, lend=True))
+        del lent, pool
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
