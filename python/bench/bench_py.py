@@ -146,15 +146,23 @@ def _first_later(out):
 
 
 def weights_mp(sd, rounds=ROUNDS):
+    return _mp_rounds(_mp_receiver, (rounds,), sd, rounds)
+
+
+def _mp_rounds(receiver, args, what, rounds):
+    """Time ``rounds`` hand-overs of ``what`` through a torch.multiprocessing
+    queue to ``receiver(q, done, *args)``, which says when it is ready and
+    when each round is done."""
     ctx = mp.get_context("spawn")
     q, done = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_mp_receiver, args=(q, done, rounds))
+    p = ctx.Process(target=receiver, args=(q, done) + tuple(args))
     p.start()
     done.get()
+    torch.cuda.synchronize()
     out = []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        q.put(sd)
+        q.put(what)
         done.get()
         out.append(time.perf_counter() - t0)
     p.join()
@@ -194,19 +202,7 @@ def weights_mp_bucket(sd, copy, rounds=ROUNDS):
     weights lived there), one handle crosses, the receiver cuts views or
     copies the bucket into one of its own (allocated the first time)."""
     flat = torch.cat([v.reshape(-1) for v in sd.values()])
-    ctx = mp.get_context("spawn")
-    q, done = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_mp_bucket_receiver, args=(q, done, copy, rounds))
-    p.start()
-    done.get()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        q.put(flat)
-        done.get()
-        out.append(time.perf_counter() - t0)
-    p.join()
+    out = _mp_rounds(_mp_bucket_receiver, (copy, rounds), flat, rounds)
     del flat
     return out
 

@@ -254,7 +254,9 @@ class Publisher(_Named):
         torch = _torch()
         layout = self._layout(sd) if self.lend else None
         if layout is not None and layout == self._placed:
-            return self._republish(sd, stream)
+            ver = self._republish(stream)
+            if ver is not None:
+                return ver
         entries, placed, segs, copies, off = [], [], {}, [], 0
         first = next(iter(sd.values()), None)
         if self.lend:
@@ -315,17 +317,17 @@ class Publisher(_Named):
         self._placed = layout if data is None else None
         return ver
 
-    def _republish(self, sd, stream):
+    def _republish(self, stream):
         """The next version of a state dict that lies where the newest did,
         all of it lent: once the writes queued on ``stream`` are done, the
-        head names it, with the newest's manifest. Another publisher's
-        version in between, or a manifest too far back, takes the full path."""
+        head names it, with the newest's manifest. None (take the full
+        path): another publisher's version came in between, or the
+        manifest would be too far back."""
         torch = _torch()
         cur, _ = self._read_head()
         ver = cur + 1
         if cur != self.version or ver - self._man_ver >= 1 << _BACK:
-            self._placed = None
-            return self.publish(sd, stream)
+            return None
         if self._sync_dev != -1:
             (stream or torch.cuda.current_stream(self._sync_dev)).synchronize()
         self._word[0] = ver << _BACK | (ver - self._man_ver)
