@@ -154,6 +154,7 @@ static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
   case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
+  case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
     *v = d0;
     break;
   case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
@@ -245,6 +246,21 @@ void fake_cuda_on_register(void (*fn)(void))
   atomic_store(&on_register, fn);
 }
 
+/* Registered memory is reached at its host address (unified addressing). */
+static CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
+                                               unsigned int flags)
+{
+  NEED_INIT();
+  if (d == NULL || p == NULL || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (atomic_load(&registered) == 0)
+    return CUDA_ERROR_INVALID_VALUE; /* nothing registered */
+  *d = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuMemHostRegister(void *p, size_t n, unsigned int flags)
 {
   NEED_INIT();
@@ -326,6 +342,10 @@ static const struct {
     ENTRY(cuIpcOpenMemHandle),
     ENTRY(cuIpcCloseMemHandle),
     ENTRY(cuMemcpyAsync),
+    ENTRY(cuMemcpyDtoDAsync),
+    ENTRY(cuStreamWriteValue64),
+    ENTRY(cuStreamWaitValue64),
+    ENTRY(cuMemHostGetDevicePointer),
     ENTRY(cuMemcpy),
     ENTRY(cuStreamCreate),
     ENTRY(cuStreamDestroy),

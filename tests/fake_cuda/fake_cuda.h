@@ -83,6 +83,9 @@ int fake_cuda_not_ready(void);
 int fake_cuda_events_recorded(void);
 /* Successful cuStreamWaitEvent calls in this process so far. */
 int fake_cuda_stream_waits(void);
+/* cuStreamWriteValue64 and cuStreamWaitValue64 calls so far. */
+int fake_cuda_word_writes(void);
+int fake_cuda_word_waits(void);
 /* Uses of an opened event after its exporter destroyed it (undefined in
  * CUDA; the fake fails them). */
 int fake_cuda_dead_event_uses(void);

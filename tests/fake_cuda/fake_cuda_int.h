@@ -100,6 +100,12 @@ FAKE_HIDDEN CUresult fake_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
 FAKE_HIDDEN CUresult fake_cuIpcCloseMemHandle(CUdeviceptr p);
 FAKE_HIDDEN CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
                                         size_t n, CUstream h);
+FAKE_HIDDEN CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
+                                        size_t n, CUstream h);
+FAKE_HIDDEN CUresult fake_cuStreamWriteValue64(CUstream h, CUdeviceptr addr,
+                                          cuuint64_t value, unsigned flags);
+FAKE_HIDDEN CUresult fake_cuStreamWaitValue64(CUstream h, CUdeviceptr addr,
+                                         cuuint64_t value, unsigned flags);
 FAKE_HIDDEN CUresult fake_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
 FAKE_HIDDEN CUresult fake_cuStreamCreate(CUstream *ph, unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuStreamDestroy(CUstream h);

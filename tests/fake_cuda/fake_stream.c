@@ -38,6 +38,16 @@
  * cuEventRecord and cuStreamWaitEvent calls are counted
  * (fake_cuda_events_recorded, fake_cuda_stream_waits).
  *
+ * Stream memory operations: cuStreamWriteValue64 queues a write of a
+ * 64-bit word, done in its stream's order like a copy; a stream with such
+ * a write queued runs by itself, as a GPU does (the service thread does
+ * its work up to the write within 100 us of FAKE_CUDA_COPY_LAG_US having
+ * passed since it was queued), since another process may be reading the
+ * word rather than waiting on an event. cuStreamWaitValue64 (GEQ only)
+ * queues a wait for a word to reach a value: the stream's later work is
+ * done only after it; a synchronisation polls the word. Both are counted
+ * (fake_cuda_word_writes, fake_cuda_word_waits).
+ *
  * CUDA leaves any use of an opened event undefined once its exporter
  * destroyed it (on an H100 a stream wait on one waits for ever). The
  * exporter's cuEventDestroy marks the shared page; opening, querying,
@@ -47,7 +57,7 @@
  *
  * One lock over all of it.
  */
-enum op_kind { OP_COPY, OP_WAIT_LOCAL, OP_WAIT_REMOTE };
+enum op_kind { OP_COPY, OP_WAIT_LOCAL, OP_WAIT_REMOTE, OP_WRITE, OP_WAIT_WORD };
 
 struct fake_stream;
 struct ipc_page;
@@ -62,6 +72,10 @@ struct stream_op {
   struct ipc_page *page; /* OP_WAIT_REMOTE: until page->done >= gen */
   struct ipc_page *bell;
   uint32_t gen;
+  /* OP_WRITE: *word = value; OP_WAIT_WORD: until *word >= value. */
+  _Atomic uint64_t *word;
+  uint64_t value;
+  int64_t at_ns; /* OP_WRITE: when it was queued */
 };
 
 #define FAKE_STREAMS 32
@@ -115,6 +129,7 @@ static atomic_int not_ready;
 static atomic_int events_recorded;
 static atomic_int stream_waits;
 static atomic_int dead_event_uses;
+static atomic_int writes_pending; /* OP_WRITEs queued, not yet done */
 static __thread char thread_anchor; /* its address names the thread */
 
 /* Whether opened event @ev's exporter destroyed it (counted: a use). */
@@ -215,6 +230,13 @@ static void stream_run(struct fake_stream *s, uint64_t mark,
         *blocked = *op;
         break;
       }
+    } else if (op->kind == OP_WAIT_WORD) {
+      if (atomic_load(op->word) < op->value) {
+        *blocked = *op;
+        break;
+      }
+    } else if (op->kind == OP_WRITE) {
+      atomic_store(op->word, op->value);
     } else {
       if (op->n > 0)
         memmove(op->dst, op->src, op->n);
@@ -266,6 +288,18 @@ static CUresult remote_sync(struct ipc_page *page, struct ipc_page *b,
   return gen_done(page, gen) ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_TIMEOUT;
 }
 
+/* Wait (without the lock) until the word @op waits for has its value,
+ * at most 60 s: another process's stream writes it. */
+static CUresult word_sync(const struct stream_op *op)
+{
+  for (int i = 0; i < 600000 && atomic_load(op->word) < op->value; i++) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  return atomic_load(op->word) >= op->value ? CUDA_SUCCESS
+                                            : CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
 /* Do the work of @s up to @mark now, waiting for other processes' events
  * on the way (without the lock). */
 static CUresult stream_sync(struct fake_stream *s, uint64_t mark)
@@ -278,6 +312,12 @@ static CUresult stream_sync(struct fake_stream *s, uint64_t mark)
     pthread_mutex_unlock(&work_lock);
     if (done)
       return CUDA_SUCCESS;
+    if (blocked.kind == OP_WAIT_WORD) {
+      CUresult r = word_sync(&blocked);
+      if (r != CUDA_SUCCESS)
+        return r;
+      continue;
+    }
     if (blocked.page == NULL)
       return CUDA_ERROR_UNKNOWN; /* cannot happen */
     CUresult r = remote_sync(blocked.page, blocked.bell, blocked.gen);
@@ -334,16 +374,43 @@ static int serve_scan(struct sync_job *jobs, int max)
   return n;
 }
 
+/* Run each stream up to its last write whose lag is over; whether any
+ * write is left. work_lock held. */
+static bool serve_writes(void)
+{
+  long long lag = env_int("FAKE_CUDA_COPY_LAG_US", 0);
+  int left = 0;
+  for (int i = 0; i < FAKE_STREAMS; i++) {
+    struct fake_stream *s = &streams[i];
+    if (s->kind == 0)
+      continue;
+    uint64_t mark = 0;
+    for (size_t k = s->start; k < s->len; k++)
+      if (s->ops[k].kind == OP_WRITE &&
+          (now_ns() - s->ops[k].at_ns) / 1000 >= lag)
+        mark = s->done + (k - s->start) + 1;
+    if (mark != 0)
+      stream_poke(s, mark);
+    for (size_t k = s->start; k < s->len; k++)
+      left += s->ops[k].kind == OP_WRITE;
+  }
+  atomic_store(&writes_pending, left);
+  return left > 0;
+}
+
 static void *serve(void *arg)
 {
   (void)arg;
   uint32_t seen = atomic_load(&bell->gen);
   for (;;) {
-    futex(&bell->gen, FUTEX_WAIT, seen, NULL);
+    struct timespec tick = {0, 100000};
+    futex(&bell->gen, FUTEX_WAIT, seen,
+          atomic_load(&writes_pending) > 0 ? &tick : NULL);
     seen = atomic_load(&bell->gen);
     struct sync_job jobs[16];
     pthread_mutex_lock(&work_lock);
     int n = serve_scan(jobs, 16);
+    serve_writes();
     pthread_mutex_unlock(&work_lock);
     for (int i = 0; i < n; i++)
       stream_sync(jobs[i].s, jobs[i].mark);
@@ -414,6 +481,68 @@ FAKE_HIDDEN CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
   CUresult r = enqueue(h, &op);
   pthread_mutex_unlock(&work_lock);
   return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
+                                        size_t n, CUstream h)
+{
+  return fake_cuMemcpyAsync(dst, src, n, h);
+}
+
+static atomic_int word_writes, word_waits;
+
+FAKE_HIDDEN CUresult fake_cuStreamWriteValue64(CUstream h, CUdeviceptr addr,
+                                          cuuint64_t value, unsigned flags)
+{
+  NEED_INIT();
+  if (addr == 0 || addr % 8 != 0 || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_once(&serve_once, serve_start);
+  if (serve_started != CUDA_SUCCESS)
+    return serve_started;
+  struct stream_op op = {.kind = OP_WRITE,
+                         .word = (_Atomic uint64_t *)(uintptr_t)addr,
+                         .value = value,
+                         .at_ns = now_ns()};
+  pthread_mutex_lock(&work_lock);
+  CUresult r = enqueue(h, &op);
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&writes_pending, 1);
+  pthread_mutex_unlock(&work_lock);
+  if (r == CUDA_SUCCESS) {
+    atomic_fetch_add(&word_writes, 1);
+    ring(bell); /* the service thread starts ticking */
+  }
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuStreamWaitValue64(CUstream h, CUdeviceptr addr,
+                                         cuuint64_t value, unsigned flags)
+{
+  NEED_INIT();
+  if (addr == 0 || addr % 8 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (flags != CU_STREAM_WAIT_VALUE_GEQ)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  struct stream_op op = {.kind = OP_WAIT_WORD,
+                         .word = (_Atomic uint64_t *)(uintptr_t)addr,
+                         .value = value};
+  pthread_mutex_lock(&work_lock);
+  CUresult r = enqueue(h, &op);
+  pthread_mutex_unlock(&work_lock);
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&word_waits, 1);
+  return r;
+}
+
+int fake_cuda_word_writes(void)
+{
+  return atomic_load(&word_writes);
+}
+
+int fake_cuda_word_waits(void)
+{
+  return atomic_load(&word_waits);
 }
 
 /* Synchronous: after the work queued before it, as on the legacy stream. */
