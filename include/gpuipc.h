@@ -1526,9 +1526,13 @@ GPUIPC_API int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
 /*
  * gpuipc_channel_send_wait - wait on the host only until the receiver has released
  * message @ticket, then make @stream (NULL: the legacy default stream of
- * the release event's device) wait for the receiver's work on it, without
- * blocking the host for that work. Work queued on @stream afterwards may
- * overwrite the buffer. Returns as gpuipc_channel_send_done.
+ * the buffer's device) wait for the receiver's work on it, without
+ * blocking the host for that work (one stream memory operation on the
+ * release word; an event wait where the receiver's device has none; and
+ * nothing when the work is over already). Work queued on @stream
+ * afterwards may overwrite the buffer. Where @stream's device cannot wait
+ * on a word, the host waits instead, as in gpuipc_channel_send_done.
+ * Returns as gpuipc_channel_send_done.
  */
 GPUIPC_API int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
                                 void *stream, int timeout_ms);

@@ -12,12 +12,14 @@
  *   idle: the streams are synchronised before each send and release: no
  *         event is recorded or waited on, on either side;
  *   lag:  a copy is left pending on the stream before each send and each
- *         release (FAKE_CUDA_COPY_LAG keeps it pending): every send and
- *         release records an event, the other side's stream waits on it,
- *         and the receiver, reading on its stream, sees every byte of the
- *         sender's copy (which runs only when its waiter asks for it).
- * Each process counts its cuEventRecord and cuStreamWaitEvent calls and
- * checks them (tests/helpers/chan_stream_peer.c).
+ *         release (FAKE_CUDA_COPY_LAG keeps it pending): every send
+ *         records an event that the receiver's stream waits on, every
+ *         release has the receiver's stream write a release word that the
+ *         sender's stream waits on (FAKE_CUDA_COPY_LAG_US: written 2 ms
+ *         after, past the sender's poll), and each side, on its stream,
+ *         sees every byte of the other's work in order.
+ * Each process counts its event records and waits and its word writes and
+ * waits and checks them (tests/helpers/chan_stream_peer.c).
  */
 #include "helpers/fake_lag.h"
 
@@ -30,6 +32,7 @@ int main(void)
   /* Both peers load the fake driver; pending copies stay pending until a
    * synchronisation (no query ever completes them). */
   gpuipc_domain_t *dom = fake_lag_begin("chan-streams");
+  setenv("FAKE_CUDA_COPY_LAG_US", "2000", 1);
   static const char *const handles[] = {"null", "legacy", "per-thread",
                                         "created"};
   static const char *const modes[] = {"idle", "lag"};

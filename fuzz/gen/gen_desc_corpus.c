@@ -104,5 +104,9 @@ int main(int argc, char **argv)
   r.ev_key = 3;
   memset(r.ev_handle, 0x17, sizeof(r.ev_handle));
   put("valid-release-event", b, gpuipc__rel_encode(&r, b, sizeof(b)));
+  memset(&r, 0, sizeof(r));
+  r.flags = GPUIPC__REL_WORD;
+  r.seq = 10;
+  put("valid-release-word", b, gpuipc__rel_encode(&r, b, sizeof(b)));
   return 0;
 }

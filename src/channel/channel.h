@@ -38,6 +38,12 @@
  *   +512K   descriptor ring of direction 1 (B -> A)
  *   +1M     release ring of direction 0 (B -> A), DEPTH_MAX slots of 256
  *   +1.25M  release ring of direction 1 (A -> B)
+ *   +1.5M   release words of direction 0 (B's GPU writes, A reads),
+ *           DEPTH_MAX words of 8 bytes: word s % depth is s once the
+ *           receiver's work on message s has completed (a release with
+ *           GPUIPC__REL_WORD); the segment is registered with CUDA, so
+ *           cuStreamWriteValue64 on the receiver's stream writes it
+ *   +1.5M+8K release words of direction 1
  *
  * A is the end that claimed the segment first (end 0); it sends on
  * direction 0. Every word the peer writes is treated as hostile: slots are
@@ -58,8 +64,9 @@
 
 #define GPUIPC__CHAN_MAGIC 0x4e414843u /* "CHAN" */
 /* 2: the hellos of the rendezvous carry each end's eventfd (poll.c).
- * 3: settled[] and ev_use[] in the header (settle.c). */
-#define GPUIPC__CHAN_VERSION 3
+ * 3: settled[] and ev_use[] in the header (settle.c).
+ * 4: release words (GPUIPC__REL_WORD). */
+#define GPUIPC__CHAN_VERSION 4
 #define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
 #define GPUIPC__CHAN_DEPTH_DEFAULT 64
 #define GPUIPC__CHAN_HDR_BYTES 8192
@@ -69,6 +76,8 @@
 #define GPUIPC__CHAN_REL_OFF(d)                                                \
   (GPUIPC__CHAN_DESC_OFF(2) +                                                  \
    (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * GPUIPC__CHAN_REL_BYTES)
+#define GPUIPC__CHAN_WORD_OFF(d)                                               \
+  (GPUIPC__CHAN_REL_OFF(2) + (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * 8)
 #define GPUIPC__CHAN_SEG_BYTES ((size_t)2 << 20)
 /* Buffers one direction's receiver keeps mapped (the sender forgets LRU). */
 #define GPUIPC__CHAN_BUFS 256
@@ -124,7 +133,7 @@ struct gpuipc__chan_shm {
 
 _Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
                "channel header overflows its page");
-_Static_assert(GPUIPC__CHAN_REL_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
+_Static_assert(GPUIPC__CHAN_WORD_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
                "channel rings overflow the segment");
 
 /* ----- waiting (ring.c) ----- */
@@ -209,6 +218,7 @@ struct gpuipc__tx_rec {
   int large;          /* or the area's large stage, or -1 */
   gpuipc_event_t *rel_ev; /* the receiver's release event (table's) */
   uint32_t rel_key;       /* its key */
+  bool rel_word;          /* or its release word says when it is free */
 };
 
 /* The most large stages an area keeps (stage_slots says how many). */
@@ -255,6 +265,10 @@ struct gpuipc__tx {
   void *cb_user;
   uint64_t sent, bufs_sent;
   uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
+  /* Where device i's streams reach the release words (send_wait):
+   * word_state[i] 0 not looked up, 1 word_addr[i], -1 none. */
+  uint64_t word_addr[GPUIPC__CHAN_EV_DEVS];
+  int8_t word_state[GPUIPC__CHAN_EV_DEVS];
   uint64_t peer_looked_ns; /* when a send last polled the socket */
 };
 
@@ -272,6 +286,11 @@ struct gpuipc__rx {
   uint8_t *rel_ev_sent;
   int ndev;
   uint32_t rel_head;        /* releases published */
+  /* Release words (rel_lock): as tx's, for our streams' writes; word_seq
+   * [s % depth] the last message released with a word in that slot. */
+  uint64_t word_addr[GPUIPC__CHAN_EV_DEVS];
+  int8_t word_state[GPUIPC__CHAN_EV_DEVS];
+  uint64_t *word_seq;
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
@@ -306,6 +325,8 @@ struct gpuipc_channel {
   struct gpuipc__chan_dir *txd, *rxd;
   uint8_t *tx_ring, *rx_ring;   /* descriptor rings */
   uint8_t *tx_rel, *rx_rel;     /* release rings: we read tx_rel */
+  _Atomic uint64_t *tx_words;   /* release words: we read these, */
+  _Atomic uint64_t *rx_words;   /* our streams write these */
   struct gpuipc__tx tx;
   struct gpuipc__rx rx;
   /* Waking an event loop (poll.c). */

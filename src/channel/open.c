@@ -110,6 +110,8 @@ static int chan_setup(struct gpuipc_channel *ch,
   ch->rx_ring = ch->base + GPUIPC__CHAN_DESC_OFF(1 - e);
   ch->tx_rel = ch->base + GPUIPC__CHAN_REL_OFF(e);
   ch->rx_rel = ch->base + GPUIPC__CHAN_REL_OFF(1 - e);
+  ch->tx_words = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_WORD_OFF(e));
+  ch->rx_words = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_WORD_OFF(1 - e));
   ch->tx.depth = c->depth;
   ch->tx.next_seq = 1;
   ch->tx.oldest = 1;

@@ -224,9 +224,36 @@ static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
 }
 
 /*
- * Publish the release of message @seq, with an event on @stream (of device
- * @dev, -1 for none) unless the stream is idle; @busy: it is known not to
- * be (work was just queued on it), no need to ask.
+ * Where device @dev's streams write our release words (rel_lock held):
+ * 0 and *@addr, or GPUIPC_E_UNSUPPORTED (the release takes an event).
+ */
+static int rx_word(struct gpuipc_channel *ch, int dev, uint64_t *addr)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (dev < 0 || dev >= GPUIPC__CHAN_EV_DEVS)
+    return GPUIPC_E_UNSUPPORTED;
+  if (rx->word_state[dev] == 0) {
+    if (rx->word_seq == NULL)
+      rx->word_seq = calloc(GPUIPC__CHAN_DEPTH_MAX, sizeof(*rx->word_seq));
+    int rc = rx->word_seq == NULL
+                 ? -ENOMEM
+                 : gpuipc__word_dev(dev, (void *)ch->rx_words,
+                                    &rx->word_addr[dev]);
+    rx->word_state[dev] = rc == 0 ? 1 : -1;
+  }
+  if (rx->word_state[dev] < 0)
+    return GPUIPC_E_UNSUPPORTED;
+  *addr = rx->word_addr[dev];
+  return 0;
+}
+
+/*
+ * Publish the release of message @seq, ordered after @stream (of device
+ * @dev, -1 for none) unless the stream is idle: the stream writes the
+ * release word of @seq's slot once its work is done (one stream memory
+ * operation; the sender reads the word from shared memory), or, where the
+ * device cannot, records an interprocess event. @busy: the stream is known
+ * not to be idle (work was just queued on it), no need to ask.
  */
 static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
                       void *stream, bool busy)
@@ -248,7 +275,16 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   memset(&rl, 0, sizeof(rl));
   rl.seq = seq;
   uint8_t *sent = NULL;
-  if (dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream))) {
+  uint64_t word;
+  bool after = dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream));
+  if (after && rx_word(ch, dev, &word) == 0) {
+    uint32_t slot = (uint32_t)(seq % rx->depth);
+    rc = gpuipc__stream_word_write(dev, stream, word + slot * 8, seq);
+    if (rc != 0)
+      goto unlock;
+    rx->word_seq[slot] = seq;
+    rl.flags = GPUIPC__REL_WORD;
+  } else if (after) {
     rc = gpuipc__chan_event_record(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
                                    rx->depth, dev, seq, stream, &rl.ev_key,
                                    rl.ev_handle, &sent);
@@ -391,7 +427,10 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
     rel_dev = gpuipc__stream_dev(stream, rel_dev);
     rc = rx_ready(ch, rel_dev, stream);
     if (rc == 0 && n > 0)
-      rc = gpuipc__stream_copy_async(rel_dev, to, src, n, stream);
+      rc = gpuipc__stream_copy_async(
+          rel_dev, to, src, n, stream,
+          gpuipc_buf_kind(b) != GPUIPC_KIND_HOST &&
+              dl->device.device_type == GPUIPC_DL_CUDA);
     if (rc != 0)
       goto unlock;
   }
@@ -441,5 +480,7 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   gpuipc__chan_event_pool_free(rx->rel_ev, rx->rel_ev_sent, rx->ndev,
                                rx->depth);
   rx->rel_ev = NULL;
+  free(rx->word_seq);
+  rx->word_seq = NULL;
   pthread_mutex_unlock(&rx->rel_lock);
 }

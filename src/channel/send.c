@@ -28,6 +28,7 @@
 
 #define BUFMSG_TIMEOUT_MS 5000 /* a sender's wait for room on the socket */
 #define PEER_LOOK_NS 1000000ull /* how often a send polls for a hang-up */
+#define POLL_YIELD_NS 2000000ull /* a wait for GPU work yields, then naps */
 
 /* Sending side                                                             */
 /* ------------------------------------------------------------------------ */
@@ -101,6 +102,7 @@ static int tx_take(struct gpuipc_channel *ch)
     r->released = true;
     r->rel_ev = ev;
     r->rel_key = rl.ev_key;
+    r->rel_word = (rl.flags & GPUIPC__REL_WORD) != 0;
     tx->rel_tail++;
     taken++;
     if (tx->cb != NULL)
@@ -111,10 +113,40 @@ static int tx_take(struct gpuipc_channel *ch)
   return taken;
 }
 
+/* Whether @r's release word has reached its message. */
+static bool word_reached(struct gpuipc_channel *ch,
+                         const struct gpuipc__tx_rec *r)
+{
+  uint64_t w = atomic_load_explicit(&ch->tx_words[r->seq % ch->tx.depth],
+                                    memory_order_acquire);
+  return (int64_t)(w - r->seq) >= 0;
+}
+
+/* @r's release word has not reached it: -EAGAIN while the receiver is
+ * there; 0 when it closed with its work complete; GPUIPC_E_PEER_GONE. */
+static int word_pending(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
+{
+  int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
+  if (rc == 1) {
+    r->rel_word = false; /* the receiver closed, its work complete */
+    return 0;
+  }
+  if (rc != 0)
+    return rc;
+  gpuipc__chan_peer_ev_leave(ch);
+  return word_reached(ch, r) ? 0 : -EAGAIN;
+}
+
 /* Whether the receiver's work on @r's buffer is over: 0; -EAGAIN; an
  * error (GPUIPC_E_PEER_GONE: it closed with that work unfinished). */
 static int rel_query(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
 {
+  if (r->rel_word) {
+    int rc = word_reached(ch, r) ? 0 : word_pending(ch, r);
+    if (rc == 0)
+      r->rel_word = false;
+    return rc;
+  }
   if (r->rel_ev == NULL)
     return 0;
   int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
@@ -211,11 +243,13 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
         return -EAGAIN;
       if (gpuipc__chan_past(deadline))
         return -ETIMEDOUT;
-      /* Copies end within microseconds: yield first, sleep after 200 us. */
+      /* Copies end within microseconds to milliseconds: yield first,
+       * sleep after POLL_YIELD_NS (a nap oversleeps by the timer slack,
+       * 50 us, which a copy of tens of microseconds would feel). */
       uint64_t now = gpuipc__now_ns();
       if (polling == 0)
         polling = now;
-      tx_sleep(ch, now - polling < 200000 ? NAP_YIELD : NAP_SHORT, 0);
+      tx_sleep(ch, now - polling < POLL_YIELD_NS ? NAP_YIELD : NAP_SHORT, 0);
       continue;
     }
     rc = tx_sleep(ch, NAP_RELEASE, deadline);
@@ -252,7 +286,7 @@ static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
   if (ticket < tx->oldest || ticket >= tx->next_seq)
     return false;
   struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
-  return r->released && r->rel_ev != NULL;
+  return r->released && (r->rel_ev != NULL || r->rel_word);
 }
 
 /* When a blocked send gives up (send_timeout_ms: 0 does not wait, -1
@@ -522,7 +556,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     } else {
       ev_dev = dl->device.device_id;
       if (span > 0) {
-        rc = gpuipc__stream_copy_async(ev_dev, dst, src, span, stream);
+        rc = gpuipc__stream_copy_async(ev_dev, dst, src, span, stream, true);
         if (rc != 0)
           goto unlock;
       }
@@ -653,6 +687,47 @@ int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
   return rc;
 }
 
+/*
+ * Make @stream wait until @r's release word reaches it (send lock held):
+ * nothing when it does within the poll, a stream wait on the word, or,
+ * where the stream's device cannot wait on one, the host waits here until
+ * the message is free (@timeout_ms as the caller's).
+ */
+static int word_stream_wait(struct gpuipc_channel *ch,
+                            struct gpuipc__tx_rec *r, void *stream,
+                            int timeout_ms, const char *who)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint64_t end = gpuipc__now_ns() + gpuipc__chan_ev_poll_ns();
+  int q;
+  while ((q = rel_query(ch, r)) == -EAGAIN && gpuipc__now_ns() < end)
+    ;
+  if (q != -EAGAIN)
+    return q;
+  int home = r->buf != NULL ? gpuipc_buf_device(r->buf) : -1;
+  int dev = gpuipc__stream_dev(stream, home >= 0 ? home : 0);
+  if (dev >= 0 && dev < GPUIPC__CHAN_EV_DEVS) {
+    if (tx->word_state[dev] == 0)
+      tx->word_state[dev] = gpuipc__word_dev(dev, (void *)ch->tx_words,
+                                             &tx->word_addr[dev]) == 0
+                                ? 1
+                                : -1;
+    if (tx->word_state[dev] > 0)
+      return gpuipc__stream_word_wait(
+          dev, stream, tx->word_addr[dev] + (r->seq % tx->depth) * 8,
+          r->seq);
+  }
+  int ms = -1;
+  int rc = gpuipc__timeout_resolve(who, "timeout_ms", timeout_ms,
+                                   ch->dom_timeout_ms, &ms);
+  if (rc == 0)
+    rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), ticket_free, r->seq, true);
+  if (rc == -ETIMEDOUT)
+    rc = gpuipc__err(-ETIMEDOUT, "%s: message %llu was not free within %d "
+                     "ms", who, (unsigned long long)r->seq, ms);
+  return rc;
+}
+
 int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
                              void *stream, int timeout_ms)
 {
@@ -665,6 +740,9 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
   if (rc == 0 && ticket >= tx->oldest) {
     struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
     gpuipc_event_t *ev = r->rel_ev;
+    if (r->rel_word)
+      rc = word_stream_wait(ch, r, stream, timeout_ms,
+                            "gpuipc_channel_send_wait");
     if (ev != NULL) {
       rc = gpuipc__chan_peer_ev_enter(ch, "gpuipc_channel_send_wait");
       if (rc == 1) {

@@ -26,6 +26,12 @@
  *
  * A peer that died without closing destroyed its events with no warning;
  * an end that knows it (broken is GPUIPC_E_PEER_GONE) keeps off them.
+ *
+ * Release words (channel.h) live in the segment, not in the peer: one
+ * that has reached its message says so whatever became of the receiver.
+ * The closing receiver waits for the words it asked its streams to write
+ * as for its events, and DONE covers them too; a sender reads a word that
+ * has not arrived under the same rules as an event (send.c).
  */
 #include "channel/channel.h"
 #include "os/os.h"
@@ -95,6 +101,29 @@ static bool pool_settle(gpuipc_event_t **pool, const uint8_t *sent, int ndev,
   return true;
 }
 
+/* Wait until each release word our streams were asked to write has been
+ * written, or @deadline; whether they all were. rel_lock held. */
+static bool words_settle(struct gpuipc_channel *ch, uint64_t deadline)
+{
+  const struct gpuipc__rx *rx = &ch->rx;
+  if (rx->word_seq == NULL)
+    return true;
+  for (uint32_t i = 0; i < rx->depth; i++) {
+    uint64_t want = rx->word_seq[i];
+    for (unsigned spins = 0;
+         want != 0 && (int64_t)(atomic_load(&ch->rx_words[i]) - want) < 0;
+         spins++) {
+      if (gpuipc__now_ns() >= deadline)
+        return false;
+      if (spins < 64)
+        sched_yield();
+      else
+        gpuipc__sleep_us(50);
+    }
+  }
+  return true;
+}
+
 void gpuipc__chan_settle(struct gpuipc_channel *ch)
 {
   struct gpuipc__chan_shm *shm = ch->shm;
@@ -117,6 +146,7 @@ void gpuipc__chan_settle(struct gpuipc_channel *ch)
   pthread_mutex_lock(&ch->rx.rel_lock);
   done = done && pool_settle(ch->rx.rel_ev, ch->rx.rel_ev_sent, ch->rx.ndev,
                              ch->rx.depth, deadline);
+  done = done && words_settle(ch, deadline);
   pthread_mutex_unlock(&ch->rx.rel_lock);
   atomic_store(&shm->settled[ch->end], done ? GPUIPC__CHAN_SETTLED_DONE
                                             : GPUIPC__CHAN_SETTLED_UNFINISHED);

@@ -1,8 +1,8 @@
 /*
  * Stream glue for the channels: which device a stream belongs to, whether
- * it is idle, making it wait for an event (polling briefly first), and a
- * copy queued on it; with the stubs of a build without CUDA. Declared in
- * cuda.h.
+ * it is idle, making it wait for an event (polling briefly first), a copy
+ * queued on it, and words written or waited for on it; with the stubs of a
+ * build without CUDA. Declared in cuda.h.
  */
 #include "cuda/cuda.h"
 #include "os/os.h"
@@ -89,14 +89,73 @@ bool gpuipc__stream_idle(int dev, void *stream)
 }
 
 int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
-                              void *stream)
+                              void *stream, bool d2d)
 {
   struct gpuipc__ctx_saved saved;
   int rc = gpuipc__ctx_enter(dev, &saved);
   if (rc != 0)
     return rc;
-  rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                 (CUdeviceptr)(uintptr_t)src, n, (CUstream)stream);
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
+  if (d2d && gpuipc__cu.cuMemcpyDtoDAsync != NULL)
+    rc = GPUIPC_CU(cuMemcpyDtoDAsync, d, s, n, (CUstream)stream);
+  else
+    rc = GPUIPC_CU(cuMemcpyAsync, d, s, n, (CUstream)stream);
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
+
+int gpuipc__word_dev(int dev, void *host, uint64_t *addr)
+{
+  if (gpuipc__cu.cuStreamWriteValue64 == NULL ||
+      gpuipc__cu.cuStreamWaitValue64 == NULL)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "the CUDA driver has no "
+                       "64-bit stream memory operations");
+  const struct gpuipc__dev *d = gpuipc__dev_get(dev);
+  int ok = 0;
+  if (d == NULL ||
+      gpuipc__cu.cuDeviceGetAttribute(
+          &ok, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+          d->cu_dev) != CUDA_SUCCESS ||
+      !ok)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "device %d has no 64-bit "
+                       "stream memory operations", dev);
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  CUdeviceptr p = 0;
+  if (gpuipc__cu.cuMemHostGetDevicePointer(&p, host, 0) != CUDA_SUCCESS ||
+      p == 0)
+    rc = gpuipc__err(GPUIPC_E_UNSUPPORTED, "host memory at %p is not "
+                     "registered for device %d", host, dev);
+  gpuipc__ctx_leave(&saved);
+  if (rc == 0)
+    *addr = (uint64_t)p;
+  return rc;
+}
+
+int gpuipc__stream_word_write(int dev, void *stream, uint64_t addr,
+                              uint64_t value)
+{
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  rc = GPUIPC_CU(cuStreamWriteValue64, (CUstream)stream, (CUdeviceptr)addr,
+                 value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
+
+int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
+                             uint64_t value)
+{
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  rc = GPUIPC_CU(cuStreamWaitValue64, (CUstream)stream, (CUdeviceptr)addr,
+                 value, CU_STREAM_WAIT_VALUE_GEQ);
   gpuipc__ctx_leave(&saved);
   return rc;
 }
@@ -118,9 +177,26 @@ int gpuipc__stream_wait_event(gpuipc_event_t *ev, void *stream,
 }
 
 int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
-                              void *stream)
+                              void *stream, bool d2d)
 {
   return gpuipc__err(GPUIPC_E_UNSUPPORTED, "channel: this build has no CUDA "
                      "support for device copies");
+}
+
+int gpuipc__word_dev(int dev, void *host, uint64_t *addr)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+
+int gpuipc__stream_word_write(int dev, void *stream, uint64_t addr,
+                              uint64_t value)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+
+int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
+                             uint64_t value)
+{
+  return GPUIPC_E_UNSUPPORTED;
 }
 #endif

@@ -94,7 +94,8 @@ uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
 #define GPUIPC__REL_MAGIC 0x52484347u /* "GCHR" */
 #define GPUIPC__REL_EVENT 0x1u        /* the sender must wait for ev_key */
 #define GPUIPC__REL_NEW_EVENT 0x2u    /* ev_handle carries it */
-#define GPUIPC__REL_FLAGS 0x3u
+#define GPUIPC__REL_WORD 0x4u /* or for the release word to reach seq */
+#define GPUIPC__REL_FLAGS 0x7u
 
 struct gpuipc__rel {
   uint32_t flags;

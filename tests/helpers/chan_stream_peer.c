@@ -10,18 +10,24 @@
  *           per-thread (CU_STREAM_PER_THREAD) or created (cuStreamCreate,
  *           non-blocking).
  *   MODE    idle: every copy is synchronised before the channel sees the
- *           stream, so nothing needs an event: none may be recorded or
- *           waited on. lag: a copy is left queued on the stream before
- *           each send (the data) and each release (a read of the view);
- *           with FAKE_CUDA_COPY_LAG large it is still pending, so each
- *           send and each release records an event and the other side's
- *           stream waits on it: N each. The receiver reads the right
- *           bytes only if its stream waited for the sender's copy.
+ *           stream, so nothing needs an event or a word: none may be
+ *           recorded, written or waited on. lag: a copy is left queued on
+ *           the stream before each send (the data) and each release (a
+ *           read of the view); with FAKE_CUDA_COPY_LAG large it is still
+ *           pending, so each send records an event that the receiver's
+ *           stream waits on, and each release has the receiver's stream
+ *           write the message's release word, which the sender's stream
+ *           waits on (FAKE_CUDA_COPY_LAG_US keeps the word from landing
+ *           within the sender's poll): N each. The receiver reads the
+ *           right bytes only if its stream waited for the sender's copy;
+ *           the sender's next fill would overwrite the view's bytes
+ *           before the receiver's read if its stream did not wait.
  *   CUR     1: device 0's primary context is current on the calling thread
  *           (as in a program using the runtime API); 0: no context is.
  *
- * Prints and checks this process's count of cuEventRecord and
- * cuStreamWaitEvent calls. Exit 0 when everything checked out.
+ * Prints and checks this process's count of cuEventRecord,
+ * cuStreamWaitEvent, cuStreamWriteValue64 and cuStreamWaitValue64 calls.
+ * Exit 0 when everything checked out.
  */
 #include "core/private.h"
 #include "test.h"
@@ -139,10 +145,8 @@ static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
       ASSERT_OK(gpuipc__memcpy_async(seen, p, BYTES, 0, stream));
     ASSERT_OK(gpuipc_tensor_release(v, stream));
   }
-  /* The sender opens the last release's event, and its stream waits for
-   * that release's work (which it has done here, by asking: this process
-   * must stay until the sender is done). Only then is the stream synced,
-   * so that the sender always finds that event pending. */
+  /* The sender's stream waits for the last release's word, which this
+   * process's stream writes: it must stay until the sender is done. */
   gpuipc_tensor_t *v;
   ASSERT_RC(gpuipc_channel_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
   ASSERT_OK(gpuipc__stream_sync(0, stream));
@@ -179,16 +183,23 @@ int main(int argc, char **argv)
   ASSERT_OK(gpuipc_channel_open(dom, argv[3], &o, &ch));
   count_fn records = (count_fn)sym("fake_cuda_events_recorded");
   count_fn waits = (count_fn)sym("fake_cuda_stream_waits");
-  int r0 = records(), w0 = waits();
+  count_fn wwrites = (count_fn)sym("fake_cuda_word_writes");
+  count_fn wwaits = (count_fn)sym("fake_cuda_word_waits");
+  int r0 = records(), w0 = waits(), ww0 = wwrites(), wt0 = wwaits();
   if (send)
     sender(ch, stream, lag, n);
   else
     receiver(ch, stream, lag, n);
   int r = records() - r0, w = waits() - w0;
-  printf("%s %s %s cur=%d: %d events recorded, %d stream waits\n", argv[1],
-         handle, argv[5], cur, r, w);
-  ASSERT_EQ(r, lag ? n : 0);
-  ASSERT_EQ(w, lag ? n : 0);
+  int ww = wwrites() - ww0, wt = wwaits() - wt0;
+  printf("%s %s %s cur=%d: %d events recorded, %d event waits, %d words "
+         "written, %d word waits\n", argv[1], handle, argv[5], cur, r, w, ww,
+         wt);
+  /* Sends carry events; releases carry words. */
+  ASSERT_EQ(r, lag && send ? n : 0);
+  ASSERT_EQ(w, lag && !send ? n : 0);
+  ASSERT_EQ(ww, lag && !send ? n : 0);
+  ASSERT_EQ(wt, lag && send ? n : 0);
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_domain_leave(dom));
   if (strcmp(handle, "created") == 0) {
