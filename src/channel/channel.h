@@ -209,6 +209,15 @@ struct gpuipc__event {
   gpuipc_event_handle_t h;
 };
 
+/*
+ * Where each local device's streams reach one direction's release words:
+ * state[i] 0 not looked up yet, 1 at addr[i], -1 they cannot.
+ */
+struct gpuipc__word_map {
+  uint64_t addr[GPUIPC__CHAN_EV_DEVS];
+  int8_t state[GPUIPC__CHAN_EV_DEVS];
+};
+
 /* Sender: one message in flight. */
 struct gpuipc__tx_rec {
   uint64_t seq;       /* 0: free */
@@ -265,10 +274,7 @@ struct gpuipc__tx {
   void *cb_user;
   uint64_t sent, bufs_sent;
   uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
-  /* Where device i's streams reach the release words (send_wait):
-   * word_state[i] 0 not looked up, 1 word_addr[i], -1 none. */
-  uint64_t word_addr[GPUIPC__CHAN_EV_DEVS];
-  int8_t word_state[GPUIPC__CHAN_EV_DEVS];
+  struct gpuipc__word_map words; /* for send_wait's stream waits */
   uint64_t peer_looked_ns; /* when a send last polled the socket */
 };
 
@@ -286,10 +292,9 @@ struct gpuipc__rx {
   uint8_t *rel_ev_sent;
   int ndev;
   uint32_t rel_head;        /* releases published */
-  /* Release words (rel_lock): as tx's, for our streams' writes; word_seq
+  /* Release words (rel_lock): where our streams write them; word_seq
    * [s % depth] the last message released with a word in that slot. */
-  uint64_t word_addr[GPUIPC__CHAN_EV_DEVS];
-  int8_t word_state[GPUIPC__CHAN_EV_DEVS];
+  struct gpuipc__word_map words;
   uint64_t *word_seq;
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
@@ -501,6 +506,13 @@ int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
                               uint8_t **sent_flag);
 /* How long to poll a pending event of the peer's before a stream wait. */
 uint64_t gpuipc__chan_ev_poll_ns(void);
+/*
+ * Where device @dev's streams reach the release words at @words (looked
+ * up once per device, kept in @map): 0 and *@addr, or
+ * GPUIPC_E_UNSUPPORTED (the device cannot: events, or a host wait).
+ */
+int gpuipc__chan_word_addr(struct gpuipc__word_map *map,
+                           _Atomic uint64_t *words, int dev, uint64_t *addr);
 
 /* ----- settle.c ----- */
 

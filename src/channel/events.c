@@ -11,9 +11,13 @@
  * which cannot be sent before message s is free.
  *
  * This file holds the pools of our own events (one per device and slot,
- * created on first use) and the tables of the peer's events, by key.
+ * created on first use) and the tables of the peer's events, by key; and
+ * where a device's streams reach the release words (channel.h), which
+ * stand in for release events where the device has stream memory
+ * operations.
  */
 #include "channel/channel.h"
+#include "cuda/cuda.h"
 #include "mem/mem.h"
 
 #include <stdlib.h>
@@ -200,3 +204,17 @@ uint64_t gpuipc__chan_ev_poll_ns(void)
   return (uint64_t)(us > 1000000 ? 1000000 : us) * 1000;
 }
 
+
+int gpuipc__chan_word_addr(struct gpuipc__word_map *map,
+                           _Atomic uint64_t *words, int dev, uint64_t *addr)
+{
+  if (dev < 0 || dev >= GPUIPC__CHAN_EV_DEVS)
+    return GPUIPC_E_UNSUPPORTED;
+  if (map->state[dev] == 0)
+    map->state[dev] =
+        gpuipc__word_dev(dev, (void *)words, &map->addr[dev]) == 0 ? 1 : -1;
+  if (map->state[dev] < 0)
+    return GPUIPC_E_UNSUPPORTED;
+  *addr = map->addr[dev];
+  return 0;
+}

@@ -224,30 +224,6 @@ static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
 }
 
 /*
- * Where device @dev's streams write our release words (rel_lock held):
- * 0 and *@addr, or GPUIPC_E_UNSUPPORTED (the release takes an event).
- */
-static int rx_word(struct gpuipc_channel *ch, int dev, uint64_t *addr)
-{
-  struct gpuipc__rx *rx = &ch->rx;
-  if (dev < 0 || dev >= GPUIPC__CHAN_EV_DEVS)
-    return GPUIPC_E_UNSUPPORTED;
-  if (rx->word_state[dev] == 0) {
-    if (rx->word_seq == NULL)
-      rx->word_seq = calloc(GPUIPC__CHAN_DEPTH_MAX, sizeof(*rx->word_seq));
-    int rc = rx->word_seq == NULL
-                 ? -ENOMEM
-                 : gpuipc__word_dev(dev, (void *)ch->rx_words,
-                                    &rx->word_addr[dev]);
-    rx->word_state[dev] = rc == 0 ? 1 : -1;
-  }
-  if (rx->word_state[dev] < 0)
-    return GPUIPC_E_UNSUPPORTED;
-  *addr = rx->word_addr[dev];
-  return 0;
-}
-
-/*
  * Publish the release of message @seq, ordered after @stream (of device
  * @dev, -1 for none) unless the stream is idle: the stream writes the
  * release word of @seq's slot once its work is done (one stream memory
@@ -277,7 +253,10 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   uint8_t *sent = NULL;
   uint64_t word;
   bool after = dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream));
-  if (after && rx_word(ch, dev, &word) == 0) {
+  if (after && rx->word_seq == NULL)
+    rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
+  if (after && rx->word_seq != NULL &&
+      gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, &word) == 0) {
     uint32_t slot = (uint32_t)(seq % rx->depth);
     rc = gpuipc__stream_word_write(dev, stream, word + slot * 8, seq);
     if (rc != 0)

@@ -122,41 +122,29 @@ static bool word_reached(struct gpuipc_channel *ch,
   return (int64_t)(w - r->seq) >= 0;
 }
 
-/* @r's release word has not reached it: -EAGAIN while the receiver is
- * there; 0 when it closed with its work complete; GPUIPC_E_PEER_GONE. */
-static int word_pending(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
+/* Whether the receiver's work on @r's buffer is over (its release word
+ * or event): 0; -EAGAIN; an error (GPUIPC_E_PEER_GONE: it closed with
+ * that work unfinished). A word that arrived needs no look at the peer. */
+static int rel_query(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
 {
+  if (r->rel_word && word_reached(ch, r))
+    r->rel_word = false;
+  if (!r->rel_word && r->rel_ev == NULL)
+    return 0;
   int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
   if (rc == 1) {
     r->rel_word = false; /* the receiver closed, its work complete */
+    r->rel_ev = NULL;
     return 0;
   }
   if (rc != 0)
     return rc;
-  gpuipc__chan_peer_ev_leave(ch);
-  return word_reached(ch, r) ? 0 : -EAGAIN;
-}
-
-/* Whether the receiver's work on @r's buffer is over: 0; -EAGAIN; an
- * error (GPUIPC_E_PEER_GONE: it closed with that work unfinished). */
-static int rel_query(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
-{
-  if (r->rel_word) {
-    int rc = word_reached(ch, r) ? 0 : word_pending(ch, r);
-    if (rc == 0)
-      r->rel_word = false;
-    return rc;
-  }
-  if (r->rel_ev == NULL)
-    return 0;
-  int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
-  if (rc == 1) {
-    r->rel_ev = NULL; /* the receiver closed, its work complete */
-    return 0;
-  }
-  if (rc != 0)
-    return rc;
-  rc = gpuipc_event_query(r->rel_ev);
+  if (!r->rel_word)
+    rc = gpuipc_event_query(r->rel_ev);
+  else if (word_reached(ch, r))
+    r->rel_word = false;
+  else
+    rc = -EAGAIN;
   gpuipc__chan_peer_ev_leave(ch);
   return rc;
 }
@@ -699,24 +687,17 @@ static int word_stream_wait(struct gpuipc_channel *ch,
 {
   struct gpuipc__tx *tx = &ch->tx;
   uint64_t end = gpuipc__now_ns() + gpuipc__chan_ev_poll_ns();
-  int q;
-  while ((q = rel_query(ch, r)) == -EAGAIN && gpuipc__now_ns() < end)
-    ;
+  while (!word_reached(ch, r) && gpuipc__now_ns() < end)
+    ; /* a load a turn: the peer is looked at once, below */
+  int q = rel_query(ch, r);
   if (q != -EAGAIN)
     return q;
   int home = r->buf != NULL ? gpuipc_buf_device(r->buf) : -1;
   int dev = gpuipc__stream_dev(stream, home >= 0 ? home : 0);
-  if (dev >= 0 && dev < GPUIPC__CHAN_EV_DEVS) {
-    if (tx->word_state[dev] == 0)
-      tx->word_state[dev] = gpuipc__word_dev(dev, (void *)ch->tx_words,
-                                             &tx->word_addr[dev]) == 0
-                                ? 1
-                                : -1;
-    if (tx->word_state[dev] > 0)
-      return gpuipc__stream_word_wait(
-          dev, stream, tx->word_addr[dev] + (r->seq % tx->depth) * 8,
-          r->seq);
-  }
+  uint64_t words;
+  if (gpuipc__chan_word_addr(&tx->words, ch->tx_words, dev, &words) == 0)
+    return gpuipc__stream_word_wait(dev, stream,
+                                    words + (r->seq % tx->depth) * 8, r->seq);
   int ms = -1;
   int rc = gpuipc__timeout_resolve(who, "timeout_ms", timeout_ms,
                                    ch->dom_timeout_ms, &ms);

@@ -76,6 +76,19 @@ void gpuipc__chan_peer_ev_leave(struct gpuipc_channel *ch)
   atomic_store(&ch->shm->ev_use[ch->end].in_use, 0);
 }
 
+/* One turn of waiting for our own GPU work: false once @deadline has
+ * passed; else yield (the first 64 turns) or nap 50 us. */
+static bool settle_turn(unsigned spins, uint64_t deadline)
+{
+  if (gpuipc__now_ns() >= deadline)
+    return false;
+  if (spins < 64)
+    sched_yield();
+  else
+    gpuipc__sleep_us(50);
+  return true;
+}
+
 /* Wait until each event of @pool the peer has (@sent) completed, or
  * @deadline; whether they all did. */
 static bool pool_settle(gpuipc_event_t **pool, const uint8_t *sent, int ndev,
@@ -90,12 +103,8 @@ static bool pool_settle(gpuipc_event_t **pool, const uint8_t *sent, int ndev,
       int q = gpuipc_event_query(pool[i]);
       if (q != -EAGAIN)
         break; /* complete, or an error: nothing more will come of it */
-      if (gpuipc__now_ns() >= deadline)
+      if (!settle_turn(spins, deadline))
         return false;
-      if (spins < 64)
-        sched_yield();
-      else
-        gpuipc__sleep_us(50);
     }
   }
   return true;
@@ -112,14 +121,9 @@ static bool words_settle(struct gpuipc_channel *ch, uint64_t deadline)
     uint64_t want = rx->word_seq[i];
     for (unsigned spins = 0;
          want != 0 && (int64_t)(atomic_load(&ch->rx_words[i]) - want) < 0;
-         spins++) {
-      if (gpuipc__now_ns() >= deadline)
+         spins++)
+      if (!settle_turn(spins, deadline))
         return false;
-      if (spins < 64)
-        sched_yield();
-      else
-        gpuipc__sleep_us(50);
-    }
   }
   return true;
 }

@@ -134,30 +134,34 @@ int gpuipc__word_dev(int dev, void *host, uint64_t *addr)
   return rc;
 }
 
-int gpuipc__stream_word_write(int dev, void *stream, uint64_t addr,
-                              uint64_t value)
+/* Queue a write of @value to @addr on @stream, or (@wait) a wait for it. */
+static int word_op(int dev, void *stream, uint64_t addr, uint64_t value,
+                   bool wait)
 {
   struct gpuipc__ctx_saved saved;
   int rc = gpuipc__ctx_enter(dev, &saved);
   if (rc != 0)
     return rc;
-  rc = GPUIPC_CU(cuStreamWriteValue64, (CUstream)stream, (CUdeviceptr)addr,
-                 value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (wait)
+    rc = GPUIPC_CU(cuStreamWaitValue64, (CUstream)stream, (CUdeviceptr)addr,
+                   value, CU_STREAM_WAIT_VALUE_GEQ);
+  else
+    rc = GPUIPC_CU(cuStreamWriteValue64, (CUstream)stream, (CUdeviceptr)addr,
+                   value, CU_STREAM_WRITE_VALUE_DEFAULT);
   gpuipc__ctx_leave(&saved);
   return rc;
+}
+
+int gpuipc__stream_word_write(int dev, void *stream, uint64_t addr,
+                              uint64_t value)
+{
+  return word_op(dev, stream, addr, value, false);
 }
 
 int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
                              uint64_t value)
 {
-  struct gpuipc__ctx_saved saved;
-  int rc = gpuipc__ctx_enter(dev, &saved);
-  if (rc != 0)
-    return rc;
-  rc = GPUIPC_CU(cuStreamWaitValue64, (CUstream)stream, (CUdeviceptr)addr,
-                 value, CU_STREAM_WAIT_VALUE_GEQ);
-  gpuipc__ctx_leave(&saved);
-  return rc;
+  return word_op(dev, stream, addr, value, true);
 }
 #else
 int gpuipc__stream_dev(void *stream, int fallback)

@@ -379,6 +379,7 @@ static int serve_scan(struct sync_job *jobs, int max)
 static bool serve_writes(void)
 {
   long long lag = env_int("FAKE_CUDA_COPY_LAG_US", 0);
+  int64_t now = now_ns();
   int left = 0;
   for (int i = 0; i < FAKE_STREAMS; i++) {
     struct fake_stream *s = &streams[i];
@@ -387,7 +388,7 @@ static bool serve_writes(void)
     uint64_t mark = 0;
     for (size_t k = s->start; k < s->len; k++)
       if (s->ops[k].kind == OP_WRITE &&
-          (now_ns() - s->ops[k].at_ns) / 1000 >= lag)
+          (now - s->ops[k].at_ns) / 1000 >= lag)
         mark = s->done + (k - s->start) + 1;
     if (mark != 0)
       stream_poke(s, mark);
