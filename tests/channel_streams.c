@@ -15,8 +15,9 @@
  *         release (FAKE_CUDA_COPY_LAG keeps it pending): every send
  *         records an event that the receiver's stream waits on, every
  *         release has the receiver's stream write a release word that the
- *         sender's stream waits on (FAKE_CUDA_COPY_LAG_US: written 2 ms
- *         after, past the sender's poll), and each side, on its stream,
+ *         sender's stream waits on (written when the receiver next
+ *         synchronises, after the sender queued that wait), and each
+ *         side, on its stream,
  *         sees every byte of the other's work in order.
  * Each process counts its event records and waits and its word writes and
  * waits and checks them (tests/helpers/chan_stream_peer.c).
@@ -32,7 +33,9 @@ int main(void)
   /* Both peers load the fake driver; pending copies stay pending until a
    * synchronisation (no query ever completes them). */
   gpuipc_domain_t *dom = fake_lag_begin("chan-streams");
-  setenv("FAKE_CUDA_COPY_LAG_US", "2000", 1);
+  /* Words are written when a process synchronises its stream, never by
+   * the fake by itself (10 minutes): see chan_stream_peer. */
+  setenv("FAKE_CUDA_COPY_LAG_US", "600000000", 1);
   static const char *const handles[] = {"null", "legacy", "per-thread",
                                         "created"};
   static const char *const modes[] = {"idle", "lag"};

@@ -17,9 +17,13 @@
  *           pending, so each send records an event that the receiver's
  *           stream waits on, and each release has the receiver's stream
  *           write the message's release word, which the sender's stream
- *           waits on (FAKE_CUDA_COPY_LAG_US keeps the word from landing
- *           within the sender's poll): N each. The receiver reads the
- *           right bytes only if its stream waited for the sender's copy;
+ *           waits on: N each. (The word lands when the receiver next
+ *           synchronises its stream, for the next message, which the
+ *           sender sends after queuing that wait; FAKE_CUDA_COPY_LAG_US
+ *           keeps the fake from writing it earlier by itself.) A last
+ *           message from host memory, which needs neither, says the
+ *           sender is done. The receiver reads the right bytes only if
+ *           its stream waited for the sender's copy;
  *           the sender's next fill would overwrite the view's bytes
  *           before the receiver's read if its stream did not wait.
  *   CUR     1: device 0's primary context is current on the calling thread
@@ -112,7 +116,18 @@ static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
     ASSERT_OK(gpuipc_channel_send(ch, &t, stream, 0, &ticket));
     ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, stream, 30000));
   }
+  /* The last release's word is written when the receiver synchronises
+   * its stream, which it does on this message (host memory: nothing for
+   * either stream): our stream's wait on the word is queued by now. */
+  gpuipc_buf_t *hbuf;
+  ASSERT_OK(gpuipc_buf_alloc(BYTES, GPUIPC_KIND_HOST, -1, 0, &hbuf));
+  gpuipc_tensor_t done = t;
+  done.dl.data = gpuipc_buf_ptr(hbuf);
+  done.dl.device = (gpuipc_dl_device_t){GPUIPC_DL_CPU, 0};
+  done.buf = hbuf;
+  ASSERT_OK(gpuipc_channel_send(ch, &done, NULL, 0, NULL));
   ASSERT_OK(gpuipc__stream_sync(0, stream));
+  ASSERT_OK(gpuipc_buf_release(hbuf));
   ASSERT_OK(gpuipc_buf_release(buf));
   free(src);
 }
@@ -146,10 +161,15 @@ static void receiver(gpuipc_channel_t *ch, void *stream, int lag, long n)
     ASSERT_OK(gpuipc_tensor_release(v, stream));
   }
   /* The sender's stream waits for the last release's word, which this
-   * process's stream writes: it must stay until the sender is done. */
+   * process's stream writes (only now: the fake's writes do not run by
+   * themselves within the test, FAKE_CUDA_COPY_LAG_US), once the sender
+   * has queued that wait and sent the host message that says so. */
   gpuipc_tensor_t *v;
-  ASSERT_RC(gpuipc_channel_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
+  ASSERT_OK(gpuipc_channel_recv(ch, &v, stream, 30000));
+  ASSERT_EQ(v->dl.device.device_type, GPUIPC_DL_CPU);
   ASSERT_OK(gpuipc__stream_sync(0, stream));
+  ASSERT_OK(gpuipc_tensor_release(v, NULL));
+  ASSERT_RC(gpuipc_channel_recv(ch, &v, stream, 30000), GPUIPC_E_PEER_GONE);
   if (lag) {
     size_t bad = test_check(seen, BYTES, (uint64_t)n);
     if (bad != (size_t)-1)
