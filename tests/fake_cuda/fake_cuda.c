@@ -161,6 +161,9 @@ static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
   case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     *v = 1;
     break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+    *v = 4;
+    break;
   case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
     *v = d0 ? FAKE_CUDA_POOL_TYPES0 : FAKE_CUDA_POOL_TYPES1;
     break;
@@ -360,6 +363,10 @@ static const struct {
     ENTRY(cuEventSynchronize),
     ENTRY(cuIpcGetEventHandle),
     ENTRY(cuIpcOpenEventHandle),
+    ENTRY(cuModuleLoadData),
+    ENTRY(cuModuleGetFunction),
+    ENTRY(cuLaunchKernel),
+    ENTRY(cuMemsetD8),
 };
 
 static int hidden(const char *symbol)

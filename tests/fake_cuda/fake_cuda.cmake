@@ -7,7 +7,8 @@ if(GPUIPC_HAVE_CUDA)
   foreach(variant full v1 nogpa)
     add_library(fake_cuda_${variant} SHARED
       ${CMAKE_CURRENT_LIST_DIR}/fake_cuda.c ${CMAKE_CURRENT_LIST_DIR}/fake_mem.c
-      ${CMAKE_CURRENT_LIST_DIR}/fake_stream.c)
+      ${CMAKE_CURRENT_LIST_DIR}/fake_stream.c
+      ${CMAKE_CURRENT_LIST_DIR}/fake_kernel.c)
     target_include_directories(fake_cuda_${variant} SYSTEM PRIVATE
       ${GPUIPC_CUDA_INCLUDE_DIR})
     target_compile_options(fake_cuda_${variant} PRIVATE ${GPUIPC_WARNINGS})

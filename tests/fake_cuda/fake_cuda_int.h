@@ -7,6 +7,7 @@
  *   fake_cuda.c    init, devices, contexts, host registration, the table
  *   fake_mem.c     device memory and its IPC (cuMemAlloc, cuIpc*MemHandle)
  *   fake_stream.c  copies, streams and events (interprocess ones too)
+ *   fake_kernel.c  modules and launches (gpuipc's copy kernel), cuMemsetD8
  * Nothing here is exported: the library reaches the fake through
  * cuGetProcAddress, the tests through fake_cuda.h's counters.
  */
@@ -121,5 +122,22 @@ FAKE_HIDDEN CUresult fake_cuEventQuery(CUevent ev);
 FAKE_HIDDEN CUresult fake_cuEventSynchronize(CUevent ev);
 FAKE_HIDDEN CUresult fake_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev);
 FAKE_HIDDEN CUresult fake_cuIpcOpenEventHandle(CUevent *ph, CUipcEventHandle h);
+FAKE_HIDDEN CUresult fake_cuModuleLoadData(CUmodule *mod, const void *image);
+FAKE_HIDDEN CUresult fake_cuModuleGetFunction(CUfunction *f, CUmodule mod,
+                                              const char *name);
+FAKE_HIDDEN CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx,
+                                         unsigned gy, unsigned gz,
+                                         unsigned bx, unsigned by,
+                                         unsigned bz, unsigned shmem,
+                                         CUstream h, void **params,
+                                         void **extra);
+FAKE_HIDDEN CUresult fake_cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n);
+/* fake_stream.c, for fake_kernel.c: queue the copy kernel's work on @h
+ * (the current context's stream): the copy of @n bytes, checked against
+ * the counter at @count, then *@word = @value. */
+FAKE_HIDDEN CUresult fake_stream_copy_word(CUstream h, CUdeviceptr dst,
+                                           CUdeviceptr src, size_t n,
+                                           CUdeviceptr count,
+                                           CUdeviceptr word, uint64_t value);
 
 #endif

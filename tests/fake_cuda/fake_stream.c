@@ -48,6 +48,11 @@
  * done only after it; a synchronisation polls the word. Both are counted
  * (fake_cuda_word_writes, fake_cuda_word_waits).
  *
+ * gpuipc's copy kernel (fake_kernel.c) is queued as a copy followed by a
+ * write of its word, which runs by itself as above; the copy checks that
+ * the kernel's counter is 0 when it starts, as the kernel needs
+ * (fake_cuda_kernel_faults counts those that were not).
+ *
  * CUDA leaves any use of an opened event undefined once its exporter
  * destroyed it (on an H100 a stream wait on one waits for ever). The
  * exporter's cuEventDestroy marks the shared page; opening, querying,
@@ -67,6 +72,7 @@ struct stream_op {
   uint8_t *dst; /* OP_COPY */
   const uint8_t *src;
   size_t n;
+  _Atomic uint32_t *count; /* OP_COPY of the copy kernel: its counter */
   struct fake_stream *ws; /* OP_WAIT_LOCAL: until ws->done >= wmark */
   uint64_t wmark;
   struct ipc_page *page; /* OP_WAIT_REMOTE: until page->done >= gen */
@@ -130,6 +136,7 @@ static atomic_int events_recorded;
 static atomic_int stream_waits;
 static atomic_int dead_event_uses;
 static atomic_int writes_pending; /* OP_WRITEs queued, not yet done */
+static atomic_int kernel_faults;  /* copy kernels run with a counter not 0 */
 static __thread char thread_anchor; /* its address names the thread */
 
 /* Whether opened event @ev's exporter destroyed it (counted: a use). */
@@ -238,6 +245,8 @@ static void stream_run(struct fake_stream *s, uint64_t mark,
     } else if (op->kind == OP_WRITE) {
       atomic_store(op->word, op->value);
     } else {
+      if (op->count != NULL && atomic_load(op->count) != 0)
+        atomic_fetch_add(&kernel_faults, 1);
       if (op->n > 0)
         memmove(op->dst, op->src, op->n);
       atomic_fetch_add(&copies_done, 1);
@@ -492,29 +501,60 @@ FAKE_HIDDEN CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
 
 static atomic_int word_writes, word_waits;
 
+/* Queue @op, then a write of @value to @addr, on @h (the write runs by
+ * itself after its lag, see above). */
+static CUresult enqueue_then_write(CUstream h, const struct stream_op *op,
+                                   CUdeviceptr addr, uint64_t value)
+{
+  pthread_once(&serve_once, serve_start);
+  if (serve_started != CUDA_SUCCESS)
+    return serve_started;
+  struct stream_op w = {.kind = OP_WRITE,
+                        .word = (_Atomic uint64_t *)(uintptr_t)addr,
+                        .value = value,
+                        .at_ns = now_ns()};
+  pthread_mutex_lock(&work_lock);
+  CUresult r = op != NULL ? enqueue(h, op) : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS)
+    r = enqueue(h, &w); /* (a failure here leaves @op queued: no memory) */
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&writes_pending, 1);
+  pthread_mutex_unlock(&work_lock);
+  if (r == CUDA_SUCCESS)
+    ring(bell); /* the service thread starts ticking */
+  return r;
+}
+
 FAKE_HIDDEN CUresult fake_cuStreamWriteValue64(CUstream h, CUdeviceptr addr,
                                           cuuint64_t value, unsigned flags)
 {
   NEED_INIT();
   if (addr == 0 || addr % 8 != 0 || flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
-  pthread_once(&serve_once, serve_start);
-  if (serve_started != CUDA_SUCCESS)
-    return serve_started;
-  struct stream_op op = {.kind = OP_WRITE,
-                         .word = (_Atomic uint64_t *)(uintptr_t)addr,
-                         .value = value,
-                         .at_ns = now_ns()};
-  pthread_mutex_lock(&work_lock);
-  CUresult r = enqueue(h, &op);
+  CUresult r = enqueue_then_write(h, NULL, addr, value);
   if (r == CUDA_SUCCESS)
-    atomic_fetch_add(&writes_pending, 1);
-  pthread_mutex_unlock(&work_lock);
-  if (r == CUDA_SUCCESS) {
     atomic_fetch_add(&word_writes, 1);
-    ring(bell); /* the service thread starts ticking */
-  }
   return r;
+}
+
+FAKE_HIDDEN CUresult fake_stream_copy_word(CUstream h, CUdeviceptr dst,
+                                           CUdeviceptr src, size_t n,
+                                           CUdeviceptr count,
+                                           CUdeviceptr word, uint64_t value)
+{
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  struct stream_op op = {.kind = OP_COPY,
+                         .dst = (uint8_t *)(uintptr_t)dst,
+                         .src = (const uint8_t *)(uintptr_t)src,
+                         .n = n,
+                         .count = (_Atomic uint32_t *)(uintptr_t)count};
+  return enqueue_then_write(h, &op, word, value);
+}
+
+int fake_cuda_kernel_faults(void)
+{
+  return atomic_load(&kernel_faults);
 }
 
 FAKE_HIDDEN CUresult fake_cuStreamWaitValue64(CUstream h, CUdeviceptr addr,
