@@ -7,6 +7,7 @@
 #include "cuda/cuda.h"
 #include "os/os.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 
 #if GPUIPC_HAVE_CUDA
@@ -163,6 +164,55 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
 {
   return word_op(dev, stream, addr, value, true);
 }
+
+/* Per device: the stream that writes words after another's work, and the
+ * event that orders it (made on first use, kept for the process). */
+#define ASIDE_DEVS 64
+static struct aside {
+  pthread_mutex_t lock;
+  CUstream s;
+  CUevent ev;
+} asides[ASIDE_DEVS] = {[0 ... ASIDE_DEVS - 1] = {PTHREAD_MUTEX_INITIALIZER,
+                                                    NULL, NULL}};
+
+int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
+                                    uint64_t value)
+{
+  if (dev < 0 || dev >= ASIDE_DEVS)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "device %d: no word stream",
+                       dev);
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
+  struct aside *a = &asides[dev];
+  pthread_mutex_lock(&a->lock);
+  if (a->s == NULL) {
+    CUstream s;
+    CUevent ev;
+    rc = GPUIPC_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+    if (rc == 0) {
+      rc = GPUIPC_CU(cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+      if (rc == 0) {
+        a->s = s;
+        a->ev = ev;
+      } else {
+        gpuipc__cu.cuStreamDestroy(s);
+      }
+    }
+  }
+  /* The event's state is taken by the wait at once: reused next call. */
+  if (rc == 0)
+    rc = GPUIPC_CU(cuEventRecord, a->ev, (CUstream)stream);
+  if (rc == 0)
+    rc = GPUIPC_CU(cuStreamWaitEvent, a->s, a->ev, 0);
+  if (rc == 0)
+    rc = GPUIPC_CU(cuStreamWriteValue64, a->s, (CUdeviceptr)addr, value,
+                   CU_STREAM_WRITE_VALUE_DEFAULT);
+  pthread_mutex_unlock(&a->lock);
+  gpuipc__ctx_leave(&saved);
+  return rc;
+}
 #else
 int gpuipc__stream_dev(void *stream, int fallback)
 {
@@ -200,6 +250,12 @@ int gpuipc__stream_word_write(int dev, void *stream, uint64_t addr,
 
 int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
                              uint64_t value)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+
+int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
+                                    uint64_t value)
 {
   return GPUIPC_E_UNSUPPORTED;
 }
