@@ -1631,12 +1631,19 @@ GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
 /*
  * gpuipc_channel_recv_into - receive the next tensor by copying it into @dst, on
  * @stream after the sender's event; the sender's buffer is released when
- * the copy has completed (an event on @stream), without host waits. Both
- * tensors must be contiguous (row-major) with the same dtype and shape:
- * otherwise -EINVAL, and the message stays first in line for the next
- * receive. dst->buf may be NULL (any memory: dst->dl.device says where).
- * Copies between two host memories are done at once with memcpy; the
- * others with cuMemcpyAsync on @stream.
+ * the copy has read it, without host waits (see gpuipc_channel_send_wait).
+ * Both tensors must be contiguous (row-major) with the same dtype and
+ * shape: otherwise -EINVAL, and the message stays first in line for the
+ * next receive. dst->buf may be NULL (any memory: dst->dl.device says
+ * where). Copies between two host memories are done at once with memcpy.
+ * A copy within one GPU of up to GPUIPC_CHAN_COPY_KERNEL_KB (16 MiB) whose
+ * ends are 16-byte aligned is one launch of gpuipc's copy kernel on
+ * @stream, which also releases the buffer (it uses a few of the GPU's
+ * multiprocessors while it runs; the driver compiles it on the first such
+ * copy of the process, and where it cannot, the copy engine is used);
+ * other copies are the copy engine's (cuMemcpyDtoDAsync or cuMemcpyAsync
+ * on @stream), the larger ones released by a stream of gpuipc's own that
+ * waits for @stream's copy.
  * Returns as gpuipc_channel_recv, and -EINVAL for @dst.
  */
 GPUIPC_API int gpuipc_channel_recv_into(gpuipc_channel_t *ch,

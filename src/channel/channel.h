@@ -296,6 +296,12 @@ struct gpuipc__rx {
    * [s % depth] the last message released with a word in that slot. */
   struct gpuipc__word_map words;
   uint64_t *word_seq;
+  /* The copy kernel (rel_lock): a block of counters on each device
+   * (kstate 0 not taken yet, 1 at kcount[i], -1 none), and the largest
+   * copy within one GPU that is the kernel's rather than the engine's. */
+  uint64_t kcount[GPUIPC__CHAN_EV_DEVS];
+  int8_t kstate[GPUIPC__CHAN_EV_DEVS];
+  uint64_t kernel_max;
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
@@ -531,6 +537,9 @@ void gpuipc__chan_peer_ev_leave(struct gpuipc_channel *ch);
  * peer to finish a use of them under way.
  */
 void gpuipc__chan_settle(struct gpuipc_channel *ch);
+/* Whether every release word our streams were asked to write has been
+ * written (rel_lock held). */
+bool gpuipc__chan_words_written(const struct gpuipc_channel *ch);
 
 /* ----- send.c, for stage.c ----- */
 

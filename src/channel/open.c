@@ -119,6 +119,8 @@ static int chan_setup(struct gpuipc_channel *ch,
   ch->tx.recs = calloc(c->depth, sizeof(*ch->tx.recs));
   ch->rx.depth = peer_depth;
   ch->rx.expect_seq = 1;
+  ch->rx.kernel_max =
+      (uint64_t)gpuipc__cfg_long(GPUIPC_CFG_CHAN_COPY_KERNEL_KB, 16384) * 1024;
   if (ch->tx.recs == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_channel_open: out of memory");
   return 0;

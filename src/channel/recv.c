@@ -229,10 +229,11 @@ static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
  * release word of @seq's slot once its work is done (one stream memory
  * operation; the sender reads the word from shared memory), or, where the
  * device cannot, records an interprocess event. @busy: the stream is known
- * not to be idle (work was just queued on it), no need to ask.
+ * not to be idle (work was just queued on it), no need to ask. @carried:
+ * the word is on its way already (rx_copy queued it with the copy).
  */
 static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
-                      void *stream, bool busy)
+                      void *stream, bool busy, bool carried)
 {
   struct gpuipc__rx *rx = &ch->rx;
   int rc = 0;
@@ -253,9 +254,11 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   uint8_t *sent = NULL;
   uint64_t word;
   bool after = dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream));
-  if (after && rx->word_seq == NULL)
+  if (carried) {
+    rl.flags = GPUIPC__REL_WORD;
+  } else if (after && rx->word_seq == NULL)
     rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
-  if (after && rx->word_seq != NULL &&
+  if (!carried && after && rx->word_seq != NULL &&
       gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, &word) == 0) {
     uint32_t slot = (uint32_t)(seq % rx->depth);
     rc = gpuipc__stream_word_write(dev, stream, word + slot * 8, seq);
@@ -263,7 +266,7 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
       goto unlock;
     rx->word_seq[slot] = seq;
     rl.flags = GPUIPC__REL_WORD;
-  } else if (after) {
+  } else if (!carried && after) {
     rc = gpuipc__chan_event_record(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
                                    rx->depth, dev, seq, stream, &rl.ev_key,
                                    rl.ev_handle, &sent);
@@ -282,6 +285,75 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   if (sent != NULL)
     *sent = 1;
 unlock:
+  pthread_mutex_unlock(&rx->rel_lock);
+  return rc;
+}
+
+/* Where @dev's streams write the release word of @seq, and the counter
+ * the copy kernel takes for it (0: none); 0, or GPUIPC_E_UNSUPPORTED when
+ * the release cannot be a word. rel_lock held. */
+static int rx_word_for(struct gpuipc_channel *ch, uint64_t seq, int dev,
+                       bool kernel, uint64_t *word, uint64_t *count)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (atomic_load(&ch->closing) || atomic_load(&ch->broken) != 0)
+    return GPUIPC_E_UNSUPPORTED; /* the release itself says what became */
+  if (rx->word_seq == NULL)
+    rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
+  if (rx->word_seq == NULL ||
+      gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, word) != 0)
+    return GPUIPC_E_UNSUPPORTED;
+  uint32_t slot = (uint32_t)(seq % rx->depth);
+  *word += slot * 8;
+  *count = 0;
+  if (kernel && rx->kstate[dev] == 0)
+    rx->kstate[dev] = gpuipc__counters_get(dev, &rx->kcount[dev]) == 0 ? 1
+                                                                       : -1;
+  if (kernel && rx->kstate[dev] > 0)
+    *count = rx->kcount[dev] + slot * 4;
+  return 0;
+}
+
+/*
+ * Queue recv_into's copy of message @seq (@n > 0 bytes from @src to @to)
+ * on @stream of device @dev, and with it, where it can, the message's
+ * release word: within one GPU and up to rx.kernel_max bytes, gpuipc's
+ * copy kernel writes the word when it has read the buffer (one launch);
+ * else the copy engine copies, and above rx.kernel_max a stream of
+ * gpuipc's own writes the word after it (the caller's stream does not
+ * pause for the write between two large copies). Sets *@carried when the word is
+ * on its way (rx_release then only publishes the release). 0, or the
+ * copy's error: then nothing was queued.
+ */
+static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, int dev,
+                   void *stream, uint8_t *to, const uint8_t *src, size_t n,
+                   bool d2d, bool one_gpu, bool *carried)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  *carried = false;
+  bool kernel = one_gpu && n <= rx->kernel_max &&
+                ((uintptr_t)to | (uintptr_t)src) % 16 == 0;
+  bool after = d2d && !kernel && n > rx->kernel_max;
+  uint64_t word = 0, count = 0;
+  int rc = GPUIPC_E_UNSUPPORTED;
+  pthread_mutex_lock(&rx->rel_lock);
+  if ((kernel || after) &&
+      rx_word_for(ch, seq, dev, kernel, &word, &count) == 0) {
+    if (kernel && count != 0)
+      rc = gpuipc__copy_word(dev, to, src, n, stream, word, seq, count);
+    if (rc == GPUIPC_E_UNSUPPORTED) { /* the copy engine's copy, then */
+      rc = gpuipc__stream_copy_async(dev, to, src, n, stream, d2d);
+      if (rc == 0 && after &&
+          gpuipc__stream_word_write_after(dev, stream, word, seq) == 0)
+        *carried = true;
+    } else if (rc == 0) {
+      *carried = true;
+    }
+    if (*carried)
+      rx->word_seq[seq % rx->depth] = seq;
+  } else {
+    rc = gpuipc__stream_copy_async(dev, to, src, n, stream, d2d);
+  }
   pthread_mutex_unlock(&rx->rel_lock);
   return rc;
 }
@@ -390,6 +462,7 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
   const uint8_t *src = (const uint8_t *)gpuipc_buf_ptr(b) + d->offset;
   uint8_t *to = (uint8_t *)dl->data + dl->byte_offset;
   int rel_dev = -1;
+  bool carried = false;
   if (gpuipc_buf_kind(b) == GPUIPC_KIND_HOST &&
       gpuipc__chan_is_host_dev(dl->device.device_type)) {
     if (n > 0)
@@ -405,18 +478,18 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
     }
     rel_dev = gpuipc__stream_dev(stream, rel_dev);
     rc = rx_ready(ch, rel_dev, stream);
+    bool d2d = gpuipc_buf_kind(b) != GPUIPC_KIND_HOST &&
+               dl->device.device_type == GPUIPC_DL_CUDA;
     if (rc == 0 && n > 0)
-      rc = gpuipc__stream_copy_async(
-          rel_dev, to, src, n, stream,
-          gpuipc_buf_kind(b) != GPUIPC_KIND_HOST &&
-              dl->device.device_type == GPUIPC_DL_CUDA);
+      rc = rx_copy(ch, d->seq, rel_dev, stream, to, src, n, d2d,
+                   d2d && gpuipc_buf_device(b) == rel_dev, &carried);
     if (rc != 0)
       goto unlock;
   }
   uint64_t seq = d->seq;
   rx->pending = false;
   rx->received++;
-  rc = rx_release(ch, seq, rel_dev, stream, n > 0 && rel_dev >= 0);
+  rc = rx_release(ch, seq, rel_dev, stream, n > 0 && rel_dev >= 0, carried);
 unlock:
   pthread_mutex_unlock(&rx->lock);
   return rc;
@@ -439,7 +512,7 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
   struct gpuipc_channel *ch = v->ch;
   int rc = rx_release(
       ch, v->seq, v->device >= 0 ? gpuipc__stream_dev(stream, v->device) : -1,
-      stream, false);
+      stream, false, false);
   gpuipc_buf_release(v->t.buf);
   v->magic = 0;
   free(v);
@@ -459,6 +532,14 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   gpuipc__chan_event_pool_free(rx->rel_ev, rx->rel_ev_sent, rx->ndev,
                                rx->depth);
   rx->rel_ev = NULL;
+  /* A counter block goes back only once every word is written: a launch
+   * still running would use it (an unfinished one keeps it, unused). */
+  bool written = gpuipc__chan_words_written(ch);
+  for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
+    if (rx->kstate[i] > 0 && written) {
+      gpuipc__counters_put(i, rx->kcount[i]);
+      rx->kstate[i] = 0;
+    }
   free(rx->word_seq);
   rx->word_seq = NULL;
   pthread_mutex_unlock(&rx->rel_lock);

@@ -110,6 +110,13 @@ static bool pool_settle(gpuipc_event_t **pool, const uint8_t *sent, int ndev,
   return true;
 }
 
+/* Whether slot @i's last release word has been written. */
+static bool word_written(const struct gpuipc_channel *ch, uint32_t i)
+{
+  uint64_t want = ch->rx.word_seq[i];
+  return want == 0 || (int64_t)(atomic_load(&ch->rx_words[i]) - want) >= 0;
+}
+
 /* Wait until each release word our streams were asked to write has been
  * written, or @deadline; whether they all were. rel_lock held. */
 static bool words_settle(struct gpuipc_channel *ch, uint64_t deadline)
@@ -117,14 +124,20 @@ static bool words_settle(struct gpuipc_channel *ch, uint64_t deadline)
   const struct gpuipc__rx *rx = &ch->rx;
   if (rx->word_seq == NULL)
     return true;
-  for (uint32_t i = 0; i < rx->depth; i++) {
-    uint64_t want = rx->word_seq[i];
-    for (unsigned spins = 0;
-         want != 0 && (int64_t)(atomic_load(&ch->rx_words[i]) - want) < 0;
-         spins++)
+  for (uint32_t i = 0; i < rx->depth; i++)
+    for (unsigned spins = 0; !word_written(ch, i); spins++)
       if (!settle_turn(spins, deadline))
         return false;
-  }
+  return true;
+}
+
+bool gpuipc__chan_words_written(const struct gpuipc_channel *ch)
+{
+  if (ch->rx.word_seq == NULL)
+    return true;
+  for (uint32_t i = 0; i < ch->rx.depth; i++)
+    if (!word_written(ch, i))
+      return false;
   return true;
 }
 

@@ -142,7 +142,11 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "library (MPIX_Query_cuda_support).")                                    \
   XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "200",                   \
      "Microseconds a channel end polls a peer's pending event before "         \
-     "making its stream wait for it (0: never poll).")
+     "making its stream wait for it (0: never poll).")                         \
+  XX(CHAN_COPY_KERNEL_KB, "GPUIPC_CHAN_COPY_KERNEL_KB", "16384",               \
+     "KiB up to which a receive copy within one GPU is gpuipc's copy "        \
+     "kernel, which also writes the release (one launch); larger ones use "   \
+     "the copy engine (0: every one does).")
 
 typedef enum gpuipc__cfg {
 #define GPUIPC__CFG_ENUM(id, name, def, help) GPUIPC_CFG_##id,

@@ -36,6 +36,14 @@ if(GPUIPC_HAVE_CUDA)
   add_dependencies(test_channel_gpu_order fake_cuda_full chan_order_peer)
   target_compile_definitions(test_channel_gpu_order PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_order_peer PRIVATE ${CMAKE_DL_LIBS})
+  # tests/channel_copy_kernel.c: the receive copy as gpuipc's kernel or
+  # the copy engine's, which both ends count in the fake.
+  add_dependencies(test_channel_copy_kernel fake_cuda_full chan_order_peer
+    chan_kernel_peer)
+  target_compile_definitions(test_channel_copy_kernel PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_kernel_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_close_events.c: closes while the other end's use of
   # the events is still to come.
   add_dependencies(test_channel_close_events fake_cuda_full chan_close_peer)

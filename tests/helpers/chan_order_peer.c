@@ -5,7 +5,7 @@
  * on every machine:
  *
  *   chan_order_peer send DOMAIN CHANNEL ROUNDS
- *   chan_order_peer recv DOMAIN CHANNEL ROUNDS
+ *   chan_order_peer recv DOMAIN CHANNEL ROUNDS [EXPECT]
  *
  * The "GPU writes" are copies queued on a created stream (cuMemcpyAsync
  * through gpuipc__cu): with FAKE_CUDA_COPY_LAG large they stay pending
@@ -28,6 +28,14 @@
  *     B's release (gpuipc_channel_send_wait); otherwise round B's read
  *     sees round C's pattern. The receiver synchronises after receiving
  *     round C, and checks round B and C.
+ *
+ * EXPECT names how the receiver's copies (gpuipc_channel_recv_into) must
+ * have released their messages, counted in the fake driver: "kernel"
+ * (one launch of gpuipc's copy kernel each, no stream memory operation),
+ * "after" (a copy, and the word written by gpuipc's own stream after an
+ * event on ours: one record and one write each) or "stream" (a copy and
+ * the word written by our stream: one write each, no event). Releases of
+ * views write one word each in every case.
  */
 #include "test.h"
 
@@ -39,6 +47,8 @@
 #if GPUIPC_HAVE_CUDA
 
 #include "helpers/cu_peer.h"
+
+#include <dlfcn.h>
 
 #define BYTES ((size_t)1 << 20)
 
@@ -112,8 +122,38 @@ static void check_round(const uint8_t *host, int r)
               : "read before the sender's write: no wait on its event?");
 }
 
-static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds)
+/* The fake driver's counter @name, or -1 when it has none (a GPU). */
+static int fake_count(const char *name)
 {
+  void *fake = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  int (*fn)(void) = fake != NULL ? (int (*)(void))dlsym(fake, name) : NULL;
+  return fn != NULL ? fn() : -1;
+}
+
+/* Check how the @into copies and @views views were released (EXPECT). */
+static void check_expect(const char *expect, int into, int views, int k0,
+                         int w0, int r0)
+{
+  int k = fake_count("fake_cuda_kernel_launches") - k0;
+  int w = fake_count("fake_cuda_word_writes") - w0;
+  int r = fake_count("fake_cuda_events_recorded") - r0;
+  printf("recv (%s): %d kernel launches, %d word writes, %d events "
+         "recorded\n", expect, k, w, r);
+  bool kernel = strcmp(expect, "kernel") == 0;
+  bool after = strcmp(expect, "after") == 0;
+  if (!kernel && !after && strcmp(expect, "stream") != 0)
+    TFAIL("EXPECT %s: kernel, after or stream", expect);
+  ASSERT_EQ(k, kernel ? into : 0);
+  ASSERT_EQ(w, views + (kernel ? 0 : into));
+  ASSERT_EQ(r, after ? into : 0);
+}
+
+static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds,
+                     const char *expect)
+{
+  int k0 = fake_count("fake_cuda_kernel_launches");
+  int w0 = fake_count("fake_cuda_word_writes");
+  int r0 = fake_count("fake_cuda_events_recorded");
   gpuipc_buf_t *dbuf;
   ASSERT_OK(gpuipc_buf_alloc(BYTES, GPUIPC_KIND_LEGACY, 0, 0, &dbuf));
   uint8_t *host[2] = {malloc(BYTES), malloc(BYTES)};
@@ -133,6 +173,8 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds)
   gpuipc_tensor_t *v;
   ASSERT_RC(gpuipc_channel_recv(ch, &v, s, 30000), GPUIPC_E_PEER_GONE);
   CU_OK(cuStreamSynchronize, s);
+  if (expect != NULL)
+    check_expect(expect, rounds / 2, rounds / 2, k0, w0, r0);
   ASSERT_OK(gpuipc_buf_release(dbuf));
   free(host[0]);
   free(host[1]);
@@ -141,8 +183,9 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds)
 int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
-  if (argc != 5 || atoi(argv[4]) % 3 != 0)
-    TFAIL("usage: chan_order_peer send|recv DOMAIN CHANNEL ROUNDS (3k)");
+  if ((argc != 5 && argc != 6) || atoi(argv[4]) % 6 != 0)
+    TFAIL("usage: chan_order_peer send|recv DOMAIN CHANNEL ROUNDS (6k) "
+          "[EXPECT]");
   bool send = strcmp(argv[1], "send") == 0;
   int rounds = atoi(argv[4]);
   CUstream s = cu_stream_make();
@@ -159,7 +202,7 @@ int main(int argc, char **argv)
   if (send)
     sender(ch, s, rounds);
   else
-    receiver(ch, s, rounds);
+    receiver(ch, s, rounds, argc == 6 ? argv[5] : NULL);
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_domain_leave(dom));
   CU_OK(cuStreamDestroy, s);
