@@ -192,6 +192,7 @@ static const char copy_ptx[] =
 
 struct kdev {
   int state; /* 0 not tried, 1 loaded, -1 cannot (atomic) */
+  CUmodule mod; /* kept for the life of the process */
   CUfunction fn;
   unsigned grid_max;
 };
@@ -211,7 +212,6 @@ static int kernel_load(int dev, struct kdev *k)
   int rc = 0;
   st = __atomic_load_n(&k->state, __ATOMIC_RELAXED);
   if (st == 0) {
-    CUmodule mod = NULL;
     int sms = 0;
     const struct gpuipc__dev *d = gpuipc__dev_get(dev);
     if (gpuipc__cu.cuModuleLoadData == NULL ||
@@ -219,8 +219,8 @@ static int kernel_load(int dev, struct kdev *k)
         gpuipc__cu.cuLaunchKernel == NULL)
       rc = gpuipc__err(GPUIPC_E_UNSUPPORTED, "the CUDA driver cannot "
                        "launch kernels");
-    else if ((rc = GPUIPC_CU(cuModuleLoadData, &mod, copy_ptx)) == 0 &&
-             (rc = GPUIPC_CU(cuModuleGetFunction, &k->fn, mod,
+    else if ((rc = GPUIPC_CU(cuModuleLoadData, &k->mod, copy_ptx)) == 0 &&
+             (rc = GPUIPC_CU(cuModuleGetFunction, &k->fn, k->mod,
                              "gpuipc_copy_word")) == 0)
       rc = GPUIPC_CU(cuDeviceGetAttribute, &sms,
                      CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->cu_dev);
