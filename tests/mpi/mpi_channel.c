@@ -377,6 +377,10 @@ static void gpu_part(gpuipc_mpi_channel_t *ch, int even, int dev)
     ASSERT_OK(gpuipc_mpi_channel_send(ch, &dt, NULL, 0, &tk));
     memset(h, 0, n);
     ASSERT_OK(gpuipc_mpi_channel_recv_into(ch, &ht, NULL, -1));
+    /* The copy into HOST memory (registered with CUDA) is queued on the
+     * legacy stream, not done: a synchronous copy after it waits for it. */
+    uint8_t scratch;
+    ASSERT_OK(gpuipc_memcpy(&scratch, gpuipc_buf_ptr(gbuf), 1, dev, NULL));
     check_bytes(h, n, -1, 77);
     ASSERT_OK(gpuipc_mpi_channel_send_done(ch, tk, -1));
     gpuipc_buf_release(gbuf);
