@@ -25,7 +25,6 @@
 
 #include "cuda/cuda.h"
 
-#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -61,28 +60,6 @@ static void flag_wait(const char *name)
   }
 }
 
-static int dead_uses(void)
-{
-  void *fake = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_TRUE(fake != NULL);
-  int (*fn)(void) = (int (*)(void))dlsym(fake, "fake_cuda_dead_event_uses");
-  ASSERT_TRUE(fn != NULL);
-  int n = fn();
-  dlclose(fake);
-  return n;
-}
-
-static gpuipc_channel_t *chan_open(gpuipc_domain_t *dom, const char *name)
-{
-  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
-  o.timeout_ms = 30000;
-  o.device = 0;
-  o.device_set = 1;
-  gpuipc_channel_t *ch;
-  ASSERT_OK(gpuipc_channel_open(dom, name, &o, &ch));
-  return ch;
-}
-
 /* Write pattern @seed into @dev on @s (pending). */
 static void write_async(void *dev, uint8_t *host, uint64_t seed, CUstream s)
 {
@@ -109,7 +86,7 @@ static void sender(gpuipc_domain_t *dom, CUstream s)
     host[i] = malloc(BYTES);
     ASSERT_TRUE(host[i] != NULL);
   }
-  gpuipc_channel_t *ch = chan_open(dom, "first");
+  gpuipc_channel_t *ch = cu_chan_open(dom, "first", true);
   for (int i = 0; i < MSGS; i++) {
     write_async(gpuipc_buf_ptr(buf[i]), host[i], (uint64_t)i + 1, s);
     cu_bytes_tensor(&t, shape, gpuipc_buf_ptr(buf[i]), BYTES, buf[i]);
@@ -118,7 +95,7 @@ static void sender(gpuipc_domain_t *dom, CUstream s)
   ASSERT_OK(gpuipc_channel_close(ch)); /* its events: complete, then gone */
   flag_set("sent");
 
-  ch = chan_open(dom, "second");
+  ch = cu_chan_open(dom, "second", true);
   write_async(gpuipc_buf_ptr(buf[MSGS]), host[MSGS], 99, s);
   CU_OK(cuStreamSynchronize, s);
   cu_bytes_tensor(&t, shape, gpuipc_buf_ptr(buf[MSGS]), BYTES, buf[MSGS]);
@@ -129,7 +106,7 @@ static void sender(gpuipc_domain_t *dom, CUstream s)
   ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, s, 30000));
   CU_OK(cuStreamSynchronize, s);
   ASSERT_OK(gpuipc_channel_close(ch));
-  ASSERT_EQ(dead_uses(), 0);
+  ASSERT_EQ(cu_fake_count("fake_cuda_dead_event_uses"), 0);
   printf("send: both channels closed, no destroyed event used\n");
   flag_set("done-send");
   flag_wait("done-recv");
@@ -148,7 +125,7 @@ static void receiver(gpuipc_domain_t *dom, CUstream s)
   int64_t shape[1];
   gpuipc_tensor_t t, *v;
 
-  gpuipc_channel_t *ch = chan_open(dom, "first");
+  gpuipc_channel_t *ch = cu_chan_open(dom, "first", true);
   flag_wait("sent"); /* the sender has closed: its events are gone */
   for (int i = 0; i < MSGS; i++) {
     memset(host, 0, BYTES);
@@ -171,7 +148,7 @@ static void receiver(gpuipc_domain_t *dom, CUstream s)
   ASSERT_OK(gpuipc_channel_close(ch));
   printf("recv: %d messages of a closed sender, every byte\n", MSGS);
 
-  ch = chan_open(dom, "second");
+  ch = cu_chan_open(dom, "second", true);
   memset(host, 0, BYTES);
   ASSERT_OK(gpuipc_channel_recv(ch, &v, s, 30000));
   const uint8_t *p = (const uint8_t *)v->dl.data + v->dl.byte_offset;
@@ -181,7 +158,7 @@ static void receiver(gpuipc_domain_t *dom, CUstream s)
   expect(host, 99, "a read released, then closed");
   flag_set("released");
   flag_wait("done-send");
-  ASSERT_EQ(dead_uses(), 0);
+  ASSERT_EQ(cu_fake_count("fake_cuda_dead_event_uses"), 0);
   printf("recv: both channels closed, no destroyed event used\n");
   flag_set("done-recv");
   ASSERT_OK(gpuipc_buf_release(dbuf));

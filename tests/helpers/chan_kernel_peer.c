@@ -27,8 +27,6 @@
 
 #include "helpers/cu_peer.h"
 
-#include <dlfcn.h>
-
 #define BUF_BYTES ((size_t)4 << 20)
 #define GUARD 64
 
@@ -38,15 +36,6 @@ static const size_t src_off[] = {0, 16, 1};
 static const size_t dst_off[] = {0, 32, 3};
 #define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
 #define NOFFS 3
-
-static int fake_count(const char *name)
-{
-  void *fake = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
-  int (*fn)(void) = fake != NULL ? (int (*)(void))dlsym(fake, name) : NULL;
-  if (fn == NULL)
-    TFAIL("the fake driver has no %s", name);
-  return fn();
-}
 
 static void sender(gpuipc_channel_t *ch, CUstream s)
 {
@@ -82,8 +71,8 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
   uint8_t *dev = gpuipc_buf_ptr(dbuf);
   uint8_t *host = malloc(BUF_BYTES);
   ASSERT_TRUE(host != NULL);
-  int k0 = fake_count("fake_cuda_kernel_launches");
-  int w0 = fake_count("fake_cuda_word_writes");
+  int k0 = cu_fake_count("fake_cuda_kernel_launches");
+  int w0 = cu_fake_count("fake_cuda_word_writes");
   int want_k = 0, want_w = 0;
   uint64_t id = 0;
   for (size_t i = 0; i < NSIZES; i++)
@@ -115,15 +104,15 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
                 "changed to %u", n, at, p, host[p]);
       }
     }
-  int k = fake_count("fake_cuda_kernel_launches") - k0;
-  int w = fake_count("fake_cuda_word_writes") - w0;
+  int k = cu_fake_count("fake_cuda_kernel_launches") - k0;
+  int w = cu_fake_count("fake_cuda_word_writes") - w0;
   printf("recv: %llu messages, kernel up to %zu bytes: %d launches (want "
          "%d), %d words written after a copy (want %d), %d faults\n",
          (unsigned long long)id, kernel_max, k, want_k, w, want_w,
-         fake_count("fake_cuda_kernel_faults"));
+         cu_fake_count("fake_cuda_kernel_faults"));
   ASSERT_EQ(k, want_k);
   ASSERT_EQ(w, want_w);
-  ASSERT_EQ(fake_count("fake_cuda_kernel_faults"), 0);
+  ASSERT_EQ(cu_fake_count("fake_cuda_kernel_faults"), 0);
   ASSERT_OK(gpuipc_buf_release(dbuf));
   free(host);
 }
@@ -138,10 +127,7 @@ int main(int argc, char **argv)
   CUstream s = cu_stream_make();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
-  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
-  o.timeout_ms = 30000;
-  gpuipc_channel_t *ch;
-  ASSERT_OK(gpuipc_channel_open(dom, argv[3], &o, &ch));
+  gpuipc_channel_t *ch = cu_chan_open(dom, argv[3], false);
   if (send)
     sender(ch, s);
   else

@@ -1,8 +1,9 @@
 /*
  * What the helper processes of the GPU-ordering tests on the fake CUDA
- * driver share (chan_order_peer.c, chan_close_peer.c): a created stream
- * of device 0 with its primary context current, and a 1-D byte tensor on
- * device 0. Included only where GPUIPC_HAVE_CUDA.
+ * driver share (chan_order_peer.c, chan_close_peer.c, chan_kernel_peer.c):
+ * a created stream of device 0 with its primary context current, a
+ * channel opened for them, a 1-D byte tensor on device 0, and the fake's
+ * counters. Included only where GPUIPC_HAVE_CUDA; link with -ldl.
  */
 #ifndef GPUIPC_TEST_CU_PEER_H
 #define GPUIPC_TEST_CU_PEER_H
@@ -11,7 +12,10 @@
 
 #include "cuda/cuda.h"
 
+#include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CU_OK(fn, ...) ASSERT_OK(GPUIPC_CU(fn, __VA_ARGS__))
@@ -26,6 +30,34 @@ static inline CUstream cu_stream_make(void)
   CUstream s;
   CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
   return s;
+}
+
+/* Channel @name of @dom, 30 s timeouts; on device 0 when @dev0. */
+static inline gpuipc_channel_t *cu_chan_open(gpuipc_domain_t *dom,
+                                             const char *name, bool dev0)
+{
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.timeout_ms = 30000;
+  if (dev0) {
+    o.device = 0;
+    o.device_set = 1;
+  }
+  gpuipc_channel_t *ch;
+  ASSERT_OK(gpuipc_channel_open(dom, name, &o, &ch));
+  return ch;
+}
+
+/* The fake driver's counter @name (tests/fake_cuda/fake_cuda.h); fails
+ * the test when the driver loaded is not the fake. */
+static inline int cu_fake_count(const char *name)
+{
+  void *fake = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  int (*fn)(void) = fake != NULL ? (int (*)(void))dlsym(fake, name) : NULL;
+  if (fn == NULL)
+    TFAIL("the CUDA driver loaded is not the fake, or has no %s", name);
+  int n = fn();
+  dlclose(fake);
+  return n;
 }
 
 /* @t: @n bytes at @p on device 0 (in @buf, or NULL); @shape: its storage. */
