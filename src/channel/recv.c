@@ -223,6 +223,22 @@ static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
   return rc;
 }
 
+/* Where @dev's streams write the release word of message @seq: 0, or
+ * GPUIPC_E_UNSUPPORTED when they cannot (no memory operations, or no
+ * memory for the slots' record). rel_lock held. */
+static int rx_word_addr(struct gpuipc_channel *ch, uint64_t seq, int dev,
+                        uint64_t *word)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (rx->word_seq == NULL)
+    rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
+  if (rx->word_seq == NULL ||
+      gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, word) != 0)
+    return GPUIPC_E_UNSUPPORTED;
+  *word += (seq % rx->depth) * 8;
+  return 0;
+}
+
 /*
  * Publish the release of message @seq, ordered after @stream (of device
  * @dev, -1 for none) unless the stream is idle: the stream writes the
@@ -253,20 +269,17 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   rl.seq = seq;
   uint8_t *sent = NULL;
   uint64_t word;
-  bool after = dev >= 0 && (busy || !gpuipc__stream_idle(dev, stream));
+  bool after = !carried && dev >= 0 &&
+               (busy || !gpuipc__stream_idle(dev, stream));
   if (carried) {
     rl.flags = GPUIPC__REL_WORD;
-  } else if (after && rx->word_seq == NULL)
-    rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
-  if (!carried && after && rx->word_seq != NULL &&
-      gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, &word) == 0) {
-    uint32_t slot = (uint32_t)(seq % rx->depth);
-    rc = gpuipc__stream_word_write(dev, stream, word + slot * 8, seq);
+  } else if (after && rx_word_addr(ch, seq, dev, &word) == 0) {
+    rc = gpuipc__stream_word_write(dev, stream, word, seq);
     if (rc != 0)
       goto unlock;
-    rx->word_seq[slot] = seq;
+    rx->word_seq[seq % rx->depth] = seq;
     rl.flags = GPUIPC__REL_WORD;
-  } else if (!carried && after) {
+  } else if (after) {
     rc = gpuipc__chan_event_record(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
                                    rx->depth, dev, seq, stream, &rl.ev_key,
                                    rl.ev_handle, &sent);
@@ -289,28 +302,23 @@ unlock:
   return rc;
 }
 
-/* Where @dev's streams write the release word of @seq, and the counter
- * the copy kernel takes for it (0: none); 0, or GPUIPC_E_UNSUPPORTED when
- * the release cannot be a word. rel_lock held. */
+/* Where @dev's streams write the release word of @seq (rx_word_addr),
+ * and the counter the copy kernel takes for it (0: none); 0, or
+ * GPUIPC_E_UNSUPPORTED when the release cannot be a word. rel_lock held. */
 static int rx_word_for(struct gpuipc_channel *ch, uint64_t seq, int dev,
                        bool kernel, uint64_t *word, uint64_t *count)
 {
   struct gpuipc__rx *rx = &ch->rx;
   if (atomic_load(&ch->closing) || atomic_load(&ch->broken) != 0)
     return GPUIPC_E_UNSUPPORTED; /* the release itself says what became */
-  if (rx->word_seq == NULL)
-    rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
-  if (rx->word_seq == NULL ||
-      gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, word) != 0)
+  if (rx_word_addr(ch, seq, dev, word) != 0)
     return GPUIPC_E_UNSUPPORTED;
-  uint32_t slot = (uint32_t)(seq % rx->depth);
-  *word += slot * 8;
   *count = 0;
   if (kernel && rx->kstate[dev] == 0)
     rx->kstate[dev] = gpuipc__counters_get(dev, &rx->kcount[dev]) == 0 ? 1
                                                                        : -1;
   if (kernel && rx->kstate[dev] > 0)
-    *count = rx->kcount[dev] + slot * 4;
+    *count = rx->kcount[dev] + (seq % rx->depth) * 4;
   return 0;
 }
 
@@ -321,9 +329,9 @@ static int rx_word_for(struct gpuipc_channel *ch, uint64_t seq, int dev,
  * copy kernel writes the word when it has read the buffer (one launch);
  * else the copy engine copies, and above rx.kernel_max a stream of
  * gpuipc's own writes the word after it (the caller's stream does not
- * pause for the write between two large copies). Sets *@carried when the word is
- * on its way (rx_release then only publishes the release). 0, or the
- * copy's error: then nothing was queued.
+ * pause for the write between two large copies). Sets *@carried when the
+ * word is on its way (rx_release then only publishes the release). 0, or
+ * the copy's error: then nothing was queued.
  */
 static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, int dev,
                    void *stream, uint8_t *to, const uint8_t *src, size_t n,
@@ -333,7 +341,7 @@ static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, int dev,
   *carried = false;
   bool kernel = one_gpu && n <= rx->kernel_max &&
                 ((uintptr_t)to | (uintptr_t)src) % 16 == 0;
-  bool after = d2d && !kernel && n > rx->kernel_max;
+  bool after = d2d && n > rx->kernel_max;
   uint64_t word = 0, count = 0;
   int rc = GPUIPC_E_UNSUPPORTED;
   pthread_mutex_lock(&rx->rel_lock);
@@ -534,12 +542,12 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   rx->rel_ev = NULL;
   /* A counter block goes back only once every word is written: a launch
    * still running would use it (an unfinished one keeps it, unused). */
-  bool written = gpuipc__chan_words_written(ch);
-  for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
-    if (rx->kstate[i] > 0 && written) {
-      gpuipc__counters_put(i, rx->kcount[i]);
-      rx->kstate[i] = 0;
-    }
+  if (gpuipc__chan_words_written(ch))
+    for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
+      if (rx->kstate[i] > 0) {
+        gpuipc__counters_put(i, rx->kcount[i]);
+        rx->kstate[i] = 0;
+      }
   free(rx->word_seq);
   rx->word_seq = NULL;
   pthread_mutex_unlock(&rx->rel_lock);

@@ -296,6 +296,10 @@ int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
 
 /* ----- gpuipc's copy kernel (kernel.c) ----- */
 
+/* Devices that get the per-device state of the copy kernel and of the
+ * words written after a stream's work; others copy and write as before. */
+#define GPUIPC__DEV_SLOTS 64
+
 /* Counters in a block (gpuipc__counters_get): one per channel slot. */
 #define GPUIPC__COUNTERS 1024
 

@@ -186,7 +186,6 @@ static const char copy_ptx[] =
     "\n"
     "}\n";
 
-#define KDEVS 64    /* devices with a loaded kernel; others copy as before */
 #define THREADS 256 /* the kernel's block (its .maxntid) */
 #define BLOCKS_PER_SM 4
 
@@ -197,7 +196,7 @@ struct kdev {
   unsigned grid_max;
 };
 
-static struct kdev kdevs[KDEVS];
+static struct kdev kdevs[GPUIPC__DEV_SLOTS];
 static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Load the kernel in @dev's primary context (current), once. */
@@ -246,8 +245,8 @@ int gpuipc__copy_word(int dev, void *dst, const void *src, size_t n,
                       void *stream, uint64_t word, uint64_t value,
                       uint64_t count)
 {
-  if (dev < 0 || dev >= KDEVS || n == 0 || word == 0 || count == 0 ||
-      ((uintptr_t)dst | (uintptr_t)src) % 16 != 0)
+  if (dev < 0 || dev >= GPUIPC__DEV_SLOTS || n == 0 || word == 0 ||
+      count == 0 || ((uintptr_t)dst | (uintptr_t)src) % 16 != 0)
     return gpuipc__err(GPUIPC_E_UNSUPPORTED, "the copy kernel does not take "
                        "this copy (device %d, %zu bytes)", dev, n);
   struct gpuipc__ctx_saved saved;
@@ -292,14 +291,14 @@ struct cdev {
   int nchunks;
 };
 
-static struct cdev cdevs[KDEVS];
+static struct cdev cdevs[GPUIPC__DEV_SLOTS];
 static pthread_mutex_t counter_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define BLOCK_BYTES ((size_t)GPUIPC__COUNTERS * 4)
 
 int gpuipc__counters_get(int dev, uint64_t *out)
 {
-  if (dev < 0 || dev >= KDEVS)
+  if (dev < 0 || dev >= GPUIPC__DEV_SLOTS)
     return gpuipc__err(GPUIPC_E_UNSUPPORTED, "device %d: no counters", dev);
   struct cdev *c = &cdevs[dev];
   pthread_mutex_lock(&counter_lock);
@@ -340,7 +339,7 @@ unlock:
 
 void gpuipc__counters_put(int dev, uint64_t p)
 {
-  if (dev < 0 || dev >= KDEVS || p == 0)
+  if (dev < 0 || dev >= GPUIPC__DEV_SLOTS || p == 0)
     return;
   struct cdev *c = &cdevs[dev];
   pthread_mutex_lock(&counter_lock);

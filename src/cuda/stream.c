@@ -167,18 +167,17 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
 
 /* Per device: the stream that writes words after another's work, and the
  * event that orders it (made on first use, kept for the process). */
-#define ASIDE_DEVS 64
 static struct aside {
   pthread_mutex_t lock;
   CUstream s;
   CUevent ev;
-} asides[ASIDE_DEVS] = {[0 ... ASIDE_DEVS - 1] = {PTHREAD_MUTEX_INITIALIZER,
-                                                    NULL, NULL}};
+} asides[GPUIPC__DEV_SLOTS] = {
+    [0 ... GPUIPC__DEV_SLOTS - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL}};
 
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value)
 {
-  if (dev < 0 || dev >= ASIDE_DEVS)
+  if (dev < 0 || dev >= GPUIPC__DEV_SLOTS)
     return gpuipc__err(GPUIPC_E_UNSUPPORTED, "device %d: no word stream",
                        dev);
   struct gpuipc__ctx_saved saved;
