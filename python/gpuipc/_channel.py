@@ -45,13 +45,23 @@ class Channel(_Boxed):
         Memory of a gpuipc buffer travels without a copy; other memory is
         staged through the channel's own buffer. ``block=False`` raises
         WouldBlock instead of waiting for room. Returns the ticket."""
+        flags = 0 if block else _c.SEND_NONBLOCK
+        if stream is None and not _registry._starts:
+            # Host memory gpuipc did not allocate (no buffer of this
+            # process could hold it): a torch tensor, or a host view
+            # received, is read and sent in C. None: sent nothing.
+            if type(obj) is Tensor:
+                ticket = _c.channel_send_view(self._h(), obj._h(), flags)
+            else:
+                ticket = _c.channel_send_host(self._h(), obj, flags)
+            if ticket is not None:
+                return ticket
         d = describe(obj, stream)
         s = d.stream(stream)
         buf = _registry.find_desc(d)
         box = buf._box if buf is not None else None
         if box is None and d.cuda:
             box = _c.alloc_lookup(d.lo)
-        flags = 0 if block else _c.SEND_NONBLOCK
         ticket = _c.channel_send(self._h(), box, d.t, s, flags)
         if d.cuda:
             self._hold(ticket, (d.keep, box))
@@ -98,8 +108,8 @@ class Channel(_Boxed):
         seconds (None: forever, 0: do not wait); ``stream``: the stream that
         will use a GPU view (made to wait for the sender's work)."""
         s = _stream(stream)
-        box = _c.channel_recv(self._h(), s, _ms(timeout))
-        return Tensor(box, s)
+        box, info = _c.channel_recv(self._h(), s, timeout)
+        return Tensor(box, s, info)
 
     def recv_into(self, dst, timeout=None, stream=None):
         """Receive the next tensor by copying it into ``dst`` (same dtype and

@@ -5,8 +5,9 @@ milliseconds, dtypes, streams, the tensor description the C layer takes
 objects live by concern beside it: _buffer.py (Buffer), _tensor.py
 (describe, Tensor), _channel.py, _domain.py (Domain, Segment), _event.py,
 _device.py; gpuipc/__init__.py re-exports them."""
-import math
 import sys
+
+from . import _gpuipc as _c
 
 # Kinds (gpuipc_kind_t).
 AUTO, HOST, VMM, LEGACY, POOL = 0, 1, 2, 3, 4
@@ -35,11 +36,7 @@ def _ms(timeout, default=DEFAULT, forever=-1, default_ms=-2):
         return default_ms
     if timeout is None:
         return forever
-    if timeout < 0:
-        raise ValueError("a timeout is None (forever) or >= 0 seconds")
-    if timeout == 0:
-        return 0
-    return max(1, min(int(math.ceil(timeout * 1000)), 2**31 - 1))
+    return _c.seconds_ms(timeout)  # rounded up; ValueError below 0
 
 
 # ---- dtypes ----------------------------------------------------------------
@@ -143,6 +140,14 @@ class _Desc:
         self.keep = keep
         self.device_type, self.device_id = dev_type, dev_id
         self._span = None
+
+    @classmethod
+    def _of(cls, t, keep):
+        """A description of the C layer's tuple ``t`` (as __init__ makes)."""
+        self = cls.__new__(cls)
+        self.t, self.keep, self._span = t, keep, None
+        self.device_type, self.device_id = t[1], t[2]
+        return self
 
     def _bounds(self):
         ptr, _, _, dtype, shape, strides, offset = self.t

@@ -16,6 +16,7 @@
  */
 #include "_gpuipc.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 static PyObject *error_factory; /* callable(code, name, sentence) -> exc */
@@ -64,6 +65,7 @@ static PyObject *py_set_error_factory(PyObject *self, PyObject *fn)
 
 typedef struct box {
   void *p;
+  void *stream; /* a view's: its release, when the box goes, follows it */
 } box_t;
 
 const char gpuipc__py_BUF[] = "gpuipc.buf", gpuipc__py_DOM[] = "gpuipc.domain",
@@ -96,15 +98,20 @@ static void box_destroy(PyObject *cap)
     PyErr_Clear();
     return;
   }
-  void *p = b->p;
+  void *p = b->p, *stream = b->stream;
   b->p = NULL;
   free(b);
   if (p == NULL)
     return;
-  GPUIPC__PY_NOGIL(release_object(name, p, NULL));
+  GPUIPC__PY_NOGIL(release_object(name, p, stream));
 }
 
 PyObject *gpuipc__py_box(int rc, const char *type, void *p)
+{
+  return gpuipc__py_box_on(rc, type, p, NULL);
+}
+
+PyObject *gpuipc__py_box_on(int rc, const char *type, void *p, void *stream)
 {
   if (rc < 0)
     return gpuipc__py_raise(rc);
@@ -115,9 +122,9 @@ PyObject *gpuipc__py_box(int rc, const char *type, void *p)
   else if ((cap = PyCapsule_New(b, type, box_destroy)) == NULL)
     free(b);
   else
-    b->p = p;
+    *b = (box_t){.p = p, .stream = stream};
   if (cap == NULL)
-    release_object(type, p, NULL);
+    release_object(type, p, stream);
   return cap;
 }
 
@@ -222,6 +229,39 @@ int gpuipc__py_stream(PyObject *o, void *out)
   return gpuipc__py_ptr(o, out);
 }
 
+int gpuipc__py_timeout(PyObject *o, void *out)
+{
+  int *ms = out;
+  if (o == Py_None) {
+    *ms = GPUIPC_TIMEOUT_FOREVER;
+    return 1;
+  }
+  double s = PyFloat_AsDouble(o);
+  if (s == -1.0 && PyErr_Occurred())
+    return 0;
+  if (!(s >= 0)) { /* negative, or NaN */
+    PyErr_SetString(PyExc_ValueError,
+                    "a timeout is None (forever) or >= 0 seconds");
+    return 0;
+  }
+  double m = s * 1000;
+  if (m >= INT_MAX) {
+    *ms = INT_MAX;
+  } else {
+    *ms = (int)m;
+    if (*ms < m) /* up: never less than asked, a positive one >= 1 ms */
+      (*ms)++;
+  }
+  return 1;
+}
+
+/* seconds_ms(seconds) -> the library's milliseconds (gpuipc__py_timeout) */
+static PyObject *py_seconds_ms(PyObject *self, PyObject *o)
+{
+  int ms;
+  return gpuipc__py_timeout(o, &ms) ? PyLong_FromLong(ms) : NULL;
+}
+
 int gpuipc__py_ptr(PyObject *o, void *out)
 {
   *(void **)out = PyLong_AsVoidPtr(o);
@@ -232,13 +272,14 @@ int gpuipc__py_ptr(PyObject *o, void *out)
 
 static PyMethodDef methods[] = {GPUIPC__PY_FN(set_error_factory, METH_O),
                                 GPUIPC__PY_FN(close, METH_VARARGS),
+                                GPUIPC__PY_FN(seconds_ms, METH_O),
                                 GPUIPC__PY_END};
 
 static PyMethodDef *const file_methods[] = {
     gpuipc__py_library_methods, gpuipc__py_buffer_methods,
     gpuipc__py_tensor_methods,  gpuipc__py_channel_methods,
     gpuipc__py_event_methods,   gpuipc__py_alloc_methods,
-    gpuipc__py_chunk_methods};
+    gpuipc__py_chunk_methods,   gpuipc__py_torch_methods};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gpuipc",
                                     "gpuipc's C binding (use the gpuipc "

@@ -6,6 +6,7 @@
  *   _gpuipc_library.c  version, driver, devices, topology, settings
  *   _gpuipc_buffer.c   domains, buffers and segments
  *   _gpuipc_tensor.c   tensor descriptions, DLPack in and out, received views
+ *   _gpuipc_torch.c    PyTorch tensors read in C
  *   _gpuipc_channel.c  channels
  *   _gpuipc_event.c    interprocess events and copies
  *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
@@ -43,6 +44,9 @@ extern const char gpuipc__py_BUF[], gpuipc__py_DOM[], gpuipc__py_CHAN[],
 /* A new box of type @type holding @p, or the exception for @rc < 0. The
  * box owns @p; when it cannot be made, @p is released. */
 PyObject *gpuipc__py_box(int rc, const char *type, void *p);
+/* gpuipc__py_box of a view whose release, when the box goes unclosed,
+ * follows the work queued on @stream. */
+PyObject *gpuipc__py_box_on(int rc, const char *type, void *p, void *stream);
 /* The object in box @cap of type @type; NULL with an exception when it is
  * not one or was closed. */
 void *gpuipc__py_unbox(PyObject *cap, const char *type);
@@ -58,6 +62,9 @@ int gpuipc__py_channel(PyObject *o, void *out);
 int gpuipc__py_view(PyObject *o, void *out);
 int gpuipc__py_event(PyObject *o, void *out);
 int gpuipc__py_stream(PyObject *o, void *out);
+/* A timeout in seconds (None: forever; >= 0) as the library's int
+ * milliseconds (a positive one at least 1 ms). */
+int gpuipc__py_timeout(PyObject *o, void *out);
 int gpuipc__py_ptr(PyObject *o, void *out);
 
 /* Append @item (a new reference, or NULL after a failure, whose exception
@@ -83,8 +90,24 @@ typedef struct gpuipc__py_desc {
 } gpuipc__py_desc_t;
 
 int gpuipc__py_parse_desc(PyObject *tup, gpuipc__py_desc_t *d);
+/* The description tuple of DLTensor @dl (strides None when absent). */
+PyObject *gpuipc__py_dl_desc(const gpuipc_dl_tensor_t *dl);
+/* The ints of sequence @seq (@what, at most @cap of them) into @out: how
+ * many, or -1 with an exception. */
+int gpuipc__py_read_int64s(PyObject *seq, int64_t *out, int cap,
+                           const char *what);
+
+/* A plain strided torch tensor @t in CPU or CUDA memory described in @d
+ * (its data, dtype, device, shape, strides; d->t.buf NULL): 1; 0 when @t is
+ * something else (not a torch tensor, torch never imported, another
+ * layout or dtype, a lazy negative or conjugate view); -1 with an
+ * exception (_gpuipc_torch.c). */
+int gpuipc__py_torch_read(PyObject *t, gpuipc__py_desc_t *d);
 /* PyArg_ParseTuple "O&" converter for a description tuple. */
 int gpuipc__py_desc(PyObject *o, void *out);
+/* What view_info() says of received view @v: (description, buffer
+ * pointer, buffer size, kind, buffer device). */
+PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v);
 
 /* One more reference to @buf, as a new box (_gpuipc_buffer.c). */
 PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf);
@@ -99,7 +122,7 @@ gpuipc_buf_t *gpuipc__py_chunk_find(uintptr_t ptr);
 extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
-    gpuipc__py_chunk_methods[];
+    gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

@@ -8,6 +8,7 @@
 #include "_gpuipc.h"
 
 #include <errno.h>
+#include <string.h>
 
 static PyObject *py_channel_open(PyObject *self, PyObject *args)
 {
@@ -53,6 +54,65 @@ static PyObject *py_channel_send(PyObject *self, PyObject *args)
   if (rc < 0)
     return gpuipc__py_raise(rc);
   return PyLong_FromUnsignedLongLong(ticket);
+}
+
+/* Send @d (its memory gpuipc's staging copies: d->t.buf is NULL) with no
+ * stream: the ticket, or the exception. */
+static PyObject *send_host(gpuipc_channel_t *ch, gpuipc__py_desc_t *d,
+                           unsigned flags)
+{
+  uint64_t ticket = 0;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_send(ch, &d->t, NULL, flags, &ticket));
+  if (rc < 0)
+    return gpuipc__py_raise(rc);
+  return PyLong_FromUnsignedLongLong(ticket);
+}
+
+/*
+ * channel_send_host(ch, tensor, flags) -> ticket, or None: send a plain
+ * torch tensor in host memory (staged, as memory gpuipc did not allocate
+ * is), read and sent in C. None, having sent nothing: @tensor is anything
+ * else (the Python layer describes it).
+ */
+static PyObject *py_channel_send_host(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  PyObject *obj;
+  unsigned flags;
+  if (!PyArg_ParseTuple(args, "O&OI", gpuipc__py_channel, &ch, &obj, &flags))
+    return NULL;
+  gpuipc__py_desc_t d;
+  int r = gpuipc__py_torch_read(obj, &d);
+  if (r < 0)
+    return NULL;
+  if (r == 0 || d.t.dl.device.device_type != GPUIPC_DL_CPU)
+    Py_RETURN_NONE;
+  return send_host(ch, &d, flags);
+}
+
+/*
+ * channel_send_view(ch, view, flags) -> ticket, or None: send on what a
+ * received host view holds (staged: the view is the other process's
+ * memory). None, having sent nothing: a GPU view (the Python layer sends
+ * it on a stream).
+ */
+static PyObject *py_channel_send_view(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  gpuipc_tensor_t *v;
+  unsigned flags;
+  if (!PyArg_ParseTuple(args, "O&O&I", gpuipc__py_channel, &ch,
+                        gpuipc__py_view, &v, &flags))
+    return NULL;
+  if (v->dl.device.device_type != GPUIPC_DL_CPU)
+    Py_RETURN_NONE;
+  gpuipc__py_desc_t d;
+  memset(&d, 0, sizeof(d));
+  d.t.dl = v->dl;
+  d.t.dl.data = (char *)v->dl.data + v->dl.byte_offset;
+  d.t.dl.byte_offset = 0;
+  return send_host(ch, &d, flags);
 }
 
 /* channel_send_done(ch, ticket, timeout_ms) -> bool (False: -EAGAIN). */
@@ -105,19 +165,29 @@ static PyObject *py_channel_fd(PyObject *self, PyObject *ccap)
   return gpuipc__py_long(gpuipc_channel_fd(ch));
 }
 
-/* channel_recv(ch, stream, timeout_ms) -> view box */
+/* channel_recv(ch, stream, timeout) -> (view box, view_info(view)):
+ * @timeout in seconds (None: forever). */
 static PyObject *py_channel_recv(PyObject *self, PyObject *args)
 {
   gpuipc_channel_t *ch;
   void *stream;
   int timeout_ms;
-  if (!PyArg_ParseTuple(args, "O&O&i", gpuipc__py_channel, &ch,
-                        gpuipc__py_stream, &stream, &timeout_ms))
+  if (!PyArg_ParseTuple(args, "O&O&O&", gpuipc__py_channel, &ch,
+                        gpuipc__py_stream, &stream, gpuipc__py_timeout,
+                        &timeout_ms))
     return NULL;
   gpuipc_tensor_t *view = NULL;
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_channel_recv(ch, &view, stream, timeout_ms));
-  return gpuipc__py_box(rc, gpuipc__py_VIEW, view);
+  PyObject *box = gpuipc__py_box_on(rc, gpuipc__py_VIEW, view, stream);
+  if (box == NULL)
+    return NULL;
+  PyObject *info = gpuipc__py_view_info(view);
+  if (info == NULL) {
+    Py_DECREF(box); /* gives the view back */
+    return NULL;
+  }
+  return Py_BuildValue("(NN)", box, info);
 }
 
 static PyObject *py_channel_recv_into(PyObject *self, PyObject *args)
@@ -159,6 +229,8 @@ static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
 PyMethodDef gpuipc__py_channel_methods[] = {
     GPUIPC__PY_FN(channel_open, METH_VARARGS),
     GPUIPC__PY_FN(channel_send, METH_VARARGS),
+    GPUIPC__PY_FN(channel_send_host, METH_VARARGS),
+    GPUIPC__PY_FN(channel_send_view, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_done, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_wait, METH_VARARGS),
     GPUIPC__PY_FN(channel_progress, METH_O),

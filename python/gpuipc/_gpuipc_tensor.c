@@ -19,7 +19,8 @@
  *    byte_offset)
  * with shape and strides (in elements) as tuples of ints.
  */
-static int int64_tuple(PyObject *seq, int64_t *out, int cap, const char *what)
+int gpuipc__py_read_int64s(PyObject *seq, int64_t *out, int cap,
+                           const char *what)
 {
   Py_ssize_t n = PyObject_Length(seq);
   if (n < 0)
@@ -61,13 +62,13 @@ static int parse_dl(PyObject *tup, gpuipc_dl_tensor_t *dl, int64_t *shape,
   dl->dtype.code = (uint8_t)dtype_code;
   dl->dtype.bits = (uint8_t)bits;
   dl->dtype.lanes = (uint16_t)lanes;
-  int nd = int64_tuple(shape_obj, shape, cap, "shape");
+  int nd = gpuipc__py_read_int64s(shape_obj, shape, cap, "shape");
   if (nd < 0)
     return -1;
   dl->ndim = nd;
   dl->shape = shape;
   if (strides_obj != Py_None) {
-    int ns = int64_tuple(strides_obj, strides, cap, "strides");
+    int ns = gpuipc__py_read_int64s(strides_obj, strides, cap, "strides");
     if (ns < 0)
       return -1;
     if (ns != nd) {
@@ -106,7 +107,7 @@ static PyObject *int64s(const int64_t *v, int n)
 }
 
 /* The description tuple of DLTensor @dl (strides None when absent). */
-static PyObject *dl_desc(const gpuipc_dl_tensor_t *dl)
+PyObject *gpuipc__py_dl_desc(const gpuipc_dl_tensor_t *dl)
 {
   PyObject *shape = int64s(dl->shape, dl->ndim);
   PyObject *strides = dl->strides != NULL ? int64s(dl->strides, dl->ndim)
@@ -171,7 +172,7 @@ static PyObject *py_dlpack_take(PyObject *self, PyObject *cap)
     PyErr_SetString(PyExc_BufferError, "DLPack major version is not 1");
     return NULL;
   }
-  PyObject *desc = dl_desc(dl);
+  PyObject *desc = gpuipc__py_dl_desc(dl);
   if (desc == NULL)
     return NULL;
   dl_hold_t *h = malloc(sizeof(*h));
@@ -252,18 +253,21 @@ static PyObject *py_dlpack_of(PyObject *self, PyObject *args)
 
 /* ---- received views ---------------------------------------------------- */
 
-/* view_info(view) -> (description, buffer ptr, size, kind, device) */
-static PyObject *py_view_info(PyObject *self, PyObject *vcap)
+PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v)
 {
-  gpuipc_tensor_t *v = gpuipc__py_unbox(vcap, gpuipc__py_VIEW);
-  if (v == NULL)
-    return NULL;
-  PyObject *desc = dl_desc(&v->dl);
+  PyObject *desc = gpuipc__py_dl_desc(&v->dl);
   if (desc == NULL)
     return NULL;
   return Py_BuildValue("(NNnii)", desc, PyLong_FromVoidPtr(gpuipc_buf_ptr(v->buf)),
                        (Py_ssize_t)gpuipc_buf_size(v->buf),
                        (int)gpuipc_buf_kind(v->buf), gpuipc_buf_device(v->buf));
+}
+
+/* view_info(view) -> (description, buffer ptr, size, kind, device) */
+static PyObject *py_view_info(PyObject *self, PyObject *vcap)
+{
+  gpuipc_tensor_t *v = gpuipc__py_unbox(vcap, gpuipc__py_VIEW);
+  return v != NULL ? gpuipc__py_view_info(v) : NULL;
 }
 
 /* view_to_dlpack(view, stream) -> "dltensor" capsule owning the view. */

@@ -50,42 +50,14 @@ def _cuda_device_of(ptr):
         return 0
 
 
-_TORCH_DL = None  # torch dtype -> DLPack (code, bits, lanes)
-
-
-def _torch_dtypes(torch):
-    global _TORCH_DL
-    if _TORCH_DL is None:
-        table = {}
-        for name, dl in (("float16", (_FLOAT, 16, 1)), ("float32", (_FLOAT, 32, 1)),
-                         ("float64", (_FLOAT, 64, 1)), ("bfloat16", (_BFLOAT, 16, 1)),
-                         ("int8", (_INT, 8, 1)), ("int16", (_INT, 16, 1)),
-                         ("int32", (_INT, 32, 1)), ("int64", (_INT, 64, 1)),
-                         ("uint8", (_UINT, 8, 1)), ("complex64", (_COMPLEX, 64, 1)),
-                         ("complex128", (_COMPLEX, 128, 1))):
-            dt = getattr(torch, name, None)
-            if dt is not None:
-                table[dt] = dl
-        _TORCH_DL = table
-    return _TORCH_DL
-
-
-def _from_torch(torch, t):
-    """A plain strided torch tensor described from its attributes: what
-    __dlpack__ would say, without its cost (a capsule, and a
-    torch.cuda.Stream object when a stream is named). None: take the DLPack
-    path (other layouts, conjugate or negative views, other dtypes)."""
-    dl = (_TORCH_DL or _torch_dtypes(torch)).get(t.dtype)
-    if dl is None or t.layout is not torch.strided or t.is_neg() or (
-            dl[0] == _COMPLEX and t.is_conj()):
-        return None
-    if t.is_cuda:
-        dev_type, dev_id = DL_CUDA, t.get_device()
-    elif t.is_cpu:
-        dev_type, dev_id = DL_CPU, 0
-    else:
-        return None
-    return _Desc(t.data_ptr(), dev_type, dev_id, dl, t.shape, t.stride(), t)
+def _from_torch(t):
+    """A plain strided torch tensor described from its attributes, read in
+    C (_gpuipc_torch.c): what __dlpack__ would say, without its cost (a
+    capsule, and a torch.cuda.Stream object when a stream is named). None:
+    take the DLPack path (other layouts, conjugate or negative views, other
+    dtypes)."""
+    t_ = _c.torch_desc(t)
+    return None if t_ is None else _Desc._of(t_, t)
 
 
 def describe(obj, stream=None):
@@ -95,11 +67,9 @@ def describe(obj, stream=None):
     the stream its send or copy is ordered on."""
     if isinstance(obj, (Buffer, Tensor)):
         return obj._desc()
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        d = _from_torch(torch, obj)
-        if d is not None:
-            return d
+    d = _from_torch(obj)  # None, at once, for anything but a torch tensor
+    if d is not None:
+        return d
     ai = getattr(obj, "__array_interface__", None)
     if isinstance(ai, dict):
         return _from_array_interface(obj, ai, DL_CPU)
@@ -131,19 +101,21 @@ class Tensor(_Boxed):
     memory. Give it back with ``release()``, a ``with`` block, or by handing
     it to a consumer (``torch.from_dlpack``, ``np.from_dlpack``,
     ``cupy.from_dlpack``), whose deleter gives it back when the consumer's
-    array goes."""
+    array goes. One dropped unreleased is given back when it goes (its box
+    releases it after the work queued on the stream it was received on)."""
 
     _closed = "the tensor was released or handed to a consumer"
 
-    def __init__(self, box, stream):
+    def __init__(self, box, stream, info=None):
         self._box = box
         self._stream = stream
         # ((data, device type, device id, dtype, shape, strides, byte
         # offset), buffer pointer, buffer size, kind, buffer device): read
-        # once here, so the attributes below outlive the view's release;
-        # each is worked out when asked for (a receive that only passes the
-        # view on, or gives it back, pays for none of them).
-        self._info = _c.view_info(box)
+        # once (by the receive, or here), so the attributes below outlive
+        # the view's release; each is worked out when asked for (a receive
+        # that only passes the view on, or gives it back, pays for none of
+        # them).
+        self._info = _c.view_info(box) if info is None else info
 
     device_type = property(lambda self: self._info[0][1])
     device_id = property(lambda self: self._info[0][2])
@@ -173,16 +145,10 @@ class Tensor(_Boxed):
     def release(self, stream=None):
         """Give the view back to the sender (for GPU views, after the work
         queued on ``stream`` so far; default: the stream it was received on)."""
-        box = self._take_box()
+        box, self._box = self._box, None
         if box is not None:
             # (a host view's release takes no stream: the C layer ignores it)
             _c.close(box, self._stream if stream is None else _stream(stream))
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
 
     def __exit__(self, *exc):
         self.release()

@@ -157,6 +157,62 @@ def torch_recv(dom, arg):
         say(same=same)
 
 
+def torch_forms():
+    """CPU torch tensors of every form the send path reads: views at an
+    offset, 0-d, bool, bfloat16, complex, a Parameter, one that requires
+    grad; and (the last two) strided views, which staging refuses."""
+    import torch
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(6, 10, 4, generator=g)
+    return [base, base[2:], base[3, 4:], base.reshape(-1)[5:17], base[1, 2, 3],
+            torch.tensor(True), torch.randint(0, 2, (9,), generator=g).bool(),
+            torch.randn(5, 3, generator=g).to(torch.bfloat16),
+            torch.randn(4, generator=g, dtype=torch.complex64)[1:],
+            torch.nn.Parameter(torch.randn(3, 3, generator=g)),
+            torch.ones(8, requires_grad=True)], [base[:, 3:7], base.transpose(0, 2)]
+
+
+def torch_echo_send(dom, arg):
+    """Send torch_forms() to the echo and check what comes back, byte for
+    byte: each went out through the C send path, was received as a view,
+    and came back as that view sent on."""
+    import torch
+    sent, strided = torch_forms()
+    with gpuipc.Domain(dom) as d, d.channel("e", timeout=30) as ch:
+        refused = []
+        for t in strided:
+            try:
+                ch.send(t)
+            except gpuipc.InvalidArgument as e:
+                refused.append("contiguous" in e.detail)
+        same = []
+        for t in sent:
+            ch.send(t)
+            with ch.recv(timeout=30) as v:
+                shape = tuple(v.shape)
+                back = np.asarray(v).tobytes()  # every byte, in C order
+            want = t.detach().contiguous()
+            if want.dtype == torch.bfloat16:  # numpy has no bfloat16
+                want = want.view(torch.int16)
+            same.append(shape == tuple(t.shape) and back == want.numpy().tobytes())
+        last = ch.send(sent[0])  # the echo drops this one unreleased
+        say(same=same, n=len(sent), refused=refused,
+            dropped_is_released=ch.done(last, timeout=30))
+
+
+def torch_echo(dom, arg):
+    """Send back every tensor received, as the view it came in; drop the
+    last one received without releasing it."""
+    with gpuipc.Domain(dom) as d, d.channel("e", timeout=30) as ch:
+        for _ in range(int(arg)):
+            with ch.recv(timeout=30) as v:
+                ch.send(v)
+        v = ch.recv(timeout=30)
+        del v  # never released: going, it gives the message back
+        say(echoed=int(arg))
+        sys.stdin.readline()
+
+
 def errors(dom, arg):
     import threading
     res = {}
