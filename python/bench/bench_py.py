@@ -4,8 +4,9 @@
   python3 python/bench/bench_py.py weights    # Llama-2-7B-shaped state dict
   python3 python/bench/bench_py.py all
 
-rtt: a 4 KiB tensor goes to a peer and back, N times: gpuipc Channel (HOST
-kind, and CUDA when a GPU is there) vs a torch.multiprocessing queue pair.
+rtt: a 4 KiB tensor goes to a peer and back, N times, each timed: gpuipc
+Channel (HOST kind, and CUDA when a GPU is there) vs a torch.multiprocessing
+queue pair; median, p99 and mean of each.
 weights: 291 bf16 tensors (13.48 GB) from one process to another on GPU 0,
 first and second sync: torch.multiprocessing per-tensor handles and a
 hand-made bucket (zero-copy and copied), gpuipc's state_dict as snapshots
@@ -55,16 +56,23 @@ def rtt_gpuipc(cuda):
     dom = f"rtt{os.getpid()}{int(cuda)}"
     p = mp.get_context("spawn").Process(target=_gp_echo, args=(dom, cuda, N_RTT))
     p.start()
+    ts = []
     with gpuipc.Domain(dom) as d, d.channel("rtt", timeout=60) as ch:
         x = torch.zeros(1024, dtype=torch.float32, device="cuda" if cuda else "cpu")
         for i in range(N_RTT + 100):
-            if i == 100:
-                t0 = time.perf_counter()
+            t0 = time.perf_counter()
             ch.send(x)
             ch.recv(timeout=60).release()
-        dt = time.perf_counter() - t0
+            ts.append(time.perf_counter() - t0)
     p.join()
-    return dt / N_RTT * 1e6
+    return _stats(ts[100:])
+
+
+def _stats(ts):
+    """Round trips in seconds as (median, p99, mean) in microseconds."""
+    ts = sorted(ts)
+    return (1e6 * ts[len(ts) // 2], 1e6 * ts[len(ts) * 99 // 100],
+            1e6 * sum(ts) / len(ts))
 
 
 def _mp_echo(q_in, q_out, n):
@@ -86,23 +94,25 @@ def rtt_mp(cuda):
     p = ctx.Process(target=_mp_echo, args=(q1, q2, N_RTT))
     p.start()
     x = torch.zeros(1024, dtype=torch.float32, device="cuda" if cuda else "cpu")
+    ts = []
     for i in range(N_RTT + 100):
-        if i == 100:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
         q1.put(x)
         q2.get()
-    dt = time.perf_counter() - t0
+        ts.append(time.perf_counter() - t0)
     q1.put(None)
     p.join()
-    return dt / N_RTT * 1e6
+    return _stats(ts[100:])
 
 
 def bench_rtt():
     modes = [False] + ([True] if torch.cuda.is_available() else [])
     for cuda in modes:
         dev = "cuda" if cuda else "cpu"
-        print(f"rtt 4KiB {dev}: gpuipc {rtt_gpuipc(cuda):8.1f} us   "
-              f"torch.multiprocessing {rtt_mp(cuda):8.1f} us", flush=True)
+        g, m = rtt_gpuipc(cuda), rtt_mp(cuda)
+        print(f"rtt 4KiB {dev}, us median / p99 (mean): gpuipc {g[0]:.1f} / {g[1]:.1f} "
+              f"({g[2]:.1f})   torch.multiprocessing {m[0]:.1f} / {m[1]:.1f} ({m[2]:.1f})"
+              f"   ratio of medians {m[0] / g[0]:.0f}x", flush=True)
 
 
 # ---- weights -----------------------------------------------------------------
