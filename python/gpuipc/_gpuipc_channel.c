@@ -107,11 +107,24 @@ static PyObject *py_channel_send_view(PyObject *self, PyObject *args)
     return NULL;
   if (v->dl.device.device_type != GPUIPC_DL_CPU)
     Py_RETURN_NONE;
+  /* The description is copied: another thread may release the view
+   * while the send runs without the GIL. */
   gpuipc__py_desc_t d;
   memset(&d, 0, sizeof(d));
   d.t.dl = v->dl;
   d.t.dl.data = (char *)v->dl.data + v->dl.byte_offset;
   d.t.dl.byte_offset = 0;
+  int nd = v->dl.ndim;
+  if (nd < 0 || nd > GPUIPC_TENSOR_MAX_DIMS) {
+    PyErr_Format(PyExc_ValueError, "a view of %d dimensions", nd);
+    return NULL;
+  }
+  memcpy(d.shape, v->dl.shape, (size_t)nd * sizeof(int64_t));
+  d.t.dl.shape = d.shape;
+  if (v->dl.strides != NULL) {
+    memcpy(d.strides, v->dl.strides, (size_t)nd * sizeof(int64_t));
+    d.t.dl.strides = d.strides;
+  }
   return send_host(ch, &d, flags);
 }
 

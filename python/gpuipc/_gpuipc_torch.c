@@ -77,6 +77,12 @@ static int learn(PyObject *torch)
     if (rc < 0)
       goto fail;
   }
+  if (tensor_type != NULL) { /* another thread learnt them meanwhile */
+    Py_DECREF(type);
+    Py_DECREF(lay);
+    Py_DECREF(table);
+    return 0;
+  }
   tensor_type = type;
   strided = lay;
   dtypes = table;
