@@ -135,19 +135,19 @@ class _Desc:
     __slots__ = ("t", "keep", "device_type", "device_id", "_span")
 
     def __init__(self, ptr, dev_type, dev_id, dtype, shape, strides, keep, offset=0):
-        self.t = (ptr, dev_type, dev_id, dtype, tuple(shape),
-                  None if strides is None else tuple(strides), offset)
-        self.keep = keep
-        self.device_type, self.device_id = dev_type, dev_id
-        self._span = None
+        self._set((ptr, dev_type, dev_id, dtype, tuple(shape),
+                   None if strides is None else tuple(strides), offset), keep)
 
     @classmethod
     def _of(cls, t, keep):
         """A description of the C layer's tuple ``t`` (as __init__ makes)."""
         self = cls.__new__(cls)
+        self._set(t, keep)
+        return self
+
+    def _set(self, t, keep):
         self.t, self.keep, self._span = t, keep, None
         self.device_type, self.device_id = t[1], t[2]
-        return self
 
     def _bounds(self):
         ptr, _, _, dtype, shape, strides, offset = self.t

@@ -105,8 +105,8 @@ int gpuipc__py_read_int64s(PyObject *seq, int64_t *out, int cap,
 int gpuipc__py_torch_read(PyObject *t, gpuipc__py_desc_t *d);
 /* PyArg_ParseTuple "O&" converter for a description tuple. */
 int gpuipc__py_desc(PyObject *o, void *out);
-/* What view_info() says of received view @v: (description, buffer
- * pointer, buffer size, kind, buffer device). */
+/* What Python keeps of received view @v (channel_recv returns it):
+ * (description, buffer pointer, buffer size, kind, buffer device). */
 PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v);
 
 /* One more reference to @buf, as a new box (_gpuipc_buffer.c). */

@@ -178,7 +178,7 @@ static PyObject *py_channel_fd(PyObject *self, PyObject *ccap)
   return gpuipc__py_long(gpuipc_channel_fd(ch));
 }
 
-/* channel_recv(ch, stream, timeout) -> (view box, view_info(view)):
+/* channel_recv(ch, stream, timeout) -> (view box, gpuipc__py_view_info):
  * @timeout in seconds (None: forever). */
 static PyObject *py_channel_recv(PyObject *self, PyObject *args)
 {

@@ -263,13 +263,6 @@ PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v)
                        (int)gpuipc_buf_kind(v->buf), gpuipc_buf_device(v->buf));
 }
 
-/* view_info(view) -> (description, buffer ptr, size, kind, device) */
-static PyObject *py_view_info(PyObject *self, PyObject *vcap)
-{
-  gpuipc_tensor_t *v = gpuipc__py_unbox(vcap, gpuipc__py_VIEW);
-  return v != NULL ? gpuipc__py_view_info(v) : NULL;
-}
-
 /* view_to_dlpack(view, stream) -> "dltensor" capsule owning the view. */
 static PyObject *py_view_to_dlpack(PyObject *self, PyObject *args)
 {
@@ -295,6 +288,5 @@ static PyObject *py_view_to_dlpack(PyObject *self, PyObject *args)
 PyMethodDef gpuipc__py_tensor_methods[] = {
     GPUIPC__PY_FN(dlpack_take, METH_O),
     GPUIPC__PY_FN(dlpack_of, METH_VARARGS),
-    GPUIPC__PY_FN(view_info, METH_O),
     GPUIPC__PY_FN(view_to_dlpack, METH_VARARGS),
     GPUIPC__PY_END};

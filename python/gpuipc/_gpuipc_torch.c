@@ -10,7 +10,7 @@
 
 #include <string.h>
 
-/* torch.Tensor, torch.strided and {torch dtype: (code, bits, lanes)},
+/* torch.Tensor, torch.strided and {torch dtype: its row of torch_dtypes},
  * set once torch is in sys.modules; the attribute names, interned. */
 static PyObject *tensor_type, *strided, *dtypes;
 static PyObject *s_dtype, *s_layout, *s_is_neg, *s_is_conj, *s_is_cuda,
@@ -69,11 +69,10 @@ static int learn(PyObject *torch)
       PyErr_Clear();
       continue;
     }
-    PyObject *dl = Py_BuildValue("(iii)", torch_dtypes[i].code,
-                                 torch_dtypes[i].bits, 1);
-    int rc = dl == NULL ? -1 : PyDict_SetItem(table, dt, dl);
+    PyObject *row = PyLong_FromSize_t(i);
+    int rc = row == NULL ? -1 : PyDict_SetItem(table, dt, row);
     Py_DECREF(dt);
-    Py_XDECREF(dl);
+    Py_XDECREF(row);
     if (rc < 0)
       goto fail;
   }
@@ -108,17 +107,18 @@ static int is_torch(PyObject *o)
   return PyObject_IsInstance(o, tensor_type);
 }
 
-/* The result of method @name of @o with no arguments (a new reference). */
-static PyObject *call0(PyObject *o, PyObject *name)
+/* Attribute @name of @t, or the result of calling method @name with no
+ * arguments (a new reference; NULL with an exception). */
+static PyObject *fetch(PyObject *t, PyObject *name, int method)
 {
-  return PyObject_CallMethodObjArgs(o, name, NULL);
+  return method ? PyObject_CallMethodObjArgs(t, name, NULL)
+                : PyObject_GetAttr(t, name);
 }
 
-/* 1 when attribute or method result @name of @t is true, 0 when false, -1
- * with an exception. */
+/* 1 when fetch() of @name is true, 0 when false, -1 with an exception. */
 static int truth(PyObject *t, PyObject *name, int method)
 {
-  PyObject *v = method ? call0(t, name) : PyObject_GetAttr(t, name);
+  PyObject *v = fetch(t, name, method);
   if (v == NULL)
     return -1;
   int r = PyObject_IsTrue(v);
@@ -126,41 +126,17 @@ static int truth(PyObject *t, PyObject *name, int method)
   return r;
 }
 
-static int read_address(PyObject *t, void **out)
+/* The ints fetch() of @name gives (@what: a shape or strides) into @out:
+ * how many, or -1 with an exception. */
+static int read_ints(PyObject *t, PyObject *name, int method, int64_t *out,
+                     const char *what)
 {
-  PyObject *p = call0(t, s_data_ptr);
-  if (p == NULL)
+  PyObject *v = fetch(t, name, method);
+  if (v == NULL)
     return -1;
-  *out = PyLong_AsVoidPtr(p);
-  Py_DECREF(p);
-  return *out == NULL && PyErr_Occurred() ? -1 : 0;
-}
-
-/* Shape and strides of @t into @d; 0 or -1 with an exception. */
-static int read_dims(PyObject *t, gpuipc__py_desc_t *d)
-{
-  PyObject *shape = PyObject_GetAttr(t, s_shape);
-  if (shape == NULL)
-    return -1;
-  int nd = gpuipc__py_read_int64s(shape, d->shape, GPUIPC_TENSOR_MAX_DIMS, "shape");
-  Py_DECREF(shape);
-  if (nd < 0)
-    return -1;
-  PyObject *st = call0(t, s_stride);
-  if (st == NULL)
-    return -1;
-  int ns = gpuipc__py_read_int64s(st, d->strides, GPUIPC_TENSOR_MAX_DIMS, "strides");
-  Py_DECREF(st);
-  if (ns < 0)
-    return -1;
-  if (ns != nd) {
-    PyErr_SetString(PyExc_ValueError, "strides and shape differ in length");
-    return -1;
-  }
-  d->t.dl.ndim = nd;
-  d->t.dl.shape = d->shape;
-  d->t.dl.strides = d->strides;
-  return 0;
+  int n = gpuipc__py_read_int64s(v, out, GPUIPC_TENSOR_MAX_DIMS, what);
+  Py_DECREF(v);
+  return n;
 }
 
 int gpuipc__py_torch_read(PyObject *t, gpuipc__py_desc_t *d)
@@ -172,16 +148,15 @@ int gpuipc__py_torch_read(PyObject *t, gpuipc__py_desc_t *d)
   PyObject *dt = PyObject_GetAttr(t, s_dtype);
   if (dt == NULL)
     return -1;
-  PyObject *dl = PyDict_GetItemWithError(dtypes, dt); /* borrowed */
+  PyObject *row = PyDict_GetItemWithError(dtypes, dt); /* borrowed */
   Py_DECREF(dt);
-  if (dl == NULL)
+  if (row == NULL)
     return PyErr_Occurred() ? -1 : 0; /* a dtype DLPack describes its way */
-  int code, bits, lanes;
-  if (!PyArg_ParseTuple(dl, "iii", &code, &bits, &lanes))
-    return -1;
+  size_t i = PyLong_AsSize_t(row); /* learn() put it there: in range */
+  int code = torch_dtypes[i].code;
   d->t.dl.dtype.code = (uint8_t)code;
-  d->t.dl.dtype.bits = (uint8_t)bits;
-  d->t.dl.dtype.lanes = (uint16_t)lanes;
+  d->t.dl.dtype.bits = (uint8_t)torch_dtypes[i].bits;
+  d->t.dl.dtype.lanes = 1;
   PyObject *lay = PyObject_GetAttr(t, s_layout);
   if (lay == NULL)
     return -1;
@@ -195,7 +170,7 @@ int gpuipc__py_torch_read(PyObject *t, gpuipc__py_desc_t *d)
   if ((r = truth(t, s_is_cuda, 0)) < 0)
     return -1;
   if (r) {
-    PyObject *dev = call0(t, s_get_device);
+    PyObject *dev = fetch(t, s_get_device, 1);
     if (dev == NULL)
       return -1;
     d->t.dl.device.device_type = GPUIPC_DL_CUDA;
@@ -208,8 +183,24 @@ int gpuipc__py_torch_read(PyObject *t, gpuipc__py_desc_t *d)
       return r; /* meta, MPS, ...: not memory gpuipc reaches */
     d->t.dl.device.device_type = GPUIPC_DL_CPU;
   }
-  if (read_address(t, &d->t.dl.data) < 0 || read_dims(t, d) < 0)
+  PyObject *p = fetch(t, s_data_ptr, 1);
+  if (p == NULL)
     return -1;
+  d->t.dl.data = PyLong_AsVoidPtr(p);
+  Py_DECREF(p);
+  if (PyErr_Occurred())
+    return -1;
+  int nd = read_ints(t, s_shape, 0, d->shape, "shape");
+  int ns = nd < 0 ? -1 : read_ints(t, s_stride, 1, d->strides, "strides");
+  if (ns < 0)
+    return -1;
+  if (ns != nd) {
+    PyErr_SetString(PyExc_ValueError, "strides and shape differ in length");
+    return -1;
+  }
+  d->t.dl.ndim = nd;
+  d->t.dl.shape = d->shape;
+  d->t.dl.strides = d->strides;
   return 1;
 }
 

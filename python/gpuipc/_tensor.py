@@ -106,16 +106,15 @@ class Tensor(_Boxed):
 
     _closed = "the tensor was released or handed to a consumer"
 
-    def __init__(self, box, stream, info=None):
+    def __init__(self, box, stream, info):
         self._box = box
         self._stream = stream
         # ((data, device type, device id, dtype, shape, strides, byte
         # offset), buffer pointer, buffer size, kind, buffer device): read
-        # once (by the receive, or here), so the attributes below outlive
-        # the view's release; each is worked out when asked for (a receive
-        # that only passes the view on, or gives it back, pays for none of
-        # them).
-        self._info = _c.view_info(box) if info is None else info
+        # once by the receive, so the attributes below outlive the view's
+        # release; each is worked out when asked for (a receive that only
+        # passes the view on, or gives it back, pays for none of them).
+        self._info = info
 
     device_type = property(lambda self: self._info[0][1])
     device_id = property(lambda self: self._info[0][2])
