@@ -14,7 +14,8 @@ from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _dtype_
 
 class _Registry:
     """Address ranges of the buffers this process holds, so that an array
-    lying in one is sent as that buffer (no copy)."""
+    lying in one is sent as that buffer (no copy). The C send paths see the
+    same ranges (registry_set / registry_drop, _gpuipc_registry.c)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -28,6 +29,7 @@ class _Registry:
             if key not in self._entries:
                 bisect.insort(self._starts, key)
             self._entries[key] = (buf.ptr + buf.nbytes, weakref.ref(buf))
+            _c.registry_set(key[0], key[1], buf.ptr + buf.nbytes)
 
     def remove(self, buf):
         key = (buf._dl_device_type(), buf.ptr)
@@ -36,6 +38,7 @@ class _Registry:
             if e is not None and e[1]() in (buf, None):
                 del self._entries[key]
                 self._starts.remove(key)
+                _c.registry_drop(*key)
 
     def find_desc(self, d):
         """The live buffer that holds all of _Desc ``d``, or None (at once,

@@ -46,10 +46,10 @@ class Channel(_Boxed):
         staged through the channel's own buffer. ``block=False`` raises
         WouldBlock instead of waiting for room. Returns the ticket."""
         flags = 0 if block else _c.SEND_NONBLOCK
-        if stream is None and not _registry._starts:
-            # Host memory gpuipc did not allocate (no buffer of this
-            # process could hold it): a torch tensor, or a host view
-            # received, is read and sent in C. None: sent nothing.
+        if stream is None:
+            # A torch tensor or a received view in host memory that no
+            # buffer of this process holds is read and sent in C. None:
+            # sent nothing (anything else, or a buffer's memory).
             if type(obj) is Tensor:
                 ticket = _c.channel_send_view(self._h(), obj._h(), flags)
             else:

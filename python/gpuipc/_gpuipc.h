@@ -21,6 +21,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include "gpuipc.h"
 /* The library is linked in whole: its private interface is ours too. */
 #include "core/private.h"
@@ -118,11 +121,17 @@ PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf);
 int gpuipc__py_alloc_kind(void);
 gpuipc_buf_t *gpuipc__py_chunk_find(uintptr_t ptr);
 
+/* Whether address @addr of DLPack device type @type may lie in a gpuipc
+ * buffer this process holds (the Python registry's ranges; GIL held;
+ * _gpuipc_registry.c). */
+bool gpuipc__py_registered(int type, uintptr_t addr);
+
 /* The method tables of the files, added to the module at import. */
 extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
-    gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[];
+    gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[],
+    gpuipc__py_registry_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

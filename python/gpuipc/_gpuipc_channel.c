@@ -71,9 +71,10 @@ static PyObject *send_host(gpuipc_channel_t *ch, gpuipc__py_desc_t *d,
 
 /*
  * channel_send_host(ch, tensor, flags) -> ticket, or None: send a plain
- * torch tensor in host memory (staged, as memory gpuipc did not allocate
- * is), read and sent in C. None, having sent nothing: @tensor is anything
- * else (the Python layer describes it).
+ * torch tensor in host memory that no gpuipc buffer of this process holds
+ * (staged), read and sent in C. None, having sent nothing: @tensor is
+ * anything else, or may lie in a buffer (the Python layer describes it,
+ * and sends a buffer's memory without a copy).
  */
 static PyObject *py_channel_send_host(PyObject *self, PyObject *args)
 {
@@ -86,7 +87,9 @@ static PyObject *py_channel_send_host(PyObject *self, PyObject *args)
   int r = gpuipc__py_torch_read(obj, &d);
   if (r < 0)
     return NULL;
-  if (r == 0 || d.t.dl.device.device_type != GPUIPC_DL_CPU)
+  if (r == 0 || d.t.dl.device.device_type != GPUIPC_DL_CPU ||
+      gpuipc__py_registered(GPUIPC_DL_CPU, (uintptr_t)d.t.dl.data +
+                                               d.t.dl.byte_offset))
     Py_RETURN_NONE;
   return send_host(ch, &d, flags);
 }
@@ -95,7 +98,7 @@ static PyObject *py_channel_send_host(PyObject *self, PyObject *args)
  * channel_send_view(ch, view, flags) -> ticket, or None: send on what a
  * received host view holds (staged: the view is the other process's
  * memory). None, having sent nothing: a GPU view (the Python layer sends
- * it on a stream).
+ * it on a stream), or one whose memory a buffer of this process may hold.
  */
 static PyObject *py_channel_send_view(PyObject *self, PyObject *args)
 {
@@ -105,7 +108,9 @@ static PyObject *py_channel_send_view(PyObject *self, PyObject *args)
   if (!PyArg_ParseTuple(args, "O&O&I", gpuipc__py_channel, &ch,
                         gpuipc__py_view, &v, &flags))
     return NULL;
-  if (v->dl.device.device_type != GPUIPC_DL_CPU)
+  if (v->dl.device.device_type != GPUIPC_DL_CPU ||
+      gpuipc__py_registered(GPUIPC_DL_CPU,
+                            (uintptr_t)v->dl.data + v->dl.byte_offset))
     Py_RETURN_NONE;
   /* The description is copied: another thread may release the view
    * while the send runs without the GIL. */

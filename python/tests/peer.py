@@ -195,8 +195,20 @@ def torch_echo_send(dom, arg):
             if want.dtype == torch.bfloat16:  # numpy has no bfloat16
                 want = want.view(torch.int16)
             same.append(shape == tuple(t.shape) and back == want.numpy().tobytes())
+        # With a gpuipc buffer alive, memory outside it is still staged
+        # (no handle crosses) and a tensor inside it crosses as that buffer.
+        buf = gpuipc.empty((64,), "float32")
+        inside = torch.from_dlpack(buf)[4:20]
+        inside.copy_(torch.arange(16.0))
+        handles = []
+        for t in (torch.arange(7.0), inside):
+            before = ch.info()["buffers_sent"]
+            ch.send(t)
+            with ch.recv(timeout=30) as v:
+                same.append(np.asarray(v).tobytes() == t.numpy().tobytes())
+            handles.append(ch.info()["buffers_sent"] - before)
         last = ch.send(sent[0])  # the echo drops this one unreleased
-        say(same=same, n=len(sent), refused=refused,
+        say(same=same, n=len(sent) + 2, refused=refused, handles=handles,
             dropped_is_released=ch.done(last, timeout=30))
 
 

@@ -117,13 +117,16 @@ def test_torch_tensors_and_views_sent_on(env, procs):
     offset, 0-d, bool, bfloat16, complex, Parameter, requiring grad)
     crosses, and comes back as the received host view sent on: every byte
     checked. Strided views are refused with a sentence that says why; a
-    received tensor dropped without a release is given back."""
+    received tensor dropped without a release is given back. With a gpuipc
+    buffer alive, a tensor outside it is still staged (no handle crosses)
+    and one inside it crosses as that buffer (its handle does)."""
     pytest.importorskip("torch")
-    n = len(peer.torch_forms()[0])
+    n = len(peer.torch_forms()[0]) + 2
     echo = start(procs, env, "torch_echo", "d", str(n))
     tx = start(procs, env, "torch_echo_send", "d")
     assert tx.finish(timeout=120)[-1] == {"same": [True] * n, "n": n,
                                           "refused": [True, True],
+                                          "handles": [0, 1],
                                           "dropped_is_released": True}
     assert echo.finish(timeout=60)[-1] == {"echoed": n}
 
@@ -187,6 +190,31 @@ def test_error_hierarchy_in_process():
     assert gpuipc.err_name(gpuipc._gpuipc.E_PEER_GONE) == "GPUIPC_E_PEER_GONE"
     e = gpuipc._errors.error_for(-1007, "GPUIPC_E_PEER_GONE", "peer 12 has gone")
     assert isinstance(e, gpuipc.PeerGone) and e.detail == "peer 12 has gone"
+
+
+def test_buffer_ranges_seen_in_c():
+    """What the C send paths see of this process's buffers follows the
+    Python registry: an address in a live buffer is covered (for its device
+    type only), heap memory is not, and a buffer released or collected
+    leaves no range behind."""
+    import gc
+    import gpuipc
+    from gpuipc import _gpuipc as c
+    from gpuipc._common import DL_CPU, DL_CUDA
+    a, b = gpuipc.Buffer(4096), gpuipc.Buffer(3 << 20)
+    for buf in (a, b):
+        assert c.registry_covers(DL_CPU, buf.ptr)
+        assert c.registry_covers(DL_CPU, buf.ptr + buf.nbytes - 1)
+        assert not c.registry_covers(DL_CUDA, buf.ptr)
+    heap = np.zeros(16)
+    assert not c.registry_covers(DL_CPU, heap.__array_interface__["data"][0])
+    ap, bp = a.ptr, b.ptr
+    a.release()
+    assert not c.registry_covers(DL_CPU, ap + 8)
+    assert c.registry_covers(DL_CPU, bp + 8)
+    del b, buf
+    gc.collect()
+    assert not c.registry_covers(DL_CPU, bp + 8)
 
 
 def _go(p):
