@@ -31,7 +31,11 @@
  *             cudaStreamPerThread, a created non-blocking stream; each idle
  *             (row <where>_gpu_rt_<handle>) and with a 4 KiB device copy
  *             queued on the stream before each send (<where>_gpu_rt_
- *             <handle>_copy: the message carries an event).
+ *             <handle>_copy: the message carries an event); and, as that
+ *             row's floor, the same copy in this one process with the host
+ *             polling the stream until it is done (<where>_copy_wait_
+ *             <handle>: what any round trip that must see the copy
+ *             complete costs at least, on this machine).
  *
  * Output: "RESULT ..." lines for channel_vs_baselines.py, and a readable
  * line for each.
@@ -420,7 +424,8 @@ static void latency(prod *p, int n)
 /*
  * The 4 KiB round trip with both ends on stream handle @h: idle, then with
  * a 4 KiB device copy queued on the stream before each send (the message
- * carries an event; the release does not: the receiver's stream is idle).
+ * carries an event; the release does not: the receiver's stream is idle);
+ * then that copy alone, the host polling the stream until it is done.
  */
 static void stream_rows(prod *p, int n, int h)
 {
@@ -449,6 +454,20 @@ static void stream_rows(prod *p, int n, int h)
              copy ? "_copy" : "");
     result_lat(name, v, 1);
   }
+  std::vector<double> v;
+  for (int i = 0; i < n + warm; i++) {
+    double t0 = now_us();
+    CUDA_OK(cudaMemcpyAsync(base, base + LAT_BYTES, LAT_BYTES,
+                            cudaMemcpyDeviceToDevice, s));
+    cudaError_t e;
+    while ((e = cudaStreamQuery(s)) == cudaErrorNotReady)
+      ;
+    CUDA_OK(e);
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  snprintf(name, sizeof(name), "%s_copy_wait_%s", p->where, handle_names[h]);
+  result_lat(name, v, 1);
 }
 
 /*

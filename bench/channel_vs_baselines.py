@@ -11,11 +11,17 @@ limit, all within a budget of 8 minutes:
 
   channel_bench 0 0   latency and bandwidth, both ends on GPU 0, with
                       cudaMemcpyAsync device-to-device in the same process
+  channel_bench 0 0 --streams
+                      the 4 KiB round trip on each stream handle (NULL,
+                      legacy, per-thread, created), idle and with a copy
+                      queued before each send, with that copy's own floor
+  kinds_bench         first import of each kind against the raw driver calls
   channel_bench 0 1   the same across GPUs, with cudaMemcpyPeerAsync
   channel_nccl        NCCL send/recv between two processes (GPU 0 -> 1)
   channel_torch.py    a torch.multiprocessing queue round trip, 4 KiB
 
-and prints the tables (also written to --out, default $OUT/channel_bench.md
+and prints the tables, the first with every row of "the path users take"
+against its baseline and target (also written to --out, default $OUT/channel_bench.md
 when $OUT is set, else build-bench/channel_bench.md). NCCL_NVLS_ENABLE=0 is
 set for every step; nothing here creates multicast objects.
 """
@@ -88,13 +94,15 @@ def run_pair(cmds, limit, env):
     return "\n".join(outs)
 
 
-def parse(out, lat, bw):
+def parse(out, lat, bw, imp=None):
     for line in out.splitlines():
         f = line.split()
         if len(f) == 5 and f[0] == "RESULT" and f[1] == "lat":
             lat[f[2]] = (float(f[3]), float(f[4]))
         elif len(f) == 6 and f[0] == "RESULT" and f[1] == "bw":
             bw[(f[2], f[3], int(f[4]))] = float(f[5])
+        elif len(f) == 5 and f[0] == "RESULT" and f[1] == "import" and imp is not None:
+            imp[f[2]] = (float(f[3]), float(f[4]))
 
 
 def size_name(b):
@@ -126,13 +134,55 @@ def fmt(v, nd=2):
     return "n/a" if v is None else ("%.*f" % (nd, v))
 
 
-def table(lat, bw, quick):
+HANDLES = (("null", "NULL (legacy default)"), ("legacy", "CU_STREAM_LEGACY"),
+           ("perthread", "CU_STREAM_PER_THREAD"), ("created", "created, non-blocking"))
+
+
+def users_path(lat, bw, imp):
+    """Every row of "the path users take" on one GPU: gpuipc, its baseline
+    in this run, the ratio, the target, and whether it is met."""
+    out = ["**The path users take, one GPU**: gpuipc against its baseline "
+           "in this run.", "",
+           "| what | gpuipc | baseline (this run) | ratio | target | met |",
+           "|---|---:|---:|---:|---|---|"]
+
+    def row(what, g, b, unit, target, ok):
+        ratio = g / b if g is not None and b else None
+        met = "n/a" if g is None or ok is None else ("yes" if ok(g, ratio) else "**no**")
+        out.append("| %s | %s | %s | %s | %s | %s |" % (
+            what, "n/a" if g is None else fmt(g) + unit,
+            "" if b is None else fmt(b) + unit, fmt(ratio), target, met))
+
+    med = lambda k: lat[k][0] if k in lat else None
+    for h, name in HANDLES:
+        row("4 KiB round trip, idle, %s" % name, med("same_gpu_rt_" + h), None,
+            " us", "<= 3 us", lambda g, r: g <= 3)
+    for h, name in HANDLES:
+        row("same, a 4 KiB copy queued before each send, %s (baseline: the copy "
+            "alone, one process, host polls until done)" % name,
+            med("same_gpu_rt_%s_copy" % h), med("same_copy_wait_" + h),
+            " us", "<= 8 us", lambda g, r: g <= 8)
+    for size, target in ((1 << 20, 0.9), (4 << 20, 0.95), (16 << 20, 0.95),
+                         (64 << 20, 0.98), (256 << 20, 0.98), (1 << 30, 0.98)):
+        row("copy bandwidth, %s, created streams (baseline cudaMemcpyAsync)" % size_name(size),
+            bw.get(("same", "copy", size)), bw.get(("same", "memcpy", size)),
+            " GB/s", ">= %.2fx" % target, lambda g, r, t=target: r is not None and r >= t)
+    for k in ("vmm", "legacy", "pool"):
+        raw, g = imp.get(k + "_same", (None, None))
+        row("first import, %s (baseline: the raw driver calls)" % k.upper(), g, raw,
+            " us", "<= 1.05x", lambda g, r: r is not None and r <= 1.05)
+    return out
+
+
+def table(lat, bw, quick, imp=None):
     out = []
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     out.append("### gpuipc channels against baselines (%s%s)" %
                (now, ", quick run" if quick else ""))
     out.append("")
     out.append("Machine: " + machine())
+    out.append("")
+    out += users_path(lat, bw, imp or {})
     out.append("")
     out.append("**4 KiB round trip** (send -> recv -> release -> the sender "
                "sees its buffer free), microseconds:")
@@ -220,7 +270,7 @@ def main():
                  "-DGPUIPC_WERROR=OFF"], 120, env)
     if rc == 0:
         rc, _ = run(["cmake", "--build", BUILD, "-j", jobs, "--target",
-                     "channel_bench"], 240, env)
+                     "channel_bench", "kinds_bench"], 240, env)
     bench = os.path.join(BUILD, "bench", "channel_bench")
     if rc != 0 or not os.path.exists(bench):
         say("channel_bench did not build")
@@ -239,8 +289,15 @@ def main():
         ngpu = len([l for l in q.splitlines() if l.startswith("GPU")])
     except Exception:
         pass
+    imp = {}
     _, o = run([bench, "0", "0"] + qarg, 120, env)
     parse(o, lat, bw)
+    _, o = run([bench, "0", "0", "--streams"], 60, env)
+    parse(o, lat, bw)
+    kinds = os.path.join(BUILD, "bench", "kinds_bench")
+    if os.path.exists(kinds):
+        _, o = run([kinds, "--n", "100"], 60, env)
+        parse(o, lat, bw, imp)
     if ngpu >= 2:
         _, o = run([bench, "0", "1"] + qarg, 120, env)
         parse(o, lat, bw)
@@ -255,7 +312,7 @@ def main():
                + qarg, 90, env)
     parse(o, lat, bw)
 
-    md = table(lat, bw, quick)
+    md = table(lat, bw, quick, imp)
     print("\n" + md)
     try:
         os.makedirs(os.path.dirname(out_file), exist_ok=True)

@@ -14,7 +14,9 @@
  *    local buffers of the same GPUs. Bytes copied per second, medians.
  *
  * A second process (this program again, fork + exec) allocates and exports;
- * handles travel over a Unix socket.
+ * handles travel over a Unix socket. Each first-import row is also a line
+ * "RESULT import <kind>_<same|cross> <raw us> <gpuipc us>" for
+ * bench/channel_vs_baselines.py.
  *
  *   kinds_bench [--n N] [--mib M] [--iters I]
  */
@@ -459,6 +461,8 @@ int main(int argc, char **argv)
     all_ok = all_ok && ok;
     printf("%-30s %10.2f %10.2f %9.2f %7.3f  %s\n", r.name, f.raw_us,
            f.gpuipc_us, f.gpuipc_us - f.raw_us, ratio, verdict(ok));
+    printf("RESULT import %s_%s %.3f %.3f\n", gpuipc_kind_name(r.kind),
+           r.dev == 0 ? "same" : "cross", f.raw_us, f.gpuipc_us);
   }
 
   {
