@@ -8,10 +8,14 @@ rtt: a 4 KiB tensor goes to a peer and back, N times, each timed: gpuipc
 Channel (HOST kind, and CUDA when a GPU is there) vs a torch.multiprocessing
 queue pair; median, p99 and mean of each.
 weights: 291 bf16 tensors (13.48 GB) from one process to another on GPU 0,
-first and second sync: torch.multiprocessing per-tensor handles and a
+first and later syncs: torch.multiprocessing per-tensor handles and a
 hand-made bucket (zero-copy and copied), gpuipc's state_dict as snapshots
 and lent from gpuipc.torch.mem_pool() (zero-copy and copied), and a
-one-process copy_ as the floor."""
+one-process copy_ as the floor. Each sync is timed twice: until the
+receiver has the weights (its time.monotonic() when done, against the
+sender's start: CLOCK_MONOTONIC, one clock for every process of the
+machine), and until the sender has heard so (the reply's wake-up
+included: a process asleep for milliseconds wakes in 0.1-0.5 ms)."""
 import os
 import sys
 import time
@@ -138,7 +142,6 @@ def _mp_receiver(q, done, rounds):
     _warm_cuda(done)
     dst = None
     for r in range(rounds):
-        t0 = time.perf_counter()
         sd = q.get()
         if dst is None:
             dst = {k: torch.empty_like(v) for k, v in sd.items()}
@@ -146,7 +149,7 @@ def _mp_receiver(q, done, rounds):
             dst[k].copy_(v, non_blocking=True)
         torch.cuda.synchronize()
         del sd
-        done.put(time.perf_counter() - t0)
+        done.put(time.monotonic())
 
 
 def _first_later(out):
@@ -171,10 +174,10 @@ def _mp_rounds(receiver, args, what, rounds):
     torch.cuda.synchronize()
     out = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         q.put(what)
-        done.get()
-        out.append(time.perf_counter() - t0)
+        at = done.get()
+        out.append((at - t0, time.monotonic() - t0))
     p.join()
     return out
 
@@ -204,7 +207,7 @@ def _mp_bucket_receiver(q, done, copy, rounds):
             sd = _views(flat, llama_shapes())  # the 291 tensors, zero-copy
             del sd
         del flat
-        done.put(1)
+        done.put(time.monotonic())
 
 
 def weights_mp_bucket(sd, copy, rounds=ROUNDS):
@@ -227,7 +230,7 @@ def _gp_sd_receiver(dom, rounds, copy):
         dst = None
         for r in range(rounds):
             ch.recv(timeout=600).release()
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             if copy:
                 if dst is None:
                     with rd.open() as sd:
@@ -236,7 +239,8 @@ def _gp_sd_receiver(dom, rounds, copy):
             else:
                 with rd.open() as sd:
                     assert len(sd) == 291
-            ch.send(torch.tensor([time.perf_counter() - t0], dtype=torch.float64))
+            t1 = time.monotonic()
+            ch.send(torch.tensor([t1 - t0, t1], dtype=torch.float64))
 
 
 def weights_gpuipc(sd, copy, lend, rounds=ROUNDS):
@@ -258,13 +262,13 @@ def weights_gpuipc(sd, copy, lend, rounds=ROUNDS):
         ch.recv(timeout=600).release()
         for r in range(rounds):
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             pub.publish(sd)
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
             ch.send(torch.zeros(1))
             with ch.recv(timeout=600) as v:
-                took = float(torch.from_dlpack(v)[0])
-            out.append(time.perf_counter() - t0)
+                took, at = torch.from_dlpack(v).tolist()
+            out.append((at - t0, time.monotonic() - t0))
             parts.append(f"{1e3 * (t1 - t0):.1f}/{1e3 * took:.1f}")
         segs = len(pub.segments())
     p.join()
@@ -294,20 +298,22 @@ def bench_weights():
           f"{total / t / 1e9:.1f} GB/s", flush=True)
     torch.cuda.empty_cache()
 
-    def row(what, out):
-        a, b = _first_later(out)
-        print(f"{what}: first {a:.4f} s, later {b:.4f} s", flush=True)
+    def row(what, out, copied=False):
+        (a, b), (c, d) = (_first_later([o[i] for o in out]) for i in (0, 1))
+        ratio = f"; later, copy_ floor / sync {t / b:.2f} ({t / d:.2f} with the reply)" if copied else ""
+        print(f"{what}: first {a:.4f} s, later {b:.4f} s at the receiver; "
+              f"with the reply {c:.4f} / {d:.4f} s{ratio}", flush=True)
 
-    row("torch.multiprocessing per-tensor handles", weights_mp(sd))
+    row("torch.multiprocessing per-tensor handles (copied)", weights_mp(sd), True)
     torch.cuda.empty_cache()
     for copy in (False, True):
         out = weights_mp_bucket(sd, copy)
         torch.cuda.empty_cache()  # the bucket's memory, cached by PyTorch
-        row(f"torch.multiprocessing one bucket, {'copied' if copy else 'zero-copy'}", out)
+        row(f"torch.multiprocessing one bucket, {'copied' if copy else 'zero-copy'}", out, copy)
     for copy in (False, True):
         row(f"gpuipc state_dict snapshot, {'copied' if copy else 'zero-copy'} "
             f"(publish + {'copy_into' if copy else 'open'})",
-            weights_gpuipc(sd, copy, lend=False))
+            weights_gpuipc(sd, copy, lend=False), copy)
     # The same weights born in gpuipc memory, as a trainer's would be: in a
     # pool of large chunks (the default), and a buffer per block.
     from gpuipc import torch as gt
@@ -319,7 +325,7 @@ def bench_weights():
         for copy in ((False, True) if chunk else (False,)):
             row(f"gpuipc state_dict lent ({how}), {'copied' if copy else 'zero-copy'} "
                 f"(publish + {'copy_into' if copy else 'open'})",
-                weights_gpuipc(lent, copy, lend=True))
+                weights_gpuipc(lent, copy, lend=True), copy)
         del lent, pool
         torch.cuda.empty_cache()
 
