@@ -35,7 +35,10 @@
  *             row's floor, the same copy in this one process with the host
  *             polling the stream until it is done (<where>_copy_wait_
  *             <handle>: what any round trip that must see the copy
- *             complete costs at least, on this machine).
+ *             complete costs at least, on this machine); and as programs
+ *             run: a kernel writes the tensor before each send, the
+ *             receiver's kernel reads it before the release
+ *             (<where>_gpu_rt_<handle>_kernels).
  *
  * Output: "RESULT ..." lines for channel_vs_baselines.py, and a readable
  * line for each.
@@ -64,6 +67,7 @@
 #define OP_BW_VIEW 4  /* recv view, cudaMemcpyAsync, release */
 #define OP_LAT_HOST 5 /* as OP_LAT for HOST tensors */
 #define OP_ONEWAY 6   /* as OP_LAT, timed here against the sender's clock */
+#define OP_LAT_READ 7 /* recv view, a kernel reads it, release on the stream */
 
 #define MAX_BYTES ((size_t)1 << 30)
 #define LAT_BYTES 4096
@@ -110,6 +114,15 @@ static cudaStream_t handle_stream(int h, cudaStream_t own)
   default:
     return own;
   }
+}
+
+/* The 4 KiB summed by one block into *@sum: a consumer reading a tensor. */
+__global__ static void read_kernel(const uint32_t *p, uint32_t *sum)
+{
+  uint32_t a = 0;
+  for (unsigned i = threadIdx.x; i < LAT_BYTES / 4; i += blockDim.x)
+    a += p[i];
+  atomicAdd(sum, a);
 }
 
 /* One byte written on the GPU: makes the stream busy when the send comes. */
@@ -197,6 +210,13 @@ static int consumer(gpuipc_channel_t *ch, int dev, const char *where)
         GI_OK(gpuipc_tensor_release(v, (void *)s));
         break;
       }
+      case OP_LAT_READ:
+        GI_OK(gpuipc_channel_recv(ch, &v, (void *)s, -1));
+        read_kernel<<<1, 128, 0, s>>>(
+            (const uint32_t *)((const uint8_t *)v->dl.data + v->dl.byte_offset),
+            (uint32_t *)dst);
+        GI_OK(gpuipc_tensor_release(v, (void *)s));
+        break;
       case OP_PINGPONG:
         GI_OK(gpuipc_channel_recv(ch, &v, (void *)s, -1));
         GI_OK(gpuipc_tensor_release(v, (void *)s));
@@ -425,7 +445,10 @@ static void latency(prod *p, int n)
  * The 4 KiB round trip with both ends on stream handle @h: idle, then with
  * a 4 KiB device copy queued on the stream before each send (the message
  * carries an event; the release does not: the receiver's stream is idle);
- * then that copy alone, the host polling the stream until it is done.
+ * then that copy alone, the host polling the stream until it is done; then
+ * as a program would: a kernel writes the tensor before each send and the
+ * receiver's kernel reads it before the release (events or words both
+ * ways: each process's GPU work waits for the other's).
  */
 static void stream_rows(prod *p, int n, int h)
 {
@@ -467,6 +490,22 @@ static void stream_rows(prod *p, int n, int h)
       v.push_back(now_us() - t0);
   }
   snprintf(name, sizeof(name), "%s_copy_wait_%s", p->where, handle_names[h]);
+  result_lat(name, v, 1);
+  v.clear();
+  control_on(p, OP_LAT_READ, LAT_BYTES, n + warm, h);
+  for (int i = 0; i < n + warm; i++) {
+    uint64_t tk;
+    double t0 = now_us();
+    touch_kernel<<<1, 1, 0, s>>>(base, (uint8_t)i);
+    GI_OK(gpuipc_channel_send(p->ch, &t.t, (void *)s, 0, &tk));
+    GI_OK(gpuipc_channel_send_wait(p->ch, tk, (void *)s, -1));
+    if (i >= warm)
+      v.push_back(now_us() - t0);
+  }
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(s));
+  snprintf(name, sizeof(name), "%s_gpu_rt_%s_kernels", p->where,
+           handle_names[h]);
   result_lat(name, v, 1);
 }
 

@@ -162,6 +162,10 @@ def users_path(lat, bw, imp):
             "alone, one process, host polls until done)" % name,
             med("same_gpu_rt_%s_copy" % h), med("same_copy_wait_" + h),
             " us", "<= 8 us", lambda g, r: g <= 8)
+    for h, name in HANDLES:
+        row("as programs run: a kernel writes the tensor before each send, the "
+            "receiver's kernel reads it before the release, %s" % name,
+            med("same_gpu_rt_%s_kernels" % h), None, " us", "", None)
     for size, target in ((1 << 20, 0.9), (4 << 20, 0.95), (16 << 20, 0.95),
                          (64 << 20, 0.98), (256 << 20, 0.98), (1 << 30, 0.98)):
         row("copy bandwidth, %s, created streams (baseline cudaMemcpyAsync)" % size_name(size),
