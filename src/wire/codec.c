@@ -115,7 +115,7 @@ void gpuipc__rbuf_init(struct gpuipc__rbuf *r, const void *p, size_t len)
   r->err_why = NULL;
 }
 
-static void rbuf_fail(struct gpuipc__rbuf *r, const char *why)
+void gpuipc__rbuf_fail(struct gpuipc__rbuf *r, const char *why)
 {
   if (r->err != 0)
     return;
@@ -130,41 +130,10 @@ static bool rbuf_have(struct gpuipc__rbuf *r, size_t n)
   if (r->err != 0)
     return false;
   if (n > r->len - r->pos) {
-    rbuf_fail(r, "truncated");
+    gpuipc__rbuf_fail(r, "truncated");
     return false;
   }
   return true;
-}
-
-static uint64_t get_le(struct gpuipc__rbuf *r, size_t n)
-{
-  if (!rbuf_have(r, n))
-    return 0;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; i++)
-    v |= (uint64_t)r->p[r->pos + i] << (8 * i);
-  r->pos += n;
-  return v;
-}
-
-uint8_t gpuipc__get_u8(struct gpuipc__rbuf *r)
-{
-  return (uint8_t)get_le(r, 1);
-}
-
-uint16_t gpuipc__get_u16(struct gpuipc__rbuf *r)
-{
-  return (uint16_t)get_le(r, 2);
-}
-
-uint32_t gpuipc__get_u32(struct gpuipc__rbuf *r)
-{
-  return (uint32_t)get_le(r, 4);
-}
-
-uint64_t gpuipc__get_u64(struct gpuipc__rbuf *r)
-{
-  return get_le(r, 8);
 }
 
 void gpuipc__get_bytes(struct gpuipc__rbuf *r, void *dst, size_t n)
@@ -182,7 +151,7 @@ void gpuipc__get_bytes(struct gpuipc__rbuf *r, void *dst, size_t n)
 void gpuipc__get_str(struct gpuipc__rbuf *r, char *dst, size_t cap)
 {
   size_t start = r->pos;
-  size_t n = get_le(r, 2);
+  size_t n = gpuipc__get_u16(r);
   if (r->err == 0) {
     const char *why = NULL;
     if (n > r->len - r->pos)
@@ -193,7 +162,7 @@ void gpuipc__get_str(struct gpuipc__rbuf *r, char *dst, size_t cap)
       why = "string contains NUL";
     if (why != NULL) {
       r->pos = start; /* the error points at the string's length */
-      rbuf_fail(r, why);
+      gpuipc__rbuf_fail(r, why);
     }
   }
   if (r->err != 0) {

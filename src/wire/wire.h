@@ -54,10 +54,48 @@ void gpuipc__put_bytes(struct gpuipc__wbuf *w, const void *src, size_t n);
 void gpuipc__put_str(struct gpuipc__wbuf *w, const char *s);
 
 void gpuipc__rbuf_init(struct gpuipc__rbuf *r, const void *p, size_t len);
-uint8_t gpuipc__get_u8(struct gpuipc__rbuf *r);
-uint16_t gpuipc__get_u16(struct gpuipc__rbuf *r);
-uint32_t gpuipc__get_u32(struct gpuipc__rbuf *r);
-uint64_t gpuipc__get_u64(struct gpuipc__rbuf *r);
+/* Record the first error of @r (@why: a static phrase) at its position. */
+void gpuipc__rbuf_fail(struct gpuipc__rbuf *r, const char *why);
+
+/*
+ * An @n-byte (1..8) little-endian integer, or 0 with r->err set. Inline:
+ * a channel's descriptor is a score of fields read on every message.
+ */
+static inline uint64_t gpuipc__get_le(struct gpuipc__rbuf *r, size_t n)
+{
+  if (r->err != 0)
+    return 0;
+  if (n > r->len - r->pos) {
+    gpuipc__rbuf_fail(r, "truncated");
+    return 0;
+  }
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++)
+    v |= (uint64_t)r->p[r->pos + i] << (8 * i);
+  r->pos += n;
+  return v;
+}
+
+static inline uint8_t gpuipc__get_u8(struct gpuipc__rbuf *r)
+{
+  return (uint8_t)gpuipc__get_le(r, 1);
+}
+
+static inline uint16_t gpuipc__get_u16(struct gpuipc__rbuf *r)
+{
+  return (uint16_t)gpuipc__get_le(r, 2);
+}
+
+static inline uint32_t gpuipc__get_u32(struct gpuipc__rbuf *r)
+{
+  return (uint32_t)gpuipc__get_le(r, 4);
+}
+
+static inline uint64_t gpuipc__get_u64(struct gpuipc__rbuf *r)
+{
+  return gpuipc__get_le(r, 8);
+}
+
 void gpuipc__get_bytes(struct gpuipc__rbuf *r, void *dst, size_t n);
 /*
  * A u16-length string into @dst (capacity @cap, NUL-terminated). Overlong
