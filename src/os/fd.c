@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
@@ -120,6 +121,19 @@ int gpuipc__fd_dup(int fd, int *out_fd)
                              fd);
   *out_fd = d;
   return 0;
+}
+
+void gpuipc__fd_table_reserve(int fd, int want)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      (rlim_t)want > rl.rlim_cur)
+    want = (int)rl.rlim_cur;
+  if (fd < 0 || want < 2)
+    return;
+  int d = fcntl(fd, F_DUPFD_CLOEXEC, want - 1);
+  if (d >= 0)
+    close(d);
 }
 
 void gpuipc__fd_close(int *fd)

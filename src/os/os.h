@@ -109,6 +109,15 @@ int gpuipc__memfd_check(int fd, size_t min_size, size_t *size_out);
 /* ----- descriptors ----- */
 int gpuipc__fd_dup(int fd, int *out_fd); /* F_DUPFD_CLOEXEC */
 void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
+/*
+ * Grow this process's descriptor table to hold @want descriptors (at most
+ * the soft RLIMIT_NOFILE) now, by duplicating @fd to slot want - 1 and
+ * closing the copy: nothing stays open. Linux waits for an RCU grace
+ * period each time the table of a process with threads grows (10-30 ms
+ * measured), so the growth is better paid once, early, than by an import
+ * on the way of a first transfer. Best effort: says nothing, fails silently.
+ */
+void gpuipc__fd_table_reserve(int fd, int want);
 
 /* ----- locks ----- */
 /*
