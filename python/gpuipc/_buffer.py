@@ -3,7 +3,6 @@ sub-views, empty(), and the registry of this process's buffers that lets
 Channel.send (_channel.py) send an array lying in one without a copy. Their
 segments' class, Segment, is in _domain.py. The C calls live in
 _gpuipc_buffer.c."""
-import bisect
 import threading
 
 from . import _gpuipc as _c
@@ -13,49 +12,46 @@ from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _dtype_
 # ---- the registry of gpuipc memory (zero-copy sends) -----------------------
 
 class _Registry:
-    """Address ranges of the buffers this process holds, so that an array
-    lying in one is sent as that buffer (no copy). The C send paths see the
-    same ranges (registry_set / registry_drop, _gpuipc_registry.c)."""
+    """The buffers this process holds, so that an array lying in one is sent
+    as that buffer (no copy). Their address ranges are kept in C
+    (_gpuipc_registry.c), where the C send paths see them too; here, each
+    buffer by (device type, start)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._starts = []  # sorted (device_type, start)
-        self._entries = {}  # (device_type, start) -> (end, weakref)
+        self._entries = {}  # (device_type, start) -> weakref
 
     def add(self, buf):
         import weakref
         key = (buf._dl_device_type(), buf.ptr)
         with self._lock:
-            if key not in self._entries:
-                bisect.insort(self._starts, key)
-            self._entries[key] = (buf.ptr + buf.nbytes, weakref.ref(buf))
+            self._entries[key] = weakref.ref(buf)
             _c.registry_set(key[0], key[1], buf.ptr + buf.nbytes)
 
     def remove(self, buf):
         key = (buf._dl_device_type(), buf.ptr)
         with self._lock:
-            e = self._entries.get(key)
-            if e is not None and e[1]() in (buf, None):
+            ref = self._entries.get(key)
+            if ref is not None and ref() in (buf, None):
                 del self._entries[key]
-                self._starts.remove(key)
                 _c.registry_drop(*key)
 
     def find_desc(self, d):
         """The live buffer that holds all of _Desc ``d``, or None (at once,
         without working out d's bounds, while no buffer is registered)."""
-        if not self._starts:
+        if not self._entries:
             return None
         return self.find_span(d.device_type, d.lo, d.hi)
 
     def find_span(self, dev_type, lo, hi):
         """The live buffer that holds bytes [lo, hi) of ``dev_type``, or None."""
         with self._lock:
-            i = bisect.bisect_right(self._starts, (dev_type, lo)) - 1
-            if i < 0 or self._starts[i][0] != dev_type:
+            span = _c.registry_find(dev_type, lo)
+            if span is None or hi > span[1]:
                 return None
-            end, ref = self._entries[self._starts[i]]
+            ref = self._entries[(dev_type, span[0])]
         buf = ref()
-        if buf is None or hi > end or buf._box is None:
+        if buf is None or buf._box is None:
             return None
         return buf
 

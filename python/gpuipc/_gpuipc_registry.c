@@ -4,10 +4,10 @@
  * it sets and drops each range with its own entry. The C send paths
  * (channel_send_host, channel_send_view) ask here whether memory may be a
  * buffer's: when it cannot, they stage it in C at once; when it may, the
- * Python layer finds the buffer and sends it without a copy. The answer
- * mirrors _Registry.find_span: the range of the greatest start at or below
- * the address, of the same device type. Every caller holds the GIL, which
- * guards the table.
+ * Python layer finds the buffer and sends it without a copy. The table is
+ * the only sorted index of the ranges: _Registry.find_span looks up here
+ * (registry_find) and keeps only the buffers by start. Every caller holds
+ * the GIL, which guards the table.
  */
 #include "_gpuipc.h"
 
@@ -44,13 +44,39 @@ static size_t upper(int type, uintptr_t lo)
   return a;
 }
 
-bool gpuipc__py_registered(int type, uintptr_t addr)
+/* The range of @type holding @addr (one past its end included), or NULL:
+ * the one of the greatest start at or below @addr. */
+static const range_t *covering(int type, uintptr_t addr)
 {
   size_t i = upper(type, addr);
   if (i == 0)
-    return false;
+    return NULL;
   const range_t *r = &ranges[i - 1];
-  return r->type == type && addr <= r->hi;
+  return r->type == type && addr <= r->hi ? r : NULL;
+}
+
+bool gpuipc__py_registered(int type, uintptr_t addr)
+{
+  return covering(type, addr) != NULL;
+}
+
+/* The arguments (device_type, address) of the calls below. */
+static int parse_key(PyObject *args, int *type, uintptr_t *addr)
+{
+  unsigned long long a;
+  if (!PyArg_ParseTuple(args, "iK", type, &a))
+    return -1;
+  *addr = (uintptr_t)a;
+  return 0;
+}
+
+/* Where the range of (@type, @lo) is (true) or would go (false). */
+static bool find(int type, uintptr_t lo, size_t *at)
+{
+  size_t i = upper(type, lo);
+  bool found = i > 0 && key_cmp(&ranges[i - 1], type, lo) == 0;
+  *at = found ? i - 1 : i;
+  return found;
 }
 
 /* registry_set(device_type, lo, hi): record (or replace) a range. */
@@ -60,9 +86,9 @@ static PyObject *py_registry_set(PyObject *self, PyObject *args)
   unsigned long long lo, hi;
   if (!PyArg_ParseTuple(args, "iKK", &type, &lo, &hi))
     return NULL;
-  size_t i = upper(type, (uintptr_t)lo);
-  if (i > 0 && key_cmp(&ranges[i - 1], type, (uintptr_t)lo) == 0) {
-    ranges[i - 1].hi = (uintptr_t)hi;
+  size_t i;
+  if (find(type, (uintptr_t)lo, &i)) {
+    ranges[i].hi = (uintptr_t)hi;
     Py_RETURN_NONE;
   }
   if (nranges == capranges) {
@@ -83,28 +109,44 @@ static PyObject *py_registry_set(PyObject *self, PyObject *args)
 static PyObject *py_registry_drop(PyObject *self, PyObject *args)
 {
   int type;
-  unsigned long long lo;
-  if (!PyArg_ParseTuple(args, "iK", &type, &lo))
+  uintptr_t lo;
+  size_t i;
+  if (parse_key(args, &type, &lo) < 0)
     return NULL;
-  size_t i = upper(type, (uintptr_t)lo);
-  if (i > 0 && key_cmp(&ranges[i - 1], type, (uintptr_t)lo) == 0) {
-    memmove(&ranges[i - 1], &ranges[i], (nranges - i) * sizeof(*ranges));
+  if (find(type, lo, &i)) {
+    memmove(&ranges[i], &ranges[i + 1], (nranges - i - 1) * sizeof(*ranges));
     nranges--;
   }
   Py_RETURN_NONE;
+}
+
+/* registry_find(device_type, addr) -> (lo, hi) of the range holding @addr,
+ * or None (_Registry.find_span's look-up). */
+static PyObject *py_registry_find(PyObject *self, PyObject *args)
+{
+  int type;
+  uintptr_t addr;
+  if (parse_key(args, &type, &addr) < 0)
+    return NULL;
+  const range_t *r = covering(type, addr);
+  if (r == NULL)
+    Py_RETURN_NONE;
+  return Py_BuildValue("(KK)", (unsigned long long)r->lo,
+                       (unsigned long long)r->hi);
 }
 
 /* registry_covers(device_type, addr) -> bool (what the send paths ask). */
 static PyObject *py_registry_covers(PyObject *self, PyObject *args)
 {
   int type;
-  unsigned long long addr;
-  if (!PyArg_ParseTuple(args, "iK", &type, &addr))
+  uintptr_t addr;
+  if (parse_key(args, &type, &addr) < 0)
     return NULL;
-  return PyBool_FromLong(gpuipc__py_registered(type, (uintptr_t)addr));
+  return PyBool_FromLong(gpuipc__py_registered(type, addr));
 }
 
 PyMethodDef gpuipc__py_registry_methods[] = {
     GPUIPC__PY_FN(registry_set, METH_VARARGS),
     GPUIPC__PY_FN(registry_drop, METH_VARARGS),
+    GPUIPC__PY_FN(registry_find, METH_VARARGS),
     GPUIPC__PY_FN(registry_covers, METH_VARARGS), GPUIPC__PY_END};

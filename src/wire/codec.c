@@ -124,21 +124,9 @@ void gpuipc__rbuf_fail(struct gpuipc__rbuf *r, const char *why)
   r->err_why = why;
 }
 
-/* Are @n more bytes there? Sets the error (once) when not. */
-static bool rbuf_have(struct gpuipc__rbuf *r, size_t n)
-{
-  if (r->err != 0)
-    return false;
-  if (n > r->len - r->pos) {
-    gpuipc__rbuf_fail(r, "truncated");
-    return false;
-  }
-  return true;
-}
-
 void gpuipc__get_bytes(struct gpuipc__rbuf *r, void *dst, size_t n)
 {
-  if (!rbuf_have(r, n)) {
+  if (!gpuipc__rbuf_have(r, n)) {
     if (n > 0)
       memset(dst, 0, n);
     return;

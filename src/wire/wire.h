@@ -10,6 +10,7 @@
 
 #include "core/core.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -57,18 +58,26 @@ void gpuipc__rbuf_init(struct gpuipc__rbuf *r, const void *p, size_t len);
 /* Record the first error of @r (@why: a static phrase) at its position. */
 void gpuipc__rbuf_fail(struct gpuipc__rbuf *r, const char *why);
 
+/* Are @n more bytes there? Sets the error (once) when not. */
+static inline bool gpuipc__rbuf_have(struct gpuipc__rbuf *r, size_t n)
+{
+  if (r->err != 0)
+    return false;
+  if (n > r->len - r->pos) {
+    gpuipc__rbuf_fail(r, "truncated");
+    return false;
+  }
+  return true;
+}
+
 /*
  * An @n-byte (1..8) little-endian integer, or 0 with r->err set. Inline:
  * a channel's descriptor is a score of fields read on every message.
  */
 static inline uint64_t gpuipc__get_le(struct gpuipc__rbuf *r, size_t n)
 {
-  if (r->err != 0)
+  if (!gpuipc__rbuf_have(r, n))
     return 0;
-  if (n > r->len - r->pos) {
-    gpuipc__rbuf_fail(r, "truncated");
-    return 0;
-  }
   uint64_t v = 0;
   for (size_t i = 0; i < n; i++)
     v |= (uint64_t)r->p[r->pos + i] << (8 * i);
