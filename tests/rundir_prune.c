@@ -131,16 +131,20 @@ static void live_kept(void)
   ASSERT_TRUE(!find_chan_sock(NULL, sock, sizeof(sock))); /* pruned so far */
   const char *args[] = {"pair", "prune", "live", NULL};
   pid_t a = test_spawn("chan_peer", args, NULL);
+  test_stamp("live_kept: end a (pid %d) started", (int)a);
   wait_chan_sock(NULL, sock, sizeof(sock));
+  test_stamp("live_kept: %s seen; pruning", sock);
   ASSERT_EQ(gpuipc__rundir_prune(dir, GPUIPC__PRUNE_CHANNELS, NULL, NULL),
             0);
   ASSERT_TRUE(exists(sock));
 #ifdef GPUIPC_CLI
+  test_stamp("live_kept: pruned; gpuipc ls --prune");
   ASSERT_EQ(run_ls(dir, "--prune", out, sizeof(out)), 0);
   ASSERT_TRUE(exists(sock));
   ASSERT_TRUE(strstr(out, sock) == NULL);
 #endif
   pid_t b = test_spawn("chan_peer", args, NULL);
+  test_stamp("live_kept: end b (pid %d) started", (int)b);
   ASSERT_EQ(test_wait(a, TIMEOUT_MS), 0);
   ASSERT_EQ(test_wait(b, TIMEOUT_MS), 0);
   ASSERT_TRUE(!exists(sock)); /* paired: removed by its owner */

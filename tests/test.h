@@ -128,6 +128,10 @@ int test_count_fds(pid_t pid);
  */
 int test_popen(const char *cmd, char *out, size_t cap);
 
+/* Print "[pid P at T s] MESSAGE" (T: CLOCK_MONOTONIC, one clock for every
+ * process of the machine): steps whose timing a failure must show. */
+void test_stamp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Deterministic byte pattern: byte i of a pattern with @seed. */
 static inline uint8_t test_pattern(uint64_t seed, size_t i)
 {

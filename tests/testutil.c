@@ -3,6 +3,7 @@
 #include "os/os.h"
 
 #include <fcntl.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -120,4 +121,16 @@ int test_popen(const char *cmd, char *out, size_t cap)
   out[n] = '\0';
   int st = pclose(f);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+void test_stamp(const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  printf("[pid %d at %.3f s] %s\n", (int)getpid(),
+         (double)gpuipc__now_ns() / 1e9, msg);
+  fflush(stdout);
 }

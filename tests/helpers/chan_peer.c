@@ -183,7 +183,9 @@ int main(int argc, char **argv)
   if (argc < 4)
     TFAIL("usage: chan_peer MODE DOMAIN CHANNEL ARGS...");
   const char *mode = argv[1];
+  test_stamp("chan_peer %s %s: joining", mode, argv[3]);
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
+  test_stamp("chan_peer %s %s: joined, opening", mode, argv[3]);
   if (strcmp(mode, "open-wait") == 0) {
     gpuipc_channel_t *ch = open_ch(argv[3], 120000);
     gpuipc_channel_close(ch);
@@ -201,6 +203,7 @@ int main(int argc, char **argv)
     mode = "pair";
   }
   gpuipc_channel_t *ch = open_ch(argv[3], 30000);
+  test_stamp("chan_peer %s %s: opened", mode, argv[3]);
   long n = argc > 4 ? chan_arg(argv[4]) : 0;
   gpuipc_buf_t *buf = NULL;
   if (strcmp(mode, "recv-order") == 0) {
