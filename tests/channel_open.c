@@ -11,6 +11,9 @@
  * opens the name afresh (and the pair's survivor still receives all it
  * was sent), and when end A died before unlinking the name, the next
  * openers unlink it for it and pair on a new segment.
+ *
+ * An opener waits for the other as long as its channel's timeout says,
+ * also while the other still creates the channel's segment.
  */
 #include "channel/channel.h"
 #include "helpers/chan_common.h"
@@ -18,6 +21,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 static gpuipc_domain_t *dom;
@@ -252,6 +256,42 @@ static void both_ways(void)
   gpuipc_buf_release(buf);
 }
 
+/*
+ * The first opener creates the channel's segment and takes long to map it
+ * (its first HOST buffer starts CUDA: the fake driver's
+ * FAKE_CUDA_REGISTER_MS here). The second, whose domain's timeout is
+ * shorter than that, comes while the segment is being created: it waits as
+ * long as its channel's timeout (30 s) says, not its domain's, and pairs.
+ */
+static void slow_creator(void)
+{
+#ifdef FAKE_CUDA_FULL
+  const char *args[] = {"pair", "chan-open", "slow", NULL};
+  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
+  ASSERT_OK(setenv("FAKE_CUDA_REGISTER_MS", "2500", 1));
+  pid_t a = test_spawn("chan_peer", args, NULL);
+  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
+  ASSERT_OK(unsetenv("FAKE_CUDA_REGISTER_MS"));
+  gpuipc_segment_info_t si = {.size = sizeof(si)};
+  int rc = -ENOENT;
+  for (int i = 0; i < 3000 && rc != 0; i++) {
+    rc = gpuipc_segment_stat(dom, "chan.slow", &si);
+    if (rc != 0)
+      usleep(10000);
+  }
+  ASSERT_OK(rc);
+  ASSERT_EQ(si.state, GPUIPC_SEG_CREATING);
+  ASSERT_OK(setenv("GPUIPC_TIMEOUT_MS", "500", 1));
+  pid_t b = test_spawn("chan_peer", args, NULL);
+  ASSERT_OK(unsetenv("GPUIPC_TIMEOUT_MS"));
+  ASSERT_EQ(test_wait(b, 60000), 0);
+  ASSERT_EQ(test_wait(a, 60000), 0);
+#else
+  printf("slow_creator: left out (built without CUDA headers: no fake "
+         "driver)\n");
+#endif
+}
+
 int main(void)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
@@ -263,6 +303,7 @@ int main(void)
   late_opener();
   dead_before_unlink();
   both_ways();
+  slow_creator();
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }

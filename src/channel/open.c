@@ -171,7 +171,17 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
     so.bytes = GPUIPC__CHAN_SEG_BYTES;
     so.kind = GPUIPC_KIND_HOST;
     so.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+    /* The open's own wait, not the domain's: a segment the other opener
+     * is still creating (its first HOST buffer may start CUDA) is part of
+     * waiting for that opener. */
+    so.timeout_ms = gpuipc__ms_left(deadline);
     rc = gpuipc_segment_open(dom, segname, &so, &seg);
+    if (rc == -ETIMEDOUT) {
+      char why[256];
+      snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+      rc = gpuipc__err(-ETIMEDOUT, "gpuipc_channel_open: channel %s: no "
+                       "peer in time (%s)", name, why);
+    }
     if (rc != 0)
       goto free_ch;
     if (gpuipc_buf_kind(seg) != GPUIPC_KIND_HOST ||
