@@ -1392,7 +1392,8 @@ typedef struct gpuipc_channel_opts {
    * the first @size bytes are read, the fields beyond take their defaults. */
   size_t size;
   unsigned flags;    /* reserved, 0 */
-  /* How long gpuipc_channel_open waits for the other end ("Timeouts"):
+  /* How long gpuipc_channel_open waits for the other end, including while
+   * it still creates the channel's segment ("Timeouts"):
    * milliseconds, 0 (pair only with an end already waiting),
    * GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT (default). */
   int timeout_ms;
