@@ -13,7 +13,8 @@
  * openers unlink it for it and pair on a new segment.
  *
  * An opener waits for the other as long as its channel's timeout says,
- * also while the other still creates the channel's segment.
+ * also while the other still creates the channel's segment, and that wait
+ * starts once its own CUDA start is done.
  */
 #include "channel/channel.h"
 #include "helpers/chan_common.h"
@@ -292,6 +293,31 @@ static void slow_creator(void)
 #endif
 }
 
+/*
+ * An opener whose CUDA start takes longer than its open's timeout (the
+ * fake driver's FAKE_CUDA_RETAIN_MS: 4 s, timeout 3 s) still waits the 3 s
+ * for its peer once started: a peer that comes then pairs with it.
+ */
+static void slow_start(void)
+{
+#ifdef FAKE_CUDA_FULL
+  const char *args[] = {"pair-within", "chan-open", "start", "3000", NULL};
+  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
+  ASSERT_OK(setenv("FAKE_CUDA_RETAIN_MS", "4000", 1));
+  pid_t a = test_spawn("chan_peer", args, NULL);
+  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
+  ASSERT_OK(unsetenv("FAKE_CUDA_RETAIN_MS"));
+  wait_end_a("chan.start", a);
+  const char *bargs[] = {"pair", "chan-open", "start", NULL};
+  pid_t b = test_spawn("chan_peer", bargs, NULL);
+  ASSERT_EQ(test_wait(b, 60000), 0);
+  ASSERT_EQ(test_wait(a, 60000), 0);
+#else
+  printf("slow_start: left out (built without CUDA headers: no fake "
+         "driver)\n");
+#endif
+}
+
 int main(void)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
@@ -304,6 +330,7 @@ int main(void)
   dead_before_unlink();
   both_ways();
   slow_creator();
+  slow_start();
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }

@@ -162,6 +162,9 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   pthread_mutex_init(&ch->rx.lock, NULL);
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
 
+  /* The timeout is for the other end: this end's CUDA start, which the
+   * channel's segment needs, is local work and comes first. */
+  gpuipc__host_cuda_start();
   uint64_t deadline = gpuipc__deadline(c.timeout_ms);
   for (;;) {
     gpuipc_buf_t *seg = NULL;

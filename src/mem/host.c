@@ -32,6 +32,15 @@ static size_t page_round(size_t n)
   return (n + pg - 1) / pg * pg;
 }
 
+void gpuipc__host_cuda_start(void)
+{
+#if GPUIPC_HAVE_CUDA
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__cuda_load() == 0 && gpuipc__ctx_enter(0, &saved) == 0)
+    gpuipc__ctx_leave(&saved);
+#endif
+}
+
 /* Register with CUDA when a driver and device are present. */
 static int host_register(struct host_priv *p)
 {

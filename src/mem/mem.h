@@ -182,6 +182,15 @@ struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h);
 const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind);
 
 extern const struct gpuipc__kind_ops gpuipc__host_ops;
+
+/*
+ * Start what mapping a HOST buffer will need where a GPU is present (the
+ * driver, device 0's primary context: from 0.1 s alone to over a second
+ * when several processes start at once), so that a caller can do this
+ * local work before its wait for another process starts. Errors are left
+ * for the mapping to report.
+ */
+void gpuipc__host_cuda_start(void);
 #if GPUIPC_HAVE_CUDA
 extern const struct gpuipc__kind_ops gpuipc__vmm_ops;
 extern const struct gpuipc__kind_ops gpuipc__legacy_ops;

@@ -173,11 +173,24 @@ static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
   return CUDA_SUCCESS;
 }
 
+/* Sleep the milliseconds environment variable @name says (0: none). */
+static void sleep_env_ms(const char *name)
+{
+  int ms = env_int(name, 0);
+  if (ms <= 0)
+    return;
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  while (nanosleep(&ts, &ts) != 0)
+    ;
+}
+
+/* The first retain makes the context: FAKE_CUDA_RETAIN_MS. */
 static CUresult fake_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
   NEED_INIT();
   NEED_DEV(dev);
-  atomic_fetch_add(&retains[dev], 1);
+  if (atomic_fetch_add(&retains[dev], 1) == 0)
+    sleep_env_ms("FAKE_CUDA_RETAIN_MS");
   *ctx = &fake_primary_ctx[dev];
   return CUDA_SUCCESS;
 }
@@ -273,12 +286,7 @@ static CUresult fake_cuMemHostRegister(void *p, size_t n, unsigned int flags)
     return CUDA_ERROR_INVALID_VALUE;
   if (fake_current == NULL)
     return CUDA_ERROR_INVALID_CONTEXT;
-  int ms = env_int("FAKE_CUDA_REGISTER_MS", 0);
-  if (ms > 0) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) != 0)
-      ;
-  }
+  sleep_env_ms("FAKE_CUDA_REGISTER_MS");
   void (*fn)(void) = atomic_load(&on_register);
   if (fn != NULL)
     fn();

@@ -15,6 +15,8 @@
  *   send-die N MS        send N messages, kill itself MS ms later
  *   pair                 send our pid, receive the peer's, compare it with
  *                        what the channel says
+ *   pair-within MS       as pair, opening with a timeout of MS ms (else
+ *                        30 s)
  *   open-wait            open and wait (to be killed while waiting)
  *   pair-late GO MAPPED  as pair, but once the channel's segment is mapped
  *                        write a byte to fd MAPPED and wait for one on fd
@@ -202,7 +204,14 @@ int main(int argc, char **argv)
     gpuipc__chan_test_hook(die_hook);
     mode = "pair";
   }
-  gpuipc_channel_t *ch = open_ch(argv[3], 30000);
+  int open_ms = 30000;
+  if (strcmp(mode, "pair-within") == 0) {
+    if (argc != 5)
+      TFAIL("usage: chan_peer pair-within DOMAIN CHANNEL MS");
+    open_ms = (int)chan_arg(argv[4]);
+    mode = "pair";
+  }
+  gpuipc_channel_t *ch = open_ch(argv[3], open_ms);
   test_stamp("chan_peer %s %s: opened", mode, argv[3]);
   long n = argc > 4 ? chan_arg(argv[4]) : 0;
   gpuipc_buf_t *buf = NULL;
