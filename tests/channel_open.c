@@ -282,9 +282,14 @@ static void slow_creator(void)
   }
   ASSERT_OK(rc);
   ASSERT_EQ(si.state, GPUIPC_SEG_CREATING);
+  /* The second opener on the fake driver too, with no delay: a real
+   * driver's start (seconds on a busy machine) would let the segment be
+   * published before it asks for it. */
   ASSERT_OK(setenv("GPUIPC_TIMEOUT_MS", "500", 1));
+  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
   pid_t b = test_spawn("chan_peer", args, NULL);
   ASSERT_OK(unsetenv("GPUIPC_TIMEOUT_MS"));
+  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
   ASSERT_EQ(test_wait(b, 60000), 0);
   ASSERT_EQ(test_wait(a, 60000), 0);
 #else
@@ -308,8 +313,12 @@ static void slow_start(void)
   ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
   ASSERT_OK(unsetenv("FAKE_CUDA_RETAIN_MS"));
   wait_end_a("chan.start", a);
+  /* Its peer on the fake driver, with no delay: a real driver's start
+   * (seconds on a busy machine) is part of the 3 s that end waits. */
   const char *bargs[] = {"pair", "chan-open", "start", NULL};
+  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
   pid_t b = test_spawn("chan_peer", bargs, NULL);
+  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
   ASSERT_EQ(test_wait(b, 60000), 0);
   ASSERT_EQ(test_wait(a, 60000), 0);
 #else
