@@ -185,8 +185,8 @@ extern const struct gpuipc__kind_ops gpuipc__host_ops;
 
 /*
  * Start what mapping a HOST buffer will need where a GPU is present (the
- * driver, device 0's primary context: from 0.1 s alone to over a second
- * when several processes start at once), so that a caller can do this
+ * driver, device 0's primary context: 0.2 s alone on an H200, seconds
+ * when many processes start at once), so that a caller can do this
  * local work before its wait for another process starts. Errors are left
  * for the mapping to report.
  */
