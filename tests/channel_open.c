@@ -257,22 +257,36 @@ static void both_ways(void)
   gpuipc_buf_release(buf);
 }
 
+#ifdef FAKE_CUDA_FULL
+/* Start chan_peer @args on the fake driver, with @var=@value (@var NULL:
+ * nothing more) in its environment too. */
+static pid_t spawn_on_fake(const char *const *args, const char *var,
+                           const char *value)
+{
+  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
+  if (var != NULL)
+    ASSERT_OK(setenv(var, value, 1));
+  pid_t pid = test_spawn("chan_peer", args, NULL);
+  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
+  if (var != NULL)
+    ASSERT_OK(unsetenv(var));
+  return pid;
+}
+
 /*
  * The first opener creates the channel's segment and takes long to map it
  * (its first HOST buffer starts CUDA: the fake driver's
  * FAKE_CUDA_REGISTER_MS here). The second, whose domain's timeout is
  * shorter than that, comes while the segment is being created: it waits as
  * long as its channel's timeout (30 s) says, not its domain's, and pairs.
+ * The second opener is on the fake driver too, with no delay: a real
+ * driver's start (seconds on a busy machine) would let the segment be
+ * published before it asks for it.
  */
 static void slow_creator(void)
 {
-#ifdef FAKE_CUDA_FULL
   const char *args[] = {"pair", "chan-open", "slow", NULL};
-  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
-  ASSERT_OK(setenv("FAKE_CUDA_REGISTER_MS", "2500", 1));
-  pid_t a = test_spawn("chan_peer", args, NULL);
-  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
-  ASSERT_OK(unsetenv("FAKE_CUDA_REGISTER_MS"));
+  pid_t a = spawn_on_fake(args, "FAKE_CUDA_REGISTER_MS", "2500");
   gpuipc_segment_info_t si = {.size = sizeof(si)};
   int rc = -ENOENT;
   for (int i = 0; i < 3000 && rc != 0; i++) {
@@ -282,50 +296,29 @@ static void slow_creator(void)
   }
   ASSERT_OK(rc);
   ASSERT_EQ(si.state, GPUIPC_SEG_CREATING);
-  /* The second opener on the fake driver too, with no delay: a real
-   * driver's start (seconds on a busy machine) would let the segment be
-   * published before it asks for it. */
-  ASSERT_OK(setenv("GPUIPC_TIMEOUT_MS", "500", 1));
-  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
-  pid_t b = test_spawn("chan_peer", args, NULL);
-  ASSERT_OK(unsetenv("GPUIPC_TIMEOUT_MS"));
-  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
+  pid_t b = spawn_on_fake(args, "GPUIPC_TIMEOUT_MS", "500");
   ASSERT_EQ(test_wait(b, 60000), 0);
   ASSERT_EQ(test_wait(a, 60000), 0);
-#else
-  printf("slow_creator: left out (built without CUDA headers: no fake "
-         "driver)\n");
-#endif
 }
 
 /*
  * An opener whose CUDA start takes longer than its open's timeout (the
  * fake driver's FAKE_CUDA_RETAIN_MS: 4 s, timeout 3 s) still waits the 3 s
- * for its peer once started: a peer that comes then pairs with it.
+ * for its peer once started: a peer that comes then pairs with it. The
+ * peer is on the fake driver, with no delay: a real driver's start
+ * (seconds on a busy machine) is part of the 3 s that end waits.
  */
 static void slow_start(void)
 {
-#ifdef FAKE_CUDA_FULL
   const char *args[] = {"pair-within", "chan-open", "start", "3000", NULL};
-  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
-  ASSERT_OK(setenv("FAKE_CUDA_RETAIN_MS", "4000", 1));
-  pid_t a = test_spawn("chan_peer", args, NULL);
-  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
-  ASSERT_OK(unsetenv("FAKE_CUDA_RETAIN_MS"));
+  pid_t a = spawn_on_fake(args, "FAKE_CUDA_RETAIN_MS", "4000");
   wait_end_a("chan.start", a);
-  /* Its peer on the fake driver, with no delay: a real driver's start
-   * (seconds on a busy machine) is part of the 3 s that end waits. */
   const char *bargs[] = {"pair", "chan-open", "start", NULL};
-  ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
-  pid_t b = test_spawn("chan_peer", bargs, NULL);
-  ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
+  pid_t b = spawn_on_fake(bargs, NULL, NULL);
   ASSERT_EQ(test_wait(b, 60000), 0);
   ASSERT_EQ(test_wait(a, 60000), 0);
-#else
-  printf("slow_start: left out (built without CUDA headers: no fake "
-         "driver)\n");
-#endif
 }
+#endif
 
 int main(void)
 {
@@ -338,8 +331,13 @@ int main(void)
   late_opener();
   dead_before_unlink();
   both_ways();
+#ifdef FAKE_CUDA_FULL
   slow_creator();
   slow_start();
+#else
+  printf("slow_creator, slow_start: left out (built without CUDA headers: "
+         "no fake driver)\n");
+#endif
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }
