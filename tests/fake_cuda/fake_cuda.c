@@ -184,13 +184,11 @@ static void sleep_env_ms(const char *name)
     ;
 }
 
-/* The first retain makes the context: FAKE_CUDA_RETAIN_MS. */
 static CUresult fake_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
   NEED_INIT();
   NEED_DEV(dev);
-  if (atomic_fetch_add(&retains[dev], 1) == 0)
-    sleep_env_ms("FAKE_CUDA_RETAIN_MS");
+  atomic_fetch_add(&retains[dev], 1);
   *ctx = &fake_primary_ctx[dev];
   return CUDA_SUCCESS;
 }
@@ -200,6 +198,20 @@ static CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev)
   NEED_INIT();
   NEED_DEV(dev);
   atomic_fetch_sub(&retains[dev], 1);
+  return CUDA_SUCCESS;
+}
+
+/* Active while retained (gpuipc never releases what it retains). */
+static CUresult fake_cuDevicePrimaryCtxGetState(CUdevice dev,
+                                                unsigned int *flags,
+                                                int *active)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  if (flags == NULL || active == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *flags = 0;
+  *active = atomic_load(&retains[dev]) > 0;
   return CUDA_SUCCESS;
 }
 
@@ -251,15 +263,32 @@ fake_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
   return CUDA_SUCCESS;
 }
 
-/* Host registration: accepted, after FAKE_CUDA_REGISTER_MS (a driver
- * starting up takes that long on its first real call) and the test's
- * fake_cuda_on_register function. */
+/* Host registration: each range remembered (a real driver refuses to
+ * register a range twice, and maps only what was registered), accepted
+ * after FAKE_CUDA_REGISTER_MS (a driver starting up takes that long on
+ * its first real call) and the test's fake_cuda_on_register function. */
+#define FAKE_REGS 1024
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  uintptr_t base;
+  size_t size;
+} regs[FAKE_REGS];
 static atomic_int registered;
 static void (*_Atomic on_register)(void);
 
 void fake_cuda_on_register(void (*fn)(void))
 {
   atomic_store(&on_register, fn);
+}
+
+/* The slot of the registered range that holds [@p, @p + @n), or -1. */
+static int reg_find(uintptr_t p, size_t n)
+{
+  for (int i = 0; i < FAKE_REGS; i++)
+    if (regs[i].size != 0 && p >= regs[i].base &&
+        p - regs[i].base + n <= regs[i].size)
+      return i;
+  return -1;
 }
 
 /* Registered memory is reached at its host address (unified addressing). */
@@ -271,8 +300,11 @@ static CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
     return CUDA_ERROR_INVALID_VALUE;
   if (fake_current == NULL)
     return CUDA_ERROR_INVALID_CONTEXT;
-  if (atomic_load(&registered) == 0)
-    return CUDA_ERROR_INVALID_VALUE; /* nothing registered */
+  pthread_mutex_lock(&reg_lock);
+  int i = reg_find((uintptr_t)p, 1);
+  pthread_mutex_unlock(&reg_lock);
+  if (i < 0)
+    return CUDA_ERROR_INVALID_VALUE; /* not registered */
   *d = (CUdeviceptr)(uintptr_t)p;
   return CUDA_SUCCESS;
 }
@@ -290,17 +322,46 @@ static CUresult fake_cuMemHostRegister(void *p, size_t n, unsigned int flags)
   void (*fn)(void) = atomic_load(&on_register);
   if (fn != NULL)
     fn();
-  atomic_fetch_add(&registered, 1);
-  return CUDA_SUCCESS;
+  uintptr_t b = (uintptr_t)p;
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&reg_lock);
+  int free_slot = -1;
+  for (int i = 0; i < FAKE_REGS; i++) {
+    if (regs[i].size == 0) {
+      if (free_slot < 0)
+        free_slot = i;
+    } else if (b < regs[i].base + regs[i].size && regs[i].base < b + n) {
+      free_slot = -2; /* overlaps a registered range */
+      r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+      break;
+    }
+  }
+  if (free_slot >= 0) {
+    regs[free_slot].base = b;
+    regs[free_slot].size = n;
+    atomic_fetch_add(&registered, 1);
+    r = CUDA_SUCCESS;
+  }
+  pthread_mutex_unlock(&reg_lock);
+  return r;
 }
 
 static CUresult fake_cuMemHostUnregister(void *p)
 {
   NEED_INIT();
-  if (p == NULL || atomic_load(&registered) == 0)
+  if (p == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  atomic_fetch_sub(&registered, 1);
-  return CUDA_SUCCESS;
+  CUresult r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  pthread_mutex_lock(&reg_lock);
+  for (int i = 0; i < FAKE_REGS; i++)
+    if (regs[i].size != 0 && regs[i].base == (uintptr_t)p) {
+      regs[i].size = 0;
+      atomic_fetch_sub(&registered, 1);
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&reg_lock);
+  return r;
 }
 
 int fake_cuda_registered(void)
@@ -340,6 +401,7 @@ static const struct {
     ENTRY(cuDeviceGetAttribute),
     ENTRY(cuDevicePrimaryCtxRetain),
     ENTRY(cuDevicePrimaryCtxRelease),
+    ENTRY(cuDevicePrimaryCtxGetState),
     ENTRY(cuCtxGetCurrent),
     ENTRY(cuCtxSetCurrent),
     ENTRY(cuCtxGetDevice),

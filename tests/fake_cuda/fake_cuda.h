@@ -10,8 +10,6 @@
  *   FAKE_CUDA_NDEV     number of devices (default 2, at most 2)
  *   FAKE_CUDA_BAD_ATTR a device attribute number it refuses to answer
  *   FAKE_CUDA_REGISTER_MS  milliseconds cuMemHostRegister takes
- *   FAKE_CUDA_RETAIN_MS    milliseconds a device's first
- *                          cuDevicePrimaryCtxRetain takes (making it)
  *   FAKE_CUDA_COPY_LAG     a queued copy is done on this query of an event
  *                          recorded after it (default 1), not before ...
  *   FAKE_CUDA_COPY_LAG_US  ... nor before this many microseconds since
