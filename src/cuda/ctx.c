@@ -79,6 +79,31 @@ void gpuipc__ctx_leave(const struct gpuipc__ctx_saved *saved)
                  gpuipc_last_error());
 }
 
+int gpuipc__ctx_in_use(void)
+{
+  if (!gpuipc__cuda_in_process())
+    return -1;
+  int n = gpuipc__dev_count();
+  CUcontext cur = NULL;
+  CUdevice cd;
+  if (gpuipc__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL &&
+      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS)
+    for (int i = 0; i < n; i++)
+      if (gpuipc__dev_get(i)->cu_dev == cd)
+        return i;
+  for (int i = 0; i < n; i++) {
+    const struct gpuipc__dev *d = gpuipc__dev_get(i);
+    unsigned flags = 0;
+    int active = 0;
+    if (__atomic_load_n(&d->primary, __ATOMIC_ACQUIRE) != NULL ||
+        (gpuipc__cu.cuDevicePrimaryCtxGetState(d->cu_dev, &flags, &active) ==
+             CUDA_SUCCESS &&
+         active))
+      return i;
+  }
+  return -1;
+}
+
 #else /* !GPUIPC_HAVE_CUDA */
 
 int gpuipc__ctx_enter(int ordinal, struct gpuipc__ctx_saved *saved)
@@ -90,6 +115,11 @@ int gpuipc__ctx_enter(int ordinal, struct gpuipc__ctx_saved *saved)
 
 void gpuipc__ctx_leave(const struct gpuipc__ctx_saved *saved)
 {
+}
+
+int gpuipc__ctx_in_use(void)
+{
+  return -1;
 }
 
 #endif /* GPUIPC_HAVE_CUDA */

@@ -56,6 +56,7 @@
   X(cuDeviceGetPCIBusId, 1, 12000)                                             \
   X(cuDevicePrimaryCtxRetain, 1, 12000)                                        \
   X(cuDevicePrimaryCtxRelease, 1, 12000)                                       \
+  X(cuDevicePrimaryCtxGetState, 1, 12000)                                      \
   X(cuCtxGetCurrent, 1, 12000)                                                 \
   X(cuCtxSetCurrent, 1, 12000)                                                 \
   X(cuCtxGetDevice, 1, 12000)                                                  \
@@ -166,6 +167,14 @@ static inline int gpuipc__stream_is_default(const void *s)
 int gpuipc__cuda_load(void);
 
 /*
+ * Whether the driver is in this process and usable, loaded by gpuipc or by
+ * anyone else (the CUDA runtime, PyTorch): then it is loaded for gpuipc
+ * too (cuInit). A process that never loaded it still has not: nothing is
+ * loaded to find out. Sets no error.
+ */
+bool gpuipc__cuda_in_process(void);
+
+/*
  * After gpuipc__cuda_load(), whatever it returned: the driver's CUDA version
  * (13000 for 13.0), 0 when it could not be read.
  */
@@ -227,6 +236,15 @@ struct gpuipc__ctx_saved {
 };
 int gpuipc__ctx_enter(int ordinal, struct gpuipc__ctx_saved *saved);
 void gpuipc__ctx_leave(const struct gpuipc__ctx_saved *saved);
+
+/*
+ * A device whose context this process has started already: that of the
+ * calling thread's current context, else the first whose primary context
+ * is active (retained by gpuipc or anyone else). -1 when there is none or
+ * no driver in the process (gpuipc__cuda_in_process): asking starts
+ * nothing. Sets no error.
+ */
+int gpuipc__ctx_in_use(void);
 
 /*
  * Make stream @after wait, on the GPU, for the work queued on stream

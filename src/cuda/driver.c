@@ -18,6 +18,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #define LOAD_MSG_MAX 512
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static _Atomic bool load_ran; /* load_once_fn has run */
 static int load_code;
 static char load_msg[LOAD_MSG_MAX];
 static int drv_version;
@@ -275,6 +277,7 @@ static void load_once_fn(void)
                  drv_version % 1000 / 10, lib_path);
   } else
     GPUIPC_LOG_I("no CUDA (%s): %s", gpuipc_err_name(load_code), load_msg);
+  atomic_store(&load_ran, true);
 }
 
 int gpuipc__cuda_load(void)
@@ -283,6 +286,24 @@ int gpuipc__cuda_load(void)
   if (GPUIPC__LIKELY(load_code == 0))
     return 0;
   return gpuipc__err(load_code, "%s", load_msg);
+}
+
+bool gpuipc__cuda_in_process(void)
+{
+  if (!atomic_load(&load_ran)) {
+#if GPUIPC_HAVE_CUDA
+    const char *lib = gpuipc__cfg_str(GPUIPC_CFG_CUDA_LIB);
+    /* RTLD_NOLOAD: a handle only if the library is mapped already. It is
+     * not closed, as the loader's own handle never is. */
+    if (lib[0] == '\0' || dlopen(lib, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD) ==
+                               NULL)
+      return false;
+#else
+    return false;
+#endif
+  }
+  pthread_once(&load_once, load_once_fn);
+  return load_code == 0;
 }
 
 int gpuipc__cuda_driver_version(void)
