@@ -466,8 +466,17 @@ typedef struct gpuipc_handle {
  * -ENOMEM or -EFBIG for sizes the system cannot provide; GPUIPC_E_UNSUPPORTED
  * for a kind this build or machine lacks; GPUIPC_E_NODRIVER /
  * GPUIPC_E_NODEVICE / GPUIPC_E_CUDA for GPU kinds.
- * HOST memory is zero-filled, mapped read-write and, when a CUDA driver and
- * device are present, registered with CUDA (portable, device-mapped).
+ * HOST memory is zero-filled and mapped read-write. Where a CUDA driver and
+ * device are present it is registered with CUDA (pinned: portable,
+ * device-mapped, so kernels reach it) without ever starting CUDA: at once
+ * when this process has a CUDA context already (the calling thread's
+ * current one, else a device's active primary context: the runtime's, as
+ * PyTorch makes it; registered there, so a program on its second GPU makes
+ * no context on the first); otherwise when gpuipc first puts GPU work on
+ * it (a copy of gpuipc_channel_recv_into, a channel's GPU message). So a
+ * process that only moves host memory never loads the driver. A buffer
+ * your own kernels will read directly: start CUDA first. The same holds
+ * for HOST buffers imported or opened as segments.
  */
 GPUIPC_API int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
                                 unsigned flags, gpuipc_buf_t **out);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,13 +111,18 @@ pid_t test_spawn(const char *name, const char *const *args,
 int test_wait(pid_t pid, int timeout_ms);
 
 /*
- * Where a GPU is present, the first buffer loads the CUDA driver and retains
- * a context, which opens descriptors of the driver's own for the life of the
- * process. Tests that count descriptors call this first, so that the count
- * they start from already includes them. Without a GPU it does nothing
- * beyond one HOST allocation.
+ * Start CUDA where a GPU is present: load the driver and retain device 0's
+ * primary context, which opens descriptors of the driver's own for the
+ * life of the process (and makes later HOST buffers register at once).
+ * Tests that count descriptors call this first, so that the count they
+ * start from already includes them; tests whose timed waits are not about
+ * a CUDA start call it before them. Without a GPU it does nothing.
  */
 void test_warm_driver(void);
+
+/* Whether this process has the CUDA driver gpuipc would load
+ * (GPUIPC_CUDA_LIB, else libcuda.so.1) mapped: loaded by anyone. */
+bool test_driver_loaded(void);
 
 /* Number of open descriptors of @pid (0: self) from /proc/PID/fd. */
 int test_count_fds(pid_t pid);

@@ -1,7 +1,9 @@
 #include "test.h"
 
+#include "cuda/cuda.h"
 #include "os/os.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <limits.h>
@@ -83,9 +85,19 @@ int test_wait(pid_t pid, int timeout_ms)
 
 void test_warm_driver(void)
 {
-  gpuipc_buf_t *b;
-  ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b));
-  ASSERT_OK(gpuipc_buf_release(b));
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__ctx_enter(0, &saved) == 0)
+    gpuipc__ctx_leave(&saved);
+}
+
+bool test_driver_loaded(void)
+{
+  const char *lib = getenv("GPUIPC_CUDA_LIB");
+  void *h = dlopen(lib != NULL ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (h == NULL)
+    return false;
+  dlclose(h);
+  return true;
 }
 
 int test_count_fds(pid_t pid)

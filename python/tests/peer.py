@@ -574,6 +574,16 @@ def sd_same_read(dom, arg):
         r.close()
 
 
+def driver_loaded():
+    """Whether the CUDA driver gpuipc would load is mapped in this process."""
+    lib = os.environ.get("GPUIPC_CUDA_LIB", "libcuda.so.1")
+    name = os.path.basename(os.path.realpath(lib)) if "/" in lib else lib.split(".so")[0]
+    with open("/proc/self/maps") as f:
+        return any(name in line for line in f)
+
+
 if __name__ == "__main__":
     role, dom = sys.argv[1], sys.argv[2]
     globals()[role](dom, sys.argv[3] if len(sys.argv) > 3 else None)
+    if os.environ.get("PEER_DRIVER_CHECK"):
+        say(driver_loaded=driver_loaded())

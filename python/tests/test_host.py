@@ -104,6 +104,32 @@ def test_zero_copy_view_is_the_senders_buffer(env, procs):
     assert s["info"] == 2
 
 
+@pytest.mark.skipif(not os.environ.get("FAKE_CUDA_FULL"),
+                    reason="FAKE_CUDA_FULL (the fake CUDA driver) not set")
+def test_host_work_loads_no_cuda(env, procs):
+    """Where a CUDA driver is (the fake here), processes that only move host
+    memory (a published segment, arrays through a channel, zero-copy views)
+    never load it: no context, no GPU memory, no CUDA start-up."""
+    env["GPUIPC_CUDA_LIB"] = os.environ["FAKE_CUDA_FULL"]
+    env["PEER_DRIVER_CHECK"] = "1"
+    creator = start(procs, env, "seg_create", "d")
+    assert creator.line()["state"] == "filling"
+    reader = start(procs, env, "seg_open", "d")
+    assert creator.line() == {"published": True}
+    got = reader.finish()
+    assert got[-2]["sha"] == peer.digest(peer.pattern(11, (1 << 20,), "uint8"))
+    assert got[-1] == {"driver_loaded": False}
+    assert creator.finish()[-1] == {"driver_loaded": False}
+    for rx_role, tx_role in (("recv_arrays", "send_arrays"),
+                             ("zero_copy_recv", "zero_copy_send")):
+        rx = start(procs, env, rx_role, "d")
+        tx = start(procs, env, tx_role, "d")
+        r, t = rx.finish(), tx.finish()
+        assert len(r) >= 2 and len(t) >= 2, (r, t)
+        assert r[-1] == {"driver_loaded": False}, rx_role
+        assert t[-1] == {"driver_loaded": False}, tx_role
+
+
 def test_torch_cpu_tensors(env, procs):
     pytest.importorskip("torch")
     rx = start(procs, env, "torch_recv", "d")

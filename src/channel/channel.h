@@ -269,7 +269,10 @@ struct gpuipc__tx {
   int ndev;
   struct gpuipc__event *rel_evs;
   int nrel_evs, caprel_evs;
-  struct gpuipc__stage *stage; /* [ndev + 1]: host, then devices */
+  /* [nstage]: host, then devices; the device areas made at the first
+   * device send (the host area alone loads no CUDA) */
+  struct gpuipc__stage *stage;
+  int nstage;
   gpuipc_release_fn cb;
   void *cb_user;
   uint64_t sent, bufs_sent;
@@ -513,11 +516,13 @@ int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
 /* How long to poll a pending event of the peer's before a stream wait. */
 uint64_t gpuipc__chan_ev_poll_ns(void);
 /*
- * Where device @dev's streams reach the release words at @words (looked
- * up once per device, kept in @map): 0 and *@addr, or
- * GPUIPC_E_UNSUPPORTED (the device cannot: events, or a host wait).
+ * Where device @dev's streams reach the release words at @words, in
+ * @seg (the channel's segment, registered with CUDA here if it was mapped
+ * before this process had a context; looked up once per device, kept in
+ * @map): 0 and *@addr, or GPUIPC_E_UNSUPPORTED (the device cannot: events,
+ * or a host wait).
  */
-int gpuipc__chan_word_addr(struct gpuipc__word_map *map,
+int gpuipc__chan_word_addr(struct gpuipc__word_map *map, gpuipc_buf_t *seg,
                            _Atomic uint64_t *words, int dev, uint64_t *addr);
 
 /* ----- settle.c ----- */

@@ -205,14 +205,17 @@ uint64_t gpuipc__chan_ev_poll_ns(void)
 }
 
 
-int gpuipc__chan_word_addr(struct gpuipc__word_map *map,
+int gpuipc__chan_word_addr(struct gpuipc__word_map *map, gpuipc_buf_t *seg,
                            _Atomic uint64_t *words, int dev, uint64_t *addr)
 {
   if (dev < 0 || dev >= GPUIPC__CHAN_EV_DEVS)
     return GPUIPC_E_UNSUPPORTED;
   if (map->state[dev] == 0)
     map->state[dev] =
-        gpuipc__word_dev(dev, (void *)words, &map->addr[dev]) == 0 ? 1 : -1;
+        gpuipc__host_pin(seg, dev) == 0 &&
+                gpuipc__word_dev(dev, (void *)words, &map->addr[dev]) == 0
+            ? 1
+            : -1;
   if (map->state[dev] < 0)
     return GPUIPC_E_UNSUPPORTED;
   *addr = map->addr[dev];

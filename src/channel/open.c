@@ -6,6 +6,7 @@
  * user's, and one per received view).
  */
 #include "channel/channel.h"
+#include "cuda/cuda.h"
 #include "domain/domain.h"
 #include "mem/mem.h"
 #include "os/os.h"
@@ -162,9 +163,11 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   pthread_mutex_init(&ch->rx.lock, NULL);
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
 
-  /* The timeout is for the other end: this end's CUDA start, which the
-   * channel's segment needs, is local work and comes first. */
-  gpuipc__host_cuda_start();
+  /* The timeout is for the other end. The segment's mapping starts no
+   * CUDA, but registers with a context this process has (mem/host.c):
+   * finding one, which loads the driver for gpuipc when another part of
+   * the process has loaded it, is local work and comes first. */
+  (void)gpuipc__ctx_in_use();
   uint64_t deadline = gpuipc__deadline(c.timeout_ms);
   for (;;) {
     gpuipc_buf_t *seg = NULL;

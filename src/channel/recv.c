@@ -233,7 +233,7 @@ static int rx_word_addr(struct gpuipc_channel *ch, uint64_t seq, int dev,
   if (rx->word_seq == NULL)
     rx->word_seq = calloc(rx->depth, sizeof(*rx->word_seq));
   if (rx->word_seq == NULL ||
-      gpuipc__chan_word_addr(&rx->words, ch->rx_words, dev, word) != 0)
+      gpuipc__chan_word_addr(&rx->words, ch->seg, ch->rx_words, dev, word) != 0)
     return GPUIPC_E_UNSUPPORTED;
   *word += (seq % rx->depth) * 8;
   return 0;
@@ -485,6 +485,11 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
       goto unlock;
     }
     rel_dev = gpuipc__stream_dev(stream, rel_dev);
+    /* A HOST end mapped before this process had a CUDA context is pinned
+     * now, for a DMA copy; unpinned, the driver still copies it (staged,
+     * synchronously), so a failure here costs speed, not the message. */
+    (void)gpuipc__host_pin(b, rel_dev);
+    (void)gpuipc__host_pin(dst->buf, rel_dev);
     rc = rx_ready(ch, rel_dev, stream);
     bool d2d = gpuipc_buf_kind(b) != GPUIPC_KIND_HOST &&
                dl->device.device_type == GPUIPC_DL_CUDA;

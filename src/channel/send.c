@@ -342,20 +342,25 @@ int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
   return tx_recycle(ch);
 }
 
-/* The staging areas (host, then each device), and whether @area is one. */
+/*
+ * The staging areas (host, then each device), made as far as @area (0:
+ * the host area alone, which loads no CUDA), and whether @area is one.
+ */
 static int stage_areas(struct gpuipc_channel *ch, int area)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  if (tx->stage == NULL) {
-    int n = gpuipc__chan_dev_count();
-    tx->stage = calloc((size_t)n + 1, sizeof(*tx->stage));
-    if (tx->stage == NULL)
-      return gpuipc__err(-ENOMEM, "gpuipc_channel_send: out of memory");
-    tx->ndev = n;
-  }
-  if (area > tx->ndev)
+  if (area < tx->nstage)
+    return 0;
+  int n = area == 0 ? 1 : gpuipc__chan_dev_count() + 1;
+  if (area >= n)
     return gpuipc__err(-ERANGE, "gpuipc_channel_send: device %d is not visible",
                        area - 1);
+  struct gpuipc__stage *t = realloc(tx->stage, (size_t)n * sizeof(*t));
+  if (t == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_channel_send: out of memory");
+  memset(t + tx->nstage, 0, (size_t)(n - tx->nstage) * sizeof(*t));
+  tx->stage = t;
+  tx->nstage = n;
   return 0;
 }
 
@@ -695,7 +700,7 @@ static int word_stream_wait(struct gpuipc_channel *ch,
   int home = r->buf != NULL ? gpuipc_buf_device(r->buf) : -1;
   int dev = gpuipc__stream_dev(stream, home >= 0 ? home : 0);
   uint64_t words;
-  if (gpuipc__chan_word_addr(&tx->words, ch->tx_words, dev, &words) == 0)
+  if (gpuipc__chan_word_addr(&tx->words, ch->seg, ch->tx_words, dev, &words) == 0)
     return gpuipc__stream_word_wait(dev, stream,
                                     words + (r->seq % tx->depth) * 8, r->seq);
   int ms = -1;
@@ -782,7 +787,7 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
   free(tx->recs);
   tx->recs = NULL;
   if (tx->stage != NULL) {
-    for (int i = 0; i <= tx->ndev; i++) {
+    for (int i = 0; i < tx->nstage; i++) {
       if (tx->stage[i].buf != NULL)
         gpuipc_buf_release(tx->stage[i].buf);
       gpuipc__chan_stage_large_free(&tx->stage[i]);

@@ -386,7 +386,8 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
                        "gpuipc_buf_import: a %s handle needs its fd, and fd "
                        "is %d",
                        gpuipc_kind_name(h->kind), h->fd);
-  if (device < -1 || device >= gpuipc__dev_count())
+  /* -1 loads nothing: a HOST import must not start CUDA. */
+  if (device < -1 || (device >= 0 && device >= gpuipc__dev_count()))
     return gpuipc__err(-EINVAL,
                        "gpuipc_buf_import: device %d is neither -1 nor one of "
                        "the %d visible devices",

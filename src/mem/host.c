@@ -1,13 +1,20 @@
 /*
  * The HOST kind: a sealed memfd mapped read-write (MAP_SHARED) in every
- * holder. When a CUDA driver and device are present the mapping is also
- * registered with CUDA (portable, device-mapped) so kernels can reach it.
+ * holder. Where a GPU is present the mapping is also registered with CUDA
+ * (portable, device-mapped: pinned, and reachable by kernels), but never
+ * by starting CUDA: at the mapping when this process has a CUDA context
+ * already, else when gpuipc first puts GPU work on the buffer
+ * (gpuipc__host_pin). A process that only moves host memory never loads
+ * the driver, and makes no context (hundreds of MiB of GPU memory, 0.2 s
+ * to seconds of start).
  */
 #include "mem/mem.h"
 
 #include "cuda/cuda.h"
 #include "os/os.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -18,8 +25,13 @@ struct host_priv {
   ino_t st_ino;
   void *base;       /* start of the mapping */
   size_t map_size;  /* bytes mapped */
-  bool registered;  /* cuMemHostRegister succeeded */
+  /* The device whose primary context registered the mapping, -1 while it
+   * is not registered. Set once, under pin_lock. */
+  _Atomic int reg_dev;
 };
+
+/* Registrations are rare (once per mapping): one lock for all of them. */
+static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int host_available(void)
 {
@@ -32,47 +44,62 @@ static size_t page_round(size_t n)
   return (n + pg - 1) / pg * pg;
 }
 
-void gpuipc__host_cuda_start(void)
+/* Register @p in @dev's primary context unless it is registered already. */
+static int host_pin_dev(struct host_priv *p, int dev)
 {
 #if GPUIPC_HAVE_CUDA
-  struct gpuipc__ctx_saved saved;
-  if (gpuipc__cuda_load() == 0 && gpuipc__ctx_enter(0, &saved) == 0)
-    gpuipc__ctx_leave(&saved);
+  if (atomic_load_explicit(&p->reg_dev, memory_order_acquire) >= 0)
+    return 0;
+  pthread_mutex_lock(&pin_lock);
+  int rc = 0;
+  if (atomic_load_explicit(&p->reg_dev, memory_order_relaxed) < 0) {
+    struct gpuipc__ctx_saved saved;
+    rc = gpuipc__ctx_enter(dev, &saved);
+    if (rc == 0) {
+      rc = GPUIPC_CU(cuMemHostRegister, p->base, p->map_size,
+                     CU_MEMHOSTREGISTER_PORTABLE |
+                         CU_MEMHOSTREGISTER_DEVICEMAP);
+      gpuipc__ctx_leave(&saved);
+    }
+    if (rc == 0)
+      atomic_store_explicit(&p->reg_dev, dev, memory_order_release);
+  }
+  pthread_mutex_unlock(&pin_lock);
+  return rc;
+#else
+  (void)p;
+  (void)dev;
+  return 0;
 #endif
 }
 
-/* Register with CUDA when a driver and device are present. */
+int gpuipc__host_pin(gpuipc_buf_t *b, int dev)
+{
+  if (b == NULL || b->kind != GPUIPC_KIND_HOST || dev < 0)
+    return 0;
+  return host_pin_dev(b->priv, dev);
+}
+
+/* At the mapping: register now if this process uses CUDA already. */
 static int host_register(struct host_priv *p)
 {
-#if GPUIPC_HAVE_CUDA
-  if (gpuipc__cuda_load() != 0)
-    return 0; /* no GPU: a plain host buffer */
-  struct gpuipc__ctx_saved saved;
-  int rc = gpuipc__ctx_enter(0, &saved);
-  if (rc != 0)
-    return rc;
-  rc = GPUIPC_CU(cuMemHostRegister, p->base, p->map_size,
-                 CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-  gpuipc__ctx_leave(&saved);
-  if (rc != 0)
-    return rc;
-  p->registered = true;
-#endif
-  return 0;
+  int dev = gpuipc__ctx_in_use();
+  return dev < 0 ? 0 : host_pin_dev(p, dev);
 }
 
 static void host_unregister(struct host_priv *p)
 {
 #if GPUIPC_HAVE_CUDA
-  if (!p->registered)
+  int dev = atomic_load(&p->reg_dev);
+  if (dev < 0)
     return;
   struct gpuipc__ctx_saved saved;
-  if (gpuipc__ctx_enter(0, &saved) != 0)
+  if (gpuipc__ctx_enter(dev, &saved) != 0)
     return;
   if (GPUIPC_CU(cuMemHostUnregister, p->base) != 0)
     GPUIPC_LOG_W("%s", gpuipc_last_error());
   gpuipc__ctx_leave(&saved);
-  p->registered = false;
+  atomic_store(&p->reg_dev, -1);
 #else
   (void)p;
 #endif
@@ -87,7 +114,7 @@ static int host_map(int fd, size_t map_size, struct host_priv *p)
                              map_size);
   p->base = base;
   p->map_size = map_size;
-  p->registered = false;
+  atomic_init(&p->reg_dev, -1);
   int rc = host_register(p);
   if (rc != 0) {
     munmap(base, map_size);

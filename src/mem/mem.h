@@ -184,13 +184,13 @@ const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind);
 extern const struct gpuipc__kind_ops gpuipc__host_ops;
 
 /*
- * Start what mapping a HOST buffer will need where a GPU is present (the
- * driver, device 0's primary context: 0.2 s alone on an H200, seconds
- * when many processes start at once), so that a caller can do this
- * local work before its wait for another process starts. Errors are left
- * for the mapping to report.
+ * Register HOST buffer @b with CUDA, in device @dev's primary context, if
+ * it is not registered yet: before gpuipc puts GPU work on it (a copy, a
+ * stream's write or wait on a word in it) in a process that mapped it
+ * before it had a CUDA context. Returns 0 at once for a registered buffer,
+ * another kind, or @dev < 0; the codes of gpuipc__ctx_enter, GPUIPC_E_CUDA.
  */
-void gpuipc__host_cuda_start(void);
+int gpuipc__host_pin(gpuipc_buf_t *b, int dev);
 #if GPUIPC_HAVE_CUDA
 extern const struct gpuipc__kind_ops gpuipc__vmm_ops;
 extern const struct gpuipc__kind_ops gpuipc__legacy_ops;

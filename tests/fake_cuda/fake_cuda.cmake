@@ -50,6 +50,12 @@ if(GPUIPC_HAVE_CUDA)
   target_compile_definitions(test_channel_close_events PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   target_link_libraries(chan_close_peer PRIVATE ${CMAKE_DL_LIBS})
+  # tests/host_pin.c: HOST registration, looked at in the fake, in this
+  # process and in chan_peer / chan_order_peer pairs.
+  add_dependencies(test_host_pin fake_cuda_full chan_peer chan_order_peer)
+  target_compile_definitions(test_host_pin PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(test_host_pin PRIVATE ${CMAKE_DL_LIBS})
 endif()
 add_dependencies(test_driver driver_probe)
 # `gpuipc info` is checked against the fake driver and without one.

@@ -7,6 +7,10 @@
  *   chan_order_peer send DOMAIN CHANNEL ROUNDS
  *   chan_order_peer recv DOMAIN CHANNEL ROUNDS [EXPECT]
  *
+ * send-late and recv-late open the channel before starting CUDA (its
+ * segment is mapped unregistered, as in a process that had no context
+ * yet), then do the same.
+ *
  * The "GPU writes" are copies queued on a created stream (cuMemcpyAsync
  * through gpuipc__cu): with FAKE_CUDA_COPY_LAG large they stay pending
  * until a synchronisation, or until the other process's stream waits on
@@ -177,14 +181,17 @@ int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
   if ((argc != 5 && argc != 6) || atoi(argv[4]) % 6 != 0)
-    TFAIL("usage: chan_order_peer send|recv DOMAIN CHANNEL ROUNDS (6k) "
-          "[EXPECT]");
-  bool send = strcmp(argv[1], "send") == 0;
+    TFAIL("usage: chan_order_peer send|recv[-late] DOMAIN CHANNEL ROUNDS "
+          "(6k) [EXPECT]");
+  bool send = strncmp(argv[1], "send", 4) == 0;
+  bool late = strstr(argv[1], "-late") != NULL;
   int rounds = atoi(argv[4]);
-  CUstream s = cu_stream_make();
+  CUstream s = late ? NULL : cu_stream_make();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
-  gpuipc_channel_t *ch = cu_chan_open(dom, argv[3], !send);
+  gpuipc_channel_t *ch = cu_chan_open(dom, argv[3], !send && !late);
+  if (late)
+    s = cu_stream_make();
   if (send)
     sender(ch, s, rounds);
   else

@@ -15,8 +15,12 @@
  *   send-die N MS        send N messages, kill itself MS ms later
  *   pair                 send our pid, receive the peer's, compare it with
  *                        what the channel says
- *   pair-within MS       as pair, opening with a timeout of MS ms (else
- *                        30 s)
+ *   pair-cuda            as pair, CUDA started before the open (device
+ *                        0's primary context, where a driver is), as in
+ *                        a GPU program
+ *   pair-host            as pair, then check that the CUDA driver
+ *                        (GPUIPC_CUDA_LIB) was never loaded: HOST messages
+ *                        start no CUDA
  *   open-wait            open and wait (to be killed while waiting)
  *   pair-late GO MAPPED  as pair, but once the channel's segment is mapped
  *                        write a byte to fd MAPPED and wait for one on fd
@@ -204,14 +208,14 @@ int main(int argc, char **argv)
     gpuipc__chan_test_hook(die_hook);
     mode = "pair";
   }
-  int open_ms = 30000;
-  if (strcmp(mode, "pair-within") == 0) {
-    if (argc != 5)
-      TFAIL("usage: chan_peer pair-within DOMAIN CHANNEL MS");
-    open_ms = (int)chan_arg(argv[4]);
+  bool host_only = strcmp(mode, "pair-host") == 0;
+  if (host_only) {
+    mode = "pair";
+  } else if (strcmp(mode, "pair-cuda") == 0) {
+    test_warm_driver();
     mode = "pair";
   }
-  gpuipc_channel_t *ch = open_ch(argv[3], open_ms);
+  gpuipc_channel_t *ch = open_ch(argv[3], 30000);
   test_stamp("chan_peer %s %s: opened", mode, argv[3]);
   long n = argc > 4 ? chan_arg(argv[4]) : 0;
   gpuipc_buf_t *buf = NULL;
@@ -246,5 +250,7 @@ int main(int argc, char **argv)
   if (buf != NULL)
     gpuipc_buf_release(buf);
   ASSERT_OK(gpuipc_domain_leave(dom));
+  if (host_only && test_driver_loaded())
+    TFAIL("HOST messages loaded the CUDA driver %s", getenv("GPUIPC_CUDA_LIB"));
   return 0;
 }

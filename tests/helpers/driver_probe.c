@@ -393,7 +393,8 @@ static int probe_fork(void)
 
 /*
  * A creator whose allocation outlasts the domain's timeout (a HOST buffer
- * registered by a driver that starts up meanwhile) still publishes: the
+ * registered, in the context this process has started, by a driver that is
+ * slow to do it) still publishes: the
  * wait for the broker's answer begins after the allocation. The
  * registration moves this process's clock on by more than the timeout
  * instead of sleeping through it: a timeout short enough to sleep through
@@ -414,7 +415,7 @@ static int probe_slow_publish(void)
   gpuipc_domain_opts_t o = {.size = sizeof(o), .timeout_ms = SLOW_TIMEOUT_MS};
   gpuipc_domain_t *d;
   ASSERT_OK(gpuipc_domain_join(name, &o, &d));
-  ASSERT_OK(gpuipc_driver_status(NULL));
+  test_warm_driver(); /* a context: HOST buffers register as they map */
   void *h = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
   ASSERT_TRUE(h != NULL);
   int (*registered)(void) = (int (*)(void))dlsym(h, "fake_cuda_registered");

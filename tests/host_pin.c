@@ -1,0 +1,151 @@
+/*
+ * HOST memory is registered with CUDA (pinned) without starting CUDA: at
+ * its mapping when the process has a context already, else when gpuipc
+ * first puts GPU work on it. On the fake CUDA driver, which remembers
+ * each registered range and maps only those:
+ *   - two processes that pair over a channel and exchange HOST messages
+ *     (a HOST buffer's handle crosses) never load the driver;
+ *   - in this process: a buffer mapped before the driver was loaded, and
+ *     one mapped with the driver loaded but no context, stay unregistered
+ *     and make no context; with device 1's primary context current (a
+ *     program on its second GPU), a new buffer registers at once, in that
+ *     context, and device 0 gets none; an unregistered buffer is pinned
+ *     on demand, once; releases unregister;
+ *   - two processes that open a channel before they start CUDA, then
+ *     send GPU messages (the GPU-ordering rounds of
+ *     tests/channel_gpu_order.c): the release words in the channel's
+ *     segment, mapped unregistered, are pinned at their first use, so the
+ *     receiver's copies still release through gpuipc's kernel.
+ */
+#include "helpers/fake_lag.h"
+
+#include "cuda/cuda.h"
+#include "mem/mem.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#ifdef FAKE_CUDA_FULL
+static int fake_count(const char *name, int arg)
+{
+  void *fake = dlopen(FAKE_CUDA_FULL, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_TRUE(fake != NULL);
+  int n;
+  if (arg < 0) {
+    int (*fn)(void) = (int (*)(void))dlsym(fake, name);
+    ASSERT_TRUE(fn != NULL);
+    n = fn();
+  } else {
+    int (*fn)(int) = (int (*)(int))dlsym(fake, name);
+    ASSERT_TRUE(fn != NULL);
+    n = fn(arg);
+  }
+  dlclose(fake);
+  return n;
+}
+
+#define REGISTERED() fake_count("fake_cuda_registered", -1)
+#define RETAINS(dev) fake_count("fake_cuda_retains", (dev))
+
+/* Whether device @dev's streams reach @b's memory (it is registered). */
+static bool mapped_for_device(gpuipc_buf_t *b, int dev)
+{
+  struct gpuipc__ctx_saved saved;
+  ASSERT_OK(gpuipc__ctx_enter(dev, &saved));
+  CUdeviceptr p = 0;
+  CUresult r =
+      gpuipc__cu.cuMemHostGetDevicePointer(&p, gpuipc_buf_ptr(b), 0);
+  gpuipc__ctx_leave(&saved);
+  return r == CUDA_SUCCESS && p == (CUdeviceptr)(uintptr_t)gpuipc_buf_ptr(b);
+}
+
+static void host_pair_loads_nothing(void)
+{
+  const char *args[] = {"pair-host", "host-pin", "host", NULL};
+  pid_t a = test_spawn("chan_peer", args, NULL);
+  pid_t b = test_spawn("chan_peer", args, NULL);
+  ASSERT_EQ(test_wait(a, 60000), 0);
+  ASSERT_EQ(test_wait(b, 60000), 0);
+  printf("a HOST-only pair: paired, exchanged, no driver loaded\n");
+}
+
+static gpuipc_buf_t *host_buf(void)
+{
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_buf_alloc(8192, GPUIPC_KIND_HOST, -1, 0, &b));
+  memset(gpuipc_buf_ptr(b), 0x3c, 8192);
+  return b;
+}
+
+static void registered_in_a_context_the_process_has(void)
+{
+  ASSERT_TRUE(!test_driver_loaded());
+  gpuipc_buf_t *before_driver = host_buf();
+  ASSERT_TRUE(!test_driver_loaded());
+
+  ASSERT_OK(gpuipc_driver_status(NULL)); /* loaded; no context */
+  gpuipc_buf_t *no_ctx = host_buf();
+  ASSERT_EQ(REGISTERED(), 0);
+  ASSERT_EQ(RETAINS(0), 0);
+  ASSERT_EQ(RETAINS(1), 0);
+
+  /* A program on its second GPU: the runtime made device 1's primary
+   * context current. */
+  const struct gpuipc__dev *d1 = gpuipc__dev_get(1);
+  ASSERT_TRUE(d1 != NULL);
+  CUcontext c1;
+  ASSERT_OK(GPUIPC_CU(cuDevicePrimaryCtxRetain, &c1, d1->cu_dev));
+  ASSERT_OK(GPUIPC_CU(cuCtxSetCurrent, c1));
+  gpuipc_buf_t *with_ctx = host_buf();
+  ASSERT_EQ(REGISTERED(), 1);
+  ASSERT_EQ(RETAINS(0), 0); /* nothing made on device 0 */
+  ASSERT_TRUE(mapped_for_device(with_ctx, 1));
+  ASSERT_TRUE(!mapped_for_device(no_ctx, 1));
+  ASSERT_EQ(RETAINS(0), 0);
+
+  /* Pinned on demand, once. */
+  ASSERT_OK(gpuipc__host_pin(no_ctx, 1));
+  ASSERT_EQ(REGISTERED(), 2);
+  ASSERT_OK(gpuipc__host_pin(no_ctx, 1));
+  ASSERT_EQ(REGISTERED(), 2);
+  ASSERT_TRUE(mapped_for_device(no_ctx, 1));
+  ASSERT_OK(gpuipc__host_pin(before_driver, 1));
+  ASSERT_EQ(REGISTERED(), 3);
+
+  ASSERT_OK(gpuipc_buf_release(with_ctx));
+  ASSERT_OK(gpuipc_buf_release(no_ctx));
+  ASSERT_OK(gpuipc_buf_release(before_driver));
+  ASSERT_EQ(REGISTERED(), 0);
+  ASSERT_EQ(RETAINS(0), 0);
+  ASSERT_OK(GPUIPC_CU(cuCtxSetCurrent, NULL));
+  printf("registration: none without a context; at once in device 1's; "
+         "on demand once; undone at release; device 0 untouched\n");
+}
+
+static void words_pinned_at_first_use(void)
+{
+  const char *rargs[] = {"recv-late", "host-pin", "late", "12", "kernel",
+                         NULL};
+  const char *sargs[] = {"send-late", "host-pin", "late", "12", NULL};
+  pid_t r = test_spawn("chan_order_peer", rargs, NULL);
+  pid_t s = test_spawn("chan_order_peer", sargs, NULL);
+  ASSERT_EQ(test_wait(s, 60000), 0);
+  ASSERT_EQ(test_wait(r, 60000), 0);
+  printf("a channel opened before CUDA: 12 GPU rounds, released by the "
+         "kernel through its pinned words\n");
+}
+#endif
+
+int main(void)
+{
+#ifndef FAKE_CUDA_FULL
+  SKIP("built without the CUDA headers: no fake CUDA driver");
+#else
+  gpuipc_domain_t *dom = fake_lag_begin("host-pin");
+  host_pair_loads_nothing();
+  registered_in_a_context_the_process_has();
+  words_pinned_at_first_use();
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  return 0;
+#endif
+}
