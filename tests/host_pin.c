@@ -11,12 +11,15 @@
  *     program on its second GPU), a new buffer registers at once, in that
  *     context, and device 0 gets none; an unregistered buffer is pinned
  *     on demand, once; releases unregister;
+ *   - a process whose first CUDA work is a GPU message it receives on a
+ *     channel opened without CUDA: it maps it and sends it back intact;
  *   - two processes that open a channel before they start CUDA, then
  *     send GPU messages (the GPU-ordering rounds of
  *     tests/channel_gpu_order.c): the release words in the channel's
  *     segment, mapped unregistered, are pinned at their first use, so the
  *     receiver's copies still release through gpuipc's kernel.
  */
+#include "helpers/chan_common.h"
 #include "helpers/fake_lag.h"
 
 #include "cuda/cuda.h"
@@ -26,6 +29,8 @@
 #include <unistd.h>
 
 #ifdef FAKE_CUDA_FULL
+static gpuipc_domain_t *dom;
+
 static int fake_count(const char *name, int arg)
 {
   void *fake = dlopen(FAKE_CUDA_FULL, RTLD_NOW | RTLD_NOLOAD);
@@ -122,6 +127,46 @@ static void registered_in_a_context_the_process_has(void)
          "on demand once; undone at release; device 0 untouched\n");
 }
 
+/*
+ * A process whose first CUDA work is a GPU message received on a channel
+ * it opened with no CUDA (chan_peer echo-gpu) imports it (the import loads
+ * the driver) and sends it back: our buffer comes home, every byte intact.
+ */
+static void gpu_message_is_the_first_cuda(void)
+{
+  const char *args[] = {"echo-gpu", "host-pin", "gpu-first", "3", NULL};
+  pid_t e = test_spawn("chan_peer", args, NULL);
+  gpuipc_channel_t *ch;
+  gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
+  o.timeout_ms = 30000;
+  ASSERT_OK(gpuipc_channel_open(dom, "gpu-first", &o, &ch));
+  gpuipc_buf_t *buf;
+  ASSERT_OK(gpuipc_buf_alloc(CHAN_SLOT * 4, GPUIPC_KIND_LEGACY, 0, 0, &buf));
+  for (uint64_t i = 1; i <= 3; i++) {
+    struct chan_msg m;
+    gpuipc_tensor_t t;
+    uint8_t *p = (uint8_t *)gpuipc_buf_ptr(buf) + i * CHAN_SLOT;
+    chan_msg_make(i, 0, p, buf, &m, &t);
+    t.dl.device.device_type = GPUIPC_DL_CUDA;
+    t.dl.device.device_id = 0;
+    uint64_t ticket;
+    ASSERT_OK(gpuipc_channel_send(ch, &t, NULL, 0, &ticket));
+    gpuipc_tensor_t *v;
+    ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
+    ASSERT_TRUE(v->buf == buf); /* home: our own buffer */
+    const char *why = chan_msg_check_on(i, 0, v, GPUIPC_DL_CUDA);
+    if (why != NULL)
+      TFAIL("%s", why);
+    ASSERT_OK(gpuipc_tensor_release(v, NULL));
+    ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
+  }
+  ASSERT_EQ(test_wait(e, 60000), 0);
+  ASSERT_OK(gpuipc_channel_close(ch));
+  ASSERT_OK(gpuipc_buf_release(buf));
+  printf("a GPU message as a process's first CUDA work: imported, echoed, "
+         "every byte home\n");
+}
+
 static void words_pinned_at_first_use(void)
 {
   const char *rargs[] = {"recv-late", "host-pin", "late", "12", "kernel",
@@ -141,9 +186,10 @@ int main(void)
 #ifndef FAKE_CUDA_FULL
   SKIP("built without the CUDA headers: no fake CUDA driver");
 #else
-  gpuipc_domain_t *dom = fake_lag_begin("host-pin");
+  dom = fake_lag_begin("host-pin");
   host_pair_loads_nothing();
   registered_in_a_context_the_process_has();
+  gpu_message_is_the_first_cuda();
   words_pinned_at_first_use();
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;

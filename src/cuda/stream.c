@@ -21,7 +21,9 @@
  */
 int gpuipc__stream_dev(void *stream, int fallback)
 {
-  if (gpuipc__stream_is_default(stream) ||
+  /* A created stream means CUDA is in use: load it for gpuipc too (HOST
+   * work alone may not have). */
+  if (gpuipc__stream_is_default(stream) || gpuipc__cuda_load() != 0 ||
       gpuipc__cu.cuStreamGetCtx == NULL)
     return fallback;
   CUcontext sc = NULL;

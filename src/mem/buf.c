@@ -380,6 +380,12 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   int rc = gpuipc__handle_validate(h, "gpuipc_buf_import");
   if (rc != 0)
     return rc;
+  /* The GPU kinds need the driver, which HOST work alone has not loaded. */
+  if (h->kind != GPUIPC_KIND_HOST) {
+    rc = gpuipc__cuda_load();
+    if (rc != 0)
+      return rc;
+  }
   bool needs_fd = h->type == GPUIPC_HT_POSIX_FD || h->type == GPUIPC_HT_POOL;
   if (needs_fd && h->fd < 0)
     return gpuipc__err(GPUIPC_E_BADHANDLE,

@@ -77,11 +77,14 @@ static inline void chan_msg_make(uint64_t i, int contig, void *p,
 }
 
 /*
- * Check a received view against message @i: dtype, shape, strides and
- * every byte. Returns NULL or a description of the first difference.
+ * Check a received view against message @i: dtype, shape, strides, device
+ * type @dev_type and every byte (read on the host: GPU views only on the
+ * fake CUDA driver, whose device memory is host memory). Returns NULL or a
+ * description of the first difference.
  */
-static inline const char *chan_msg_check(uint64_t i, int contig,
-                                         const gpuipc_tensor_t *v)
+static inline const char *chan_msg_check_on(uint64_t i, int contig,
+                                            const gpuipc_tensor_t *v,
+                                            int dev_type)
 {
   static __thread char why[160];
   struct chan_msg m;
@@ -101,7 +104,7 @@ static inline const char *chan_msg_check(uint64_t i, int contig,
                v->dl.strides ? (long long)v->dl.strides[d] : -1ll);
       return why;
     }
-  if (v->dl.device.device_type != GPUIPC_DL_CPU) {
+  if (v->dl.device.device_type != dev_type) {
     snprintf(why, sizeof(why), "message %llu: device type %d",
              (unsigned long long)i, v->dl.device.device_type);
     return why;
@@ -114,6 +117,13 @@ static inline const char *chan_msg_check(uint64_t i, int contig,
     return why;
   }
   return NULL;
+}
+
+/* chan_msg_check_on for a host view. */
+static inline const char *chan_msg_check(uint64_t i, int contig,
+                                         const gpuipc_tensor_t *v)
+{
+  return chan_msg_check_on(i, contig, v, GPUIPC_DL_CPU);
 }
 
 static inline long chan_arg(const char *s)

@@ -10,6 +10,9 @@
  *                        5 first into a destination of the wrong shape
  *   recv-die MS          open, receive nothing, kill itself after MS ms
  *   echo N               receive N views and send each back (zero-copy)
+ *   echo-gpu N           as echo, for views on CUDA device 0 (read on the
+ *                        host: on the fake CUDA driver only); nothing of
+ *                        CUDA started before the first receive
  *   send-hold N          send N messages from a HOST buffer, then wait to
  *                        be killed
  *   send-die N MS        send N messages, kill itself MS ms later
@@ -124,12 +127,12 @@ static void recv_into(gpuipc_channel_t *ch, long n)
   free(dst);
 }
 
-static void echo(gpuipc_channel_t *ch, long n)
+static void echo(gpuipc_channel_t *ch, long n, int dev_type)
 {
   for (long i = 1; i <= n; i++) {
     gpuipc_tensor_t *v;
     ASSERT_OK(gpuipc_channel_recv(ch, &v, NULL, 30000));
-    const char *why = chan_msg_check((uint64_t)i, 0, v);
+    const char *why = chan_msg_check_on((uint64_t)i, 0, v, dev_type);
     if (why != NULL)
       TFAIL("%s", why);
     uint64_t ticket;
@@ -231,7 +234,9 @@ int main(int argc, char **argv)
     usleep((useconds_t)n * 1000);
     kill(getpid(), SIGKILL);
   } else if (strcmp(mode, "echo") == 0) {
-    echo(ch, n);
+    echo(ch, n, GPUIPC_DL_CPU);
+  } else if (strcmp(mode, "echo-gpu") == 0) {
+    echo(ch, n, GPUIPC_DL_CUDA);
   } else if (strcmp(mode, "send-hold") == 0) {
     buf = send_n(ch, n);
     printf("sent %ld\n", n);
