@@ -288,13 +288,35 @@ int gpuipc__cuda_load(void)
   return gpuipc__err(load_code, "%s", load_msg);
 }
 
+/* Set in a child made by fork() (without exec) of a process that asked. */
+static _Atomic bool in_fork_child;
+static pthread_once_t child_once = PTHREAD_ONCE_INIT;
+
+static void mark_fork_child(void)
+{
+  atomic_store(&in_fork_child, true);
+}
+
+static void child_install(void)
+{
+  pthread_atfork(NULL, NULL, mark_fork_child);
+}
+
 bool gpuipc__cuda_in_process(void)
 {
   if (!atomic_load(&load_ran)) {
 #if GPUIPC_HAVE_CUDA
+    /* A child of fork() (without exec) asks nothing of the dynamic loader,
+     * whose lock a thread of the parent may have held: it cannot use its
+     * parent's CUDA anyway, and memory it maps is registered when gpuipc
+     * first puts GPU work on it. */
+    pthread_once(&child_once, child_install);
+    if (atomic_load(&in_fork_child))
+      return false;
     const char *lib = gpuipc__cfg_str(GPUIPC_CFG_CUDA_LIB);
-    /* RTLD_NOLOAD: a handle only if the library is mapped already. It is
-     * not closed, as the loader's own handle never is. */
+    /* RTLD_NOLOAD: a handle only if the library is mapped already (5-25
+     * us when it is not). It is not closed, as the loader's own handle
+     * never is. */
     if (lib[0] == '\0' || dlopen(lib, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD) ==
                                NULL)
       return false;
