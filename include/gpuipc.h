@@ -471,12 +471,13 @@ typedef struct gpuipc_handle {
  * device-mapped, so kernels reach it) without ever starting CUDA: at once
  * when this process has a CUDA context already (the calling thread's
  * current one, else a device's active primary context: the runtime's, as
- * PyTorch makes it; registered there, so a program on its second GPU makes
- * no context on the first); otherwise when gpuipc first puts GPU work on
- * it (a copy of gpuipc_channel_recv_into, a channel's GPU message). So a
- * process that only moves host memory never loads the driver. A buffer
- * your own kernels will read directly: start CUDA first. The same holds
- * for HOST buffers imported or opened as segments.
+ * PyTorch makes it), in the primary context of that context's device (so
+ * a program on its second GPU makes none on the first); otherwise when
+ * gpuipc first puts GPU work on it (a copy of gpuipc_channel_recv_into, a
+ * channel's GPU message). So a process that only moves host memory never
+ * loads the driver. A buffer your own kernels will read directly: start
+ * CUDA first. The same holds for HOST buffers imported or opened as
+ * segments.
  */
 GPUIPC_API int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
                                 unsigned flags, gpuipc_buf_t **out);
