@@ -257,18 +257,16 @@ static void both_ways(void)
 }
 
 #ifdef FAKE_CUDA_FULL
-/* Start chan_peer @args on the fake driver, with @var=@value (@var NULL:
- * nothing more) in its environment too. */
+/* Start chan_peer @args on the fake driver, with @var=@value in its
+ * environment too. */
 static pid_t spawn_on_fake(const char *const *args, const char *var,
                            const char *value)
 {
   ASSERT_OK(setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1));
-  if (var != NULL)
-    ASSERT_OK(setenv(var, value, 1));
+  ASSERT_OK(setenv(var, value, 1));
   pid_t pid = test_spawn("chan_peer", args, NULL);
   ASSERT_OK(unsetenv("GPUIPC_CUDA_LIB"));
-  if (var != NULL)
-    ASSERT_OK(unsetenv(var));
+  ASSERT_OK(unsetenv(var));
   return pid;
 }
 

@@ -25,32 +25,18 @@
 #include "cuda/cuda.h"
 #include "mem/mem.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #ifdef FAKE_CUDA_FULL
+#include "helpers/cu_peer.h"
+
 static gpuipc_domain_t *dom;
 
-static int fake_count(const char *name, int arg)
+/* Host ranges the fake has registered now. */
+static int registered(void)
 {
-  void *fake = dlopen(FAKE_CUDA_FULL, RTLD_NOW | RTLD_NOLOAD);
-  ASSERT_TRUE(fake != NULL);
-  int n;
-  if (arg < 0) {
-    int (*fn)(void) = (int (*)(void))dlsym(fake, name);
-    ASSERT_TRUE(fn != NULL);
-    n = fn();
-  } else {
-    int (*fn)(int) = (int (*)(int))dlsym(fake, name);
-    ASSERT_TRUE(fn != NULL);
-    n = fn(arg);
-  }
-  dlclose(fake);
-  return n;
+  return cu_fake_count("fake_cuda_registered");
 }
-
-#define REGISTERED() fake_count("fake_cuda_registered", -1)
-#define RETAINS(dev) fake_count("fake_cuda_retains", (dev))
 
 /* Whether device @dev's streams reach @b's memory (it is registered). */
 static bool mapped_for_device(gpuipc_buf_t *b, int dev)
@@ -90,9 +76,9 @@ static void registered_in_a_context_the_process_has(void)
 
   ASSERT_OK(gpuipc_driver_status(NULL)); /* loaded; no context */
   gpuipc_buf_t *no_ctx = host_buf();
-  ASSERT_EQ(REGISTERED(), 0);
-  ASSERT_EQ(RETAINS(0), 0);
-  ASSERT_EQ(RETAINS(1), 0);
+  ASSERT_EQ(registered(), 0);
+  ASSERT_EQ(cu_fake_retains(0), 0);
+  ASSERT_EQ(cu_fake_retains(1), 0);
 
   /* A program on its second GPU: the runtime made device 1's primary
    * context current. */
@@ -102,26 +88,26 @@ static void registered_in_a_context_the_process_has(void)
   ASSERT_OK(GPUIPC_CU(cuDevicePrimaryCtxRetain, &c1, d1->cu_dev));
   ASSERT_OK(GPUIPC_CU(cuCtxSetCurrent, c1));
   gpuipc_buf_t *with_ctx = host_buf();
-  ASSERT_EQ(REGISTERED(), 1);
-  ASSERT_EQ(RETAINS(0), 0); /* nothing made on device 0 */
+  ASSERT_EQ(registered(), 1);
+  ASSERT_EQ(cu_fake_retains(0), 0); /* nothing made on device 0 */
   ASSERT_TRUE(mapped_for_device(with_ctx, 1));
   ASSERT_TRUE(!mapped_for_device(no_ctx, 1));
-  ASSERT_EQ(RETAINS(0), 0);
+  ASSERT_EQ(cu_fake_retains(0), 0);
 
   /* Pinned on demand, once. */
   ASSERT_OK(gpuipc__host_pin(no_ctx, 1));
-  ASSERT_EQ(REGISTERED(), 2);
+  ASSERT_EQ(registered(), 2);
   ASSERT_OK(gpuipc__host_pin(no_ctx, 1));
-  ASSERT_EQ(REGISTERED(), 2);
+  ASSERT_EQ(registered(), 2);
   ASSERT_TRUE(mapped_for_device(no_ctx, 1));
   ASSERT_OK(gpuipc__host_pin(before_driver, 1));
-  ASSERT_EQ(REGISTERED(), 3);
+  ASSERT_EQ(registered(), 3);
 
   ASSERT_OK(gpuipc_buf_release(with_ctx));
   ASSERT_OK(gpuipc_buf_release(no_ctx));
   ASSERT_OK(gpuipc_buf_release(before_driver));
-  ASSERT_EQ(REGISTERED(), 0);
-  ASSERT_EQ(RETAINS(0), 0);
+  ASSERT_EQ(registered(), 0);
+  ASSERT_EQ(cu_fake_retains(0), 0);
   ASSERT_OK(GPUIPC_CU(cuCtxSetCurrent, NULL));
   printf("registration: none without a context; at once in device 1's; "
          "on demand once; undone at release; device 0 untouched\n");

@@ -83,14 +83,15 @@ int gpuipc__ctx_in_use(void)
 {
   if (!gpuipc__cuda_in_process())
     return -1;
-  int n = gpuipc__dev_count();
   CUcontext cur = NULL;
   CUdevice cd;
   if (gpuipc__cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL &&
-      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS)
-    for (int i = 0; i < n; i++)
-      if (gpuipc__dev_get(i)->cu_dev == cd)
-        return i;
+      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS) {
+    int i = gpuipc__dev_ordinal(cd);
+    if (i >= 0)
+      return i;
+  }
+  int n = gpuipc__dev_count();
   for (int i = 0; i < n; i++) {
     const struct gpuipc__dev *d = gpuipc__dev_get(i);
     unsigned flags = 0;

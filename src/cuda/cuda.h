@@ -201,6 +201,9 @@ struct gpuipc__dev {
 
 int gpuipc__dev_count(void);               /* 0 without a driver */
 const struct gpuipc__dev *gpuipc__dev_get(int ordinal); /* NULL if none */
+#if GPUIPC_HAVE_CUDA
+int gpuipc__dev_ordinal(CUdevice dev); /* the visible ordinal of @dev, or -1 */
+#endif
 
 /*
  * Write @uuid as nvidia-smi does: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"

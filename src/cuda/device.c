@@ -260,6 +260,16 @@ int gpuipc_device_by_uuid(const uint8_t uuid[16])
                      s, ndev);
 }
 
+#if GPUIPC_HAVE_CUDA
+int gpuipc__dev_ordinal(CUdevice dev)
+{
+  for (int i = 0; i < gpuipc__dev_count(); i++)
+    if (devs[i].cu_dev == dev)
+      return i;
+  return -1;
+}
+#endif
+
 int gpuipc__device_current(void)
 {
   int rc = gpuipc__cuda_load();
@@ -277,9 +287,9 @@ int gpuipc__device_current(void)
   rc = GPUIPC_CU(cuCtxGetDevice, &dev);
   if (rc != 0)
     return rc;
-  for (int i = 0; i < ndev; i++)
-    if (devs[i].cu_dev == dev)
-      return i;
+  int i = gpuipc__dev_ordinal(dev);
+  if (i >= 0)
+    return i;
 #endif
   return gpuipc__err(GPUIPC_E_NODEVICE, "gpuipc__device_current: the current "
                                         "context's device is not visible");

@@ -255,29 +255,44 @@ static int load_driver(char *why, size_t cap)
 
 #endif /* GPUIPC_HAVE_CUDA */
 
+/* Set in a child made by fork() (without exec) of a process that loaded
+ * the driver or looked for it. */
+static _Atomic bool in_fork_child;
+static pthread_once_t child_once = PTHREAD_ONCE_INIT;
+
 /*
  * CUDA cannot be used in a child made by fork() once the parent has
  * initialised it. Such a child sees no driver: the HOST kind keeps working
- * (unregistered), and the GPU kinds say why they are not there.
+ * (unregistered), and the GPU kinds say why they are not there. And no
+ * child asks the dynamic loader whether the driver is there
+ * (gpuipc__cuda_in_process): a thread of the parent may have held its lock.
  */
 static void forked_child(void)
 {
+  atomic_store(&in_fork_child, true);
+  if (!atomic_load(&load_ran) || load_code != 0)
+    return;
   load_code = GPUIPC_E_NODRIVER;
   gpuipc__why(load_msg, sizeof(load_msg),
               "CUDA cannot be used in a process made by fork() after its "
               "parent initialised CUDA: exec a program to use the GPU");
 }
 
+static void child_install(void)
+{
+  pthread_atfork(NULL, NULL, forked_child);
+}
+
 static void load_once_fn(void)
 {
+  pthread_once(&child_once, child_install);
   load_code = load_driver(load_msg, sizeof(load_msg));
-  if (load_code == 0) {
-    pthread_atfork(NULL, NULL, forked_child);
+  atomic_store(&load_ran, true);
+  if (load_code == 0)
     GPUIPC_LOG_I("CUDA driver %d.%d from %s", drv_version / 1000,
                  drv_version % 1000 / 10, lib_path);
-  } else
+  else
     GPUIPC_LOG_I("no CUDA (%s): %s", gpuipc_err_name(load_code), load_msg);
-  atomic_store(&load_ran, true);
 }
 
 int gpuipc__cuda_load(void)
@@ -288,28 +303,13 @@ int gpuipc__cuda_load(void)
   return gpuipc__err(load_code, "%s", load_msg);
 }
 
-/* Set in a child made by fork() (without exec) of a process that asked. */
-static _Atomic bool in_fork_child;
-static pthread_once_t child_once = PTHREAD_ONCE_INIT;
-
-static void mark_fork_child(void)
-{
-  atomic_store(&in_fork_child, true);
-}
-
-static void child_install(void)
-{
-  pthread_atfork(NULL, NULL, mark_fork_child);
-}
-
 bool gpuipc__cuda_in_process(void)
 {
   if (!atomic_load(&load_ran)) {
 #if GPUIPC_HAVE_CUDA
-    /* A child of fork() (without exec) asks nothing of the dynamic loader,
-     * whose lock a thread of the parent may have held: it cannot use its
-     * parent's CUDA anyway, and memory it maps is registered when gpuipc
-     * first puts GPU work on it. */
+    /* A child of fork() (without exec) asks nothing (forked_child): it
+     * cannot use its parent's CUDA anyway, and memory it maps is
+     * registered when gpuipc first puts GPU work on it. */
     pthread_once(&child_once, child_install);
     if (atomic_load(&in_fork_child))
       return false;

@@ -42,10 +42,10 @@ int gpuipc__stream_dev(void *stream, int fallback)
   if (gpuipc__cu.cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
     return fallback;
   if (gpuipc__cu.cuCtxSetCurrent(sc) == CUDA_SUCCESS &&
-      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS)
-    for (int i = 0; i < n; i++)
-      if (gpuipc__dev_get(i)->cu_dev == cd)
-        dev = i;
+      gpuipc__cu.cuCtxGetDevice(&cd) == CUDA_SUCCESS) {
+    int i = gpuipc__dev_ordinal(cd);
+    dev = i >= 0 ? i : fallback;
+  }
   gpuipc__cu.cuCtxSetCurrent(cur);
   return dev;
 }

@@ -281,14 +281,13 @@ void fake_cuda_on_register(void (*fn)(void))
   atomic_store(&on_register, fn);
 }
 
-/* The slot of the registered range that holds [@p, @p + @n), or -1. */
-static int reg_find(uintptr_t p, size_t n)
+/* Whether @p lies in a registered range. reg_lock held. */
+static bool reg_holds(uintptr_t p)
 {
   for (int i = 0; i < FAKE_REGS; i++)
-    if (regs[i].size != 0 && p >= regs[i].base &&
-        p - regs[i].base + n <= regs[i].size)
-      return i;
-  return -1;
+    if (regs[i].size != 0 && p - regs[i].base < regs[i].size)
+      return true;
+  return false;
 }
 
 /* Registered memory is reached at its host address (unified addressing). */
@@ -301,9 +300,9 @@ static CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
   if (fake_current == NULL)
     return CUDA_ERROR_INVALID_CONTEXT;
   pthread_mutex_lock(&reg_lock);
-  int i = reg_find((uintptr_t)p, 1);
+  bool held = reg_holds((uintptr_t)p);
   pthread_mutex_unlock(&reg_lock);
-  if (i < 0)
+  if (!held)
     return CUDA_ERROR_INVALID_VALUE; /* not registered */
   *d = (CUdeviceptr)(uintptr_t)p;
   return CUDA_SUCCESS;

@@ -47,17 +47,29 @@ static inline gpuipc_channel_t *cu_chan_open(gpuipc_domain_t *dom,
   return ch;
 }
 
-/* The fake driver's counter @name (tests/fake_cuda/fake_cuda.h); fails
- * the test when the driver loaded is not the fake. */
-static inline int cu_fake_count(const char *name)
+/* The fake driver's export @name (tests/fake_cuda/fake_cuda.h); fails the
+ * test when the driver loaded is not the fake. It stays loaded (gpuipc's
+ * handle), so the address stays good after the dlclose. */
+static inline void *cu_fake_fn(const char *name)
 {
   void *fake = dlopen(getenv("GPUIPC_CUDA_LIB"), RTLD_NOW | RTLD_NOLOAD);
-  int (*fn)(void) = fake != NULL ? (int (*)(void))dlsym(fake, name) : NULL;
+  void *fn = fake != NULL ? dlsym(fake, name) : NULL;
   if (fn == NULL)
     TFAIL("the CUDA driver loaded is not the fake, or has no %s", name);
-  int n = fn();
   dlclose(fake);
-  return n;
+  return fn;
+}
+
+/* The fake driver's counter @name. */
+static inline int cu_fake_count(const char *name)
+{
+  return ((int (*)(void))cu_fake_fn(name))();
+}
+
+/* The fake driver's primary-context retains of device @dev. */
+static inline int cu_fake_retains(int dev)
+{
+  return ((int (*)(int))cu_fake_fn("fake_cuda_retains"))(dev);
 }
 
 /* @t: @n bytes at @p on device 0 (in @buf, or NULL); @shape: its storage. */
