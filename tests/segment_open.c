@@ -220,14 +220,20 @@ static void waiting(void)
   ASSERT_ERR_MENTIONS("later");
   ASSERT_OK(gpuipc_domain_leave(quick));
 
-  struct waiter w = {dom, "later", 1, NULL};
-  pthread_t t;
-  ASSERT_EQ(pthread_create(&t, NULL, wait_thread, &w), 0);
-  usleep(50000);
+  /* The creator starts (and, on a GPU machine, starts CUDA in its join)
+   * before the waiter's clock does: the wait is for the publication, not
+   * for another process's start, which took up to 17.9 s beside a busy
+   * GPU suite. */
   struct peer p;
   peer_start(&p);
   PEER_OK(&p, "join seg");
+  struct waiter w = {dom, "later", 1, NULL};
+  pthread_t t;
+  test_stamp("waiter starts");
+  ASSERT_EQ(pthread_create(&t, NULL, wait_thread, &w), 0);
+  usleep(50000); /* most often parked by now; either way it must open */
   PEER_OK(&p, "open later 5000 c");
+  test_stamp("creator published");
   PEER_OK(&p, "fill later 77");
   /* Filled after publication: the bytes are shared, not copied. */
   pthread_join(t, NULL);

@@ -184,11 +184,14 @@ static void sleep_env_ms(const char *name)
     ;
 }
 
+/* The first retain makes the context: FAKE_CUDA_RETAIN_MS (a CUDA start
+ * beside a busy GPU suite took up to 17.9 s). */
 static CUresult fake_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
   NEED_INIT();
   NEED_DEV(dev);
-  atomic_fetch_add(&retains[dev], 1);
+  if (atomic_fetch_add(&retains[dev], 1) == 0)
+    sleep_env_ms("FAKE_CUDA_RETAIN_MS");
   *ctx = &fake_primary_ctx[dev];
   return CUDA_SUCCESS;
 }
