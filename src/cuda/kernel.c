@@ -7,38 +7,14 @@
  * between them: 0.8 to 2 us of GPU time a message).
  *
  * The kernel ships as PTX text (below), compiled by the driver on first use
- * in each device's primary context and cached by it
- * (CUDA_CACHE_PATH). It was made from this CUDA C by
- * `nvcc -ptx -arch=compute_75`, then lowered to PTX ISA 6.0 / sm_60, which
- * any driver gpuipc supports can compile (it uses no newer instruction):
- *
- *   extern "C" __global__ void __launch_bounds__(256)
- *   gpuipc_copy_word(uint4 *__restrict__ dst, const uint4 *__restrict__ src,
- *                    unsigned long long n16, unsigned int ntail,
- *                    unsigned int *count, unsigned long long *word,
- *                    unsigned long long value)
- *   {
- *     unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
- *     unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x +
- *                            threadIdx.x;
- *     for (; i + 3 * stride < n16; i += 4 * stride) {
- *       uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride],
- *             d = src[i + 3 * stride];
- *       dst[i] = a; dst[i + stride] = b;
- *       dst[i + 2 * stride] = c; dst[i + 3 * stride] = d;
- *     }
- *     for (; i < n16; i += stride)
- *       dst[i] = src[i];
- *     if (blockIdx.x == 0 && threadIdx.x < ntail)
- *       ((unsigned char *)(dst + n16))[threadIdx.x] =
- *           ((const unsigned char *)(src + n16))[threadIdx.x];
- *     __syncthreads();
- *     if (threadIdx.x == 0 && atomicAdd(count, 1) == gridDim.x - 1) {
- *       atomicExch(count, 0);
- *       __threadfence();
- *       *(volatile unsigned long long *)word = value;
- *     }
- *   }
+ * in each device's primary context and cached by it (CUDA_CACHE_PATH). Its
+ * source is src/cuda/copy_kernel.cu; the PTX is what
+ * `nvcc -ptx -arch=compute_75` makes of it, with the header lowered to PTX
+ * ISA 6.0 / sm_60, which any driver gpuipc supports can compile (the body
+ * uses no newer instruction). tests/kernel_ptx.py compiles the source and
+ * checks that the two agree. One grid-stride loop copies 16 bytes a thread,
+ * four at a time, block 0 copies the tail bytes, then every block counts
+ * itself; the last writes @value to @word.
  *
  * Each block's loads of @src have completed when it passes the barrier
  * (their values were stored), so the last block to count itself knows the
