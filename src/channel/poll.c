@@ -159,7 +159,7 @@ int gpuipc_channel_fd(gpuipc_channel_t *ch)
   int fd = atomic_load(&ch->pollfd);
   if (fd >= 0)
     return fd;
-  int ep, rc = poll_fd_make(ch, &ep);
+  int ep = -1, rc = poll_fd_make(ch, &ep);
   if (rc != 0)
     return rc;
   int none = -1;
