@@ -5,7 +5,11 @@
  *
  *   setenv NAME VALUE        (before the first gpuipc call)
  *   setuid UID               drop to UID (and its gid 65534 group)
- *   join DOMAIN [nobroker]   -> ok PID
+ *   join DOMAIN [nobroker] [cold]
+ *                            -> ok PID; the first join starts CUDA (a
+ *                            GPU machine's driver opens descriptors, which
+ *                            tests count after the join) unless "cold":
+ *                            a member that only shares HOST memory
  *   open NAME SIZE FLAGS     FLAGS: any of c x w s (or -) -> ok MINE SIZE
  *                            (MINE: 1 when this process allocated it)
  *   fopen NAME SIZE FLAGS [KIND DEV [OLD]]
@@ -429,12 +433,17 @@ static void command(char *line)
     /* Not earlier: setenv and setuid must come before the first gpuipc
      * call. Descriptor counts are taken after the join. */
     static bool warm;
-    if (!warm)
+    bool cold = false;
+    gpuipc_domain_opts_t o = {sizeof(o), 0, 0};
+    for (int i = 2; i < argc; i++) {
+      if (strcmp(argv[i], "nobroker") == 0)
+        o.flags = GPUIPC_JOIN_NO_BROKER;
+      else if (strcmp(argv[i], "cold") == 0)
+        cold = true;
+    }
+    if (!warm && !cold)
       test_warm_driver();
     warm = true;
-    gpuipc_domain_opts_t o = {sizeof(o), 0, 0};
-    if (argc >= 3 && strcmp(argv[2], "nobroker") == 0)
-      o.flags = GPUIPC_JOIN_NO_BROKER;
     rc = gpuipc_domain_join(argv[1], &o, &dom);
     if (rc != 0)
       reply_err(rc);
