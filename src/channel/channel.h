@@ -63,7 +63,8 @@
 #include <stdint.h>
 
 #define GPUIPC__CHAN_MAGIC 0x4e414843u /* "CHAN" */
-/* 2: the hellos of the rendezvous carry each end's eventfd (poll.c).
+/* What bumps it and its history: docs/versions.md.
+ * 2: the hellos of the rendezvous carry each end's eventfd (poll.c).
  * 3: settled[] and ev_use[] in the header (settle.c).
  * 4: release words (GPUIPC__REL_WORD). */
 #define GPUIPC__CHAN_VERSION 4

@@ -29,6 +29,7 @@
 
 #define GPUIPC_PROTO_MAGIC 0x43504947u /* "GIPC" */
 /*
+ * What bumps it and its history: docs/versions.md.
  * 2: segments are filled before they are published (the FILLING state,
  * READY, an event record in segment records).
  * 3: HANDOFF_BEGIN says how many members may come back to the successor.

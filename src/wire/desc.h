@@ -23,7 +23,7 @@
 /* ----- descriptors ----- */
 
 #define GPUIPC__DESC_MAGIC 0x44484347u /* "GCHD" */
-#define GPUIPC__DESC_VERSION 1
+#define GPUIPC__DESC_VERSION 1 /* what bumps it: docs/versions.md */
 #define GPUIPC__DESC_TENSOR 1
 
 /* Descriptor flags. */
