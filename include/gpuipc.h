@@ -968,11 +968,14 @@ typedef struct gpuipc_domain_opts {
  * -ETIMEDOUT; -errno from the socket calls.
  * Thread-safe. A process may join several domains, and the same domain more
  * than once (each join is a member of its own). A domain does not survive
- * fork(): a child joins anew. A join grows the process's descriptor table
- * to 1024 entries (or the soft RLIMIT_NOFILE), opening nothing: a member
- * holds a descriptor for each buffer it imports, and a table that grows
- * while the process has threads costs a kernel grace period (10-30 ms)
- * that a first transfer would otherwise pay.
+ * fork(): a child joins anew, and closes at once the domain descriptors it
+ * inherited (the broker's lock and sockets, known by device and inode,
+ * however the runtime directory's path is spelt), so that its parent's
+ * death is seen and another member can become the broker. A join grows the
+ * process's descriptor table to 1024 entries (or the soft RLIMIT_NOFILE),
+ * opening nothing: a member holds a descriptor for each buffer it imports,
+ * and a table that grows while the process has threads costs a kernel
+ * grace period (10-30 ms) that a first transfer would otherwise pay.
  */
 GPUIPC_API int gpuipc_domain_join(const char *name,
                                   const gpuipc_domain_opts_t *opts,
