@@ -260,7 +260,10 @@ GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
 /*
  * gpuipc_runtime_dir - the directory where this user's domains keep their
  * sockets and files: $GPUIPC_DIR, else $XDG_RUNTIME_DIR/gpuipc, else
- * /tmp/gpuipc-$UID (to share it with a container, or to look inside).
+ * /tmp/gpuipc-$UID (to share it with a container, or to look inside),
+ * spelt one way: "//" and "/./" become "/" and trailing slashes go, so
+ * every process names the same files alike ("..", which means another
+ * place after a symbolic link, stays).
  * It is created with mode 0700 when missing, unless @flags has
  * GPUIPC_RUNDIR_FIND. @out (in/out): a buffer of @cap bytes, given the
  * NUL-terminated path on success only.

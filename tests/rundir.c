@@ -1,7 +1,8 @@
 /*
  * The runtime directory: created 0700, refused when it is a link, not a
  * directory, someone else's or writable by others; and where it is when
- * GPUIPC_DIR or XDG_RUNTIME_DIR are unset. Settings are read once per
+ * GPUIPC_DIR or XDG_RUNTIME_DIR are unset. Its path is spelt one way
+ * ("//", "/./" and trailing slashes go). Settings are read once per
  * process, so each environment is tried in a fresh process (os_rundir).
  */
 #include "test.h"
@@ -164,6 +165,10 @@ static void variants(void)
   snprintf(q, sizeof(q), "%s///", p);
   expect_ok(q, NULL, p);
 
+  /* "//" and "/./" are spelt "/": one directory, one name. */
+  path_in(q, v, "/.//t/./");
+  expect_ok(q, NULL, p);
+
   /* A symbolic link to a good directory is refused, slash or not. */
   path_in(p, v, "real");
   ASSERT_EQ(mkdir(p, 0700), 0);
@@ -192,6 +197,8 @@ static void variants(void)
   expect_ok(NULL, xdg, p);
   ASSERT_EQ(mode_of(p), 0700);
   expect_ok("", xdg, p);
+  snprintf(q, sizeof(q), "%s/", xdg); /* not ".../xdg//gpuipc" */
+  expect_ok(NULL, q, p);
 
   /* Neither: /tmp/gpuipc-$UID. A relative XDG_RUNTIME_DIR is ignored. */
   snprintf(p, sizeof(p), "/tmp/gpuipc-%u", (unsigned)geteuid());

@@ -133,6 +133,31 @@ static int check_dir(const char *path)
   return 0;
 }
 
+/*
+ * Spell @path (absolute) one way: "//" and "/./" become "/", and trailing
+ * "/" and "/." go (which would make lstat follow a symbolic link). ".."
+ * stays: it means something else after a symbolic link. Every process
+ * then names the same directory, its sockets and lock files alike.
+ */
+static size_t clean_path(char *path)
+{
+  size_t w = 0;
+  for (size_t r = 0; path[r] != '\0';) {
+    if (path[r] == '/' && w > 0 && path[w - 1] == '/') {
+      r++; /* a second slash */
+    } else if (path[r] == '.' && w > 0 && path[w - 1] == '/' &&
+               (path[r + 1] == '/' || path[r + 1] == '\0')) {
+      r++; /* a "." component */
+    } else {
+      path[w++] = path[r++];
+    }
+  }
+  while (w > 1 && path[w - 1] == '/')
+    w--;
+  path[w] = '\0';
+  return w;
+}
+
 /* The runtime directory's path from the settings, into @path. */
 static int dir_path(char path[PATH_MAX], bool *explicit)
 {
@@ -145,9 +170,6 @@ static int dir_path(char path[PATH_MAX], bool *explicit)
       return gpuipc__err(-EINVAL, "GPUIPC_DIR=%s is not an absolute path",
                          dir);
     n = snprintf(path, PATH_MAX, "%s", dir);
-    /* Trailing slashes would make lstat follow a symbolic link. */
-    while (n > 1 && n < PATH_MAX && path[n - 1] == '/')
-      path[--n] = '\0';
   } else if (xdg != NULL && xdg[0] == '/') { /* relative: ignored (XDG) */
     n = snprintf(path, PATH_MAX, "%s/gpuipc", xdg);
   } else {
@@ -156,7 +178,7 @@ static int dir_path(char path[PATH_MAX], bool *explicit)
   if (n < 0 || n >= PATH_MAX)
     return gpuipc__err(-ENAMETOOLONG, "runtime directory path is longer than "
                                       "%d bytes", PATH_MAX - 1);
-  return n;
+  return (int)clean_path(path);
 }
 
 static int runtime_dir(char *out, size_t cap, bool create)
