@@ -271,7 +271,10 @@ GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
  * GPUIPC_DIR; -ENAMETOOLONG when @cap is too small; -ENOENT with
  * GPUIPC_RUNDIR_FIND when it does not exist; GPUIPC_E_DENIED when it (or
  * one of its ancestors) is unsafe: a symbolic link, not a directory,
- * another user's, or writable by others; gpuipc_last_error() says which.
+ * another user's, or writable by others; gpuipc_last_error() says which,
+ * and, where someone else made the directory first (anyone may make
+ * /tmp/gpuipc-$UID), what to do: have it removed, or set GPUIPC_DIR (or
+ * XDG_RUNTIME_DIR) to a directory of one's own.
  * Thread-safe.
  */
 GPUIPC_API int gpuipc_runtime_dir(char *out, size_t cap, unsigned flags);
@@ -959,8 +962,9 @@ typedef struct gpuipc_domain_opts {
  * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS
  * that does not parse); GPUIPC_E_DENIED when the broker refused this
  * process's uid, or the runtime directory or one of its ancestors is unsafe
- * (the sentence names it); GPUIPC_E_VERSION when the broker speaks another
- * protocol version; -EUSERS when the broker has as many
+ * (the sentence names it, and what to do where another user made it
+ * first: see gpuipc_runtime_dir); GPUIPC_E_VERSION when the broker speaks
+ * another protocol version; -EUSERS when the broker has as many
  * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
  * half of what its process's open-file limit leaves beyond the descriptors
  * the process holds otherwise and 32) or from this uid
