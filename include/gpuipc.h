@@ -260,7 +260,10 @@ GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
 /*
  * gpuipc_runtime_dir - the directory where this user's domains keep their
  * sockets and files: $GPUIPC_DIR, else $XDG_RUNTIME_DIR/gpuipc, else
- * /tmp/gpuipc-$UID (to share it with a container, or to look inside).
+ * /tmp/gpuipc-$UID (to share it with a container, or to look inside),
+ * spelt one way: "//" and "/./" become "/" and trailing slashes go, so
+ * every process names the same files alike ("..", which means another
+ * place after a symbolic link, stays).
  * It is created with mode 0700 when missing, unless @flags has
  * GPUIPC_RUNDIR_FIND. @out (in/out): a buffer of @cap bytes, given the
  * NUL-terminated path on success only.
@@ -268,7 +271,10 @@ GPUIPC_API int gpuipc_config_unknown(int index, const char **name);
  * GPUIPC_DIR; -ENAMETOOLONG when @cap is too small; -ENOENT with
  * GPUIPC_RUNDIR_FIND when it does not exist; GPUIPC_E_DENIED when it (or
  * one of its ancestors) is unsafe: a symbolic link, not a directory,
- * another user's, or writable by others; gpuipc_last_error() says which.
+ * another user's, or writable by others; gpuipc_last_error() says which,
+ * and, where someone else made the directory first (anyone may make
+ * /tmp/gpuipc-$UID), what to do: have it removed, or set GPUIPC_DIR (or
+ * XDG_RUNTIME_DIR) to a directory of one's own.
  * Thread-safe.
  */
 GPUIPC_API int gpuipc_runtime_dir(char *out, size_t cap, unsigned flags);
@@ -956,8 +962,9 @@ typedef struct gpuipc_domain_opts {
  * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS
  * that does not parse); GPUIPC_E_DENIED when the broker refused this
  * process's uid, or the runtime directory or one of its ancestors is unsafe
- * (the sentence names it); GPUIPC_E_VERSION when the broker speaks another
- * protocol version; -EUSERS when the broker has as many
+ * (the sentence names it, and what to do where another user made it
+ * first: see gpuipc_runtime_dir); GPUIPC_E_VERSION when the broker speaks
+ * another protocol version; -EUSERS when the broker has as many
  * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
  * half of what its process's open-file limit leaves beyond the descriptors
  * the process holds otherwise and 32) or from this uid
@@ -968,11 +975,14 @@ typedef struct gpuipc_domain_opts {
  * -ETIMEDOUT; -errno from the socket calls.
  * Thread-safe. A process may join several domains, and the same domain more
  * than once (each join is a member of its own). A domain does not survive
- * fork(): a child joins anew. A join grows the process's descriptor table
- * to 1024 entries (or the soft RLIMIT_NOFILE), opening nothing: a member
- * holds a descriptor for each buffer it imports, and a table that grows
- * while the process has threads costs a kernel grace period (10-30 ms)
- * that a first transfer would otherwise pay.
+ * fork(): a child joins anew, and closes at once the domain descriptors it
+ * inherited (the broker's lock and sockets, known by device and inode,
+ * however the runtime directory's path is spelt), so that its parent's
+ * death is seen and another member can become the broker. A join grows the
+ * process's descriptor table to 1024 entries (or the soft RLIMIT_NOFILE),
+ * opening nothing: a member holds a descriptor for each buffer it imports,
+ * and a table that grows while the process has threads costs a kernel
+ * grace period (10-30 ms) that a first transfer would otherwise pay.
  */
 GPUIPC_API int gpuipc_domain_join(const char *name,
                                   const gpuipc_domain_opts_t *opts,

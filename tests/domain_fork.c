@@ -5,7 +5,12 @@
  *    go) although the child still runs;
  *  - the broker's host forks, then dies: the survivors elect a new broker
  *    although the child still runs (it must not hold the lock, the
- *    listener or the members' connections);
+ *    listener or the members' connections), however the runtime
+ *    directory is spelt (GPUIPC_DIR with "/./", "//" or a symbolic link
+ *    above it; XDG_RUNTIME_DIR with a trailing slash): the kernel names
+ *    the lock file by its resolved path;
+ *  - a member that names the directory through a symbolic link, the broker
+ *    without one, forks and dies: the broker sees it leave;
  *  - a child (of this process: fork() without exec is the point) that
  *    joins anew and releases a segment buffer it inherited tells no
  *    broker: the parent's domain is not its own (its calls fail with
@@ -20,6 +25,8 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 static pid_t peer_fork(struct peer *p)
@@ -128,6 +135,156 @@ static void fork_while_busy(void)
   ASSERT_OK(gpuipc_domain_leave(busy_dom));
 }
 
+/*
+ * In a fresh peer: GPUIPC_DIR=@dir and XDG_RUNTIME_DIR=@xdg ("" unsets
+ * it, NULL keeps ours).
+ */
+static void peer_env(struct peer *p, const char *dir, const char *xdg)
+{
+  if (dir != NULL && dir[0] != '\0')
+    PEER_OK(p, "setenv GPUIPC_DIR %s", dir);
+  else if (dir != NULL)
+    PEER_OK(p, "unsetenv GPUIPC_DIR");
+  if (xdg != NULL && xdg[0] != '\0')
+    PEER_OK(p, "setenv XDG_RUNTIME_DIR %s", xdg);
+  else if (xdg != NULL)
+    PEER_OK(p, "unsetenv XDG_RUNTIME_DIR");
+}
+
+/*
+ * The broker's host forks and is killed while its child lives: the
+ * survivor becomes the broker and keeps its data (the child must not hold
+ * the lock, the listener or the connections).
+ */
+static void host_forks_and_dies(const char *domain, const char *dir,
+                                const char *xdg)
+{
+  printf("host forks and dies: GPUIPC_DIR=%s XDG_RUNTIME_DIR=%s\n",
+         dir ? dir : "(ours)", xdg ? xdg : "(ours)");
+  struct peer host, survivor;
+  peer_start(&host);
+  peer_start(&survivor);
+  peer_env(&host, dir, xdg);
+  peer_env(&survivor, dir, xdg);
+  PEER_OK(&host, "join %s", domain);
+  PEER_OK(&survivor, "join %s", domain);
+  PEER_OK(&host, "open data 8192 c");
+  PEER_OK(&host, "fill data 6");
+  PEER_OK(&survivor, "open data 0 -");
+  pid_t child = peer_fork(&host);
+  peer_kill(&host);
+  int bpid, hosts, members, segs, fds;
+  const char *r = peer_cmd(&survivor, "info");
+  if (sscanf(r, "ok %d %d %d %d %d", &bpid, &hosts, &members, &segs, &fds) !=
+      5)
+    TFAIL("info after the host died: %s", r);
+  ASSERT_EQ(bpid, survivor.pid);
+  ASSERT_EQ(kill(child, 0), 0); /* it did not stand in the way */
+  PEER_OK(&survivor, "check data 6");
+  PEER_OK(&survivor, "release data");
+  PEER_OK(&survivor, "open data 0 -");
+  PEER_OK(&survivor, "check data 6");
+  kill(child, SIGKILL);
+  PEER_OK(&survivor, "leave");
+  peer_finish(&survivor);
+}
+
+static void path_in(char *out, const char *dir, const char *name)
+{
+  int n = snprintf(out, PATH_MAX, "%s/%s", dir, name);
+  ASSERT_TRUE(n > 0 && n < PATH_MAX);
+}
+
+static void make_dir(const char *path, mode_t mode)
+{
+  if (mkdir(path, mode) != 0 && errno != EEXIST)
+    TFAIL("mkdir %s: %s", path, strerror(errno));
+}
+
+static void make_link(const char *target, const char *path)
+{
+  if (symlink(target, path) != 0 && errno != EEXIST)
+    TFAIL("symlink %s: %s", path, strerror(errno));
+}
+
+/* Where this test's directories go: under our runtime directory. */
+static void test_base(char *base)
+{
+  const char *env = getenv("GPUIPC_DIR");
+  if (env != NULL && env[0] == '/')
+    snprintf(base, PATH_MAX, "%s", env);
+  else
+    snprintf(base, PATH_MAX, "/tmp/gpuipc-fork-test-%d", (int)getpid());
+  make_dir(base, 0700);
+}
+
+/* Case 2 with the runtime directory spelt in other ways. */
+static void spellings(void)
+{
+  char base[PATH_MAX], p[PATH_MAX], q[PATH_MAX];
+  test_base(base);
+  path_in(p, base, "./dot");
+  host_forks_and_dies("fk5", p, NULL);
+  path_in(p, base, "/double");
+  host_forks_and_dies("fk6", p, NULL);
+  path_in(p, base, "real");
+  make_dir(p, 0755);
+  path_in(q, base, "link");
+  make_link(p, q);
+  path_in(p, base, "link/linked");
+  host_forks_and_dies("fk7", p, NULL);
+  path_in(p, base, "xdg");
+  make_dir(p, 0700);
+  strcat(p, "/");
+  host_forks_and_dies("fk8", "", p);
+}
+
+/*
+ * A member and its broker name one directory in two ways (through a
+ * symbolic link and not): the member forks and dies, and the broker sees
+ * it leave (the child closed its connection although the broker's socket
+ * is not under the member's spelling).
+ */
+static void member_other_spelling(void)
+{
+  char base[PATH_MAX], real[PATH_MAX], linked[PATH_MAX], p[PATH_MAX];
+  test_base(base);
+  path_in(p, base, "real2");
+  make_dir(p, 0755);
+  path_in(real, p, "d");
+  path_in(p, base, "link2");
+  make_link("real2", p);
+  path_in(linked, p, "d");
+  struct peer broker, m;
+  peer_start(&broker);
+  peer_start(&m);
+  peer_env(&broker, real, NULL);
+  peer_env(&m, linked, NULL);
+  PEER_OK(&broker, "join fk9");
+  PEER_OK(&broker, "open held 4096 c");
+  PEER_OK(&m, "join fk9");
+  PEER_OK(&m, "open held 0 -");
+  pid_t child = peer_fork(&m);
+  peer_kill(&m);
+  struct peer_info i = {0};
+  for (int tries = 0; tries < 3000; tries++) {
+    peer_info(&broker, &i);
+    if (i.members == 1)
+      break;
+    usleep(10000);
+  }
+  ASSERT_EQ(i.members, 1);
+  ASSERT_EQ(kill(child, 0), 0); /* the child lives on */
+  int nholders;
+  const char *r = peer_cmd(&broker, "stat held");
+  if (sscanf(r, "ok %*s %d", &nholders) != 1)
+    TFAIL("stat held: %s", r);
+  ASSERT_EQ(nholders, 1); /* the broker's own; the member's went */
+  kill(child, SIGKILL);
+  PEER_OK(&broker, "leave");
+  peer_finish(&broker);
+}
+
 int main(void)
 {
   /* 1. A member forks and dies. */
@@ -149,30 +306,9 @@ int main(void)
   ASSERT_OK(gpuipc_domain_leave(dom));
 
   /* 2. The broker's host forks and dies. */
-  struct peer host, survivor;
-  peer_start(&host);
-  peer_start(&survivor);
-  PEER_OK(&host, "join fk2");
-  PEER_OK(&survivor, "join fk2");
-  PEER_OK(&host, "open data 8192 c");
-  PEER_OK(&host, "fill data 6");
-  PEER_OK(&survivor, "open data 0 -");
-  child = peer_fork(&host);
-  peer_kill(&host);
-  int bpid, hosts, members, segs, fds;
-  const char *r = peer_cmd(&survivor, "info");
-  if (sscanf(r, "ok %d %d %d %d %d", &bpid, &hosts, &members, &segs, &fds) !=
-      5)
-    TFAIL("info after the host died: %s", r);
-  ASSERT_EQ(bpid, survivor.pid);
-  ASSERT_EQ(kill(child, 0), 0); /* it did not stand in the way */
-  PEER_OK(&survivor, "check data 6");
-  PEER_OK(&survivor, "release data");
-  PEER_OK(&survivor, "open data 0 -");
-  PEER_OK(&survivor, "check data 6");
-  kill(child, SIGKILL);
-  PEER_OK(&survivor, "leave");
-  peer_finish(&survivor);
+  host_forks_and_dies("fk2", NULL, NULL);
+  spellings();
+  member_other_spelling();
 
   /* 3. A member's child joins anew and lets an inherited buffer go. */
   member_child();

@@ -1,8 +1,11 @@
 /*
  * The runtime directory: created 0700, refused when it is a link, not a
  * directory, someone else's or writable by others; and where it is when
- * GPUIPC_DIR or XDG_RUNTIME_DIR are unset. Settings are read once per
- * process, so each environment is tried in a fresh process (os_rundir).
+ * GPUIPC_DIR or XDG_RUNTIME_DIR are unset. Its path is spelt one way
+ * ("//", "/./" and trailing slashes go). A /tmp/gpuipc-$UID that another
+ * user made first is refused with a sentence that says what to do, from
+ * the library and from the CLI. Settings are read once per process, so
+ * each environment is tried in a fresh process (os_rundir).
  */
 #include "test.h"
 
@@ -10,8 +13,10 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define TIMEOUT_MS 20000
@@ -109,6 +114,7 @@ static void create_and_check(void)
   if (geteuid() == 0) {
     ASSERT_EQ(chown(base, 65534, 65534), 0);
     denied_mentioning("owned by uid 65534");
+    denied_mentioning("set GPUIPC_DIR to a directory of your own");
     ASSERT_EQ(chown(base, 0, 0), 0);
     ASSERT_OK(gpuipc__runtime_dir(out, sizeof(out)));
   } else {
@@ -164,6 +170,10 @@ static void variants(void)
   snprintf(q, sizeof(q), "%s///", p);
   expect_ok(q, NULL, p);
 
+  /* "//" and "/./" are spelt "/": one directory, one name. */
+  path_in(q, v, "/.//t/./");
+  expect_ok(q, NULL, p);
+
   /* A symbolic link to a good directory is refused, slash or not. */
   path_in(p, v, "real");
   ASSERT_EQ(mkdir(p, 0700), 0);
@@ -192,6 +202,8 @@ static void variants(void)
   expect_ok(NULL, xdg, p);
   ASSERT_EQ(mode_of(p), 0700);
   expect_ok("", xdg, p);
+  snprintf(q, sizeof(q), "%s/", xdg); /* not ".../xdg//gpuipc" */
+  expect_ok(NULL, q, p);
 
   /* Neither: /tmp/gpuipc-$UID. A relative XDG_RUNTIME_DIR is ignored. */
   snprintf(p, sizeof(p), "/tmp/gpuipc-%u", (unsigned)geteuid());
@@ -250,6 +262,90 @@ static void ancestors(void)
   ASSERT_EQ(access(p, F_OK), -1);
 }
 
+/* Run @argv as uid @uid (gid 65534); its output (both streams) into @out. */
+static int run_as(uid_t uid, const char *const *argv, char *out, size_t cap)
+{
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT_TRUE(pid >= 0);
+  if (pid == 0) {
+    if (dup2(p[1], 1) < 0 || dup2(p[1], 2) < 0 || setgroups(0, NULL) != 0 ||
+        setgid(65534) != 0 || setuid(uid) != 0)
+      _exit(126);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(p[1]);
+  size_t len = 0;
+  ssize_t n;
+  while (len + 1 < cap && (n = read(p[0], out + len, cap - len - 1)) > 0)
+    len += (size_t)n;
+  out[len] = '\0';
+  close(p[0]);
+  return test_wait(pid, TIMEOUT_MS);
+}
+
+/*
+ * Another user made /tmp/gpuipc-$UID first (anyone may: /tmp is open to
+ * all). With GPUIPC_DIR and XDG_RUNTIME_DIR unset the victim is refused,
+ * and told which directory, whose it is and what to do, by
+ * gpuipc_domain_join and by `gpuipc ls`. Played by two uids that are not
+ * ours, so that our own /tmp/gpuipc-$UID stays as it is.
+ */
+static void squatted(void)
+{
+  if (geteuid() != 0) {
+    printf("note: not root, so the test of a /tmp/gpuipc-$UID made by "
+           "another user is left out\n");
+    return;
+  }
+  char p[PATH_MAX], owner[64];
+  unsigned victim = 200000 + (unsigned)getpid() % 100000;
+  struct stat st;
+  for (;; victim++) {
+    snprintf(p, sizeof(p), "/tmp/gpuipc-%u", victim);
+    if (lstat(p, &st) != 0 && errno == ENOENT)
+      break;
+  }
+  ASSERT_EQ(mkdir(p, 0700), 0);
+  ASSERT_EQ(chown(p, 65534, 65534), 0); /* the squatter's */
+  snprintf(owner, sizeof(owner), "owned by uid 65534, not by this "
+                                 "process's uid %u", victim);
+  set_env("GPUIPC_DIR", NULL);
+  set_env("XDG_RUNTIME_DIR", NULL);
+  char uid[16], code[16];
+  snprintf(uid, sizeof(uid), "%u", victim);
+  snprintf(code, sizeof(code), "%d", GPUIPC_E_DENIED);
+  const char *remedy = "remove it (its owner or root can), or set "
+                       "GPUIPC_DIR or XDG_RUNTIME_DIR to a directory of "
+                       "your own";
+  printf("/tmp/gpuipc-%u made by uid 65534: expect join to say so\n",
+         victim);
+  const char *args[] = {"join", uid, code, p, owner, remedy, NULL};
+  ASSERT_EQ(test_wait(test_spawn("os_rundir", args, NULL), TIMEOUT_MS), 0);
+#ifdef GPUIPC_CLI
+  char out[4096];
+  const char *ls[] = {GPUIPC_CLI, "ls", NULL};
+  int rc = run_as(victim, ls, out, sizeof(out));
+  printf("gpuipc ls as uid %u: exit %d: %s", victim, rc, out);
+  if (rc == 127) /* the build tree is closed to other users */
+    printf("note: uid %u may not run %s, so the CLI's sentence is left "
+           "out\n", victim, GPUIPC_CLI);
+  else
+    ASSERT_TRUE(rc != 0);
+  if (rc != 127) {
+    ASSERT_TRUE(strstr(out, p) != NULL);
+    ASSERT_TRUE(strstr(out, owner) != NULL);
+    ASSERT_TRUE(strstr(out, remedy) != NULL);
+  }
+#endif
+  ASSERT_EQ(lstat(p, &st), 0); /* untouched */
+  ASSERT_EQ(st.st_uid, 65534);
+  ASSERT_EQ(rmdir(p), 0);
+}
+
 int main(void)
 {
   const char *env = getenv("GPUIPC_DIR");
@@ -269,6 +365,7 @@ int main(void)
   create_and_check();
   variants();
   ancestors();
+  squatted();
 
   set_env("GPUIPC_DIR", base);
   set_env("XDG_RUNTIME_DIR", had_xdg ? xdg_saved : NULL);

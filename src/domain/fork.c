@@ -6,8 +6,11 @@
  * parent's death from the other side. Linux has no close-on-fork flag, so
  * a pthread_atfork child handler closes, right after fork, every
  * descriptor that is a socket bound or connected to a domain socket of the
- * runtime directory, or a domain's lock file. It uses system calls only
- * (the child of a threaded process may call nothing else safely).
+ * runtime directory, or a domain's lock file. Both are told by identity
+ * (device and inode), not by how a path is spelt: the kernel names an open
+ * file by its resolved path, and a peer may have bound its socket under
+ * another spelling of the same directory. It uses system calls only (the
+ * child of a threaded process may call nothing else safely).
  *
  * A domain does not survive fork(): the child joins anew if it needs one.
  * Whoever finds a domain's files (gpuipc__dom_paths, at the end) installs
@@ -24,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -40,13 +44,36 @@ static bool ends_with(const char *s, size_t len, const char *suffix)
   return len >= n && memcmp(s + len - n, suffix, n) == 0;
 }
 
-/* Whether @path (of @len bytes) is RUNDIR/NAME@suffix. */
-static bool in_run_dir(const char *path, size_t len, const char *suffix)
+/*
+ * The runtime directory as the child finds it, by identity: the path it
+ * was given may be spelt differently from how another process bound its
+ * socket, and the kernel names a file by its resolved path.
+ */
+struct run_dir_id {
+  bool known;
+  dev_t dev;
+  ino_t ino;
+};
+
+/* Whether @path (of @len bytes) is DIR/NAME@suffix, DIR the runtime
+ * directory however it is spelt. */
+static bool in_run_dir(const char *path, size_t len, const char *suffix,
+                       const struct run_dir_id *id)
 {
-  return len > run_dir_len + 1 && memcmp(path, run_dir, run_dir_len) == 0 &&
-         path[run_dir_len] == '/' &&
-         memchr(path + run_dir_len + 1, '/', len - run_dir_len - 1) == NULL &&
-         ends_with(path, len, suffix);
+  const char *slash = memrchr(path, '/', len);
+  if (slash == NULL || slash == path || !ends_with(path, len, suffix) ||
+      (size_t)(path + len - slash - 1) <= strlen(suffix))
+    return false;
+  size_t dlen = (size_t)(slash - path);
+  if (dlen == run_dir_len && memcmp(path, run_dir, dlen) == 0)
+    return true;
+  char dir[PATH_MAX];
+  struct stat st;
+  if (!id->known || dlen >= sizeof(dir))
+    return false;
+  memcpy(dir, path, dlen);
+  dir[dlen] = '\0';
+  return stat(dir, &st) == 0 && st.st_dev == id->dev && st.st_ino == id->ino;
 }
 
 /*
@@ -72,7 +99,7 @@ static bool in_run_dir_by_fd(const char *path, size_t len)
          run_dir_len + 1 + n >= sizeof(((struct sockaddr_un *)0)->sun_path);
 }
 
-static bool domain_socket(int fd)
+static bool domain_socket(int fd, const struct run_dir_id *id)
 {
   struct sockaddr_un sa;
   for (int peer = 0; peer < 2; peer++) {
@@ -85,13 +112,19 @@ static bool domain_socket(int fd)
       continue;
     size_t n = strnlen(sa.sun_path, len - offsetof(struct sockaddr_un,
                                                    sun_path));
-    if (in_run_dir(sa.sun_path, n, ".sock") ||
+    if (in_run_dir(sa.sun_path, n, ".sock", id) ||
         in_run_dir_by_fd(sa.sun_path, n))
       return true;
   }
   return false;
 }
 
+/*
+ * Whether @fd is the lock file DIR/NAME.lock of the runtime directory: the
+ * file it has open (fstat) is the one that path names (stat). By identity,
+ * not by name: the kernel gives an open file's resolved path, which the
+ * runtime directory's path need not be (a symbolic link above it, "/./").
+ */
 static bool domain_lock(int fd)
 {
   char link[64], path[PATH_MAX];
@@ -104,9 +137,22 @@ static bool domain_lock(int fd)
   for (int i = 0; i < nd; i++)
     link[14 + i] = digits[nd - 1 - i];
   link[14 + nd] = '\0';
+  struct stat open_st, lock_st;
+  if (fstat(fd, &open_st) != 0 || !S_ISREG(open_st.st_mode))
+    return false;
   ssize_t n = readlink(link, path, sizeof(path));
-  return n > 0 && (size_t)n < sizeof(path) &&
-         in_run_dir(path, (size_t)n, ".lock");
+  if (n <= 0 || (size_t)n >= sizeof(path))
+    return false;
+  const char *name = memrchr(path, '/', (size_t)n);
+  size_t len = name == NULL ? 0 : (size_t)(path + n - name); /* "/NAME.lock" */
+  if (len <= 1 + 5 || !ends_with(name, len, ".lock") ||
+      run_dir_len + len >= sizeof(path))
+    return false;
+  memmove(path + run_dir_len, name, len); /* RUNDIR/NAME.lock */
+  memcpy(path, run_dir, run_dir_len);
+  path[run_dir_len + len] = '\0';
+  return stat(path, &lock_st) == 0 && lock_st.st_dev == open_st.st_dev &&
+         lock_st.st_ino == open_st.st_ino;
 }
 
 struct linux_dirent64 {
@@ -125,6 +171,13 @@ static void child_after_fork(void)
                          O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
     return;
+  struct run_dir_id id = {false, 0, 0};
+  struct stat st;
+  if (stat(run_dir, &st) == 0) {
+    id.known = true;
+    id.dev = st.st_dev;
+    id.ino = st.st_ino;
+  }
   /* Collect first, close after: closing while listing would disturb it. */
   int victims[1024];
   int nv = 0;
@@ -144,7 +197,7 @@ static void child_after_fork(void)
         fd = fd * 10 + (*p - '0');
       if (fd == dfd)
         continue;
-      if ((domain_socket(fd) || domain_lock(fd)) && nv < 1024)
+      if ((domain_socket(fd, &id) || domain_lock(fd)) && nv < 1024)
         victims[nv++] = fd;
     }
   }

@@ -106,7 +106,12 @@ static int check_resolved(const char *path)
   return rc;
 }
 
-static int check_dir(const char *path)
+/*
+ * The directory itself must be ours: a real directory that nobody else
+ * may write in. Someone who made it first (a squatter in /tmp) is told
+ * apart from a mode we can fix ourselves, and the user is told what to do.
+ */
+static int check_dir(const char *path, const char *remedy)
 {
   struct stat st;
   if (lstat(path, &st) < 0)
@@ -114,17 +119,17 @@ static int check_dir(const char *path)
   if (S_ISLNK(st.st_mode))
     return gpuipc__err(GPUIPC_E_DENIED,
                        "runtime directory %s is a symbolic link; refusing to "
-                       "follow it", path);
+                       "follow it: %s", path, remedy);
   if (!S_ISDIR(st.st_mode))
     return gpuipc__err(GPUIPC_E_DENIED,
-                       "runtime directory %s is not a directory (mode 0%o)",
-                       path, (unsigned)st.st_mode);
+                       "runtime directory %s is not a directory (mode 0%o): "
+                       "%s", path, (unsigned)st.st_mode, remedy);
   uid_t me = geteuid();
   if (st.st_uid != me)
     return gpuipc__err(GPUIPC_E_DENIED,
                        "runtime directory %s is owned by uid %u, not by this "
-                       "process's uid %u", path, (unsigned)st.st_uid,
-                       (unsigned)me);
+                       "process's uid %u: %s", path, (unsigned)st.st_uid,
+                       (unsigned)me, remedy);
   if (st.st_mode & (S_IWGRP | S_IWOTH))
     return gpuipc__err(GPUIPC_E_DENIED,
                        "runtime directory %s has mode 0%03o: it must not be "
@@ -133,41 +138,87 @@ static int check_dir(const char *path)
   return 0;
 }
 
+/* Which setting named the runtime directory (dir_path), for advice. */
+enum dir_source { FROM_GPUIPC_DIR, FROM_XDG, FROM_TMP };
+
+/*
+ * What a user can do about a runtime directory that is not theirs: nobody
+ * but its owner (or root) may remove an entry of a sticky /tmp, so the way
+ * out is a directory of their own.
+ */
+static const char *remedy(enum dir_source src)
+{
+  switch (src) {
+  case FROM_GPUIPC_DIR:
+    return "set GPUIPC_DIR to a directory of your own";
+  case FROM_XDG:
+    return "remove it, or set GPUIPC_DIR to a directory of your own";
+  default:
+    return "remove it (its owner or root can), or set GPUIPC_DIR or "
+           "XDG_RUNTIME_DIR to a directory of your own";
+  }
+}
+
+/*
+ * Spell @path (absolute) one way: "//" and "/./" become "/", and trailing
+ * "/" and "/." go (which would make lstat follow a symbolic link). ".."
+ * stays: it means something else after a symbolic link. Every process
+ * then names the same directory, its sockets and lock files alike.
+ */
+static size_t clean_path(char *path)
+{
+  size_t w = 0;
+  for (size_t r = 0; path[r] != '\0';) {
+    if (path[r] == '/' && w > 0 && path[w - 1] == '/') {
+      r++; /* a second slash */
+    } else if (path[r] == '.' && w > 0 && path[w - 1] == '/' &&
+               (path[r + 1] == '/' || path[r + 1] == '\0')) {
+      r++; /* a "." component */
+    } else {
+      path[w++] = path[r++];
+    }
+  }
+  while (w > 1 && path[w - 1] == '/')
+    w--;
+  path[w] = '\0';
+  return w;
+}
+
 /* The runtime directory's path from the settings, into @path. */
-static int dir_path(char path[PATH_MAX], bool *explicit)
+static int dir_path(char path[PATH_MAX], enum dir_source *src)
 {
   int n;
   const char *dir = gpuipc__cfg_str(GPUIPC_CFG_DIR);
   const char *xdg = getenv("XDG_RUNTIME_DIR");
-  *explicit = dir[0] != '\0';
   if (dir[0] != '\0') {
     if (dir[0] != '/')
       return gpuipc__err(-EINVAL, "GPUIPC_DIR=%s is not an absolute path",
                          dir);
+    *src = FROM_GPUIPC_DIR;
     n = snprintf(path, PATH_MAX, "%s", dir);
-    /* Trailing slashes would make lstat follow a symbolic link. */
-    while (n > 1 && n < PATH_MAX && path[n - 1] == '/')
-      path[--n] = '\0';
   } else if (xdg != NULL && xdg[0] == '/') { /* relative: ignored (XDG) */
+    *src = FROM_XDG;
     n = snprintf(path, PATH_MAX, "%s/gpuipc", xdg);
   } else {
+    *src = FROM_TMP;
     n = snprintf(path, PATH_MAX, "/tmp/gpuipc-%u", (unsigned)geteuid());
   }
   if (n < 0 || n >= PATH_MAX)
     return gpuipc__err(-ENAMETOOLONG, "runtime directory path is longer than "
                                       "%d bytes", PATH_MAX - 1);
-  return n;
+  return (int)clean_path(path);
 }
 
 static int runtime_dir(char *out, size_t cap, bool create)
 {
   char path[PATH_MAX];
-  bool explicit, link;
+  enum dir_source src = FROM_TMP;
+  bool link;
   int rc;
 
   if (out == NULL || cap == 0)
     return gpuipc__err(-EINVAL, "gpuipc__runtime_dir: no output buffer");
-  int n = dir_path(path, &explicit);
+  int n = dir_path(path, &src);
   if (n < 0)
     return n;
   if ((size_t)n >= cap)
@@ -178,11 +229,11 @@ static int runtime_dir(char *out, size_t cap, bool create)
   if (!create && lstat(path, &st) != 0 && errno == ENOENT)
     return gpuipc__err(-ENOENT, "runtime directory %s does not exist", path);
   /* Only an explicit GPUIPC_DIR gets its parents made for it. */
-  rc = check_ancestors(path, create && explicit, &link);
+  rc = check_ancestors(path, create && src == FROM_GPUIPC_DIR, &link);
   if (rc == 0 && create)
     rc = mkdir_one(path, 0700);
   if (rc == 0)
-    rc = check_dir(path);
+    rc = check_dir(path, remedy(src));
   if (rc == 0 && link)
     rc = check_resolved(path);
   if (rc < 0)

@@ -8,12 +8,16 @@
  *   os_rundir missing PATH : gpuipc__runtime_dir_find and
  *       gpuipc_runtime_dir(GPUIPC_RUNDIR_FIND) say that PATH does not
  *       exist, and make nothing.
+ *   os_rundir join UID CODE NEEDLE... : as UID (root starts it; gid
+ *       65534), gpuipc_domain_join fails with CODE and gpuipc_last_error()
+ *       mentions every NEEDLE (what a user of the library sees).
  * Exit status 0 on success; anything else names the failed step on stderr.
  */
 #include "test.h"
 
 #include "os/os.h"
 
+#include <grp.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,7 +54,18 @@ int main(int argc, char **argv)
     ASSERT_EQ(access(argv[2], F_OK), -1);
     return 0;
   }
+  if (argc >= 5 && strcmp(argv[1], "join") == 0) {
+    ASSERT_EQ(setgroups(0, NULL), 0);
+    ASSERT_EQ(setgid(65534), 0);
+    ASSERT_EQ(setuid((uid_t)atoi(argv[2])), 0);
+    gpuipc_domain_t *d = NULL;
+    ASSERT_RC(gpuipc_domain_join("squatted", NULL, &d), atoi(argv[3]));
+    for (int i = 4; i < argc; i++)
+      ASSERT_ERR_MENTIONS(argv[i]);
+    ASSERT_TRUE(d == NULL);
+    return 0;
+  }
   fprintf(stderr, "usage: os_rundir ok PATH | fail CODE NEEDLE | missing "
-                  "PATH\n");
+                  "PATH | join UID CODE NEEDLE...\n");
   return 2;
 }

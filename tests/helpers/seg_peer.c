@@ -4,6 +4,7 @@
  * "err CODE_NAME sentence". End of input exits 0.
  *
  *   setenv NAME VALUE        (before the first gpuipc call)
+ *   unsetenv NAME            (likewise)
  *   setuid UID               drop to UID (and its gid 65534 group)
  *   join DOMAIN [nobroker] [cold]
  *                            -> ok PID; the first join starts CUDA (a
@@ -422,6 +423,9 @@ static void command(char *line)
   gpuipc_buf_t *b;
   if (strcmp(cmd, "setenv") == 0 && argc == 3) {
     setenv(argv[1], argv[2], 1);
+    reply("ok");
+  } else if (strcmp(cmd, "unsetenv") == 0 && argc == 2) {
+    unsetenv(argv[1]);
     reply("ok");
   } else if (strcmp(cmd, "setuid") == 0 && argc == 2) {
     uid_t uid = (uid_t)atoi(argv[1]);
