@@ -983,8 +983,9 @@ GPUIPC_API int gpuipc_domain_join(const char *name,
  * references @dom held (segment buffers stay mapped until released). If
  * @dom hosts the broker, the broker first hands its registry, descriptors,
  * lock and socket to another member, so that nothing is lost; with no
- * member left the domain ends and its unlinked-or-not segments with it.
- * Returns 0, or -EINVAL for NULL. No other call on @dom may be running or
+ * member left the domain ends and its unlinked-or-not segments with it,
+ * and its socket and lock file are removed (nothing is left for
+ * gpuipc_runtime_prune). Returns 0, or -EINVAL for NULL. No other call on @dom may be running or
  * follow.
  */
 GPUIPC_API int gpuipc_domain_leave(gpuipc_domain_t *dom);
