@@ -953,8 +953,8 @@ typedef struct gpuipc_domain_opts {
  * @opts: optional (NULL: defaults).
  * @out: the domain, to be left with gpuipc_domain_leave.
  * Returns 0; -EINVAL (NULL @out, a bad name — the sentence gives the rule —
- * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS
- * that does not parse); GPUIPC_E_DENIED when the broker refused this
+ * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS, GPUIPC_ALLOW_GIDS,
+ * GPUIPC_MAX_MEMBERS or GPUIPC_MAX_MEMBERS_PER_UID that does not parse); GPUIPC_E_DENIED when the broker refused this
  * process's uid, or the runtime directory or one of its ancestors is unsafe
  * (the sentence names it); GPUIPC_E_VERSION when the broker speaks another
  * protocol version; -EUSERS when the broker has as many

@@ -89,6 +89,13 @@ if doc is not None:
     if t['value'] != '10000' or t['rejected'] != 'ab"c\x01' or not t['problem']:
         fail('GPUIPC_TIMEOUT_MS=ab"c\\x01 shows as %r' % t)
 
+# A member limit that does not parse ("lots") is rejected, not in force.
+doc = run(['info', '--config', '--json'], {b'GPUIPC_MAX_MEMBERS': b'lots'}, 0)
+if doc is not None:
+    t = doc['config']['GPUIPC_MAX_MEMBERS']
+    if t['value'] != '0' or t['rejected'] != 'lots' or not t['problem']:
+        fail('GPUIPC_MAX_MEMBERS=lots shows as %r' % t)
+
 # info --json: everything, the driver's sentence naming the library included.
 doc = run(['info', '--json'], {b'GPUIPC_CUDA_LIB': NASTY}, 0)
 if doc is not None and doc['config']['GPUIPC_CUDA_LIB']['value'] != expect(NASTY):
