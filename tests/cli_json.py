@@ -113,6 +113,30 @@ if doc is not None and doc.get('runtime_dir') != expect(rundir):
     fail('ls --json: runtime_dir %r, expected %r'
          % (doc.get('runtime_dir'), expect(rundir)))
 
+
+# Failures under --json are one JSON object too, with an "error" member.
+def expect_error(args, env_extra, want_rc, mentions):
+    doc = run(args, env_extra, want_rc)
+    if doc is not None and mentions not in (doc.get('error') or ''):
+        fail('gpuipc %s: error %r does not mention %r'
+             % (' '.join(args), doc.get('error'), mentions))
+
+
+plain = os.path.join(os.fsencode(scratch), b'plain')
+os.makedirs(plain, mode=0o700)
+os.chmod(plain, 0o700)
+# a domain nobody serves
+expect_error(['ls', '--json', 'nobody'], {b'GPUIPC_DIR': plain}, 1, 'nobody')
+# a runtime directory others may write: refused
+unsafe = os.path.join(os.fsencode(scratch), b'unsafe')
+os.makedirs(unsafe)
+os.chmod(unsafe, 0o777)
+expect_error(['ls', '--json'], {b'GPUIPC_DIR': unsafe}, 1, 'unsafe')
+# a bad command line
+expect_error(['ls', '--json', '--sideways'], {b'GPUIPC_DIR': plain}, 2,
+             '--sideways')
+expect_error(['info', '--json', '--sideways'], {}, 2, '--sideways')
+
 shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
 if failures:
     print('%d failure(s)' % failures)

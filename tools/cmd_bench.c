@@ -627,9 +627,10 @@ static int bench_run(int argc, char **argv)
   if (p.ctl.ch != NULL && ctl_send(&p.ctl, end) == 0)
     gpuipc_channel_send_done(p.ctl.ch, p.ctl.tickets[(p.ctl.next - 1) % CTL_SLOTS],
                      10000);
+  char why[1024] = "";
   if (rc != 0)
-    fprintf(stderr, "gpuipc bench: %s (%s)\n", gpuipc_last_error(),
-            gpuipc_err_name(rc));
+    snprintf(why, sizeof(why), "%s (%s)", gpuipc_last_error(),
+             gpuipc_err_name(rc));
   ctl_fini(&p.ctl);
   int peer_rc = 0;
   if (p.peer > 0) {
@@ -640,8 +641,8 @@ static int bench_run(int argc, char **argv)
   if (p.dom != NULL)
     gpuipc_domain_leave(p.dom);
   if (rc == 0 && peer_rc != 0) {
-    fprintf(stderr, "gpuipc bench: the receiving process exited with %d\n",
-            peer_rc);
+    snprintf(why, sizeof(why), "the receiving process exited with %d",
+             peer_rc);
     rc = -1;
   }
   if (rc == 0) {
@@ -651,7 +652,7 @@ static int bench_run(int argc, char **argv)
       bench_print_tables(&p);
   }
   free(p.r.bw);
-  return rc == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+  return rc == 0 ? CLI_EXIT_OK : cli_fail(&gpuipc_cmd_bench, "%s", why);
 }
 
 const struct gpuipc_cmd gpuipc_cmd_bench = {

@@ -283,10 +283,8 @@ static int info_run(int argc, char **argv)
   }
 
   struct report *r = malloc(sizeof(*r));
-  if (r == NULL) {
-    fprintf(stderr, "gpuipc info: out of memory\n");
-    return CLI_EXIT_FAIL;
-  }
+  if (r == NULL)
+    return cli_fail(&gpuipc_cmd_info, "out of memory");
   gather(r);
   if (json)
     print_json(r);
