@@ -136,6 +136,10 @@ expect_error(['ls', '--json'], {b'GPUIPC_DIR': unsafe}, 1, 'unsafe')
 expect_error(['ls', '--json', '--sideways'], {b'GPUIPC_DIR': plain}, 2,
              '--sideways')
 expect_error(['info', '--json', '--sideways'], {}, 2, '--sideways')
+# a kind that is not here
+expect_error(['bench', '--json', '--quick', '--max-bytes', '4096', '--kind',
+              'vmm'], {b'GPUIPC_NO_CUDA': b'1', b'GPUIPC_DIR': plain}, 1,
+             'vmm')
 
 shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
 if failures:

@@ -44,7 +44,8 @@ static const char bench_usage[] =
     "\n"
     "  --json          one JSON document (schema 1) instead of the tables\n"
     "  --quick         fewer messages, sizes up to 64 MiB\n"
-    "  --kind KIND     auto (default), vmm, legacy, pool or host\n"
+    "  --kind KIND     auto (default), vmm, legacy, pool or host; a kind\n"
+    "                  that is not available here fails (exit 1) with why\n"
     "  --stream S      null (default: the legacy default stream, what\n"
     "                  PyTorch uses), legacy, per-thread, or created (a\n"
     "                  non-blocking stream of each process's own)\n"
@@ -554,6 +555,10 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
   }
   if (!max_given)
     o->max_bytes = o->quick ? ((size_t)64 << 20) : ((size_t)1 << 30);
+  /* A kind asked for by name is measured or refused, never swapped. */
+  if (o->kind != GPUIPC_KIND_AUTO && gpuipc_kind_available(o->kind) != 0)
+    return cli_fail(cmd, "kind %s is not available here: %s",
+                    gpuipc_kind_name(o->kind), gpuipc_last_error());
   int n = gpuipc_device_count();
   if (o->kind == GPUIPC_KIND_HOST || n <= 0) {
     o->kind = GPUIPC_KIND_HOST;
