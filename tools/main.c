@@ -50,8 +50,8 @@ bool cli_json_errors;
 
 /* "gpuipc NAME: <sentence>" to stderr, and the JSON error object to
  * stdout under cli_json_errors. */
-static void complain(const struct gpuipc_cmd *cmd, const char *fmt,
-                     va_list ap)
+__attribute__((format(printf, 2, 0))) static void
+complain(const struct gpuipc_cmd *cmd, const char *fmt, va_list ap)
 {
   char msg[2048];
   vsnprintf(msg, sizeof(msg), fmt, ap);
