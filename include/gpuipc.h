@@ -211,7 +211,9 @@ GPUIPC_API int gpuipc_log_set(gpuipc_log_fn fn, gpuipc_log_level_t level,
  * default is in force instead (for GPUIPC_LOG: warn), `value` says so, a
  * warning is logged, and the calls that depend on the setting refuse to
  * work with it: gpuipc_domain_join fails with -EINVAL for a malformed
- * GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS, and
+ * GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS, GPUIPC_ALLOW_GIDS,
+ * GPUIPC_MAX_MEMBERS or GPUIPC_MAX_MEMBERS_PER_UID (whole numbers; the
+ * joiner may host the broker, which lives by them), and
  * gpuipc_driver_status gives GPUIPC_E_NODRIVER for a GPUIPC_NO_CUDA other
  * than 0 or 1; gpuipc_last_error() names the variable and its value.
  * An empty value means the default. A GPUIPC_* variable that is no setting
@@ -959,15 +961,16 @@ typedef struct gpuipc_domain_opts {
  * @opts: optional (NULL: defaults).
  * @out: the domain, to be left with gpuipc_domain_leave.
  * Returns 0; -EINVAL (NULL @out, a bad name — the sentence gives the rule —
- * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS or GPUIPC_ALLOW_GIDS
- * that does not parse); GPUIPC_E_DENIED when the broker refused this
- * process's uid, or the runtime directory or one of its ancestors is unsafe
- * (the sentence names it, and what to do where another user made it
- * first: see gpuipc_runtime_dir); GPUIPC_E_VERSION when the broker speaks
- * another protocol version; -EUSERS when the broker has as many
- * connections as it takes, in all (GPUIPC_MAX_MEMBERS, never more than
- * half of what its process's open-file limit leaves beyond the descriptors
- * the process holds otherwise and 32) or from this uid
+ * bad @opts, or a GPUIPC_TIMEOUT_MS, GPUIPC_ALLOW_UIDS, GPUIPC_ALLOW_GIDS,
+ * GPUIPC_MAX_MEMBERS or GPUIPC_MAX_MEMBERS_PER_UID that does not parse);
+ * GPUIPC_E_DENIED when the broker refused this process's uid, or the
+ * runtime directory or one of its ancestors is unsafe (the sentence names
+ * it, and what to do where another user made it first: see
+ * gpuipc_runtime_dir); GPUIPC_E_VERSION when the broker speaks another
+ * protocol version; -EUSERS when the broker has as many connections as it
+ * takes, in all (GPUIPC_MAX_MEMBERS, never more than half of what its
+ * process's open-file limit leaves beyond the descriptors the process holds
+ * otherwise and 32) or from this uid
  * (GPUIPC_MAX_MEMBERS_PER_UID); -EMFILE when the broker's process has no
  * descriptor free (or this process has none) — both at once, not after the
  * timeout, the sentence naming the limit: try again once members have
@@ -993,8 +996,9 @@ GPUIPC_API int gpuipc_domain_join(const char *name,
  * references @dom held (segment buffers stay mapped until released). If
  * @dom hosts the broker, the broker first hands its registry, descriptors,
  * lock and socket to another member, so that nothing is lost; with no
- * member left the domain ends and its unlinked-or-not segments with it.
- * Returns 0, or -EINVAL for NULL. No other call on @dom may be running or
+ * member left the domain ends and its unlinked-or-not segments with it,
+ * and its socket and lock file are removed (nothing is left for
+ * gpuipc_runtime_prune). Returns 0, or -EINVAL for NULL. No other call on @dom may be running or
  * follow.
  */
 GPUIPC_API int gpuipc_domain_leave(gpuipc_domain_t *dom);

@@ -3,9 +3,13 @@ every CPython >= 3.9) with libgpuipc's C sources compiled in (src/*/*.c
 but src/mpi), as CMake builds the library: -D_GNU_SOURCE, and
 GPUIPC_HAVE_CUDA=1 when cuda.h is found (CUDA_HOME, CUDA_PATH,
 /usr/local/cuda/include, /usr/include). The sources are looked for in
-GPUIPC_SOURCE_DIR, else the repository around this directory."""
+GPUIPC_SOURCE_DIR, else the repository around this directory. The
+package's version is the library's: include/gpuipc.h's GPUIPC_VERSION_*
+macros (which CMake checks against its project(VERSION)), so that pip and
+gpuipc.__version__ say the same."""
 import glob
 import os
+import re
 
 from setuptools import Extension, setup
 
@@ -13,6 +17,19 @@ here = os.path.dirname(os.path.abspath(__file__))
 root = os.environ.get("GPUIPC_SOURCE_DIR") or os.path.dirname(here)
 if not os.path.exists(os.path.join(root, "include", "gpuipc.h")):
     raise SystemExit(f"gpuipc's C sources not found in {root}: set GPUIPC_SOURCE_DIR")
+
+
+def header_version():
+    """"MAJOR.MINOR.PATCH" from include/gpuipc.h's GPUIPC_VERSION_* macros."""
+    with open(os.path.join(root, "include", "gpuipc.h"), encoding="utf-8") as f:
+        text = f.read()
+    parts = []
+    for part in ("MAJOR", "MINOR", "PATCH"):
+        m = re.search(r"^#define GPUIPC_VERSION_%s (\d+)$" % part, text, re.M)
+        if m is None:
+            raise SystemExit(f"include/gpuipc.h has no GPUIPC_VERSION_{part}")
+        parts.append(m.group(1))
+    return ".".join(parts)
 
 
 def cuda_include():
@@ -50,4 +67,4 @@ ext = Extension(
     py_limited_api=True,
 )
 
-setup(ext_modules=[ext], options={"bdist_wheel": {"py_limited_api": "cp39"}})
+setup(version=header_version(), ext_modules=[ext], options={"bdist_wheel": {"py_limited_api": "cp39"}})

@@ -70,6 +70,12 @@ int main(void)
   ASSERT_TRUE(strstr(out, "unknown kind") != NULL);
   ASSERT_EQ(run_cli("", "--max-bytes 12 2>&1", out, sizeof(out)), 2);
   ASSERT_EQ(run_cli("", "--stream sideways 2>&1", out, sizeof(out)), 2);
+  /* A kind asked for by name that is not here: a failure that says so,
+   * never a run of HOST buffers in its place. */
+  ASSERT_EQ(run_cli("GPUIPC_NO_CUDA=1", "--quick --max-bytes 4096 --kind vmm "
+                    "2>&1", out, sizeof(out)), 1);
+  if (strstr(out, "kind vmm is not available") == NULL)
+    TFAIL("bench --kind vmm without a driver said:\n%s", out);
   /* HOST buffers against memcpy: one path. */
   check_json("GPUIPC_NO_CUDA=1", 1, "\"baseline\": \"memcpy\"");
   /* The tables. */

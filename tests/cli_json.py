@@ -6,7 +6,13 @@ runtime directory's path come back as the documented rule says (control
 characters as \\u00XX, valid UTF-8 as it is, each byte of an invalid
 sequence as U+FFFD).
 
-usage: cli_json.py GPUIPC_CLI SCRATCH_DIR
+`info` (text and JSON) also says what the build included, as CMake tells
+this test (cuda=0|1: the CUDA header; mpi=VERSION or empty: the MPI
+component), and plain `info` shows the settings set, rejected or unknown.
+Every command that takes --json prints one JSON object with an "error"
+member when it fails.
+
+usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION]
 """
 import json
 import os
@@ -15,6 +21,7 @@ import subprocess
 import sys
 
 cli, scratch = sys.argv[1], sys.argv[2]
+built = dict(a.split('=', 1) for a in sys.argv[3:5])
 failures = 0
 
 # Quotes, a backslash, control characters, valid 2-, 3- and 4-byte UTF-8,
@@ -89,11 +96,55 @@ if doc is not None:
     if t['value'] != '10000' or t['rejected'] != 'ab"c\x01' or not t['problem']:
         fail('GPUIPC_TIMEOUT_MS=ab"c\\x01 shows as %r' % t)
 
+# A member limit that does not parse ("lots") is rejected, not in force.
+doc = run(['info', '--config', '--json'], {b'GPUIPC_MAX_MEMBERS': b'lots'}, 0)
+if doc is not None:
+    t = doc['config']['GPUIPC_MAX_MEMBERS']
+    if t['value'] != '0' or t['rejected'] != 'lots' or not t['problem']:
+        fail('GPUIPC_MAX_MEMBERS=lots shows as %r' % t)
+
 # info --json: everything, the driver's sentence naming the library included.
 doc = run(['info', '--json'], {b'GPUIPC_CUDA_LIB': NASTY}, 0)
 if doc is not None and doc['config']['GPUIPC_CUDA_LIB']['value'] != expect(NASTY):
     fail('info --json: GPUIPC_CUDA_LIB is %r'
          % doc['config']['GPUIPC_CUDA_LIB']['value'])
+
+# What the build included, as CMake says.
+doc = run(['info', '--json'], {}, 0)
+if doc is not None:
+    b = doc.get('build') or {}
+    want = {'cuda_header': built['cuda'] == '1', 'mpi': built['mpi'] != '',
+            'mpi_version': built['mpi'] or None}
+    got = {k: b.get(k) for k in want}
+    if got != want:
+        fail('info --json: build %r, expected %r' % (b, want))
+    if want['cuda_header'] != isinstance(b.get('cuda_header_version'), int):
+        fail('info --json: cuda_header_version %r' % b.get('cuda_header_version'))
+    if not isinstance(b.get('nvml_loaded'), bool) or not b.get('compiler'):
+        fail('info --json: build %r lacks nvml_loaded or compiler' % b)
+
+
+def run_text(args, env_extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith('GPUIPC_') and not k.startswith('FAKE_CUDA_')}
+    env.update(env_extra)
+    p = subprocess.run([cli] + args, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60, text=True)
+    if p.returncode != 0:
+        fail('gpuipc %s exited %d: %s' % (' '.join(args), p.returncode, p.stderr))
+    return p.stdout
+
+
+# Plain info: the build, and the settings set, rejected and unknown.
+out = run_text(['info'], {'GPUIPC_TIMEOUT_MS': '5', 'GPUIPC_MAX_MEMBERS': 'lots',
+                          'GPUIPC_NO_SUCH': '1'})
+for needle in ('build:', 'CUDA header' if built['cuda'] == '1' else 'no CUDA header',
+               'MPI component (libgpuipc_mpi) built, MPI ' + built['mpi']
+               if built['mpi'] else 'no MPI component', 'NVML',
+               'GPUIPC_TIMEOUT_MS="5"', 'GPUIPC_MAX_MEMBERS="lots"  REJECTED',
+               'GPUIPC_NO_SUCH  UNKNOWN', 'gpuipc info --config'):
+    if needle not in out:
+        fail('gpuipc info does not say %r:\n%s' % (needle, out))
 
 # topo --json without a driver: the reason names the library.
 doc = run(['topo', '--json'], {b'GPUIPC_CUDA_LIB': NASTY})
@@ -105,6 +156,34 @@ doc = run(['ls', '--json'], {b'GPUIPC_DIR': rundir}, 0)
 if doc is not None and doc.get('runtime_dir') != expect(rundir):
     fail('ls --json: runtime_dir %r, expected %r'
          % (doc.get('runtime_dir'), expect(rundir)))
+
+
+# Failures under --json are one JSON object too, with an "error" member.
+def expect_error(args, env_extra, want_rc, mentions):
+    doc = run(args, env_extra, want_rc)
+    if doc is not None and mentions not in (doc.get('error') or ''):
+        fail('gpuipc %s: error %r does not mention %r'
+             % (' '.join(args), doc.get('error'), mentions))
+
+
+plain = os.path.join(os.fsencode(scratch), b'plain')
+os.makedirs(plain, mode=0o700)
+os.chmod(plain, 0o700)
+# a domain nobody serves
+expect_error(['ls', '--json', 'nobody'], {b'GPUIPC_DIR': plain}, 1, 'nobody')
+# a runtime directory others may write: refused
+unsafe = os.path.join(os.fsencode(scratch), b'unsafe')
+os.makedirs(unsafe)
+os.chmod(unsafe, 0o777)
+expect_error(['ls', '--json'], {b'GPUIPC_DIR': unsafe}, 1, 'unsafe')
+# a bad command line
+expect_error(['ls', '--json', '--sideways'], {b'GPUIPC_DIR': plain}, 2,
+             '--sideways')
+expect_error(['info', '--json', '--sideways'], {}, 2, '--sideways')
+# a kind that is not here
+expect_error(['bench', '--json', '--quick', '--max-bytes', '4096', '--kind',
+              'vmm'], {b'GPUIPC_NO_CUDA': b'1', b'GPUIPC_DIR': plain}, 1,
+             'vmm')
 
 shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
 if failures:

@@ -94,6 +94,39 @@ static void case_uids(void)
   ASSERT_ERR_MENTIONS("GPUIPC_ALLOW_UIDS=\"1000;x\"");
 }
 
+/* Member limits that do not parse: not in force as "no limit" or as a
+ * number read from the front of the text, and the join fails naming them
+ * (a joiner may host the broker, which lives by them). */
+static void case_members(void)
+{
+  ASSERT_STREQ(item("GPUIPC_MAX_MEMBERS").value, "0");
+  ASSERT_STREQ(item("GPUIPC_MAX_MEMBERS_PER_UID").value, "0");
+  ASSERT_LOGGED("GPUIPC_MAX_MEMBERS=\"lots\"");
+  ASSERT_LOGGED("GPUIPC_MAX_MEMBERS_PER_UID=\"8x\"");
+  const char *value = NULL, *why = NULL;
+  for (int i = 0; i < gpuipc_config_count(); i++) {
+    gpuipc_config_item_t it;
+    ASSERT_OK(gpuipc_config_get(i, &it));
+    if (strcmp(it.name, "GPUIPC_MAX_MEMBERS_PER_UID") == 0) {
+      ASSERT_RC(gpuipc_config_rejected(i, &value, &why), 1);
+      ASSERT_STREQ(value, "8x");
+    }
+  }
+  gpuipc_domain_t *d = NULL;
+  ASSERT_RC(gpuipc_domain_join("cfg", NULL, &d), -EINVAL);
+  ASSERT_ERR_MENTIONS("GPUIPC_MAX_MEMBERS");
+  ASSERT_PTR_EQ(d, NULL);
+}
+
+/* One limit that does not parse is enough to refuse the join. */
+static void case_members_one(void)
+{
+  expect_problems("GPUIPC_MAX_MEMBERS", "lots", NULL);
+  gpuipc_domain_t *d = NULL;
+  ASSERT_RC(gpuipc_domain_join("cfg", NULL, &d), -EINVAL);
+  ASSERT_ERR_MENTIONS("GPUIPC_MAX_MEMBERS=\"lots\"");
+}
+
 /* GPUIPC_NO_CUDA=yes: no driver is loaded, and the reason names it. */
 static void case_nocuda(void)
 {
@@ -124,6 +157,18 @@ static void case_good(void)
   ASSERT_OK(gpuipc_domain_leave(d));
 }
 
+/* Well-formed limits are in force as they are. */
+static void case_good_members(void)
+{
+  ASSERT_STREQ(item("GPUIPC_MAX_MEMBERS").value, "64");
+  ASSERT_STREQ(item("GPUIPC_MAX_MEMBERS_PER_UID").value, "8");
+  if (logged[0] != '\0')
+    TFAIL("warned about good settings:\n%s", logged);
+  gpuipc_domain_t *d;
+  ASSERT_OK(gpuipc_domain_join("cfg", NULL, &d));
+  ASSERT_OK(gpuipc_domain_leave(d));
+}
+
 static const struct {
   const char *name;
   void (*run)(void);
@@ -133,9 +178,14 @@ static const struct {
     {"uids", case_uids, {"GPUIPC_ALLOW_UIDS=1000;x"}},
     {"nocuda", case_nocuda, {"GPUIPC_NO_CUDA=yes"}},
     {"log", case_log, {"GPUIPC_LOG=verbose"}},
+    {"members", case_members, {"GPUIPC_MAX_MEMBERS=lots",
+                               "GPUIPC_MAX_MEMBERS_PER_UID=8x"}},
+    {"members_one", case_members_one, {"GPUIPC_MAX_MEMBERS=lots"}},
     {"good", case_good, {"GPUIPC_TIMEOUT_MS=1234",
                          "GPUIPC_ALLOW_UIDS=1000, 1001",
                          "GPUIPC_CHAN_EVENT_POLL_US=", "GPUIPC_NO_CUDA=1"}},
+    {"good_members", case_good_members, {"GPUIPC_MAX_MEMBERS=64",
+                                         "GPUIPC_MAX_MEMBERS_PER_UID=8"}},
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 

@@ -172,6 +172,13 @@ int main(int argc, char **argv)
   pruned();
   ASSERT_OK(gpuipc_domain_leave(a));
   ASSERT_OK(gpuipc_domain_leave(z));
+  /* A domain that ended cleanly leaves no file behind: nothing stale. */
+  ASSERT_TRUE(!exists("alpha.sock") && !exists("zeta.sock"));
+  ASSERT_TRUE(!exists("alpha.lock"));
+  ASSERT_TRUE(!exists("zeta.lock"));
+  struct seen s = {0};
+  ASSERT_EQ(gpuipc_runtime_prune(GPUIPC_PRUNE_DRY_RUN, on_stale, &s), 0);
+  ASSERT_EQ(gpuipc_domain_names(NULL, 0), 0);
   no_directory();
   printf("domain_names: ok\n");
   return 0;

@@ -117,6 +117,16 @@ int main(void)
   ASSERT_OK(gpuipc_domain_info(dom, &di));
   ASSERT_EQ(di.broker_pid, serve);
   ASSERT_EQ(di.hosts_broker, 0);
+
+  /* A member limit that does not parse is refused before anything starts
+   * (this process read its settings at the join above). */
+  setenv("GPUIPC_MAX_MEMBERS", "lots", 1);
+  const char *lots[] = {"serve", "lots", NULL};
+  ASSERT_EQ(cli_run(lots, out, sizeof(out)), 1);
+  unsetenv("GPUIPC_MAX_MEMBERS");
+  if (strstr(out, "GPUIPC_MAX_MEMBERS=\"lots\"") == NULL)
+    TFAIL("serve with GPUIPC_MAX_MEMBERS=lots said: %s", out);
+
   gpuipc_buf_t *a;
   ASSERT_OK(test_seg_open(dom, "alpha", 3 << 20, -1, GPUIPC_CREATE, &a));
   test_fill(gpuipc_buf_ptr(a), 3 << 20, 8);

@@ -38,9 +38,23 @@ struct gpuipc_cmd {
 GPUIPC_CLI_COMMANDS(GPUIPC__CLI_DECL)
 #undef GPUIPC__CLI_DECL
 
-/* Print "gpuipc NAME: <complaint>" and @cmd's usage to stderr; returns
- * CLI_EXIT_USAGE. */
+/*
+ * Set by main when the command line asks --json of a command that has it:
+ * its errors are then JSON too, so that whoever reads stdout always gets
+ * one JSON object.
+ */
+extern bool cli_json_errors;
+
+/* Print "gpuipc NAME: <complaint>" and @cmd's usage to stderr (and, under
+ * cli_json_errors, {"schema": 1, "error": "<complaint>"} to stdout);
+ * returns CLI_EXIT_USAGE. */
 int cli_usage_error(const struct gpuipc_cmd *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* A command that ran and failed before it wrote anything to stdout: print
+ * "gpuipc NAME: <sentence>" to stderr (and, under cli_json_errors,
+ * {"schema": 1, "error": "<sentence>"} to stdout); returns CLI_EXIT_FAIL. */
+int cli_fail(const struct gpuipc_cmd *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* "80.0 GiB", "2 MiB", "512 B": @n bytes for people, into @buf. */

@@ -44,7 +44,8 @@ static const char bench_usage[] =
     "\n"
     "  --json          one JSON document (schema 1) instead of the tables\n"
     "  --quick         fewer messages, sizes up to 64 MiB\n"
-    "  --kind KIND     auto (default), vmm, legacy, pool or host\n"
+    "  --kind KIND     auto (default), vmm, legacy, pool or host; a kind\n"
+    "                  that is not available here fails (exit 1) with why\n"
     "  --stream S      null (default: the legacy default stream, what\n"
     "                  PyTorch uses), legacy, per-thread, or created (a\n"
     "                  non-blocking stream of each process's own)\n"
@@ -554,6 +555,10 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
   }
   if (!max_given)
     o->max_bytes = o->quick ? ((size_t)64 << 20) : ((size_t)1 << 30);
+  /* A kind asked for by name is measured or refused, never swapped. */
+  if (o->kind != GPUIPC_KIND_AUTO && gpuipc_kind_available(o->kind) != 0)
+    return cli_fail(cmd, "kind %s is not available here: %s",
+                    gpuipc_kind_name(o->kind), gpuipc_last_error());
   int n = gpuipc_device_count();
   if (o->kind == GPUIPC_KIND_HOST || n <= 0) {
     o->kind = GPUIPC_KIND_HOST;
@@ -627,9 +632,10 @@ static int bench_run(int argc, char **argv)
   if (p.ctl.ch != NULL && ctl_send(&p.ctl, end) == 0)
     gpuipc_channel_send_done(p.ctl.ch, p.ctl.tickets[(p.ctl.next - 1) % CTL_SLOTS],
                      10000);
+  char why[1024] = "";
   if (rc != 0)
-    fprintf(stderr, "gpuipc bench: %s (%s)\n", gpuipc_last_error(),
-            gpuipc_err_name(rc));
+    snprintf(why, sizeof(why), "%s (%s)", gpuipc_last_error(),
+             gpuipc_err_name(rc));
   ctl_fini(&p.ctl);
   int peer_rc = 0;
   if (p.peer > 0) {
@@ -640,8 +646,8 @@ static int bench_run(int argc, char **argv)
   if (p.dom != NULL)
     gpuipc_domain_leave(p.dom);
   if (rc == 0 && peer_rc != 0) {
-    fprintf(stderr, "gpuipc bench: the receiving process exited with %d\n",
-            peer_rc);
+    snprintf(why, sizeof(why), "the receiving process exited with %d",
+             peer_rc);
     rc = -1;
   }
   if (rc == 0) {
@@ -651,7 +657,7 @@ static int bench_run(int argc, char **argv)
       bench_print_tables(&p);
   }
   free(p.r.bw);
-  return rc == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+  return rc == 0 ? CLI_EXIT_OK : cli_fail(&gpuipc_cmd_bench, "%s", why);
 }
 
 const struct gpuipc_cmd gpuipc_cmd_bench = {

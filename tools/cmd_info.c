@@ -5,6 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if GPUIPC_HAVE_CUDA
+#include <cuda.h>
+#endif
+
 static const char usage[] =
     "usage: gpuipc info [--json] [--config]\n"
     "\n"
@@ -12,7 +16,11 @@ static const char usage[] =
     "(its version and file, or why it could not be used); every visible\n"
     "device with its UUID, name, PCI bus id, memory, compute capability and\n"
     "sharing capabilities; which buffer kinds can be allocated; the runtime\n"
-    "directory. Exits 0 whether or not a driver is present.\n"
+    "directory; what the build included (the CUDA header, hence the GPU\n"
+    "kinds; the MPI component; NVML, which needs nothing at build time and\n"
+    "is looked for at run time); the settings set in the environment, and\n"
+    "those rejected or unknown (--config lists them all). Exits 0 whether\n"
+    "or not a driver is present.\n"
     "\n"
     "  --config  print the settings instead: every GPUIPC_* variable with\n"
     "            the value in force, its default, whether it is set, and\n"
@@ -38,7 +46,42 @@ struct report {
   int dir_rc;
   char dir[PATH_MAX];
   char dir_error[512];
+  int nvml_rc;
+  char nvml_error[512];
 };
+
+/*
+ * What the build included. The tool carries the library compiled in
+ * (tools/CMakeLists.txt), so these are the library's: the CUDA header
+ * (without it only the HOST kind is built) and the MPI component
+ * (libgpuipc_mpi, built beside it when MPI was found). NVML needs nothing
+ * at build time: it is loaded at run time.
+ */
+static bool build_cuda(void)
+{
+  return GPUIPC_HAVE_CUDA != 0;
+}
+
+/* CUDA_VERSION of the header built against (12040 for 12.4), or 0. */
+static int build_cuda_version(void)
+{
+#if GPUIPC_HAVE_CUDA
+  return CUDA_VERSION;
+#else
+  return 0;
+#endif
+}
+
+static const char *build_cuda_include(void)
+{
+  return build_cuda() ? GPUIPC_BUILD_CUDA_INCLUDE : NULL;
+}
+
+/* The MPI version (MPI_C_VERSION) libgpuipc_mpi was built with, or NULL. */
+static const char *build_mpi(void)
+{
+  return GPUIPC_BUILD_MPI[0] != '\0' ? GPUIPC_BUILD_MPI : NULL;
+}
 
 static void gather(struct report *r)
 {
@@ -69,6 +112,74 @@ static void gather(struct report *r)
     r->dir[0] = '\0';
     snprintf(r->dir_error, sizeof(r->dir_error), "%s", gpuipc_last_error());
   }
+
+  r->nvml_rc = gpuipc_topo_nvml();
+  if (r->nvml_rc != 0)
+    snprintf(r->nvml_error, sizeof(r->nvml_error), "%s", gpuipc_last_error());
+}
+
+static void print_build_text(const struct report *r)
+{
+  int v = build_cuda_version();
+  if (build_cuda())
+    printf("build:       CUDA header %d.%d (%s): vmm, legacy, pool "
+           "built\n", v / 1000, v % 1000 / 10, build_cuda_include());
+  else
+    printf("build:       no CUDA header: HOST kind only\n");
+  if (build_mpi() != NULL)
+    printf("             MPI component (libgpuipc_mpi) built, MPI %s\n",
+           build_mpi());
+  else
+    printf("             no MPI component (no MPI found at build time)\n");
+  printf("             NVML: no build dependency, loaded at run time: %s\n",
+         r->nvml_rc == 0 ? "loaded" : r->nvml_error);
+  printf("             %s, %s build\n", GPUIPC_BUILD_COMPILER,
+         GPUIPC_BUILD_TYPE[0] != '\0' ? GPUIPC_BUILD_TYPE : "default");
+}
+
+static void print_build_json(const struct report *r, struct cli_json *j)
+{
+  cli_json_obj(j, "build");
+  cli_json_bool(j, "cuda_header", build_cuda());
+  if (build_cuda())
+    cli_json_int(j, "cuda_header_version", build_cuda_version());
+  else
+    cli_json_null(j, "cuda_header_version");
+  cli_json_str(j, "cuda_include_dir", build_cuda_include());
+  cli_json_bool(j, "mpi", build_mpi() != NULL);
+  cli_json_str(j, "mpi_version", build_mpi());
+  cli_json_bool(j, "nvml_loaded", r->nvml_rc == 0);
+  cli_json_str(j, "nvml_error", r->nvml_rc != 0 ? r->nvml_error : NULL);
+  cli_json_str(j, "compiler", GPUIPC_BUILD_COMPILER);
+  cli_json_str(j, "build_type", GPUIPC_BUILD_TYPE);
+  cli_json_end(j);
+}
+
+/* The settings set in the environment, and those rejected or unknown;
+ * --config lists them all. */
+static void print_settings_text(void)
+{
+  int set = 0;
+  printf("settings:\n");
+  for (int i = 0; i < gpuipc_config_count(); i++) {
+    gpuipc_config_item_t it;
+    const char *bad = NULL, *why = NULL;
+    if (gpuipc_config_get(i, &it) != 0)
+      continue;
+    gpuipc_config_rejected(i, &bad, &why);
+    if (bad != NULL)
+      printf("  %s=\"%s\"  REJECTED (%s): \"%s\" is in force\n", it.name,
+             bad, why, it.value);
+    else if (it.is_set)
+      printf("  %s=\"%s\"\n", it.name, it.value);
+    set += it.is_set;
+  }
+  const char *name;
+  for (int i = 0; gpuipc_config_unknown(i, &name) == 0; i++)
+    printf("  %s  UNKNOWN: no gpuipc setting has this name; ignored\n", name);
+  printf("  (%s; `gpuipc info --config` lists all %d with their defaults)\n",
+         set ? "the others have their defaults" : "none set: all defaults",
+         gpuipc_config_count());
 }
 
 static const char *yes(int v)
@@ -143,6 +254,8 @@ static void print_text(const struct report *r)
   else
     printf("runtime dir: unusable (%s): %s\n", gpuipc_err_name(r->dir_rc),
            r->dir_error);
+  print_build_text(r);
+  print_settings_text();
 }
 
 /* "config": every setting; "unknown_settings": GPUIPC_* names that are
@@ -230,6 +343,7 @@ static void print_json(const struct report *r)
   cli_json_str(&j, "error", r->dir_rc != 0 ? r->dir_error : NULL);
   cli_json_end(&j);
 
+  print_build_json(r, &j);
   json_config(&j);
   cli_json_finish(&j);
 }
@@ -283,10 +397,8 @@ static int info_run(int argc, char **argv)
   }
 
   struct report *r = malloc(sizeof(*r));
-  if (r == NULL) {
-    fprintf(stderr, "gpuipc info: out of memory\n");
-    return CLI_EXIT_FAIL;
-  }
+  if (r == NULL)
+    return cli_fail(&gpuipc_cmd_info, "out of memory");
   gather(r);
   if (json)
     print_json(r);
@@ -299,7 +411,8 @@ static int info_run(int argc, char **argv)
 
 const struct gpuipc_cmd gpuipc_cmd_info = {
     .name = "info",
-    .summary = "show the library, the CUDA driver, devices, kinds, settings",
+    .summary = "show the library, its build, the CUDA driver, devices, "
+               "kinds, settings",
     .usage = usage,
     .run = info_run,
 };

@@ -101,9 +101,19 @@ static int stale_files(bool json, bool prune,
     printf("  none\n");
   else if (n > 0 && !prune)
     printf("(gpuipc ls --prune removes them)\n");
+  if (n >= 0 && o.failed == 0)
+    return CLI_EXIT_OK;
+  /* The document is under way: the error is one of its members. */
+  char why[1024];
   if (n < 0)
-    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
-  return n < 0 || o.failed > 0 ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+    snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+  else
+    snprintf(why, sizeof(why), "%d stale file(s) could not be removed",
+             o.failed);
+  fprintf(stderr, "gpuipc ls: %s\n", why);
+  if (json)
+    cli_json_str(j, "error", why);
+  return CLI_EXIT_FAIL;
 }
 
 /* No runtime directory: nothing ran here, and nothing is made. */
@@ -132,16 +142,12 @@ static int list_domains(bool json, bool prune)
   int rc = gpuipc_runtime_dir(dir, sizeof(dir), GPUIPC_RUNDIR_FIND);
   if (rc == -ENOENT)
     return no_dir(json);
-  if (rc != 0) {
-    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
-    return CLI_EXIT_FAIL;
-  }
+  if (rc != 0)
+    return cli_fail(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
   gpuipc_domain_entry_t *names;
   int n = domain_names(&names);
-  if (n < 0) {
-    fprintf(stderr, "gpuipc ls: %s: %s\n", dir, gpuipc_last_error());
-    return CLI_EXIT_FAIL;
-  }
+  if (n < 0)
+    return cli_fail(&gpuipc_cmd_ls, "%s: %s", dir, gpuipc_last_error());
 
   struct cli_json j;
   if (json) {
@@ -201,17 +207,14 @@ static void holders_str(const gpuipc_segment_info_t *s, char *out, size_t cap)
 static int list_domain(const char *name, bool json)
 {
   char dir[PATH_MAX];
-  if (gpuipc_runtime_dir(dir, sizeof(dir), GPUIPC_RUNDIR_FIND) != 0) { /* makes nothing */
-    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
-    return CLI_EXIT_FAIL;
-  }
+  /* Makes nothing. */
+  if (gpuipc_runtime_dir(dir, sizeof(dir), GPUIPC_RUNDIR_FIND) != 0)
+    return cli_fail(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
   gpuipc_domain_t *dom;
   gpuipc_domain_opts_t o = {sizeof(o), GPUIPC_JOIN_NO_BROKER, 2000};
   int rc = gpuipc_domain_join(name, &o, &dom);
-  if (rc != 0) {
-    fprintf(stderr, "gpuipc ls: %s\n", gpuipc_last_error());
-    return CLI_EXIT_FAIL;
-  }
+  if (rc != 0)
+    return cli_fail(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
   gpuipc_domain_info_t di = {.size = sizeof(di)};
   gpuipc_segment_info_t *segs = NULL;
   int n = 0;
@@ -233,10 +236,10 @@ static int list_domain(const char *name, bool json)
       break;
   }
   if (rc != 0) {
-    fprintf(stderr, "gpuipc ls: %s: %s\n", name, gpuipc_last_error());
+    rc = cli_fail(&gpuipc_cmd_ls, "%s: %s", name, gpuipc_last_error());
     free(segs);
     gpuipc_domain_leave(dom);
-    return CLI_EXIT_FAIL;
+    return rc;
   }
   char dev[41], hold[512], sz[32];
   if (json) {

@@ -66,9 +66,12 @@ static int run(int argc, char **argv)
   if (gpuipc__name_check(name, "domain name") != 0)
     return cli_usage_error(&gpuipc_cmd_serve, "%s", gpuipc_last_error());
   gpuipc_log_set(log_stderr, quiet ? GPUIPC_LOG_WARN : GPUIPC_LOG_INFO, NULL);
-  /* Who may join: a list that does not parse is refused, not ignored. */
+  /* Who may join, and how many: a value that does not parse is refused,
+   * not ignored. */
   if (gpuipc__cfg_check(GPUIPC_CFG_ALLOW_UIDS) != 0 ||
-      gpuipc__cfg_check(GPUIPC_CFG_ALLOW_GIDS) != 0) {
+      gpuipc__cfg_check(GPUIPC_CFG_ALLOW_GIDS) != 0 ||
+      gpuipc__cfg_check(GPUIPC_CFG_MAX_MEMBERS) != 0 ||
+      gpuipc__cfg_check(GPUIPC_CFG_MAX_MEMBERS_PER_UID) != 0) {
     fprintf(stderr, "gpuipc serve: %s\n", gpuipc_last_error());
     return CLI_EXIT_FAIL;
   }

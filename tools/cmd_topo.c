@@ -184,20 +184,18 @@ static int topo_run(int argc, char **argv)
   }
   int n = gpuipc_device_count();
   gpuipc_p2p_t *m = calloc((size_t)n * (size_t)n, sizeof(*m));
-  if (m == NULL) {
-    fprintf(stderr, "gpuipc topo: out of memory\n");
-    return CLI_EXIT_FAIL;
-  }
+  if (m == NULL)
+    return cli_fail(&gpuipc_cmd_topo, "out of memory");
   for (int a = 0; a < n; a++)
     for (int b = 0; b < n; b++) {
       gpuipc_p2p_t *p = &m[a * n + b];
       p->size = sizeof(*p);
       rc = gpuipc_topo_p2p(a, b, p);
       if (rc != 0) {
-        fprintf(stderr, "gpuipc topo: GPU%d -> GPU%d: %s\n", a, b,
-                gpuipc_last_error());
+        rc = cli_fail(&gpuipc_cmd_topo, "GPU%d -> GPU%d: %s", a, b,
+                      gpuipc_last_error());
         free(m);
-        return CLI_EXIT_FAIL;
+        return rc;
       }
     }
   char nvml_why[256] = "";

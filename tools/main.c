@@ -46,15 +46,54 @@ static bool is_help(const char *arg)
   return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }
 
+bool cli_json_errors;
+
+/* "gpuipc NAME: <sentence>" to stderr, and the JSON error object to
+ * stdout under cli_json_errors. */
+__attribute__((format(printf, 2, 0))) static void
+complain(const struct gpuipc_cmd *cmd, const char *fmt, va_list ap)
+{
+  char msg[2048];
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  fprintf(stderr, "gpuipc %s: %s\n", cmd->name, msg);
+  if (cli_json_errors) {
+    struct cli_json j;
+    cli_json_init(&j, stdout);
+    cli_json_obj(&j, NULL);
+    cli_json_str(&j, "error", msg);
+    cli_json_end(&j);
+    cli_json_finish(&j);
+  }
+}
+
 int cli_usage_error(const struct gpuipc_cmd *cmd, const char *fmt, ...)
 {
   va_list ap;
-  fprintf(stderr, "gpuipc %s: ", cmd->name);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  complain(cmd, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "\n\n%s", cmd->usage);
+  fprintf(stderr, "\n%s", cmd->usage);
   return CLI_EXIT_USAGE;
+}
+
+int cli_fail(const struct gpuipc_cmd *cmd, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  complain(cmd, fmt, ap);
+  va_end(ap);
+  return CLI_EXIT_FAIL;
+}
+
+/* Whether @cmd takes --json and argv[2..] ask for it. */
+static bool wants_json(const struct gpuipc_cmd *cmd, int argc, char **argv)
+{
+  if (strstr(cmd->usage, "--json") == NULL)
+    return false;
+  for (int i = 2; i < argc; i++)
+    if (strcmp(argv[i], "--json") == 0)
+      return true;
+  return false;
 }
 
 int main(int argc, char **argv)
@@ -91,6 +130,7 @@ int main(int argc, char **argv)
       fputs(cmd->usage, stdout);
       return CLI_EXIT_OK;
     }
+  cli_json_errors = wants_json(cmd, argc, argv);
   int rc = cmd->run(argc - 1, argv + 1);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     perror("gpuipc: writing the output");

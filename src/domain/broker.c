@@ -185,9 +185,17 @@ static void broker_shutdown(struct gpuipc__broker *b)
     if (ftruncate(b->lock_fd, 0) != 0)
       GPUIPC_LOG_W("broker %s: cannot empty %s: %s", b->name, b->paths.lock,
                    strerror(errno));
-    /* Unlink while still holding the lock: a new broker binds anew. */
+    /*
+     * Unlink both while still holding the lock: a new broker binds anew,
+     * and a clean end leaves no file that `gpuipc ls` would call stale.
+     * Whoever opened the lock file before it went away sees so once it
+     * takes the lock (gpuipc__flock_open) and opens it anew.
+     */
     if (unlink(b->paths.sock) != 0 && errno != ENOENT)
       GPUIPC_LOG_W("broker %s: unlink %s: %s", b->name, b->paths.sock,
+                   strerror(errno));
+    if (unlink(b->paths.lock) != 0 && errno != ENOENT)
+      GPUIPC_LOG_W("broker %s: unlink %s: %s", b->name, b->paths.lock,
                    strerror(errno));
     GPUIPC_LOG_I("broker %s: domain closed with %zu segments", b->name,
                  b->reg.count);

@@ -71,9 +71,9 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   if (rc != 0)
     return rc;
   /* The settings a member (and, after a failover, its broker) lives by. */
-  static const gpuipc__cfg_t used[] = {GPUIPC_CFG_TIMEOUT_MS,
-                                       GPUIPC_CFG_ALLOW_UIDS,
-                                       GPUIPC_CFG_ALLOW_GIDS};
+  static const gpuipc__cfg_t used[] = {
+      GPUIPC_CFG_TIMEOUT_MS, GPUIPC_CFG_ALLOW_UIDS, GPUIPC_CFG_ALLOW_GIDS,
+      GPUIPC_CFG_MAX_MEMBERS, GPUIPC_CFG_MAX_MEMBERS_PER_UID};
   for (size_t i = 0; i < GPUIPC__ARRAY_SIZE(used); i++)
     if ((rc = gpuipc__cfg_check(used[i])) != 0)
       return rc;
