@@ -1491,6 +1491,13 @@ GPUIPC_API int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
  * end's events; if the work was not over in time, its receive of such a
  * message (or wait for such a release) fails with GPUIPC_E_PEER_GONE
  * instead. A process that exits without closing gives no such promise.
+ * A channel does not survive fork(): in a child made by fork() (without
+ * exec), the channel it inherited is its parent's, and closing it frees
+ * only the child's copy (its memory and descriptors) and tells the peer
+ * nothing: the parent's end stays open and the peer sees no
+ * GPUIPC_E_PEER_GONE. The same holds for releasing a view the child
+ * inherited (gpuipc_tensor_release). Every other call on the inherited
+ * channel returns GPUIPC_E_CLOSED.
  * Returns 0, or -EINVAL for NULL.
  */
 GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
@@ -1533,7 +1540,8 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * send a millisecond or more after the last send that looked; what is
  * sent to a dead peer before that is lost, as it would be just before
  * the death); GPUIPC_E_PROTO (the peer broke the protocol; the channel is
- * unusable); GPUIPC_E_CUDA.
+ * unusable); GPUIPC_E_CUDA; GPUIPC_E_CLOSED (the channel was opened before
+ * this process was made by fork(): see gpuipc_channel_close).
  */
 GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                            void *stream, unsigned flags, uint64_t *ticket);
@@ -1547,7 +1555,8 @@ GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *
  * Returns 0 when free; -EAGAIN when @timeout_ms is 0 and it is not yet;
  * -ETIMEDOUT; -EINVAL (no such ticket yet, a timeout below
  * GPUIPC_TIMEOUT_DEFAULT); GPUIPC_E_PEER_GONE (the
- * receiver went away without releasing it); GPUIPC_E_PROTO; GPUIPC_E_CUDA.
+ * receiver went away without releasing it); GPUIPC_E_PROTO; GPUIPC_E_CUDA;
+ * GPUIPC_E_CLOSED (the parent's channel, after fork()).
  */
 GPUIPC_API int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
                                 int timeout_ms);
@@ -1577,14 +1586,16 @@ typedef void (*gpuipc_release_fn)(gpuipc_channel_t *ch, uint64_t ticket,
                                   void *user);
 
 /* gpuipc_channel_on_release - set (or clear, with NULL) the callback.
- * Returns 0, or -EINVAL for a NULL @ch. */
+ * Returns 0, -EINVAL for a NULL @ch, or GPUIPC_E_CLOSED (the parent's
+ * channel, after fork()). */
 GPUIPC_API int gpuipc_channel_on_release(gpuipc_channel_t *ch,
                                          gpuipc_release_fn fn, void *user);
 
 /*
  * gpuipc_channel_progress - take in the releases that have arrived and call
  * the callback for each, without waiting. Returns how many were taken in;
- * GPUIPC_E_PROTO; -EINVAL.
+ * GPUIPC_E_PROTO; -EINVAL; GPUIPC_E_CLOSED (the parent's channel, after
+ * fork()).
  */
 GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
 
@@ -1620,7 +1631,8 @@ GPUIPC_API int gpuipc_channel_progress(gpuipc_channel_t *ch);
  * nothing: the one descriptor serves both directions.
  * Until the first call an end costs its peer nothing; afterwards the peer
  * pays one atomic exchange and one write(2) per wake-up.
- * Returns the descriptor (>= 0); -EINVAL for NULL; -errno from epoll.
+ * Returns the descriptor (>= 0); -EINVAL for NULL; -errno from epoll;
+ * GPUIPC_E_CLOSED (the parent's channel, after fork()).
  */
 GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
 
@@ -1647,7 +1659,8 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  * GPUIPC_E_PEER_GONE (the peer is gone and everything it sent has been
  * received); GPUIPC_E_PROTO (the peer sent a malformed descriptor, with a
  * sentence naming the field; the channel is unusable afterwards);
- * what gpuipc_buf_import returns; GPUIPC_E_CUDA.
+ * what gpuipc_buf_import returns; GPUIPC_E_CUDA; GPUIPC_E_CLOSED (the
+ * parent's channel, after fork(): see gpuipc_channel_close).
  * A buffer new to this end comes over the channel's socket, queued there by
  * the sender before the descriptor that uses it: it is read without
  * waiting (@timeout_ms 0 never waits on the socket either). A
@@ -1687,7 +1700,9 @@ GPUIPC_API int gpuipc_channel_recv_into(gpuipc_channel_t *ch,
  *     default stream). Ignored for HOST.
  * The view is freed in every case. Returns 0; -EINVAL (NULL or not a
  * view); GPUIPC_E_PEER_GONE (the sender is gone: nothing to tell);
- * GPUIPC_E_CUDA.
+ * GPUIPC_E_CUDA. A view inherited through fork() is the parent's to give
+ * back: releasing it in the child frees the child's copy and tells the
+ * sender nothing (returns 0).
  */
 GPUIPC_API int gpuipc_tensor_release(gpuipc_tensor_t *view, void *stream);
 
@@ -1773,7 +1788,8 @@ typedef struct gpuipc_channel_info {
   uint64_t buffers_mapped;
 } gpuipc_channel_info_t;
 
-/* gpuipc_channel_info - counters of @ch. Returns 0 or -EINVAL. */
+/* gpuipc_channel_info - counters of @ch. Returns 0, -EINVAL, or
+ * GPUIPC_E_CLOSED (the parent's channel, after fork()). */
 GPUIPC_API int gpuipc_channel_info(gpuipc_channel_t *ch,
                                    gpuipc_channel_info_t *out);
 

@@ -15,7 +15,12 @@ from ._tensor import Tensor, describe
 
 class Channel(_Boxed):
     """A two-way, ordered pipe for tensors between two processes of a domain
-    (``gpuipc_channel_open``). A context manager that closes it."""
+    (``gpuipc_channel_open``). A context manager that closes it.
+
+    A channel does not survive ``os.fork()``: in the child, closing it or
+    letting it go (and its received tensors) frees the child's copy and
+    tells the peer nothing, so the parent's channel goes on; any other use
+    raises Closed."""
 
     _closed = "the channel is closed"
 

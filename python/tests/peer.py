@@ -1,6 +1,7 @@
 """The other processes of the Python tests: `peer.py ROLE DOMAIN [ARG]`.
 Each prints JSON lines on stdout that the test reads; the data are made by
 pattern() from a seed, so both sides (and the test) know every byte."""
+import gc
 import hashlib
 import json
 import os
@@ -342,6 +343,64 @@ def blocked_sender(dom, arg):
             say(unexpected="sent")
         except gpuipc.PeerGone as e:
             say(peer_gone=e.name)
+
+
+# What fork_close and fork_echo exchange: message i is pattern(FORK_SEED + i).
+FORK_MESSAGES, FORK_SEED = 4, 40
+HELD = []  # what a fork_close child keeps until interpreter shutdown
+
+
+def fork_close(dom, arg):
+    """Exchange message 0 with fork_echo, then os.fork(): the child finds
+    that it cannot send on its copy of the channel, lets go of it and exits
+    with sys.exit(0) -- "drop": it drops its references (channel and view)
+    and collects; "hold": it keeps them, so that interpreter shutdown
+    finalises them. Then the parent exchanges the other messages."""
+    d = gpuipc.Domain(dom)
+    ch = d.channel("f", timeout=30)
+    got = []
+    ch.send(pattern(FORK_SEED, (256,), "int32"))
+    v = ch.recv(timeout=30)  # the echo of message 0, held across the fork
+    got.append(digest(np.asarray(v)))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ch.send(pattern(FORK_SEED, (256,), "int32"))
+            sys.exit(3)  # the parent's channel must refuse
+        except gpuipc.Closed:
+            pass
+        if arg == "drop":
+            del v, ch
+            gc.collect()
+        else:
+            HELD.extend([d, ch, v])
+        sys.exit(0)
+    child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    v.release()
+    for i in range(1, FORK_MESSAGES):
+        ch.send(pattern(FORK_SEED + i, (256,), "int32"))
+        with ch.recv(timeout=30) as v:
+            got.append(digest(np.asarray(v)))
+    info = ch.info()
+    ch.close()
+    d.leave()
+    say(child=child, got=got, peer_gone=info["peer_gone"],
+        received=info["received"])
+
+
+def fork_echo(dom, arg):
+    """Send back every message of fork_close as the view it came in; say
+    what came, and how the channel failed if it did."""
+    with gpuipc.Domain(dom) as d, d.channel("f", timeout=30) as ch:
+        got = []
+        try:
+            for _ in range(FORK_MESSAGES):
+                with ch.recv(timeout=30) as v:
+                    got.append(digest(np.asarray(v)))
+                    ch.send(v)
+            say(got=got)
+        except gpuipc.Error as e:
+            say(got=got, error=e.name, detail=e.detail)
 
 
 ASYNC_CHANNELS, ASYNC_MESSAGES = 3, 20

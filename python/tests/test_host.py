@@ -196,6 +196,21 @@ def test_receiver_killed_blocked_sender_gets_peer_gone(env, procs):
     assert tx.finish(timeout=30)[-1] == {"peer_gone": "GPUIPC_E_PEER_GONE"}
 
 
+@pytest.mark.parametrize("how", ["drop", "hold"])
+def test_fork_child_leaves_the_parents_channel_alone(env, procs, how):
+    """A child made by os.fork() that lets go of the channel it inherited
+    (and of a view it inherited) and exits with sys.exit(0) -- its
+    references dropped, or finalised at interpreter shutdown -- tells the
+    peer nothing: the parent goes on exchanging messages with it."""
+    echo = start(procs, env, "fork_echo", "d")
+    fork = start(procs, env, "fork_close", "d", how)
+    want = [peer.digest(peer.pattern(peer.FORK_SEED + i, (256,), "int32"))
+            for i in range(peer.FORK_MESSAGES)]
+    assert fork.finish()[-1] == {"child": 0, "got": want, "peer_gone": False,
+                                 "received": peer.FORK_MESSAGES}
+    assert echo.finish()[-1] == {"got": want}
+
+
 def test_asyncio_recv(env, procs):
     rx = start(procs, env, "async_recv", "d")
     tx = start(procs, env, "async_send", "d")

@@ -323,6 +323,7 @@ struct gpuipc_channel {
   uint8_t *base;
   int sock;
   pid_t peer_pid;
+  uint64_t fork_gen; /* gpuipc__fork_gen() at open: whose channel it is */
   int device;        /* receiving device, -1: each tensor's own */
   int send_timeout_ms; /* resolved: ms, or -1 for forever */
   int dom_timeout_ms;  /* the domain's, for GPUIPC_TIMEOUT_DEFAULT */
@@ -461,6 +462,19 @@ int gpuipc__chan_rendezvous(struct gpuipc_channel *ch, gpuipc_domain_t *dom,
                             const char *segname,
                             const struct gpuipc__chan_cfg *c,
                             uint64_t deadline);
+
+/*
+ * Whether @ch was opened before this process was made by fork() (without
+ * exec): the parent's channel, counted as the domain counts its own
+ * (gpuipc__fork_gen, src/domain/fork.c). The child's copy is inert: its
+ * close frees the child's memory and descriptors only, a view's release
+ * publishes nothing, and every other call fails (gpuipc__chan_stale_err),
+ * so that nothing the parent shares with its peer (header words, rings,
+ * eventfds, socket) is touched. Its socket was closed at fork() (fork.c).
+ */
+bool gpuipc__chan_stale(const struct gpuipc_channel *ch);
+/* GPUIPC_E_CLOSED with a sentence naming @who: @ch is the parent's. */
+int gpuipc__chan_stale_err(const struct gpuipc_channel *ch, const char *who);
 
 /* Call the test hook (gpuipc__chan_test_hook), if any. */
 void gpuipc__chan_hook(const char *name, int where);

@@ -150,6 +150,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   atomic_init(&ch->refs, 1);
   snprintf(ch->name, sizeof(ch->name), "%s", name);
   ch->sock = -1;
+  ch->fork_gen = gpuipc__fork_gen();
   rc = gpuipc__chan_poll_init(ch);
   if (rc != 0)
     goto free_ch;
@@ -235,10 +236,48 @@ free_ch:
 /* Closing, information, test hooks                                         */
 /* ------------------------------------------------------------------------ */
 
+bool gpuipc__chan_stale(const struct gpuipc_channel *ch)
+{
+  return ch->fork_gen != gpuipc__fork_gen();
+}
+
+int gpuipc__chan_stale_err(const struct gpuipc_channel *ch, const char *who)
+{
+  return gpuipc__err(GPUIPC_E_CLOSED, "%s: channel %s was opened by the "
+                     "parent of this process (before fork()); only "
+                     "gpuipc_channel_close and gpuipc_tensor_release are "
+                     "left to do on it", who, ch->name);
+}
+
+/*
+ * gpuipc_channel_close in a child made by fork(), of its parent's channel:
+ * free this process's memory and descriptors, tell the peer nothing. The
+ * locks may have been held at fork() by threads of the parent; no thread
+ * of this process holds them (every other call on @ch fails before it
+ * takes one). The socket was closed at fork() (src/domain/fork.c); its
+ * number may be another descriptor's now.
+ */
+static void close_stale(struct gpuipc_channel *ch)
+{
+  pthread_mutex_init(&ch->tx.lock, NULL);
+  pthread_mutex_init(&ch->rx.lock, NULL);
+  pthread_mutex_init(&ch->rx.rel_lock, NULL);
+  atomic_store(&ch->closing, 1); /* a view released later tells nobody */
+  ch->sock = -1;
+  gpuipc__chan_poll_close(ch); /* our copies of the eventfds */
+  gpuipc__chan_tx_close(ch);
+  gpuipc__chan_rx_close(ch);
+  gpuipc__chan_unref(ch);
+}
+
 int gpuipc_channel_close(gpuipc_channel_t *ch)
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_close: NULL channel");
+  if (gpuipc__chan_stale(ch)) {
+    close_stale(ch);
+    return 0;
+  }
   pthread_mutex_lock(&ch->rx.rel_lock);
   atomic_store(&ch->closing, 1);
   pthread_mutex_unlock(&ch->rx.rel_lock);
@@ -265,6 +304,8 @@ int gpuipc_channel_info(gpuipc_channel_t *ch, gpuipc_channel_info_t *out)
   if (ch == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_info: NULL %s",
                        ch == NULL ? "channel" : "out");
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_info");
   gpuipc_channel_info_t i;
   memset(&i, 0, sizeof(i));
   i.size = out->size;

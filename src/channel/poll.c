@@ -156,6 +156,8 @@ int gpuipc_channel_fd(gpuipc_channel_t *ch)
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_fd: NULL channel");
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_fd");
   int fd = atomic_load(&ch->pollfd);
   if (fd >= 0)
     return fd;

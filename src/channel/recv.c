@@ -212,6 +212,8 @@ static int rx_ready(struct gpuipc_channel *ch, int dev, void *stream)
  */
 static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
 {
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, who);
   uint64_t deadline;
   int rc = gpuipc__chan_deadline(ch, who, timeout_ms, &deadline);
   if (rc != 0)
@@ -523,9 +525,15 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
     return gpuipc__err(-EINVAL, "gpuipc_tensor_release: not a received "
                        "view");
   struct gpuipc_channel *ch = v->ch;
-  int rc = rx_release(
-      ch, v->seq, v->device >= 0 ? gpuipc__stream_dev(stream, v->device) : -1,
-      stream, false, false);
+  int rc = 0;
+  /* A view of the parent's (after fork()): its release is the parent's to
+   * publish; the channel's locks may be held by threads this process
+   * lacks. */
+  if (!gpuipc__chan_stale(ch))
+    rc = rx_release(ch, v->seq,
+                    v->device >= 0 ? gpuipc__stream_dev(stream, v->device)
+                                   : -1,
+                    stream, false, false);
   gpuipc_buf_release(v->t.buf);
   v->magic = 0;
   free(v);

@@ -512,6 +512,8 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                        ch == NULL ? "channel" : "tensor");
   if (flags & ~GPUIPC_SEND_NONBLOCK)
     return gpuipc__err(-EINVAL, "gpuipc_channel_send: flags 0x%x", flags);
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_send");
   struct gpuipc__desc d;
   memset(&d, 0, sizeof(d));
   uint64_t span = 0;
@@ -673,6 +675,8 @@ int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_send_done: NULL channel");
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_send_done");
   pthread_mutex_lock(&ch->tx.lock);
   int rc = ticket_wait(ch, "gpuipc_channel_send_done", ticket, timeout_ms,
                        ticket_free, true, "free");
@@ -719,6 +723,8 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_send_wait: NULL channel");
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_send_wait");
   struct gpuipc__tx *tx = &ch->tx;
   pthread_mutex_lock(&tx->lock);
   int rc = ticket_wait(ch, "gpuipc_channel_send_wait", ticket, timeout_ms,
@@ -757,6 +763,8 @@ int gpuipc_channel_on_release(gpuipc_channel_t *ch, gpuipc_release_fn fn,
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_on_release: NULL channel");
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_on_release");
   pthread_mutex_lock(&ch->tx.lock);
   ch->tx.cb = fn;
   ch->tx.cb_user = user;
@@ -768,6 +776,8 @@ int gpuipc_channel_progress(gpuipc_channel_t *ch)
 {
   if (ch == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_channel_progress: NULL channel");
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, "gpuipc_channel_progress");
   pthread_mutex_lock(&ch->tx.lock);
   int rc = tx_progress(ch);
   if (rc == 0)
