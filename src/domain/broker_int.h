@@ -253,11 +253,23 @@ void gpuipc__bk_journal_load(struct gpuipc__broker *b);
 int gpuipc__bk_publish_check(const struct gpuipc__conn *c,
                              const struct gpuipc__seg_wire *w, int fd,
                              char *why, size_t cap);
-/* Whether @c may re-publish @w; if not, @c is doomed (and it is said). */
-bool gpuipc__bk_republish_allowed(struct gpuipc__broker *b,
-                                  struct gpuipc__conn *c,
-                                  const struct gpuipc__seg_wire *w, int fd,
-                                  bool keeper);
+/*
+ * 0, or the code with which @c's REPUBLISH of @w (with descriptor @fd, as
+ * its creator's keeper if @keeper) is refused, and the reason in @why.
+ */
+int gpuipc__bk_republish_check(const struct gpuipc__conn *c,
+                               const struct gpuipc__seg_wire *w, int fd,
+                               bool keeper, char *why, size_t cap);
+/*
+ * Whether @w names the memory that record @rec (which has a handle) does;
+ * if not, what differs is in @why.
+ */
+bool gpuipc__bk_same_memory(const struct gpuipc__seg_wire *rec,
+                            const struct gpuipc__seg_wire *w, char *why,
+                            size_t cap);
+/* Whether @w's memory lives in its creator's process alone (LEGACY, fabric,
+ * POOL; or as its flags say). */
+bool gpuipc__bk_held_by_creator(const struct gpuipc__seg_wire *w);
 /* Whether @c's process exported the handle in @w. */
 bool gpuipc__bk_is_exporter(const struct gpuipc__conn *c,
                             const struct gpuipc__seg_wire *w);

@@ -65,7 +65,9 @@
  * asks first (DISOWN: OK, nobody else holds it; -EBUSY, keep it until the
  * process exits); a keeper whose connection ends took the memory along: a
  * published segment reads as lost. Keepers re-publish with the KEEPER flag
- * after a broker change. See docs/segment-lifetime.md.
+ * after a broker change. A re-publication never changes a segment whose
+ * memory the broker knows: it must name that memory, and only its exporter
+ * may keep it (broker_req.c). See docs/segment-lifetime.md.
  */
 #ifndef GPUIPC_DOMAIN_H
 #define GPUIPC_DOMAIN_H
