@@ -33,7 +33,9 @@
  * How the domain outlives its broker:
  *  - Clean leave (gpuipc_domain_leave of the hosting member, `serve`
  *    stopped): the broker offers the domain (HANDOFF_OFFER) to the oldest
- *    member of another process that may host; one that does not answer
+ *    member of another process that may host and has the broker's uid
+ *    (never to one that GPUIPC_ALLOW_UIDS / _GIDS let in: with none of
+ *    its own uid left, the domain ends); one that does not answer
  *    HANDOFF_ACCEPT within a second (it does not read: stopped, stuck) is
  *    passed over for the next. To the one that accepts it sends
  *    HANDOFF_BEGIN with the lock and listener descriptors themselves (the
