@@ -190,6 +190,35 @@ static bool same_export(const gpuipc_handle_t *a, const gpuipc_handle_t *b)
          memcmp(a->device_uuid, b->device_uuid, sizeof(a->device_uuid)) == 0;
 }
 
+static uint64_t fnv(uint64_t x, const void *p, size_t n)
+{
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    x = (x ^ b[i]) * 0x100000001b3ull;
+  return x;
+}
+
+/*
+ * What memory @w's handle names, as 64 bits that the journal keeps (never
+ * 0; 0: @w has no handle): what same_export compares, and the bytes where
+ * they are the memory (LEGACY, fabric).
+ */
+uint64_t gpuipc__bk_mem_id(const struct gpuipc__seg_wire *w)
+{
+  gpuipc_handle_t h;
+  if (!w->has_handle ||
+      gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h) != 0)
+    return 0;
+  uint64_t v[] = {(uint64_t)h.kind, (uint64_t)h.type, h.export_id, h.pid,
+                  h.pidns, h.nonce, h.size, h.offset, h.alloc_size};
+  uint64_t x = fnv(0xcbf29ce484222325ull, v, sizeof(v));
+  x = fnv(x, h.boot_id, sizeof(h.boot_id));
+  x = fnv(x, h.device_uuid, sizeof(h.device_uuid));
+  if (!gpuipc__htype_has_fd(h.type))
+    x = fnv(x, h.bytes, sizeof(h.bytes));
+  return x != 0 ? x : 1;
+}
+
 /*
  * Whether @w names the memory that record @rec (which has a handle) does:
  * the same export of the same process, with the same bytes where the

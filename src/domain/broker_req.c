@@ -465,9 +465,10 @@ static void republish_filling(struct gpuipc__broker *b,
  * keeps its memory: a member re-publishing it counts its holds (and its
  * creator takes up keeping it), one whose record names other memory is
  * refused. A record without memory (lost) takes it from the member that
- * brings it: memory its creator holds only from the creator, or from any
- * survivor while the broker recovers (end_recovery then checks that the
- * creator came back too). May free @s.
+ * brings it -- the memory the journal says it had, if it says -- memory its
+ * creator holds only from the creator, or from any survivor while the
+ * broker recovers (end_recovery then checks that the creator came back
+ * too). May free @s.
  */
 static void republish_known(struct gpuipc__broker *b, struct gpuipc__conn *c,
                             const struct gpuipc__msg *m,
@@ -501,6 +502,12 @@ static void republish_known(struct gpuipc__broker *b, struct gpuipc__conn *c,
     return;
   }
   if (!has_memory) {
+    if (s->mem_id != 0 && gpuipc__bk_mem_id(w) != s->mem_id) {
+      refuse_republish(b, c, m, GPUIPC_E_DENIED, false,
+                       "other memory: not the memory the last broker's "
+                       "journal says it had");
+      return;
+    }
     if (!keeper && !gpuipc__bk_recovering(b) &&
         gpuipc__bk_held_by_creator(w)) {
       refuse_republish(b, c, m, GPUIPC_E_DENIED, false,

@@ -161,6 +161,9 @@ struct gpuipc__seg {
   struct gpuipc__conn *keeper;
   struct gpuipc__holder *holders;
   uint32_t nholders, capholders;
+  /* A tombstone replayed from the journal: the memory the segment had
+   * (the broker's gpuipc__bk_mem_id), 0 when the journal did not say. */
+  uint64_t mem_id;
 };
 
 struct gpuipc__registry {
