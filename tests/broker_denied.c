@@ -277,7 +277,8 @@ static void handoff_other_uid(void)
   memfds = memfds_of(nb.pid);
   PEER_OK(&host, "leave");
   peer_finish(&host);
-  peer_info(&nb, &ni);
+  peer_info(&nb, &ni); /* its own domain, in nobody_dir */
+  ASSERT_EQ(ni.hosts, 1);
   ASSERT_EQ(ni.segments, 0);
   ASSERT_EQ(memfds_of(nb.pid), memfds);
   PEER_EXPECT(&nb, "err ENOENT", "open pub 0 -");
