@@ -902,7 +902,9 @@ GPUIPC_API int gpuipc_peer_enable(int src, int dst);
  * be root's or ours and writable by nobody else, unless sticky like /tmp).
  * Only processes of the broker's uid may join, unless GPUIPC_ALLOW_UIDS /
  * GPUIPC_ALLOW_GIDS (read by the process hosting the broker) widen the
- * circle.
+ * circle. A member let in that way never hosts the domain (a hand-over goes
+ * only to a member of the broker's uid); it reaches the domain through a
+ * link to its socket in its own runtime directory (README.md says how).
  *
  * Names of domains and segments: 1 to GPUIPC_NAME_MAX characters from
  * A-Z a-z 0-9 . _ -, not starting with '.'.

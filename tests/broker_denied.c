@@ -15,12 +15,15 @@
  * that way (by a broker of an older gpuipc) still reads the refusal queued
  * before the reset.
  *
+ * A member that GPUIPC_ALLOW_UIDS lets in never takes the domain over.
+ *
  * Needs root to change uid (the first check does not); exits 77 otherwise.
  */
 #include "test.h"
 #include "helpers/raw_proto.h"
 #include "helpers/seg_peer.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -187,6 +190,109 @@ static void start_host(struct peer *p, const char *dom, const char *var,
   expose(dom);
 }
 
+/* How many of process @pid's descriptors are memfds (HOST memory). */
+static int memfds_of(pid_t pid)
+{
+  char dir[64];
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    TFAIL("opendir %s: %s", dir, strerror(errno));
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char path[320], target[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    ssize_t len = readlink(path, target, sizeof(target) - 1);
+    if (len <= 0)
+      continue;
+    target[len] = '\0';
+    n += strncmp(target, "/memfd:", 7) == 0;
+  }
+  closedir(d);
+  return n;
+}
+
+/* A root member of domain @dom that GPUIPC_ALLOW_UIDS lets NOBODY into. */
+static void start_mate(struct peer *p, const char *dom)
+{
+  peer_start(p);
+  PEER_OK(p, "setenv GPUIPC_DIR %s", root_dir);
+  PEER_OK(p, "setenv GPUIPC_ALLOW_UIDS %d", NOBODY);
+  PEER_OK(p, "join %s", dom);
+}
+
+/*
+ * 5. A hand-over never goes to another uid. The host's broker lets uid
+ * NOBODY in; NOBODY's member, which may host and is the oldest, is
+ * connected when the host leaves. The domain goes to the root member that
+ * joined after it; NOBODY's member hosts nothing and got no segment's
+ * descriptor, and both go on using the domain. With no root member left
+ * the domain ends as if no member were: NOBODY's member gets nothing of
+ * it (it hosts a domain of its own, in its own directory).
+ */
+static void handoff_other_uid(void)
+{
+  char allow[16];
+  snprintf(allow, sizeof(allow), "%d", NOBODY);
+  struct peer host, nb, mate;
+  start_host(&host, "hand", "GPUIPC_ALLOW_UIDS", allow);
+  start_nobody(&nb);
+  PEER_OK(&nb, "join hand");
+  int memfds = memfds_of(nb.pid);
+  start_mate(&mate, "hand");
+  PEER_OK(&mate, "open pub 4096 -");
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+  /* Each one's next request goes to the broker it reconnected to. */
+  struct peer_info ni, mi;
+  peer_info(&nb, &ni);
+  if (ni.hosts || ni.broker_pid == nb.pid)
+    TFAIL("uid %d's member (pid %d) took the domain over", NOBODY,
+          (int)nb.pid);
+  if (memfds_of(nb.pid) != memfds)
+    TFAIL("uid %d's member (pid %d) holds %d memfds, %d before the "
+          "hand-over", NOBODY, (int)nb.pid, memfds_of(nb.pid), memfds);
+  peer_info(&mate, &mi);
+  ASSERT_EQ(mi.hosts, 1);
+  ASSERT_EQ(ni.broker_pid, (int)mate.pid);
+  ASSERT_EQ(mi.segments, 1);
+  PEER_OK(&mate, "check pub 9");
+  struct peer late;
+  start_mate(&late, "hand");
+  PEER_OK(&late, "open pub 4096 -");
+  PEER_OK(&late, "check pub 9");
+  PEER_OK(&late, "leave");
+  peer_finish(&late);
+  PEER_OK(&nb, "open pub 4096 -");
+  PEER_OK(&nb, "check pub 9");
+  PEER_OK(&nb, "leave");
+  peer_finish(&nb);
+  PEER_OK(&mate, "leave");
+  peer_finish(&mate);
+
+  start_host(&host, "alone", "GPUIPC_ALLOW_UIDS", allow);
+  start_nobody(&nb);
+  PEER_OK(&nb, "join alone");
+  memfds = memfds_of(nb.pid);
+  PEER_OK(&host, "leave");
+  peer_finish(&host);
+  peer_info(&nb, &ni); /* its own domain, in nobody_dir */
+  ASSERT_EQ(ni.hosts, 1);
+  ASSERT_EQ(ni.segments, 0);
+  ASSERT_EQ(memfds_of(nb.pid), memfds);
+  PEER_EXPECT(&nb, "err ENOENT", "open pub 0 -");
+  start_mate(&mate, "alone");
+  peer_info(&mate, &mi);
+  ASSERT_EQ(mi.hosts, 1);
+  ASSERT_EQ(mi.members, 1);
+  ASSERT_EQ(mi.segments, 0);
+  PEER_OK(&mate, "leave");
+  peer_finish(&mate);
+  PEER_OK(&nb, "leave");
+  peer_finish(&nb);
+}
+
 static void remove_root_dir(void)
 {
   char cmd[200];
@@ -267,6 +373,7 @@ int main(void)
   peer_finish(&host);
 
   refusal_after_hello();
+  handoff_other_uid();
 
   ASSERT_OK(gpuipc_buf_release(b));
   ASSERT_OK(gpuipc_domain_leave(dom));

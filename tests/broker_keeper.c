@@ -26,7 +26,7 @@ static void stat_of(const char *name, gpuipc_segment_info_t *s)
 static int thief(const char *name, struct gpuipc__seg_wire *w, int *seg_fd)
 {
   int fd = raw_connect("kp");
-  raw_hello(fd);
+  raw_hello_rejoin(fd); /* as a member back from a broker change */
   struct gpuipc__msg m;
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_OPEN;

@@ -145,26 +145,118 @@ int gpuipc__bk_publish_check(const struct gpuipc__conn *c,
 }
 
 /*
+ * Whether @w's memory lives in its creator's process alone: LEGACY and
+ * fabric memory and POOL allocations are, whatever a sender's flags say.
+ */
+bool gpuipc__bk_held_by_creator(const struct gpuipc__seg_wire *w)
+{
+  if (w->flags & GPUIPC__SEGF_CREATOR_HELD)
+    return true;
+  return w->has_handle &&
+         (!gpuipc__htype_has_fd(w->htype) || w->htype == GPUIPC_HT_POOL);
+}
+
+/*
  * A re-publication brings what its sender holds: a descriptor that can be
  * the memory, and the keeper's part only from the process whose memory it
- * is. Anything else disconnects the sender (REPUBLISH has no reply).
+ * is. 0, or the code it is refused with and the reason in @why.
  */
-bool gpuipc__bk_republish_allowed(struct gpuipc__broker *b,
-                                  struct gpuipc__conn *c,
-                                  const struct gpuipc__seg_wire *w, int fd,
-                                  bool keeper)
+int gpuipc__bk_republish_check(const struct gpuipc__conn *c,
+                               const struct gpuipc__seg_wire *w, int fd,
+                               bool keeper, char *why, size_t cap)
 {
-  char why[GPUIPC__TEXT_MAX + 1];
-  if (check_seg_fd(w, fd) != 0)
-    snprintf(why, sizeof(why), "%s", gpuipc_last_error());
-  else if (keeper && !gpuipc__bk_is_exporter(c, w))
-    snprintf(why, sizeof(why), "it claims to keep memory that pid %u "
-             "exported", gpuipc__bk_exporter_pid(w));
-  else
-    return true;
-  GPUIPC_LOG_W("broker %s: pid %d re-published segment %s (id %llu): %s; "
-               "disconnecting it", b->name, (int)c->cred.pid, w->name,
-               (unsigned long long)w->id, why);
-  c->doomed = true;
-  return false;
+  int rc = check_seg_fd(w, fd);
+  if (rc != 0) {
+    snprintf(why, cap, "%s", gpuipc_last_error());
+    return rc;
+  }
+  if (keeper && !gpuipc__bk_is_exporter(c, w)) {
+    snprintf(why, cap, "it claims to keep memory that pid %u exported",
+             gpuipc__bk_exporter_pid(w));
+    return GPUIPC_E_DENIED;
+  }
+  return 0;
+}
+
+/* Whether handles @a and @b name one export of one process. */
+static bool same_export(const gpuipc_handle_t *a, const gpuipc_handle_t *b)
+{
+  return a->kind == b->kind && a->type == b->type &&
+         a->export_id == b->export_id && a->pid == b->pid &&
+         a->pidns == b->pidns && a->nonce == b->nonce &&
+         memcmp(a->boot_id, b->boot_id, sizeof(a->boot_id)) == 0 &&
+         a->size == b->size && a->offset == b->offset &&
+         a->alloc_size == b->alloc_size &&
+         memcmp(a->device_uuid, b->device_uuid, sizeof(a->device_uuid)) == 0;
+}
+
+static uint64_t fnv(uint64_t x, const void *p, size_t n)
+{
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    x = (x ^ b[i]) * 0x100000001b3ull;
+  return x;
+}
+
+/*
+ * What memory @w's handle names, as 64 bits that the journal keeps (never
+ * 0; 0: @w has no handle): what same_export compares, and the bytes where
+ * they are the memory (LEGACY, fabric).
+ */
+uint64_t gpuipc__bk_mem_id(const struct gpuipc__seg_wire *w)
+{
+  gpuipc_handle_t h;
+  if (!w->has_handle ||
+      gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h) != 0)
+    return 0;
+  uint64_t v[] = {(uint64_t)h.kind, (uint64_t)h.type, h.export_id, h.pid,
+                  h.pidns, h.nonce, h.size, h.offset, h.alloc_size};
+  uint64_t x = fnv(0xcbf29ce484222325ull, v, sizeof(v));
+  x = fnv(x, h.boot_id, sizeof(h.boot_id));
+  x = fnv(x, h.device_uuid, sizeof(h.device_uuid));
+  if (!gpuipc__htype_has_fd(h.type))
+    x = fnv(x, h.bytes, sizeof(h.bytes));
+  return x != 0 ? x : 1;
+}
+
+/*
+ * Whether @w names the memory that record @rec (which has a handle) does:
+ * the same export of the same process, with the same bytes where the
+ * handle's bytes are the memory (LEGACY, fabric), and the same flags. If
+ * not, what differs is in @why.
+ */
+bool gpuipc__bk_same_memory(const struct gpuipc__seg_wire *rec,
+                            const struct gpuipc__seg_wire *w, char *why,
+                            size_t cap)
+{
+  gpuipc_handle_t a, h;
+  if (!w->has_handle ||
+      gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h) != 0) {
+    snprintf(why, cap, "other memory: no handle");
+    return false;
+  }
+  if (gpuipc_handle_unpack(rec->handle, sizeof(rec->handle), &a) != 0) {
+    snprintf(why, cap, "other memory: the segment's own handle does not "
+             "unpack (%s)", gpuipc_last_error());
+    return false;
+  }
+  if (!same_export(&a, &h)) {
+    snprintf(why, cap, "other memory: export %llu of pid %u, not the "
+             "segment's export %llu of pid %u",
+             (unsigned long long)h.export_id, h.pid,
+             (unsigned long long)a.export_id, a.pid);
+    return false;
+  }
+  if (!gpuipc__htype_has_fd(h.type) &&
+      memcmp(a.bytes, h.bytes, sizeof(a.bytes)) != 0) {
+    snprintf(why, cap, "other memory: export %llu of pid %u with other "
+             "handle bytes", (unsigned long long)h.export_id, h.pid);
+    return false;
+  }
+  if (rec->flags != w->flags) {
+    snprintf(why, cap, "other memory: segment flags 0x%x, not 0x%x",
+             w->flags, rec->flags);
+    return false;
+  }
+  return true;
 }

@@ -14,13 +14,14 @@
  *   broker_park.c     the index of parked requests (by name, by connection)
  *   broker_journal.c  the one place a segment changes state, and the
  *                     journal of names that each change is recorded in
- *   broker_check.c    what a member may publish: descriptors and exporters
+ *   broker_check.c    what a member may publish: descriptors, exporters,
+ *                     which memory a record names
  *   handoff.c         the hand-over of a domain, both halves
  *
  * Dependencies go one way: broker.c may call any of the others, and
  * none calls it; broker_conn.c calls broker_req.c, which calls broker_seg.c and
- * broker_check.c; broker_seg.c calls broker_park.c and broker_journal.c;
- * any of them may send (broker_send.c) and use the registry (registry.c).
+ * broker_check.c; broker_seg.c calls broker_park.c and broker_journal.c,
+ * which asks broker_check.c what memory a record names; any of them may send (broker_send.c) and use the registry (registry.c).
  * A member starts a broker (client.c) and feeds the hand-over it receives
  * to handoff.c; nothing here calls back into the member, but for the
  * domain's paths and gpuipc__proto_send, both in client.c for now. The
@@ -253,11 +254,28 @@ void gpuipc__bk_journal_load(struct gpuipc__broker *b);
 int gpuipc__bk_publish_check(const struct gpuipc__conn *c,
                              const struct gpuipc__seg_wire *w, int fd,
                              char *why, size_t cap);
-/* Whether @c may re-publish @w; if not, @c is doomed (and it is said). */
-bool gpuipc__bk_republish_allowed(struct gpuipc__broker *b,
-                                  struct gpuipc__conn *c,
-                                  const struct gpuipc__seg_wire *w, int fd,
-                                  bool keeper);
+/*
+ * 0, or the code with which @c's REPUBLISH of @w (with descriptor @fd, as
+ * its creator's keeper if @keeper) is refused, and the reason in @why.
+ */
+int gpuipc__bk_republish_check(const struct gpuipc__conn *c,
+                               const struct gpuipc__seg_wire *w, int fd,
+                               bool keeper, char *why, size_t cap);
+/*
+ * Whether @w names the memory that record @rec (which has a handle) does;
+ * if not, what differs is in @why.
+ */
+bool gpuipc__bk_same_memory(const struct gpuipc__seg_wire *rec,
+                            const struct gpuipc__seg_wire *w, char *why,
+                            size_t cap);
+/*
+ * What memory @w's handle names, as 64 bits that the journal keeps for a
+ * broker elected after a crash (never 0; 0: @w has no handle).
+ */
+uint64_t gpuipc__bk_mem_id(const struct gpuipc__seg_wire *w);
+/* Whether @w's memory lives in its creator's process alone (LEGACY, fabric,
+ * POOL; or as its flags say). */
+bool gpuipc__bk_held_by_creator(const struct gpuipc__seg_wire *w);
 /* Whether @c's process exported the handle in @w. */
 bool gpuipc__bk_is_exporter(const struct gpuipc__conn *c,
                             const struct gpuipc__seg_wire *w);

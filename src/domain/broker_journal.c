@@ -28,10 +28,13 @@ static bool journaled(bool named, uint8_t state)
 
 /*
  * The broker keeps, in the domain's lock file, a journal of the names it
- * publishes and removes: "P id size kind name" (published), "L id size kind
- * name" (lost), "F id size kind name" (being filled: after a crash the
- * name is free unless its creator re-publishes it), "U id" (the name
- * went). Every broker holds that file (its
+ * publishes and removes: "P id size kind name mem" (published), "L id size
+ * kind name [mem]" (lost), "F id size kind name mem" (being filled: after a
+ * crash the name is free unless its creator re-publishes it), "U id" (the
+ * name went). mem, in hexadecimal, says which memory the segment had
+ * (gpuipc__bk_mem_id): a survivor re-publishing it must bring that memory
+ * back, no other (journals of earlier versions lack it: then any memory
+ * of the name's kind and size is taken). Every broker holds that file (its
  * descriptor is the lock, and moves with a hand-over), so a broker elected
  * after a crash reads which names the dead one had: those that no survivor
  * re-publishes are reported lost. A domain that ends cleanly empties it.
@@ -57,13 +60,18 @@ static void journal_write(struct gpuipc__broker *b, const char *rec, int len)
 
 static void journal_rec(struct gpuipc__broker *b, const struct gpuipc__seg *s)
 {
-  char rec[128];
-  int len = snprintf(rec, sizeof(rec), "%c %llu %llu %u %s\n",
+  char rec[160];
+  uint64_t mem = s->w.state == GPUIPC__SEG_LOST ? s->mem_id
+                                                : gpuipc__bk_mem_id(&s->w);
+  int len = snprintf(rec, sizeof(rec), "%c %llu %llu %u %s",
                      s->w.state == GPUIPC__SEG_LOST      ? 'L'
                      : s->w.state == GPUIPC__SEG_FILLING ? 'F'
                                                          : 'P',
                      (unsigned long long)s->w.id,
                      (unsigned long long)s->w.size, s->w.kind, s->w.name);
+  if (len > 0 && (size_t)len < sizeof(rec))
+    len += snprintf(rec + len, sizeof(rec) - (size_t)len,
+                    mem != 0 ? " %llx\n" : "\n", (unsigned long long)mem);
   journal_write(b, rec, len);
 }
 
@@ -112,6 +120,7 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
 {
   char op;
   unsigned long long id, size = 0;
+  unsigned long long mem = 0;
   unsigned kind = 0;
   char name[GPUIPC__NAME_MAX + 2];
   struct gpuipc__seg *s;
@@ -124,7 +133,8 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
     return;
   }
   if (id > GPUIPC__ID_MAX || (op != 'P' && op != 'L' && op != 'F') ||
-      sscanf(line, "%c %llu %llu %u %64s", &op, &id, &size, &kind, name) != 5 ||
+      sscanf(line, "%c %llu %llu %u %64s %llx", &op, &id, &size, &kind, name,
+             &mem) < 5 ||
       size == 0 || size > GPUIPC_SIZE_MAX_ABSURD || kind < GPUIPC_KIND_HOST ||
       kind > GPUIPC_KIND_POOL || gpuipc__name_check(name, "journal name") != 0)
     return;
@@ -139,6 +149,7 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
     return;
   s->w.size = size;
   s->w.kind = (uint8_t)kind;
+  s->mem_id = mem;
   gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_LOST);
 }
 

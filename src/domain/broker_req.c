@@ -10,6 +10,7 @@
 #include "domain/broker_int.h"
 #include "os/os.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -398,89 +399,165 @@ static void republish_take(struct gpuipc__broker *b, struct gpuipc__conn *c,
 }
 
 /*
+ * Refuse @c's REPUBLISH @m with @code and a sentence: the member is told
+ * (an ERROR to the request, which is otherwise unanswered) and nothing it
+ * sent is counted. @drop: what it sent cannot be a record of what it
+ * holds (another segment's id, a descriptor that is not the memory, a
+ * keeper's claim on memory it did not export): it is disconnected too, and
+ * re-publishes what it holds whole, to this broker or the next.
+ */
+static void refuse_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                             const struct gpuipc__msg *m, int code,
+                             bool drop, const char *fmt, ...)
+    GPUIPC__PRINTF(6, 7);
+static void refuse_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                             const struct gpuipc__msg *m, int code,
+                             bool drop, const char *fmt, ...)
+{
+  const struct gpuipc__seg_wire *w = &m->u.republish.seg;
+  char why[GPUIPC__TEXT_MAX + 1];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof(why), fmt, ap);
+  va_end(ap);
+  GPUIPC_LOG_W("broker %s: refused pid %d's re-publication of segment %s "
+               "(id %llu): %s%s", b->name, (int)c->cred.pid, w->name,
+               (unsigned long long)w->id, why,
+               drop ? "; disconnecting it" : "");
+  gpuipc__bk_send_error(b, c, m->req, code,
+                        "segment %s (id %llu): re-publication refused: %s",
+                        w->name, (unsigned long long)w->id, why);
+  if (drop)
+    c->doomed = true;
+}
+
+/*
  * A re-publication of @s (known by its id) where either side is filling.
  * Filling on both sides (handed over without its creator's connection):
- * @c, its creator, takes it back. Filling only here: the last broker took
- * the creator's READY, so it counts as a holder. Filling by another
- * connection: not @c's, ignored.
+ * @c, its creator -- the process that exported it -- takes it back.
+ * Filling only on @c's side: the last broker took the creator's READY, so
+ * @c counts as a holder. Filling here by another connection, or not @c's
+ * to fill: refused.
  */
 static void republish_filling(struct gpuipc__broker *b,
-                              struct gpuipc__conn *c, struct gpuipc__seg *s,
-                              const struct gpuipc__seg_wire *w,
-                              uint32_t holds)
+                              struct gpuipc__conn *c,
+                              const struct gpuipc__msg *m,
+                              struct gpuipc__seg *s)
 {
+  const struct gpuipc__seg_wire *w = &m->u.republish.seg;
   if (s->w.state == GPUIPC__SEG_FILLING) {
-    if (w->state != GPUIPC__SEG_FILLING || s->creator != NULL) {
-      GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu), "
-                   "which pid %u fills; ignoring it", b->name,
-                   (unsigned)c->cred.pid, w->name, (unsigned long long)w->id,
-                   s->creator_pid);
+    if (w->state != GPUIPC__SEG_FILLING || s->creator != NULL ||
+        !gpuipc__bk_is_exporter(c, &s->w)) {
+      refuse_republish(b, c, m, GPUIPC_E_DENIED, false,
+                       "it is being filled by pid %u",
+                       s->creator != NULL ? s->creator_pid
+                                          : gpuipc__bk_exporter_pid(&s->w));
       return;
     }
     fill_by(s, c);
   }
-  republish_take(b, c, s, holds, false);
+  republish_take(b, c, s, m->u.republish.holds, false);
 }
 
+/*
+ * A re-publication of @s, which the broker knows by @m's id. Only the
+ * segment the id names comes back under it, and a record with memory
+ * keeps its memory: a member re-publishing it counts its holds (and its
+ * creator takes up keeping it), one whose record names other memory is
+ * refused. A record without memory (lost) takes it from the member that
+ * brings it -- the memory the journal says it had, if it says -- memory its
+ * creator holds only from the creator, or from any survivor while the
+ * broker recovers (end_recovery then checks that the creator came back
+ * too). May free @s.
+ */
+static void republish_known(struct gpuipc__broker *b, struct gpuipc__conn *c,
+                            const struct gpuipc__msg *m,
+                            struct gpuipc__seg *s, int *fd)
+{
+  const struct gpuipc__seg_wire *w = &m->u.republish.seg;
+  bool keeper = (m->u.republish.flags & GPUIPC__REPUB_KEEPER) != 0;
+  char why[GPUIPC__TEXT_MAX + 1];
+  /*
+   * A record of another name, kind or size, or a reservation still being
+   * created (another member's), is not what this member held.
+   */
+  if (s->w.state == GPUIPC__SEG_CREATING || strcmp(s->w.name, w->name) != 0 ||
+      s->w.kind != w->kind || s->w.size != w->size) {
+    refuse_republish(b, c, m, GPUIPC_E_DENIED, true,
+                     "it says kind %u, %llu bytes, but that id is %s%s "
+                     "(kind %u, %llu bytes)", w->kind,
+                     (unsigned long long)w->size,
+                     s->w.state == GPUIPC__SEG_CREATING ? "a reservation of "
+                                                        : "segment ",
+                     s->w.name, s->w.kind, (unsigned long long)s->w.size);
+    return;
+  }
+  bool has_memory = s->w.state != GPUIPC__SEG_LOST && s->w.has_handle;
+  if (has_memory && !gpuipc__bk_same_memory(&s->w, w, why, sizeof(why))) {
+    refuse_republish(b, c, m, GPUIPC_E_DENIED, false, "%s", why);
+    return;
+  }
+  if (s->w.state == GPUIPC__SEG_FILLING || w->state == GPUIPC__SEG_FILLING) {
+    republish_filling(b, c, m, s);
+    return;
+  }
+  if (!has_memory) {
+    if (s->mem_id != 0 && gpuipc__bk_mem_id(w) != s->mem_id) {
+      refuse_republish(b, c, m, GPUIPC_E_DENIED, false,
+                       "other memory: not the memory the last broker's "
+                       "journal says it had");
+      return;
+    }
+    if (!keeper && !gpuipc__bk_recovering(b) &&
+        gpuipc__bk_held_by_creator(w)) {
+      refuse_republish(b, c, m, GPUIPC_E_DENIED, false,
+                       "it is lost, and memory its creator holds comes back "
+                       "only with its creator, or with any survivor while "
+                       "a new broker recovers");
+      return;
+    }
+    if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED)
+      gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_UNLINKED);
+    publish_into(b, s, w, fd,
+                 s->creator_pid ? s->creator_pid : (uint32_t)c->cred.pid);
+  }
+  republish_take(b, c, s, m->u.republish.holds, keeper);
+}
+
+/*
+ * What a member held when its broker changed (it says so: HELLO_REJOIN),
+ * brought back to this broker.
+ */
 static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
                          const struct gpuipc__msg *m, int *fd)
 {
   const struct gpuipc__seg_wire *w = &m->u.republish.seg;
   uint32_t pid = (uint32_t)c->cred.pid;
-  uint32_t holds = m->u.republish.holds;
   bool keeper = (m->u.republish.flags & GPUIPC__REPUB_KEEPER) != 0;
-  if (!gpuipc__bk_republish_allowed(b, c, w, *fd, keeper))
+  char why[GPUIPC__TEXT_MAX + 1];
+  if (!(c->hello_flags & GPUIPC__HELLO_REJOIN)) {
+    refuse_republish(b, c, m, GPUIPC_E_DENIED, false,
+                     "pid %u joined without coming back from a broker "
+                     "change: it has nothing to re-publish", pid);
     return;
+  }
+  int rc = gpuipc__bk_republish_check(c, w, *fd, keeper, why, sizeof(why));
+  if (rc != 0) {
+    refuse_republish(b, c, m, rc, true, "%s", why);
+    return;
+  }
   gpuipc__bk_learn_id(b, w->id);
   struct gpuipc__seg *s = gpuipc__reg_by_id(&b->reg, w->id);
   if (s != NULL) {
-    /*
-     * Only the segment the id names may come back under it: a record of
-     * another name, kind or size, or a reservation still being created
-     * (another member's), is not what this member held.
-     */
-    if (s->w.state == GPUIPC__SEG_CREATING ||
-        strcmp(s->w.name, w->name) != 0 || s->w.kind != w->kind ||
-        s->w.size != w->size) {
-      GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu, "
-                   "kind %u, %llu bytes) but that id is %s%s (kind %u, "
-                   "%llu bytes); disconnecting it",
-                   b->name, pid, w->name, (unsigned long long)w->id,
-                   w->kind, (unsigned long long)w->size,
-                   s->w.state == GPUIPC__SEG_CREATING ? "a reservation of "
-                                                      : "segment ",
-                   s->w.name, s->w.kind, (unsigned long long)s->w.size);
-      c->doomed = true;
-      return;
-    }
-    if (s->w.state == GPUIPC__SEG_FILLING ||
-        w->state == GPUIPC__SEG_FILLING) {
-      republish_filling(b, c, s, w, holds);
-      return;
-    }
-    /*
-     * Memory its creator held comes back with the creator, or with any
-     * survivor while the broker recovers (end_recovery then checks that
-     * the creator came back too); a holder alone does not revive it.
-     */
-    bool may_bring = keeper || gpuipc__bk_recovering(b) ||
-                     !(w->flags & GPUIPC__SEGF_CREATOR_HELD);
-    if (may_bring && (s->w.state == GPUIPC__SEG_LOST || s->fd < 0)) {
-      /* A tombstone, or a record without memory: this holder brings it. */
-      if (s->w.state == GPUIPC__SEG_LOST && w->state == GPUIPC__SEG_UNLINKED)
-        gpuipc__bk_seg_set_state(b, s, GPUIPC__SEG_UNLINKED);
-      publish_into(b, s, w, fd, s->creator_pid ? s->creator_pid : pid);
-    }
-    republish_take(b, c, s, holds, keeper);
+    republish_known(b, c, m, s, fd);
     return;
   }
   if (w->state != GPUIPC__SEG_UNLINKED) {
     struct gpuipc__seg *n = gpuipc__reg_by_name(&b->reg, w->name);
     if (n != NULL && n->w.state != GPUIPC__SEG_LOST) {
-      GPUIPC_LOG_W("broker %s: pid %u re-published segment %s (id %llu) but "
-                   "the name now belongs to id %llu; keeping the latter",
-                   b->name, pid, w->name, (unsigned long long)w->id,
-                   (unsigned long long)n->w.id);
+      refuse_republish(b, c, m, -EEXIST, false,
+                       "the name now belongs to segment id %llu",
+                       (unsigned long long)n->w.id);
       return;
     }
     if (n != NULL)
@@ -500,7 +577,7 @@ static void on_republish(struct gpuipc__broker *b, struct gpuipc__conn *c,
   GPUIPC_LOG_D("broker %s: pid %u re-published %s (id %llu)%s", b->name, pid,
                w->name, (unsigned long long)w->id,
                keeper ? ", keeping its memory" : "");
-  republish_take(b, c, s, holds, keeper);
+  republish_take(b, c, s, m->u.republish.holds, keeper);
 }
 
 void gpuipc__bk_request(struct gpuipc__broker *b, struct gpuipc__conn *c,

@@ -33,7 +33,9 @@
  * How the domain outlives its broker:
  *  - Clean leave (gpuipc_domain_leave of the hosting member, `serve`
  *    stopped): the broker offers the domain (HANDOFF_OFFER) to the oldest
- *    member of another process that may host; one that does not answer
+ *    member of another process that may host and has the broker's uid
+ *    (never to one that GPUIPC_ALLOW_UIDS / _GIDS let in: with none of
+ *    its own uid left, the domain ends); one that does not answer
  *    HANDOFF_ACCEPT within a second (it does not read: stopped, stuck) is
  *    passed over for the next. To the one that accepts it sends
  *    HANDOFF_BEGIN with the lock and listener descriptors themselves (the
@@ -65,7 +67,9 @@
  * asks first (DISOWN: OK, nobody else holds it; -EBUSY, keep it until the
  * process exits); a keeper whose connection ends took the memory along: a
  * published segment reads as lost. Keepers re-publish with the KEEPER flag
- * after a broker change. See docs/segment-lifetime.md.
+ * after a broker change. A re-publication never changes a segment whose
+ * memory the broker knows: it must name that memory, and only its exporter
+ * may keep it (broker_req.c). See docs/segment-lifetime.md.
  */
 #ifndef GPUIPC_DOMAIN_H
 #define GPUIPC_DOMAIN_H
@@ -157,6 +161,9 @@ struct gpuipc__seg {
   struct gpuipc__conn *keeper;
   struct gpuipc__holder *holders;
   uint32_t nholders, capholders;
+  /* A tombstone replayed from the journal: the memory the segment had
+   * (the broker's gpuipc__bk_mem_id), 0 when the journal did not say. */
+  uint64_t mem_id;
 };
 
 struct gpuipc__registry {

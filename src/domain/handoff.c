@@ -3,7 +3,7 @@
  * takes it on (see domain.h for the whole exchange), both halves:
  *
  *  - the leaving broker's (broker.c's shutdown calls it): choose the
- *    oldest member that may host, OFFER it the domain, and only once it
+ *    oldest member of its own uid that may host, OFFER it the domain, and only once it
  *    ACCEPTs send it the lock and listener (BEGIN), every segment with its
  *    descriptor (SEG) and END, then wait for its ACK;
  *  - the member's (client.c's reader thread feeds it the messages): check
@@ -31,13 +31,19 @@
 /* The leaving broker                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* Whether @c may take the domain over from this broker. */
+/*
+ * Whether @c may take the domain over from this broker. Only a member of
+ * the broker's own uid: the domain's lock, listener and every segment's
+ * descriptor go to the successor, and a broker of another uid would admit
+ * members by its own uid and allow lists, refusing the owner's (a member
+ * let in by GPUIPC_ALLOW_UIDS / _GIDS only uses the domain).
+ */
 static bool may_succeed(const struct gpuipc__broker *b,
                         const struct gpuipc__conn *c)
 {
   return !c->doomed && c->state == CONN_READY &&
          !(c->hello_flags & GPUIPC__HELLO_NO_BROKER) &&
-         c->token != b->owner_token;
+         c->token != b->owner_token && c->cred.uid == b->uid;
 }
 
 bool gpuipc__bk_successor_ready(const struct gpuipc__broker *b)

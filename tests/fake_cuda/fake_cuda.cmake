@@ -56,6 +56,11 @@ if(GPUIPC_HAVE_CUDA)
   target_compile_definitions(test_host_pin PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   target_link_libraries(test_host_pin PRIVATE ${CMAKE_DL_LIBS})
+  # tests/broker_republish_liar.c: a LEGACY segment of seg_peers on the
+  # fake, and a liar's own LEGACY memory.
+  add_dependencies(test_broker_republish_liar fake_cuda_full seg_peer)
+  target_compile_definitions(test_broker_republish_liar PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
 endif()
 add_dependencies(test_driver driver_probe)
 # `gpuipc info` is checked against the fake driver and without one.

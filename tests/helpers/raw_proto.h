@@ -81,22 +81,39 @@ static inline void raw_expect(int fd, struct gpuipc__msg *m, uint16_t type)
           m->type == GPUIPC_MSG_ERROR ? m->u.error.text : "");
 }
 
-/* Say HELLO without waiting for the answer. */
-static inline void raw_hello_send(int fd)
+/* Say HELLO with @flags (GPUIPC__HELLO_*) without waiting for the answer. */
+static inline void raw_hello_send_flags(int fd, uint32_t flags)
 {
   struct gpuipc__msg m;
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_HELLO;
   m.req = 1;
   m.u.hello.pid = (uint32_t)getpid();
+  m.u.hello.flags = flags;
   m.u.hello.token = 0x5eed;
   raw_send(fd, &m, NULL, 0);
+}
+
+static inline void raw_hello_send(int fd)
+{
+  raw_hello_send_flags(fd, 0);
 }
 
 static inline void raw_hello(int fd)
 {
   struct gpuipc__msg m;
   raw_hello_send(fd);
+  raw_expect(fd, &m, GPUIPC_MSG_WELCOME);
+}
+
+/*
+ * Say HELLO as a member that comes back after a broker change (the only
+ * one that may re-publish) and read the welcome.
+ */
+static inline void raw_hello_rejoin(int fd)
+{
+  struct gpuipc__msg m;
+  raw_hello_send_flags(fd, GPUIPC__HELLO_REJOIN);
   raw_expect(fd, &m, GPUIPC_MSG_WELCOME);
 }
 
@@ -303,16 +320,29 @@ static inline uint16_t raw_publish(int fd, const struct gpuipc__seg_wire *w,
   return r->type;
 }
 
-/* REPUBLISH @w with @holds. */
-static inline void raw_republish(int fd, const struct gpuipc__seg_wire *w,
-                                 uint32_t holds)
+/*
+ * REPUBLISH @w with @holds and @flags (GPUIPC__REPUB_*) as request @req,
+ * with descriptor @seg_fd (-1: none).
+ */
+static inline void raw_republish_as(int fd, const struct gpuipc__seg_wire *w,
+                                    uint32_t holds, uint32_t flags,
+                                    uint32_t req, int seg_fd)
 {
   struct gpuipc__msg m;
   memset(&m, 0, sizeof(m));
   m.type = GPUIPC_MSG_REPUBLISH;
+  m.req = req;
   m.u.republish.holds = holds;
+  m.u.republish.flags = flags;
   m.u.republish.seg = *w;
-  raw_send(fd, &m, NULL, 0);
+  raw_send(fd, &m, &seg_fd, seg_fd >= 0 ? 1 : 0);
+}
+
+/* REPUBLISH @w with @holds. */
+static inline void raw_republish(int fd, const struct gpuipc__seg_wire *w,
+                                 uint32_t holds)
+{
+  raw_republish_as(fd, w, holds, 0, 0, -1);
 }
 
 #endif
