@@ -17,7 +17,12 @@ that N does not use (readers that hold them keep them).
 The head is published with the first version in it, and moves only once
 a version's segments are published: a reader never waits for the
 segments the head names. One it finds gone was retired by a newer
-version, which it opens instead.
+version, which it opens instead. What a publisher that died mid-publish
+left (a version written but never named by the head, or one the head no
+longer names but that was not unlinked yet) the next full publish of any
+publisher of the name unlinks: versions other than the newest, and lent
+segments the newest does not use that no process holds (a live
+publisher holds what it is writing).
 
 Copied versions are snapshots: a reader of N sees N even after N+1 is out.
 Lent tensors are the publisher's memory: readers see its later writes, so
@@ -31,6 +36,7 @@ import bisect
 import contextlib
 import json
 import os
+import re
 import struct
 import threading
 
@@ -342,6 +348,7 @@ class Publisher(_Named):
             f"{self.name}.v{ver}.m",) + tuple(segs)
         self.version = self._man_ver = ver
         self._placed = layout if data is None else None
+        self._sweep(ver)
         return ver
 
     def _republish(self, stream):
@@ -388,6 +395,33 @@ class Publisher(_Named):
         for seg in self._keep:
             seg.release()
         self._keep = ()
+
+    def _sweep(self, ver):
+        """Unlink the segments of state dict ``name`` that a publisher which
+        died mid-publish left published, now that ``ver`` (ours) is the
+        newest: versions up to ``ver`` that it does not use (written but
+        never named by the head, or named before and not retired yet), and
+        newer versions and other publishers' lent segments that ``ver``
+        does not use and no process holds (a live publisher holds what it
+        is writing). Holders keep what they hold; the head's are kept."""
+        pre = re.escape(self.name)
+        version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
+        lent = re.compile(pre + r"\.[0-9a-f]{6}\.\d+")
+        keep = set(self._names)
+        for s in self.domain.segments():
+            n = s["name"]
+            if s["state"] != "published" or n in keep:
+                continue
+            m = version.fullmatch(n)
+            if m is not None:
+                stale = int(m.group(1)) <= ver or s["nholders"] == 0
+            else:
+                stale = lent.fullmatch(n) is not None and s["nholders"] == 0
+            if stale:
+                try:
+                    self.domain.unlink(n)
+                except NotFound:
+                    pass
 
     def segments(self):
         """The segments this publisher holds for its newest version."""

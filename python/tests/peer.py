@@ -591,11 +591,14 @@ def sd_stop_publish(dom, stop):
     test writes, and stops at ``stop`` -- "first_head": before the head
     names version 1; "before_head": before it names version 2;
     "before_retire": before version 2 retires version 1 --, says so, and
-    goes on at the test's word (unless the test kills it there)."""
+    goes on at the test's word (unless the test kills it there).
+    "lent_before_head": as "before_head", the versions lent (sd_lent)."""
     from gpuipc import state_dict
     pub_cls = state_dict.Publisher
     method, at = {"first_head": ("_move_head", 1), "before_head": ("_move_head", 2),
+                  "lent_before_head": ("_move_head", 2),
                   "before_retire": ("_retire", 2)}[stop]
+    lend = stop.startswith("lent_")
     real = getattr(pub_cls, method)
 
     def hooked(self, *a):
@@ -605,10 +608,18 @@ def sd_stop_publish(dom, stop):
             sys.stdin.readline()
         return real(self, *a)
     setattr(pub_cls, method, hooked)
-    with gpuipc.Domain(dom) as d, pub_cls(d, "w") as pub:
+    with gpuipc.Domain(dom) as d, pub_cls(d, "w", lend=lend) as pub:
         for ver in (1, 2):
-            say(published=pub.publish(sd_make(ver)))
+            say(published=pub.publish(sd_lent(ver) if lend else sd_make(ver)))
             sys.stdin.readline()
+
+
+def sd_lent(ver):
+    """Version ``ver`` of a state dict that is lent, a gpuipc buffer of
+    its own for each version."""
+    import torch
+    return {"x": _host_tensor(gpuipc.Buffer(1 << 12), torch.float32, (16, 4),
+                              torch.arange(64.0) * ver)}
 
 
 def driver_loaded():
