@@ -14,6 +14,16 @@ manifest, it only moves the head, and a reader that has that manifest's
 tensors already hands them out again. Publishing N unlinks N-1's segments
 that N does not use (readers that hold them keep them).
 
+The head is published with the first version in it, and moves only once
+a version's segments are published: a reader never waits for the
+segments the head names. One it finds gone was retired by a newer
+version, which it opens instead. What a publisher that died mid-publish
+left (a version written but never named by the head, or one the head no
+longer names but that was not unlinked yet) the next full publish of any
+publisher of the name unlinks: versions other than the newest, and lent
+segments the newest does not use that no process holds (a live
+publisher holds what it is writing).
+
 Copied versions are snapshots: a reader of N sees N even after N+1 is out.
 Lent tensors are the publisher's memory: readers see its later writes, so
 the publisher writes them only while no reader uses the version (as RL
@@ -26,6 +36,7 @@ import bisect
 import contextlib
 import json
 import os
+import re
 import struct
 import threading
 
@@ -33,7 +44,7 @@ from . import _gpuipc as _c
 from ._buffer import Buffer, _registry
 from ._common import DL_CPU, DL_CUDA, HOST, VMM, _stream  # noqa: F401
 from ._domain import Domain  # noqa: F401
-from ._errors import InvalidArgument, NotFound, TimeoutError
+from ._errors import InvalidArgument, NotFound
 
 _ALIGN = 256
 
@@ -108,12 +119,19 @@ _BACK = 24  # the head's low bits: how many versions back the manifest is
 
 
 def _manifest(domain, name, ver, timeout):
-    """Version ``ver``'s manifest (a dict), or None when it is gone."""
+    """Version ``ver``'s manifest (a dict), or None when it is gone
+    (``timeout``: for the broker's answer; it never waits for the name)."""
     try:
-        m = domain.open_segment(f"{name}.v{ver}.m", wait=timeout != 0,
-                                timeout=timeout)
-    except (NotFound, TimeoutError):
+        return _read_manifest(domain, name, ver, timeout)
+    except NotFound:
         return None
+
+
+def _read_manifest(domain, name, ver, timeout):
+    """Version ``ver``'s manifest (a dict); NotFound when it is gone. A
+    head moves only once the version's segments are published, so a name
+    missing here was retired, never still to come: nothing waits for it."""
+    m = domain.open_segment(f"{name}.v{ver}.m", timeout=timeout)
     try:
         a = m.numpy()
         n = struct.unpack("<Q", bytes(a[:8]))[0]
@@ -178,14 +196,30 @@ class Publisher(_Named):
         self._man_ver = 0    # the version whose manifest places the newest
         self._sync_dev = -1  # the device whose stream a version waits for
 
-    def _head_segment(self):
+    def _current(self):
+        """(newest version, its manifest's version); (0, 0) while the
+        state dict has no head yet."""
         if self._head is None:
             try:
-                seg = self.domain.open_segment(self.name, nbytes=8, timeout=0)
+                self._hold_head(self.domain.open_segment(self.name, nbytes=8,
+                                                         timeout=self.timeout))
             except NotFound:
-                seg = self.domain.create_segment(self.name, 8, kind=HOST, scratch=True)
-            self._hold_head(seg)
-        return self._head
+                return 0, 0
+        return self._read_head()
+
+    def _move_head(self, word):
+        """Make ``word`` the head (the newest version's segments are
+        published). The first version creates the head and publishes it
+        with the word in it: readers never see a head without a version,
+        and a publisher that dies before this leaves no head behind."""
+        if self._head is not None:
+            self._word[0] = word
+            return
+        seg = self.domain.create_segment(self.name, 8, kind=HOST, exclusive=True,
+                                         timeout=self.timeout)
+        self._hold_head(seg)
+        self._word[0] = word
+        seg.publish()
 
     def _layout(self, sd):
         """What places ``sd``'s tensors: equal from one call to the next
@@ -274,8 +308,7 @@ class Publisher(_Named):
                 off += (e["nbytes"] + _ALIGN - 1) // _ALIGN * _ALIGN
                 copies.append((e, t))
             entries.append(e)
-        self._head_segment()
-        cur, cur_man = self._read_head()
+        cur, cur_man = self._current()
         ver = cur + 1
         dev = self.device
         if dev is None and first is not None and first.is_cuda:
@@ -308,13 +341,14 @@ class Publisher(_Named):
         a[:8] = np.frombuffer(struct.pack("<Q", len(man)), np.uint8)
         a[8:8 + len(man)] = np.frombuffer(man, np.uint8)
         mseg.publish()
-        self._word[0] = ver << _BACK  # now ver, with a manifest of its own
+        self._move_head(ver << _BACK)  # now ver, with a manifest of its own
         self._retire(cur, cur_man, set(segs))
         self._keep = tuple(x for x in (data, mseg) if x is not None)
         self._names = ((f"{self.name}.v{ver}",) if data is not None else ()) + (
             f"{self.name}.v{ver}.m",) + tuple(segs)
         self.version = self._man_ver = ver
         self._placed = layout if data is None else None
+        self._sweep(ver)
         return ver
 
     def _republish(self, stream):
@@ -362,6 +396,33 @@ class Publisher(_Named):
             seg.release()
         self._keep = ()
 
+    def _sweep(self, ver):
+        """Unlink the segments of state dict ``name`` that a publisher which
+        died mid-publish left published, now that ``ver`` (ours) is the
+        newest: versions up to ``ver`` that it does not use (written but
+        never named by the head, or named before and not retired yet), and
+        newer versions and other publishers' lent segments that ``ver``
+        does not use and no process holds (a live publisher holds what it
+        is writing). Holders keep what they hold; the head's are kept."""
+        pre = re.escape(self.name)
+        version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
+        lent = re.compile(pre + r"\.[0-9a-f]{6}\.\d+")
+        keep = set(self._names)
+        for s in self.domain.segments():
+            n = s["name"]
+            if s["state"] != "published" or n in keep:
+                continue
+            m = version.fullmatch(n)
+            if m is not None:
+                stale = int(m.group(1)) <= ver or s["nholders"] == 0
+            else:
+                stale = lent.fullmatch(n) is not None and s["nholders"] == 0
+            if stale:
+                try:
+                    self.domain.unlink(n)
+                except NotFound:
+                    pass
+
     def segments(self):
         """The segments this publisher holds for its newest version."""
         return self._keep + tuple(seg for _, seg in self._lent.values())
@@ -407,37 +468,41 @@ class Reader(_Named):
         self._last = None  # (manifest version, views) of an all-lent version
         self._lock = threading.Lock()
 
-    def _newest(self):
-        """(newest version, its manifest's version, the manifest)."""
-        if self._head is None:
-            self._hold_head(self.domain.open_segment(self.name, wait=True,
-                                                     timeout=self.timeout))
-        for _ in range(100):
-            ver, mver = self._read_head()
-            if self._last is not None and self._last[0] == mver:
-                return ver, mver, None  # placed as the last one opened
-            man = _manifest(self.domain, self.name, mver, self.timeout)
-            if man is not None:
-                return ver, mver, man
-        raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
-
     def open(self):
         """The newest version as a SharedStateDict of zero-copy tensors. Its
         memory stays mapped while a tensor of it is alive; the reader also
         keeps lent segments mapped, and their tensors made, until a version
         no longer uses them or ``close()``. A version placed as the last one
-        opened (all lent, nothing moved) is those same tensors again."""
-        ver, mver, man = self._newest()
-        if man is None:
-            out = SharedStateDict(self._last[1])
+        opened (all lent, nothing moved) is those same tensors again. Waits
+        (``timeout``) only for the state dict's first version; a version
+        retired before this reader mapped it is skipped for the newest at
+        once. NotFound: a segment the head still names is gone (unlinked
+        by hand)."""
+        if self._head is None:
+            self._hold_head(self.domain.open_segment(self.name, wait=True,
+                                                     timeout=self.timeout))
+        for _ in range(100):
+            ver, mver = self._read_head()
+            try:
+                return self._open_version(ver, mver)
+            except NotFound:
+                if self._read_head() == (ver, mver):
+                    raise  # gone, yet still the newest: nothing newer to take
+        raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
+
+    def _open_version(self, ver, mver):
+        """Version ``ver`` (placed by version ``mver``'s manifest); NotFound
+        when a segment of it is gone (retired: the head has moved on)."""
+        if self._last is not None and self._last[0] == mver:
+            out = SharedStateDict(self._last[1])  # placed as the last one opened
             out.version = self.version = ver
             return out
+        man = _read_manifest(self.domain, self.name, mver, self.timeout)
         self._last = None
         data = None
         if man["copied"]:
-            data = self.domain.open_segment(f"{self.name}.v{ver}", wait=True,
-                                            timeout=self.timeout, device=self.device,
-                                            stream=self.stream)
+            data = self.domain.open_segment(f"{self.name}.v{ver}", timeout=self.timeout,
+                                            device=self.device, stream=self.stream)
         views = self._make_views(man, data)
         if data is None:
             self._last = (mver, views)
@@ -449,8 +514,7 @@ class Reader(_Named):
         names = man["segments"]
 
         def open_one(n):
-            seg = self.domain.open_segment(n, wait=True, timeout=self.timeout,
-                                           device=self.device)
+            seg = self.domain.open_segment(n, timeout=self.timeout, device=self.device)
             with self._lock:
                 self._segs[n] = seg
         _parallel(open_one, [n for n in names if n not in self._segs])

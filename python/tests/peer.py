@@ -633,6 +633,54 @@ def sd_same_read(dom, arg):
         r.close()
 
 
+def sd_race_publish(dom, arg):
+    """Publishes version 1 of "w" (copied), then one version more for each
+    "more" line the test writes; an empty line ends it."""
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub:
+        ver = pub.publish(sd_make(1))
+        say(published=ver)
+        while sys.stdin.readline().strip() == "more":
+            ver = pub.publish(sd_make(ver + 1))
+            say(published=ver)
+
+
+def sd_stop_publish(dom, stop):
+    """Publishes versions 1 and 2 of "w" (copied), one for each line the
+    test writes, and stops at ``stop`` -- "first_head": before the head
+    names version 1; "before_head": before it names version 2;
+    "before_retire": before version 2 retires version 1 --, says so, and
+    goes on at the test's word (unless the test kills it there).
+    "lent_before_head": as "before_head", the versions lent (sd_lent)."""
+    from gpuipc import state_dict
+    pub_cls = state_dict.Publisher
+    method, at = {"first_head": ("_move_head", 1), "before_head": ("_move_head", 2),
+                  "lent_before_head": ("_move_head", 2),
+                  "before_retire": ("_retire", 2)}[stop]
+    lend = stop.startswith("lent_")
+    real = getattr(pub_cls, method)
+
+    def hooked(self, *a):
+        ver = a[0] >> state_dict._BACK if method == "_move_head" else a[0] + 1
+        if ver == at:
+            say(stopped=stop, version=ver)
+            sys.stdin.readline()
+        return real(self, *a)
+    setattr(pub_cls, method, hooked)
+    with gpuipc.Domain(dom) as d, pub_cls(d, "w", lend=lend) as pub:
+        for ver in (1, 2):
+            say(published=pub.publish(sd_lent(ver) if lend else sd_make(ver)))
+            sys.stdin.readline()
+
+
+def sd_lent(ver):
+    """Version ``ver`` of a state dict that is lent, a gpuipc buffer of
+    its own for each version."""
+    import torch
+    return {"x": _host_tensor(gpuipc.Buffer(1 << 12), torch.float32, (16, 4),
+                              torch.arange(64.0) * ver)}
+
+
 def driver_loaded():
     """Whether the CUDA driver gpuipc would load is mapped in this process."""
     lib = os.environ.get("GPUIPC_CUDA_LIB", "libcuda.so.1")

@@ -3,6 +3,7 @@ segments, channels (staged and zero-copy), numpy and torch (CPU) tensors,
 errors as exceptions, a peer killed with SIGKILL, asyncio."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -330,3 +331,125 @@ def test_state_dict_versions(env, procs):
                          "old_name_gone": True}
     rd.finish()
     pub.finish()
+
+
+def _published(d):
+    return {s["name"] for s in d.segments() if s["state"] == "published"}
+
+
+def _lent_names(d):
+    return {n for n in _published(d) if re.fullmatch(r"w\.[0-9a-f]{6}\.\d+", n)}
+
+
+@pytest.fixture
+def joined(env):
+    """(environment of the peers, domain name) for a test that joins the
+    domain itself: the library reads GPUIPC_DIR once a process, so the
+    peers use this process's runtime directory, and a name of their own."""
+    e = dict(env)
+    if "GPUIPC_DIR" in os.environ:
+        e["GPUIPC_DIR"] = os.environ["GPUIPC_DIR"]
+    else:
+        del e["GPUIPC_DIR"]
+    return e, "sd" + os.urandom(4).hex()
+
+
+@pytest.mark.parametrize("retired", ["w.v1.m", "w.v1"])
+def test_state_dict_reader_skips_a_retired_version(joined, procs, retired):
+    """A reader that read version 1 from the head, whose manifest or data
+    the publisher retired (versions 2 and 3 came out) before the reader
+    opened it, opens version 3 at once: it never waits for a name that is
+    gone (its timeout is forever)."""
+    torch = pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    env, dom = joined
+    with gpuipc.Domain(dom) as d:  # hosts the broker
+        pub = start(procs, env, "sd_race_publish", dom)
+        assert pub.line() == {"published": 1}
+        opened, raced = d.open_segment, []
+
+        def open_segment(name, wait=False, **kw):
+            if name == retired and not raced:  # the reader read 1 from the head
+                raced.append(name)
+                for ver in (2, 3):
+                    pub.p.stdin.write("more\n")
+                    pub.p.stdin.flush()
+                    assert pub.line() == {"published": ver}
+            if wait and name not in _published(d) and name != "w":
+                raise AssertionError(f"the reader waits for {name}, which is gone")
+            return opened(name, wait=wait, **kw)
+        d.open_segment = open_segment
+        r = state_dict.Reader(d, "w", timeout=None)
+        sd = r.open()
+        assert raced == [retired]
+        assert sd.version == 3
+        assert all(torch.equal(sd[k], t) for k, t in peer.sd_make(3).items())
+        sd.release()
+        r.close()
+        pub.finish()
+
+
+def test_state_dict_head_appears_with_its_first_version(joined, procs):
+    """Until its first version is published, a state dict has no head (a
+    reader would find a head naming no version); a reader that came
+    meanwhile (its timeout is forever) gets version 1."""
+    import threading
+    torch = pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    env, dom = joined
+    with gpuipc.Domain(dom) as d:
+        pub = start(procs, env, "sd_stop_publish", dom, "first_head")
+        assert pub.line() == {"stopped": "first_head", "version": 1}
+        assert "w.v1.m" in _published(d)
+        assert "w" not in {s["name"] for s in d.segments()}
+        got = []
+        reader = threading.Thread(target=lambda: got.append(state_dict.open(d, "w", timeout=None)))
+        reader.start()
+        _go(pub)
+        assert pub.line() == {"published": 1}
+        reader.join()
+        assert got[0].version == 1
+        assert all(torch.equal(got[0][k], t) for k, t in peer.sd_make(1).items())
+        got[0].release()
+        pub.finish()
+
+
+@pytest.mark.parametrize("stop", ["before_head", "before_retire", "lent_before_head"])
+def test_state_dict_publisher_killed_mid_publish_leaves_no_version(joined, procs, stop):
+    """A publisher killed (SIGKILL) after writing version 2 and before the
+    head names it, or before it retired version 1, leaves a version behind
+    (lent: a segment lent for version 2 too); the next publisher's version
+    (all lent: it writes no data segment) unlinks it and keeps its own,
+    which readers read; a reader of version 1 keeps its tensors."""
+    torch = pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    env, dom = joined
+    with gpuipc.Domain(dom) as d:  # hosts the broker, which outlives the kill
+        pub = start(procs, env, "sd_stop_publish", dom, stop)
+        assert pub.line() == {"published": 1}
+        held = state_dict.open(d, "w")
+        _go(pub)
+        assert pub.line() == {"stopped": stop, "version": 2}
+        os.kill(pub.p.pid, signal.SIGKILL)
+        pub.p.wait()
+        left = {"before_head": {"w.v2", "w.v2.m"}, "before_retire": {"w.v1", "w.v1.m"},
+                "lent_before_head": {"w.v2.m"}}[stop]
+        assert left <= _published(d)
+        if stop.startswith("lent_"):
+            assert len(_lent_names(d)) == 2  # version 1's and version 2's
+        buf = gpuipc.Buffer(1 << 16)
+        want = torch.arange(64.0).reshape(16, 4)
+        sd = {"x": peer._host_tensor(buf, torch.float32, (16, 4), want)}
+        with state_dict.Publisher(d, "w", lend=True) as p2:
+            ver = p2.publish(sd)
+            versions = sorted(n for n in _published(d) if re.fullmatch(r"w\.v\d+(\.m)?", n))
+            assert versions == [f"w.v{ver}.m"]
+            assert _lent_names(d) == set(state_dict._manifest(d, "w", ver, 5)["segments"])
+            with state_dict.open(d, "w") as got:
+                assert got.version == ver and torch.equal(got["x"], want)
+        v1 = peer.sd_lent(1) if stop.startswith("lent_") else peer.sd_make(1)
+        assert all(torch.equal(held[k], t) for k, t in v1.items())
+        held.release()
