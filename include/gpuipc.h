@@ -1757,6 +1757,11 @@ typedef struct gpuipc_channel_info {
    * most 256: the sender tells this end to forget the ones it no longer
    * uses, its freed large stages among them). */
   uint64_t buffers_mapped;
+  /* The ticket of the oldest message this end sent that is not free yet
+   * (0: none in flight): when sends wait, the one a receiver may be
+   * holding. Messages come free in any order, so in_flight counts the
+   * ones not free, which need not be the tickets from this one on. */
+  uint64_t oldest_in_flight;
 } gpuipc_channel_info_t;
 
 /* gpuipc_channel_info - counters of @ch. Returns 0 or -EINVAL. */
