@@ -313,8 +313,8 @@ struct gpuipc__rx {
   uint8_t *rel_ev_sent;
   int ndev;
   uint32_t rel_head;        /* releases published */
-  /* Release words (rel_lock): where our streams write them; word_seq
-   * [s % depth] the last message released with a word in that slot. */
+  /* Release words (rel_lock): where our streams write them; word_seq[i]
+   * the last message released with a word in the sender's record slot i. */
   struct gpuipc__word_map words;
   uint64_t *word_seq;
   /* The copy kernel (rel_lock): a block of counters on each device
