@@ -683,6 +683,13 @@ int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
                         size_t len, const void *bufmsg, size_t bufmsg_len,
                         int fd);
 
+/*
+ * Publish @len raw bytes as the next release record on @ch's release ring
+ * (the one its peer's sender reads), bypassing every check.
+ */
+int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,
+                                size_t len);
+
 /* The key the last send used for its buffer (0 before any). */
 uint64_t gpuipc__chan_last_key(struct gpuipc_channel *ch);
 /* The next sequence number this end will send. */

@@ -520,6 +520,23 @@ unlock:
   return rc;
 }
 
+int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,
+                                size_t len)
+{
+  if (len > GPUIPC__CHAN_REL_BYTES)
+    return -EINVAL;
+  struct gpuipc__rx *rx = &ch->rx;
+  pthread_mutex_lock(&rx->rel_lock);
+  uint8_t *dst = gpuipc__chan_rel_slot(ch->rx_rel, rx->rel_head);
+  memset(dst, 0, GPUIPC__CHAN_REL_BYTES);
+  memcpy(dst, bytes, len);
+  rx->rel_head++;
+  gpuipc__chan_publish(&ch->rxd->rel_head, rx->rel_head, &ch->rxd->send_sleep);
+  gpuipc__chan_poke(ch);
+  pthread_mutex_unlock(&rx->rel_lock);
+  return 0;
+}
+
 struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t)
 {
   if (t == NULL)
