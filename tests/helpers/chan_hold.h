@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 /* Messages each run sends before the held one is let go: ten depths. */
-#define CHAN_HOLD_N "40"
+#define CHAN_HOLD_N "80"
 
 static inline void chan_hold_run(const char *domain, const char *mode,
                                  const char *hold)

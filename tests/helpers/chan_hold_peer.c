@@ -6,7 +6,9 @@
  *   chan_hold_peer send DOMAIN CHANNEL MODE N HOLD GATEFD
  *   chan_hold_peer recv DOMAIN CHANNEL MODE N HOLD GATEFD
  *
- * The sender (depth HOLD_DEPTH) sends N messages, then HOLD_DEPTH more;
+ * The sender (depth HOLD_DEPTH, HOLD_STAGES staging slots and large
+ * stages: fewer, so that a staged send waits for a staging slot, not for
+ * room in the depth) sends N messages, then HOLD_DEPTH more;
  * the receiver checks each against message i (contiguous layouts, every
  * byte), keeps the view of message HOLD and releases every other one at
  * once. Once the first N are in, it checks the held view's bytes again:
@@ -23,7 +25,7 @@
  *   zero         views of a HOST buffer of its own (zero-copy), each
  *                region rewritten only once its last message is free
  *   staged       host memory gpuipc did not allocate: copied into the
- *                HOST staging slots (HOLD_DEPTH of them)
+ *                HOST staging slots (HOLD_STAGES of them)
  *   large        as staged, with 256-byte slots: the larger messages go
  *                in large stages (HOLD 3 is one of them)
  *   cuda-zero    views of a LEGACY buffer of device 0 (fake CUDA driver),
@@ -47,7 +49,8 @@
 #include "helpers/cu_peer.h"
 #endif
 
-#define HOLD_DEPTH 4
+#define HOLD_DEPTH 8
+#define HOLD_STAGES 4
 #define REGIONS 8 /* zero: message HOLD in region 0, the others in 1.. */
 
 struct hold {
@@ -284,7 +287,7 @@ int main(int argc, char **argv)
   o.timeout_ms = 30000;
   if (send) {
     o.depth = HOLD_DEPTH;
-    o.stage_slots = HOLD_DEPTH;
+    o.stage_slots = HOLD_STAGES;
     /* Not a timing threshold: a send that waits for the held view
      * waits for ever. */
     o.send_timeout_ms = 10000;
