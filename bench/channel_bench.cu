@@ -151,8 +151,7 @@ static void result_lat(const char *name, std::vector<double> &v, double div);
  * The producer's send time for one way, in a page both processes map: a
  * memfd the producer creates and the consumer inherits across exec
  * (--clock-fd N). Not a channel view: a view held by the consumer would
- * keep the producer's oldest message in flight and stop it after `depth`
- * sends.
+ * keep one of the producer's `depth` messages in flight for good.
  */
 static volatile double *g_clock;
 

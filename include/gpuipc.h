@@ -1532,6 +1532,15 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  * naming the field, for more than GPUIPC_TENSOR_MAX_DIMS dimensions, a
  * negative extent, an unknown or unsupported dtype, strides or byte offset
  * reaching outside the buffer, a data pointer outside it.
+ * Flow control: a message is in flight from its send until it is free
+ * (gpuipc_channel_send_done), and messages come free in any order: one
+ * whose view a receiver keeps holds its own slot of @depth (and its own
+ * staging slot or large stage, when staged) and nothing more; later
+ * messages released meanwhile are free for new sends. A receiver that
+ * holds k views leaves depth - k messages to the sender (fewer staging
+ * slots or stages likewise); gpuipc_channel_info names the oldest message
+ * in flight (oldest_in_flight), and the sentences of -EAGAIN and
+ * -ETIMEDOUT name it too.
  * Returns 0; -EINVAL; -EAGAIN (NONBLOCK, or send_timeout_ms 0, and
  * `depth` messages in flight, or every staging slot, or every large stage
  * that the limits allow, in flight); -ETIMEDOUT (send_timeout_ms passed);
@@ -1551,7 +1560,8 @@ GPUIPC_API int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *
 /*
  * gpuipc_channel_send_done - whether message @ticket's buffer is free again: the
  * receiver released it and its work on it (its copy, or the work before
- * its release) has completed. Waits up to @timeout_ms ("Timeouts":
+ * its release) has completed. Whatever became of earlier messages: a
+ * later ticket is free while an earlier one is still held. Waits up to @timeout_ms ("Timeouts":
  * milliseconds, 0, GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT, the
  * domain's timeout).
  * Returns 0 when free; -EAGAIN when @timeout_ms is 0 and it is not yet;
@@ -1642,7 +1652,10 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  * gpuipc_channel_recv - receive the next tensor as a view of the sender's buffer
  * (zero-copy). The buffer is imported the first time it arrives and cached
  * for the life of the channel (up to 256 buffers per direction).
- * @view: out: the tensor, valid until gpuipc_tensor_release. view->dl.data
+ * @view: out: the tensor, valid until gpuipc_tensor_release. Until then
+ *     it keeps one of the sender's depth messages in flight (and, when
+ *     staged, its staging slot or large stage), and no more: the sender
+ *     goes on with the others. view->dl.data
  *     is the buffer's base in this process and view->dl.byte_offset the
  *     tensor's offset in it; strides are always given; view->buf is the
  *     buffer. GPU tensors have device {GPUIPC_DL_CUDA, ordinal that maps
@@ -1700,6 +1713,9 @@ GPUIPC_API int gpuipc_channel_recv_into(gpuipc_channel_t *ch,
  *     the view (an event is recorded on it for the sender, unless it has
  *     nothing pending); a stream of the view's device (NULL: the legacy
  *     default stream). Ignored for HOST.
+ * Views may be released in any order: each release frees that message's
+ * slot at the sender (once the work before it is done), whatever views
+ * of earlier messages are still held.
  * The view is freed in every case. Returns 0; -EINVAL (NULL or not a
  * view); GPUIPC_E_PEER_GONE (the sender is gone: nothing to tell);
  * GPUIPC_E_CUDA. A view inherited through fork() is the parent's to give
@@ -1788,6 +1804,11 @@ typedef struct gpuipc_channel_info {
    * most 256: the sender tells this end to forget the ones it no longer
    * uses, its freed large stages among them). */
   uint64_t buffers_mapped;
+  /* The ticket of the oldest message this end sent that is not free yet
+   * (0: none in flight): when sends wait, the one a receiver may be
+   * holding. Messages come free in any order, so in_flight counts the
+   * ones not free, which need not be the tickets from this one on. */
+  uint64_t oldest_in_flight;
 } gpuipc_channel_info_t;
 
 /* gpuipc_channel_info - counters of @ch. Returns 0, -EINVAL, or

@@ -177,6 +177,8 @@ int main(void)
   liar("bad-forget", "forget", "forgets buffer key 42");
   liar("bad-bufmsg", "bufmsg", "for key 3");
   liar("bad-nobufmsg", "nobufmsg", "not on the socket");
+  liar("bad-slot", "slot", "record slot 64, beyond the sender's depth 64");
+  liar("bad-slotmax", "slotmax", "record slot 1024 (at most 1023)");
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }

@@ -3,8 +3,8 @@
  * release ring for the sender, decoded as hostile input. Every flag
  * combination the sender acts on survives the round trip; a record that
  * asks for both an event and a word, an event handle without the event,
- * an unknown flag, an event key out of range, a bad magic and a short
- * record are refused with GPUIPC_E_PROTO.
+ * an unknown flag, an event key out of range, a record slot beyond any
+ * depth, a bad magic and a short record are refused with GPUIPC_E_PROTO.
  */
 #include "test.h"
 #include "wire/desc.h"
@@ -20,6 +20,7 @@ static void round_trip(uint32_t flags, uint32_t key, uint64_t seq)
 {
   struct gpuipc__rel r, back;
   memset(&r, 0, sizeof(r));
+  r.slot = (uint16_t)(seq % GPUIPC__CHAN_SLOT_MAX);
   r.flags = flags;
   r.ev_key = key;
   r.seq = seq;
@@ -32,6 +33,7 @@ static void round_trip(uint32_t flags, uint32_t key, uint64_t seq)
   ASSERT_EQ(back.flags, flags);
   ASSERT_EQ(back.seq, seq);
   ASSERT_EQ(back.ev_key, key);
+  ASSERT_EQ(back.slot, r.slot);
   if (flags & GPUIPC__REL_NEW_EVENT)
     ASSERT_TRUE(memcmp(back.ev_handle, r.ev_handle, sizeof(r.ev_handle)) ==
                 0);
@@ -73,8 +75,14 @@ int main(void)
   int n = gpuipc__rel_encode(&r, b, sizeof(b));
   ASSERT_TRUE(n >= 24);
   ASSERT_RC(decode(b, 23, &back), GPUIPC_E_PROTO); /* short */
+  r.slot = GPUIPC__CHAN_SLOT_MAX;
+  n = gpuipc__rel_encode(&r, b, sizeof(b));
+  ASSERT_TRUE(n >= 24);
+  ASSERT_RC(decode(b, (size_t)n, &back), GPUIPC_E_PROTO); /* slot */
+  r.slot = 0;
+  n = gpuipc__rel_encode(&r, b, sizeof(b));
   b[0] ^= 1;
   ASSERT_RC(decode(b, (size_t)n, &back), GPUIPC_E_PROTO); /* magic */
-  printf("release records: 4 kinds round-trip, 7 malformed refused\n");
+  printf("release records: 4 kinds round-trip, 8 malformed refused\n");
   return 0;
 }

@@ -74,23 +74,27 @@ class Channel(_Boxed):
 
     def _hold(self, ticket, what):
         """Keep ``what`` (a staged GPU tensor the copy still reads) until
-        message ``ticket`` is free; let the oldest ones go once they are
-        (tickets grow, so the first one not free ends the look)."""
+        message ``ticket`` is free; past 8 kept, let go of every one that
+        is. Messages come free in any order: one the receiver holds keeps
+        only its own entry (at most ``depth`` are not free)."""
         with self._lock:
             keep = self._keep
             keep[ticket] = what
-            while len(keep) > 8:
-                t = next(iter(keep))
+            if len(keep) <= 8:
+                return
+            for t in list(keep):
                 try:
                     if not _c.channel_send_done(self._box, t, 0):
-                        break
+                        continue
                 except Error:
                     pass
                 del keep[t]
 
     def done(self, ticket, timeout=0):
         """Whether message ``ticket``'s buffer is free again (released, and
-        the receiver's work on it complete); waits up to ``timeout`` s."""
+        the receiver's work on it complete); waits up to ``timeout`` s.
+        Messages come free in any order: a later ticket may be done while
+        an earlier one is still held (``info()["oldest_in_flight"]``)."""
         ms = _ms(timeout)
         try:
             r = _c.channel_send_done(self._h(), ticket, ms)
@@ -159,4 +163,8 @@ class Channel(_Boxed):
                 loop.remove_reader(fd)
 
     def info(self):
+        """Counters (``gpuipc_channel_info``): ``in_flight`` messages sent
+        and not free yet, ``oldest_in_flight`` the ticket of the oldest of
+        them (0: none; the one a receiver may be holding), ``sent``,
+        ``received``, ``views`` (received, not yet released), ..."""
         return _c.channel_info(self._h())

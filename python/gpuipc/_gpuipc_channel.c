@@ -234,10 +234,11 @@ static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
   if (rc < 0)
     return gpuipc__py_raise(rc);
   return Py_BuildValue(
-      "{s:s,s:i,s:i,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:O}", "name", in.name,
-      "end", in.end, "peer_pid", in.peer_pid, "depth", in.depth, "peer_depth",
-      in.peer_depth, "sent", (unsigned long long)in.sent, "in_flight",
-      (unsigned long long)in.in_flight, "received",
+      "{s:s,s:i,s:i,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O}", "name",
+      in.name, "end", in.end, "peer_pid", in.peer_pid, "depth", in.depth,
+      "peer_depth", in.peer_depth, "sent", (unsigned long long)in.sent,
+      "in_flight", (unsigned long long)in.in_flight, "oldest_in_flight",
+      (unsigned long long)in.oldest_in_flight, "received",
       (unsigned long long)in.received, "views", (unsigned long long)in.views,
       "buffers_sent", (unsigned long long)in.buffers_sent,
       "buffers_imported", (unsigned long long)in.buffers_imported,

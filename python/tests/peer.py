@@ -403,6 +403,50 @@ def fork_echo(dom, arg):
             say(got=got, error=e.name, detail=e.detail)
 
 
+HOLD_DEPTH, HOLD_N = 4, 40
+
+
+def hold_send(dom, arg):
+    """Ten depths of messages (staged numpy arrays) past one the receiver
+    holds, then "go": it may let the held one go."""
+    with gpuipc.Domain(dom) as d, d.channel("h", timeout=30, depth=HOLD_DEPTH,
+                                            stage_slots=HOLD_DEPTH,
+                                            send_timeout=10) as ch:
+        tickets = [ch.send(pattern(100 + i, (256,), "uint8"))
+                   for i in range(HOLD_N)]
+        others = all(ch.done(t, timeout=30) for t in tickets[1:])
+        held = not ch.done(tickets[0], timeout=0)
+        info = ch.info()
+        ch.send(np.array([1], "int8"))  # go
+        freed = ch.done(tickets[0], timeout=30)
+        say(sent=len(tickets), others_done=others, held=held,
+            in_flight=info["in_flight"], oldest=info["oldest_in_flight"],
+            freed=freed, oldest_after=ch.info()["oldest_in_flight"])
+
+
+def hold_recv(dom, arg):
+    """Keep the first message (as an array, which holds its view), drop
+    every other one; check the kept one's bytes after all the others came
+    through, and once more at "go", then let it go."""
+    with gpuipc.Domain(dom) as d, d.channel("h", timeout=30) as ch:
+        first = np.from_dlpack(ch.recv(timeout=30))
+        ok = []
+        for i in range(1, HOLD_N):
+            a = np.from_dlpack(ch.recv(timeout=30))
+            ok.append(digest(a) == digest(pattern(100 + i, (256,), "uint8")))
+            del a  # its view goes back
+        want = digest(pattern(100, (256,), "uint8"))
+        intact = digest(first) == want
+        ch.recv(timeout=30).release()  # go
+        intact = intact and digest(first) == want
+        del first
+        say(others_ok=all(ok), held_intact=intact)
+        try:  # stay until the sender has looked and closed
+            ch.recv(timeout=30)
+        except gpuipc.PeerGone:
+            pass
+
+
 ASYNC_CHANNELS, ASYNC_MESSAGES = 3, 20
 
 

@@ -158,6 +158,39 @@ def test_torch_tensors_and_views_sent_on(env, procs):
     assert echo.finish(timeout=60)[-1] == {"echoed": n}
 
 
+def test_held_view_holds_up_no_other_message(env, procs):
+    """A receiver that keeps one view costs the sender that message alone:
+    ten depths of staged messages go past it, its bytes stay as sent, and
+    info() names it as the one in flight until it is let go."""
+    rx = start(procs, env, "hold_recv", "d")
+    tx = start(procs, env, "hold_send", "d")
+    s = tx.finish()[-1]
+    r = rx.finish()[-1]
+    assert s == {"sent": peer.HOLD_N, "others_done": True, "held": True,
+                 "in_flight": 1, "oldest": 1, "freed": True,
+                 "oldest_after": 0}
+    assert r == {"others_ok": True, "held_intact": True}
+
+
+def test_done_tickets_are_let_go_past_one_not_done(monkeypatch):
+    """Channel._hold keeps what a staged GPU copy reads until its message is
+    free; one message held long must not keep every later one."""
+    import threading
+    from gpuipc import _channel
+
+    class C:
+        @staticmethod
+        def channel_send_done(box, ticket, ms):
+            return ticket != 1  # message 1 is held, every other one free
+
+    monkeypatch.setattr(_channel, "_c", C)
+    ch = _channel.Channel.__new__(_channel.Channel)
+    ch._box, ch._keep, ch._lock = None, {}, threading.Lock()
+    for t in range(1, 101):
+        ch._hold(t, ("tensor", t))
+    assert 1 in ch._keep and len(ch._keep) <= 9
+
+
 def test_errors_are_exceptions_with_name_and_sentence(env, procs):
     r = start(procs, env, "errors", "d").finish()[-1]
     assert r["notfound"][0] == "ENOENT" and r["notfound"][2] is True

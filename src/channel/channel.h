@@ -39,9 +39,10 @@
  *   +1M     release ring of direction 0 (B -> A), DEPTH_MAX slots of 256
  *   +1.25M  release ring of direction 1 (A -> B)
  *   +1.5M   release words of direction 0 (B's GPU writes, A reads),
- *           DEPTH_MAX words of 8 bytes: word s % depth is s once the
- *           receiver's work on message s has completed (a release with
- *           GPUIPC__REL_WORD); the segment is registered with CUDA, so
+ *           DEPTH_MAX words of 8 bytes: word i is s once the receiver's
+ *           work on message s, sent in record slot i, has completed (a
+ *           release with GPUIPC__REL_WORD); the segment is registered
+ *           with CUDA, so
  *           cuStreamWriteValue64 on the receiver's stream writes it
  *   +1.5M+8K release words of direction 1
  *
@@ -66,8 +67,10 @@
 /* What bumps it and its history: docs/versions.md.
  * 2: the hellos of the rendezvous carry each end's eventfd (poll.c).
  * 3: settled[] and ev_use[] in the header (settle.c).
- * 4: release words (GPUIPC__REL_WORD). */
-#define GPUIPC__CHAN_VERSION 4
+ * 4: release words (GPUIPC__REL_WORD).
+ * 5: descriptors and releases carry the message's record slot: records,
+ *    events and release words are recycled out of order (send.c). */
+#define GPUIPC__CHAN_VERSION 5
 #define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
 #define GPUIPC__CHAN_DEPTH_DEFAULT 64
 #define GPUIPC__CHAN_HDR_BYTES 8192
@@ -136,6 +139,8 @@ _Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
                "channel header overflows its page");
 _Static_assert(GPUIPC__CHAN_WORD_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
                "channel rings overflow the segment");
+_Static_assert(GPUIPC__CHAN_SLOT_MAX == GPUIPC__CHAN_DEPTH_MAX,
+               "a record slot is below the deepest depth");
 
 /* ----- waiting (ring.c) ----- */
 
@@ -219,9 +224,16 @@ struct gpuipc__word_map {
   int8_t state[GPUIPC__CHAN_EV_DEVS];
 };
 
-/* Sender: one message in flight. */
+/*
+ * Sender: one message in flight, in a record slot of its own (sent in its
+ * descriptor: the receiver indexes the message's release event and word
+ * by it). A slot is taken from the free ones and given back as soon as
+ * its message is free, in whatever order messages come free.
+ */
 struct gpuipc__tx_rec {
   uint64_t seq;       /* 0: free */
+  uint32_t prev, next; /* the list in flight, oldest first (slots, or
+                          GPUIPC__CHAN_NO_SLOT) */
   bool released;      /* the receiver gave it back */
   gpuipc_buf_t *buf;  /* a reference held while in flight */
   int stage, slot;    /* staging area (device + 1) and slot, or -1 */
@@ -247,13 +259,19 @@ struct gpuipc__stage {
   size_t large_bytes; /* the sizes of large[].buf together */
 };
 
+#define GPUIPC__CHAN_NO_SLOT UINT32_MAX
+
 struct gpuipc__tx {
   pthread_mutex_t lock;
   uint32_t depth;
   uint64_t next_seq; /* the next message's number */
-  uint64_t oldest;   /* the oldest message not yet free */
   uint32_t head;     /* descriptors published */
-  struct gpuipc__tx_rec *recs; /* [depth], message s at s % depth */
+  struct gpuipc__tx_rec *recs; /* [depth], by record slot */
+  uint32_t *free_slots;        /* [depth]: nfree of them are free */
+  uint32_t nfree;
+  uint32_t first, last;        /* the list in flight (oldest first) */
+  uint32_t unfree;   /* released, the receiver's work on it not known done */
+  uint64_t freed;    /* messages freed (a waiter's "one came free") */
   uint32_t rel_tail;           /* releases taken in */
   struct gpuipc__known known[GPUIPC__CHAN_BUFS];
   int nknown, last_known;
@@ -296,8 +314,8 @@ struct gpuipc__rx {
   uint8_t *rel_ev_sent;
   int ndev;
   uint32_t rel_head;        /* releases published */
-  /* Release words (rel_lock): where our streams write them; word_seq
-   * [s % depth] the last message released with a word in that slot. */
+  /* Release words (rel_lock): where our streams write them; word_seq[i]
+   * the last message released with a word in the sender's record slot i. */
   struct gpuipc__word_map words;
   uint64_t *word_seq;
   /* The copy kernel (rel_lock): a block of counters on each device
@@ -365,6 +383,7 @@ struct gpuipc__view {
   int64_t strides[GPUIPC_TENSOR_MAX_DIMS];
   struct gpuipc_channel *ch; /* a reference */
   uint64_t seq;
+  uint32_t slot;             /* the sender's record slot */
   int device;                /* for the release event, -1 for HOST */
   void *recv_stream;         /* gpuipc_channel_recv made the data ready on it */
   void *dl_stream;           /* DLPack consumer's: the deleter releases on it */
@@ -389,13 +408,6 @@ static inline uint8_t *gpuipc__chan_rel_slot(uint8_t *ring, uint32_t pos)
 {
   return ring + (size_t)(pos % GPUIPC__CHAN_DEPTH_MAX) *
                     GPUIPC__CHAN_REL_BYTES;
-}
-
-/* The sender's record of message @seq (at seq % depth while in flight). */
-static inline struct gpuipc__tx_rec *gpuipc__chan_tx_rec(struct gpuipc__tx *tx,
-                                                         uint64_t seq)
-{
-  return &tx->recs[seq % tx->depth];
 }
 
 /* ----- shared by the files of the channel ----- */
@@ -517,15 +529,15 @@ int gpuipc__chan_event_peer(struct gpuipc__event **tab, int *n, int *cap,
                             const char *who, gpuipc_event_t **out);
 void gpuipc__chan_event_tab_free(struct gpuipc__event *tab, int n);
 /*
- * Record our event for message @seq (slot seq % @depth of device @dev) of
- * the pool (@pool, @sent, @ndev) on @stream. *@key: its key for the peer.
+ * Record our event for the message in record slot @slot (below @depth) of
+ * device @dev of the pool (@pool, @sent, @ndev) on @stream. *@key: its key for the peer.
  * When the peer does not have it yet, its packed handle goes into @handle
  * and *@sent_flag points at the flag to set once the record that carries
  * it is published; else *@sent_flag is NULL.
  */
 int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
                               int *ndev, uint32_t depth, int dev,
-                              uint64_t seq, void *stream, uint32_t *key,
+                              uint32_t slot, void *stream, uint32_t *key,
                               uint8_t handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE],
                               uint8_t **sent_flag);
 /* How long to poll a pending event of the peer's before a stream wait. */
@@ -564,14 +576,18 @@ bool gpuipc__chan_words_written(const struct gpuipc_channel *ch);
 /* ----- send.c, for stage.c ----- */
 
 /*
- * Wait, with the send lock held (let go while it sleeps), until the oldest
- * message in flight is free, and recycle it. Returns 0; -EAGAIN for
- * GPUIPC_SEND_NONBLOCK in @flags; -ETIMEDOUT at @deadline; the channel's
- * failure. The sentences of -EAGAIN and -ETIMEDOUT name @what, the thing
- * that is all in flight ("staging slot", "large stage").
+ * Wait, with the send lock held (let go while it sleeps), until a message
+ * in flight (any one: a message held long holds up none of the others)
+ * comes free, and recycle it. Returns 0; -EAGAIN for GPUIPC_SEND_NONBLOCK
+ * in @flags; -ETIMEDOUT at @deadline; the channel's failure. The sentences
+ * of -EAGAIN and -ETIMEDOUT name @what, the thing that is all in flight
+ * ("staging slot", "large stage"), and the oldest message in flight.
  */
-int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
-                                uint64_t deadline, const char *what);
+int gpuipc__chan_tx_wait_any(struct gpuipc_channel *ch, unsigned flags,
+                             uint64_t deadline, const char *what);
+
+/* The oldest message in flight (0: none). Send lock held. */
+uint64_t gpuipc__chan_tx_oldest(const struct gpuipc__tx *tx);
 
 /* ----- known.c: the buffers the receiver holds, by key ----- */
 
@@ -681,6 +697,13 @@ extern void (*gpuipc__test_hook_dlpack_release)(const gpuipc_tensor_t *view,
 int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,
                         size_t len, const void *bufmsg, size_t bufmsg_len,
                         int fd);
+
+/*
+ * Publish @len raw bytes as the next release record on @ch's release ring
+ * (the one its peer's sender reads), bypassing every check.
+ */
+int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,
+                                size_t len);
 
 /* The key the last send used for its buffer (0 before any). */
 uint64_t gpuipc__chan_last_key(struct gpuipc_channel *ch);

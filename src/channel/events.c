@@ -7,8 +7,9 @@
  * its stream, and the receiver makes its stream wait for it. The receiver
  * records a release event the same way when it gives a GPU buffer back or
  * has copied out of one; the sender's record is free once that event has
- * completed. A slot's event is recorded again only for message s + depth,
- * which cannot be sent before message s is free.
+ * completed. Both are by the message's record slot (the sender's): a
+ * slot's event is recorded again only for a later message in that slot,
+ * which cannot be sent before the slot's earlier message is free.
  *
  * This file holds the pools of our own events (one per device and slot,
  * created on first use) and the tables of the peer's events, by key; and
@@ -65,11 +66,10 @@ int gpuipc__chan_event_get(gpuipc_event_t ***pool, uint8_t **sent, int *ndev,
 
 int gpuipc__chan_event_record(gpuipc_event_t ***pool, uint8_t **sent,
                               int *ndev, uint32_t depth, int dev,
-                              uint64_t seq, void *stream, uint32_t *key,
+                              uint32_t slot, void *stream, uint32_t *key,
                               uint8_t handle[GPUIPC_EVENT_HANDLE_PACKED_SIZE],
                               uint8_t **sent_flag)
 {
-  uint32_t slot = (uint32_t)(seq % depth);
   gpuipc_event_t *ev = NULL;
   bool is_new = false;
   int rc = gpuipc__chan_event_get(pool, sent, ndev, depth, dev, slot, &ev,

@@ -115,15 +115,20 @@ static int chan_setup(struct gpuipc_channel *ch,
   ch->rx_words = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_WORD_OFF(1 - e));
   ch->tx.depth = c->depth;
   ch->tx.next_seq = 1;
-  ch->tx.oldest = 1;
   ch->tx.next_key = 1;
   ch->tx.recs = calloc(c->depth, sizeof(*ch->tx.recs));
+  ch->tx.free_slots = calloc(c->depth, sizeof(*ch->tx.free_slots));
   ch->rx.depth = peer_depth;
   ch->rx.expect_seq = 1;
   ch->rx.kernel_max =
       (uint64_t)gpuipc__cfg_long(GPUIPC_CFG_CHAN_COPY_KERNEL_KB, 16384) * 1024;
-  if (ch->tx.recs == NULL)
+  if (ch->tx.recs == NULL || ch->tx.free_slots == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_channel_open: out of memory");
+  /* Slot 0 is taken first. */
+  for (uint32_t i = 0; i < c->depth; i++)
+    ch->tx.free_slots[i] = c->depth - 1 - i;
+  ch->tx.nfree = c->depth;
+  ch->tx.first = ch->tx.last = GPUIPC__CHAN_NO_SLOT;
   return 0;
 }
 
@@ -315,7 +320,8 @@ int gpuipc_channel_info(gpuipc_channel_t *ch, gpuipc_channel_info_t *out)
   pthread_mutex_lock(&ch->tx.lock);
   i.depth = ch->tx.depth;
   i.sent = ch->tx.sent;
-  i.in_flight = ch->tx.next_seq - ch->tx.oldest;
+  i.in_flight = ch->tx.depth - ch->tx.nfree;
+  i.oldest_in_flight = gpuipc__chan_tx_oldest(&ch->tx);
   i.buffers_sent = ch->tx.bufs_sent;
   pthread_mutex_unlock(&ch->tx.lock);
   pthread_mutex_lock(&ch->rx.lock);

@@ -142,6 +142,12 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
                                      (unsigned long long)d->seq,
                                      (unsigned long long)rx->expect_seq));
   rx->expect_seq++;
+  if (d->slot >= rx->depth)
+    return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu in "
+                                     "record slot %u, beyond the sender's "
+                                     "depth %u", who,
+                                     (unsigned long long)d->seq, d->slot,
+                                     rx->depth));
   int at;
   if (d->flags & GPUIPC__DESC_FORGET) {
     gpuipc_buf_t *old = rxbuf_find(rx, d->forget_key, &at);
@@ -225,10 +231,10 @@ static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
   return rc;
 }
 
-/* Where @dev's streams write the release word of message @seq: 0, or
- * GPUIPC_E_UNSUPPORTED when they cannot (no memory operations, or no
+/* Where @dev's streams write the release word of record slot @slot: 0,
+ * or GPUIPC_E_UNSUPPORTED when they cannot (no memory operations, or no
  * memory for the slots' record). rel_lock held. */
-static int rx_word_addr(struct gpuipc_channel *ch, uint64_t seq, int dev,
+static int rx_word_addr(struct gpuipc_channel *ch, uint32_t slot, int dev,
                         uint64_t *word)
 {
   struct gpuipc__rx *rx = &ch->rx;
@@ -237,21 +243,22 @@ static int rx_word_addr(struct gpuipc_channel *ch, uint64_t seq, int dev,
   if (rx->word_seq == NULL ||
       gpuipc__chan_word_addr(&rx->words, ch->seg, ch->rx_words, dev, word) != 0)
     return GPUIPC_E_UNSUPPORTED;
-  *word += (seq % rx->depth) * 8;
+  *word += (uint64_t)slot * 8;
   return 0;
 }
 
 /*
- * Publish the release of message @seq, ordered after @stream (of device
- * @dev, -1 for none) unless the stream is idle: the stream writes the
- * release word of @seq's slot once its work is done (one stream memory
+ * Publish the release of message @seq (in the sender's record slot
+ * @slot), ordered after @stream (of device @dev, -1 for none) unless the
+ * stream is idle: the stream writes the release word of the slot once
+ * its work is done (one stream memory
  * operation; the sender reads the word from shared memory), or, where the
  * device cannot, records an interprocess event. @busy: the stream is known
  * not to be idle (work was just queued on it), no need to ask. @carried:
  * the word is on its way already (rx_copy queued it with the copy).
  */
-static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
-                      void *stream, bool busy, bool carried)
+static int rx_release(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
+                      int dev, void *stream, bool busy, bool carried)
 {
   struct gpuipc__rx *rx = &ch->rx;
   int rc = 0;
@@ -269,21 +276,22 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, int dev,
   struct gpuipc__rel rl;
   memset(&rl, 0, sizeof(rl));
   rl.seq = seq;
+  rl.slot = (uint16_t)slot;
   uint8_t *sent = NULL;
   uint64_t word;
   bool after = !carried && dev >= 0 &&
                (busy || !gpuipc__stream_idle(dev, stream));
   if (carried) {
     rl.flags = GPUIPC__REL_WORD;
-  } else if (after && rx_word_addr(ch, seq, dev, &word) == 0) {
+  } else if (after && rx_word_addr(ch, slot, dev, &word) == 0) {
     rc = gpuipc__stream_word_write(dev, stream, word, seq);
     if (rc != 0)
       goto unlock;
-    rx->word_seq[seq % rx->depth] = seq;
+    rx->word_seq[slot] = seq;
     rl.flags = GPUIPC__REL_WORD;
   } else if (after) {
     rc = gpuipc__chan_event_record(&rx->rel_ev, &rx->rel_ev_sent, &rx->ndev,
-                                   rx->depth, dev, seq, stream, &rl.ev_key,
+                                   rx->depth, dev, slot, stream, &rl.ev_key,
                                    rl.ev_handle, &sent);
     if (rc != 0)
       goto unlock;
@@ -304,28 +312,29 @@ unlock:
   return rc;
 }
 
-/* Where @dev's streams write the release word of @seq (rx_word_addr),
- * and the counter the copy kernel takes for it (0: none); 0, or
- * GPUIPC_E_UNSUPPORTED when the release cannot be a word. rel_lock held. */
-static int rx_word_for(struct gpuipc_channel *ch, uint64_t seq, int dev,
+/* Where @dev's streams write the release word of record slot @slot
+ * (rx_word_addr), and the counter the copy kernel takes for it (0: none);
+ * 0, or GPUIPC_E_UNSUPPORTED when the release cannot be a word. rel_lock
+ * held. */
+static int rx_word_for(struct gpuipc_channel *ch, uint32_t slot, int dev,
                        bool kernel, uint64_t *word, uint64_t *count)
 {
   struct gpuipc__rx *rx = &ch->rx;
   if (atomic_load(&ch->closing) || atomic_load(&ch->broken) != 0)
     return GPUIPC_E_UNSUPPORTED; /* the release itself says what became */
-  if (rx_word_addr(ch, seq, dev, word) != 0)
+  if (rx_word_addr(ch, slot, dev, word) != 0)
     return GPUIPC_E_UNSUPPORTED;
   *count = 0;
   if (kernel && rx->kstate[dev] == 0)
     rx->kstate[dev] = gpuipc__counters_get(dev, &rx->kcount[dev]) == 0 ? 1
                                                                        : -1;
   if (kernel && rx->kstate[dev] > 0)
-    *count = rx->kcount[dev] + (seq % rx->depth) * 4;
+    *count = rx->kcount[dev] + (uint64_t)slot * 4;
   return 0;
 }
 
 /*
- * Queue recv_into's copy of message @seq (@n > 0 bytes from @src to @to)
+ * Queue recv_into's copy of message @seq (record slot @slot; @n > 0 bytes from @src to @to)
  * on @stream of device @dev, and with it, where it can, the message's
  * release word: within one GPU and up to rx.kernel_max bytes, gpuipc's
  * copy kernel writes the word when it has read the buffer (one launch);
@@ -335,8 +344,8 @@ static int rx_word_for(struct gpuipc_channel *ch, uint64_t seq, int dev,
  * word is on its way (rx_release then only publishes the release). 0, or
  * the copy's error: then nothing was queued.
  */
-static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, int dev,
-                   void *stream, uint8_t *to, const uint8_t *src, size_t n,
+static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
+                   int dev, void *stream, uint8_t *to, const uint8_t *src, size_t n,
                    bool d2d, bool one_gpu, bool *carried)
 {
   struct gpuipc__rx *rx = &ch->rx;
@@ -348,7 +357,7 @@ static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, int dev,
   int rc = GPUIPC_E_UNSUPPORTED;
   pthread_mutex_lock(&rx->rel_lock);
   if ((kernel || after) &&
-      rx_word_for(ch, seq, dev, kernel, &word, &count) == 0) {
+      rx_word_for(ch, slot, dev, kernel, &word, &count) == 0) {
     if (kernel && count != 0)
       rc = gpuipc__copy_word(dev, to, src, n, stream, word, seq, count);
     if (rc == GPUIPC_E_UNSUPPORTED) { /* the copy engine's copy, then */
@@ -360,7 +369,7 @@ static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, int dev,
       *carried = true;
     }
     if (*carried)
-      rx->word_seq[seq % rx->depth] = seq;
+      rx->word_seq[slot] = seq;
   } else {
     rc = gpuipc__stream_copy_async(dev, to, src, n, stream, d2d);
   }
@@ -409,6 +418,7 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   gpuipc__buf_ref(b);
   v->t.buf = b;
   v->seq = d->seq;
+  v->slot = d->slot;
   v->recv_stream = stream;
   gpuipc__chan_ref(ch);
   v->ch = ch;
@@ -496,18 +506,37 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
     bool d2d = gpuipc_buf_kind(b) != GPUIPC_KIND_HOST &&
                dl->device.device_type == GPUIPC_DL_CUDA;
     if (rc == 0 && n > 0)
-      rc = rx_copy(ch, d->seq, rel_dev, stream, to, src, n, d2d,
+      rc = rx_copy(ch, d->seq, d->slot, rel_dev, stream, to, src, n, d2d,
                    d2d && gpuipc_buf_device(b) == rel_dev, &carried);
     if (rc != 0)
       goto unlock;
   }
   uint64_t seq = d->seq;
+  uint32_t slot = d->slot;
   rx->pending = false;
   rx->received++;
-  rc = rx_release(ch, seq, rel_dev, stream, n > 0 && rel_dev >= 0, carried);
+  rc = rx_release(ch, seq, slot, rel_dev, stream, n > 0 && rel_dev >= 0,
+                  carried);
 unlock:
   pthread_mutex_unlock(&rx->lock);
   return rc;
+}
+
+int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,
+                                size_t len)
+{
+  if (len > GPUIPC__CHAN_REL_BYTES)
+    return -EINVAL;
+  struct gpuipc__rx *rx = &ch->rx;
+  pthread_mutex_lock(&rx->rel_lock);
+  uint8_t *dst = gpuipc__chan_rel_slot(ch->rx_rel, rx->rel_head);
+  memset(dst, 0, GPUIPC__CHAN_REL_BYTES);
+  memcpy(dst, bytes, len);
+  rx->rel_head++;
+  gpuipc__chan_publish(&ch->rxd->rel_head, rx->rel_head, &ch->rxd->send_sleep);
+  gpuipc__chan_poke(ch);
+  pthread_mutex_unlock(&rx->rel_lock);
+  return 0;
 }
 
 struct gpuipc__view *gpuipc__view_of(gpuipc_tensor_t *t)
@@ -530,7 +559,7 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
    * publish; the channel's locks may be held by threads this process
    * lacks. */
   if (!gpuipc__chan_stale(ch))
-    rc = rx_release(ch, v->seq,
+    rc = rx_release(ch, v->seq, v->slot,
                     v->device >= 0 ? gpuipc__stream_dev(stream, v->device)
                                    : -1,
                     stream, false, false);

@@ -23,6 +23,7 @@ void gpuipc__chan_unref(struct gpuipc_channel *ch)
   gpuipc__fd_close(&ch->sock);
   gpuipc__chan_poll_close(ch);
   free(ch->tx.recs);
+  free(ch->tx.free_slots);
   if (ch->seg != NULL)
     gpuipc_buf_release(ch->seg);
   pthread_mutex_destroy(&ch->tx.lock);

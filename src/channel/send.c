@@ -6,8 +6,20 @@
  * Data path. Each direction has a descriptor ring and a release ring in
  * the segment, single producer and single consumer each. Message s of a
  * direction is the s-th descriptor (s = 1, 2, ...); the sender keeps a
- * record of it at s % depth until it is free, so at most depth messages are
- * in flight, and the rings (GPUIPC__CHAN_DEPTH_MAX slots) never overflow.
+ * record of it in a free record slot until it is free, so at most depth
+ * messages are in flight, and the rings (GPUIPC__CHAN_DEPTH_MAX slots)
+ * never overflow (a descriptor not taken, or a release not taken in, is
+ * a message in flight).
+ *
+ * Out of order. A message is free once the receiver released it and its
+ * GPU work on it is done (release word or event), whatever became of the
+ * messages before it: its record slot, its staging slot or large stage go
+ * back at once. So a receiver that holds one view costs the sender that
+ * message's record slot (and its staging slot or large stage), not the
+ * channel; the descriptor carries the record slot, and the receiver keys
+ * the message's release event and release word by it. The records in
+ * flight are also kept in a list in sending order, which gives the oldest
+ * one (gpuipc_channel_info) and finds a ticket.
  * A buffer's handle and fd go over the socket just before the first
  * descriptor that uses it (flag NEW_BUF): sendmsg has queued the message
  * at the receiver before the descriptor is published, so the receiver
@@ -32,6 +44,55 @@
 
 /* Sending side                                                             */
 /* ------------------------------------------------------------------------ */
+
+/* The record slot of @r. */
+static uint32_t tx_slot(const struct gpuipc__tx *tx,
+                        const struct gpuipc__tx_rec *r)
+{
+  return (uint32_t)(r - tx->recs);
+}
+
+uint64_t gpuipc__chan_tx_oldest(const struct gpuipc__tx *tx)
+{
+  return tx->first == GPUIPC__CHAN_NO_SLOT ? 0 : tx->recs[tx->first].seq;
+}
+
+/* The record of message @seq while it is in flight, else NULL (free, or
+ * never sent). The list is in sending order: the walk ends at a later one. */
+static struct gpuipc__tx_rec *tx_find(struct gpuipc__tx *tx, uint64_t seq)
+{
+  for (uint32_t i = tx->first; i != GPUIPC__CHAN_NO_SLOT;
+       i = tx->recs[i].next) {
+    if (tx->recs[i].seq >= seq)
+      return tx->recs[i].seq == seq ? &tx->recs[i] : NULL;
+  }
+  return NULL;
+}
+
+/* Put the record in slot @i, just filled, at the end of the list. */
+static void tx_link(struct gpuipc__tx *tx, uint32_t i)
+{
+  struct gpuipc__tx_rec *r = &tx->recs[i];
+  r->prev = tx->last;
+  r->next = GPUIPC__CHAN_NO_SLOT;
+  if (tx->last != GPUIPC__CHAN_NO_SLOT)
+    tx->recs[tx->last].next = i;
+  else
+    tx->first = i;
+  tx->last = i;
+}
+
+static void tx_unlink(struct gpuipc__tx *tx, struct gpuipc__tx_rec *r)
+{
+  if (r->prev != GPUIPC__CHAN_NO_SLOT)
+    tx->recs[r->prev].next = r->next;
+  else
+    tx->first = r->next;
+  if (r->next != GPUIPC__CHAN_NO_SLOT)
+    tx->recs[r->next].prev = r->prev;
+  else
+    tx->last = r->prev;
+}
 
 static void tx_rec_free(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
 {
@@ -75,11 +136,14 @@ static int tx_take(struct gpuipc_channel *ch)
            sizeof(slot));
     struct gpuipc__rel rl;
     rc = gpuipc__rel_decode(slot, sizeof(slot), &rl, who);
-    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, rl.seq);
-    if (rc == 0 && (rl.seq < tx->oldest || rl.seq >= tx->next_seq ||
-                    r->seq != rl.seq || r->released))
-      rc = gpuipc__err(GPUIPC_E_PROTO, "%s: release of message %llu, which "
-                       "is not in flight", who, (unsigned long long)rl.seq);
+    struct gpuipc__tx_rec *r = rc == 0 && rl.slot < tx->depth
+                                   ? &tx->recs[rl.slot]
+                                   : NULL;
+    if (rc == 0 && (r == NULL || rl.seq == 0 || r->seq != rl.seq ||
+                    r->released))
+      rc = gpuipc__err(GPUIPC_E_PROTO, "%s: release of message %llu (record "
+                       "slot %u), which is not in flight", who,
+                       (unsigned long long)rl.seq, rl.slot);
     gpuipc_event_t *ev = NULL;
     /* Opened where the sender's streams most likely wait: the buffer's GPU.
      * None when the receiver closed with its work complete (settle.c). */
@@ -100,6 +164,7 @@ static int tx_take(struct gpuipc_channel *ch)
     if (rc != 0)
       return rc;
     r->released = true;
+    tx->unfree++;
     r->rel_ev = ev;
     r->rel_key = rl.ev_key;
     r->rel_word = (rl.flags & GPUIPC__REL_WORD) != 0;
@@ -117,7 +182,7 @@ static int tx_take(struct gpuipc_channel *ch)
 static bool word_reached(struct gpuipc_channel *ch,
                          const struct gpuipc__tx_rec *r)
 {
-  uint64_t w = atomic_load_explicit(&ch->tx_words[r->seq % ch->tx.depth],
+  uint64_t w = atomic_load_explicit(&ch->tx_words[tx_slot(&ch->tx, r)],
                                     memory_order_acquire);
   return (int64_t)(w - r->seq) >= 0;
 }
@@ -149,21 +214,36 @@ static int rel_query(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
   return rc;
 }
 
-/* Free the oldest messages whose buffers are free again. */
+/* Message @r is free: its record slot, staging slot or large stage and
+ * buffer reference go back. */
+static void tx_retire(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  tx_unlink(tx, r);
+  tx_rec_free(ch, r);
+  tx->unfree--;
+  tx->free_slots[tx->nfree++] = tx_slot(tx, r);
+  tx->freed++;
+}
+
+/* Free every released message whose buffer is free again, in any order:
+ * one still held (not released) holds up none after it. */
 static int tx_recycle(struct gpuipc_channel *ch)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  while (tx->oldest < tx->next_seq) {
-    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, tx->oldest);
+  uint32_t left = tx->unfree;
+  for (uint32_t i = tx->first; i != GPUIPC__CHAN_NO_SLOT && left > 0;) {
+    struct gpuipc__tx_rec *r = &tx->recs[i];
+    i = r->next;
     if (!r->released)
-      break;
+      continue;
+    left--;
     int q = rel_query(ch, r);
     if (q == -EAGAIN)
-      break;
+      continue;
     if (q != 0)
       return q;
-    tx_rec_free(ch, r);
-    tx->oldest++;
+    tx_retire(ch, r);
   }
   return 0;
 }
@@ -206,16 +286,21 @@ static int tx_sleep(struct gpuipc_channel *ch, int nap, uint64_t deadline)
   return rc;
 }
 
+/* tx_wait's @poll: no GPU work polled, or that of any released message. */
+#define POLL_NONE UINT64_MAX
+#define POLL_ANY 0
+
 /*
  * Wait until @done(ch, arg) holds: releases are taken in between, and a
- * released message whose event is pending is polled. The send lock is let
+ * released message whose event or word is pending (@poll: that ticket's,
+ * POLL_ANY: any one's, POLL_NONE: none) is polled. The send lock is let
  * go while it sleeps.
  */
 static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket);
 
 static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
                    bool (*done)(struct gpuipc_channel *, uint64_t),
-                   uint64_t arg, bool poll_events)
+                   uint64_t arg, uint64_t poll)
 {
   uint64_t polling = 0; /* when polling a GPU event began */
   for (;;) {
@@ -224,8 +309,7 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
       return rc;
     if (done(ch, arg))
       return 0;
-    /* A ticket of 0 stands for the oldest message in flight. */
-    if (poll_events && pending_event(ch, arg != 0 ? arg : ch->tx.oldest)) {
+    if (poll != POLL_NONE && pending_event(ch, poll)) {
       /* The GPU still works on a released buffer: poll its event. */
       if (deadline == 0)
         return -EAGAIN;
@@ -248,33 +332,38 @@ static int tx_wait(struct gpuipc_channel *ch, uint64_t deadline,
 
 static bool has_room(struct gpuipc_channel *ch, uint64_t unused)
 {
-  struct gpuipc__tx *tx = &ch->tx;
-  return tx->next_seq - tx->oldest < tx->depth;
+  (void)unused;
+  return ch->tx.nfree > 0;
+}
+
+/* Whether a message came free since ch->tx.freed was @freed. */
+static bool came_free(struct gpuipc_channel *ch, uint64_t freed)
+{
+  return ch->tx.freed != freed;
 }
 
 static bool ticket_free(struct gpuipc_channel *ch, uint64_t ticket)
 {
-  struct gpuipc__tx *tx = &ch->tx;
-  if (ticket < tx->oldest)
-    return true;
-  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
-  return r->released && rel_query(ch, r) == 0;
+  struct gpuipc__tx_rec *r = tx_find(&ch->tx, ticket);
+  return r == NULL || (r->released && rel_query(ch, r) == 0);
 }
 
 static bool ticket_released(struct gpuipc_channel *ch, uint64_t ticket)
 {
-  struct gpuipc__tx *tx = &ch->tx;
-  return ticket < tx->oldest || gpuipc__chan_tx_rec(tx, ticket)->released;
+  struct gpuipc__tx_rec *r = tx_find(&ch->tx, ticket);
+  return r == NULL || r->released;
 }
 
-/* Whether waiting for @ticket means polling a GPU event. */
+/* Whether waiting for @ticket (POLL_ANY: for any message) means polling
+ * the GPU: a released message whose event or word is pending. After
+ * tx_progress, every released message in flight is such a one. */
 static bool pending_event(struct gpuipc_channel *ch, uint64_t ticket)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  if (ticket < tx->oldest || ticket >= tx->next_seq)
-    return false;
-  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
-  return r->released && (r->rel_ev != NULL || r->rel_word);
+  if (ticket == POLL_ANY)
+    return tx->unfree > 0;
+  struct gpuipc__tx_rec *r = tx_find(tx, ticket);
+  return r != NULL && r->released && (r->rel_ev != NULL || r->rel_word);
 }
 
 /* When a blocked send gives up (send_timeout_ms: 0 does not wait, -1
@@ -298,45 +387,53 @@ static int tx_room(struct gpuipc_channel *ch, unsigned flags,
     gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN,
                        "gpuipc_channel_send: channel %s has %u messages in "
-                       "flight, its depth",
-                       ch->name, tx->depth);
+                       "flight, its depth (the oldest: message %llu)",
+                       ch->name, tx->depth,
+                       (unsigned long long)gpuipc__chan_tx_oldest(tx));
   }
-  rc = tx_wait(ch, deadline, has_room, 0, true);
+  rc = tx_wait(ch, deadline, has_room, 0, POLL_ANY);
   if (rc == -EAGAIN) {
     gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN,
                        "gpuipc_channel_send: channel %s has %u messages in "
-                       "flight, its depth (send_timeout_ms 0: no wait)",
-                       ch->name, tx->depth);
+                       "flight, its depth (the oldest: message %llu; "
+                       "send_timeout_ms 0: no wait)",
+                       ch->name, tx->depth,
+                       (unsigned long long)gpuipc__chan_tx_oldest(tx));
   }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT,
                        "gpuipc_channel_send: channel %s: %u messages "
-                       "in flight and none given back within %d ms",
-                       ch->name, tx->depth, ch->send_timeout_ms);
+                       "in flight and none given back within %d ms (the "
+                       "oldest: message %llu)",
+                       ch->name, tx->depth, ch->send_timeout_ms,
+                       (unsigned long long)gpuipc__chan_tx_oldest(tx));
   return rc;
 }
 
-int gpuipc__chan_tx_wait_oldest(struct gpuipc_channel *ch, unsigned flags,
-                                uint64_t deadline, const char *what)
+int gpuipc__chan_tx_wait_any(struct gpuipc_channel *ch, unsigned flags,
+                             uint64_t deadline, const char *what)
 {
   struct gpuipc__tx *tx = &ch->tx;
+  unsigned long long oldest = gpuipc__chan_tx_oldest(tx);
   if (flags & GPUIPC_SEND_NONBLOCK) {
     gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s: every %s "
-                       "is in flight", ch->name, what);
+                       "is in flight (the oldest message: %llu)", ch->name,
+                       what, oldest);
   }
-  int rc = tx_wait(ch, deadline, ticket_free, tx->oldest, true);
+  int rc = tx_wait(ch, deadline, came_free, tx->freed, POLL_ANY);
   if (rc == -EAGAIN) {
     gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "gpuipc_channel_send: channel %s: every %s "
-                       "is in flight (send_timeout_ms 0: no wait)", ch->name,
-                       what);
+                       "is in flight (the oldest message: %llu; "
+                       "send_timeout_ms 0: no wait)", ch->name, what, oldest);
   }
   if (rc == -ETIMEDOUT)
     return gpuipc__err(-ETIMEDOUT, "gpuipc_channel_send: channel %s: no %s "
-                       "came free within %d ms", ch->name, what,
-                       ch->send_timeout_ms);
+                       "came free within %d ms (the oldest message in "
+                       "flight: %llu)", ch->name, what, ch->send_timeout_ms,
+                       (unsigned long long)gpuipc__chan_tx_oldest(tx));
   if (rc != 0)
     return rc;
   return tx_recycle(ch);
@@ -383,8 +480,8 @@ static int stage_get(struct gpuipc_channel *ch, int area, unsigned flags,
   uint64_t all = ch->stage_slots == 64 ? UINT64_MAX
                                         : (1ull << ch->stage_slots) - 1;
   while ((s->busy & all) == all) {
-    /* Every slot is in flight: wait until the oldest message is free. */
-    int rc = gpuipc__chan_tx_wait_oldest(ch, flags, deadline, "staging slot");
+    /* Every slot is in flight: wait until a message comes free. */
+    int rc = gpuipc__chan_tx_wait_any(ch, flags, deadline, "staging slot");
     if (rc != 0)
       return rc;
   }
@@ -582,20 +679,24 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     tx->bufs_sent++;
   }
 
+  /* The record slot (tx_room left one free): taken once it is published. */
+  uint32_t rs = tx->free_slots[tx->nfree - 1];
+  d.slot = (uint16_t)rs;
+
   /* Order the message after the sender's stream (unless it is idle). */
   uint8_t *ev_sent = NULL;
   if (ev_dev >= 0)
     ev_dev = gpuipc__stream_dev(stream, ev_dev);
   if (ev_dev >= 0 && !gpuipc__stream_idle(ev_dev, stream)) {
     rc = gpuipc__chan_event_record(&tx->ev, &tx->ev_sent, &tx->ndev,
-                                   tx->depth, ev_dev, seq, stream, &d.ev_key,
+                                   tx->depth, ev_dev, rs, stream, &d.ev_key,
                                    d.ev_handle, &ev_sent);
     if (rc != 0)
       goto broken;
     d.flags |= GPUIPC__DESC_EVENT | (ev_sent ? GPUIPC__DESC_NEW_EVENT : 0);
   }
 
-  struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, seq);
+  struct gpuipc__tx_rec *r = &tx->recs[rs];
   r->seq = seq;
   r->released = false;
   r->rel_ev = NULL;
@@ -616,6 +717,8 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   if (rc < 0)
     goto broken;
   tx->head = head + 1;
+  tx->nfree--;
+  tx_link(tx, rs);
   gpuipc__chan_publish(&ch->txd->head, tx->head, &ch->txd->recv_sleep);
   gpuipc__chan_poke(ch);
   if (ev_sent != NULL)
@@ -658,7 +761,8 @@ static int ticket_wait(struct gpuipc_channel *ch, const char *who,
                                    ch->dom_timeout_ms, &ms);
   if (rc != 0)
     return rc;
-  rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), done, ticket, poll_events);
+  rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), done, ticket,
+               poll_events ? ticket : POLL_NONE);
   if (rc == -EAGAIN) {
     gpuipc__chan_arm(ch);
     return gpuipc__err(-EAGAIN, "%s: message %llu is not %s yet", who, t,
@@ -706,15 +810,17 @@ static int word_stream_wait(struct gpuipc_channel *ch,
   uint64_t words;
   if (gpuipc__chan_word_addr(&tx->words, ch->seg, ch->tx_words, dev, &words) == 0)
     return gpuipc__stream_word_wait(dev, stream,
-                                    words + (r->seq % tx->depth) * 8, r->seq);
+                                    words + (uint64_t)tx_slot(tx, r) * 8,
+                                    r->seq);
+  uint64_t seq = r->seq; /* r may be another message's once the lock goes */
   int ms = -1;
   int rc = gpuipc__timeout_resolve(who, "timeout_ms", timeout_ms,
                                    ch->dom_timeout_ms, &ms);
   if (rc == 0)
-    rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), ticket_free, r->seq, true);
+    rc = tx_wait(ch, gpuipc__chan_deadline_of(ms), ticket_free, seq, seq);
   if (rc == -ETIMEDOUT)
     rc = gpuipc__err(-ETIMEDOUT, "%s: message %llu was not free within %d "
-                     "ms", who, (unsigned long long)r->seq, ms);
+                     "ms", who, (unsigned long long)seq, ms);
   return rc;
 }
 
@@ -729,8 +835,8 @@ int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,
   pthread_mutex_lock(&tx->lock);
   int rc = ticket_wait(ch, "gpuipc_channel_send_wait", ticket, timeout_ms,
                        ticket_released, false, "released");
-  if (rc == 0 && ticket >= tx->oldest) {
-    struct gpuipc__tx_rec *r = gpuipc__chan_tx_rec(tx, ticket);
+  struct gpuipc__tx_rec *r = rc == 0 ? tx_find(tx, ticket) : NULL;
+  if (r != NULL) {
     gpuipc_event_t *ev = r->rel_ev;
     if (r->rel_word)
       rc = word_stream_wait(ch, r, stream, timeout_ms,
@@ -796,6 +902,8 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
         tx_rec_free(ch, &tx->recs[i]);
   free(tx->recs);
   tx->recs = NULL;
+  free(tx->free_slots);
+  tx->free_slots = NULL;
   if (tx->stage != NULL) {
     for (int i = 0; i < tx->nstage; i++) {
       if (tx->stage[i].buf != NULL)

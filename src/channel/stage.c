@@ -19,8 +19,8 @@
  * tensor larger than that still gets a stage of its own size when the area
  * keeps no other. A send takes the smallest free stage that holds the
  * tensor; else allocates one where the limits allow, freeing free ones
- * when that makes room; else waits for the oldest message in flight to be
- * free and looks again. A freed stage leaves the table of buffers the
+ * when that makes room; else waits for a message in flight (any one) to
+ * come free and looks again: a stage a held view keeps costs that stage. A freed stage leaves the table of buffers the
  * receiver holds and its key is queued to be forgotten (send.c), so that
  * the receiver unmaps it and the memory really goes.
  */
@@ -149,7 +149,7 @@ int gpuipc__chan_stage_large(struct gpuipc_channel *ch, int area,
       }
       return large_alloc(ch, area, size, span, idx);
     }
-    int rc = gpuipc__chan_tx_wait_oldest(ch, flags, deadline, "large stage");
+    int rc = gpuipc__chan_tx_wait_any(ch, flags, deadline, "large stage");
     if (rc != 0)
       return rc;
   }

@@ -6,7 +6,7 @@
  * layout checks at the top serve that decoder and the senders' own checks.
  *
  * Descriptor (at most GPUIPC__CHAN_DESC_BYTES):
- *   u32 magic "GCHD"  u16 version  u16 type  u16 length  u16 reserved
+ *   u32 magic "GCHD"  u16 version  u16 type  u16 length  u16 slot
  *   u32 flags  u64 seq  u64 buf_key  u64 buf_size  u64 forget_key
  *   u32 ev_key  u64 offset  i32 dev_type  i32 dev_id
  *   u8 dtype.code  u8 dtype.bits  u16 dtype.lanes  u32 ndim
@@ -14,8 +14,13 @@
  *   [event handle, GPUIPC_EVENT_HANDLE_PACKED_SIZE bytes, with NEW_EVENT]
  *
  * Release (at most GPUIPC__CHAN_REL_BYTES):
- *   u32 magic "GCHR"  u16 length  u16 reserved  u32 flags  u32 ev_key
+ *   u32 magic "GCHR"  u16 length  u16 slot  u32 flags  u32 ev_key
  *   u64 seq  [event handle with NEW_EVENT]
+ *
+ * slot: the sender's record slot of the message (below
+ * GPUIPC_CHANNEL_DEPTH_MAX), which the release echoes; the two ends index
+ * what each message uses (events, release words) by it, so that a message
+ * held long costs its slot alone (src/channel/send.c).
  *
  * Buffer message (on the socket, with the buffer's fd for fd kinds):
  *   u32 magic "GCHB"  u16 version  u16 reserved  u64 key
@@ -175,7 +180,7 @@ int gpuipc__desc_encode(const struct gpuipc__desc *d, void *dst, size_t cap)
   gpuipc__put_u16(&w, GPUIPC__DESC_VERSION);
   gpuipc__put_u16(&w, d->type);
   gpuipc__put_u16(&w, (uint16_t)len);
-  gpuipc__put_u16(&w, 0);
+  gpuipc__put_u16(&w, d->slot);
   gpuipc__put_u32(&w, d->flags);
   gpuipc__put_u64(&w, d->seq);
   gpuipc__put_u64(&w, d->buf_key);
@@ -211,7 +216,7 @@ int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
   uint16_t version = gpuipc__get_u16(&r);
   out->type = gpuipc__get_u16(&r);
   uint16_t dlen = gpuipc__get_u16(&r);
-  uint16_t reserved = gpuipc__get_u16(&r);
+  out->slot = gpuipc__get_u16(&r);
   if (r.err != 0)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor truncated at %zu "
                        "bytes", who, len);
@@ -228,9 +233,9 @@ int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
   if (dlen < DESC_FIXED || dlen > len)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor length %u is outside "
                        "%d..%zu", who, dlen, DESC_FIXED, len);
-  if (reserved != 0)
-    return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor reserved field is "
-                       "%u", who, reserved);
+  if (out->slot >= GPUIPC__CHAN_SLOT_MAX)
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor record slot %u (at "
+                       "most %u)", who, out->slot, GPUIPC__CHAN_SLOT_MAX - 1);
   r.len = dlen;
   out->flags = gpuipc__get_u32(&r);
   out->seq = gpuipc__get_u64(&r);
@@ -297,7 +302,7 @@ int gpuipc__rel_encode(const struct gpuipc__rel *rl, void *dst, size_t cap)
                          : 0);
   gpuipc__put_u32(&w, GPUIPC__REL_MAGIC);
   gpuipc__put_u16(&w, (uint16_t)len);
-  gpuipc__put_u16(&w, 0);
+  gpuipc__put_u16(&w, rl->slot);
   gpuipc__put_u32(&w, rl->flags);
   gpuipc__put_u32(&w, rl->ev_key);
   gpuipc__put_u64(&w, rl->seq);
@@ -317,9 +322,9 @@ int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
   memset(out, 0, sizeof(*out));
   uint32_t magic = gpuipc__get_u32(&r);
   uint16_t rlen = gpuipc__get_u16(&r);
-  uint16_t reserved = gpuipc__get_u16(&r);
+  out->slot = gpuipc__get_u16(&r);
   if (r.err != 0 || magic != GPUIPC__REL_MAGIC || rlen < 24 || rlen > len ||
-      reserved != 0)
+      out->slot >= GPUIPC__CHAN_SLOT_MAX)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: release record header is "
                        "malformed (magic 0x%08x, length %u)", who, magic,
                        rlen);

@@ -17,6 +17,8 @@
 /* A ring slot: a descriptor and a release record are at most this long. */
 #define GPUIPC__CHAN_DESC_BYTES 512
 #define GPUIPC__CHAN_REL_BYTES 256
+/* A message's record slot (the sender's, below its depth) is below this. */
+#define GPUIPC__CHAN_SLOT_MAX 1024
 /* Event keys: device * GPUIPC_CHANNEL_DEPTH_MAX + slot, device below this. */
 #define GPUIPC__CHAN_EV_DEVS 64
 
@@ -36,6 +38,7 @@
 
 struct gpuipc__desc {
   uint16_t type;
+  uint16_t slot;       /* the sender's record slot of the message */
   uint32_t flags;
   uint64_t seq;
   uint64_t buf_key;
@@ -98,6 +101,7 @@ uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
 #define GPUIPC__REL_FLAGS 0x7u
 
 struct gpuipc__rel {
+  uint16_t slot;       /* the message's record slot, as its descriptor said */
   uint32_t flags;
   uint64_t seq;
   uint32_t ev_key;

@@ -37,6 +37,11 @@ if(GPUIPC_HAVE_CUDA)
   target_compile_definitions(test_channel_gpu_order PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   target_link_libraries(chan_order_peer PRIVATE ${CMAKE_DL_LIBS})
+  # tests/channel_hold_gpu.c: a held view on device 0 of the fake.
+  add_dependencies(test_channel_hold_gpu fake_cuda_full chan_hold_peer)
+  target_compile_definitions(test_channel_hold_gpu PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_hold_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_copy_kernel.c: the receive copy as gpuipc's kernel or
   # the copy engine's, which both ends count in the fake.
   add_dependencies(test_channel_copy_kernel fake_cuda_full chan_order_peer

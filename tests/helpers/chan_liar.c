@@ -7,7 +7,8 @@
  *
  * CASE: ndim, stride, offset, bigsize, dtype, dtype99, lanes, magic, seq,
  * key, flags, forget, bufmsg, nobufmsg (announces a new buffer and sends
- * no buffer message at all).
+ * no buffer message at all), slot (a record slot beyond the depth, 64),
+ * slotmax (one beyond any depth).
  */
 #include "channel/channel.h"
 #include "helpers/chan_common.h"
@@ -86,6 +87,10 @@ int main(int argc, char **argv)
   } else if (strcmp(c, "nobufmsg") == 0) {
     d.flags = GPUIPC__DESC_NEW_BUF;
     d.buf_key = 2;
+  } else if (strcmp(c, "slot") == 0) {
+    d.slot = 64; /* the default depth */
+  } else if (strcmp(c, "slotmax") == 0) {
+    d.slot = GPUIPC__CHAN_SLOT_MAX;
   } else if (strcmp(c, "magic") != 0) {
     TFAIL("unknown case %s", c);
   }
