@@ -17,6 +17,7 @@
 #include "_gpuipc.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 
 static PyObject *error_factory; /* callable(code, name, sentence) -> exc */
@@ -236,12 +237,20 @@ int gpuipc__py_timeout(PyObject *o, void *out)
     *ms = GPUIPC_TIMEOUT_FOREVER;
     return 1;
   }
-  double s = PyFloat_AsDouble(o);
-  if (s == -1.0 && PyErr_Occurred())
+  if (PyBool_Check(o)) {
+    PyErr_SetString(PyExc_TypeError, "timeout: seconds or None (forever), "
+                                     "not a bool");
     return 0;
-  if (!(s >= 0)) { /* negative, or NaN */
-    PyErr_SetString(PyExc_ValueError,
-                    "a timeout is None (forever) or >= 0 seconds");
+  }
+  double s = PyFloat_AsDouble(o);
+  if (s == -1.0 && PyErr_Occurred()) {
+    PyErr_Format(PyExc_TypeError, "timeout: seconds or None (forever), not "
+                 "%R", o);
+    return 0;
+  }
+  if (!(s >= 0) || !isfinite(s)) { /* negative, NaN or infinite */
+    PyErr_Format(PyExc_ValueError, "timeout: None (forever) or a finite "
+                 "number of seconds >= 0, not %R", o);
     return 0;
   }
   double m = s * 1000;
@@ -266,6 +275,23 @@ int gpuipc__py_ptr(PyObject *o, void *out)
 {
   *(void **)out = PyLong_AsVoidPtr(o);
   return !PyErr_Occurred();
+}
+
+int gpuipc__py_ticket(PyObject *o, void *out)
+{
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "ticket: an int that send returned, not "
+                 "%R", o);
+    return 0;
+  }
+  unsigned long long t = PyLong_AsUnsignedLongLong(o);
+  if (t == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Format(PyExc_ValueError, "ticket: %R is outside 0 .. 2**64 - 1",
+                 o);
+    return 0;
+  }
+  *(uint64_t *)out = t;
+  return 1;
 }
 
 /* ---- the module -------------------------------------------------------- */

@@ -65,10 +65,13 @@ int gpuipc__py_channel(PyObject *o, void *out);
 int gpuipc__py_view(PyObject *o, void *out);
 int gpuipc__py_event(PyObject *o, void *out);
 int gpuipc__py_stream(PyObject *o, void *out);
-/* A timeout in seconds (None: forever; >= 0) as the library's int
- * milliseconds (a positive one at least 1 ms). */
+/* A timeout in seconds (None: forever; finite, >= 0, not a bool) as the
+ * library's int milliseconds (a positive one at least 1 ms). */
 int gpuipc__py_timeout(PyObject *o, void *out);
 int gpuipc__py_ptr(PyObject *o, void *out);
+/* A send ticket: an int in 0 .. 2**64 - 1 (ValueError outside, TypeError
+ * for another type or a bool). */
+int gpuipc__py_ticket(PyObject *o, void *out);
 
 /* Append @item (a new reference, or NULL after a failure, whose exception
  * stands) to list @*list, and drop @item; on failure @*list is dropped
