@@ -209,7 +209,7 @@ class _Boxed:
 
     def _h(self):
         if self._box is None:
-            raise ValueError(self._closed)
+            raise _closed_error(self._closed)
         return self._box
 
     def _take_box(self):
@@ -222,3 +222,9 @@ class _Boxed:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _closed_error(what):
+    """gpuipc.Closed (a ValueError, as for a closed file) saying ``what``."""
+    from ._errors import Closed
+    return Closed(_c.E_CLOSED, "GPUIPC_E_CLOSED", what)

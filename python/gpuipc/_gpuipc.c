@@ -15,6 +15,7 @@
  * Blocking calls release the GIL.
  */
 #include "_gpuipc.h"
+#include "core/core.h"
 
 #include <limits.h>
 #include <math.h>
@@ -129,15 +130,22 @@ PyObject *gpuipc__py_box_on(int rc, const char *type, void *p, void *stream)
   return cap;
 }
 
+/* gpuipc.Closed (a ValueError) for an object used after it was closed,
+ * released or handed over; returns NULL. */
+static void *raise_closed(void)
+{
+  gpuipc__py_raise(gpuipc__err(GPUIPC_E_CLOSED, "the gpuipc object is "
+                               "closed, released or handed over"));
+  return NULL;
+}
+
 void *gpuipc__py_unbox(PyObject *cap, const char *type)
 {
   box_t *b = PyCapsule_GetPointer(cap, type);
   if (b == NULL)
     return NULL;
-  if (b->p == NULL) {
-    PyErr_SetString(PyExc_ValueError, "the gpuipc object is closed");
-    return NULL;
-  }
+  if (b->p == NULL)
+    return raise_closed();
   return b->p;
 }
 

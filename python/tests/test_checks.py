@@ -1,6 +1,10 @@
-"""Python input checked where it comes in: tickets and timeouts. In one
-process, both ends of a channel in it (HOST memory)."""
+"""Python input checked where it comes in: tickets and timeouts; use
+after close. In one process, both ends of a channel in it (HOST
+memory)."""
 import math
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -44,3 +48,48 @@ def test_timeouts_must_be_finite_seconds(bad, pair):
         tx.done(t, timeout=bad)
     with rx.recv(timeout=None) as v:  # None stays "forever"
         assert v.shape == (4,)
+
+
+# ---- D: use after close ------------------------------------------------------
+
+def test_use_after_close_is_a_value_error(dom, pair):
+    """Every use of a closed, released or left object raises gpuipc.Closed,
+    a ValueError (as a closed file does)."""
+    assert issubclass(gpuipc.Closed, ValueError)
+    assert issubclass(gpuipc.Closed, gpuipc.Error)
+    tx, rx = pair
+    tx.send(np.zeros(4))
+    v = rx.recv(timeout=5)
+    v.release()
+    b = gpuipc.empty(4)
+    b.release()
+    tx.close()
+    for call in (lambda: tx.send(np.zeros(4)), lambda: tx.info(), lambda: v.numpy(),
+                 lambda: np.asarray(v), lambda: b.numpy(), lambda: b.export()):
+        with pytest.raises(gpuipc.Closed):
+            call()
+
+
+def test_domain_of_the_parent_is_a_value_error(env):
+    """A fork() child using its parent's domain gets gpuipc.Closed
+    (GPUIPC_E_CLOSED), which is a ValueError."""
+    code = textwrap.dedent("""
+        import os, gpuipc
+        d = gpuipc.Domain("forked")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                d.stat("x")
+                os._exit(3)
+            except ValueError as e:
+                os._exit(0 if isinstance(e, gpuipc.Closed) else 4)
+            except BaseException:
+                os._exit(5)
+        _, st = os.waitpid(pid, 0)
+        d.leave()
+        print(os.waitstatus_to_exitcode(st))
+        """)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0"]
