@@ -6,8 +6,8 @@ _gpuipc_buffer.c."""
 import threading
 
 from . import _gpuipc as _c
-from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _dtype_of,
-                      _kind, _nbytes, _typestr_to_dl)
+from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _count, _dims,
+                      _dtype_of, _kind, _nbytes)
 
 # ---- the registry of gpuipc memory (zero-copy sends) -----------------------
 
@@ -70,24 +70,34 @@ class Buffer(_Boxed):
     _closed = "the buffer was released"
 
     def __init__(self, nbytes, kind=HOST, device=-1, shape=None, dtype="uint8"):
-        box = _c.buf_alloc(int(nbytes), _kind(kind), int(device))
-        self._init(box, shape, dtype)
+        nbytes = _count(nbytes, "nbytes")
+        if nbytes <= 0:
+            raise ValueError(f"nbytes: a buffer needs a size > 0, not {nbytes}")
+        typ = _dtype_of(dtype)  # checked before anything is allocated
+        dims = None if shape is None else _dims(shape)
+        box = _c.buf_alloc(nbytes, _kind(kind), _count(device, "device"))
+        try:
+            self._init(box, dims, dtype, typ)
+        except BaseException:
+            _c.close(box)
+            raise
 
     @classmethod
     def _wrap(cls, box, shape=None, dtype="uint8"):
         self = cls.__new__(cls)
-        self._init(box, shape, dtype)
+        self._init(box, None if shape is None else _dims(shape), dtype, _dtype_of(dtype))
         return self
 
-    def _init(self, box, shape, dtype):
+    def _init(self, box, shape, dtype, typ):
         self._box = box
         self.ptr, self.nbytes, k, self.device = _c.buf_info(box)
         self.kind = _KIND_NAMES.get(k, "?")
-        self.typestr, item = _dtype_of(dtype)
-        self.shape = tuple(shape) if shape is not None else (self.nbytes // item,)
+        self.typestr, item, self._dl = typ
+        self.shape = shape if shape is not None else (self.nbytes // item,)
         n = _nbytes(self.shape, item)
         if n > self.nbytes:
-            raise ValueError(f"shape {self.shape} of {dtype} needs {n} bytes; the buffer has {self.nbytes}")
+            raise ValueError(f"shape: {self.shape} of {dtype} needs {n} bytes; "
+                             f"the buffer has {self.nbytes}")
         _registry.add(self)
 
     def __del__(self):
@@ -123,9 +133,8 @@ class Buffer(_Boxed):
 
     def _desc(self):
         self._h()
-        dtype = _typestr_to_dl(self.typestr)
         dev = self.device if self.device >= 0 else 0
-        return _Desc(self.ptr, self._dl_device_type(), dev, dtype, self.shape, None, self)
+        return _Desc(self.ptr, self._dl_device_type(), dev, self._dl, self.shape, None, self)
 
     def __dlpack_device__(self):
         d = self._desc()
@@ -171,14 +180,15 @@ class Buffer(_Boxed):
 
 class _SubView(Buffer):
     def __init__(self, parent, dtype, shape, offset):
+        self.typestr, item, self._dl = _dtype_of(dtype)
+        self.shape = _dims(shape)
+        offset = _count(offset, "offset")
+        n = _nbytes(self.shape, item)
+        if offset < 0 or offset + n > parent.nbytes:
+            raise ValueError("offset, shape: the view reaches outside the buffer")
         self._parent = parent
         self._box = parent._h()
         self.kind, self.device = parent.kind, parent.device
-        self.typestr, item = _dtype_of(dtype)
-        self.shape = tuple(shape)
-        n = _nbytes(self.shape, item)
-        if offset < 0 or offset + n > parent.nbytes:
-            raise ValueError("the view reaches outside the buffer")
         self.ptr, self.nbytes = parent.ptr + offset, n
 
     def release(self):
@@ -191,7 +201,9 @@ class _SubView(Buffer):
 def empty(shape, dtype="float32", kind=HOST, device=-1):
     """A new gpuipc Buffer holding ``shape`` x ``dtype`` (zero-filled for
     HOST): arrays made from it (``numpy()``, ``torch.from_dlpack``) are sent
-    without a copy."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    _, item = _dtype_of(dtype)
+    without a copy. ``shape``: an int or a sequence of ints >= 0; ``dtype``:
+    an integer, float, complex, bool or bfloat16 type (numpy, torch or a
+    name); TypeError or ValueError otherwise."""
+    shape = _dims(shape)
+    _, item, _ = _dtype_of(dtype)
     return Buffer(max(_nbytes(shape, item), 1), kind, device, shape, dtype)

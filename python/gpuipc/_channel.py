@@ -113,9 +113,13 @@ class Channel(_Boxed):
 
     def recv_into(self, dst, timeout=None, stream=None):
         """Receive the next tensor by copying it into ``dst`` (same dtype and
-        shape, contiguous), on ``stream``; the sender's buffer is given back
-        when the copy is done."""
+        shape, contiguous, writable), on ``stream``; the sender's buffer is
+        given back when the copy is done. A read-only ``dst`` (bytes, an
+        array whose writeable flag is off) raises ValueError before
+        anything is received."""
         d = describe(dst, stream)
+        if d.readonly:
+            raise ValueError("recv_into: dst is read-only")
         s = d.stream(stream)
         _c.channel_recv_into(self._h(), d.t, s, _ms(timeout))
         return dst

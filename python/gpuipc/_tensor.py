@@ -7,9 +7,8 @@ import sys
 
 from . import _gpuipc as _c
 from ._buffer import Buffer
-from ._common import (DL_CPU, DL_CUDA, _BFLOAT, _COMPLEX, _FLOAT, _INT, _UINT,
-                      _Boxed, _Desc, _KIND_NAMES, _c_strides, _dl_to_typestr,
-                      _nbytes, _stream, _typestr_to_dl)
+from ._common import (DL_CPU, DL_CUDA, _BF16, _Boxed, _Desc, _KIND_NAMES, _c_strides,
+                      _dl_to_typestr, _nbytes, _stream, _typestr_to_dl)
 from ._errors import Error
 
 
@@ -24,17 +23,29 @@ def _elem_strides(strides, item, what):
     return out
 
 
-def _from_array_interface(obj, ai, dev_type):
+def _dl_of_interface(obj, typestr):
+    """The DLPack dtype of an array interface's ``typestr``; a 2-byte void
+    is a bfloat16 only when the array's dtype says so (ml_dtypes')."""
+    if typestr[1:] == "V2":
+        dt = getattr(obj, "dtype", None)
+        if getattr(dt, "name", None) == "bfloat16" and getattr(dt, "names", ()) is None:
+            return _BF16[2]
+    return _typestr_to_dl(typestr, "dtype")
+
+
+def _from_array_interface(obj, ai, dev_type, dtype_of=None):
     if ai.get("mask") is not None:
         raise ValueError("masked arrays cannot be sent")
-    dtype = _typestr_to_dl(ai["typestr"])
+    dtype = _dl_of_interface(obj if dtype_of is None else dtype_of, ai["typestr"])
     item = dtype[1] // 8
-    ptr = ai["data"][0] if ai.get("data") else 0
+    data = ai.get("data")
+    ptr = data[0] if data else 0
+    readonly = bool(data[1]) if data else False
     strides = _elem_strides(ai.get("strides"), item, "array")
     dev_id = 0
     if dev_type == DL_CUDA:
         dev_id = _cuda_device_of(ptr)
-    return _Desc(ptr, dev_type, dev_id, dtype, ai["shape"], strides, obj)
+    return _Desc(ptr, dev_type, dev_id, dtype, ai["shape"], strides, obj, readonly=readonly)
 
 
 def _cuda_device_of(ptr):
@@ -91,7 +102,7 @@ def describe(obj, stream=None):
                         "interface, the array interface nor the buffer protocol") from None
     import numpy as np
     arr = np.asarray(mv)
-    return _from_array_interface((obj, arr), arr.__array_interface__, DL_CPU)
+    return _from_array_interface((obj, arr), arr.__array_interface__, DL_CPU, arr)
 
 
 # ---- received tensors --------------------------------------------------------

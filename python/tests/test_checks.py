@@ -1,6 +1,6 @@
-"""Python input checked where it comes in: tickets and timeouts; use
-after close. In one process, both ends of a channel in it (HOST
-memory)."""
+"""Python input checked where it comes in: read-only destinations,
+tickets, timeouts, shapes, sizes, streams, dtypes, use after close. In one
+process, both ends of a channel in it (HOST memory)."""
 import math
 import subprocess
 import sys
@@ -10,6 +10,29 @@ import numpy as np
 import pytest
 
 import gpuipc
+
+# ---- A: read-only destinations ---------------------------------------------
+
+def test_recv_into_refuses_read_only_destinations(pair):
+    """recv_into never writes into read-only memory (an immutable bytes
+    object, an array whose writeable flag is off), and refusing loses no
+    message: the next recv_into gets it."""
+    tx, rx = pair
+    want = np.arange(16, dtype=np.uint8)
+    t = tx.send(want)
+    src = b"z" * 16
+    ro = np.zeros(16, np.uint8)
+    ro.flags.writeable = False
+    for dst in (np.frombuffer(src, np.uint8), src, memoryview(src), ro):
+        with pytest.raises(ValueError, match="read-only"):
+            rx.recv_into(dst, timeout=5)
+    assert src == bytes([ord("z")] * 16) and not ro.any()
+    assert not tx.done(t, timeout=0)  # still in the channel
+    out = np.zeros(16, np.uint8)
+    rx.recv_into(out, timeout=5)
+    assert (out == want).all()
+    assert tx.done(t, timeout=5)
+
 
 # ---- C: tickets and timeouts -----------------------------------------------
 
@@ -48,6 +71,97 @@ def test_timeouts_must_be_finite_seconds(bad, pair):
         tx.done(t, timeout=bad)
     with rx.recv(timeout=None) as v:  # None stays "forever"
         assert v.shape == (4,)
+
+
+# ---- D: shapes, sizes, streams ---------------------------------------------
+
+BAD_BUFFER_ARGS = {
+    "empty((-1, 4))": (lambda: gpuipc.empty((-1, 4)), ValueError, "shape"),
+    "empty((2, -3))": (lambda: gpuipc.empty((2, -3)), ValueError, "shape"),
+    "empty(-5)": (lambda: gpuipc.empty(-5), ValueError, "shape"),
+    "Buffer(shape=(-2, 8))": (lambda: gpuipc.Buffer(4096, shape=(-2, 8)), ValueError, "shape"),
+    "empty((2.5, 4))": (lambda: gpuipc.empty((2.5, 4)), TypeError, "shape"),
+    "empty(4.0)": (lambda: gpuipc.empty(4.0), TypeError, "shape"),
+    "empty((True, 4))": (lambda: gpuipc.empty((True, 4)), TypeError, "shape"),
+    "Buffer(shape=(2.0, 8))": (lambda: gpuipc.Buffer(4096, shape=(2.0, 8)), TypeError, "shape"),
+    "Buffer(4096.0)": (lambda: gpuipc.Buffer(4096.0), TypeError, "nbytes"),
+    "Buffer(4096.7)": (lambda: gpuipc.Buffer(4096.7), TypeError, "nbytes"),
+    "Buffer(0)": (lambda: gpuipc.Buffer(0), ValueError, "nbytes"),
+    "Buffer(shape too large)": (lambda: gpuipc.Buffer(4096, shape=(4096,), dtype="float32"),
+                                ValueError, "shape"),
+    "empty(dtype U4)": (lambda: gpuipc.empty(4, "U4"), ValueError, "dtype"),
+    "empty(dtype unknown)": (lambda: gpuipc.empty(4, "not-a-dtype"), ValueError, "dtype"),
+    "view(shape=(-1,))": (lambda: gpuipc.empty(4).view("float32", (-1,)), ValueError, "shape"),
+    "view(offset=1.5)": (lambda: gpuipc.empty(4).view("float32", (2,), offset=1.5),
+                         TypeError, "offset"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BUFFER_ARGS))
+def test_buffer_arguments_are_checked(case):
+    """Sizes, shapes, offsets and dtypes: a TypeError or ValueError that
+    names the argument, before anything is allocated."""
+    call, err, word = BAD_BUFFER_ARGS[case]
+    with pytest.raises(err, match=word):
+        call()
+
+
+def test_empty_sizes_are_exact():
+    b = gpuipc.empty((3, 0, 2), "int16")
+    assert b.shape == (3, 0, 2) and b.numpy().shape == (3, 0, 2)
+    b = gpuipc.empty((5, 3), "float64")
+    assert b.nbytes >= 120 and b.numpy().shape == (5, 3)
+
+
+def test_a_host_send_checks_its_stream(pair):
+    """A host send takes no stream, but what it is given must be one."""
+    tx, rx = pair
+    for obj in (np.zeros(4), gpuipc.empty(4)):
+        for bad in ("x", 1.5, True):
+            with pytest.raises(TypeError, match="stream"):
+                tx.send(obj, stream=bad)
+    with pytest.raises(gpuipc.WouldBlock):
+        rx.recv(timeout=0)  # nothing was sent
+
+
+# ---- D: dtypes -----------------------------------------------------------------
+
+@pytest.mark.parametrize("arr", [
+    np.array([object(), 1], dtype=object),
+    np.array(["2026-11-27"], dtype="datetime64[ns]"),
+    np.array([1], dtype="timedelta64[s]"),
+    np.array(["ab"], dtype="U2"),
+    np.zeros(4, dtype="V2"),
+    np.zeros(4, dtype=[("a", "u1"), ("b", "u1")]),
+    np.zeros(4, dtype=[("a", "<f2")]),
+], ids=["object", "datetime64", "timedelta64", "str", "void2", "struct2", "struct-f2"])
+def test_unsupported_dtypes_are_refused_clearly(pair, arr):
+    """Objects, dates, strings, raw bytes and structured types cannot be
+    sent: a ValueError that names the dtype, and nothing is sent (a 2-byte
+    void or structured type is no bfloat16)."""
+    tx, rx = pair
+    with pytest.raises(ValueError, match="dtype") as e:
+        tx.send(arr)
+    assert "invalid literal" not in str(e.value)
+    with pytest.raises(gpuipc.WouldBlock):
+        rx.recv(timeout=0)
+
+
+def test_real_bfloat16_still_maps_to_bfloat16(pair):
+    """A gpuipc buffer of bfloat16 (by name or torch's dtype) and a torch
+    bfloat16 tensor cross as DLPack's bfloat16."""
+    torch = pytest.importorskip("torch")
+    tx, rx = pair
+    sent = [gpuipc.empty(4, "bfloat16"), gpuipc.empty(4, torch.bfloat16),
+            torch.ones(4, dtype=torch.bfloat16)]
+    for obj in sent:
+        tx.send(obj)
+        with rx.recv(timeout=5) as v:
+            assert v._dl_dtype == (4, 16, 1)
+    t = torch.arange(4, dtype=torch.bfloat16)
+    tx.send(t)
+    v = rx.recv(timeout=5)
+    assert torch.equal(torch.from_dlpack(v), t)
 
 
 # ---- D: use after close ------------------------------------------------------
@@ -93,3 +207,14 @@ def test_domain_of_the_parent_is_a_value_error(env):
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["0"]
+
+
+# ---- D: state dicts of numpy arrays ----------------------------------------
+
+def test_state_dict_of_numpy_arrays_is_a_clear_type_error(dom):
+    pytest.importorskip("torch")
+    from gpuipc import state_dict
+    with pytest.raises(TypeError, match="torch tensor"):
+        state_dict.publish(dom, "sd", {"w": np.zeros(4, np.float32)})
+    with pytest.raises(TypeError, match="torch tensor"):
+        state_dict.copy_into(dom, "sd", {"w": np.zeros(4, np.float32)}, timeout=0)
