@@ -6,8 +6,8 @@ _gpuipc_buffer.c."""
 import threading
 
 from . import _gpuipc as _c
-from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _count, _dims,
-                      _dtype_of, _kind, _nbytes)
+from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _Held, _KIND_NAMES, _count,
+                      _dims, _dtype_of, _kind, _nbytes)
 
 # ---- the registry of gpuipc memory (zero-copy sends) -----------------------
 
@@ -65,9 +65,16 @@ class Buffer(_Boxed):
     """Memory gpuipc allocated (``gpuipc_buf_alloc``) or mapped: arrays in it
     are sent without a copy. Exposes ``__dlpack__``, and
     ``__array_interface__`` (HOST) or ``__cuda_array_interface__`` (GPU), as
-    ``dtype`` x ``shape`` (default: bytes)."""
+    ``dtype`` x ``shape`` (default: bytes).
+
+    The memory stays mapped while anything made from it lives: an array of
+    ``numpy()``, a DLPack consumer's tensor and a sub-view (``view()``) each
+    hold a reference of their own, and an array made through the array
+    interfaces (``np.asarray(buf)``) keeps this Buffer, which then keeps the
+    memory until it goes. ``release()`` drops only the Buffer's own."""
 
     _closed = "the buffer was released"
+    _pin = None  # the reference that arrays made through an interface need
 
     def __init__(self, nbytes, kind=HOST, device=-1, shape=None, dtype="uint8"):
         nbytes = _count(nbytes, "nbytes")
@@ -108,7 +115,9 @@ class Buffer(_Boxed):
         return DL_CPU if self.kind == "host" else DL_CUDA
 
     def release(self):
-        """Drop this process's reference (views made from it must be gone)."""
+        """Drop this Buffer's reference to the memory; what was made from
+        it (arrays, DLPack tensors, sub-views) keeps the memory mapped
+        until it goes."""
         box = self._take_box()
         if box is not None:
             _registry.remove(self)
@@ -143,35 +152,53 @@ class Buffer(_Boxed):
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         if copy:
             raise BufferError("gpuipc buffers are exported without copying")
-        return _c.dlpack_of(self, self._desc().t)
+        t = self._desc().t
+        return _c.dlpack_of(self._keeper(), t)
+
+    def _keeper(self):
+        """What an array made from this buffer holds: a reference of its own
+        to the memory, and this Buffer (which, unreleased, lets the array
+        be sent without a copy)."""
+        return (_c.buf_retain(self._h()), self)
 
     def _interface(self):
         self._h()
         return {"version": 3, "shape": self.shape, "typestr": self.typestr,
                 "data": (self.ptr, False), "strides": None}
 
+    def _pinned_interface(self):
+        """The array interface, for an array whose base is this Buffer: the
+        memory is then kept until the Buffer goes, release() or not."""
+        d = self._interface()
+        if self._pin is None:
+            self._pin = _c.buf_retain(self._box)
+        return d
+
     @property
     def __array_interface__(self):
         if self.kind != "host":
             raise AttributeError("__array_interface__: GPU memory (use __cuda_array_interface__)")
-        return self._interface()
+        return self._pinned_interface()
 
     @property
     def __cuda_array_interface__(self):
         if self.kind == "host":
             raise AttributeError("__cuda_array_interface__: host memory")
-        d = self._interface()
+        d = self._pinned_interface()
         d["stream"] = None
         return d
 
     def numpy(self):
-        """A numpy array over this memory (HOST; no copy)."""
-        import numpy as np
-        return np.asarray(self)
+        """A numpy array over this memory (HOST; no copy), which keeps the
+        memory mapped while it (or a view of it) lives."""
+        if self.kind != "host":
+            raise TypeError("numpy(): GPU memory (use torch/cupy.from_dlpack)")
+        return _Held(self._interface(), self._keeper()).array()
 
     def view(self, dtype, shape, offset=0):
         """A Buffer-like view of ``shape`` x ``dtype`` starting ``offset``
-        bytes in (sendable without a copy)."""
+        bytes in (sendable without a copy), which keeps the memory mapped
+        while it lives (until its own release())."""
         return _SubView(self, dtype, shape, offset)
 
     def __repr__(self):
@@ -186,16 +213,20 @@ class _SubView(Buffer):
         n = _nbytes(self.shape, item)
         if offset < 0 or offset + n > parent.nbytes:
             raise ValueError("offset, shape: the view reaches outside the buffer")
-        self._parent = parent
-        self._box = parent._h()
+        self._parent = parent  # registered: arrays in it are sent without a copy
         self.kind, self.device = parent.kind, parent.device
         self.ptr, self.nbytes = parent.ptr + offset, n
+        self._box = _c.buf_retain(parent._h())  # its own reference
 
     def release(self):
-        self._box = None
+        box = self._take_box()
+        if box is not None:
+            _c.close(box)
+
+    close = release
 
     def __del__(self):
-        pass
+        pass  # never registered: its memory is its parent's
 
 
 def empty(shape, dtype="float32", kind=HOST, device=-1):

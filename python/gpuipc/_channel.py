@@ -7,7 +7,7 @@ import errno
 import threading
 
 from . import _gpuipc as _c
-from ._buffer import _registry
+from ._buffer import Buffer, _registry
 from ._common import DEFAULT, _Boxed, _ms, _stream
 from ._errors import Error, WouldBlock, error_for
 from ._tensor import Tensor, describe
@@ -58,8 +58,11 @@ class Channel(_Boxed):
                 return ticket
         d = describe(obj, stream)
         s = d.stream(stream)
-        buf = _registry.find_desc(d)
-        box = buf._box if buf is not None else None
+        if isinstance(obj, Buffer):  # a buffer, or a sub-view with its own reference
+            box = obj._box
+        else:
+            buf = _registry.find_desc(d)
+            box = buf._box if buf is not None else None
         if box is None and d.cuda:
             box = _c.alloc_lookup(d.lo)
         ticket = _c.channel_send(self._h(), box, d.t, s, flags)

@@ -295,3 +295,17 @@ def _closed_error(what):
     from ._errors import Closed
     return Closed(_c.E_CLOSED, "GPUIPC_E_CLOSED", what)
 
+
+class _Held:
+    """What an array made by ``numpy()`` lies on: the array interface of
+    the memory, and ``keep``, which keeps it mapped while the array (or any
+    view of it) lives."""
+    __slots__ = ("__array_interface__", "keep")
+
+    def __init__(self, interface, keep):
+        self.__array_interface__ = interface
+        self.keep = keep
+
+    def array(self):
+        import numpy as np
+        return np.asarray(self)

@@ -1,6 +1,7 @@
 """Python input checked where it comes in: read-only destinations,
-tickets, timeouts, shapes, sizes, streams, dtypes, use after close. In one
-process, both ends of a channel in it (HOST memory)."""
+tickets, timeouts, shapes, sizes, streams, dtypes, use after close; and a
+conversion that fails leaves a received view usable. In one process, both
+ends of a channel in it (HOST memory)."""
 import math
 import subprocess
 import sys
@@ -162,6 +163,52 @@ def test_real_bfloat16_still_maps_to_bfloat16(pair):
     tx.send(t)
     v = rx.recv(timeout=5)
     assert torch.equal(torch.from_dlpack(v), t)
+
+
+# ---- D: a failed conversion leaves the view usable -------------------------
+
+def test_bool_view_numpy_and_refused_dlpack_keep_the_view(pair):
+    """numpy() serves every dtype (bool too, which numpy 1.24's DLPack
+    lacks); a DLPack consumer that refuses the view (torch 1.13 knows no
+    DLPack bool; a capsule dropped unconsumed) leaves it with the Tensor,
+    unreleased, while the exception is still alive too."""
+    tx, rx = pair
+    want = np.array([True, False, True, True])
+    t = tx.send(want)
+    v = rx.recv(timeout=5)
+    cap = v.__dlpack__()
+    del cap  # no consumer took it
+    assert "released" not in repr(v)
+    try:
+        import torch
+        try:
+            got = torch.from_dlpack(v).numpy()
+        except (RuntimeError, TypeError, BufferError) as e:
+            assert not tx.done(t, timeout=0), e  # not given back
+            got = v.numpy()  # still usable, inside the handler too
+    except ImportError:
+        got = v.numpy()
+    assert (got == want).all() and got.dtype == np.bool_
+    del got
+    import gc
+    gc.collect()
+    assert tx.done(t, timeout=5)  # given back once its arrays went
+
+
+def test_numpy_of_every_dtype_and_shape(pair):
+    """numpy() reads the view through the array interface: 0-d and
+    bool views too, and hands the view over (given back when the array
+    goes)."""
+    tx, rx = pair
+    for a in (np.array(7, np.int16), np.array([[True], [False]]), np.arange(3.0)):
+        t = tx.send(a)
+        v = rx.recv(timeout=5)
+        got = v.numpy()
+        assert got.shape == a.shape and got.dtype == a.dtype and (got == a).all()
+        assert repr(v).endswith(" released>")
+        assert not tx.done(t, timeout=0)
+        del got
+        assert tx.done(t, timeout=5)
 
 
 # ---- D: use after close ------------------------------------------------------
