@@ -204,8 +204,9 @@ class Tensor(_Boxed):
         """Hand the view to a consumer that uses it on ``stream`` (DLPack's
         convention: None or 1 the legacy default stream, 2 per-thread, -1 no
         synchronisation, else a CUstream): the release is ordered after the
-        work the consumer queues there before letting go. A capsule that
-        no consumer takes gives the view back to this Tensor."""
+        work the consumer queues there before letting go. Until a consumer
+        takes the capsule the view stays this Tensor's: one that refuses
+        it leaves the Tensor usable."""
         if copy:
             raise BufferError("gpuipc views are exported without copying")
         box = self._h()
