@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 
 import gpuipc
@@ -102,29 +101,39 @@ def test_memory_goes_with_the_last_array(env):
     assert out == "[True, True, False, False]"
 
 
-def test_arrays_of_a_dropped_buffer_cross_without_copy(pair):
+def test_arrays_of_a_dropped_buffer_cross_without_copy(env):
     """An array keeps the Buffer it was made from, unreleased: sent, it
     crosses as that buffer (the view received in this same process is
     that memory), not staged; once the Buffer is released, the array
     (still readable) is staged."""
-    torch = pytest.importorskip("torch")
-    tx, rx = pair
-    a = gpuipc.empty(64, "float32").numpy()
-    t = torch.from_dlpack(gpuipc.empty(64, "float32"))
-    a[:] = 5
-    t[:] = 6
-    b = gpuipc.empty(64, "float32")
-    c = b.numpy()
-    c[:] = 7
-    b.release()
-    where = []
-    for x in (a, t, c):
-        ptr = x.__array_interface__["data"][0] if x is not t else x.data_ptr()
-        tx.send(x)
-        with rx.recv(timeout=5) as v:
-            assert (v.numpy() == np.asarray(x)).all()
-            where.append(v.data_ptr == ptr)
-    assert where == [True, True, False]
+    pytest.importorskip("torch")
+    out = run_py(env, """
+        import threading, numpy as np, torch, gpuipc
+        d = gpuipc.Domain("dropped")
+        ends = {}
+        th = threading.Thread(target=lambda: ends.setdefault("rx", d.channel("p", timeout=10)))
+        th.start()
+        tx = d.channel("p", timeout=10)
+        th.join()
+        rx = ends["rx"]
+        a = gpuipc.empty(64, "float32").numpy()
+        t = torch.from_dlpack(gpuipc.empty(64, "float32"))
+        a[:] = 5
+        t[:] = 6
+        b = gpuipc.empty(64, "float32")
+        c = b.numpy()
+        c[:] = 7
+        b.release()
+        where = []
+        for x in (a, t, c):
+            ptr = x.data_ptr() if x is t else x.__array_interface__["data"][0]
+            tx.send(x)
+            with rx.recv(timeout=5) as v:
+                assert (v.numpy() == np.asarray(x)).all()
+                where.append(v.data_ptr == ptr)
+        print(where)
+        """)
+    assert out == "[True, True, False]"
 
 
 def test_object_dtype_refused():
