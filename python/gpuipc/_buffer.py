@@ -6,8 +6,8 @@ _gpuipc_buffer.c."""
 import threading
 
 from . import _gpuipc as _c
-from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _KIND_NAMES, _dtype_of,
-                      _kind, _nbytes, _typestr_to_dl)
+from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _Held, _KIND_NAMES, _count,
+                      _dims, _dtype_of, _kind, _nbytes)
 
 # ---- the registry of gpuipc memory (zero-copy sends) -----------------------
 
@@ -65,29 +65,46 @@ class Buffer(_Boxed):
     """Memory gpuipc allocated (``gpuipc_buf_alloc``) or mapped: arrays in it
     are sent without a copy. Exposes ``__dlpack__``, and
     ``__array_interface__`` (HOST) or ``__cuda_array_interface__`` (GPU), as
-    ``dtype`` x ``shape`` (default: bytes)."""
+    ``dtype`` x ``shape`` (default: bytes).
+
+    The memory stays mapped while anything made from it lives: an array of
+    ``numpy()``, a DLPack consumer's tensor and a sub-view (``view()``) each
+    hold a reference of their own, and an array made through the array
+    interfaces (``np.asarray(buf)``) keeps this Buffer, which then keeps the
+    memory until it goes. ``release()`` drops only the Buffer's own."""
 
     _closed = "the buffer was released"
+    _pin = None  # the reference that arrays made through an interface need
 
     def __init__(self, nbytes, kind=HOST, device=-1, shape=None, dtype="uint8"):
-        box = _c.buf_alloc(int(nbytes), _kind(kind), int(device))
-        self._init(box, shape, dtype)
+        nbytes = _count(nbytes, "nbytes")
+        if nbytes <= 0:
+            raise ValueError(f"nbytes: a buffer needs a size > 0, not {nbytes}")
+        typ = _dtype_of(dtype)  # checked before anything is allocated
+        dims = None if shape is None else _dims(shape)
+        box = _c.buf_alloc(nbytes, _kind(kind), _count(device, "device"))
+        try:
+            self._init(box, dims, dtype, typ)
+        except BaseException:
+            _c.close(box)
+            raise
 
     @classmethod
     def _wrap(cls, box, shape=None, dtype="uint8"):
         self = cls.__new__(cls)
-        self._init(box, shape, dtype)
+        self._init(box, None if shape is None else _dims(shape), dtype, _dtype_of(dtype))
         return self
 
-    def _init(self, box, shape, dtype):
+    def _init(self, box, shape, dtype, typ):
         self._box = box
         self.ptr, self.nbytes, k, self.device = _c.buf_info(box)
         self.kind = _KIND_NAMES.get(k, "?")
-        self.typestr, item = _dtype_of(dtype)
-        self.shape = tuple(shape) if shape is not None else (self.nbytes // item,)
+        self.typestr, item, self._dl = typ
+        self.shape = shape if shape is not None else (self.nbytes // item,)
         n = _nbytes(self.shape, item)
         if n > self.nbytes:
-            raise ValueError(f"shape {self.shape} of {dtype} needs {n} bytes; the buffer has {self.nbytes}")
+            raise ValueError(f"shape: {self.shape} of {dtype} needs {n} bytes; "
+                             f"the buffer has {self.nbytes}")
         _registry.add(self)
 
     def __del__(self):
@@ -98,7 +115,9 @@ class Buffer(_Boxed):
         return DL_CPU if self.kind == "host" else DL_CUDA
 
     def release(self):
-        """Drop this process's reference (views made from it must be gone)."""
+        """Drop this Buffer's reference to the memory; what was made from
+        it (arrays, DLPack tensors, sub-views) keeps the memory mapped
+        until it goes."""
         box = self._take_box()
         if box is not None:
             _registry.remove(self)
@@ -123,9 +142,8 @@ class Buffer(_Boxed):
 
     def _desc(self):
         self._h()
-        dtype = _typestr_to_dl(self.typestr)
         dev = self.device if self.device >= 0 else 0
-        return _Desc(self.ptr, self._dl_device_type(), dev, dtype, self.shape, None, self)
+        return _Desc(self.ptr, self._dl_device_type(), dev, self._dl, self.shape, None, self)
 
     def __dlpack_device__(self):
         d = self._desc()
@@ -134,35 +152,53 @@ class Buffer(_Boxed):
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         if copy:
             raise BufferError("gpuipc buffers are exported without copying")
-        return _c.dlpack_of(self, self._desc().t)
+        t = self._desc().t
+        return _c.dlpack_of(self._keeper(), t)
+
+    def _keeper(self):
+        """What an array made from this buffer holds: a reference of its own
+        to the memory, and this Buffer (which, unreleased, lets the array
+        be sent without a copy)."""
+        return (_c.buf_retain(self._h()), self)
 
     def _interface(self):
         self._h()
         return {"version": 3, "shape": self.shape, "typestr": self.typestr,
                 "data": (self.ptr, False), "strides": None}
 
+    def _pinned_interface(self):
+        """The array interface, for an array whose base is this Buffer: the
+        memory is then kept until the Buffer goes, release() or not."""
+        d = self._interface()
+        if self._pin is None:
+            self._pin = _c.buf_retain(self._box)
+        return d
+
     @property
     def __array_interface__(self):
         if self.kind != "host":
             raise AttributeError("__array_interface__: GPU memory (use __cuda_array_interface__)")
-        return self._interface()
+        return self._pinned_interface()
 
     @property
     def __cuda_array_interface__(self):
         if self.kind == "host":
             raise AttributeError("__cuda_array_interface__: host memory")
-        d = self._interface()
+        d = self._pinned_interface()
         d["stream"] = None
         return d
 
     def numpy(self):
-        """A numpy array over this memory (HOST; no copy)."""
-        import numpy as np
-        return np.asarray(self)
+        """A numpy array over this memory (HOST; no copy), which keeps the
+        memory mapped while it (or a view of it) lives."""
+        if self.kind != "host":
+            raise TypeError("numpy(): GPU memory (use torch/cupy.from_dlpack)")
+        return _Held(self._interface(), self._keeper()).array()
 
     def view(self, dtype, shape, offset=0):
         """A Buffer-like view of ``shape`` x ``dtype`` starting ``offset``
-        bytes in (sendable without a copy)."""
+        bytes in (sendable without a copy), which keeps the memory mapped
+        while it lives (until its own release())."""
         return _SubView(self, dtype, shape, offset)
 
     def __repr__(self):
@@ -171,27 +207,34 @@ class Buffer(_Boxed):
 
 class _SubView(Buffer):
     def __init__(self, parent, dtype, shape, offset):
-        self._parent = parent
-        self._box = parent._h()
-        self.kind, self.device = parent.kind, parent.device
-        self.typestr, item = _dtype_of(dtype)
-        self.shape = tuple(shape)
+        self.typestr, item, self._dl = _dtype_of(dtype)
+        self.shape = _dims(shape)
+        offset = _count(offset, "offset")
         n = _nbytes(self.shape, item)
         if offset < 0 or offset + n > parent.nbytes:
-            raise ValueError("the view reaches outside the buffer")
+            raise ValueError("offset, shape: the view reaches outside the buffer")
+        self._parent = parent  # registered: arrays in it are sent without a copy
+        self.kind, self.device = parent.kind, parent.device
         self.ptr, self.nbytes = parent.ptr + offset, n
+        self._box = _c.buf_retain(parent._h())  # its own reference
 
     def release(self):
-        self._box = None
+        box = self._take_box()
+        if box is not None:
+            _c.close(box)
+
+    close = release
 
     def __del__(self):
-        pass
+        pass  # never registered: its memory is its parent's
 
 
 def empty(shape, dtype="float32", kind=HOST, device=-1):
     """A new gpuipc Buffer holding ``shape`` x ``dtype`` (zero-filled for
     HOST): arrays made from it (``numpy()``, ``torch.from_dlpack``) are sent
-    without a copy."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    _, item = _dtype_of(dtype)
+    without a copy. ``shape``: an int or a sequence of ints >= 0; ``dtype``:
+    an integer, float, complex, bool or bfloat16 type (numpy, torch or a
+    name); TypeError or ValueError otherwise."""
+    shape = _dims(shape)
+    _, item, _ = _dtype_of(dtype)
     return Buffer(max(_nbytes(shape, item), 1), kind, device, shape, dtype)

@@ -7,7 +7,7 @@ import errno
 import threading
 
 from . import _gpuipc as _c
-from ._buffer import _registry
+from ._buffer import Buffer, _registry
 from ._common import DEFAULT, _Boxed, _ms, _stream
 from ._errors import Error, WouldBlock, error_for
 from ._tensor import Tensor, describe
@@ -63,8 +63,11 @@ class Channel(_Boxed):
                 return ticket
         d = describe(obj, stream)
         s = d.stream(stream)
-        buf = _registry.find_desc(d)
-        box = buf._box if buf is not None else None
+        if isinstance(obj, Buffer):  # a buffer, or a sub-view with its own reference
+            box = obj._box
+        else:
+            buf = _registry.find_desc(d)
+            box = buf._box if buf is not None else None
         if box is None and d.cuda:
             box = _c.alloc_lookup(d.lo)
         ticket = _c.channel_send(self._h(), box, d.t, s, flags)
@@ -122,9 +125,13 @@ class Channel(_Boxed):
 
     def recv_into(self, dst, timeout=None, stream=None):
         """Receive the next tensor by copying it into ``dst`` (same dtype and
-        shape, contiguous), on ``stream``; the sender's buffer is given back
-        when the copy is done."""
+        shape, contiguous, writable), on ``stream``; the sender's buffer is
+        given back when the copy is done. A read-only ``dst`` (bytes, an
+        array whose writeable flag is off) raises ValueError before
+        anything is received."""
         d = describe(dst, stream)
+        if d.readonly:
+            raise ValueError("recv_into: dst is read-only")
         s = d.stream(stream)
         _c.channel_recv_into(self._h(), d.t, s, _ms(timeout))
         return dst

@@ -41,17 +41,35 @@ def _ms(timeout, default=DEFAULT, forever=-1, default_ms=-2):
 
 # ---- dtypes ----------------------------------------------------------------
 
-def _typestr_to_dl(typestr):
-    """numpy's typestr ('<f4') as a DLPack (code, bits, lanes)."""
-    if typestr[0] == ">" and typestr[2:] not in ("1",):
+_DL_KINDS = {"i": _INT, "u": _UINT, "f": _FLOAT, "c": _COMPLEX, "b": _BOOL}
+_BF16 = ("<V2", 2, (_BFLOAT, 16, 1))
+
+
+def _typestr_to_dl(typestr, what="dtype"):
+    """numpy's typestr ('<f4') as a DLPack (code, bits, lanes): integers,
+    unsigned, floats, complex and bool, little-endian (a bfloat16's
+    typestr, '<V2', says nothing of it: _dl_of_dtype knows it)."""
+    kind, size = typestr[1:2], typestr[2:]
+    code = _DL_KINDS.get(kind)
+    if code is None or not size.isdigit():
+        raise ValueError(f"{what} {typestr!r} cannot be sent: not an integer, "
+                         "float, complex or bool type")
+    if typestr[0] == ">" and size != "1":
         raise ValueError(f"big-endian data ({typestr}) cannot be sent")
-    kind, size = typestr[1], int(typestr[2:])
-    code = {"i": _INT, "u": _UINT, "f": _FLOAT, "c": _COMPLEX, "b": _BOOL}.get(kind)
-    if code is None:
-        if kind == "V" and size == 2:
-            return (_BFLOAT, 16, 1)
-        raise ValueError(f"dtype {typestr} has no DLPack equivalent")
-    return (code, size * 8, 1)
+    return (code, int(size) * 8, 1)
+
+
+def _is_bfloat16(dt):
+    """Whether numpy dtype ``dt`` is a real bfloat16 (ml_dtypes'), not any
+    2-byte void or structured type."""
+    return dt.kind == "V" and dt.itemsize == 2 and dt.names is None and dt.name == "bfloat16"
+
+
+def _dl_of_dtype(dt, what="dtype"):
+    """A numpy dtype object as a DLPack (code, bits, lanes)."""
+    if _is_bfloat16(dt):
+        return _BF16[2]
+    return _typestr_to_dl(dt.str, what)
 
 
 def _dl_to_typestr(code, bits, lanes):
@@ -63,25 +81,64 @@ def _dl_to_typestr(code, bits, lanes):
     return f"{'|' if bits == 8 else '<'}{kind}{bits // 8}"
 
 
+_DTYPES = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int8": "|i1",
+           "uint8": "|u1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+           "bool": "|b1"}
+
+
 def _dtype_of(dtype):
     """A dtype given as a numpy dtype, a torch dtype or a string, as
-    (typestr, itemsize)."""
+    (typestr, itemsize, DLPack (code, bits, lanes)); ValueError for one
+    that gpuipc cannot send (objects, strings, dates, structured types,
+    big-endian), TypeError for what is no dtype."""
     name = str(dtype).replace("torch.", "")
-    if name in ("bfloat16",):
-        return "<V2", 2
+    if name == "bfloat16":
+        return _BF16
     try:
         import numpy as np
-        dt = np.dtype(name)
-        return dt.str, dt.itemsize
-    except (ImportError, TypeError):
-        pass
-    table = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "int8": "|i1",
-             "uint8": "|u1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
-             "bool": "|b1"}
-    if name not in table:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    ts = table[name]
-    return ts, int(ts[2:])
+    except ImportError:
+        if name not in _DTYPES:
+            raise ValueError(f"dtype: unknown dtype {dtype!r}") from None
+        ts = _DTYPES[name]
+        return ts, int(ts[2:]), _typestr_to_dl(ts)
+    named = isinstance(dtype, str) or type(dtype).__module__ == "torch"
+    try:
+        dt = np.dtype(name if named else dtype)
+    except TypeError:
+        if named:
+            raise ValueError(f"dtype: unknown dtype {dtype!r}") from None
+        raise TypeError(f"dtype: {dtype!r} is not a dtype") from None
+    return dt.str, dt.itemsize, _dl_of_dtype(dt, f"dtype {dtype!r}:")
+
+
+def _dims(shape, what="shape"):
+    """``shape`` (an int or a sequence of ints) as a tuple of ints >= 0."""
+    import operator
+    if not isinstance(shape, (list, tuple)):
+        shape = (shape,)
+    out = []
+    for x in shape:
+        if isinstance(x, bool):
+            raise TypeError(f"{what}: {shape!r} holds a bool, not a size")
+        try:
+            n = operator.index(x)
+        except TypeError:
+            raise TypeError(f"{what}: {shape!r} holds {x!r}, not an int") from None
+        if n < 0:
+            raise ValueError(f"{what}: {tuple(shape)} has a negative size")
+        out.append(n)
+    return tuple(out)
+
+
+def _count(n, what):
+    """``n``, an int (not a bool, not a float), as an int."""
+    import operator
+    if isinstance(n, bool):
+        raise TypeError(f"{what}: an int, not a bool")
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise TypeError(f"{what}: an int, not {n!r}") from None
 
 
 # ---- streams ---------------------------------------------------------------
@@ -118,25 +175,29 @@ def _stream(s, cuda=True, device=None):
         if torch is not None and torch.cuda.is_initialized():
             return _torch_stream(torch, device) or None
         return None
-    if isinstance(s, int):
+    if isinstance(s, int) and not isinstance(s, bool):
         return s
     for attr in ("cuda_stream", "ptr", "handle"):
         v = getattr(s, attr, None)
-        if isinstance(v, int):
+        if isinstance(v, int) and not isinstance(v, bool):
             return v
-    raise TypeError(f"not a stream: {s!r} (an int, or an object with .cuda_stream or .ptr)")
+    raise TypeError(f"stream: not a stream: {s!r} (None, an int, or an object "
+                    "with .cuda_stream or .ptr)")
 
 
 # ---- tensors in: describe any array ----------------------------------------
 
 class _Desc:
     """A tensor as the C layer takes it, and what keeps its memory alive.
-    ``lo``, ``hi``: the bytes it spans, worked out when first asked for."""
-    __slots__ = ("t", "keep", "device_type", "device_id", "_span")
+    ``lo``, ``hi``: the bytes it spans, worked out when first asked for;
+    ``readonly``: whether its producer said it must not be written."""
+    __slots__ = ("t", "keep", "device_type", "device_id", "_span", "readonly")
 
-    def __init__(self, ptr, dev_type, dev_id, dtype, shape, strides, keep, offset=0):
+    def __init__(self, ptr, dev_type, dev_id, dtype, shape, strides, keep, offset=0,
+                 readonly=False):
         self._set((ptr, dev_type, dev_id, dtype, tuple(shape),
                    None if strides is None else tuple(strides), offset), keep)
+        self.readonly = readonly
 
     @classmethod
     def _of(cls, t, keep):
@@ -146,7 +207,7 @@ class _Desc:
         return self
 
     def _set(self, t, keep):
-        self.t, self.keep, self._span = t, keep, None
+        self.t, self.keep, self._span, self.readonly = t, keep, None, False
         self.device_type, self.device_id = t[1], t[2]
 
     def _bounds(self):
@@ -181,8 +242,13 @@ class _Desc:
         return self.device_type == DL_CUDA
 
     def stream(self, s):
-        """Stream ``s`` as an integer for a GPU tensor (None for host)."""
-        return _stream(s, device=self.device_id) if self.cuda else None
+        """Stream ``s`` as an integer for a GPU tensor (None for host, which
+        takes none, but a stream it is given must still be one)."""
+        if self.cuda:
+            return _stream(s, device=self.device_id)
+        if s is not None:
+            _stream(s)
+        return None
 
 
 def _c_strides(shape):
@@ -209,7 +275,7 @@ class _Boxed:
 
     def _h(self):
         if self._box is None:
-            raise ValueError(self._closed)
+            raise _closed_error(self._closed)
         return self._box
 
     def _take_box(self):
@@ -222,3 +288,24 @@ class _Boxed:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _closed_error(what):
+    """gpuipc.Closed (a ValueError, as for a closed file) saying ``what``."""
+    from ._errors import Closed
+    return Closed(_c.E_CLOSED, "GPUIPC_E_CLOSED", what)
+
+
+class _Held:
+    """What an array made by ``numpy()`` lies on: the array interface of
+    the memory, and ``keep``, which keeps it mapped while the array (or any
+    view of it) lives."""
+    __slots__ = ("__array_interface__", "keep")
+
+    def __init__(self, interface, keep):
+        self.__array_interface__ = interface
+        self.keep = keep
+
+    def array(self):
+        import numpy as np
+        return np.asarray(self)

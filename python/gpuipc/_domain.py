@@ -4,7 +4,7 @@ named segments (Segment, a Buffer of _buffer.py) and the channels it opens
 from . import _gpuipc as _c
 from ._buffer import Buffer
 from ._channel import Channel
-from ._common import AUTO, DEFAULT, HOST, _Boxed, _kind, _ms, _stream
+from ._common import AUTO, DEFAULT, HOST, _Boxed, _count, _kind, _ms, _stream
 
 
 class Domain(_Boxed):
@@ -57,8 +57,9 @@ class Domain(_Boxed):
         return self._open(name, nbytes, kind, device, flags, timeout, stream)
 
     def _open(self, name, nbytes, kind, device, flags, timeout, stream):
-        box = _c.segment_open(self._h(), name, int(nbytes), _kind(kind), int(device),
-                              flags, _ms(timeout), _stream(stream, device >= 0))
+        device = _count(device, "device")
+        box = _c.segment_open(self._h(), name, _count(nbytes, "nbytes"), _kind(kind),
+                              device, flags, _ms(timeout), _stream(stream, device >= 0))
         return Segment._wrap(box, name, self)
 
     def unlink(self, name):

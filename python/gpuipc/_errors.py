@@ -34,7 +34,10 @@ class WholeBlock(Error): """The export would reveal memory outside the range."""
 class ProtocolError(Error): """The peer broke the protocol."""
 class Mismatch(Error, ValueError): """The segment exists with other properties."""
 class Lost(Error): """The segment was lost: no surviving process held it."""
-class Closed(Error): """The object is closed."""
+class Closed(Error, ValueError):
+    """The object is closed: used after close(), release() or leave(), handed
+    over to a consumer, or (GPUIPC_E_CLOSED) a domain being left or joined
+    by the parent of a fork() child. A ValueError, as for a closed file."""
 
 # errno codes.
 class TimeoutError(Error, builtins.TimeoutError): """-ETIMEDOUT: the wait ran out."""

@@ -15,8 +15,10 @@
  * Blocking calls release the GIL.
  */
 #include "_gpuipc.h"
+#include "core/core.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 
 static PyObject *error_factory; /* callable(code, name, sentence) -> exc */
@@ -66,12 +68,20 @@ static PyObject *py_set_error_factory(PyObject *self, PyObject *fn)
 typedef struct box {
   void *p;
   void *stream; /* a view's: its release, when the box goes, follows it */
+  /* A view's: the DLPack capsule it was last handed over in (a strong
+   * reference), until a consumer takes it (then the view is the
+   * consumer's) or the box revokes it; else NULL. */
+  PyObject *lent;
 } box_t;
 
 const char gpuipc__py_BUF[] = "gpuipc.buf", gpuipc__py_DOM[] = "gpuipc.domain",
            gpuipc__py_CHAN[] = "gpuipc.channel",
            gpuipc__py_VIEW[] = "gpuipc.view",
            gpuipc__py_EVENT[] = "gpuipc.event";
+
+/* What a handed-over capsule is renamed to when its view goes back to the
+ * box: no consumer takes it any more. */
+static const char revoked_name[] = "gpuipc.revoked_dltensor";
 
 /* Release @p, the object of a box of type @type (a view after the work
  * queued on @stream); called without the GIL. */
@@ -90,6 +100,32 @@ static int release_object(const char *type, void *p, void *stream)
   return 0;
 }
 
+/* Settle box @b's hand-over: a consumer took the capsule (renamed it), so
+ * the view is the consumer's and the box is empty; or, with @revoke, the
+ * capsule no consumer took is revoked and the view stays the box's. */
+static void settle(box_t *b, bool revoke)
+{
+  if (b->lent == NULL)
+    return;
+  if (!PyCapsule_IsValid(b->lent, "dltensor"))
+    b->p = NULL; /* taken: its deleter releases the view */
+  else if (!revoke)
+    return;
+  else if (PyCapsule_SetName(b->lent, revoked_name) < 0)
+    PyErr_Clear(); /* never: the capsule is valid */
+  Py_CLEAR(b->lent);
+}
+
+/* The box of capsule @cap (any type), settled; NULL with an exception. */
+static box_t *box_of(PyObject *cap, bool revoke)
+{
+  const char *name = PyCapsule_GetName(cap);
+  box_t *b = name != NULL ? PyCapsule_GetPointer(cap, name) : NULL;
+  if (b != NULL)
+    settle(b, revoke);
+  return b;
+}
+
 static void box_destroy(PyObject *cap)
 {
   const char *name = PyCapsule_GetName(cap);
@@ -98,6 +134,7 @@ static void box_destroy(PyObject *cap)
     PyErr_Clear();
     return;
   }
+  settle(b, true);
   void *p = b->p, *stream = b->stream;
   b->p = NULL;
   free(b);
@@ -122,10 +159,19 @@ PyObject *gpuipc__py_box_on(int rc, const char *type, void *p, void *stream)
   else if ((cap = PyCapsule_New(b, type, box_destroy)) == NULL)
     free(b);
   else
-    *b = (box_t){.p = p, .stream = stream};
+    *b = (box_t){.p = p, .stream = stream, .lent = NULL};
   if (cap == NULL)
     release_object(type, p, stream);
   return cap;
+}
+
+/* gpuipc.Closed (a ValueError) for an object used after it was closed,
+ * released or handed over; returns NULL. */
+static void *raise_closed(void)
+{
+  gpuipc__py_raise(gpuipc__err(GPUIPC_E_CLOSED, "the gpuipc object is "
+                               "closed, released or handed over"));
+  return NULL;
 }
 
 void *gpuipc__py_unbox(PyObject *cap, const char *type)
@@ -133,33 +179,63 @@ void *gpuipc__py_unbox(PyObject *cap, const char *type)
   box_t *b = PyCapsule_GetPointer(cap, type);
   if (b == NULL)
     return NULL;
-  if (b->p == NULL) {
-    PyErr_SetString(PyExc_ValueError, "the gpuipc object is closed");
-    return NULL;
-  }
+  settle(b, false);
+  if (b->p == NULL)
+    return raise_closed();
   return b->p;
 }
 
-void *gpuipc__py_unbox_take(PyObject *cap, const char *type)
+int gpuipc__py_box_lend(PyObject *cap, PyObject *dl)
 {
-  void *p = gpuipc__py_unbox(cap, type);
-  if (p != NULL)
-    ((box_t *)PyCapsule_GetPointer(cap, type))->p = NULL;
-  return p;
+  box_t *b = PyCapsule_GetPointer(cap, gpuipc__py_VIEW);
+  if (b == NULL)
+    return -1;
+  settle(b, true); /* one hand-over at a time */
+  Py_INCREF(dl);
+  b->lent = dl;
+  return 0;
+}
+
+/* box_held(box, revoke=False) -> whether the box still holds its object
+ * (not closed, not taken by a DLPack consumer); with @revoke, a capsule
+ * the view was handed over in and that no consumer took is revoked. */
+static PyObject *py_box_held(PyObject *self, PyObject *args)
+{
+  PyObject *cap;
+  int revoke = 0;
+  if (!PyArg_ParseTuple(args, "O|p", &cap, &revoke))
+    return NULL;
+  box_t *b = box_of(cap, revoke);
+  if (b == NULL)
+    return NULL;
+  return PyBool_FromLong(b->p != NULL);
+}
+
+/* box_stream(box, stream): the stream that the release of the boxed view,
+ * when the box goes, follows. */
+static PyObject *py_box_stream(PyObject *self, PyObject *args)
+{
+  PyObject *cap;
+  void *stream;
+  if (!PyArg_ParseTuple(args, "OO&", &cap, gpuipc__py_stream, &stream))
+    return NULL;
+  box_t *b = PyCapsule_GetPointer(cap, gpuipc__py_VIEW);
+  if (b == NULL)
+    return NULL;
+  b->stream = stream;
+  Py_RETURN_NONE;
 }
 
 /* close(box, stream=None): close the boxed object now (a view after the
- * work queued on @stream); closing twice does nothing. */
+ * work queued on @stream; one a DLPack consumer took is the consumer's,
+ * a capsule none took is revoked); closing twice does nothing. */
 static PyObject *py_close(PyObject *self, PyObject *args)
 {
   PyObject *cap;
   void *stream = NULL;
   if (!PyArg_ParseTuple(args, "O|O&", &cap, gpuipc__py_stream, &stream))
     return NULL;
-  const char *name = PyCapsule_GetName(cap);
-  if (name == NULL)
-    return NULL;
-  box_t *b = PyCapsule_GetPointer(cap, name);
+  box_t *b = box_of(cap, true);
   if (b == NULL)
     return NULL;
   void *p = b->p;
@@ -167,7 +243,7 @@ static PyObject *py_close(PyObject *self, PyObject *args)
   if (p == NULL)
     Py_RETURN_NONE;
   int rc;
-  GPUIPC__PY_NOGIL(rc = release_object(name, p, stream));
+  GPUIPC__PY_NOGIL(rc = release_object(PyCapsule_GetName(cap), p, stream));
   return gpuipc__py_none(rc);
 }
 
@@ -236,12 +312,20 @@ int gpuipc__py_timeout(PyObject *o, void *out)
     *ms = GPUIPC_TIMEOUT_FOREVER;
     return 1;
   }
-  double s = PyFloat_AsDouble(o);
-  if (s == -1.0 && PyErr_Occurred())
+  if (PyBool_Check(o)) {
+    PyErr_SetString(PyExc_TypeError, "timeout: seconds or None (forever), "
+                                     "not a bool");
     return 0;
-  if (!(s >= 0)) { /* negative, or NaN */
-    PyErr_SetString(PyExc_ValueError,
-                    "a timeout is None (forever) or >= 0 seconds");
+  }
+  double s = PyFloat_AsDouble(o);
+  if (s == -1.0 && PyErr_Occurred()) {
+    PyErr_Format(PyExc_TypeError, "timeout: seconds or None (forever), not "
+                 "%R", o);
+    return 0;
+  }
+  if (!(s >= 0) || !isfinite(s)) { /* negative, NaN or infinite */
+    PyErr_Format(PyExc_ValueError, "timeout: None (forever) or a finite "
+                 "number of seconds >= 0, not %R", o);
     return 0;
   }
   double m = s * 1000;
@@ -268,11 +352,30 @@ int gpuipc__py_ptr(PyObject *o, void *out)
   return !PyErr_Occurred();
 }
 
+int gpuipc__py_ticket(PyObject *o, void *out)
+{
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "ticket: an int that send returned, not "
+                 "%R", o);
+    return 0;
+  }
+  unsigned long long t = PyLong_AsUnsignedLongLong(o);
+  if (t == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Format(PyExc_ValueError, "ticket: %R is outside 0 .. 2**64 - 1",
+                 o);
+    return 0;
+  }
+  *(uint64_t *)out = t;
+  return 1;
+}
+
 /* ---- the module -------------------------------------------------------- */
 
 static PyMethodDef methods[] = {GPUIPC__PY_FN(set_error_factory, METH_O),
                                 GPUIPC__PY_FN(close, METH_VARARGS),
                                 GPUIPC__PY_FN(seconds_ms, METH_O),
+                                GPUIPC__PY_FN(box_held, METH_VARARGS),
+                                GPUIPC__PY_FN(box_stream, METH_VARARGS),
                                 GPUIPC__PY_END};
 
 static PyMethodDef *const file_methods[] = {

@@ -53,8 +53,12 @@ PyObject *gpuipc__py_box_on(int rc, const char *type, void *p, void *stream);
 /* The object in box @cap of type @type; NULL with an exception when it is
  * not one or was closed. */
 void *gpuipc__py_unbox(PyObject *cap, const char *type);
-/* Take the object out of its box (the caller now owns it). */
-void *gpuipc__py_unbox_take(PyObject *cap, const char *type);
+/* Record that the view in box @cap is handed over in DLPack capsule @dl
+ * (revoking an earlier capsule that no consumer took): once a consumer
+ * takes @dl (renames it), the view is the consumer's and the box empty;
+ * until then it stays the box's, and closing the box revokes @dl. 0, or
+ * -1 with an exception. */
+int gpuipc__py_box_lend(PyObject *cap, PyObject *dl);
 
 /* PyArg_ParseTuple "O&" converters: a box of that type as its object (a
  * closed or foreign box fails), a stream (None: NULL) or an address. */
@@ -65,10 +69,13 @@ int gpuipc__py_channel(PyObject *o, void *out);
 int gpuipc__py_view(PyObject *o, void *out);
 int gpuipc__py_event(PyObject *o, void *out);
 int gpuipc__py_stream(PyObject *o, void *out);
-/* A timeout in seconds (None: forever; >= 0) as the library's int
- * milliseconds (a positive one at least 1 ms). */
+/* A timeout in seconds (None: forever; finite, >= 0, not a bool) as the
+ * library's int milliseconds (a positive one at least 1 ms). */
 int gpuipc__py_timeout(PyObject *o, void *out);
 int gpuipc__py_ptr(PyObject *o, void *out);
+/* A send ticket: an int in 0 .. 2**64 - 1 (ValueError outside, TypeError
+ * for another type or a bool). */
+int gpuipc__py_ticket(PyObject *o, void *out);
 
 /* Append @item (a new reference, or NULL after a failure, whose exception
  * stands) to list @*list, and drop @item; on failure @*list is dropped

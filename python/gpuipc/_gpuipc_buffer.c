@@ -179,6 +179,16 @@ PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf)
   return gpuipc__py_box(0, gpuipc__py_BUF, buf);
 }
 
+/* buf_retain(box) -> a new box holding one more reference to the buffer:
+ * what keeps its memory mapped for an array made from it. */
+static PyObject *py_buf_retain(PyObject *self, PyObject *cap)
+{
+  gpuipc_buf_t *buf = gpuipc__py_unbox(cap, gpuipc__py_BUF);
+  if (buf == NULL)
+    return NULL;
+  return gpuipc__py_buf_retain(buf);
+}
+
 /* ---- segments ---------------------------------------------------------- */
 
 static PyObject *py_segment_open(PyObject *self, PyObject *args)
@@ -315,6 +325,7 @@ PyMethodDef gpuipc__py_buffer_methods[] = {
     GPUIPC__PY_FN(buf_info, METH_O),
     GPUIPC__PY_FN(buf_alive, METH_O),
     GPUIPC__PY_FN(buf_export, METH_O),
+    GPUIPC__PY_FN(buf_retain, METH_O),
     GPUIPC__PY_FN(buf_import, METH_VARARGS),
     GPUIPC__PY_FN(import_cuda_ipc, METH_VARARGS),
     GPUIPC__PY_FN(import_cuda_fd, METH_VARARGS),

@@ -137,10 +137,10 @@ static PyObject *py_channel_send_view(PyObject *self, PyObject *args)
 static PyObject *py_channel_send_done(PyObject *self, PyObject *args)
 {
   gpuipc_channel_t *ch;
-  unsigned long long ticket;
+  uint64_t ticket;
   int timeout_ms;
-  if (!PyArg_ParseTuple(args, "O&Ki", gpuipc__py_channel, &ch, &ticket,
-                        &timeout_ms))
+  if (!PyArg_ParseTuple(args, "O&O&i", gpuipc__py_channel, &ch,
+                        gpuipc__py_ticket, &ticket, &timeout_ms))
     return NULL;
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_channel_send_done(ch, ticket, timeout_ms));
@@ -154,11 +154,12 @@ static PyObject *py_channel_send_done(PyObject *self, PyObject *args)
 static PyObject *py_channel_send_wait(PyObject *self, PyObject *args)
 {
   gpuipc_channel_t *ch;
-  unsigned long long ticket;
+  uint64_t ticket;
   void *stream;
   int timeout_ms;
-  if (!PyArg_ParseTuple(args, "O&KO&i", gpuipc__py_channel, &ch, &ticket,
-                        gpuipc__py_stream, &stream, &timeout_ms))
+  if (!PyArg_ParseTuple(args, "O&O&O&i", gpuipc__py_channel, &ch,
+                        gpuipc__py_ticket, &ticket, gpuipc__py_stream, &stream,
+                        &timeout_ms))
     return NULL;
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_channel_send_wait(ch, ticket, stream,

@@ -263,7 +263,13 @@ PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v)
                        (int)gpuipc_buf_kind(v->buf), gpuipc_buf_device(v->buf));
 }
 
-/* view_to_dlpack(view, stream) -> "dltensor" capsule owning the view. */
+/*
+ * view_to_dlpack(view, stream) -> "dltensor" capsule handing the view over.
+ * The view stays in its box until a consumer takes the capsule (renames
+ * it): one that refuses it (an unknown dtype, an error) leaves the view
+ * usable, and releasing the box first revokes the capsule (see
+ * gpuipc__py_box_lend).
+ */
 static PyObject *py_view_to_dlpack(PyObject *self, PyObject *args)
 {
   PyObject *vcap;
@@ -276,13 +282,20 @@ static PyObject *py_view_to_dlpack(PyObject *self, PyObject *args)
   int rc = gpuipc_tensor_to_dlpack_stream(v, stream, &m);
   if (rc < 0)
     return gpuipc__py_raise(rc);
-  gpuipc__py_unbox_take(vcap, gpuipc__py_VIEW); /* the capsule owns it now */
   /* Some consumers (PyTorch before 2.x, older CuPy) ignore byte_offset:
    * hand over the element's own address instead. The deleter finds the
    * view through manager_ctx, not data. */
   m->dl_tensor.data = (char *)m->dl_tensor.data + m->dl_tensor.byte_offset;
   m->dl_tensor.byte_offset = 0;
-  return dlpack_capsule(m);
+  /* No destructor: a capsule no consumer took leaves the view to its box. */
+  PyObject *cap = PyCapsule_New(m, "dltensor", NULL);
+  if (cap == NULL)
+    return NULL;
+  if (gpuipc__py_box_lend(vcap, cap) < 0) {
+    Py_DECREF(cap);
+    return NULL;
+  }
+  return cap;
 }
 
 PyMethodDef gpuipc__py_tensor_methods[] = {

@@ -7,9 +7,9 @@ import sys
 
 from . import _gpuipc as _c
 from ._buffer import Buffer
-from ._common import (DL_CPU, DL_CUDA, _BFLOAT, _COMPLEX, _FLOAT, _INT, _UINT,
-                      _Boxed, _Desc, _KIND_NAMES, _c_strides, _dl_to_typestr,
-                      _nbytes, _stream, _typestr_to_dl)
+from ._common import (DL_CPU, DL_CUDA, _BF16, _Boxed, _Desc, _Held, _KIND_NAMES,
+                      _c_strides, _closed_error, _dl_to_typestr, _nbytes, _stream,
+                      _typestr_to_dl)
 from ._errors import Error
 
 
@@ -24,17 +24,29 @@ def _elem_strides(strides, item, what):
     return out
 
 
-def _from_array_interface(obj, ai, dev_type):
+def _dl_of_interface(obj, typestr):
+    """The DLPack dtype of an array interface's ``typestr``; a 2-byte void
+    is a bfloat16 only when the array's dtype says so (ml_dtypes')."""
+    if typestr[1:] == "V2":
+        dt = getattr(obj, "dtype", None)
+        if getattr(dt, "name", None) == "bfloat16" and getattr(dt, "names", ()) is None:
+            return _BF16[2]
+    return _typestr_to_dl(typestr, "dtype")
+
+
+def _from_array_interface(obj, ai, dev_type, dtype_of=None):
     if ai.get("mask") is not None:
         raise ValueError("masked arrays cannot be sent")
-    dtype = _typestr_to_dl(ai["typestr"])
+    dtype = _dl_of_interface(obj if dtype_of is None else dtype_of, ai["typestr"])
     item = dtype[1] // 8
-    ptr = ai["data"][0] if ai.get("data") else 0
+    data = ai.get("data")
+    ptr = data[0] if data else 0
+    readonly = bool(data[1]) if data else False
     strides = _elem_strides(ai.get("strides"), item, "array")
     dev_id = 0
     if dev_type == DL_CUDA:
         dev_id = _cuda_device_of(ptr)
-    return _Desc(ptr, dev_type, dev_id, dtype, ai["shape"], strides, obj)
+    return _Desc(ptr, dev_type, dev_id, dtype, ai["shape"], strides, obj, readonly=readonly)
 
 
 def _cuda_device_of(ptr):
@@ -91,7 +103,7 @@ def describe(obj, stream=None):
                         "interface, the array interface nor the buffer protocol") from None
     import numpy as np
     arr = np.asarray(mv)
-    return _from_array_interface((obj, arr), arr.__array_interface__, DL_CPU)
+    return _from_array_interface((obj, arr), arr.__array_interface__, DL_CPU, arr)
 
 
 # ---- received tensors --------------------------------------------------------
@@ -99,12 +111,17 @@ def describe(obj, stream=None):
 class Tensor(_Boxed):
     """A tensor received with ``Channel.recv``: a view of the sender's
     memory. Give it back with ``release()``, a ``with`` block, or by handing
-    it to a consumer (``torch.from_dlpack``, ``np.from_dlpack``,
-    ``cupy.from_dlpack``), whose deleter gives it back when the consumer's
-    array goes. One dropped unreleased is given back when it goes (its box
-    releases it after the work queued on the stream it was received on)."""
+    it to a consumer (``numpy()``, ``torch.from_dlpack``, ``np.from_dlpack``,
+    ``cupy.from_dlpack``), whose array gives it back when it goes (a
+    consumer that refuses it, e.g. for its dtype, leaves it here, usable).
+    One dropped unreleased is given back when it goes (its box releases it
+    after the work queued on the stream it was received on). An array made
+    through the array interfaces (``np.asarray(view)``) keeps this Tensor:
+    the view is then given back when the Tensor goes, release() or not."""
 
     _closed = "the tensor was released or handed to a consumer"
+    _pin = None     # the box, kept for arrays made through an interface
+    _lent = False   # a DLPack capsule may have taken the view from the box
 
     def __init__(self, box, stream, info):
         self._box = box
@@ -141,13 +158,36 @@ class Tensor(_Boxed):
     def nbytes(self):
         return _nbytes(self.shape, self._dl_dtype[1] * self._dl_dtype[2] // 8)
 
+    def _h(self, keep=False):
+        """The box; gpuipc.Closed once released or taken by a consumer.
+        ``keep``: arrays will read the view here, so a DLPack capsule that
+        no consumer took yet is revoked."""
+        box = self._box
+        if box is None or ((self._lent or keep) and not _c.box_held(box, keep)):
+            self._box = None
+            raise _closed_error(self._closed)
+        return box
+
+    def _held(self):
+        try:
+            self._h()
+            return True
+        except ValueError:
+            return False
+
     def release(self, stream=None):
         """Give the view back to the sender (for GPU views, after the work
-        queued on ``stream`` so far; default: the stream it was received on)."""
+        queued on ``stream`` so far; default: the stream it was received on).
+        Handed to a consumer already, it is the consumer's to give back."""
         box, self._box = self._box, None
-        if box is not None:
-            # (a host view's release takes no stream: the C layer ignores it)
-            _c.close(box, self._stream if stream is None else _stream(stream))
+        if box is None:
+            return
+        s = self._stream if stream is None else _stream(stream)
+        if self._pin is not None:  # arrays may still read it: when this goes
+            _c.box_stream(box, s)
+            return
+        # (a host view's release takes no stream: the C layer ignores it)
+        _c.close(box, s)
 
     def __exit__(self, *exc):
         self.release()
@@ -164,9 +204,14 @@ class Tensor(_Boxed):
         """Hand the view to a consumer that uses it on ``stream`` (DLPack's
         convention: None or 1 the legacy default stream, 2 per-thread, -1 no
         synchronisation, else a CUstream): the release is ordered after the
-        work the consumer queues there before letting go."""
+        work the consumer queues there before letting go. Until a consumer
+        takes the capsule the view stays this Tensor's: one that refuses
+        it leaves the Tensor usable."""
         if copy:
             raise BufferError("gpuipc views are exported without copying")
+        box = self._h()
+        if self._pin is not None:
+            return self._pinned_dlpack()
         s = None
         if self.device_type == DL_CUDA:
             if stream == -1:
@@ -175,9 +220,18 @@ class Tensor(_Boxed):
                 s = _stream(stream)
             if s is None:
                 s = 1
-        cap = _c.view_to_dlpack(self._h(), s)
-        self._box = None
+        cap = _c.view_to_dlpack(box, s)
+        self._lent = True
         return cap
+
+    def _pinned_dlpack(self):
+        """A capsule that keeps this Tensor (arrays made through its array
+        interface read the view too): the view goes when all have gone."""
+        if self.device_type == DL_CUDA:
+            raise BufferError("a GPU view whose __cuda_array_interface__ was read "
+                              "cannot be handed over by DLPack as well")
+        t = self._info[0]
+        return _c.dlpack_of(self, (t[0] + t[6], t[1], t[2], t[3], t[4], t[5], 0))
 
     def _interface(self):
         item = self._dl_dtype[1] * self._dl_dtype[2] // 8
@@ -187,27 +241,32 @@ class Tensor(_Boxed):
 
     @property
     def __array_interface__(self):
-        self._h()
         if self.device_type == DL_CUDA:
             raise AttributeError("__array_interface__: a GPU tensor")
+        self._pin = self._h(keep=True)
         return self._interface()
 
     @property
     def __cuda_array_interface__(self):
-        self._h()
         if self.device_type != DL_CUDA:
             raise AttributeError("__cuda_array_interface__: a host tensor")
+        self._pin = self._h(keep=True)
         d = self._interface()
         d["stream"] = self._stream if self._stream not in (None, 0) else 1
         return d
 
     def numpy(self):
-        """A numpy array over the view (HOST, no copy); the view is given back
-        when the array goes."""
-        import numpy as np
-        return np.from_dlpack(self)
+        """A numpy array over the view (HOST, no copy; any dtype, bool
+        included); the view is given back when the array goes."""
+        if self.device_type == DL_CUDA:
+            raise TypeError("numpy(): a GPU tensor (use torch/cupy.from_dlpack)")
+        box = self._h(keep=True)
+        if self._pin is not None:  # this Tensor keeps the view already
+            return _Held(self._interface(), self).array()
+        a = _Held(self._interface(), box).array()
+        self._box = None  # the array's now
+        return a
 
     def __repr__(self):
-        state = "" if self._box is not None else " released"
+        state = "" if self._held() else " released"
         return f"<gpuipc.Tensor {self.typestr} {tuple(self.shape)} {self.device}{state}>"
-

@@ -65,6 +65,16 @@ def _tensor_at(raw, e):
         e["shape"])
 
 
+def _check_tensors(sd, what):
+    """TypeError unless every value of ``sd`` is a torch tensor (numpy
+    arrays are not taken: torch.from_numpy(a) shares their memory)."""
+    torch = _torch()
+    for k, t in sd.items():
+        if not torch.is_tensor(t):
+            raise TypeError(f"{what}: {k!r} is a {type(t).__module__}.{type(t).__qualname__}, "
+                            "not a torch tensor (torch.from_numpy(a) shares a numpy array)")
+
+
 def _entry(name, t):
     return {"name": name, "dtype": str(t.dtype).replace("torch.", ""),
             "shape": list(t.shape), "nbytes": t.numel() * t.element_size()}
@@ -285,6 +295,7 @@ class Publisher(_Named):
         """Publish ``sd`` (name -> torch tensor) as the next version; returns
         its number. Work queued on ``stream`` (default: PyTorch's current
         stream) before the call is in it."""
+        _check_tensors(sd, "publish")
         torch = _torch()
         layout = self._layout(sd) if self.lend else None
         if layout is not None and layout == self._placed:
@@ -542,6 +553,7 @@ class Reader(_Named):
         """Copy the newest version into the tensors of ``target`` (a state
         dict of the same names, shapes and dtypes) on ``stream`` (default:
         PyTorch's current one); returns the version once the copies are done."""
+        _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))
         with self.open() as sd:
@@ -595,6 +607,7 @@ def open(domain, name, device=-1, timeout=30, stream=None):  # noqa: A001
 def copy_into(domain, name, target, stream=None, timeout=30):
     """Copy the newest version of ``name`` into the tensors of ``target``
     (a state dict of the same names, shapes and dtypes), on ``stream``."""
+    _check_tensors(target, "copy_into")
     first = next(iter(target.values()))
     dev = first.device.index if first.is_cuda else -1
     with Reader(domain, name, device=dev, stream=stream, timeout=timeout) as r:
