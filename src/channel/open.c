@@ -241,19 +241,6 @@ free_ch:
 /* Closing, information, test hooks                                         */
 /* ------------------------------------------------------------------------ */
 
-bool gpuipc__chan_stale(const struct gpuipc_channel *ch)
-{
-  return ch->fork_gen != gpuipc__fork_gen();
-}
-
-int gpuipc__chan_stale_err(const struct gpuipc_channel *ch, const char *who)
-{
-  return gpuipc__err(GPUIPC_E_CLOSED, "%s: channel %s was opened by the "
-                     "parent of this process (before fork()); only "
-                     "gpuipc_channel_close and gpuipc_tensor_release are "
-                     "left to do on it", who, ch->name);
-}
-
 /*
  * gpuipc_channel_close in a child made by fork(), of its parent's channel:
  * free this process's memory and descriptors, tell the peer nothing. The
