@@ -4,8 +4,11 @@
  * that granted it and how many opens each granted. The broker counts the
  * same per connection. A buffer's last-release hook tells every granting
  * broker (RELEASE with that count), so the broker's count drops to zero
- * exactly when the process lets go. After a broker failover the table is
- * what the member re-publishes (gpuipc__seg_republish).
+ * exactly when the process lets go. A lent buffer (opts->buf) is a segment
+ * through a handle of its own (gpuipc__buf_alias): the hook of that handle
+ * lets go of the segment while the lender keeps the buffer. After a broker
+ * failover the table is what the member re-publishes
+ * (gpuipc__seg_republish).
  *
  * Each hold is found by its buffer (entries), by (domain, id) (by_id) and
  * by its domain (seg_dom): a domain's events touch only its own holds.

@@ -280,11 +280,13 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_segment_open: out of memory");
-  if (o->buf != NULL) {
-    own = o->buf; /* the segment's reference, if it is made */
-    gpuipc__buf_ref(own);
-  }
   int rc;
+  /* A lent buffer: the segment gets a handle of its own, so that its
+   * release lets go of the segment while the caller keeps the buffer. */
+  if (o->buf != NULL && (rc = gpuipc__buf_alias(o->buf, &own)) != 0) {
+    free(r);
+    return rc;
+  }
   for (;;) {
     rc = gpuipc__seg_request(d, name, o->size, o->kind, o->flags,
                              gpuipc__ms_left(deadline), r);
@@ -312,7 +314,9 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
  * A CREATE of existing buffer @o->buf: it must be this process's own and
  * what the other options ask for (they take its size); EXCL is implied: an
  * existing name is never opened in its place. A buffer may be a segment
- * under several names (each a hold of its own in the segment table).
+ * under several names: each lend is a handle of its own on it
+ * (gpuipc__buf_alias, in segment_open), with its own hold in the segment
+ * table, which its last release ends.
  */
 static int adopt_check(const char *name, struct seg_opts *o)
 {
