@@ -1138,7 +1138,9 @@ typedef struct gpuipc_segment_opts {
  *        is kept by the released handle (and @buf with it) as below.
  * @out: the buffer with one reference; release it with gpuipc_buf_release.
  *        Opening a segment this process already holds returns the same
- *        buffer (one mapping, one more reference).
+ *        buffer (one mapping, one more reference); a segment this process
+ *        lent (opts->buf) comes as a handle of its own on the lent memory,
+ *        as the lend's does.
  * Lifetime (docs/segment-lifetime.md tells it all). HOST and VMM memory
  * outlives its creator until the segment is unlinked and released by all.
  * LEGACY, POOL and fabric memory lives in its creator, which keeps it after

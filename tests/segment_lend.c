@@ -290,6 +290,33 @@ static void lend_loop_leaves_nothing(bool kept)
 }
 
 /*
+ * This process opens a name it lent by name, as any opener does: it gets
+ * a handle of its own on the lent bytes too, and its release lets go of
+ * what the open took.
+ */
+static void own_open_is_a_handle(void)
+{
+  gpuipc_buf_t *b = host_buf(15), *seg, *again;
+  gpuipc_domain_info_t before = domain_info();
+  gpuipc_segment_opts_t o = lend_opts(b, GPUIPC_CREATE | GPUIPC_SCRATCH);
+  ASSERT_OK(gpuipc_segment_open(dom, "l6", &o, &seg));
+  ASSERT_OK(gpuipc_segment_open(dom, "l6", NULL, &again));
+  ASSERT_PTR_NE(again, b);
+  ASSERT_PTR_EQ(gpuipc_buf_ptr(again), gpuipc_buf_ptr(b));
+  gpuipc_segment_info_t s = {.size = sizeof(s)};
+  ASSERT_OK(gpuipc_segment_stat(dom, "l6", &s));
+  ASSERT_EQ(s.holder_refs[0], 2);
+  ASSERT_OK(gpuipc_buf_release(again));
+  ASSERT_OK(gpuipc_buf_release(seg));
+  ASSERT_OK(gpuipc_segment_unlink(dom, "l6"));
+  gpuipc_domain_info_t after = domain_info();
+  ASSERT_EQ(after.segments, before.segments);
+  ASSERT_EQ(after.broker_fds, before.broker_fds);
+  ASSERT_EQ_U(test_check(gpuipc_buf_ptr(b), LEND_BYTES, 15), (size_t)-1);
+  ASSERT_OK(gpuipc_buf_release(b));
+}
+
+/*
  * The lender lets go of its segment handle before the name is unlinked:
  * the reader's mapping stays, and it is the lender's memory still (what
  * the lender writes through its own buffer, the reader reads); a later
@@ -385,6 +412,7 @@ int main(void)
   older_struct();
   lend_loop_leaves_nothing(false);
   lend_loop_leaves_nothing(true);
+  own_open_is_a_handle();
   outlives_lender_handle();
   kept_by_lent_handle();
   ASSERT_OK(gpuipc_domain_leave(dom));

@@ -443,6 +443,19 @@ gpuipc_buf_t *gpuipc__seg_hold_unkeep(struct seg_entry *e,
   return b;
 }
 
+bool gpuipc__seg_held_through(const gpuipc_buf_t *buf,
+                              const gpuipc_domain_t *d, uint64_t id)
+{
+  bool held = false;
+  pthread_mutex_lock(&gpuipc__seg_mu);
+  struct seg_entry *e = gpuipc__seg_entry_find(buf);
+  for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL && !held;
+       h = h->next)
+    held = h->dom == d && h->id == id;
+  pthread_mutex_unlock(&gpuipc__seg_mu);
+  return held;
+}
+
 /* The keeper hold of segment @id in @d, with its entry, or NULL. */
 struct seg_hold *gpuipc__seg_find_keeper(gpuipc_domain_t *d, uint64_t id,
                                          struct seg_entry **entry)

@@ -248,6 +248,26 @@ static int create_it(gpuipc_domain_t *d, const char *name,
   return 0;
 }
 
+/*
+ * An open found @*buf among this process's own allocations without
+ * holding segment @w through it: memory lent under @w's name (the lend has
+ * a handle of its own, see segment_open). This open gets one too, so that
+ * its release lets go of the segment alone, not with the lent buffer.
+ */
+static int own_handle(gpuipc_domain_t *d, const struct gpuipc__seg_wire *w,
+                      gpuipc_buf_t **buf)
+{
+  if ((*buf)->imported || gpuipc__seg_held_through(*buf, d, w->id))
+    return 0;
+  gpuipc_buf_t *a;
+  int rc = gpuipc__buf_alias(*buf, &a);
+  if (rc != 0)
+    return rc;
+  gpuipc_buf_release(*buf); /* never the last reference: @a holds one */
+  *buf = a;
+  return 0;
+}
+
 /* Map the segment a HANDLE reply describes, ordered after its writes. */
 static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
                         struct gpuipc__reply *r, gpuipc_buf_t **out)
@@ -260,7 +280,9 @@ static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
     gpuipc__seg_post_release(d, w.id, 1);
     return rc;
   }
-  rc = wait_writes(&w, buf, o->stream);
+  rc = own_handle(d, &w, &buf);
+  if (rc == 0)
+    rc = wait_writes(&w, buf, o->stream);
   if (rc == 0)
     rc = gpuipc__seg_record(d, buf, &w, gen, false);
   if (rc != 0) {
