@@ -240,7 +240,7 @@ static void older_struct(void)
   ASSERT_OK(gpuipc_buf_release(b));
 }
 
-/* Lend one step of the loop below: @nth even releases before unlinking. */
+/* Lend one step of the loops below: @nth even releases before unlinking. */
 static void lend_once(gpuipc_buf_t *b, int nth)
 {
   gpuipc_segment_opts_t o = lend_opts(b, GPUIPC_CREATE);
@@ -287,6 +287,39 @@ static void lend_loop_leaves_nothing(bool kept)
   lend_once(b, 0);
   ASSERT_OK(gpuipc_buf_release(b));
   wait_live(live - 1);
+}
+
+/*
+ * The same loop with memory of each GPU kind this machine has (none:
+ * nothing to do). LEGACY and POOL memory is kept by the lent handle until
+ * the broker's LET_GO; the caller's buffer outlives it all the same.
+ */
+static void lend_loop_gpu_kinds(void)
+{
+  static const gpuipc_kind_t kinds[] = {GPUIPC_KIND_VMM, GPUIPC_KIND_LEGACY,
+                                        GPUIPC_KIND_POOL};
+  int ran = 0;
+  for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+    if (gpuipc_device_count() < 1 || gpuipc_kind_available(kinds[k]) != 0)
+      continue;
+    uint64_t live = live_buffers();
+    gpuipc_buf_t *b;
+    ASSERT_OK(gpuipc_buf_alloc(LEND_BYTES, kinds[k], 0, 0, &b));
+    lend_once(b, 0); /* what the driver opens once (events) is open now */
+    gpuipc_domain_info_t before = domain_info();
+    int fds = test_count_fds(0);
+    for (int i = 0; i < 200; i++)
+      lend_once(b, i);
+    gpuipc_domain_info_t after = domain_info();
+    ASSERT_EQ(after.segments, before.segments);
+    ASSERT_EQ(after.broker_fds, before.broker_fds);
+    ASSERT_EQ(test_count_fds(0), fds);
+    ASSERT_OK(gpuipc_buf_alive(b));
+    ASSERT_OK(gpuipc_buf_release(b));
+    wait_live(live);
+    ran++;
+  }
+  printf("lend loop on %d GPU kinds\n", ran);
 }
 
 /*
@@ -412,6 +445,7 @@ int main(void)
   older_struct();
   lend_loop_leaves_nothing(false);
   lend_loop_leaves_nothing(true);
+  lend_loop_gpu_kinds();
   own_open_is_a_handle();
   outlives_lender_handle();
   kept_by_lent_handle();
