@@ -1140,15 +1140,23 @@ typedef struct gpuipc_segment_opts {
  *        and see what this process writes into them later. GPUIPC_EXCL is
  *        implied (-EEXIST: the name exists or is being filled; @buf is
  *        left as it was). bytes must be 0 or the buffer's size, kind AUTO
- *        or its kind, device -1 or its device. *@out is @buf with one more
- *        reference (the segment's): the caller's own reference stays its
- *        own. Filling and publishing go as for memory the call allocates
+ *        or its kind, device -1 or its device. *@out is a handle of its
+ *        own on @buf's memory (the same pointer, size, kind and device;
+ *        it holds a reference on @buf): releasing it lets go of the
+ *        segment at once -- the broker no longer counts this process, and
+ *        an unlinked segment nobody else holds goes with its descriptor --
+ *        while @buf stays the caller's, so one buffer may be lent again and
+ *        again. Give gpuipc_segment_publish this handle, not @buf. Filling
+ *        and publishing go as for memory the call allocates
  *        (GPUIPC_SCRATCH: published at once). Lifetime as for the kind:
  *        HOST and VMM memory then outlives every reference of this process
- *        while another process holds the segment.
+ *        while another process holds the segment; LEGACY and POOL memory
+ *        is kept by the released handle (and @buf with it) as below.
  * @out: the buffer with one reference; release it with gpuipc_buf_release.
  *        Opening a segment this process already holds returns the same
- *        buffer (one mapping, one more reference).
+ *        buffer (one mapping, one more reference); a segment this process
+ *        lent (opts->buf) comes as a handle of its own on the lent memory,
+ *        as the lend's does.
  * Lifetime (docs/segment-lifetime.md tells it all). HOST and VMM memory
  * outlives its creator until the segment is unlinked and released by all.
  * LEGACY, POOL and fabric memory lives in its creator, which keeps it after
@@ -1178,7 +1186,8 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
 
 /*
  * gpuipc_segment_publish - make segment buffer @seg, which this process
- * opened with GPUIPC_CREATE (without GPUIPC_SCRATCH) and allocated, visible
+ * opened with GPUIPC_CREATE (without GPUIPC_SCRATCH) and allocated or lent
+ * (for a lent buffer: the handle gpuipc_segment_open gave), visible
  * to other openers, ordered after the writes queued on @stream so far
  * (CUstream / cudaStream_t; NULL: the legacy default stream). GPU kinds
  * (VMM, LEGACY, POOL): an interprocess event is recorded on @stream and
@@ -1186,7 +1195,7 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
  * of neither side blocks. HOST: @stream, if not NULL, is synchronised
  * first; with NULL, the caller's CPU writes are done when it calls this.
  * Returns 0; -EINVAL (NULL @seg, or a buffer this process did not create
- * as a segment); -EALREADY (published already: by an earlier call, or at
+ * as a segment, such as the lent buffer itself); -EALREADY (published already: by an earlier call, or at
  * once by a GPUIPC_SCRATCH open); -ENOENT (the broker no longer has the reservation, e.g. after
  * a failover that gave the name to another creator); -ETIMEDOUT /
  * GPUIPC_E_PEER_GONE (no broker answered); what gpuipc_event_create /

@@ -14,25 +14,35 @@ from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _Held, _KIND_NAMES, 
 class _Registry:
     """The buffers this process holds, so that an array lying in one is sent
     as that buffer (no copy). Their address ranges are kept in C
-    (_gpuipc_registry.c), where the C send paths see them too; here, each
-    buffer by (device type, start)."""
+    (_gpuipc_registry.c), where the C send paths see them too; here, the
+    buffers by (device type, start): several may start at one address (a
+    buffer and the segment it is lent as), and the range stays while any
+    of them is held."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._entries = {}  # (device_type, start) -> weakref
+        self._entries = {}  # (device_type, start) -> [weakref], newest last
 
     def add(self, buf):
         import weakref
         key = (buf._dl_device_type(), buf.ptr)
         with self._lock:
-            self._entries[key] = weakref.ref(buf)
+            refs = [r for r in self._entries.get(key, ()) if r() is not None]
+            self._entries[key] = refs + [weakref.ref(buf)]
             _c.registry_set(key[0], key[1], buf.ptr + buf.nbytes)
 
     def remove(self, buf):
         key = (buf._dl_device_type(), buf.ptr)
         with self._lock:
-            ref = self._entries.get(key)
-            if ref is not None and ref() in (buf, None):
+            refs = self._entries.get(key)
+            if refs is None:
+                return
+            left = [r for r in refs if r() not in (buf, None)]
+            last = left[-1]() if left else None
+            if last is not None:
+                self._entries[key] = left
+                _c.registry_set(key[0], key[1], last.ptr + last.nbytes)
+            else:
                 del self._entries[key]
                 _c.registry_drop(*key)
 
@@ -49,11 +59,12 @@ class _Registry:
             span = _c.registry_find(dev_type, lo)
             if span is None or hi > span[1]:
                 return None
-            ref = self._entries[(dev_type, span[0])]
-        buf = ref()
-        if buf is None or buf._box is None:
-            return None
-        return buf
+            refs = self._entries[(dev_type, span[0])]
+        for ref in reversed(refs):
+            buf = ref()
+            if buf is not None and buf._box is not None:
+                return buf
+        return None
 
 
 _registry = _Registry()

@@ -44,7 +44,10 @@ class Domain(_Boxed):
         one ``gpuipc.torch.buffer_of`` finds under a tensor) as new segment
         ``name``, without a copy: openers map these very bytes and see later
         writes. Raises Exists if the name is taken. Then ``publish()``
-        (ordered after a stream's work), or ``scratch``: published at once."""
+        (ordered after a stream's work), or ``scratch``: published at once.
+        The Segment is a handle of its own on ``buffer``'s memory: its
+        ``release()`` ends the lend (once unlinked, the name's record goes
+        from the broker) while ``buffer`` stays yours."""
         flags = _c.CREATE | (_c.SCRATCH if scratch else 0)
         box = _c.segment_open(self._h(), name, 0, _kind(AUTO), -1, flags, _ms(timeout),
                               None, buffer._h())

@@ -539,6 +539,27 @@ def _host_tensor(buf, dtype, shape, fill):
     return t
 
 
+def sd_relend(dom, arg):
+    """Publishes versions that use buffer b every other time: b is lent
+    anew each time it comes back (not copied), and its retired segments go
+    from the broker (this process hosts it: the only member)."""
+    import torch
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d:
+        a, b = gpuipc.Buffer(1 << 16), gpuipc.Buffer(1 << 16)
+        sd = {"a": _host_tensor(a, torch.float32, (16,), torch.ones(16)),
+              "b": _host_tensor(b, torch.int64, (8,), torch.arange(8))}
+        pub = state_dict.Publisher(d, "w", lend=True)
+        copied, counts = [], []
+        for i in range(40):
+            pub.publish(sd if i % 2 == 0 else {"a": sd["a"]})
+            copied.append(state_dict._manifest(d, "w", pub.version, 5)["copied"])
+            info = d.info()
+            counts.append([info["segments"], info["broker_fds"]])
+        pub.close()
+        say(copied=any(copied), first=counts[:2], last=counts[-2:])
+
+
 def sd_lend_publish(dom, arg):
     """Lends two tensors of one gpuipc buffer and one of another, copies one
     that lies in ordinary memory; then writes in place, publishes again

@@ -323,6 +323,16 @@ def test_state_dict_lent(env, procs):
     pub.finish()
 
 
+def test_state_dict_relend_leaves_nothing(env, procs):
+    """A buffer that leaves the state dict and comes back is lent again
+    (not copied), and each lend it had goes from the broker once its
+    version is retired: after 40 versions the broker holds the entries and
+    descriptors it held after the first two."""
+    pytest.importorskip("torch")
+    r = start(procs, env, "sd_relend", "d").line()
+    assert r == {"copied": False, "first": r["first"], "last": r["first"]}
+
+
 def test_state_dict_unmoved_versions(env, procs):
     """A lent version where every tensor lies where it lay writes no
     manifest: the head names the last one's, readers that had it hand out

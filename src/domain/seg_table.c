@@ -4,8 +4,11 @@
  * that granted it and how many opens each granted. The broker counts the
  * same per connection. A buffer's last-release hook tells every granting
  * broker (RELEASE with that count), so the broker's count drops to zero
- * exactly when the process lets go. After a broker failover the table is
- * what the member re-publishes (gpuipc__seg_republish).
+ * exactly when the process lets go. A lent buffer (opts->buf) is a segment
+ * through a handle of its own (gpuipc__buf_alias): the hook of that handle
+ * lets go of the segment while the lender keeps the buffer. After a broker
+ * failover the table is what the member re-publishes
+ * (gpuipc__seg_republish).
  *
  * Each hold is found by its buffer (entries), by (domain, id) (by_id) and
  * by its domain (seg_dom): a domain's events touch only its own holds.
@@ -438,6 +441,19 @@ gpuipc_buf_t *gpuipc__seg_hold_unkeep(struct seg_entry *e,
   gpuipc_buf_t *b = e->buf;
   entry_free(e);
   return b;
+}
+
+bool gpuipc__seg_held_through(const gpuipc_buf_t *buf,
+                              const gpuipc_domain_t *d, uint64_t id)
+{
+  bool held = false;
+  pthread_mutex_lock(&gpuipc__seg_mu);
+  struct seg_entry *e = gpuipc__seg_entry_find(buf);
+  for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL && !held;
+       h = h->next)
+    held = h->dom == d && h->id == id;
+  pthread_mutex_unlock(&gpuipc__seg_mu);
+  return held;
 }
 
 /* The keeper hold of segment @id in @d, with its entry, or NULL. */

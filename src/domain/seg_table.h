@@ -52,6 +52,10 @@ extern pthread_mutex_t gpuipc__seg_mu;
 
 /* @buf's entry, or NULL. */
 struct seg_entry *gpuipc__seg_entry_find(const gpuipc_buf_t *buf);
+/* Whether @buf's own entry has a hold of segment @id of @d (takes the
+ * lock). */
+bool gpuipc__seg_held_through(const gpuipc_buf_t *buf,
+                              const gpuipc_domain_t *d, uint64_t id);
 /* The holds through @d, linked by dom_next (NULL: none). */
 struct seg_hold *gpuipc__seg_holds_of(const gpuipc_domain_t *d);
 /* The keeper hold of segment @id in @d, with its entry, or NULL. */

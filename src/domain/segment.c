@@ -248,6 +248,26 @@ static int create_it(gpuipc_domain_t *d, const char *name,
   return 0;
 }
 
+/*
+ * An open found @*buf among this process's own allocations without
+ * holding segment @w through it: memory lent under @w's name (the lend has
+ * a handle of its own, see segment_open). This open gets one too, so that
+ * its release lets go of the segment alone, not with the lent buffer.
+ */
+static int own_handle(gpuipc_domain_t *d, const struct gpuipc__seg_wire *w,
+                      gpuipc_buf_t **buf)
+{
+  if ((*buf)->imported || gpuipc__seg_held_through(*buf, d, w->id))
+    return 0;
+  gpuipc_buf_t *a;
+  int rc = gpuipc__buf_alias(*buf, &a);
+  if (rc != 0)
+    return rc;
+  gpuipc_buf_release(*buf); /* never the last reference: @a holds one */
+  *buf = a;
+  return 0;
+}
+
 /* Map the segment a HANDLE reply describes, ordered after its writes. */
 static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
                         struct gpuipc__reply *r, gpuipc_buf_t **out)
@@ -260,7 +280,9 @@ static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
     gpuipc__seg_post_release(d, w.id, 1);
     return rc;
   }
-  rc = wait_writes(&w, buf, o->stream);
+  rc = own_handle(d, &w, &buf);
+  if (rc == 0)
+    rc = wait_writes(&w, buf, o->stream);
   if (rc == 0)
     rc = gpuipc__seg_record(d, buf, &w, gen, false);
   if (rc != 0) {
@@ -280,11 +302,13 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
   struct gpuipc__reply *r = malloc(sizeof(*r));
   if (r == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_segment_open: out of memory");
-  if (o->buf != NULL) {
-    own = o->buf; /* the segment's reference, if it is made */
-    gpuipc__buf_ref(own);
-  }
   int rc;
+  /* A lent buffer: the segment gets a handle of its own, so that its
+   * release lets go of the segment while the caller keeps the buffer. */
+  if (o->buf != NULL && (rc = gpuipc__buf_alias(o->buf, &own)) != 0) {
+    free(r);
+    return rc;
+  }
   for (;;) {
     rc = gpuipc__seg_request(d, name, o->size, o->kind, o->flags,
                              gpuipc__ms_left(deadline), r);
@@ -312,7 +336,9 @@ static int segment_open(gpuipc_domain_t *d, const char *name,
  * A CREATE of existing buffer @o->buf: it must be this process's own and
  * what the other options ask for (they take its size); EXCL is implied: an
  * existing name is never opened in its place. A buffer may be a segment
- * under several names (each a hold of its own in the segment table).
+ * under several names: each lend is a handle of its own on it
+ * (gpuipc__buf_alias, in segment_open), with its own hold in the segment
+ * table, which its last release ends.
  */
 static int adopt_check(const char *name, struct seg_opts *o)
 {

@@ -104,7 +104,7 @@ static void reg_insert(struct gpuipc_buf *b)
   reg.live++;
 }
 
-/* Caller holds reg.lock. */
+/* Caller holds reg.lock. Nothing for a buffer not registered (an alias). */
 static void reg_remove(struct gpuipc_buf *b)
 {
   struct gpuipc_buf **pp = &reg.bucket[bucket_of(b->nonce, b->export_id)];
@@ -275,11 +275,18 @@ int gpuipc_buf_device(const gpuipc_buf_t *buf)
   return buf != NULL ? buf->device : -1;
 }
 
+/* The buffer whose kind keeps @b's memory: @b, or the base of an alias. */
+static struct gpuipc_buf *buf_base(struct gpuipc_buf *b)
+{
+  return b->base != NULL ? b->base : b;
+}
+
 int gpuipc_buf_access(gpuipc_buf_t *buf, int device)
 {
   static const char who[] = "gpuipc_buf_access";
   if (buf == NULL)
     return gpuipc__err(-EINVAL, "%s: NULL buffer", who);
+  buf = buf_base(buf);
   if (buf->ops->access == NULL)
     return 0; /* HOST memory: every device reaches it */
   int rc = gpuipc__dev_check(device, who);
@@ -300,6 +307,8 @@ int gpuipc_buf_alive(const gpuipc_buf_t *buf)
 {
   if (buf == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_alive: NULL buffer");
+  if (buf->base != NULL)
+    buf = buf->base;
   return buf->ops->alive != NULL ? buf->ops->alive(buf) : 0;
 }
 
@@ -308,6 +317,7 @@ int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out)
   if (buf == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_export: %s is NULL",
                        buf == NULL ? "buf" : "out");
+  buf = buf_base(buf);
   gpuipc_handle_t h;
   memset(&h, 0, sizeof(h));
   h.version = GPUIPC_HANDLE_VERSION;
@@ -499,6 +509,27 @@ void gpuipc__buf_ref(struct gpuipc_buf *b)
   pthread_mutex_unlock(&reg.lock);
 }
 
+int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out)
+{
+  b = buf_base(b);
+  struct gpuipc_buf *a = malloc(sizeof(*a));
+  if (a == NULL)
+    return gpuipc__err(-ENOMEM, "out of memory for a handle on buffer %p",
+                       (void *)b);
+  pthread_mutex_lock(&reg.lock);
+  *a = *b;
+  b->refs++;
+  pthread_mutex_unlock(&reg.lock);
+  a->next = NULL;
+  a->refs = 1;
+  a->release_hook = NULL;
+  a->release_arg = NULL;
+  a->kept = false;
+  a->base = b;
+  *out = a;
+  return 0;
+}
+
 void gpuipc__buf_set_release_hook(struct gpuipc_buf *b,
                                   gpuipc__release_hook_fn fn, void *arg)
 {
@@ -513,7 +544,8 @@ void gpuipc__buf_keep(struct gpuipc_buf *b)
   pthread_mutex_lock(&reg.lock);
   if (!b->kept && b->refs == 0) {
     b->kept = true;
-    reg.kept++;
+    if (b->base == NULL) /* an alias is not registered: its base counts */
+      reg.kept++;
   }
   pthread_cond_broadcast(&reg.ready); /* importers waiting may take it */
   pthread_mutex_unlock(&reg.lock);
@@ -525,7 +557,8 @@ bool gpuipc__buf_unkeep(struct gpuipc_buf *b)
   bool was = b->kept;
   if (was) {
     b->kept = false;
-    reg.kept--;
+    if (b->base == NULL)
+      reg.kept--;
     reg_remove(b);
   }
   pthread_mutex_unlock(&reg.lock);
@@ -534,6 +567,11 @@ bool gpuipc__buf_unkeep(struct gpuipc_buf *b)
 
 int gpuipc__buf_destroy(struct gpuipc_buf *b)
 {
+  if (b->base != NULL) {
+    struct gpuipc_buf *base = b->base;
+    free(b);
+    return gpuipc_buf_release(base);
+  }
   int rc = b->ops->release(b);
   GPUIPC_LOG_D("released %s buffer (export %llu of pid %u)",
                gpuipc_kind_name(b->kind), (unsigned long long)b->export_id,

@@ -77,6 +77,8 @@ int gpuipc__host_pin(gpuipc_buf_t *b, int dev)
 {
   if (b == NULL || b->kind != GPUIPC_KIND_HOST || dev < 0)
     return 0;
+  if (b->base != NULL)
+    b = b->base; /* a second handle (gpuipc__buf_alias): its base's state */
   return host_pin_dev(b->priv, dev);
 }
 

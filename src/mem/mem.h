@@ -135,6 +135,12 @@ struct gpuipc_buf {
    * import of its identity takes it back. Guarded by the registry lock.
    */
   bool kept;
+  /*
+   * Not NULL: this is a second handle on @base's memory (gpuipc__buf_alias),
+   * with its own references and release hook; it holds one reference on
+   * @base, is never registered, and reaches the kind only through @base.
+   */
+  struct gpuipc_buf *base;
 };
 
 /*
@@ -165,11 +171,25 @@ void gpuipc__buf_keep(struct gpuipc_buf *b);
  */
 bool gpuipc__buf_unkeep(struct gpuipc_buf *b);
 
-/* Free the memory of an unregistered buffer and the buffer itself. */
+/*
+ * Free the memory of an unregistered buffer and the buffer itself (for a
+ * handle made by gpuipc__buf_alias: release its reference on the base).
+ */
 int gpuipc__buf_destroy(struct gpuipc_buf *b);
 
 /* Take one more reference on @b (which the caller already holds). */
 void gpuipc__buf_ref(struct gpuipc_buf *b);
+
+/*
+ * A new handle on the memory of @b (which the caller holds; a handle of
+ * this kind stands for the buffer it was made of): the same pointer,
+ * size, kind, device and identity (an export of it is one of @b), with one
+ * reference and a release hook of its own, holding one reference on @b
+ * until its last release. A buffer lent as a segment is one (segment.c):
+ * releasing the segment then lets go of the segment alone. Not registered:
+ * imports of its identity find @b. 0, or -ENOMEM.
+ */
+int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out);
 
 /*
  * The registered buffer with this identity (exporter + export id), with one
