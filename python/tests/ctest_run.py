@@ -1,6 +1,7 @@
-"""Runs the pytest suite for CTest against the package built in the tree
-(argv[1]: build/python); exits 77 (skipped) when pytest or the built module
-is missing, and when pytest collected nothing."""
+"""Runs pytest for CTest against the package built in the tree (argv[1]:
+build/python) on the test files that follow (python/CMakeLists.txt gives
+one; none: every file of python/tests); exits 77 (skipped) when pytest or
+the built module is missing, and when pytest collected nothing."""
 import glob
 import os
 import subprocess
@@ -19,5 +20,5 @@ env = dict(os.environ)
 env["PYTHONPATH"] = build + os.pathsep + env.get("PYTHONPATH", "")
 here = os.path.dirname(os.path.abspath(__file__))
 rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                      here] + sys.argv[2:], env=env)
+                      "--rootdir", here] + (sys.argv[2:] or [here]), env=env)
 sys.exit(77 if rc == 5 else rc)
