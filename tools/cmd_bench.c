@@ -19,7 +19,7 @@
  * baselines: bench_measure.c; the report: bench_report.c).
  */
 #include "bench.h"
-#include "core/core.h" /* gpuipc__err: a sentence for the baseline */
+#include "core/core.h" /* gpuipc__err, GPUIPC__KIND_LAST */
 #include "core/private.h" /* gpuipc__stream_sync */
 
 #include <errno.h>
@@ -490,7 +490,7 @@ static int run_pair(struct prod *p, int src, int dst)
 
 static int parse_kind(const char *s, gpuipc_kind_t *out)
 {
-  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC__KIND_LAST; k++)
     if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0) {
       *out = (gpuipc_kind_t)k;
       return 0;
