@@ -30,6 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* " auto host vmm ...": the kinds' names, from gpuipc.h's GPUIPC_KIND_MAP. */
+#define KIND_WORD(name, value, str, desc) " " str
+
 static const char bench_usage[] =
     "usage: gpuipc bench [--json] [--quick] [--kind KIND] [--stream STREAM]\n"
     "                    [--max-bytes N] [--devices LIST]\n"
@@ -44,8 +47,9 @@ static const char bench_usage[] =
     "\n"
     "  --json          one JSON document (schema 1) instead of the tables\n"
     "  --quick         fewer messages, sizes up to 64 MiB\n"
-    "  --kind KIND     auto (default), vmm, legacy, pool or host; a kind\n"
-    "                  that is not available here fails (exit 1) with why\n"
+    "  --kind KIND     one of" GPUIPC_KIND_MAP(KIND_WORD) "\n"
+    "                  (default auto); a kind that is not available here\n"
+    "                  fails (exit 1) with why\n"
     "  --stream S      null (default: the legacy default stream, what\n"
     "                  PyTorch uses), legacy, per-thread, or created (a\n"
     "                  non-blocking stream of each process's own)\n"
