@@ -88,7 +88,9 @@ static int copy_out(void *dst, gpuipc_buf_t *buf, size_t off, size_t n)
 
 static int parse_kind(const char *s, gpuipc_kind_t *out)
 {
-  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+  /* The kinds are 0, 1, 2, ... (GPUIPC_KIND_MAP); past the last, "?". */
+  for (int k = GPUIPC_KIND_AUTO;
+       strcmp(gpuipc_kind_name((gpuipc_kind_t)k), "?") != 0; k++)
     if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0) {
       *out = (gpuipc_kind_t)k;
       return 0;

@@ -400,15 +400,29 @@ GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
 /* Buffers                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/*
+ * The buffer kinds, one line each: XX(NAME, value, name, description) gives
+ * GPUIPC_KIND_NAME = value, gpuipc_kind_name()'s answer and a line of
+ * description. The values run 0, 1, 2, ... in the list's order; AUTO, the
+ * first, is no buffer's kind but a request (gpuipc_buf_alloc). Everything
+ * that names or checks a kind (gpuipc_kind_name, handles, segments, the
+ * CLI, the Python package) follows this list; a program may walk it too.
+ */
+#define GPUIPC_KIND_MAP(XX)                                                    \
+  XX(AUTO, 0, "auto", "VMM on a GPU when one is usable, else HOST")            \
+  XX(HOST, 1, "host", "memfd, mapped in every holder")                         \
+  XX(VMM, 2, "vmm", "cuMemCreate + POSIX-FD (or fabric) handles")              \
+  XX(LEGACY, 3, "legacy", "cuMemAlloc + cuIpcGetMemHandle")                    \
+  XX(POOL, 4, "pool", "stream-ordered pool, per-allocation export")
+
 typedef enum gpuipc_kind {
-  GPUIPC_KIND_AUTO = 0,   /* VMM on a GPU when one is usable, else HOST */
-  GPUIPC_KIND_HOST = 1,   /* memfd, mapped in every holder */
-  GPUIPC_KIND_VMM = 2,    /* cuMemCreate + POSIX-FD (or fabric) handles */
-  GPUIPC_KIND_LEGACY = 3, /* cuMemAlloc + cuIpcGetMemHandle */
-  GPUIPC_KIND_POOL = 4,   /* stream-ordered pool, per-allocation export */
+#define GPUIPC__KIND_ENUM(name, value, str, desc) GPUIPC_KIND_##name = (value),
+  GPUIPC_KIND_MAP(GPUIPC__KIND_ENUM)
+#undef GPUIPC__KIND_ENUM
 } gpuipc_kind_t;
 
-/* gpuipc_kind_name - "auto", "host", "vmm", "legacy", "pool" or "?". */
+/* gpuipc_kind_name - the kind's name in GPUIPC_KIND_MAP ("auto", "host",
+ * ...), or "?" for a value that is no kind. */
 GPUIPC_API const char *gpuipc_kind_name(gpuipc_kind_t kind);
 
 /*

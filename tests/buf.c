@@ -52,6 +52,56 @@ static void check_kinds(void)
   }
 }
 
+/*
+ * Every kind of gpuipc.h's GPUIPC_KIND_MAP is known wherever kinds are
+ * derived from it: the value of its place, its name, a kind that
+ * gpuipc_kind_available takes, ops of its own (every kind but AUTO where
+ * the build has the CUDA header, HOST always). The value after the last
+ * is no kind.
+ */
+static void check_kind_list(void)
+{
+  static const struct {
+    gpuipc_kind_t kind;
+    const char *name;
+  } list[] = {
+#define KIND_ROW(name, value, str, desc) {GPUIPC_KIND_##name, str},
+      GPUIPC_KIND_MAP(KIND_ROW)
+#undef KIND_ROW
+  };
+  const size_t n = sizeof(list) / sizeof(list[0]);
+  ASSERT_EQ(n, GPUIPC__KIND_COUNT);
+  for (size_t i = 0; i < n; i++) {
+    gpuipc_kind_t k = list[i].kind;
+    const char *name = list[i].name;
+    if ((size_t)k != i)
+      TFAIL("kind %s has value %d at place %zu", name, (int)k, i);
+    if (strcmp(gpuipc_kind_name(k), name) != 0)
+      TFAIL("kind %s is named \"%s\"", name, gpuipc_kind_name(k));
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(list[j].name, name) == 0)
+        TFAIL("two kinds are named \"%s\"", name);
+    if (gpuipc_kind_available(k) == -EINVAL)
+      TFAIL_GPUIPC("gpuipc_kind_available(%s) says it is no kind", name);
+    const struct gpuipc__kind_ops *ops = gpuipc__kind_ops(k);
+    bool want_ops = k == GPUIPC_KIND_HOST ||
+                    (k != GPUIPC_KIND_AUTO && GPUIPC_HAVE_CUDA);
+    if (want_ops && (ops == NULL || ops->kind != k))
+      TFAIL("kind %s has %s", name, ops == NULL ? "no ops" : "another's ops");
+    if (k == GPUIPC_KIND_AUTO && ops != NULL)
+      TFAIL("AUTO, a request, has ops");
+  }
+
+  gpuipc_kind_t after = (gpuipc_kind_t)n;
+  ASSERT_STREQ(gpuipc_kind_name(after), "?");
+  ASSERT_RC(gpuipc_kind_available(after), -EINVAL);
+  ASSERT_PTR_EQ(gpuipc__kind_ops(after), NULL);
+  gpuipc_buf_t *b = NULL;
+  ASSERT_RC(gpuipc_buf_alloc(4096, after, -1, 0, &b), -EINVAL);
+  ASSERT_RC(gpuipc_buf_alloc(4096, (gpuipc_kind_t)-1, -1, 0, &b), -EINVAL);
+  ASSERT_PTR_EQ(b, NULL);
+}
+
 static void check_alloc_export_import(void)
 {
   int fds_before = test_count_fds(0);
@@ -212,6 +262,7 @@ int main(void)
   test_warm_driver(); /* count descriptors with the driver's included */
   check_bad_arguments();
   check_kinds();
+  check_kind_list();
   check_alloc_export_import();
   check_wrong_fds();
   printf("buf: ok\n");

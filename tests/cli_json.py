@@ -10,12 +10,14 @@ sequence as U+FFFD).
 this test (cuda=0|1: the CUDA header; mpi=VERSION or empty: the MPI
 component), and plain `info` shows the settings set, rejected or unknown.
 Every command that takes --json prints one JSON object with an "error"
-member when it fails.
+member when it fails. `info` lists every kind of gpuipc.h's list but auto,
+and `bench --kind` takes each name.
 
 usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION]
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -184,6 +186,25 @@ expect_error(['info', '--json', '--sideways'], {}, 2, '--sideways')
 expect_error(['bench', '--json', '--quick', '--max-bytes', '4096', '--kind',
               'vmm'], {b'GPUIPC_NO_CUDA': b'1', b'GPUIPC_DIR': plain}, 1,
              'vmm')
+
+# The kinds: gpuipc.h's list (GPUIPC_KIND_MAP), which `info` lists (all but
+# auto, a request) and `bench --kind` takes (the name accepted, the
+# command line then refused at the argument after it).
+HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
+                      'include', 'gpuipc.h')
+with open(HEADER) as f:
+    kind_map = re.search(r'#define GPUIPC_KIND_MAP\(XX\)(.*?)\n\n', f.read(),
+                         re.S)
+kinds = re.findall(r'XX\(\w+, \d+, "(\w+)"', kind_map.group(1) if kind_map else '')
+if len(kinds) < 2 or kinds[0] != 'auto':
+    fail('no kinds found in %s: %r' % (HEADER, kinds))
+doc = run(['info', '--json'], {}, 0)
+if doc is not None and list(doc.get('kinds') or {}) != kinds[1:]:
+    fail('info --json: kinds %r, expected %r' % (list(doc.get('kinds') or {}),
+                                                kinds[1:]))
+for k in kinds:
+    expect_error(['bench', '--json', '--kind', k, '--sideways'], {}, 2,
+                 '--sideways')
 
 shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
 if failures:

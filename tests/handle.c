@@ -51,6 +51,42 @@ static gpuipc_handle_t make_handle(gpuipc_kind_t kind,
   return h;
 }
 
+/*
+ * Every kind of gpuipc.h's GPUIPC_KIND_MAP but AUTO (a request) has a
+ * handle type whose handles validate, and combos[] (what the round trip
+ * packs) has it; AUTO and the value after the last kind have none.
+ */
+static void test_every_kind(void)
+{
+  static const struct {
+    gpuipc_kind_t kind;
+    const char *name;
+  } list[] = {
+#define KIND_ROW(name, value, str, desc) {GPUIPC_KIND_##name, str},
+      GPUIPC_KIND_MAP(KIND_ROW)
+#undef KIND_ROW
+  };
+  const size_t n = sizeof(list) / sizeof(list[0]);
+  for (size_t i = 0; i <= n; i++) {
+    gpuipc_kind_t k = i < n ? list[i].kind : (gpuipc_kind_t)n;
+    const char *name = i < n ? list[i].name : "after the last";
+    int valid = 0;
+    for (int t = GPUIPC_HT_POSIX_FD; t <= GPUIPC_HT_POOL; t++) {
+      gpuipc_handle_t h = make_handle(k, (gpuipc_handle_type_t)t, 3);
+      valid += gpuipc__handle_validate(&h, "t") == 0;
+    }
+    size_t packed = 0;
+    for (size_t c = 0; c < NCOMBOS; c++)
+      packed += combos[c].kind == k;
+    bool handle_kind = i < n && k != GPUIPC_KIND_AUTO;
+    if (handle_kind && (valid == 0 || packed == 0))
+      TFAIL("kind %s: %d handle types validate, combos[] has %zu", name,
+            valid, packed);
+    if (!handle_kind && valid != 0)
+      TFAIL("kind %s: %d handle types validate", name, valid);
+  }
+}
+
 static void assert_same_handle(const gpuipc_handle_t *a,
                                const gpuipc_handle_t *b)
 {
@@ -504,6 +540,7 @@ int main(void)
 {
   test_exact_layout();
   test_round_trip();
+  test_every_kind();
   test_corrupt_fields();
   test_pack_rejects();
   test_bit_flips();

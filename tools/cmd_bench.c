@@ -19,7 +19,7 @@
  * baselines: bench_measure.c; the report: bench_report.c).
  */
 #include "bench.h"
-#include "core/core.h" /* gpuipc__err: a sentence for the baseline */
+#include "core/core.h" /* gpuipc__err, GPUIPC__KIND_LAST */
 #include "core/private.h" /* gpuipc__stream_sync */
 
 #include <errno.h>
@@ -29,6 +29,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* " auto host vmm ...": the kinds' names, from gpuipc.h's GPUIPC_KIND_MAP. */
+#define KIND_WORD(name, value, str, desc) " " str
 
 static const char bench_usage[] =
     "usage: gpuipc bench [--json] [--quick] [--kind KIND] [--stream STREAM]\n"
@@ -44,8 +47,9 @@ static const char bench_usage[] =
     "\n"
     "  --json          one JSON document (schema 1) instead of the tables\n"
     "  --quick         fewer messages, sizes up to 64 MiB\n"
-    "  --kind KIND     auto (default), vmm, legacy, pool or host; a kind\n"
-    "                  that is not available here fails (exit 1) with why\n"
+    "  --kind KIND     one of" GPUIPC_KIND_MAP(KIND_WORD) "\n"
+    "                  (default auto); a kind that is not available here\n"
+    "                  fails (exit 1) with why\n"
     "  --stream S      null (default: the legacy default stream, what\n"
     "                  PyTorch uses), legacy, per-thread, or created (a\n"
     "                  non-blocking stream of each process's own)\n"
@@ -490,7 +494,7 @@ static int run_pair(struct prod *p, int src, int dst)
 
 static int parse_kind(const char *s, gpuipc_kind_t *out)
 {
-  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC__KIND_LAST; k++)
     if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0) {
       *out = (gpuipc_kind_t)k;
       return 0;

@@ -1,5 +1,6 @@
 /* gpuipc info: the library, the driver, the devices, the kinds, settings. */
 #include "cli.h"
+#include "core/core.h" /* GPUIPC__KIND_LAST */
 
 #include <limits.h>
 #include <stdlib.h>
@@ -30,9 +31,10 @@ static const char usage[] =
     "  --json    print the same as one JSON object (with --config: the\n"
     "            settings alone; without: everything, settings included)\n";
 
-static const gpuipc_kind_t kinds[] = {GPUIPC_KIND_HOST, GPUIPC_KIND_VMM,
-                                      GPUIPC_KIND_LEGACY, GPUIPC_KIND_POOL};
-#define NKINDS (sizeof(kinds) / sizeof(kinds[0]))
+/* The kinds a buffer can have: 1 (HOST) to the last of gpuipc.h's
+ * GPUIPC_KIND_MAP (0, AUTO, is a request). */
+#define NKINDS ((size_t)GPUIPC__KIND_LAST)
+#define KIND(k) ((gpuipc_kind_t)((k) + 1))
 
 /* Everything `info` reports, gathered before any of it is printed. */
 struct report {
@@ -101,7 +103,7 @@ static void gather(struct report *r)
   }
 
   for (size_t k = 0; k < NKINDS; k++) {
-    r->kind_rc[k] = gpuipc_kind_available(kinds[k]);
+    r->kind_rc[k] = gpuipc_kind_available(KIND(k));
     if (r->kind_rc[k] != 0)
       snprintf(r->kind_error[k], sizeof(r->kind_error[k]), "%s",
                gpuipc_last_error());
@@ -244,9 +246,9 @@ static void print_text(const struct report *r)
   printf("kinds:\n");
   for (size_t k = 0; k < NKINDS; k++) {
     if (r->kind_rc[k] == 0)
-      printf("  %-7s available\n", gpuipc_kind_name(kinds[k]));
+      printf("  %-7s available\n", gpuipc_kind_name(KIND(k)));
     else
-      printf("  %-7s unavailable (%s): %s\n", gpuipc_kind_name(kinds[k]),
+      printf("  %-7s unavailable (%s): %s\n", gpuipc_kind_name(KIND(k)),
              gpuipc_err_name(r->kind_rc[k]), r->kind_error[k]);
   }
   if (r->dir_rc == 0)
@@ -330,7 +332,7 @@ static void print_json(const struct report *r)
 
   cli_json_obj(&j, "kinds");
   for (size_t k = 0; k < NKINDS; k++) {
-    cli_json_obj(&j, gpuipc_kind_name(kinds[k]));
+    cli_json_obj(&j, gpuipc_kind_name(KIND(k)));
     cli_json_bool(&j, "available", r->kind_rc[k] == 0);
     cli_json_str(&j, "status", gpuipc_err_name(r->kind_rc[k]));
     cli_json_str(&j, "error", r->kind_rc[k] != 0 ? r->kind_error[k] : NULL);

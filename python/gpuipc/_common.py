@@ -9,10 +9,11 @@ import sys
 
 from . import _gpuipc as _c
 
-# Kinds (gpuipc_kind_t).
-AUTO, HOST, VMM, LEGACY, POOL = 0, 1, 2, 3, 4
-_KINDS = {"auto": AUTO, "host": HOST, "vmm": VMM, "legacy": LEGACY, "pool": POOL}
+# Kinds (gpuipc_kind_t), name -> value: the C library's list
+# (GPUIPC_KIND_MAP), which the extension hands over as KINDS.
+_KINDS = dict(_c.KINDS)
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
+AUTO, HOST, VMM, LEGACY, POOL = (_KINDS[k] for k in ("auto", "host", "vmm", "legacy", "pool"))
 
 # DLPack device types and type codes.
 DL_CPU, DL_CUDA, DL_CUDA_HOST = 1, 2, 3

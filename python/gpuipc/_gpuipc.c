@@ -390,6 +390,36 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gpuipc",
                                     "package)",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
+static int add_kind(PyObject *kinds, const char *name, long value)
+{
+  PyObject *v = PyLong_FromLong(value);
+  if (v == NULL)
+    return -1;
+  int rc = PyDict_SetItemString(kinds, name, v);
+  Py_DECREF(v);
+  return rc;
+}
+
+/* KINDS: {name: value} of every kind of gpuipc.h's GPUIPC_KIND_MAP, the
+ * one list the Python layer takes its kinds from (gpuipc/_common.py). */
+static int add_kinds(PyObject *m)
+{
+  PyObject *kinds = PyDict_New();
+  if (kinds == NULL)
+    return -1;
+  int rc = 0;
+#define GPUIPC__PY_KIND(name, value, str, desc)                                \
+  if (rc == 0)                                                                 \
+    rc = add_kind(kinds, str, value);
+  GPUIPC_KIND_MAP(GPUIPC__PY_KIND)
+#undef GPUIPC__PY_KIND
+  if (rc == 0)
+    rc = PyModule_AddObject(m, "KINDS", kinds); /* steals it on success */
+  if (rc < 0)
+    Py_DECREF(kinds);
+  return rc;
+}
+
 static int add_constants(PyObject *m)
 {
   int rc = 0;
@@ -406,6 +436,8 @@ static int add_constants(PyObject *m)
   rc |= PyModule_AddIntConstant(m, "E_" #name, code);
   GPUIPC_ERRNO_MAP(GPUIPC__PY_ERR)
 #undef GPUIPC__PY_ERR
+  if (rc == 0)
+    rc = add_kinds(m);
   return rc;
 }
 

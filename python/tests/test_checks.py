@@ -1,8 +1,10 @@
 """Python input checked where it comes in: read-only destinations,
-tickets, timeouts, shapes, sizes, streams, dtypes, use after close; and a
-conversion that fails leaves a received view usable. In one process, both
-ends of a channel in it (HOST memory)."""
+tickets, timeouts, shapes, sizes, streams, dtypes, kinds, use after close;
+and a conversion that fails leaves a received view usable. In one process,
+both ends of a channel in it (HOST memory)."""
+import errno
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -265,3 +267,28 @@ def test_state_dict_of_numpy_arrays_is_a_clear_type_error(dom):
         state_dict.publish(dom, "sd", {"w": np.zeros(4, np.float32)})
     with pytest.raises(TypeError, match="torch tensor"):
         state_dict.copy_into(dom, "sd", {"w": np.zeros(4, np.float32)}, timeout=0)
+
+
+# ---- E: kinds, the C library's list ----------------------------------------
+
+def test_kinds_are_the_c_librarys_list():
+    """The kinds the package takes (by name or as a constant) are the C
+    library's (gpuipc.h's GPUIPC_KIND_MAP, the extension's KINDS): each a
+    constant of the package and its stubs, and a kind to C; the value after
+    the last is none, nor is an unknown name."""
+    from gpuipc import _common, _gpuipc as _c
+    assert _common._KINDS == _c.KINDS
+    assert sorted(_c.KINDS.values()) == list(range(len(_c.KINDS)))
+    stubs = os.path.join(os.path.dirname(gpuipc.__file__), "__init__.pyi")
+    with open(stubs) as f:
+        stub_lines = f.read().splitlines()
+    for name, value in _c.KINDS.items():
+        assert getattr(gpuipc, name.upper(), None) == value, name
+        assert f"{name.upper()}: int" in stub_lines, name
+        assert _common._kind(name) == value
+        rc, why = _c.kind_available(value)
+        assert rc != -errno.EINVAL, (name, why)
+    rc, why = _c.kind_available(len(_c.KINDS))
+    assert rc == -errno.EINVAL and "unknown kind" in why
+    with pytest.raises(ValueError, match="unknown kind"):
+        gpuipc.empty(4, kind="no-such-kind")

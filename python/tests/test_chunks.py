@@ -26,7 +26,7 @@ malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
 free = lib.gpuipc_torch_pool_free
 free.restype = None
 free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-_c.alloc_set_kind(3)  # LEGACY: the fake driver's cuMemAlloc
+_c.alloc_set_kind(gpuipc.LEGACY)  # the fake driver's cuMemAlloc
 _c.pool_set_chunk(256 * MiB)
 
 def chunks():
@@ -55,7 +55,7 @@ fill(c, 100 * MiB, 0xC3)
 # alloc_lookup finds a block's whole chunk (what a send or a lend shares).
 box = _c.alloc_lookup(b + 12345)
 ptr, nbytes, kind, dev = _c.buf_info(box)
-assert (ptr, nbytes, kind, dev) == (a, 64 * MiB, 3, 0), (ptr, nbytes, kind, dev)
+assert (ptr, nbytes, kind, dev) == (a, 64 * MiB, gpuipc.LEGACY, 0), (ptr, nbytes, kind, dev)
 assert _c.alloc_lookup(1) is None
 
 # Freed bytes come back first fit, joined with their free neighbours.

@@ -64,6 +64,29 @@ static inline void gpuipc__out_write(void *out, size_t out_size,
            n - sizeof(size_t));
 }
 
+/* ----- buffer kinds ----- */
+/*
+ * gpuipc.h's GPUIPC_KIND_MAP is the one list of kinds; every range check
+ * and name follows it. Its values run 0 (AUTO) to GPUIPC__KIND_LAST in the
+ * list's order (status.c asserts it), so a kind is a value in that range.
+ */
+#define GPUIPC__KIND_ONE(name, value, str, desc) +1
+#define GPUIPC__KIND_COUNT (0 GPUIPC_KIND_MAP(GPUIPC__KIND_ONE))
+#define GPUIPC__KIND_LAST (GPUIPC__KIND_COUNT - 1)
+
+/* Whether @kind is a kind, AUTO included: what a caller may ask for. */
+static inline bool gpuipc__kind_valid(long long kind)
+{
+  return kind >= GPUIPC_KIND_AUTO && kind <= GPUIPC__KIND_LAST;
+}
+
+/* Whether @kind is a kind other than AUTO: what a buffer, a handle or a
+ * segment has. */
+static inline bool gpuipc__kind_concrete(long long kind)
+{
+  return kind > GPUIPC_KIND_AUTO && kind <= GPUIPC__KIND_LAST;
+}
+
 /* ----- timeouts ----- */
 /*
  * The public rule for a timeout (include/gpuipc.h, "Timeouts"): @ms as

@@ -51,20 +51,28 @@ const char *gpuipc_last_error(void)
   return last_error;
 }
 
+/* The kinds' values are their places in GPUIPC_KIND_MAP, so that
+ * gpuipc__kind_valid's range holds every kind and nothing else. */
+enum {
+#define GPUIPC__KIND_PLACE(name, value, str, desc) KIND_PLACE_##name,
+  GPUIPC_KIND_MAP(GPUIPC__KIND_PLACE)
+#undef GPUIPC__KIND_PLACE
+};
+#define GPUIPC__KIND_IN_PLACE(name, value, str, desc)                          \
+  _Static_assert((value) == KIND_PLACE_##name,                                 \
+                 "GPUIPC_KIND_MAP's values run 0, 1, 2, ... in its order");
+GPUIPC_KIND_MAP(GPUIPC__KIND_IN_PLACE)
+#undef GPUIPC__KIND_IN_PLACE
+
 /* Kind names live here, below every layer that prints them. */
 const char *gpuipc_kind_name(gpuipc_kind_t kind)
 {
   switch (kind) {
-  case GPUIPC_KIND_AUTO:
-    return "auto";
-  case GPUIPC_KIND_HOST:
-    return "host";
-  case GPUIPC_KIND_VMM:
-    return "vmm";
-  case GPUIPC_KIND_LEGACY:
-    return "legacy";
-  case GPUIPC_KIND_POOL:
-    return "pool";
+#define GPUIPC__KIND_NAME(name, value, str, desc)                              \
+  case GPUIPC_KIND_##name:                                                     \
+    return str;
+    GPUIPC_KIND_MAP(GPUIPC__KIND_NAME)
+#undef GPUIPC__KIND_NAME
   }
   return "?";
 }

@@ -135,8 +135,9 @@ static void journal_apply(struct gpuipc__broker *b, char *line)
   if (id > GPUIPC__ID_MAX || (op != 'P' && op != 'L' && op != 'F') ||
       sscanf(line, "%c %llu %llu %u %64s %llx", &op, &id, &size, &kind, name,
              &mem) < 5 ||
-      size == 0 || size > GPUIPC_SIZE_MAX_ABSURD || kind < GPUIPC_KIND_HOST ||
-      kind > GPUIPC_KIND_POOL || gpuipc__name_check(name, "journal name") != 0)
+      size == 0 || size > GPUIPC_SIZE_MAX_ABSURD ||
+      !gpuipc__kind_concrete(kind) ||
+      gpuipc__name_check(name, "journal name") != 0)
     return;
   if ((s = gpuipc__reg_by_id(&b->reg, id)) != NULL)
     gpuipc__reg_remove(&b->reg, s);

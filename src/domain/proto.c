@@ -127,7 +127,7 @@ RECORD(seg_fields, NULL,
        S(name, FT_STR, CK_NAME, 0),
        S(id, FT_INT, CK_RANGE, GPUIPC__ID_MAX),
        S(size, FT_INT, CK_RANGE, GPUIPC_SIZE_MAX_ABSURD),
-       S(kind, FT_INT, CK_RANGE, GPUIPC_KIND_POOL),
+       S(kind, FT_INT, CK_RANGE, GPUIPC__KIND_LAST),
        S(state, FT_INT, CK_RANGE, GPUIPC__SEG_FILLING),
        S(uuid, FT_BYTES, CK_ANY, 0),
        OPT(struct gpuipc__seg_wire, has_handle, handle, CK_ANY),
@@ -166,7 +166,7 @@ RECORD(msg_hello, NULL,
 RECORD(msg_open, NULL,
        M(open.name, FT_STR, CK_NAME, 0),
        M(open.flags, FT_INT, CK_MASK, GPUIPC__OPEN_FLAGS),
-       M(open.kind, FT_INT, CK_MAX, GPUIPC_KIND_POOL), /* AUTO allowed */
+       M(open.kind, FT_INT, CK_MAX, GPUIPC__KIND_LAST), /* AUTO allowed */
        M(open.size, FT_INT, CK_MAX, GPUIPC_SIZE_MAX_ABSURD),
        M(open.timeout_ms, FT_INT, CK_ANY, 0));
 RECORD(msg_publish, NULL,

@@ -382,7 +382,7 @@ static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
   if (u.flags & ~known)
     return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): unknown flags "
                        "0x%x", name, u.flags & ~known);
-  if ((unsigned)u.kind > GPUIPC_KIND_POOL)
+  if (!gpuipc__kind_valid(u.kind))
     return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): kind %d unknown",
                        name, (int)u.kind);
   if ((u.flags & (GPUIPC_EXCL | GPUIPC_SCRATCH)) && !(u.flags & GPUIPC_CREATE))

@@ -117,27 +117,32 @@ static void reg_remove(struct gpuipc_buf *b)
   }
 }
 
+#if GPUIPC_HAVE_CUDA
+#define CUDA_OPS(ops) (&(ops))
+#else
+#define CUDA_OPS(ops) NULL /* built without the CUDA header */
+#endif
+
+/*
+ * The kinds' ops: a case for every kind of gpuipc.h's GPUIPC_KIND_MAP and
+ * no default, so that the compiler (-Wswitch) asks for the ops of a kind
+ * added there (tests/buf.c checks the answers).
+ */
 const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind)
 {
   switch (kind) {
+  case GPUIPC_KIND_AUTO:
+    return NULL; /* a request, resolved by kind_resolve */
   case GPUIPC_KIND_HOST:
     return &gpuipc__host_ops;
-#if GPUIPC_HAVE_CUDA
   case GPUIPC_KIND_VMM:
-    return &gpuipc__vmm_ops;
+    return CUDA_OPS(gpuipc__vmm_ops);
   case GPUIPC_KIND_LEGACY:
-    return &gpuipc__legacy_ops;
+    return CUDA_OPS(gpuipc__legacy_ops);
   case GPUIPC_KIND_POOL:
-    return &gpuipc__pool_ops;
-#endif
-  default:
-    return NULL;
+    return CUDA_OPS(gpuipc__pool_ops);
   }
-}
-
-static bool kind_valid(gpuipc_kind_t kind)
-{
-  return (int)kind >= GPUIPC_KIND_AUTO && kind <= GPUIPC_KIND_POOL;
+  return NULL;
 }
 
 /*
@@ -177,7 +182,7 @@ static int kind_check(gpuipc_kind_t kind, const char *who)
 
 int gpuipc_kind_available(gpuipc_kind_t kind)
 {
-  if (!kind_valid(kind))
+  if (!gpuipc__kind_valid(kind))
     return gpuipc__err(-EINVAL, "gpuipc_kind_available: unknown kind %d",
                        (int)kind);
   return kind_check(kind_resolve(kind, -1), "gpuipc_kind_available");
@@ -206,7 +211,7 @@ int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
                        "gpuipc_buf_alloc: size %zu exceeds the largest buffer "
                        "gpuipc describes (2^48 bytes)",
                        size);
-  if (!kind_valid(kind))
+  if (!gpuipc__kind_valid(kind))
     return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown kind %d",
                        (int)kind);
   if (flags != 0)

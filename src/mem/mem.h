@@ -198,7 +198,8 @@ int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out);
  */
 struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h);
 
-/* The kinds this build has; NULL where the build lacks one. */
+/* The kinds this build has (gpuipc.h's GPUIPC_KIND_MAP lists them all);
+ * NULL where the build lacks one, for AUTO and for a value no kind has. */
 const struct gpuipc__kind_ops *gpuipc__kind_ops(gpuipc_kind_t kind);
 
 extern const struct gpuipc__kind_ops gpuipc__host_ops;

@@ -93,10 +93,16 @@ static const char *type_name(int type)
   return "?";
 }
 
-/* May a handle of @kind carry handle type @type? */
-static bool type_suits_kind(int kind, int type)
+/*
+ * May a handle of @kind carry handle type @type? A switch with a case for
+ * every kind of GPUIPC_KIND_MAP and no default, so that the compiler
+ * (-Wswitch) asks for the handle types of a kind added there.
+ */
+static bool type_suits_kind(gpuipc_kind_t kind, int type)
 {
   switch (kind) {
+  case GPUIPC_KIND_AUTO:
+    return false; /* a request, never a handle's kind */
   case GPUIPC_KIND_HOST:
     return type == GPUIPC_HT_POSIX_FD;
   case GPUIPC_KIND_VMM:
@@ -141,12 +147,12 @@ int gpuipc__handle_validate(const gpuipc_handle_t *h, const char *who)
     return rc;
 
   int kind = (int)h->kind, type = (int)h->type;
-  if (kind < GPUIPC_KIND_HOST || kind > GPUIPC_KIND_POOL)
+  if (!gpuipc__kind_concrete(kind))
     return gpuipc__err(GPUIPC_E_BADHANDLE,
-                       "%s: kind %d (%s) is not a handle kind (1 host, "
-                       "2 vmm, 3 legacy, 4 pool)",
-                       who, kind, gpuipc_kind_name((gpuipc_kind_t)kind));
-  if (!type_suits_kind(kind, type))
+                       "%s: kind %d (%s) is not a handle kind (1 to %d)",
+                       who, kind, gpuipc_kind_name((gpuipc_kind_t)kind),
+                       GPUIPC__KIND_LAST);
+  if (!type_suits_kind((gpuipc_kind_t)kind, type))
     return gpuipc__err(GPUIPC_E_BADHANDLE,
                        "%s: handle type %d (%s) is not valid for kind %s", who,
                        type, type_name(type), gpuipc_kind_name((gpuipc_kind_t)kind));

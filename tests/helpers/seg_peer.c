@@ -287,7 +287,7 @@ static int pattern(gpuipc_buf_t *b, uint64_t seed, bool fill)
 
 static gpuipc_kind_t kind_of(const char *s)
 {
-  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC_KIND_POOL; k++)
+  for (int k = GPUIPC_KIND_AUTO; k <= GPUIPC__KIND_LAST; k++)
     if (strcmp(s, gpuipc_kind_name((gpuipc_kind_t)k)) == 0)
       return (gpuipc_kind_t)k;
   return (gpuipc_kind_t)-1;
