@@ -30,8 +30,10 @@ struct host_priv {
   _Atomic int reg_dev;
 };
 
+#if GPUIPC_HAVE_CUDA
 /* Registrations are rare (once per mapping): one lock for all of them. */
 static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
+#endif
 
 static int host_available(void)
 {
