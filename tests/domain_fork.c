@@ -16,10 +16,14 @@
  *    broker: the parent's domain is not its own (its calls fail with
  *    GPUIPC_E_CLOSED), and its own holds stay as they are;
  *  - fork() while another thread opens and releases segments: the child
- *    never inherits a segment or buffer lock held by a thread it lacks.
+ *    never inherits a segment or buffer lock held by a thread it lacks;
+ *  - the segment table's lock, which src/segment registers with fork.c's
+ *    registry of fork hooks, is taken before the lock of any object
+ *    registered there, even one registered before it (the lock order).
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
+#include "segment/seg_table.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -133,6 +137,49 @@ static void fork_while_busy(void)
   pthread_join(t, NULL);
   ASSERT_OK(gpuipc_buf_release(held));
   ASSERT_OK(gpuipc_domain_leave(busy_dom));
+}
+
+/* What the probe's prepare found: 1 the table's lock held, 0 free. */
+static int probe_saw_held = -1;
+
+static void probe_prepare(struct gpuipc__fork_hook *h)
+{
+  (void)h;
+  int rc = pthread_mutex_trylock(&gpuipc__seg_mu);
+  if (rc == 0)
+    pthread_mutex_unlock(&gpuipc__seg_mu);
+  probe_saw_held = rc == EBUSY;
+}
+
+static void probe_after(struct gpuipc__fork_hook *h)
+{
+  (void)h;
+}
+
+/*
+ * A fork hook registered before this process touched any segment: by the
+ * time its prepare runs, fork() holds the segment table's lock.
+ */
+static void seg_lock_first(void)
+{
+  static struct gpuipc__fork_hook probe = {
+      .prepare = probe_prepare, .parent = probe_after, .child = probe_after};
+  gpuipc__fork_register(&probe);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("fk0", NULL, &dom));
+  gpuipc_buf_t *b;
+  ASSERT_OK(test_seg_open(dom, "first", 4096, -1, GPUIPC_CREATE, &b));
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT_TRUE(pid >= 0);
+  if (pid == 0)
+    _exit(0);
+  ASSERT_EQ(test_wait(pid, 30000), 0);
+  ASSERT_EQ(probe_saw_held, 1);
+  gpuipc__fork_unregister(&probe);
+  ASSERT_OK(gpuipc_buf_release(b));
+  ASSERT_OK(gpuipc_segment_unlink(dom, "first"));
+  ASSERT_OK(gpuipc_domain_leave(dom));
 }
 
 /*
@@ -287,6 +334,8 @@ static void member_other_spelling(void)
 
 int main(void)
 {
+  /* 0. The segment table's lock comes first at fork(). */
+  seg_lock_first();
   /* 1. A member forks and dies. */
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("fk", NULL, &dom));

@@ -7,6 +7,7 @@
 #include "helpers/seg_peer.h"
 
 #include "domain/domain.h"
+#include "segment/segment.h"
 #include "mem/mem.h"
 
 #include <pthread.h>

@@ -5,7 +5,9 @@ calls go up the layers.
   tools/file_cycles.py [--expect FILE] OBJECT_DIR...
 
 Reads the object files under each OBJECT_DIR with `nm`: file A depends on
-file B when A uses a global symbol that B defines. Prints every cycle
+file B when A uses a global symbol that B defines. An object whose source
+file is no longer in the tree (a build folder keeps the objects of files
+that moved or went) is skipped. Prints every cycle
 (a strongly connected set of two or more files: each reaches every other)
 with its size, and every dependency of a folder on a folder above it in
 DESIGN.md's layers (core < os < wire < cuda < mem < domain < segment <
@@ -21,6 +23,9 @@ import argparse
 import os
 import subprocess
 import sys
+
+# The tree this script belongs to (tools/..): where sources are looked for.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = ["core", "os", "wire", "cuda", "mem", "domain", "segment",
           "channel", "mpi"]
@@ -59,6 +64,8 @@ def graph(dirs):
     owner, uses = {}, {}
     for o in sorted(objs):
         name = source_name(o)
+        if not os.path.exists(os.path.join(ROOT, name)):
+            continue  # left behind by a file that moved or went
         defined, undefined = symbols(o)
         for s in defined:
             owner[s] = name

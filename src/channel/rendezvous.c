@@ -23,6 +23,7 @@
  */
 #include "channel/channel.h"
 #include "domain/domain.h"
+#include "segment/segment.h"
 #include "os/os.h"
 
 #include <limits.h>

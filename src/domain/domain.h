@@ -1,5 +1,6 @@
 /*
- * src/domain: domains, their broker and named segments.
+ * src/domain: domains and their broker (named segments, the member's side
+ * of them, are src/segment's: segment/segment.h).
  *
  *   proto.c     the messages between members and the broker
  *   registry.c  the broker's segment table (names, ids, holders, fds)
@@ -14,17 +15,14 @@
  *               orphaned replies
  *   fork.c      gpuipc__dom_paths and the fork() handlers; objects whose
  *               locks fork() takes register with it (struct
- *               gpuipc__fork_hook)
- *   segment.c   gpuipc_segment_*: open, publish, unlink, list; registers
- *               the segment table as each domain's listener
- *   seg_table.c the member's segment table (seg_table.h): holds by buffer
- *               and by (domain, id), release hooks, re-publishing
- *   seg_keep.c  memory its creator keeps: LET_GO and DISOWN
- * src/os/paths.c finds a domain's socket and lock file.
+ *               gpuipc__fork_hook): each domain, the segment table
+ * src/os/paths.c finds a domain's socket and lock file. Nothing here calls
+ * src/segment: it registers what it needs (a domain's listener, a fork
+ * hook).
  *
  * Locks, always taken in this order: the process-wide segment table lock
- * (seg_table.c), a domain's state lock, a domain's send lock. The broker owns
- * its data alone (one thread) and takes none of them.
+ * (src/segment/seg_table.c), a domain's state lock, a domain's send lock.
+ * The broker owns its data alone (one thread) and takes none of them.
  *
  * Files, in the runtime directory: NAME.sock, where the broker listens, and
  * NAME.lock, whose flock makes the broker (the kernel frees it when the
@@ -107,19 +105,16 @@ void gpuipc__dom_fork_guard(const char *dir);
  */
 uint64_t gpuipc__fork_gen(void);
 
-/* fork() handlers of the domain module's process-wide locks, in order. */
-void gpuipc__seg_fork_lock(void);   /* seg_table.c: gpuipc__seg_mu */
-void gpuipc__seg_fork_unlock(void);
-void gpuipc__seg_fork_child(void);  /* unlock, forget the parent's sends */
-
 /*
  * An object whose lock fork() must take (fork.c keeps the list): before
- * fork() @prepare runs for each registered object, after the segment
- * table's lock and in the order they were registered; after it @parent
- * (in the parent) or @child (in the child) runs for each. A member
- * registers each domain it joins (client.c), so fork.c calls no member
- * code by name. Register and unregister take the list's lock: never call
- * them holding a lock that a @prepare takes.
+ * fork() @prepare runs for each registered object, in the order they were
+ * registered (those registered with gpuipc__fork_register_first before
+ * all others); after it @parent (in the parent) or @child (in the child)
+ * runs for each. A member registers each domain it joins (client.c), the
+ * segment table its lock (src/segment/seg_table.c, first: it comes first
+ * in the lock order), so fork.c calls neither by name. Register and
+ * unregister take the list's lock: never call them holding a lock that a
+ * @prepare takes.
  */
 struct gpuipc__fork_hook {
   struct gpuipc__fork_hook *next; /* fork.c's */
@@ -128,6 +123,8 @@ struct gpuipc__fork_hook {
   void (*child)(struct gpuipc__fork_hook *h);
 };
 void gpuipc__fork_register(struct gpuipc__fork_hook *h);
+/* Register @h ahead of every hook registered with gpuipc__fork_register. */
+void gpuipc__fork_register_first(struct gpuipc__fork_hook *h);
 void gpuipc__fork_unregister(struct gpuipc__fork_hook *h);
 /* Whether @d was joined before this process was made by fork(). */
 bool gpuipc__dom_stale(const gpuipc_domain_t *d);
@@ -306,7 +303,7 @@ bool gpuipc__handoff_end(struct gpuipc__handoff_in *h, const char *name,
 void gpuipc__handoff_answer(struct gpuipc__msg *m);
 
 /* ------------------------------------------------------------------------ */
-/* Members (client.c), used by segment.c, seg_table.c, seg_keep.c          */
+/* Members (client.c), used by src/segment                                  */
 /* ------------------------------------------------------------------------ */
 
 /* A reply as a caller receives it. */
@@ -359,10 +356,10 @@ uint64_t gpuipc__dom_gen(gpuipc_domain_t *d);
 void gpuipc__dom_saw_id(gpuipc_domain_t *d, uint64_t id);
 
 /*
- * What a domain tells the module that keeps state per connection (segment.c,
- * which registers with gpuipc__dom_listen before its first request through
- * a domain). Called on the reader thread unless said otherwise; any member
- * may be NULL.
+ * What a domain tells the module that keeps state per connection
+ * (src/segment/segment.c, which registers with gpuipc__dom_listen before
+ * its first request through a domain). Called on the reader thread unless
+ * said otherwise; any member may be NULL.
  */
 struct gpuipc__dom_listener {
   /*
@@ -395,34 +392,6 @@ int gpuipc__dom_listen(gpuipc_domain_t *d,
                        const struct gpuipc__dom_listener *l);
 /* Make @fd the connection and wake the callers waiting for one. */
 void gpuipc__dom_set_up(gpuipc_domain_t *d, int fd);
-
-/*
- * gpuipc_segment_unlink, but only while @name still names the segment that
- * this process holds as @buf (opened through @dom): a name unlinked
- * meanwhile and given to a newer segment is left alone. Returns 0; -ENOENT
- * when @name names another segment or none, or @buf is not held as @name;
- * what gpuipc_segment_unlink returns otherwise.
- */
-int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
-                                const gpuipc_buf_t *buf);
-
-/*
- * For tests only: when @on, every segment this process creates from now on
- * is published as held by its creator (GPUIPC__SEGF_CREATOR_HELD), as
- * LEGACY and POOL ones are, whatever its kind -- so that the deferred
- * release of such memory runs, with real processes, on HOST segments.
- */
-void gpuipc__seg_test_creator_held(bool on);
-
-/*
- * A first step of gpuipc_segment_open, public to tests that must stop a
- * creator between reserving a name and publishing it: send OPEN and return
- * the reply: CREATE_IT (the name is reserved for this connection) or HANDLE
- * (with its fd in out->fds), or an error code.
- */
-int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
-                        gpuipc_kind_t kind, unsigned flags, int timeout_ms,
-                        struct gpuipc__reply *out);
 
 /* Send a message on @fd in full (blocking, bounded). proto.c */
 int gpuipc__proto_send(int fd, const struct gpuipc__msg *m, const int *fds,

@@ -224,6 +224,16 @@ void gpuipc__fork_register(struct gpuipc__fork_hook *h)
   pthread_mutex_unlock(&hooks_mu);
 }
 
+void gpuipc__fork_register_first(struct gpuipc__fork_hook *h)
+{
+  pthread_mutex_lock(&hooks_mu);
+  h->next = hooks;
+  if (hooks == NULL)
+    hooks_tail = &h->next;
+  hooks = h;
+  pthread_mutex_unlock(&hooks_mu);
+}
+
 void gpuipc__fork_unregister(struct gpuipc__fork_hook *h)
 {
   pthread_mutex_lock(&hooks_mu);
@@ -254,26 +264,24 @@ static void hooks_unlock(bool child)
 
 /*
  * The locks a child would otherwise inherit held by threads it does not
- * have: taken before fork() in their documented order (the buffer
- * registry's last: its handlers were registered first), released after.
+ * have: taken before fork() in their documented order (the registered
+ * objects' in the list's order, the buffer registry's last: its handlers
+ * were registered first), released after.
  */
 static void prepare_fork(void)
 {
-  gpuipc__seg_fork_lock();
   hooks_lock();
 }
 
 static void parent_after_fork(void)
 {
   hooks_unlock(false);
-  gpuipc__seg_fork_unlock();
 }
 
 static void child_handler(void)
 {
   atomic_fetch_add(&fork_gen, 1); /* the parent's domains are not ours */
   hooks_unlock(true);
-  gpuipc__seg_fork_child();
   child_after_fork();
 }
 

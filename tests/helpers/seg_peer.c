@@ -67,6 +67,7 @@
 
 #include "cuda/cuda.h"
 #include "domain/domain.h"
+#include "segment/segment.h"
 #include "mem/mem.h"
 #include "os/os.h"
 

@@ -8,13 +8,14 @@
  * through a handle of its own (gpuipc__buf_alias): the hook of that handle
  * lets go of the segment while the lender keeps the buffer. After a broker
  * failover the table is what the member re-publishes
- * (gpuipc__seg_republish).
+ * (gpuipc__seg_republish). Its lock registers with src/domain/fork.c's
+ * fork registry (gpuipc__seg_fork_install), so fork.c calls nothing here.
  *
  * Each hold is found by its buffer (entries), by (domain, id) (by_id) and
  * by its domain (seg_dom): a domain's events touch only its own holds.
  * Messages decided under seg_mu go out after it is released (outgoing).
  */
-#include "domain/seg_table.h"
+#include "segment/seg_table.h"
 #include "os/os.h"
 #include "mem/mem.h"
 
@@ -180,8 +181,9 @@ static void entry_unlink(struct seg_entry *e)
   }
 }
 
-void gpuipc__seg_fork_lock(void)
+static void fork_lock(struct gpuipc__fork_hook *h)
 {
+  (void)h;
   pthread_mutex_lock(&gpuipc__seg_mu);
 }
 
@@ -234,8 +236,9 @@ static struct republishing *republishing; /* seg_mu */
 static unsigned posting;
 static pthread_cond_t posted = PTHREAD_COND_INITIALIZER;
 
-void gpuipc__seg_fork_unlock(void)
+static void fork_unlock(struct gpuipc__fork_hook *h)
 {
+  (void)h;
   pthread_mutex_unlock(&gpuipc__seg_mu);
 }
 
@@ -243,11 +246,30 @@ void gpuipc__seg_fork_unlock(void)
  * In a child made by fork(): the threads sending or re-publishing are the
  * parent's, and so are the domains they send to.
  */
-void gpuipc__seg_fork_child(void)
+static void fork_child(struct gpuipc__fork_hook *h)
 {
+  (void)h;
   posting = 0;
   republishing = NULL;
   pthread_mutex_unlock(&gpuipc__seg_mu);
+}
+
+/* The table's lock comes first in the lock order: so does its hook. */
+static struct gpuipc__fork_hook fork_hook = {
+    .prepare = fork_lock,
+    .parent = fork_unlock,
+    .child = fork_child,
+};
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_register(void)
+{
+  gpuipc__fork_register_first(&fork_hook);
+}
+
+void gpuipc__seg_fork_install(void)
+{
+  pthread_once(&fork_once, fork_register);
 }
 
 static struct republishing *republishing_of(gpuipc_domain_t *d)

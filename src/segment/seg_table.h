@@ -8,7 +8,7 @@
 #ifndef GPUIPC_SEG_TABLE_H
 #define GPUIPC_SEG_TABLE_H
 
-#include "domain/domain.h"
+#include "segment/segment.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -49,6 +49,12 @@ struct seg_entry {
 
 /* The process-wide segment table lock (first in domain.h's lock order). */
 extern pthread_mutex_t gpuipc__seg_mu;
+/*
+ * Register gpuipc__seg_mu with fork.c's registry (once; no lock held):
+ * every way into this folder that takes the lock calls it first, so fork()
+ * never leaves a child the lock held by a thread it does not have.
+ */
+void gpuipc__seg_fork_install(void);
 
 /* @buf's entry, or NULL. */
 struct seg_entry *gpuipc__seg_entry_find(const gpuipc_buf_t *buf);

@@ -6,7 +6,7 @@
  * below), so that client.c calls neither.
  */
 #include "core/private.h"
-#include "domain/seg_table.h"
+#include "segment/seg_table.h"
 #include "os/os.h"
 #include "wire/wire.h"
 #include "mem/mem.h"
@@ -52,6 +52,7 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
 {
   /* Before the first request: its reply may come to nobody (on_orphan). */
   out->nfds = 0;
+  gpuipc__seg_fork_install();
   int rc = gpuipc__dom_listen(d, &seg_listener);
   if (rc != 0)
     return rc;
@@ -525,6 +526,7 @@ int gpuipc_segment_publish(gpuipc_buf_t *seg, void *stream)
   if (seg == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_segment_publish: seg is NULL");
   int rc = 0;
+  gpuipc__seg_fork_install();
   pthread_mutex_lock(&gpuipc__seg_mu);
   struct seg_hold *h = filling_hold(seg, &rc);
   gpuipc_domain_t *d = h != NULL ? h->dom : NULL;
@@ -609,6 +611,7 @@ int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
                                 const gpuipc_buf_t *buf)
 {
   uint64_t id = 0;
+  gpuipc__seg_fork_install();
   pthread_mutex_lock(&gpuipc__seg_mu);
   struct seg_entry *e = gpuipc__seg_entry_find(buf);
   for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL;

@@ -10,7 +10,7 @@
  * freed memory while the creator lives. Uses the table; the table does not
  * use this file.
  */
-#include "domain/seg_table.h"
+#include "segment/seg_table.h"
 #include "os/os.h"
 #include "mem/mem.h"
 
