@@ -1,13 +1,13 @@
 """gpuipc's channels: Channel, an ordered two-way pipe for tensors between
 two processes of a domain (opened by Domain.channel, _domain.py). What it
 sends is described by _tensor.describe and found in this process's buffers
-by _buffer's registry; what it receives is a _tensor.Tensor. The C calls
+by the library (gpuipc_buf_find); what it receives is a _tensor.Tensor. The C calls
 live in _gpuipc_channel.c."""
 import errno
 import threading
 
 from . import _gpuipc as _c
-from ._buffer import Buffer, _registry
+from ._buffer import Buffer
 from ._common import DEFAULT, _Boxed, _ms, _stream
 from ._errors import Error, WouldBlock, error_for
 from ._tensor import Tensor, describe
@@ -65,11 +65,8 @@ class Channel(_Boxed):
         s = d.stream(stream)
         if isinstance(obj, Buffer):  # a buffer, or a sub-view with its own reference
             box = obj._box
-        else:
-            buf = _registry.find_desc(d)
-            box = buf._box if buf is not None else None
-        if box is None and d.cuda:
-            box = _c.alloc_lookup(d.lo)
+        else:  # the gpuipc buffer the memory lies in (a reference of its own)
+            box = _c.buf_find(d.device_type, d.lo, d.hi)
         ticket = _c.channel_send(self._h(), box, d.t, s, flags)
         if d.cuda:
             self._hold(ticket, (d.keep, box))

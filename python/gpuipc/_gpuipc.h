@@ -25,7 +25,10 @@
 #include <stdint.h>
 
 #include "gpuipc.h"
-/* The library is linked in whole: its private interface is ours too. */
+/* The extension links the shared library and calls its public interface;
+ * of the private one (GPUIPC_PRIVATE, exported for gpuipc's companions)
+ * only gpuipc__device_current and gpuipc__stream_sync, which the CUDA
+ * runtime would give a C user. */
 #include "core/private.h"
 
 /* ---- errors (a negative code raises the Python layer's exception) ------ */
@@ -123,15 +126,13 @@ PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v);
 PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf);
 
 /* The kind of memory the pluggable allocators take (alloc_set_kind,
- * _gpuipc_alloc.c), and the pooled allocator's chunk holding @ptr with one
- * more reference, or NULL (_gpuipc_chunks.c). */
+ * _gpuipc_alloc.c). */
 int gpuipc__py_alloc_kind(void);
-gpuipc_buf_t *gpuipc__py_chunk_find(uintptr_t ptr);
 
-/* Whether address @addr of DLPack device type @type may lie in a gpuipc
- * buffer this process holds (the Python registry's ranges; GIL held;
- * _gpuipc_registry.c). */
-bool gpuipc__py_registered(int type, uintptr_t addr);
+/* The gpuipc buffer of this process whose memory holds the @bytes at @lo
+ * of DLPack device type @type, with a reference of the caller's own, or
+ * NULL (gpuipc_buf_find; _gpuipc_registry.c). */
+gpuipc_buf_t *gpuipc__py_find(int type, uintptr_t lo, size_t bytes);
 
 /* The method tables of the files, added to the module at import. */
 extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
