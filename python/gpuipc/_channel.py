@@ -51,15 +51,21 @@ class Channel(_Boxed):
         staged through the channel's own buffer. ``block=False`` raises
         WouldBlock instead of waiting for room. Returns the ticket."""
         flags = 0 if block else _c.SEND_NONBLOCK
-        if stream is None:
-            # A torch tensor or a received view in host memory that no
-            # buffer of this process holds is read and sent in C. None:
-            # sent nothing (anything else, or a buffer's memory).
-            if type(obj) is Tensor:
+        if type(obj) is Tensor:
+            # A received view in host memory that no buffer of this process
+            # holds is sent on in C (staged). None: sent nothing.
+            if stream is None:
                 ticket = _c.channel_send_view(self._h(), obj._h(), flags)
-            else:
-                ticket = _c.channel_send_host(self._h(), obj, flags)
-            if ticket is not None:
+                if ticket is not None:
+                    return ticket
+        elif not isinstance(obj, Buffer):
+            # One call: read in C (torch, the array interface, DLPack), the
+            # buffer it lies in found by address, sent; a GPU tensor kept
+            # in _keep until its message is free. NotImplemented: sent
+            # nothing, for describe() (the CUDA array interface alone, the
+            # buffer protocol, a dtype or layout it judges).
+            ticket = _c.channel_send_any(self._h(), obj, stream, flags, self._keep)
+            if ticket is not NotImplemented:
                 return ticket
         d = describe(obj, stream)
         s = d.stream(stream)
@@ -88,7 +94,7 @@ class Channel(_Boxed):
                         continue
                 except Error:
                     pass
-                del keep[t]
+                keep.pop(t, None)  # channel_send_any may have let it go
 
     def done(self, ticket, timeout=0):
         """Whether message ``ticket``'s buffer is free again (released, and

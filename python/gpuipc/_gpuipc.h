@@ -8,6 +8,7 @@
  *   _gpuipc_tensor.c   tensor descriptions, DLPack in and out, received views
  *   _gpuipc_torch.c    PyTorch tensors read in C
  *   _gpuipc_channel.c  channels
+ *   _gpuipc_send.c     Channel.send in one call: any array read in C
  *   _gpuipc_event.c    interprocess events and copies
  *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
  *   _gpuipc_chunks.c   its pooled form: blocks cut from large buffers
@@ -105,6 +106,10 @@ typedef struct gpuipc__py_desc {
 int gpuipc__py_parse_desc(PyObject *tup, gpuipc__py_desc_t *d);
 /* The description tuple of DLTensor @dl (strides None when absent). */
 PyObject *gpuipc__py_dl_desc(const gpuipc_dl_tensor_t *dl);
+/* Consume a producer's DLPack capsule @cap (renamed "used_dltensor"): its
+ * DLTensor in @out, valid while the returned holder lives (the producer's
+ * deleter runs when it goes); NULL with an exception. */
+PyObject *gpuipc__py_dl_take(PyObject *cap, const gpuipc_dl_tensor_t **out);
 /* The ints of sequence @seq (@what, at most @cap of them) into @out: how
  * many, or -1 with an exception. */
 int gpuipc__py_read_int64s(PyObject *seq, int64_t *out, int cap,
@@ -139,7 +144,7 @@ extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
     gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[],
-    gpuipc__py_registry_methods[];
+    gpuipc__py_registry_methods[], gpuipc__py_send_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

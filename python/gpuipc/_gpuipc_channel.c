@@ -79,30 +79,6 @@ static PyObject *send_host(gpuipc_channel_t *ch, gpuipc__py_desc_t *d,
 }
 
 /*
- * channel_send_host(ch, tensor, flags) -> ticket, or None: send a plain
- * torch tensor in host memory that no gpuipc buffer of this process holds
- * (staged), read and sent in C. None, having sent nothing: @tensor is
- * anything else, or may lie in a buffer (the Python layer describes it,
- * and sends a buffer's memory without a copy).
- */
-static PyObject *py_channel_send_host(PyObject *self, PyObject *args)
-{
-  gpuipc_channel_t *ch;
-  PyObject *obj;
-  unsigned flags;
-  if (!PyArg_ParseTuple(args, "O&OI", gpuipc__py_channel, &ch, &obj, &flags))
-    return NULL;
-  gpuipc__py_desc_t d;
-  int r = gpuipc__py_torch_read(obj, &d);
-  if (r < 0)
-    return NULL;
-  if (r == 0 || d.t.dl.device.device_type != GPUIPC_DL_CPU ||
-      in_buffer((uintptr_t)d.t.dl.data + d.t.dl.byte_offset))
-    Py_RETURN_NONE;
-  return send_host(ch, &d, flags);
-}
-
-/*
  * channel_send_view(ch, view, flags) -> ticket, or None: send on what a
  * received host view holds (staged: the view is the other process's
  * memory). None, having sent nothing: a GPU view (the Python layer sends
@@ -256,7 +232,6 @@ static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
 PyMethodDef gpuipc__py_channel_methods[] = {
     GPUIPC__PY_FN(channel_open, METH_VARARGS),
     GPUIPC__PY_FN(channel_send, METH_VARARGS),
-    GPUIPC__PY_FN(channel_send_host, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_view, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_done, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_wait, METH_VARARGS),
