@@ -9,6 +9,7 @@
  *   _gpuipc_torch.c    PyTorch tensors read in C
  *   _gpuipc_channel.c  channels
  *   _gpuipc_send.c     Channel.send in one call: any array read in C
+ *   _gpuipc_find.c     the buffer an array lies in (gpuipc_buf_find)
  *   _gpuipc_event.c    interprocess events and copies
  *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
  *   _gpuipc_chunks.c   its pooled form: blocks cut from large buffers
@@ -136,7 +137,7 @@ int gpuipc__py_alloc_kind(void);
 
 /* The gpuipc buffer of this process whose memory holds the @bytes at @lo
  * of DLPack device type @type, with a reference of the caller's own, or
- * NULL (gpuipc_buf_find; _gpuipc_registry.c). */
+ * NULL (gpuipc_buf_find; _gpuipc_find.c). */
 gpuipc_buf_t *gpuipc__py_find(int type, uintptr_t lo, size_t bytes);
 
 /* The method tables of the files, added to the module at import. */
@@ -144,7 +145,7 @@ extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
     gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[],
-    gpuipc__py_registry_methods[], gpuipc__py_send_methods[];
+    gpuipc__py_find_methods[], gpuipc__py_send_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

@@ -4,7 +4,7 @@ functions, in a process of its own on the fake CUDA driver (whose "device
 memory" is host memory, so every byte can be checked): blocks are cut from
 a few growing chunks, never overlap, come back first fit and joined, and a
 chunk goes when its last block does while a reference taken through
-alloc_lookup keeps its memory."""
+buf_find (gpuipc_buf_find) keeps its memory."""
 import os
 import subprocess
 import sys

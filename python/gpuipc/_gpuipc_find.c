@@ -1,5 +1,5 @@
 /*
- * _gpuipc_registry.c - the gpuipc buffer that holds an array's memory,
+ * _gpuipc_find.c - the gpuipc buffer that holds an array's memory,
  * found by the library (gpuipc_buf_find: its index of every buffer this
  * process allocated or imported, kept as they come and go, which a C
  * library of the same process shares). The send paths ask here whether
@@ -49,5 +49,5 @@ static PyObject *py_buf_find(PyObject *self, PyObject *args)
   return gpuipc__py_box(0, gpuipc__py_BUF, b);
 }
 
-PyMethodDef gpuipc__py_registry_methods[] = {
+PyMethodDef gpuipc__py_find_methods[] = {
     GPUIPC__PY_FN(buf_find, METH_VARARGS), GPUIPC__PY_END};
