@@ -1366,9 +1366,10 @@ typedef struct gpuipc_dl_managed_tensor_versioned {
  * that holds the data.
  * @buf: the gpuipc buffer the bytes lie in (dl.data + dl.byte_offset and
  *       every element reachable through shape and strides must lie inside
- *       it), sent without copying; or NULL for memory gpuipc did not
- *       allocate, which is copied ("staged") into slots of a buffer of the
- *       channel's own and never exported itself.
+ *       it; gpuipc_buf_find finds it by address), sent without copying; or
+ *       NULL for memory gpuipc did not allocate, which is copied ("staged")
+ *       into slots of a buffer of the channel's own and never exported
+ *       itself.
  * Received views have @buf set to the buffer as mapped in the receiver.
  */
 typedef struct gpuipc_tensor {

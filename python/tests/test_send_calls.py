@@ -3,6 +3,9 @@ reads the tensor (a torch tensor's attributes, the array interface or
 DLPack), finds the gpuipc buffer its memory lies in by address
 (gpuipc_buf_find) and sends it. Counted with sys.setprofile: each
 "c_call" of a function of gpuipc._gpuipc during one send."""
+import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -63,3 +66,60 @@ def test_one_call_per_send(pair):
     print(counts)
     assert counts == {name: 1 for name in sources}, counts
     del keep
+
+
+CUDA_DLPACK = r'''
+import json, sys, threading
+import gpuipc
+from gpuipc import _gpuipc as _c
+sys.path.insert(0, sys.argv[1])
+from test_send_calls import calls_into_gpuipc
+
+
+class CudaArray:
+    """Device memory seen through DLPack alone, as a CuPy array is."""
+
+    def __init__(self, ptr, n, owner):
+        self.streams = []
+        # Made here: the producer's own call into gpuipc is not the send's.
+        self.cap = _c.dlpack_of(owner, (ptr, 2, 0, (2, 32, 1), (n,), None, 0))
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, **kw):
+        self.streams.append(stream)
+        return self.cap
+
+
+d = gpuipc.Domain("calls")
+ends = {}
+th = threading.Thread(target=lambda: ends.setdefault("rx", d.channel("p", timeout=10)))
+th.start()
+tx = d.channel("p", timeout=10)
+th.join()
+buf = gpuipc.empty(1024, "float32", kind=gpuipc.LEGACY, device=0)
+x = CudaArray(buf.ptr + 64, 100, buf)
+n, ticket = calls_into_gpuipc(lambda: tx.send(x))
+v = ends["rx"].recv(timeout=10)
+out = {"calls": n, "zero_copy": v.data_ptr == buf.ptr + 64, "streams": x.streams,
+       "kept": list(tx._keep) == [ticket]}
+v.release()
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(not os.environ.get("FAKE_CUDA_FULL"),
+                    reason="FAKE_CUDA_FULL (the fake CUDA driver) not set")
+def test_one_call_per_cuda_send(env):
+    """A CUDA array known by DLPack alone (CuPy's way), in a gpuipc buffer
+    (LEGACY memory of the fake driver): one call, sent as that buffer, its
+    producer asked for the legacy default stream (no stream given, no
+    torch), and kept until its message is free."""
+    env["GPUIPC_CUDA_LIB"] = os.environ["FAKE_CUDA_FULL"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, "-c", CUDA_DLPACK, here], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"calls": 1, "zero_copy": True, "streams": [1], "kept": True}, got
