@@ -43,8 +43,9 @@ static int torch_stream(int device, void **out)
   PyObject *s = NULL;
   if (on == 1) {
     PyObject *c = PyObject_GetAttrString(torch, "_C");
-    PyObject *f = c != NULL ? PyObject_GetAttrString(c, "_cuda_getCurrentRawStream")
-                            : NULL;
+    PyObject *f =
+        c != NULL ? PyObject_GetAttrString(c, "_cuda_getCurrentRawStream")
+                  : NULL;
     Py_XDECREF(c);
     if (f != NULL) {
       s = PyObject_CallFunction(f, "i", device);
@@ -336,7 +337,9 @@ static void bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo, uintptr_t *hi)
 /* ---- keeping what GPU sends read --------------------------------------- */
 
 /* Keep @what in @keep under @ticket; past 8 kept, let go of every one
- * whose message is free (as Channel._hold did). 0, or -1. */
+ * whose message is free (as Channel._hold does; the channel's locks are
+ * taken without the GIL, which a receiver of this process may need to
+ * release a message). 0, or -1. */
 static int hold(gpuipc_channel_t *ch, PyObject *keep, PyObject *ticket,
                 PyObject *what)
 {
@@ -347,18 +350,30 @@ static int hold(gpuipc_channel_t *ch, PyObject *keep, PyObject *ticket,
   PyObject *tickets = PyDict_Keys(keep);
   if (tickets == NULL)
     return -1;
-  for (Py_ssize_t i = 0; i < PyList_Size(tickets); i++) {
-    PyObject *t = PyList_GetItem(tickets, i);
-    unsigned long long v = PyLong_AsUnsignedLongLong(t);
+  Py_ssize_t n = PyList_Size(tickets);
+  uint64_t *v = PyMem_Malloc((size_t)n * sizeof(*v) + 1);
+  if (v == NULL) {
+    Py_DECREF(tickets);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    v[i] = PyLong_AsUnsignedLongLong(PyList_GetItem(tickets, i));
     if (PyErr_Occurred()) {
       PyErr_Clear();
-      continue;
+      v[i] = 0; /* no ticket of ours: let it go */
     }
-    if (gpuipc_channel_send_done(ch, (uint64_t)v, 0) == -EAGAIN)
-      continue;
-    if (PyDict_DelItem(keep, t) < 0)
-      PyErr_Clear();
   }
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (v[i] != 0 && gpuipc_channel_send_done(ch, v[i], 0) == -EAGAIN)
+      v[i] = UINT64_MAX; /* still in flight */
+  Py_END_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (v[i] != UINT64_MAX &&
+        PyDict_DelItem(keep, PyList_GetItem(tickets, i)) < 0)
+      PyErr_Clear(); /* gone already: done() took it */
+  PyMem_Free(v);
   Py_DECREF(tickets);
   return 0;
 }

@@ -86,8 +86,9 @@ void gpuipc__index_remove(struct gpuipc_buf *b)
   }
 }
 
-struct gpuipc_buf *gpuipc__index_find(uintptr_t lo, uintptr_t hi,
-                                      bool (*usable)(const struct gpuipc_buf *))
+struct gpuipc_buf *
+gpuipc__index_find(uintptr_t lo, uintptr_t hi,
+                   bool (*usable)(const struct gpuipc_buf *))
 {
   for (size_t i = upper(lo); i > 0 && entries[i - 1].reach >= hi; i--) {
     const struct entry *e = &entries[i - 1];

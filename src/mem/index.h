@@ -22,7 +22,8 @@ void gpuipc__index_remove(struct gpuipc_buf *b);
  * at its end) and that @usable accepts, or NULL. Where buffers overlap
  * (two mappings of one memory), the one of the greatest start.
  */
-struct gpuipc_buf *gpuipc__index_find(uintptr_t lo, uintptr_t hi,
-                                      bool (*usable)(const struct gpuipc_buf *));
+struct gpuipc_buf *
+gpuipc__index_find(uintptr_t lo, uintptr_t hi,
+                   bool (*usable)(const struct gpuipc_buf *));
 
 #endif
