@@ -47,8 +47,11 @@ class Channel(_Boxed):
     def send(self, obj, stream=None, block=True):
         """Send a tensor (torch, CuPy, JAX, numpy, a gpuipc Buffer, anything
         with DLPack, the CUDA array interface or the buffer protocol).
-        Memory of a gpuipc buffer travels without a copy; other memory is
-        staged through the channel's own buffer. ``block=False`` raises
+        Memory of a gpuipc buffer travels without a copy (any buffer of
+        this process, found by address: one C code made through the same
+        libgpuipc too); other memory is staged through the channel's own
+        buffer. A tensor, numpy or DLPack array is read and sent in one
+        call into the extension. ``block=False`` raises
         WouldBlock instead of waiting for room. Returns the ticket."""
         flags = 0 if block else _c.SEND_NONBLOCK
         if type(obj) is Tensor:
