@@ -22,6 +22,7 @@
  *   gpuipc_buf_export       a gpuipc_handle_t (and fd) for another process
  *   gpuipc_handle_pack / _unpack                that handle as 192 bytes
  *   gpuipc_buf_import       map a handle; gpuipc_buf_release unmaps
+ *   gpuipc_buf_find / _retain                   the buffer holding an address
  *   gpuipc_buf_access / _alive                  peer access; LEGACY liveness
  *   gpuipc_buf_export_foreign                   memory gpuipc did not allocate
  *   gpuipc_handle_from_cuda_ipc / _from_cuda_fd other programs' CUDA IPC
@@ -563,6 +564,30 @@ GPUIPC_API int gpuipc_buf_import(const gpuipc_handle_t *h, int device,
  * Returns 0 or GPUIPC_E_CUDA (the reference is dropped all the same).
  */
 GPUIPC_API int gpuipc_buf_release(gpuipc_buf_t *buf);
+
+/*
+ * gpuipc_buf_retain - take one more reference to @buf, which the caller
+ * holds one of; each is dropped by its own gpuipc_buf_release.
+ * Returns 0; -EINVAL (@buf NULL, or released to no reference). Thread-safe.
+ */
+GPUIPC_API int gpuipc_buf_retain(gpuipc_buf_t *buf);
+
+/*
+ * gpuipc_buf_find - the buffer of this process whose memory holds all of
+ * [@ptr, @ptr + @bytes): any buffer it allocated or imported, HOST or GPU,
+ * not yet released (segments' too), so that memory lying in one can be
+ * sent or shared without holding its gpuipc_buf_t. With @bytes 0, @ptr may
+ * also be the buffer's end. Where two buffers hold the range (two
+ * mappings of one memory), the one that starts last.
+ * @out: the buffer, with a reference of the caller's own (release it with
+ *     gpuipc_buf_release); @offset: where not NULL, @ptr - gpuipc_buf_ptr.
+ * Returns 0; -EINVAL (@ptr or @out NULL; the range wraps around the
+ * address space); -ENOENT (no buffer holds the whole range: one that holds
+ * only its start is no answer). Thread-safe; a look-up takes the buffer
+ * table's lock for a binary search.
+ */
+GPUIPC_API int gpuipc_buf_find(const void *ptr, size_t bytes,
+                               gpuipc_buf_t **out, size_t *offset);
 
 /* ------------------------------------------------------------------------ */
 /* Handles on the wire                                                      */
@@ -1364,9 +1389,10 @@ typedef struct gpuipc_dl_managed_tensor_versioned {
  * that holds the data.
  * @buf: the gpuipc buffer the bytes lie in (dl.data + dl.byte_offset and
  *       every element reachable through shape and strides must lie inside
- *       it), sent without copying; or NULL for memory gpuipc did not
- *       allocate, which is copied ("staged") into slots of a buffer of the
- *       channel's own and never exported itself.
+ *       it; gpuipc_buf_find finds it by address), sent without copying; or
+ *       NULL for memory gpuipc did not allocate, which is copied ("staged")
+ *       into slots of a buffer of the channel's own and never exported
+ *       itself.
  * Received views have @buf set to the buffer as mapped in the receiver.
  */
 typedef struct gpuipc_tensor {

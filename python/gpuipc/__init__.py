@@ -36,3 +36,12 @@ def library_path():
     """The path of the extension module, which exports gpuipc_torch_malloc
     and gpuipc_torch_free for torch.cuda.memory.CUDAPluggableAllocator."""
     return _gpuipc.__file__
+
+
+def libgpuipc_path():
+    """The path of the shared library libgpuipc that this package calls
+    (gpuipc/libgpuipc.so.1 inside a pip-installed package). C code of the
+    same process that loads this very file (ctypes, a C extension linked to
+    it) shares the package's buffers (gpuipc_buf_find finds them both
+    ways), import cache and driver: one copy of gpuipc's state."""
+    return _gpuipc.libgpuipc_path()

@@ -1,74 +1,11 @@
 """gpuipc's buffers: Buffer (memory gpuipc allocated or mapped), its
-sub-views, empty(), and the registry of this process's buffers that lets
-Channel.send (_channel.py) send an array lying in one without a copy. Their
-segments' class, Segment, is in _domain.py. The C calls live in
-_gpuipc_buffer.c."""
-import threading
-
+sub-views and empty(). The library finds the buffer an array lies in by
+address (gpuipc_buf_find), so that Channel.send (_channel.py) sends it
+without a copy. Their segments' class, Segment, is in _domain.py. The C
+calls live in _gpuipc_buffer.c."""
 from . import _gpuipc as _c
 from ._common import (DL_CPU, DL_CUDA, HOST, _Boxed, _Desc, _Held, _KIND_NAMES, _count,
                       _dims, _dtype_of, _kind, _nbytes)
-
-# ---- the registry of gpuipc memory (zero-copy sends) -----------------------
-
-class _Registry:
-    """The buffers this process holds, so that an array lying in one is sent
-    as that buffer (no copy). Their address ranges are kept in C
-    (_gpuipc_registry.c), where the C send paths see them too; here, the
-    buffers by (device type, start): several may start at one address (a
-    buffer and the segment it is lent as), and the range stays while any
-    of them is held."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._entries = {}  # (device_type, start) -> [weakref], newest last
-
-    def add(self, buf):
-        import weakref
-        key = (buf._dl_device_type(), buf.ptr)
-        with self._lock:
-            refs = [r for r in self._entries.get(key, ()) if r() is not None]
-            self._entries[key] = refs + [weakref.ref(buf)]
-            _c.registry_set(key[0], key[1], buf.ptr + buf.nbytes)
-
-    def remove(self, buf):
-        key = (buf._dl_device_type(), buf.ptr)
-        with self._lock:
-            refs = self._entries.get(key)
-            if refs is None:
-                return
-            left = [r for r in refs if r() not in (buf, None)]
-            last = left[-1]() if left else None
-            if last is not None:
-                self._entries[key] = left
-                _c.registry_set(key[0], key[1], last.ptr + last.nbytes)
-            else:
-                del self._entries[key]
-                _c.registry_drop(*key)
-
-    def find_desc(self, d):
-        """The live buffer that holds all of _Desc ``d``, or None (at once,
-        without working out d's bounds, while no buffer is registered)."""
-        if not self._entries:
-            return None
-        return self.find_span(d.device_type, d.lo, d.hi)
-
-    def find_span(self, dev_type, lo, hi):
-        """The live buffer that holds bytes [lo, hi) of ``dev_type``, or None."""
-        with self._lock:
-            span = _c.registry_find(dev_type, lo)
-            if span is None or hi > span[1]:
-                return None
-            refs = self._entries[(dev_type, span[0])]
-        for ref in reversed(refs):
-            buf = ref()
-            if buf is not None and buf._box is not None:
-                return buf
-        return None
-
-
-_registry = _Registry()
-
 
 # ---- buffers ----------------------------------------------------------------
 
@@ -116,11 +53,6 @@ class Buffer(_Boxed):
         if n > self.nbytes:
             raise ValueError(f"shape: {self.shape} of {dtype} needs {n} bytes; "
                              f"the buffer has {self.nbytes}")
-        _registry.add(self)
-
-    def __del__(self):
-        if self._box is not None:
-            _registry.remove(self)
 
     def _dl_device_type(self):
         return DL_CPU if self.kind == "host" else DL_CUDA
@@ -131,7 +63,6 @@ class Buffer(_Boxed):
         until it goes."""
         box = self._take_box()
         if box is not None:
-            _registry.remove(self)
             _c.close(box)
 
     close = release
@@ -168,8 +99,7 @@ class Buffer(_Boxed):
 
     def _keeper(self):
         """What an array made from this buffer holds: a reference of its own
-        to the memory, and this Buffer (which, unreleased, lets the array
-        be sent without a copy)."""
+        to the memory, and this Buffer."""
         return (_c.buf_retain(self._h()), self)
 
     def _interface(self):
@@ -224,7 +154,7 @@ class _SubView(Buffer):
         n = _nbytes(self.shape, item)
         if offset < 0 or offset + n > parent.nbytes:
             raise ValueError("offset, shape: the view reaches outside the buffer")
-        self._parent = parent  # registered: arrays in it are sent without a copy
+        self._parent = parent
         self.kind, self.device = parent.kind, parent.device
         self.ptr, self.nbytes = parent.ptr + offset, n
         self._box = _c.buf_retain(parent._h())  # its own reference
@@ -235,9 +165,6 @@ class _SubView(Buffer):
             _c.close(box)
 
     close = release
-
-    def __del__(self):
-        pass  # never registered: its memory is its parent's
 
 
 def empty(shape, dtype="float32", kind=HOST, device=-1):

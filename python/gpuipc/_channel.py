@@ -1,13 +1,13 @@
 """gpuipc's channels: Channel, an ordered two-way pipe for tensors between
 two processes of a domain (opened by Domain.channel, _domain.py). What it
 sends is described by _tensor.describe and found in this process's buffers
-by _buffer's registry; what it receives is a _tensor.Tensor. The C calls
+by the library (gpuipc_buf_find); what it receives is a _tensor.Tensor. The C calls
 live in _gpuipc_channel.c."""
 import errno
 import threading
 
 from . import _gpuipc as _c
-from ._buffer import Buffer, _registry
+from ._buffer import Buffer
 from ._common import DEFAULT, _Boxed, _ms, _stream
 from ._errors import Error, WouldBlock, error_for
 from ._tensor import Tensor, describe
@@ -47,29 +47,35 @@ class Channel(_Boxed):
     def send(self, obj, stream=None, block=True):
         """Send a tensor (torch, CuPy, JAX, numpy, a gpuipc Buffer, anything
         with DLPack, the CUDA array interface or the buffer protocol).
-        Memory of a gpuipc buffer travels without a copy; other memory is
-        staged through the channel's own buffer. ``block=False`` raises
+        Memory of a gpuipc buffer travels without a copy (any buffer of
+        this process, found by address: one C code made through the same
+        libgpuipc too); other memory is staged through the channel's own
+        buffer. A tensor, numpy or DLPack array is read and sent in one
+        call into the extension. ``block=False`` raises
         WouldBlock instead of waiting for room. Returns the ticket."""
         flags = 0 if block else _c.SEND_NONBLOCK
-        if stream is None:
-            # A torch tensor or a received view in host memory that no
-            # buffer of this process holds is read and sent in C. None:
-            # sent nothing (anything else, or a buffer's memory).
-            if type(obj) is Tensor:
+        if type(obj) is Tensor:
+            # A received view in host memory that no buffer of this process
+            # holds is sent on in C (staged). None: sent nothing.
+            if stream is None:
                 ticket = _c.channel_send_view(self._h(), obj._h(), flags)
-            else:
-                ticket = _c.channel_send_host(self._h(), obj, flags)
-            if ticket is not None:
+                if ticket is not None:
+                    return ticket
+        elif not isinstance(obj, Buffer):
+            # One call: read in C (torch, the array interface, DLPack), the
+            # buffer it lies in found by address, sent; a GPU tensor kept
+            # in _keep until its message is free. NotImplemented: sent
+            # nothing, for describe() (the CUDA array interface alone, the
+            # buffer protocol, a dtype or layout it judges).
+            ticket = _c.channel_send_any(self._h(), obj, stream, flags, self._keep)
+            if ticket is not NotImplemented:
                 return ticket
         d = describe(obj, stream)
         s = d.stream(stream)
         if isinstance(obj, Buffer):  # a buffer, or a sub-view with its own reference
             box = obj._box
-        else:
-            buf = _registry.find_desc(d)
-            box = buf._box if buf is not None else None
-        if box is None and d.cuda:
-            box = _c.alloc_lookup(d.lo)
+        else:  # the gpuipc buffer the memory lies in (a reference of its own)
+            box = _c.buf_find(d.device_type, d.lo, d.hi)
         ticket = _c.channel_send(self._h(), box, d.t, s, flags)
         if d.cuda:
             self._hold(ticket, (d.keep, box))
@@ -91,7 +97,7 @@ class Channel(_Boxed):
                         continue
                 except Error:
                     pass
-                del keep[t]
+                keep.pop(t, None)  # channel_send_any may have let it go
 
     def done(self, ticket, timeout=0):
         """Whether message ``ticket``'s buffer is free again (released, and

@@ -15,7 +15,6 @@
  * Blocking calls release the GIL.
  */
 #include "_gpuipc.h"
-#include "core/core.h"
 
 #include <limits.h>
 #include <math.h>
@@ -25,11 +24,9 @@ static PyObject *error_factory; /* callable(code, name, sentence) -> exc */
 
 /* ---- errors ------------------------------------------------------------ */
 
-PyObject *gpuipc__py_raise(int code)
+/* The exception for library code @code with sentence @detail. */
+static PyObject *raise_detail(int code, const char *detail)
 {
-  const char *detail = gpuipc_last_error();
-  if (detail == NULL || detail[0] == '\0')
-    detail = gpuipc_strerror(code);
   if (error_factory == NULL) {
     PyErr_Format(PyExc_RuntimeError, "%s: %s", gpuipc_err_name(code), detail);
     return NULL;
@@ -41,6 +38,14 @@ PyObject *gpuipc__py_raise(int code)
   PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
   Py_DECREF(exc);
   return NULL;
+}
+
+PyObject *gpuipc__py_raise(int code)
+{
+  const char *detail = gpuipc_last_error();
+  if (detail == NULL || detail[0] == '\0')
+    detail = gpuipc_strerror(code);
+  return raise_detail(code, detail);
 }
 
 PyObject *gpuipc__py_none(int rc)
@@ -169,8 +174,8 @@ PyObject *gpuipc__py_box_on(int rc, const char *type, void *p, void *stream)
  * released or handed over; returns NULL. */
 static void *raise_closed(void)
 {
-  gpuipc__py_raise(gpuipc__err(GPUIPC_E_CLOSED, "the gpuipc object is "
-                               "closed, released or handed over"));
+  raise_detail(GPUIPC_E_CLOSED,
+               "the gpuipc object is closed, released or handed over");
   return NULL;
 }
 
@@ -383,7 +388,7 @@ static PyMethodDef *const file_methods[] = {
     gpuipc__py_tensor_methods,  gpuipc__py_channel_methods,
     gpuipc__py_event_methods,   gpuipc__py_alloc_methods,
     gpuipc__py_chunk_methods,   gpuipc__py_torch_methods,
-    gpuipc__py_registry_methods};
+    gpuipc__py_find_methods, gpuipc__py_send_methods};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gpuipc",
                                     "gpuipc's C binding (use the gpuipc "

@@ -8,6 +8,8 @@
  *   _gpuipc_tensor.c   tensor descriptions, DLPack in and out, received views
  *   _gpuipc_torch.c    PyTorch tensors read in C
  *   _gpuipc_channel.c  channels
+ *   _gpuipc_send.c     Channel.send in one call: any array read in C
+ *   _gpuipc_find.c     the buffer an array lies in (gpuipc_buf_find)
  *   _gpuipc_event.c    interprocess events and copies
  *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
  *   _gpuipc_chunks.c   its pooled form: blocks cut from large buffers
@@ -25,7 +27,10 @@
 #include <stdint.h>
 
 #include "gpuipc.h"
-/* The library is linked in whole: its private interface is ours too. */
+/* The extension links the shared library and calls its public interface;
+ * of the private one (GPUIPC_PRIVATE, exported for gpuipc's companions)
+ * only gpuipc__device_current and gpuipc__stream_sync, which the CUDA
+ * runtime would give a C user. */
 #include "core/private.h"
 
 /* ---- errors (a negative code raises the Python layer's exception) ------ */
@@ -102,6 +107,10 @@ typedef struct gpuipc__py_desc {
 int gpuipc__py_parse_desc(PyObject *tup, gpuipc__py_desc_t *d);
 /* The description tuple of DLTensor @dl (strides None when absent). */
 PyObject *gpuipc__py_dl_desc(const gpuipc_dl_tensor_t *dl);
+/* Consume a producer's DLPack capsule @cap (renamed "used_dltensor"): its
+ * DLTensor in @out, valid while the returned holder lives (the producer's
+ * deleter runs when it goes); NULL with an exception. */
+PyObject *gpuipc__py_dl_take(PyObject *cap, const gpuipc_dl_tensor_t **out);
 /* The ints of sequence @seq (@what, at most @cap of them) into @out: how
  * many, or -1 with an exception. */
 int gpuipc__py_read_int64s(PyObject *seq, int64_t *out, int cap,
@@ -123,22 +132,20 @@ PyObject *gpuipc__py_view_info(const gpuipc_tensor_t *v);
 PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf);
 
 /* The kind of memory the pluggable allocators take (alloc_set_kind,
- * _gpuipc_alloc.c), and the pooled allocator's chunk holding @ptr with one
- * more reference, or NULL (_gpuipc_chunks.c). */
+ * _gpuipc_alloc.c). */
 int gpuipc__py_alloc_kind(void);
-gpuipc_buf_t *gpuipc__py_chunk_find(uintptr_t ptr);
 
-/* Whether address @addr of DLPack device type @type may lie in a gpuipc
- * buffer this process holds (the Python registry's ranges; GIL held;
- * _gpuipc_registry.c). */
-bool gpuipc__py_registered(int type, uintptr_t addr);
+/* The gpuipc buffer of this process whose memory holds the @bytes at @lo
+ * of DLPack device type @type, with a reference of the caller's own, or
+ * NULL (gpuipc_buf_find; _gpuipc_find.c). */
+gpuipc_buf_t *gpuipc__py_find(int type, uintptr_t lo, size_t bytes);
 
 /* The method tables of the files, added to the module at import. */
 extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
     gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[],
-    gpuipc__py_registry_methods[];
+    gpuipc__py_find_methods[], gpuipc__py_send_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

@@ -4,14 +4,13 @@
  *   torch.cuda.memory.CUDAPluggableAllocator(path_of_this_module,
  *   "gpuipc_torch_malloc", "gpuipc_torch_free"):
  * every block PyTorch's caching allocator asks for is a gpuipc VMM buffer,
- * so a tensor in it can be sent with no copy (alloc_lookup finds its
- * buffer, or its chunk of the pooled form, _gpuipc_chunks.c, as a
- * "gpuipc.buf" box). A buffer per block shares nothing but the block: this
+ * so a tensor in it can be sent with no copy (the library's
+ * gpuipc_buf_find finds its buffer, or its chunk of the pooled form,
+ * _gpuipc_chunks.c, as it finds every buffer of the process). A buffer per block shares nothing but the block: this
  * is the form for a program's whole allocator (use_allocator). The Python side is gpuipc/torch.py.
  * See _gpuipc.h.
  */
 #include "_gpuipc.h"
-#include "mem/mem.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -85,29 +84,6 @@ EXPORT void gpuipc_torch_free(void *ptr, ssize_t size, int device,
   }
 }
 
-/* alloc_lookup(ptr) -> buffer box holding @ptr (one more reference), or
- * None when neither allocator made it. The reference is taken under the
- * table's lock (a free cannot race it); the box is made after it. */
-static PyObject *py_alloc_lookup(PyObject *self, PyObject *p)
-{
-  uintptr_t ptr = (uintptr_t)PyLong_AsVoidPtr(p);
-  if (PyErr_Occurred())
-    return NULL;
-  gpuipc_buf_t *buf = NULL;
-  pthread_mutex_lock(&alloc_lock);
-  for (size_t i = 0; i < nallocs && buf == NULL; i++)
-    if (ptr >= allocs[i].ptr && ptr < allocs[i].ptr + allocs[i].size)
-      buf = allocs[i].buf;
-  if (buf != NULL)
-    gpuipc__buf_ref(buf);
-  pthread_mutex_unlock(&alloc_lock);
-  if (buf == NULL)
-    buf = gpuipc__py_chunk_find(ptr);
-  if (buf == NULL)
-    Py_RETURN_NONE;
-  return gpuipc__py_box(0, gpuipc__py_BUF, buf);
-}
-
 int gpuipc__py_alloc_kind(void)
 {
   return alloc_kind;
@@ -123,6 +99,5 @@ static PyObject *py_alloc_set_kind(PyObject *self, PyObject *args)
 }
 
 PyMethodDef gpuipc__py_alloc_methods[] = {
-    GPUIPC__PY_FN(alloc_lookup, METH_O),
     GPUIPC__PY_FN(alloc_set_kind, METH_VARARGS),
     GPUIPC__PY_END};

@@ -7,7 +7,6 @@
  * gpuipc/_buffer.py and gpuipc/_domain.py. See _gpuipc.h.
  */
 #include "_gpuipc.h"
-#include "mem/mem.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -175,8 +174,8 @@ static PyObject *py_import_cuda_fd(PyObject *self, PyObject *args)
 /* One more reference to @buf (which the caller holds), as a new box. */
 PyObject *gpuipc__py_buf_retain(gpuipc_buf_t *buf)
 {
-  gpuipc__buf_ref(buf);
-  return gpuipc__py_box(0, gpuipc__py_BUF, buf);
+  int rc = gpuipc_buf_retain(buf);
+  return gpuipc__py_box(rc, gpuipc__py_BUF, rc == 0 ? buf : NULL);
 }
 
 /* buf_retain(box) -> a new box holding one more reference to the buffer:

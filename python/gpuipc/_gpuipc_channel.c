@@ -56,6 +56,15 @@ static PyObject *py_channel_send(PyObject *self, PyObject *args)
   return PyLong_FromUnsignedLongLong(ticket);
 }
 
+/* Whether host address @addr lies in a gpuipc buffer of this process. */
+static bool in_buffer(uintptr_t addr)
+{
+  gpuipc_buf_t *b = gpuipc__py_find(GPUIPC_DL_CPU, addr, 0);
+  if (b != NULL)
+    gpuipc_buf_release(b);
+  return b != NULL;
+}
+
 /* Send @d (its memory gpuipc's staging copies: d->t.buf is NULL) with no
  * stream: the ticket, or the exception. */
 static PyObject *send_host(gpuipc_channel_t *ch, gpuipc__py_desc_t *d,
@@ -67,31 +76,6 @@ static PyObject *send_host(gpuipc_channel_t *ch, gpuipc__py_desc_t *d,
   if (rc < 0)
     return gpuipc__py_raise(rc);
   return PyLong_FromUnsignedLongLong(ticket);
-}
-
-/*
- * channel_send_host(ch, tensor, flags) -> ticket, or None: send a plain
- * torch tensor in host memory that no gpuipc buffer of this process holds
- * (staged), read and sent in C. None, having sent nothing: @tensor is
- * anything else, or may lie in a buffer (the Python layer describes it,
- * and sends a buffer's memory without a copy).
- */
-static PyObject *py_channel_send_host(PyObject *self, PyObject *args)
-{
-  gpuipc_channel_t *ch;
-  PyObject *obj;
-  unsigned flags;
-  if (!PyArg_ParseTuple(args, "O&OI", gpuipc__py_channel, &ch, &obj, &flags))
-    return NULL;
-  gpuipc__py_desc_t d;
-  int r = gpuipc__py_torch_read(obj, &d);
-  if (r < 0)
-    return NULL;
-  if (r == 0 || d.t.dl.device.device_type != GPUIPC_DL_CPU ||
-      gpuipc__py_registered(GPUIPC_DL_CPU, (uintptr_t)d.t.dl.data +
-                                               d.t.dl.byte_offset))
-    Py_RETURN_NONE;
-  return send_host(ch, &d, flags);
 }
 
 /*
@@ -109,8 +93,7 @@ static PyObject *py_channel_send_view(PyObject *self, PyObject *args)
                         gpuipc__py_view, &v, &flags))
     return NULL;
   if (v->dl.device.device_type != GPUIPC_DL_CPU ||
-      gpuipc__py_registered(GPUIPC_DL_CPU,
-                            (uintptr_t)v->dl.data + v->dl.byte_offset))
+      in_buffer((uintptr_t)v->dl.data + v->dl.byte_offset))
     Py_RETURN_NONE;
   /* The description is copied: another thread may release the view
    * while the send runs without the GIL. */
@@ -249,7 +232,6 @@ static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
 PyMethodDef gpuipc__py_channel_methods[] = {
     GPUIPC__PY_FN(channel_open, METH_VARARGS),
     GPUIPC__PY_FN(channel_send, METH_VARARGS),
-    GPUIPC__PY_FN(channel_send_host, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_view, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_done, METH_VARARGS),
     GPUIPC__PY_FN(channel_send_wait, METH_VARARGS),

@@ -16,11 +16,10 @@
  * that is larger; when the device cannot give that much, the block's size. Blocks are cut first fit in 2 MiB steps (the VMM granularity), and a
  * chunk goes back to gpuipc when its last block does. A free waits for the
  * work queued on the block's stream first, so the next owner of the bytes
- * cannot race it. alloc_lookup (_gpuipc_alloc.c) finds a block's chunk
- * through gpuipc__py_chunk_find. See _gpuipc.h.
+ * cannot race it. The library's gpuipc_buf_find finds a block's chunk, as
+ * it finds every buffer. See _gpuipc.h.
  */
 #include "_gpuipc.h"
-#include "mem/mem.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -230,19 +229,6 @@ EXPORT void gpuipc_torch_pool_free(void *ptr, ssize_t size, int device,
   pthread_mutex_unlock(&chunk_lock);
   if (drop != NULL)
     gpuipc_buf_release(drop); /* lent segments and readers keep their own */
-}
-
-gpuipc_buf_t *gpuipc__py_chunk_find(uintptr_t ptr)
-{
-  gpuipc_buf_t *buf = NULL;
-  pthread_mutex_lock(&chunk_lock);
-  for (size_t i = 0; i < nchunks && buf == NULL; i++)
-    if (ptr >= chunks[i]->base && ptr < chunks[i]->base + chunks[i]->size)
-      buf = chunks[i]->buf;
-  if (buf != NULL)
-    gpuipc__buf_ref(buf);
-  pthread_mutex_unlock(&chunk_lock);
-  return buf;
 }
 
 /* pool_set_chunk(bytes): the largest chunk made from now on (2 MiB steps;

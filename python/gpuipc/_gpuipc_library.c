@@ -6,6 +6,7 @@
  */
 #include "_gpuipc.h"
 
+#include <dlfcn.h>
 #include <string.h>
 
 static PyObject *py_err_name(PyObject *self, PyObject *args)
@@ -32,6 +33,19 @@ static PyObject *py_last_error(PyObject *self, PyObject *unused)
 static PyObject *py_version(PyObject *self, PyObject *unused)
 {
   return PyUnicode_FromString(gpuipc_version());
+}
+
+/* libgpuipc_path() -> the file of the libgpuipc this module calls (its
+ * gpuipc_version's), as the dynamic loader found it. */
+static PyObject *py_libgpuipc_path(PyObject *self, PyObject *unused)
+{
+  Dl_info info;
+  if (dladdr((void *)gpuipc_version, &info) == 0 || info.dli_fname == NULL) {
+    PyErr_SetString(PyExc_OSError, "dladdr: gpuipc_version lies in no "
+                    "loaded object");
+    return NULL;
+  }
+  return PyUnicode_DecodeFSDefault(info.dli_fname);
 }
 
 static PyObject *py_driver_status(PyObject *self, PyObject *unused)
@@ -129,6 +143,7 @@ PyMethodDef gpuipc__py_library_methods[] = {
     GPUIPC__PY_FN(strerror, METH_VARARGS),
     GPUIPC__PY_FN(last_error, METH_NOARGS),
     GPUIPC__PY_FN(version, METH_NOARGS),
+    GPUIPC__PY_FN(libgpuipc_path, METH_NOARGS),
     GPUIPC__PY_FN(driver_status, METH_NOARGS),
     GPUIPC__PY_FN(device_count, METH_NOARGS),
     GPUIPC__PY_FN(device_info, METH_VARARGS),

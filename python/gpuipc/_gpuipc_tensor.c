@@ -149,12 +149,7 @@ static void dl_hold_destroy(PyObject *cap)
   free(h);
 }
 
-/*
- * dlpack_take(capsule) -> (description, holder): consume a producer's
- * DLPack capsule (renamed "used_dltensor" as the protocol asks); the
- * producer's deleter runs when the holder goes.
- */
-static PyObject *py_dlpack_take(PyObject *self, PyObject *cap)
+PyObject *gpuipc__py_dl_take(PyObject *cap, const gpuipc_dl_tensor_t **out)
 {
   int versioned = PyCapsule_IsValid(cap, "dltensor_versioned");
   if (!versioned && !PyCapsule_IsValid(cap, "dltensor")) {
@@ -172,24 +167,38 @@ static PyObject *py_dlpack_take(PyObject *self, PyObject *cap)
     PyErr_SetString(PyExc_BufferError, "DLPack major version is not 1");
     return NULL;
   }
-  PyObject *desc = gpuipc__py_dl_desc(dl);
-  if (desc == NULL)
-    return NULL;
   dl_hold_t *h = malloc(sizeof(*h));
-  if (h == NULL) {
-    Py_DECREF(desc);
+  if (h == NULL)
     return PyErr_NoMemory();
-  }
   h->managed = m;
   h->versioned = versioned;
   PyObject *hold = PyCapsule_New(h, "gpuipc.dlhold", dl_hold_destroy);
   if (hold == NULL) {
     free(h);
-    Py_DECREF(desc);
     return NULL;
   }
   PyCapsule_SetName(cap, versioned ? "used_dltensor_versioned"
                                    : "used_dltensor");
+  *out = dl;
+  return hold;
+}
+
+/*
+ * dlpack_take(capsule) -> (description, holder): consume a producer's
+ * DLPack capsule (renamed "used_dltensor" as the protocol asks); the
+ * producer's deleter runs when the holder goes.
+ */
+static PyObject *py_dlpack_take(PyObject *self, PyObject *cap)
+{
+  const gpuipc_dl_tensor_t *dl;
+  PyObject *hold = gpuipc__py_dl_take(cap, &dl);
+  if (hold == NULL)
+    return NULL;
+  PyObject *desc = gpuipc__py_dl_desc(dl);
+  if (desc == NULL) {
+    Py_DECREF(hold);
+    return NULL;
+  }
   return Py_BuildValue("(NN)", desc, hold);
 }
 

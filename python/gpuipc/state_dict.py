@@ -41,7 +41,7 @@ import struct
 import threading
 
 from . import _gpuipc as _c
-from ._buffer import Buffer, _registry
+from ._buffer import Buffer
 from ._common import DL_CPU, DL_CUDA, HOST, VMM, _stream  # noqa: F401
 from ._domain import Domain  # noqa: F401
 from ._errors import InvalidArgument, NotFound
@@ -87,14 +87,10 @@ def _buffer_under(t):
         return None, False
     lo = t.data_ptr()
     hi = lo + t.numel() * t.element_size()
-    if t.is_cuda:
-        box = _c.alloc_lookup(lo)  # a block of PyTorch's allocator on gpuipc
-        if box is not None:
-            buf = Buffer._wrap(box)
-            if hi <= buf.ptr + buf.nbytes:
-                return buf, True
-            buf.release()
-    return _registry.find_span(DL_CUDA if t.is_cuda else DL_CPU, lo, hi), False
+    # Any buffer of this process: gpuipc's, or PyTorch's allocator's block
+    # on gpuipc (use_allocator, mem_pool).
+    box = _c.buf_find(DL_CUDA if t.is_cuda else DL_CPU, lo, hi)
+    return (None, False) if box is None else (Buffer._wrap(box), True)
 
 
 def _create_fresh(domain, name, nbytes, **kw):

@@ -57,7 +57,9 @@ def use_allocator(kind="vmm"):
 def buffer_of(tensor):
     """The gpuipc Buffer holding ``tensor``'s memory (use_allocator,
     mem_pool), or None."""
-    box = _c.alloc_lookup(tensor.data_ptr())
+    from ._common import DL_CUDA
+    p = tensor.data_ptr()
+    box = _c.buf_find(DL_CUDA, p, p)
     return None if box is None else Buffer._wrap(box)
 
 

@@ -3,7 +3,9 @@
 venv that sees the system's packages, `pip install --no-index
 --no-build-isolation ./python` (no registry reached), then the installed
 package (never the build tree's) imported, its version checked against the
-library's, and two processes exchanging an array over a HOST channel.
+library's, the package's own libgpuipc.so.N shown to be the one copy that a
+ctypes load of it shares (one_library.py), and two processes exchanging an
+array over a HOST channel.
 
 usage: pip_install.py SOURCE_DIR SCRATCH_DIR VERSION
   SOURCE_DIR   the repository (include/, src/, python/ are copied from it)
@@ -87,15 +89,25 @@ pip_version = next((line.split(":", 1)[1].strip() for line in out.splitlines()
 if pip_version != version:
     fail("pip says gpuipc %s, the library is %s" % (pip_version, version))
 out = run([py, "-c", "import gpuipc, json; print(json.dumps("
-           "[gpuipc.__version__, gpuipc.__file__, gpuipc.library_path()]))"],
+           "[gpuipc.__version__, gpuipc.__file__, gpuipc.library_path(), "
+           "gpuipc.libgpuipc_path()]))"],
           scratch, "import gpuipc")
-py_version, init, lib = json.loads(out.strip().splitlines()[-1])
+py_version, init, lib, libgpuipc = json.loads(out.strip().splitlines()[-1])
 if py_version != version:
     fail("gpuipc.__version__ is %s, the library is %s" % (py_version, version))
 site = os.path.realpath(venv) + os.sep
-for path in (init, lib):
+for path in (init, lib, libgpuipc):
     if not os.path.realpath(path).startswith(site):
         fail("gpuipc was imported from %s, not from the venv %s" % (path, venv))
+
+# ----- the package ships libgpuipc, and its extension calls that copy -----
+soname = "libgpuipc.so." + version.split(".")[0]
+if os.path.dirname(libgpuipc) != os.path.dirname(init) or \
+        os.path.basename(libgpuipc) != soname:
+    fail("the extension calls %s, not the package's own gpuipc/%s" % (libgpuipc, soname))
+for order in ("ctypes-first", "import-first"):
+    run([py, os.path.join(tree, "python", "tests", "one_library.py"), libgpuipc, order],
+        scratch, "one_library.py " + order)
 
 # ----- two processes, one HOST channel, the installed package -----
 SEND = """
@@ -148,5 +160,6 @@ if shutil.which("git") and os.path.exists(os.path.join(source, ".git")):
     if p.returncode != 0:
         fail(".venv (the README's venv) is not in .gitignore")
 
-print("pip install ./python: gpuipc %s installed, imported, and an array crossed "
-      "between two processes" % version)
+print("pip install ./python: gpuipc %s installed (with %s), imported, one copy of "
+      "its state beside ctypes, and an array crossed between two processes"
+      % (version, soname))

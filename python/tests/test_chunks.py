@@ -4,7 +4,7 @@ functions, in a process of its own on the fake CUDA driver (whose "device
 memory" is host memory, so every byte can be checked): blocks are cut from
 a few growing chunks, never overlap, come back first fit and joined, and a
 chunk goes when its last block does while a reference taken through
-alloc_lookup keeps its memory."""
+buf_find (gpuipc_buf_find) keeps its memory."""
 import os
 import subprocess
 import sys
@@ -17,6 +17,7 @@ BODY = r'''
 import ctypes, random
 import gpuipc
 from gpuipc import _gpuipc as _c
+from gpuipc._common import DL_CUDA
 
 MiB = 1 << 20
 lib = ctypes.CDLL(_c.__file__)
@@ -52,11 +53,11 @@ c = malloc(100 * MiB, 0, None)
 assert chunks() == [(64 * MiB, 6 * MiB, 2), (128 * MiB, 100 * MiB, 1)], chunks()
 fill(c, 100 * MiB, 0xC3)
 
-# alloc_lookup finds a block's whole chunk (what a send or a lend shares).
-box = _c.alloc_lookup(b + 12345)
+# buf_find finds a block's whole chunk (what a send or a lend shares).
+box = _c.buf_find(DL_CUDA, b + 12345, b + 12345)
 ptr, nbytes, kind, dev = _c.buf_info(box)
 assert (ptr, nbytes, kind, dev) == (a, 64 * MiB, gpuipc.LEGACY, 0), (ptr, nbytes, kind, dev)
-assert _c.alloc_lookup(1) is None
+assert _c.buf_find(DL_CUDA, 1, 1) is None
 
 # Freed bytes come back first fit, joined with their free neighbours.
 free(a, 1 * MiB, 0, None)
@@ -77,9 +78,12 @@ free(y, 0, 0, None)
 free(x, 0, 0, None)
 free(b, 3 * MiB, 0, None)  # the last block: the chunk goes back ...
 assert chunks() == [(128 * MiB, 100 * MiB, 1)], chunks()
-assert _c.alloc_lookup(b) is None
 check(b, 3 * MiB, 0xB2)  # ... but the reference taken above keeps its memory
+held = _c.buf_find(DL_CUDA, b, b)  # a live buffer still, found by address
+assert _c.buf_info(held)[0] == a, _c.buf_info(held)
+_c.close(held)
 _c.close(box)
+assert _c.buf_find(DL_CUDA, b, b) is None  # the last reference went
 check(c, 100 * MiB, 0xC3)
 
 # Growth stops at the cap; a block above it gets a chunk of its own.

@@ -268,28 +268,39 @@ def test_error_hierarchy_in_process():
 
 
 def test_buffer_ranges_seen_in_c():
-    """What the C send paths see of this process's buffers follows the
-    Python registry: an address in a live buffer is covered (for its device
-    type only), heap memory is not, and a buffer released or collected
-    leaves no range behind."""
+    """What the send paths see of this process's buffers is the library's
+    index (gpuipc_buf_find): a range in a live buffer is found (for its
+    device type only), one past its end or in heap memory is not, and a
+    buffer released or collected leaves nothing behind."""
     import gc
     import gpuipc
     from gpuipc import _gpuipc as c
     from gpuipc._common import DL_CPU, DL_CUDA
+
+    def found(typ, lo, hi):
+        box = c.buf_find(typ, lo, hi)
+        if box is None:
+            return None
+        ptr = c.buf_info(box)[0]
+        c.close(box)
+        return ptr
+
     a, b = gpuipc.Buffer(4096), gpuipc.Buffer(3 << 20)
     for buf in (a, b):
-        assert c.registry_covers(DL_CPU, buf.ptr)
-        assert c.registry_covers(DL_CPU, buf.ptr + buf.nbytes - 1)
-        assert not c.registry_covers(DL_CUDA, buf.ptr)
+        assert found(DL_CPU, buf.ptr, buf.ptr + buf.nbytes) == buf.ptr
+        assert found(DL_CPU, buf.ptr + buf.nbytes - 1, buf.ptr + buf.nbytes) == buf.ptr
+        assert found(DL_CPU, buf.ptr + 8, buf.ptr + buf.nbytes + 1) is None
+        assert found(DL_CUDA, buf.ptr, buf.ptr + 1) is None
     heap = np.zeros(16)
-    assert not c.registry_covers(DL_CPU, heap.__array_interface__["data"][0])
+    hp = heap.__array_interface__["data"][0]
+    assert found(DL_CPU, hp, hp + 8) is None
     ap, bp = a.ptr, b.ptr
     a.release()
-    assert not c.registry_covers(DL_CPU, ap + 8)
-    assert c.registry_covers(DL_CPU, bp + 8)
+    assert found(DL_CPU, ap + 8, ap + 9) is None
+    assert found(DL_CPU, bp + 8, bp + 9) == bp
     del b, buf
     gc.collect()
-    assert not c.registry_covers(DL_CPU, bp + 8)
+    assert found(DL_CPU, bp + 8, bp + 9) is None
 
 
 def _go(p):

@@ -10,12 +10,16 @@
  * the table as a placeholder so that concurrent imports of the same export
  * wait for one mapping instead of making two.
  *
+ * Every mapped buffer is also in the index by address (index.c), under the
+ * same lock: gpuipc_buf_find looks there.
+ *
  * A kind is reached only through its gpuipc__kind_ops table (mem.h): the
  * calls here check what all kinds share and leave the rest to the kind.
  */
 #include "mem/mem.h"
 
 #include "cuda/cuda.h"
+#include "mem/index.h"
 #include "cuda/peer.h"
 #include "os/os.h"
 #include "wire/wire.h"
@@ -112,6 +116,7 @@ static void reg_remove(struct gpuipc_buf *b)
     if (*pp == b) {
       *pp = b->next;
       reg.live--;
+      gpuipc__index_remove(b);
       return;
     }
   }
@@ -247,8 +252,15 @@ int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
   b->refs = 1;
 
   pthread_mutex_lock(&reg.lock);
-  reg_insert(b);
+  rc = gpuipc__index_add(b);
+  if (rc == 0)
+    reg_insert(b);
   pthread_mutex_unlock(&reg.lock);
+  if (rc != 0) {
+    (void)b->ops->release(b);
+    rc = gpuipc__err(rc, "gpuipc_buf_alloc: out of memory");
+    goto free_buf;
+  }
   GPUIPC_LOG_D("allocated %s buffer of %zu bytes (export id %llu) at %p",
                gpuipc_kind_name(kind), size, (unsigned long long)b->export_id,
                b->ptr);
@@ -344,6 +356,23 @@ int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out)
   return 0;
 }
 
+/* Whether a reference to @b may be taken: it is in use, or kept. Caller
+ * holds reg.lock. */
+static bool takeable(const struct gpuipc_buf *b)
+{
+  return b->kept || b->refs != PLACEHOLDER_REFS;
+}
+
+/* One more reference to takeable @b. Caller holds reg.lock. */
+static void take(struct gpuipc_buf *b)
+{
+  if (b->kept) { /* no reference, memory kept: take it back */
+    b->kept = false;
+    reg.kept--;
+  }
+  b->refs++;
+}
+
 /*
  * Find @h in the registry, waiting while another thread is importing it.
  * Returns the buffer with one more reference, or NULL after inserting
@@ -357,12 +386,8 @@ static struct gpuipc_buf *lookup_or_reserve(const gpuipc_handle_t *h,
     struct gpuipc_buf *b = reg_find(h);
     if (b == NULL)
       break;
-    if (b->kept || b->refs != PLACEHOLDER_REFS) {
-      if (b->kept) { /* no reference, memory kept: take it back */
-        b->kept = false;
-        reg.kept--;
-      }
-      b->refs++;
+    if (takeable(b)) {
+      take(b);
       reg.hits++;
       pthread_mutex_unlock(&reg.lock);
       return b;
@@ -488,8 +513,11 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   b->imported = true;
   memcpy(b->uuid, h->device_uuid, sizeof(b->uuid));
   rc = ops->import(b, h);
+  bool mapped = rc == 0;
 
   pthread_mutex_lock(&reg.lock);
+  if (mapped)
+    rc = gpuipc__index_add(b);
   if (rc == 0)
     b->refs = 1;
   else
@@ -497,6 +525,10 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   pthread_cond_broadcast(&reg.ready);
   pthread_mutex_unlock(&reg.lock);
   if (rc != 0) {
+    if (mapped) {
+      (void)ops->release(b);
+      rc = gpuipc__err(rc, "gpuipc_buf_import: out of memory");
+    }
     free(b);
     return rc;
   }
@@ -615,6 +647,45 @@ int gpuipc_buf_release(gpuipc_buf_t *buf)
     pthread_mutex_unlock(&reg.lock);
   }
   return gpuipc__buf_destroy(buf);
+}
+
+int gpuipc_buf_retain(gpuipc_buf_t *buf)
+{
+  if (buf == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_retain: buf is NULL");
+  pthread_mutex_lock(&reg.lock);
+  bool held = buf->refs > 0;
+  if (held)
+    buf->refs++;
+  pthread_mutex_unlock(&reg.lock);
+  if (!held)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_retain: buffer %p has no "
+                       "reference left", (void *)buf);
+  return 0;
+}
+
+int gpuipc_buf_find(const void *ptr, size_t bytes, gpuipc_buf_t **out,
+                    size_t *offset)
+{
+  if (ptr == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_find: %s is NULL",
+                       ptr == NULL ? "ptr" : "out");
+  uintptr_t lo = (uintptr_t)ptr;
+  if (bytes > UINTPTR_MAX - lo)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_find: %zu bytes from %p wrap "
+                       "around the address space", bytes, ptr);
+  pthread_mutex_lock(&reg.lock);
+  struct gpuipc_buf *b = gpuipc__index_find(lo, lo + bytes, takeable);
+  if (b != NULL)
+    take(b);
+  pthread_mutex_unlock(&reg.lock);
+  if (b == NULL)
+    return gpuipc__err(-ENOENT, "gpuipc_buf_find: no buffer of this process "
+                       "holds the %zu bytes at %p", bytes, ptr);
+  *out = b;
+  if (offset != NULL)
+    *offset = (size_t)(lo - (uintptr_t)b->ptr);
+  return 0;
 }
 
 void gpuipc__cache_stats(struct gpuipc__cache_stats *out)
