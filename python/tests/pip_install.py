@@ -13,7 +13,9 @@ usage: pip_install.py SOURCE_DIR SCRATCH_DIR VERSION
   VERSION      CMake's project(VERSION), which pip and gpuipc.__version__
                must both say
 
-Exits 77 (skipped) only when a Debian package it needs is missing, and
+Exits 77 (skipped) only when a Debian package it needs is missing, or when
+the interpreter is itself a venv (whose packages a venv made from it does
+not see: the README's lines use the system's python3), and
 names it; any other failure is a failure.
 """
 import importlib.util
@@ -36,6 +38,13 @@ def fail(what):
     print("FAIL: " + what)
     sys.exit(1)
 
+
+# ----- the README's lines are for the system's interpreter -----
+if sys.prefix != sys.base_prefix:
+    skip("%s is itself a virtual environment (%s): a venv made from it with "
+         "--system-site-packages sees %s's packages, not this one's; the "
+         "README's lines use the system's /usr/bin/python3"
+         % (sys.executable, sys.prefix, sys.base_prefix))
 
 # ----- the Debian packages the README names -----
 missing = []
