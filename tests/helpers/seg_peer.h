@@ -65,6 +65,9 @@ static inline const char *peer_read(struct peer *p, int timeout_ms)
       TFAIL("peer %d did not answer within %d ms", (int)p->pid, timeout_ms);
     if (r < 0 && errno == EINTR)
       continue;
+    if (p->len >= sizeof(p->buf) - 1)
+      TFAIL("peer %d: a reply line longer than %zu bytes", (int)p->pid,
+            sizeof(p->buf) - 1);
     ssize_t n = read(p->out, p->buf + p->len, sizeof(p->buf) - p->len - 1);
     if (n <= 0)
       TFAIL("peer %d closed its reply pipe (exited?)", (int)p->pid);
