@@ -4,7 +4,6 @@
 
 #include "mem/mem.h"
 #include "os/os.h"
-#include "wire/wire.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>

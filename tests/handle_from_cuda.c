@@ -12,7 +12,6 @@
  */
 #include "test.h"
 
-#include "mem/mem.h"
 #include "os/os.h"
 
 #include <fcntl.h>

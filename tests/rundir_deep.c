@@ -6,8 +6,6 @@
  */
 #include "helpers/chan_common.h"
 
-#include "os/os.h"
-
 #include <dirent.h>
 #include <limits.h>
 #include <signal.h>
@@ -92,7 +90,7 @@ int main(void)
   printf("GPUIPC_DIR is %d bytes long\n", n);
 
   char dir[PATH_MAX];
-  ASSERT_OK(gpuipc__runtime_dir(dir, sizeof(dir)));
+  ASSERT_OK(gpuipc_runtime_dir(dir, sizeof(dir), 0));
   ASSERT_STREQ(dir, deep);
 
   gpuipc_domain_t *dom;

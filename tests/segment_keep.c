@@ -13,8 +13,6 @@
 #include "test.h"
 #include "helpers/seg_peer.h"
 
-#include "domain/domain.h"
-
 #include <sys/socket.h>
 
 static gpuipc_domain_t *dom; /* this process: a member, often the broker */

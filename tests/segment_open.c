@@ -6,7 +6,6 @@
 #include "test.h"
 #include "helpers/seg_peer.h"
 
-#include "domain/domain.h"
 #include "segment/segment.h"
 #include "mem/mem.h"
 
