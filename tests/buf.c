@@ -60,15 +60,8 @@ static void check_kinds(void)
  */
 static void check_kind_list(void)
 {
-  static const struct {
-    gpuipc_kind_t kind;
-    const char *name;
-  } list[] = {
-#define KIND_ROW(name, value, str, desc) {GPUIPC_KIND_##name, str},
-      GPUIPC_KIND_MAP(KIND_ROW)
-#undef KIND_ROW
-  };
-  const size_t n = sizeof(list) / sizeof(list[0]);
+  const struct test_kind *list = test_kinds;
+  const size_t n = TEST_KINDS;
   ASSERT_EQ(n, GPUIPC__KIND_COUNT);
   for (size_t i = 0; i < n; i++) {
     gpuipc_kind_t k = list[i].kind;

@@ -58,15 +58,8 @@ static gpuipc_handle_t make_handle(gpuipc_kind_t kind,
  */
 static void test_every_kind(void)
 {
-  static const struct {
-    gpuipc_kind_t kind;
-    const char *name;
-  } list[] = {
-#define KIND_ROW(name, value, str, desc) {GPUIPC_KIND_##name, str},
-      GPUIPC_KIND_MAP(KIND_ROW)
-#undef KIND_ROW
-  };
-  const size_t n = sizeof(list) / sizeof(list[0]);
+  const struct test_kind *list = test_kinds;
+  const size_t n = TEST_KINDS;
   for (size_t i = 0; i <= n; i++) {
     gpuipc_kind_t k = i < n ? list[i].kind : (gpuipc_kind_t)n;
     const char *name = i < n ? list[i].name : "after the last";

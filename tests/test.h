@@ -171,6 +171,18 @@ static inline uint32_t test_crc32c_ref(const uint8_t *p, size_t n)
  * is a scratch one (published at once), as the tests of the registry
  * want. Tests of filling and publishing call gpuipc_segment_open itself.
  */
+/* gpuipc.h's GPUIPC_KIND_MAP as a table: each kind and its name. */
+struct test_kind {
+  gpuipc_kind_t kind;
+  const char *name;
+};
+static const struct test_kind test_kinds[] = {
+#define TEST_KIND_ROW(name, value, str, desc) {GPUIPC_KIND_##name, str},
+    GPUIPC_KIND_MAP(TEST_KIND_ROW)
+#undef TEST_KIND_ROW
+};
+#define TEST_KINDS (sizeof(test_kinds) / sizeof(test_kinds[0]))
+
 static inline int test_seg_open(gpuipc_domain_t *dom, const char *name,
                                 size_t size, int device, unsigned flags,
                                 gpuipc_buf_t **out)
