@@ -12,16 +12,23 @@
 
 #include <unistd.h>
 
-static void one(const char *kind, int sdev, int rdev)
+static void one_opt(const char *kind, int sdev, int rdev, const char *opt)
 {
   char name[64], sd[16], rd[16];
-  snprintf(name, sizeof(name), "g-%s-%d-%d", kind, sdev, rdev);
+  snprintf(name, sizeof(name), "g-%s-%d-%d%s", kind, sdev, rdev,
+           opt != NULL ? opt : "");
   snprintf(sd, sizeof(sd), "%d", sdev);
   snprintf(rd, sizeof(rd), "%d", rdev);
-  printf("--- %s: sender on GPU %d, receiver on GPU %d\n", kind, sdev, rdev);
+  printf("--- %s: sender on GPU %d, receiver on GPU %d%s%s\n", kind, sdev,
+         rdev, opt != NULL ? ", " : "", opt != NULL ? opt : "");
   const char *sargs[] = {"send", "chan-gpu", name, kind, sd, "4", NULL};
-  const char *rargs[] = {"recv", "chan-gpu", name, rd, "4", NULL};
+  const char *rargs[] = {"recv", "chan-gpu", name, rd, "4", opt, NULL};
   gpu_run_pair("chan_gpu", sargs, rargs);
+}
+
+static void one(const char *kind, int sdev, int rdev)
+{
+  one_opt(kind, sdev, rdev, NULL);
 }
 
 int main(void)
@@ -50,6 +57,10 @@ int main(void)
     if (gpuipc_topo_p2p(1, 0, &p2p) == 0 && p2p.access) {
       one("vmm", 0, 1);
       one("foreign", 1, 0);
+      /* A channel opened without a device maps for the sender's GPU:
+       * recv_into memory of another GPU copies from there. */
+      one_opt("vmm", 0, 1, "nodev");
+      one_opt("foreign", 1, 0, "nodev");
     } else {
       printf("--- across GPUs: GPU 1 cannot reach GPU 0\n");
     }

@@ -22,6 +22,10 @@
  *                tensor.h the checks the MPI channel shares
  *   dlpack.c     DLManagedTensor conversions
  *   poll.c       gpuipc_channel_fd: the eventfds that wake an event loop
+ *   ready.c      ready words: the receiver's stream waits for the
+ *                sender's GPU work on a word the sender's stream writes
+ *   guard.c      a thread that lets go of the stream waits on a peer's
+ *                ready words when the peer goes without writing them
  *
  *   ref.c        a channel's references (the user's, one per received
  *                view) and its final free
@@ -45,6 +49,13 @@
  *           with CUDA, so
  *           cuStreamWriteValue64 on the receiver's stream writes it
  *   +1.5M+8K release words of direction 1
+ *   +1.5M+16K ready words of direction 0 (A's GPU writes, B's waits on),
+ *           DEPTH_MAX words of 8 bytes: word i is s once the sender's
+ *           work before message s, sent in record slot i, has completed
+ *           (a descriptor with GPUIPC__DESC_WORD): cuStreamWriteValue64
+ *           on the sender's stream writes it, cuStreamWaitValue64 on the
+ *           receiver's waits for it (ready.c)
+ *   +1.5M+24K ready words of direction 1
  *
  * A is the end that claimed the segment first (end 0); it sends on
  * direction 0. Every word the peer writes is treated as hostile: slots are
@@ -69,8 +80,10 @@
  * 3: settled[] and ev_use[] in the header (settle.c).
  * 4: release words (GPUIPC__REL_WORD).
  * 5: descriptors and releases carry the message's record slot: records,
- *    events and release words are recycled out of order (send.c). */
-#define GPUIPC__CHAN_VERSION 5
+ *    events and release words are recycled out of order (send.c).
+ * 6: ready words (GPUIPC__DESC_WORD): a message ordered after GPU work
+ *    is a word the sender's stream writes and the receiver's waits on. */
+#define GPUIPC__CHAN_VERSION 6
 #define GPUIPC__CHAN_DEPTH_MAX GPUIPC_CHANNEL_DEPTH_MAX
 #define GPUIPC__CHAN_DEPTH_DEFAULT 64
 #define GPUIPC__CHAN_HDR_BYTES 8192
@@ -82,6 +95,8 @@
    (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * GPUIPC__CHAN_REL_BYTES)
 #define GPUIPC__CHAN_WORD_OFF(d)                                               \
   (GPUIPC__CHAN_REL_OFF(2) + (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * 8)
+#define GPUIPC__CHAN_READY_OFF(d)                                              \
+  (GPUIPC__CHAN_WORD_OFF(2) + (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * 8)
 #define GPUIPC__CHAN_SEG_BYTES ((size_t)2 << 20)
 /* Buffers one direction's receiver keeps mapped (the sender forgets LRU). */
 #define GPUIPC__CHAN_BUFS 256
@@ -137,7 +152,7 @@ struct gpuipc__chan_shm {
 
 _Static_assert(sizeof(struct gpuipc__chan_shm) <= GPUIPC__CHAN_HDR_BYTES,
                "channel header overflows its page");
-_Static_assert(GPUIPC__CHAN_WORD_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
+_Static_assert(GPUIPC__CHAN_READY_OFF(2) <= GPUIPC__CHAN_SEG_BYTES,
                "channel rings overflow the segment");
 _Static_assert(GPUIPC__CHAN_SLOT_MAX == GPUIPC__CHAN_DEPTH_MAX,
                "a record slot is below the deepest depth");
@@ -297,6 +312,10 @@ struct gpuipc__tx {
   uint64_t sent, bufs_sent;
   uint64_t unlocks; /* times a waiter let the lock go (tx_sleep) */
   struct gpuipc__word_map words; /* for send_wait's stream waits */
+  /* Ready words (ready.c): where our streams write them, and [depth] the
+   * last message each record slot's word was asked to reach. */
+  struct gpuipc__word_map ready;
+  uint64_t *ready_seq;
   uint64_t peer_looked_ns; /* when a send last polled the socket */
 };
 
@@ -324,6 +343,12 @@ struct gpuipc__rx {
   uint64_t kcount[GPUIPC__CHAN_EV_DEVS];
   int8_t kstate[GPUIPC__CHAN_EV_DEVS];
   uint64_t kernel_max;
+  /* Ready words (ready.c, receive lock): where our streams wait on them,
+   * and [depth] the message each slot's word was last waited for, which
+   * the guard (guard.c) reads from its thread. */
+  struct gpuipc__word_map ready;
+  _Atomic uint64_t *ready_wait;
+  bool guarded;             /* the guard watches this channel */
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
@@ -361,6 +386,8 @@ struct gpuipc_channel {
   uint8_t *tx_rel, *rx_rel;     /* release rings: we read tx_rel */
   _Atomic uint64_t *tx_words;   /* release words: we read these, */
   _Atomic uint64_t *rx_words;   /* our streams write these */
+  _Atomic uint64_t *tx_ready;   /* ready words: our streams write these, */
+  _Atomic uint64_t *rx_ready;   /* our streams wait on these */
   struct gpuipc__tx tx;
   struct gpuipc__rx rx;
   /* Waking an event loop (poll.c). */
@@ -551,6 +578,42 @@ uint64_t gpuipc__chan_ev_poll_ns(void);
  */
 int gpuipc__chan_word_addr(struct gpuipc__word_map *map, gpuipc_buf_t *seg,
                            _Atomic uint64_t *words, int dev, uint64_t *addr);
+
+/* ----- ready.c, guard.c ----- */
+
+/*
+ * Order the message in record slot @slot (number @seq) after @stream's
+ * work on device @dev with a ready word: the stream writes @seq into the
+ * slot's word when its work so far is done. 0; GPUIPC_E_UNSUPPORTED when
+ * the word cannot be used (the setting, the device): use an event; or
+ * the CUDA error. Send lock held.
+ */
+int gpuipc__chan_ready_write(struct gpuipc_channel *ch, int dev, void *stream,
+                             uint32_t slot, uint64_t seq);
+/*
+ * Make @stream (of local device @dev) wait for the ready word of the
+ * pending message, which lies in buffer @b: nothing when the word has
+ * reached it; on the sender's own GPU, a host poll first (as for events);
+ * else a stream wait on the word, or, where @dev cannot wait on one, the
+ * host waits (the domain's timeout). Receive lock held.
+ */
+int gpuipc__chan_ready_wait(struct gpuipc_channel *ch, int dev, void *stream,
+                            gpuipc_buf_t *b);
+/* Whether each ready word our streams were asked to write is written (the
+ * send lock held); wait for them until @deadline. */
+bool gpuipc__chan_ready_settle(struct gpuipc_channel *ch, uint64_t deadline);
+/* At close: wait (bounded by @deadline) for the ready words our streams
+ * wait on, then let go of the rest. */
+void gpuipc__chan_ready_close(struct gpuipc_channel *ch, uint64_t deadline);
+
+/* Watch @ch's peer (guard.c) while our streams wait on its ready words:
+ * when it hangs up, the guard breaks @ch and lets go of the waits. */
+int gpuipc__chan_guard_add(struct gpuipc_channel *ch);
+/* Stop watching @ch (at close, before it is freed). */
+void gpuipc__chan_guard_remove(struct gpuipc_channel *ch);
+/* Let go of every stream wait on the peer's ready words: write into each
+ * word what our streams wait for (the peer is gone, or we close). */
+void gpuipc__chan_ready_unblock(struct gpuipc_channel *ch);
 
 /* ----- settle.c ----- */
 

@@ -113,6 +113,8 @@ static int chan_setup(struct gpuipc_channel *ch,
   ch->rx_rel = ch->base + GPUIPC__CHAN_REL_OFF(1 - e);
   ch->tx_words = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_WORD_OFF(e));
   ch->rx_words = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_WORD_OFF(1 - e));
+  ch->tx_ready = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_READY_OFF(e));
+  ch->rx_ready = (_Atomic uint64_t *)(ch->base + GPUIPC__CHAN_READY_OFF(1 - e));
   ch->tx.depth = c->depth;
   ch->tx.next_seq = 1;
   ch->tx.next_key = 1;
@@ -256,6 +258,7 @@ static void close_stale(struct gpuipc_channel *ch)
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
   atomic_store(&ch->closing, 1); /* a view released later tells nobody */
   ch->sock = -1;
+  ch->rx.guarded = false; /* the parent's guard: this process has none */
   gpuipc__chan_poll_close(ch); /* our copies of the eventfds */
   gpuipc__chan_tx_close(ch);
   gpuipc__chan_rx_close(ch);
@@ -282,6 +285,7 @@ int gpuipc_channel_close(gpuipc_channel_t *ch)
     }
   }
   gpuipc__chan_settle(ch); /* before our events are destroyed */
+  gpuipc__chan_guard_remove(ch); /* before the socket goes */
   gpuipc__fd_close(&ch->sock);
   gpuipc__chan_poll_close(ch);
 

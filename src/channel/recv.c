@@ -190,6 +190,8 @@ static int rx_ready(struct gpuipc_channel *ch, int dev, void *stream)
 {
   struct gpuipc__rx *rx = &ch->rx;
   struct gpuipc__desc *d = &rx->pdesc;
+  if (d->flags & GPUIPC__DESC_WORD)
+    return gpuipc__chan_ready_wait(ch, dev, stream, rx->pbuf);
   if (!(d->flags & GPUIPC__DESC_EVENT))
     return 0;
   int rc = gpuipc__chan_peer_ev_enter(ch, ch->who);
@@ -502,9 +504,15 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
      * synchronously), so a failure here costs speed, not the message. */
     (void)gpuipc__host_pin(b, rel_dev);
     (void)gpuipc__host_pin(dst->buf, rel_dev);
-    rc = rx_ready(ch, rel_dev, stream);
     bool d2d = gpuipc_buf_kind(b) != GPUIPC_KIND_HOST &&
                dl->device.device_type == GPUIPC_DL_CUDA;
+    /* The copy runs on the destination's GPU, whose engine must reach the
+     * sender's memory: mapped for another GPU (the channel's device, or
+     * the sender's), it is granted access from this one too (once). */
+    if (d2d && gpuipc_buf_device(b) != rel_dev)
+      rc = gpuipc_buf_access(b, rel_dev);
+    if (rc == 0)
+      rc = rx_ready(ch, rel_dev, stream);
     if (rc == 0 && n > 0)
       rc = rx_copy(ch, d->seq, d->slot, rel_dev, stream, to, src, n, d2d,
                    d2d && gpuipc_buf_device(b) == rel_dev, &carried);
@@ -593,4 +601,6 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   free(rx->word_seq);
   rx->word_seq = NULL;
   pthread_mutex_unlock(&rx->rel_lock);
+  free((void *)rx->ready_wait);
+  rx->ready_wait = NULL;
 }

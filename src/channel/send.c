@@ -688,12 +688,20 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   if (ev_dev >= 0)
     ev_dev = gpuipc__stream_dev(stream, ev_dev);
   if (ev_dev >= 0 && !gpuipc__stream_idle(ev_dev, stream)) {
-    rc = gpuipc__chan_event_record(&tx->ev, &tx->ev_sent, &tx->ndev,
-                                   tx->depth, ev_dev, rs, stream, &d.ev_key,
-                                   d.ev_handle, &ev_sent);
-    if (rc != 0)
+    /* A ready word (ready.c), or an event where the device has none. */
+    rc = gpuipc__chan_ready_write(ch, ev_dev, stream, rs, seq);
+    if (rc == 0) {
+      d.flags |= GPUIPC__DESC_WORD;
+    } else if (rc == GPUIPC_E_UNSUPPORTED) {
+      rc = gpuipc__chan_event_record(&tx->ev, &tx->ev_sent, &tx->ndev,
+                                     tx->depth, ev_dev, rs, stream, &d.ev_key,
+                                     d.ev_handle, &ev_sent);
+      if (rc != 0)
+        goto broken;
+      d.flags |= GPUIPC__DESC_EVENT | (ev_sent ? GPUIPC__DESC_NEW_EVENT : 0);
+    } else {
       goto broken;
-    d.flags |= GPUIPC__DESC_EVENT | (ev_sent ? GPUIPC__DESC_NEW_EVENT : 0);
+    }
   }
 
   struct gpuipc__tx_rec *r = &tx->recs[rs];
@@ -914,6 +922,8 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
   }
   gpuipc__chan_event_pool_free(tx->ev, tx->ev_sent, tx->ndev, tx->depth);
   gpuipc__chan_event_tab_free(tx->rel_evs, tx->nrel_evs);
+  free(tx->ready_seq);
+  tx->ready_seq = NULL;
 }
 
 int gpuipc__chan_inject(struct gpuipc_channel *ch, const void *bytes,

@@ -31,7 +31,10 @@
  * that has reached its message says so whatever became of the receiver.
  * The closing receiver waits for the words it asked its streams to write
  * as for its events, and DONE covers them too; a sender reads a word that
- * has not arrived under the same rules as an event (send.c).
+ * has not arrived under the same rules as an event (send.c). Ready words
+ * (ready.c) likewise: a closing sender waits for those its streams were
+ * asked to write, and DONE covers them; a closing receiver lets go of
+ * its streams' waits on the peer's.
  */
 #include "channel/channel.h"
 #include "os/os.h"
@@ -159,7 +162,11 @@ void gpuipc__chan_settle(struct gpuipc_channel *ch)
   pthread_mutex_lock(&ch->tx.lock);
   bool done = pool_settle(ch->tx.ev, ch->tx.ev_sent, ch->tx.ndev,
                           ch->tx.depth, deadline);
+  done = gpuipc__chan_ready_settle(ch, deadline) && done;
   pthread_mutex_unlock(&ch->tx.lock);
+  /* Our streams' waits on the peer's ready words: let go once reached,
+   * or at the deadline (nobody else would write them). */
+  gpuipc__chan_ready_close(ch, deadline);
   pthread_mutex_lock(&ch->rx.rel_lock);
   done = done && pool_settle(ch->rx.rel_ev, ch->rx.rel_ev_sent, ch->rx.ndev,
                              ch->rx.depth, deadline);

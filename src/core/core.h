@@ -166,6 +166,11 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
   XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "200",                   \
      "Microseconds a channel end polls a peer's pending event before "         \
      "making its stream wait for it (0: never poll).")                         \
+  XX(CHAN_READY_WORDS, "GPUIPC_CHAN_READY_WORDS", "1",                       \
+     "1: a message sent after GPU work is ordered by a word the sender's "    \
+     "stream writes and the receiver's stream waits on (cuStreamWriteValue64 "\
+     "/ cuStreamWaitValue64), where the devices can; 0: by an interprocess " \
+     "event.")                                                                 \
   XX(CHAN_COPY_KERNEL_KB, "GPUIPC_CHAN_COPY_KERNEL_KB", "16384",               \
      "KiB up to which a receive copy within one GPU is gpuipc's copy "        \
      "kernel, which also writes the release (one launch); larger ones use "   \

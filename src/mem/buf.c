@@ -311,13 +311,18 @@ int gpuipc_buf_access(gpuipc_buf_t *buf, int device)
     return rc;
   if (device == buf->device)
     return 0;
+  uint64_t bit = device < 64 ? (uint64_t)1 << device : 0;
+  if (atomic_load_explicit(&buf->granted, memory_order_acquire) & bit)
+    return 0;
   int owner = gpuipc_device_by_uuid(buf->uuid);
   if (owner < 0)
     return owner;
   rc = gpuipc__p2p_check(device, owner, who);
-  if (rc != 0)
-    return rc;
-  return buf->ops->access(buf, device, owner);
+  if (rc == 0)
+    rc = buf->ops->access(buf, device, owner);
+  if (rc == 0)
+    atomic_fetch_or_explicit(&buf->granted, bit, memory_order_release);
+  return rc;
 }
 
 int gpuipc_buf_alive(const gpuipc_buf_t *buf)

@@ -141,6 +141,9 @@ struct gpuipc_buf {
    * @base, is never registered, and reaches the kind only through @base.
    */
   struct gpuipc_buf *base;
+  /* Devices gpuipc_buf_access granted (bit d: device d), so that a repeat
+   * costs a load rather than a driver call. */
+  _Atomic uint64_t granted;
 };
 
 /*

@@ -279,6 +279,9 @@ int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
       !(out->flags & GPUIPC__DESC_EVENT))
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor carries an event "
                        "without using it", who);
+  if ((out->flags & GPUIPC__DESC_EVENT) && (out->flags & GPUIPC__DESC_WORD))
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor is ordered by both an "
+                       "event and a ready word", who);
   if ((out->flags & GPUIPC__DESC_EVENT) &&
       out->ev_key >= GPUIPC__CHAN_EV_DEVS * GPUIPC_CHANNEL_DEPTH_MAX)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor event key %u is out "

@@ -34,7 +34,8 @@
 #define GPUIPC__DESC_NEW_EVENT 0x4u /* ev_handle carries that event */
 #define GPUIPC__DESC_FORGET 0x8u    /* drop buffer forget_key */
 #define GPUIPC__DESC_STAGED 0x10u   /* the bytes are a staged copy */
-#define GPUIPC__DESC_FLAGS 0x1fu
+#define GPUIPC__DESC_WORD 0x20u     /* wait for the slot's ready word */
+#define GPUIPC__DESC_FLAGS 0x3fu
 
 struct gpuipc__desc {
   uint16_t type;

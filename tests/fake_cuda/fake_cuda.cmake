@@ -32,6 +32,10 @@ if(GPUIPC_HAVE_CUDA)
   target_compile_definitions(test_channel_streams PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   target_link_libraries(chan_stream_peer PRIVATE ${CMAKE_DL_LIBS})
+  # tests/channel_ready_guard.c: a sender killed before its ready word.
+  add_dependencies(test_channel_ready_guard fake_cuda_full chan_guard_peer)
+  target_compile_definitions(test_channel_ready_guard PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   # tests/channel_gpu_order.c: tests/channel_gpu.c's scenarios on the fake.
   add_dependencies(test_channel_gpu_order fake_cuda_full chan_order_peer)
   target_compile_definitions(test_channel_gpu_order PRIVATE

@@ -2,7 +2,7 @@
  * chan_gpu: the two GPU ends of tests/channel_gpu.c.
  *
  *   chan_gpu send DOMAIN CHANNEL KIND DEV ROUNDS
- *   chan_gpu recv DOMAIN CHANNEL DEV ROUNDS
+ *   chan_gpu recv DOMAIN CHANNEL DEV ROUNDS [nodev]
  *
  * The sender (KIND vmm, legacy, pool, or foreign for cudaMalloc memory,
  * which the channel stages) zeroes an 8 MiB buffer, then each round runs
@@ -18,6 +18,10 @@
  * view), copies to the host on its stream and checks every byte: it can
  * only see pattern r if its stream waited for the sender's event, since
  * the message arrives long before the GPU has written the pattern.
+ * With "nodev" the receiver opens its channel without a device (buffers
+ * are mapped for the sender's GPU) and takes every round with
+ * gpuipc_channel_recv_into into memory of its own GPU DEV: the copy then
+ * needs the mapping to reach DEV too.
  */
 extern "C" {
 #include "test.h"
@@ -111,7 +115,7 @@ static int do_send(gpuipc_domain_t *dom, const char *name, const char *kind,
 }
 
 static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
-                   int rounds)
+                   int rounds, bool nodev)
 {
   cudaStream_t s = gpu_stream_on(dev);
   void *dst;
@@ -121,14 +125,14 @@ static int do_recv(gpuipc_domain_t *dom, const char *name, int dev,
   gpuipc_channel_opts_t o = GPUIPC_CHANNEL_OPTS_INIT;
   o.timeout_ms = 60000;
   o.device = dev;
-  o.device_set = 1;
+  o.device_set = !nodev;
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, name, &o, &ch));
   int64_t shape[1] = {(int64_t)SIZE};
   for (int r = 1; r <= rounds; r++) {
     memset(host, 0, SIZE);
     double t0 = ms_now();
-    if (r % 2) {
+    if (r % 2 || nodev) {
       gpuipc_tensor_t t;
       memset(&t, 0, sizeof(t));
       t.dl.data = dst;
@@ -172,8 +176,9 @@ int main(int argc, char **argv)
   int rc;
   if (strcmp(argv[1], "send") == 0 && argc == 7)
     rc = do_send(dom, argv[3], argv[4], atoi(argv[5]), atoi(argv[6]));
-  else if (strcmp(argv[1], "recv") == 0 && argc == 6)
-    rc = do_recv(dom, argv[3], atoi(argv[4]), atoi(argv[5]));
+  else if (strcmp(argv[1], "recv") == 0 && (argc == 6 || argc == 7))
+    rc = do_recv(dom, argv[3], atoi(argv[4]), atoi(argv[5]),
+                 argc == 7 && strcmp(argv[6], "nodev") == 0);
   else
     TFAIL("bad arguments");
   ASSERT_OK(gpuipc_domain_leave(dom));
