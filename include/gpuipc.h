@@ -1571,8 +1571,16 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  *     and CU_STREAM_PER_THREAD (cudaStreamPerThread, the calling thread's)
  *     mean that default stream of the device's primary context, whatever
  *     context is current; in every channel call. The message is ordered
- *     after the writes: an event is recorded there, unless the stream has
- *     nothing pending at that moment (then nothing needs waiting for).
+ *     after the writes, unless the stream has nothing pending at that
+ *     moment (then nothing needs waiting for): the stream writes the
+ *     message's ready word in the channel's shared memory when its work
+ *     is done (cuStreamWriteValue64), which the receiver's stream waits
+ *     on (cuStreamWaitValue64: no host waits, across GPUs too); where the
+ *     device has no 64-bit stream memory operations, or with
+ *     GPUIPC_CHAN_READY_WORDS=0, an interprocess event is recorded there
+ *     instead. A sender that dies before its stream wrote the word does
+ *     not leave the receiver's stream waiting: a thread of the receiving
+ *     process writes it when the sender's end hangs up.
  *     Ignored for HOST buffers and staged host memory.
  * @flags: 0 or GPUIPC_SEND_NONBLOCK.
  * @ticket: optional out: the message's number (1, 2, ... per end), for
@@ -1710,11 +1718,13 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  *     buffer. GPU tensors have device {GPUIPC_DL_CUDA, ordinal that maps
  *     them}, HOST ones {GPUIPC_DL_CPU, 0}.
  * @stream: the stream that will use the view: it is made to wait for the
- *     sender's event (no host wait), which is opened on the stream's device.
- *     An event that has completed needs no wait; a pending one is polled
- *     for up to GPUIPC_CHAN_EVENT_POLL_US (200 us) first, because a stream
- *     waiting on another process's event on the same GPU waits for a
- *     switch between the two processes' contexts (~140 us on H200).
+ *     sender's work (no host wait): on the message's ready word, or its
+ *     event (opened on the stream's device). Work that has completed
+ *     needs no wait. On the sender's own GPU a pending word or event is
+ *     polled for up to GPUIPC_CHAN_EVENT_POLL_US (200 us) first, because
+ *     a stream waiting on another process's work on the same GPU waits
+ *     for a switch between the two processes' contexts (~140 us on H200);
+ *     on another GPU the stream waits at once.
  *     Ignored for HOST buffers.
  * @timeout_ms: "Timeouts": milliseconds, 0 (do not wait),
  *     GPUIPC_TIMEOUT_FOREVER or GPUIPC_TIMEOUT_DEFAULT (the domain's).
@@ -1736,7 +1746,11 @@ GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
 
 /*
  * gpuipc_channel_recv_into - receive the next tensor by copying it into @dst, on
- * @stream after the sender's event; the sender's buffer is released when
+ * @stream after the sender's work (its ready word or event, as in
+ * gpuipc_channel_recv); @stream's GPU, which copies, is granted access to
+ * the sender's memory first when the channel mapped it for another GPU
+ * (gpuipc_buf_access; GPUIPC_E_UNSUPPORTED when the two GPUs cannot reach
+ * each other); the sender's buffer is released when
  * the copy has read it, without host waits (see gpuipc_channel_send_wait).
  * Both tensors must be contiguous (row-major) with the same dtype and
  * shape: otherwise -EINVAL, and the message stays first in line for the
