@@ -1736,6 +1736,8 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  * waiting (@timeout_ms 0 never waits on the socket either). A
  * descriptor that announces a new buffer whose message is not on the
  * socket is a broken peer: GPUIPC_E_PROTO at once, and for good.
+ * A block batch (gpuipc_channel_send_blocks) is refused with -EINVAL, and
+ * stays first in line for gpuipc_channel_recv_blocks.
  */
 GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
                            void *stream, int timeout_ms);
@@ -1756,7 +1758,8 @@ GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
  * other copies are the copy engine's (cuMemcpyDtoDAsync or cuMemcpyAsync
  * on @stream), the larger ones released by a stream of gpuipc's own that
  * waits for @stream's copy.
- * Returns as gpuipc_channel_recv, and -EINVAL for @dst.
+ * Returns as gpuipc_channel_recv, and -EINVAL for @dst (a block batch:
+ * -EINVAL, and it stays first in line).
  */
 GPUIPC_API int gpuipc_channel_recv_into(gpuipc_channel_t *ch,
                                 const gpuipc_tensor_t *dst, void *stream,

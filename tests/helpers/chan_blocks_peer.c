@@ -1,12 +1,14 @@
 /*
  * chan_blocks_peer: the ends of tests/channel_blocks.c.
  *
- *   chan_blocks_peer send DOMAIN CHANNEL KIND BATCHES
- *   chan_blocks_peer recv DOMAIN CHANNEL KIND BATCHES COPIES
+ *   chan_blocks_peer send DOMAIN CHANNEL KIND BATCHES [- [BLK [DEV]]]
+ *   chan_blocks_peer recv DOMAIN CHANNEL KIND BATCHES COPIES [BLK [DEV]]
  *   chan_blocks_peer lie DOMAIN CHANNEL CASE
  *
- * KIND: host (HOST buffers) or gpu (LEGACY buffers of device 0 of the fake
- * CUDA driver, GPUIPC_CUDA_LIB, and a created stream).
+ * KIND: host (HOST buffers) or gpu (LEGACY buffers of device DEV, 0 unless
+ * given: the fake CUDA driver's (GPUIPC_CUDA_LIB), or a real GPU's, and a
+ * created stream there). BLK: the slot size, 4096 unless given (the
+ * refusals, whose sentences name sizes, are checked at 4096 only).
  *
  * send: checks gpuipc_channel_send_blocks' refusals (nothing is sent),
  * then sends one staged 16-byte tensor (message 1) and BATCHES batches of
@@ -25,7 +27,8 @@
  * count or a wrong size, and stays; then receives every batch into one
  * buffer, block i at slot pd[i] of another random permutation, and
  * checks every byte. COPIES (gpu): "batch" (one cuMemcpyBatchAsync per
- * batch, counted by the fake) or "loop" (the fake hides it: none).
+ * batch, counted by the fake), "loop" (the fake hides it: none) or "any"
+ * (a real driver: not counted).
  *
  * lie: sends message 1 (a tensor of a 64 KiB HOST buffer, key 1 at the
  * receiver), then writes a block list into that buffer at LIST_OFF and
@@ -48,16 +51,18 @@
 #define NBLK 1024
 #define BLK 4096
 #define SLOTS (2 * NBLK)
-#define LAYER_BYTES ((size_t)SLOTS * BLK)
 #define LIST_OFF 4096
 
 static bool gpu;
 static void *stream;
+static uint64_t blk = BLK; /* a slot; BLK unless the command line says */
+static int dev;            /* the GPU of kind gpu */
+#define LAYER_BYTES ((size_t)SLOTS * blk)
 
-/* Block i's size: 4096, 3584 or 3072 bytes. */
+/* Block i's size: a slot, or 7/8 or 3/4 of one (4096, 3584, 3072). */
 static uint64_t blk_bytes(uint32_t i)
 {
-  return BLK - (i % 3) * 512;
+  return blk - (i % 3) * (blk / 8);
 }
 
 static uint64_t seed(uint32_t b, uint32_t i)
@@ -86,7 +91,7 @@ static gpuipc_buf_t *alloc(size_t n)
 {
   gpuipc_buf_t *b;
   ASSERT_OK(gpuipc_buf_alloc(n, gpu ? GPUIPC_KIND_LEGACY : GPUIPC_KIND_HOST,
-                             gpu ? 0 : -1, 0, &b));
+                             gpu ? dev : -1, 0, &b));
   return b;
 }
 
@@ -97,13 +102,28 @@ static gpuipc_channel_t *chan_open(gpuipc_domain_t *dom, const char *name,
   o.timeout_ms = 30000;
   o.depth = depth;
   if (gpu) {
-    o.device = 0;
+    o.device = dev;
     o.device_set = 1;
   }
   gpuipc_channel_t *ch;
   ASSERT_OK(gpuipc_channel_open(dom, name, &o, &ch));
   return ch;
 }
+
+#if GPUIPC_HAVE_CUDA
+/* A created, non-blocking stream of device @d, its primary context
+ * current. */
+static void *stream_make(int d)
+{
+  ASSERT_OK(gpuipc_driver_status(NULL));
+  CUcontext ctx;
+  CU_OK(cuDevicePrimaryCtxRetain, &ctx, d);
+  CU_OK(cuCtxSetCurrent, ctx);
+  CUstream s;
+  CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+  return s;
+}
+#endif
 
 /* ----- send ----- */
 
@@ -170,25 +190,28 @@ static void send_refusals(gpuipc_channel_t *ch, gpuipc_buf_t *layer)
 static void fill(gpuipc_buf_t *const *layer, const uint32_t *ps, uint32_t b,
                  gpuipc_block_t *blocks)
 {
-  static uint8_t tmp[BLK];
+  uint8_t *tmp = malloc(blk);
+  ASSERT_TRUE(tmp != NULL);
   for (uint32_t i = 0; i < NBLK; i++) {
     gpuipc_buf_t *l = layer[i % 2];
-    uint64_t off = (uint64_t)ps[(b % 2) * NBLK + i] * BLK;
+    uint64_t off = (uint64_t)ps[(b % 2) * NBLK + i] * blk;
     blocks[i] = (gpuipc_block_t){l, off, blk_bytes(i)};
     uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(l) + off;
     test_fill(tmp, blk_bytes(i), seed(b, i));
     if (gpu)
-      ASSERT_OK(gpuipc_memcpy(dst, tmp, blk_bytes(i), 0, stream));
+      ASSERT_OK(gpuipc_memcpy(dst, tmp, blk_bytes(i), dev, stream));
     else
       memcpy(dst, tmp, blk_bytes(i));
   }
+  free(tmp);
 }
 
 static void do_send(gpuipc_domain_t *dom, const char *name, uint32_t batches)
 {
   gpuipc_channel_t *ch = chan_open(dom, name, 2);
   gpuipc_buf_t *layer[2] = {alloc(LAYER_BYTES), alloc(LAYER_BYTES)};
-  send_refusals(ch, layer[0]);
+  if (blk == BLK) /* the sentences name BLK's sizes */
+    send_refusals(ch, layer[0]);
   uint8_t small[16];
   test_fill(small, sizeof(small), 1);
   int64_t shape = sizeof(small);
@@ -295,7 +318,7 @@ static void check_batch(gpuipc_buf_t *dstbuf, const gpuipc_block_t *dst,
 {
   const uint8_t *p = gpuipc_buf_ptr(dstbuf);
   if (gpu) {
-    ASSERT_OK(gpuipc_memcpy(host, p, LAYER_BYTES, 0, stream));
+    ASSERT_OK(gpuipc_memcpy(host, p, LAYER_BYTES, dev, stream));
     p = host;
   }
   for (uint32_t i = 0; i < NBLK; i++) {
@@ -342,8 +365,9 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   uint8_t *host = malloc(LAYER_BYTES);
   ASSERT_TRUE(dst != NULL && host != NULL);
   for (uint32_t i = 0; i < NBLK; i++)
-    dst[i] = (gpuipc_block_t){dstbuf, (uint64_t)pd[i] * BLK, blk_bytes(i)};
-  recv_refusals(ch, dstbuf);
+    dst[i] = (gpuipc_block_t){dstbuf, (uint64_t)pd[i] * blk, blk_bytes(i)};
+  if (blk == BLK)
+    recv_refusals(ch, dstbuf);
   /* Message 1 is a tensor: refused, and still there for recv. */
   ASSERT_RC(gpuipc_channel_recv_blocks(ch, dst, NBLK, stream, 30000),
             -EINVAL);
@@ -353,29 +377,32 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   ASSERT_EQ_U(test_check((uint8_t *)v->dl.data + v->dl.byte_offset, 16, 1),
               (size_t)-1);
   ASSERT_OK(gpuipc_tensor_release(v, NULL));
-  recv_wrong(ch, dst);
-  int batched0 = counter("fake_cuda_batch_copies");
+  if (blk == BLK)
+    recv_wrong(ch, dst);
+  bool fake = strcmp(copies, "any") != 0;
+  int batched0 = fake ? counter("fake_cuda_batch_copies") : 0;
   for (uint32_t b = 1; b <= batches; b++) {
     memset(host, 0, LAYER_BYTES);
     if (gpu)
-      ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(dstbuf), host, LAYER_BYTES, 0,
+      ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(dstbuf), host, LAYER_BYTES, dev,
                               stream));
     else
       memset(gpuipc_buf_ptr(dstbuf), 0, LAYER_BYTES);
     ASSERT_OK(gpuipc_channel_recv_blocks(ch, dst, NBLK, stream, 30000));
     check_batch(dstbuf, dst, b, host);
   }
-  int batched = counter("fake_cuda_batch_copies") - batched0;
+  int batched = fake ? counter("fake_cuda_batch_copies") - batched0 : -1;
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ_U(info.received, batches + 1);
   ASSERT_EQ_U(info.buffers_imported, 3);
   if (strcmp(copies, "batch") == 0)
     ASSERT_EQ(batched, (int)batches);
-  else
+  else if (strcmp(copies, "loop") == 0)
     ASSERT_EQ(batched, 0);
-  printf("received %u batches of %d blocks, every byte checked; %d batched "
-         "copy calls\n", batches, NBLK, batched);
+  printf("received %u batches of %d blocks of up to %llu bytes, every byte "
+         "checked; %d batched copy calls (-1: not counted)\n", batches, NBLK,
+         (unsigned long long)blk, batched);
   free(dst);
   free(host);
   ASSERT_OK(gpuipc_channel_close(ch));
@@ -388,22 +415,22 @@ static void lie_case(const char *c, struct gpuipc__desc *d, uint8_t *list,
                      size_t *len, uint64_t seq, uint64_t size)
 {
   struct gpuipc__blist_buf bufs[2] = {{.key = 1, .size = size}};
-  struct gpuipc__blist_block blk[2] = {{0, 0, 1024}, {0, 1024, 1024}};
+  struct gpuipc__blist_block bl[2] = {{0, 0, 1024}, {0, 1024, 1024}};
   uint32_t nbufs = 1, nblocks = 2;
   uint64_t lseq = seq;
   if (strcmp(c, "outside") == 0) {
-    blk[1].offset = size - 512;
+    bl[1].offset = size - 512;
   } else if (strcmp(c, "mapped") == 0) {
     bufs[0].size = 1 << 20; /* claims more than the buffer has */
-    blk[1].offset = 100000;
+    bl[1].offset = 100000;
   } else if (strcmp(c, "overflow") == 0) {
-    blk[1].offset = UINT64_MAX - 10;
+    bl[1].offset = UINT64_MAX - 10;
   } else if (strcmp(c, "key") == 0) {
     bufs[0].key = 77;
   } else if (strcmp(c, "index") == 0) {
-    blk[1].buf = 3;
+    bl[1].buf = 3;
   } else if (strcmp(c, "empty") == 0) {
-    blk[1].bytes = 0;
+    bl[1].bytes = 0;
   } else if (strcmp(c, "seq") == 0) {
     lseq = seq + 1;
   } else if (strcmp(c, "dupkey") == 0) {
@@ -424,7 +451,7 @@ static void lie_case(const char *c, struct gpuipc__desc *d, uint8_t *list,
   *len = gpuipc__blist_bytes(nbufs, nblocks);
   gpuipc__blist_put_head(list, lseq, nbufs, nblocks, bufs);
   for (uint32_t i = 0; i < nblocks; i++)
-    gpuipc__blist_put_block(list, nbufs, i, &blk[i]);
+    gpuipc__blist_put_block(list, nbufs, i, &bl[i]);
   if (strcmp(c, "count") == 0)
     list[20] = 3; /* nblocks 3, with the length of 2 */
   d->shape[0] = (int64_t)*len;
@@ -486,9 +513,13 @@ int main(int argc, char **argv)
     do_lie(dom, argv[3], argv[4]);
   } else {
     gpu = strcmp(argv[4], "gpu") == 0;
+    if (argc > 7)
+      blk = strtoull(argv[7], NULL, 10);
+    if (argc > 8)
+      dev = atoi(argv[8]);
     if (gpu) {
 #if GPUIPC_HAVE_CUDA
-      stream = cu_stream_make();
+      stream = stream_make(dev);
 #else
       TFAIL("gpu: built without CUDA");
 #endif
