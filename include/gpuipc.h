@@ -1793,7 +1793,9 @@ typedef struct gpuipc_block {
  *     stream has nothing pending); @stream is ignored for HOST blocks.
  * The list of blocks (24 bytes a block, 32 a buffer) travels in a
  * staging slot of the channel's host memory (a large stage when it
- * outgrows stage_slot_bytes), which comes back with the message. Each
+ * outgrows stage_slot_bytes), which comes back with the message: block
+ * batches in flight share the host area's stage_slots slots with staged
+ * host sends, so a send waits (or -EAGAIN) for one as for @depth. Each
  * buffer new to the receiver is introduced once, as for
  * gpuipc_channel_send. The message holds a reference to every buffer until
  * it is free: gpuipc_channel_send_done, gpuipc_channel_send_wait, the
