@@ -1791,11 +1791,14 @@ typedef struct gpuipc_block {
  * @stream, @flags, @ticket: as gpuipc_channel_send's: the message is
  *     ordered after @stream's work (an event recorded there, unless the
  *     stream has nothing pending); @stream is ignored for HOST blocks.
- * The list of blocks (24 bytes a block, 32 a buffer) travels in a
- * staging slot of the channel's host memory (a large stage when it
- * outgrows stage_slot_bytes), which comes back with the message: block
- * batches in flight share the host area's stage_slots slots with staged
- * host sends, so a send waits (or -EAGAIN) for one as for @depth. Each
+ * The list of blocks (24 bytes a block, 32 a buffer) travels in host
+ * memory of the channel's: up to 32 KiB (1024 blocks in 128 buffers, or
+ * about 1300 in one) in a part that belongs to the message's slot of
+ * @depth, made at the first batch (depth x 32 KiB); a larger list in a
+ * staging slot of the host area (a large stage when it outgrows
+ * stage_slot_bytes), shared with staged host sends, which the message
+ * holds until it is free: such a send may also wait (or -EAGAIN) for a
+ * staging slot. Each
  * buffer new to the receiver is introduced once, as for
  * gpuipc_channel_send. The message holds a reference to every buffer until
  * it is free: gpuipc_channel_send_done, gpuipc_channel_send_wait, the

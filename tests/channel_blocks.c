@@ -16,12 +16,17 @@
  *     counts them), every byte checked after the stream;
  *   - gpu-loop: the fake without cuMemcpyBatchAsync: the copies one by one,
  *     the same bytes;
+ *   - in flight: batches in flight are bounded by the depth, not by the
+ *     host staging slots (a list of up to about 1300 blocks lies in its
+ *     record slot's part of the list area); a larger list takes a staging
+ *     slot, and waits for one;
  *   - lies: a sender that writes a block list breaking one rule
  *     (chan_blocks_peer lie): GPUIPC_E_PROTO with a sentence naming it, for
  *     good.
  */
 #include "test.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +42,92 @@ static void pair(const char *domain, const char *kind, const char *copies)
   int rs = test_wait(s, 120000), rr = test_wait(r, 120000);
   if (rs != 0 || rr != 0)
     TFAIL("%s: sender exited %d, receiver %d", kind, rs, rr);
+}
+
+struct opener {
+  gpuipc_domain_t *dom;
+  gpuipc_channel_t *ch;
+};
+
+static void *open_rx(void *arg)
+{
+  struct opener *o = arg;
+  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
+  opts.timeout_ms = 30000;
+  ASSERT_OK(gpuipc_channel_open(o->dom, "in-flight", &opts, &o->ch));
+  return NULL;
+}
+
+/* Receive a batch of @n blocks of @bytes into @buf, checking each. */
+static void take(gpuipc_channel_t *rx, gpuipc_buf_t *buf, size_t n,
+                 uint64_t bytes, uint64_t seed)
+{
+  gpuipc_block_t *d = malloc(n * sizeof(*d));
+  ASSERT_TRUE(d != NULL);
+  for (size_t i = 0; i < n; i++)
+    d[i] = (gpuipc_block_t){buf, (n - 1 - i) * bytes, bytes};
+  ASSERT_OK(gpuipc_channel_recv_blocks(rx, d, n, NULL, 30000));
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ_U(test_check((uint8_t *)gpuipc_buf_ptr(buf) + d[i].offset,
+                           bytes, seed + i), (size_t)-1);
+  free(d);
+}
+
+static void in_flight(gpuipc_domain_t *dom)
+{
+  struct opener o = {.dom = dom};
+  pthread_t th;
+  ASSERT_EQ(pthread_create(&th, NULL, open_rx, &o), 0);
+  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
+  opts.timeout_ms = 30000;
+  opts.depth = 8;
+  opts.stage_slots = 1;
+  gpuipc_channel_t *tx;
+  ASSERT_OK(gpuipc_channel_open(dom, "in-flight", &opts, &tx));
+  ASSERT_EQ(pthread_join(th, NULL), 0);
+  gpuipc_channel_t *rx = o.ch;
+  enum { SMALL = 4, LARGE = 2000 }; /* lists of 152 and 48056 bytes */
+  gpuipc_buf_t *src, *dst;
+  ASSERT_OK(gpuipc_buf_alloc(1 << 20, GPUIPC_KIND_HOST, -1, 0, &src));
+  ASSERT_OK(gpuipc_buf_alloc(1 << 20, GPUIPC_KIND_HOST, -1, 0, &dst));
+  gpuipc_block_t *b = malloc(LARGE * sizeof(*b));
+  ASSERT_TRUE(b != NULL);
+  uint8_t *p = gpuipc_buf_ptr(src);
+  for (size_t i = 0; i < LARGE; i++) {
+    b[i] = (gpuipc_block_t){src, i * 256, 16};
+    test_fill(p + i * 256, 16, 100 + i);
+  }
+  /* Eight small batches with one staging slot: the depth is the bound. */
+  for (int k = 0; k < 8; k++)
+    ASSERT_OK(gpuipc_channel_send_blocks(tx, b, SMALL, NULL,
+                                         GPUIPC_SEND_NONBLOCK, NULL));
+  ASSERT_RC(gpuipc_channel_send_blocks(tx, b, SMALL, NULL,
+                                       GPUIPC_SEND_NONBLOCK, NULL), -EAGAIN);
+  ASSERT_ERR_MENTIONS("8 messages in flight");
+  for (int k = 0; k < 8; k++)
+    take(rx, dst, SMALL, 16, 100);
+  /* A large list takes the staging slot until its message is free. */
+  uint64_t t;
+  ASSERT_OK(gpuipc_channel_send_blocks(tx, b, LARGE, NULL,
+                                       GPUIPC_SEND_NONBLOCK, &t));
+  ASSERT_RC(gpuipc_channel_send_blocks(tx, b, LARGE, NULL,
+                                       GPUIPC_SEND_NONBLOCK, NULL), -EAGAIN);
+  ASSERT_ERR_MENTIONS("every staging slot is in flight");
+  ASSERT_OK(gpuipc_channel_send_blocks(tx, b, SMALL, NULL,
+                                       GPUIPC_SEND_NONBLOCK, NULL));
+  take(rx, dst, LARGE, 16, 100);
+  ASSERT_OK(gpuipc_channel_send_done(tx, t, 30000));
+  ASSERT_OK(gpuipc_channel_send_blocks(tx, b, LARGE, NULL,
+                                       GPUIPC_SEND_NONBLOCK, NULL));
+  take(rx, dst, SMALL, 16, 100);
+  take(rx, dst, LARGE, 16, 100);
+  printf("in flight: 8 batches at depth 8 with one staging slot; a list "
+         "of %d blocks holds the slot\n", LARGE);
+  free(b);
+  ASSERT_OK(gpuipc_channel_close(tx));
+  ASSERT_OK(gpuipc_channel_close(rx));
+  gpuipc_buf_release(src);
+  gpuipc_buf_release(dst);
 }
 
 static void liar(gpuipc_domain_t *dom, const char *what, const char *mention)
@@ -84,6 +175,7 @@ int main(void)
 #endif
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("chan-blocks", NULL, &dom));
+  in_flight(dom);
   liar(dom, "outside", "block 1 (buffer 0, offset 65024, 1024 bytes) "
                        "reaches outside its buffer");
   liar(dom, "mapped", "reaches outside buffer key 1, 65536 bytes as mapped");

@@ -40,11 +40,11 @@ def run_pair(env, kind):
 
 def check_pair(s, r):
     n = blocks_peer.BATCHES
-    # one message (one ticket) a batch, after the tensor; two buffers
-    # introduced: the staged tensor's host stage, which also carries the
-    # block lists, and the layer
+    # one message (one ticket) a batch, after the tensor; three buffers
+    # introduced: the staged tensor's host stage, the block lists' area and
+    # the layer
     assert s["tickets"] == list(range(2, n + 2)), s
-    assert s["sent"] == n + 1 and s["buffers_sent"] == 2, s
+    assert s["sent"] == n + 1 and s["buffers_sent"] == 3, s
     assert r["ok"] == [True] * n, r
     assert r["received"] == n + 1, r
     assert r["tensor"] is True

@@ -7,10 +7,13 @@
  * Sending. The blocks are checked before anything is taken (each inside
  * its buffer, not empty, one kind and device). The block list (wire/
  * blocks.c: the buffers by key, the blocks by buffer index, offset and
- * length) is written into a slot of the sender's host staging area (or a
- * large stage when it outgrows a slot), which the receiver maps like any
- * buffer; the descriptor (GPUIPC__DESC_BLOCKS) names that slot. The slot
- * comes back with the message's record slot (send.c's tx_rec_free). Each
+ * length) is written into the part of the sender's list area (host
+ * memory, GPUIPC__CHAN_LIST_BYTES a record slot) that belongs to the
+ * message's record slot, so it is recycled with it; a list larger than a
+ * part (more than about 1300 blocks) goes into a host staging slot or a
+ * large stage instead, which the message holds until it is free (send.c's
+ * tx_rec_free). The receiver maps that memory like any buffer; the
+ * descriptor (GPUIPC__DESC_BLOCKS) names where the list lies. Each
  * buffer new to the receiver goes over the socket, the list's after the
  * descriptor's own, in the list's order; one evicted to make room, or a
  * queued one, is forgotten by the entry that needs the room. The message
@@ -169,6 +172,42 @@ static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
   }
 }
 
+/* The list area (made at the first batch): depth parts of
+ * GPUIPC__CHAN_LIST_BYTES, one a record slot. */
+static int list_area(struct gpuipc_channel *ch)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (tx->lists != NULL)
+    return 0;
+  return gpuipc_buf_alloc((size_t)tx->depth * GPUIPC__CHAN_LIST_BYTES,
+                          GPUIPC_KIND_HOST, -1, 0, &tx->lists);
+}
+
+/*
+ * Room for a batch whose list is @len bytes, and where the list goes:
+ * *@lb at *@offset, in the next record slot's part of the list area, or
+ * (larger than a part) in a host staging slot (*@slot) or large stage
+ * (*@large), which the message holds until it is free.
+ */
+static int list_room(struct gpuipc_channel *ch, size_t len, unsigned flags,
+                     gpuipc_buf_t **lb, uint64_t *offset, int *slot,
+                     int *large)
+{
+  bool own = len <= GPUIPC__CHAN_LIST_BYTES;
+  int rc = own ? list_area(ch) : 0;
+  if (rc == 0)
+    rc = gpuipc__chan_tx_reserve(ch, own ? -1 : 0, len, flags, slot, large);
+  if (rc != 0)
+    return rc;
+  if (!own) {
+    *lb = gpuipc__chan_stage_at(ch, 0, *slot, *large, offset);
+    return 0;
+  }
+  *lb = ch->tx.lists;
+  *offset = (uint64_t)gpuipc__chan_tx_next_slot(ch) * GPUIPC__CHAN_LIST_BYTES;
+  return 0;
+}
+
 /* The send, send lock held: room, the list, the buffers, the post. */
 static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
                        const gpuipc_block_t *blocks, uint32_t n, void *stream,
@@ -180,12 +219,12 @@ static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
     return rc;
   size_t len = gpuipc__blist_bytes(p->nbufs, n);
   int slot, large;
-  rc = gpuipc__chan_tx_reserve(ch, 0, len, flags, &slot, &large);
-  if (rc != 0)
-    return rc;
   struct gpuipc__desc d;
   memset(&d, 0, sizeof(d));
-  gpuipc_buf_t *lb = gpuipc__chan_stage_at(ch, 0, slot, large, &d.offset);
+  gpuipc_buf_t *lb;
+  rc = list_room(ch, len, flags, &lb, &d.offset, &slot, &large);
+  if (rc != 0)
+    return rc;
   d.type = GPUIPC__DESC_BLOCKS;
   d.seq = tx->next_seq;
   d.buf_size = gpuipc_buf_size(lb);
@@ -209,7 +248,8 @@ static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
   list_write((uint8_t *)gpuipc_buf_ptr(lb) + d.offset, d.seq, p, bufs,
              blocks, n);
   struct gpuipc__tx_post post = {.hold = p->bufs, .nhold = p->nbufs,
-                                 .area = 0, .slot = slot, .large = large,
+                                 .area = slot >= 0 || large >= 0 ? 0 : -1,
+                                 .slot = slot, .large = large,
                                  .ev_dev = p->host ? -1 : p->dev,
                                  .stream = stream, .on_socket = on_socket};
   return gpuipc__chan_tx_post(ch, &d, &post, ticket);

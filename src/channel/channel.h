@@ -15,8 +15,9 @@
  *                larger than a slot
  *   rxbufs.c     the buffers the receiver holds, by the sender's key
  *                (imported from the socket, forgotten)
- *   blocks.c     block batches: gpuipc_channel_send_blocks (its list in a
- *                host staging slot, sent through send.c's path) and
+ *   blocks.c     block batches: gpuipc_channel_send_blocks (its list in
+ *                the record slot's part of the list area, or a host
+ *                staging slot; sent through send.c's path) and
  *                gpuipc_channel_recv_blocks (one batched copy)
  *   blocks_rx.c  a batch's list, taken and checked with its descriptor
  *                (its encoding is src/wire's: wire/blocks.c)
@@ -92,6 +93,10 @@
 #define GPUIPC__CHAN_WORD_OFF(d)                                               \
   (GPUIPC__CHAN_REL_OFF(2) + (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * 8)
 #define GPUIPC__CHAN_SEG_BYTES ((size_t)2 << 20)
+/* A block batch's list up to this size lies in its record slot's part of
+ * the sender's list area (1024 blocks in 128 buffers fit); a larger one in
+ * a host staging slot or large stage. */
+#define GPUIPC__CHAN_LIST_BYTES ((size_t)32 << 10)
 /* Buffers one direction's receiver keeps mapped (the sender forgets LRU). */
 #define GPUIPC__CHAN_BUFS 256
 
@@ -303,6 +308,9 @@ struct gpuipc__tx {
    * device send (the host area alone loads no CUDA) */
   struct gpuipc__stage *stage;
   int nstage;
+  /* Block lists (blocks.c): GPUIPC__CHAN_LIST_BYTES a record slot, host
+   * memory made at the first block batch; NULL before. */
+  gpuipc_buf_t *lists;
   gpuipc_release_fn cb;
   void *cb_user;
   uint64_t sent, bufs_sent;
@@ -612,6 +620,8 @@ uint64_t gpuipc__chan_tx_oldest(const struct gpuipc__tx *tx);
 int gpuipc__chan_tx_reserve(struct gpuipc_channel *ch, int area,
                             uint64_t span, unsigned flags, int *slot,
                             int *large);
+/* The record slot the next message takes (room reserved). Send lock held. */
+uint32_t gpuipc__chan_tx_next_slot(const struct gpuipc_channel *ch);
 /* The buffer and the byte offset (*@offset) of what tx_reserve found. */
 gpuipc_buf_t *gpuipc__chan_stage_at(struct gpuipc_channel *ch, int area,
                                     int slot, int large, uint64_t *offset);

@@ -537,6 +537,11 @@ int gpuipc__chan_tx_reserve(struct gpuipc_channel *ch, int area,
   }
 }
 
+uint32_t gpuipc__chan_tx_next_slot(const struct gpuipc_channel *ch)
+{
+  return ch->tx.free_slots[ch->tx.nfree - 1];
+}
+
 gpuipc_buf_t *gpuipc__chan_stage_at(struct gpuipc_channel *ch, int area,
                                     int slot, int large, uint64_t *offset)
 {
@@ -747,7 +752,7 @@ int gpuipc__chan_tx_post(struct gpuipc_channel *ch,
   }
 
   /* The record slot (tx_room left one free): taken once it is published. */
-  uint32_t rs = tx->free_slots[tx->nfree - 1];
+  uint32_t rs = gpuipc__chan_tx_next_slot(ch);
   d.slot = (uint16_t)rs;
 
   /* Order the message after the sender's stream (unless it is idle). */
@@ -984,6 +989,8 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
     }
     free(tx->stage);
   }
+  if (tx->lists != NULL)
+    gpuipc_buf_release(tx->lists);
   gpuipc__chan_event_pool_free(tx->ev, tx->ev_sent, tx->ndev, tx->depth);
   gpuipc__chan_event_tab_free(tx->rel_evs, tx->nrel_evs);
 }
