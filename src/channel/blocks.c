@@ -30,6 +30,7 @@
 #include "cuda/cuda.h"
 #include "mem/mem.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,15 @@ static int plan_buf(struct blocks_plan *p, gpuipc_buf_t *buf, uint32_t *last)
   return (int)(*last = p->nbufs++);
 }
 
+/* "HOST memory" or "GPU memory of device D", into @buf. */
+static void where(char *buf, size_t cap, bool host, int dev)
+{
+  if (host)
+    snprintf(buf, cap, "HOST memory");
+  else
+    snprintf(buf, cap, "GPU memory of device %d", dev);
+}
+
 /*
  * Check @n blocks of one side (@what names them in sentences): each as
  * block_check, all HOST or all on one device; fill @p (its idx[] when
@@ -103,11 +113,12 @@ static int blocks_check(const char *who, const char *what,
       p->host = host;
       p->dev = dev;
     } else if (host != p->host || dev != p->dev) {
-      return gpuipc__err(-EINVAL, "%s: %s %zu lies in %s %d, %s 0 in %s %d: "
-                         "one batch is all HOST or all on one device", who,
-                         what, i, host ? "HOST memory" : "GPU memory of "
-                         "device", dev, what, p->host ? "HOST memory" :
-                         "GPU memory of device", p->dev);
+      char here[40], first[40];
+      where(here, sizeof(here), host, dev);
+      where(first, sizeof(first), p->host, p->dev);
+      return gpuipc__err(-EINVAL, "%s: %s %zu lies in %s, %s 0 in %s: one "
+                         "batch is all HOST or all on one device", who, what,
+                         i, here, what, first);
     }
     if (p->idx == NULL)
       continue;
