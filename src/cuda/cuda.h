@@ -120,7 +120,22 @@
   X(cuStreamGetCtx, 0, 12000)                                                  \
   X(cuModuleLoadData, 0, 12000)                                                \
   X(cuModuleGetFunction, 0, 12000)                                             \
-  X(cuLaunchKernel, 0, 12000)
+  X(cuLaunchKernel, 0, 12000)                                                   \
+  GPUIPC_CU_BATCH(X)
+
+/*
+ * cuMemcpyBatchAsync came in CUDA 12.8; CUDA 13.0's prototype (what cuda.h
+ * 13 names cuMemcpyBatchAsync_v2) drops the failure index. Asked for at
+ * the version of the headers' prototype: a driver older than that has none
+ * for gpuipc, which then copies block by block (gpuipc__stream_copy_batch).
+ */
+#if CUDA_VERSION >= 13000
+#define GPUIPC_CU_BATCH(X) X(cuMemcpyBatchAsync, 0, 13000)
+#elif CUDA_VERSION >= 12080
+#define GPUIPC_CU_BATCH(X) X(cuMemcpyBatchAsync, 0, 12080)
+#else
+#define GPUIPC_CU_BATCH(X)
+#endif
 
 /* The table of entry points; valid after gpuipc__cuda_load() returned 0. */
 struct gpuipc__cu_table {
@@ -286,6 +301,17 @@ int gpuipc__stream_wait_event(gpuipc_event_t *ev, void *stream,
  */
 int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
                               void *stream, bool d2d);
+/*
+ * Queue @count copies (@n[i] bytes from @src[i] to @dst[i], none
+ * overlapping another's destination) on @stream of device @dev: one
+ * cuMemcpyBatchAsync where the driver has it and @stream is not the legacy
+ * default stream (which it refuses), else one cuMemcpyAsync a copy.
+ * Returns 0, the codes of gpuipc__ctx_enter, GPUIPC_E_CUDA (naming the
+ * copy); GPUIPC_E_UNSUPPORTED without CUDA. (copy.c)
+ */
+int gpuipc__stream_copy_batch(int dev, void *const *dst,
+                              const void *const *src, const size_t *n,
+                              size_t count, void *stream);
 
 /*
  * Words: 64-bit counters in host memory registered with CUDA, which a

@@ -418,6 +418,9 @@ static const struct {
     ENTRY(cuIpcCloseMemHandle),
     ENTRY(cuMemcpyAsync),
     ENTRY(cuMemcpyDtoDAsync),
+#if CUDA_VERSION >= 13000
+    ENTRY(cuMemcpyBatchAsync),
+#endif
     ENTRY(cuStreamWriteValue64),
     ENTRY(cuStreamWaitValue64),
     ENTRY(cuMemHostGetDevicePointer),

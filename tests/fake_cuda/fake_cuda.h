@@ -83,6 +83,9 @@ int fake_cuda_not_ready(void);
 int fake_cuda_events_recorded(void);
 /* Successful cuStreamWaitEvent calls in this process so far. */
 int fake_cuda_stream_waits(void);
+/* Successful cuMemcpyBatchAsync calls so far (0 where the fake, built
+ * with headers before CUDA 13, has none). */
+int fake_cuda_batch_copies(void);
 /* cuStreamWriteValue64 and cuStreamWaitValue64 calls so far. */
 int fake_cuda_word_writes(void);
 int fake_cuda_word_waits(void);
