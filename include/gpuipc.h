@@ -1843,9 +1843,10 @@ GPUIPC_API int gpuipc_channel_send_blocks(gpuipc_channel_t *ch,
  *     memory: the copies run on that device, @stream one of its streams),
  *     no two sharing a byte; dst[i].bytes must equal the sent block i's.
  * The copies are batched: one cuMemcpyBatchAsync (CUDA 12.8 and later
- * drivers) on @stream, unless @stream is the legacy default stream (NULL
- * or CU_STREAM_LEGACY, which that call refuses; CU_STREAM_PER_THREAD is
- * fine) or the driver lacks it: then one cuMemcpyAsync a block. Between
+ * drivers) on @stream; on the legacy default stream (NULL or
+ * CU_STREAM_LEGACY, which that call refuses) on a stream of gpuipc's own
+ * that waits for @stream's work and that @stream waits for in turn (two
+ * events). Where the driver lacks it: one cuMemcpyAsync a block. Between
  * two host memories the copies are made at once with memcpy.
  * The sender's list is checked strictly when the message is taken: a
  * block outside its buffer as mapped here, a buffer key never sent, a

@@ -115,9 +115,9 @@ class Channel(_Boxed):
     def recv_blocks(self, dst, indices, timeout=None, stream=None):
         """Receive the next message, a block batch, copying its block ``k``
         into ``dst[indices[k]]`` (``gpuipc_channel_recv_blocks``): one
-        batched copy on ``stream`` after the sender's work (a created
-        stream or the per-thread default one: on the legacy default
-        stream, which ``cuMemcpyBatchAsync`` refuses, one copy a block),
+        batched copy on ``stream`` after the sender's work (on the legacy
+        default stream, which ``cuMemcpyBatchAsync`` refuses, on a stream
+        of gpuipc's own ordered after it and before its later work),
         the message given back when the copies are done. ``dst`` is a contiguous,
         writable tensor in a gpuipc buffer whose first dimension is the
         block; ``indices`` as ``send_blocks``'s, one per block sent, no

@@ -140,6 +140,19 @@ static int copy_batch(void *const *dst, const void *const *src,
                    1, &fail, (CUstream)stream);
 #endif
 }
+
+struct batch_arg {
+  void *const *dst;
+  const void *const *src;
+  const size_t *n;
+  size_t count;
+};
+
+static int batch_fn(void *stream, void *arg)
+{
+  const struct batch_arg *b = arg;
+  return copy_batch(b->dst, b->src, b->n, b->count, stream);
+}
 #endif
 
 int gpuipc__stream_copy_batch(int dev, void *const *dst,
@@ -152,9 +165,14 @@ int gpuipc__stream_copy_batch(int dev, void *const *dst,
   if (rc != 0)
     return rc;
 #if CUDA_VERSION >= 12080
-  if (gpuipc__cu.cuMemcpyBatchAsync != NULL && count > 0 &&
-      stream != NULL && stream != (void *)CU_STREAM_LEGACY) {
-    rc = copy_batch(dst, src, n, count, stream);
+  if (gpuipc__cu.cuMemcpyBatchAsync != NULL && count > 0) {
+    struct batch_arg b = {dst, src, n, count};
+    /* The legacy default stream (what PyTorch uses) the batch call
+     * refuses: it runs on a stream of gpuipc's own, between two events. */
+    if (stream != NULL && stream != (void *)CU_STREAM_LEGACY)
+      rc = batch_fn(stream, &b);
+    else
+      rc = gpuipc__stream_aside_run(dev, stream, batch_fn, &b);
     if (rc == 0) {
       gpuipc__ctx_leave(&saved);
       return 0;

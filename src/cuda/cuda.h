@@ -340,6 +340,16 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
  */
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value);
+/*
+ * gpuipc__stream_aside_run: call @fn with a stream of gpuipc's own on
+ * device @dev (a CUstream) that starts after the work queued on @stream so
+ * far, and make @stream's later work wait for what @fn queued there (two
+ * events): for work that @stream itself cannot take, such as a batch of
+ * copies on the legacy default stream. Returns @fn's return, GPUIPC_E_CUDA,
+ * GPUIPC_E_UNSUPPORTED.
+ */
+int gpuipc__stream_aside_run(int dev, void *stream,
+                             int (*fn)(void *aside, void *arg), void *arg);
 
 /* ----- gpuipc's copy kernel (kernel.c) ----- */
 

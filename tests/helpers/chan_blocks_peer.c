@@ -7,7 +7,9 @@
  *
  * KIND: host (HOST buffers) or gpu (LEGACY buffers of device DEV, 0 unless
  * given: the fake CUDA driver's (GPUIPC_CUDA_LIB), or a real GPU's, and a
- * created stream there). BLK: the slot size, 4096 unless given (the
+ * created stream there; the receiver takes every second batch on the
+ * legacy default stream instead, which the batch call refuses and gpuipc
+ * batches on a stream of its own). BLK: the slot size, 4096 unless given (the
  * refusals, whose sentences name sizes, are checked at 4096 only).
  *
  * send: checks gpuipc_channel_send_blocks' refusals (nothing is sent),
@@ -383,7 +385,11 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
     recv_wrong(ch, dst);
   bool fake = strcmp(copies, "any") != 0;
   int batched0 = fake ? counter("fake_cuda_batch_copies") : 0;
+  void *created = stream;
   for (uint32_t b = 1; b <= batches; b++) {
+    /* Even batches on the legacy default stream, which the batch call
+     * refuses: batched all the same, on a stream of gpuipc's own. */
+    stream = gpu && b % 2 == 0 ? NULL : created;
     memset(host, 0, LAYER_BYTES);
     if (gpu)
       ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(dstbuf), host, LAYER_BYTES, dev,
@@ -393,6 +399,7 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
     ASSERT_OK(gpuipc_channel_recv_blocks(ch, dst, NBLK, stream, 30000));
     check_batch(dstbuf, dst, b, host);
   }
+  stream = created;
   int batched = fake ? counter("fake_cuda_batch_copies") - batched0 : -1;
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
