@@ -368,6 +368,7 @@ struct gpuipc__rx {
   struct gpuipc__word_map ready;
   _Atomic uint64_t *ready_wait;
   bool guarded;             /* the guard watches this channel */
+  bool queued;              /* rx_ready queued a stream wait (ready.c) */
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
@@ -433,6 +434,8 @@ struct gpuipc__view {
   uint32_t slot;             /* the sender's record slot */
   int device;                /* for the release event, -1 for HOST */
   void *recv_stream;         /* gpuipc_channel_recv made the data ready on it */
+  bool waits;                /* with a stream wait queued there: its release
+                                on that stream needs no idle query */
   void *dl_stream;           /* DLPack consumer's: the deleter releases on it */
   gpuipc_dl_managed_tensor_t managed;
   gpuipc_dl_managed_tensor_versioned_t versioned;

@@ -329,6 +329,7 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
     rc = gpuipc__chan_blocks_refuse(ch, "gpuipc_channel_recv");
     goto unlock;
   }
+  rx->queued = false;
   rc = rx_ready(ch, gpuipc__stream_dev(stream, gpuipc_buf_device(rx->pbuf)),
                 stream);
   if (rc != 0)
@@ -362,6 +363,7 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   v->seq = d->seq;
   v->slot = d->slot;
   v->recv_stream = stream;
+  v->waits = rx->queued;
   gpuipc__chan_ref(ch);
   v->ch = ch;
   rx->pending = false;
@@ -526,7 +528,7 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
     rc = rx_release(ch, v->seq, v->slot,
                     v->device >= 0 ? gpuipc__stream_dev(stream, v->device)
                                    : -1,
-                    stream, false, false);
+                    stream, v->waits && stream == v->recv_stream, false);
   gpuipc_buf_release(v->t.buf);
   v->magic = 0;
   free(v);
