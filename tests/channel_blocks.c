@@ -11,11 +11,15 @@
  *     batch; each buffer introduced once. Both ends first check every
  *     refusal of bad input (nothing sent or taken), and the receiver that
  *     a tensor and a batch refuse the wrong receive call and stay.
- *   - gpu: the same with LEGACY buffers of the fake CUDA driver's device 0
- *     and created streams: one cuMemcpyBatchAsync per batch (the fake
- *     counts them), every byte checked after the stream;
- *   - gpu-loop: the fake without cuMemcpyBatchAsync: the copies one by one,
- *     the same bytes;
+ *   - gpu: the same with LEGACY buffers of the fake CUDA driver's device 0,
+ *     a created stream and the legacy default stream by turns: one launch
+ *     of gpuipc's block kernel per batch, its list in pinned memory (the
+ *     fake counts them, and refuses a list it cannot read), every byte
+ *     checked after the stream;
+ *   - gpu-batch: the fake without kernel launches: one cuMemcpyBatchAsync
+ *     per batch (on the legacy stream, on gpuipc's own stream);
+ *   - gpu-loop: the fake without either: the copies one by one, the same
+ *     bytes;
  *   - in flight: batches in flight are bounded by the depth, not by the
  *     host staging slots (a list of up to about 1300 blocks lies in its
  *     record slot's part of the list area); a larger list takes a staging
@@ -164,8 +168,10 @@ int main(void)
   pair("chan-blocks-host", "host", "host");
 #ifdef FAKE_CUDA_FULL
   setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
-  pair("chan-blocks-gpu", "gpu", "batch");
-  setenv("FAKE_CUDA_HIDE", "cuMemcpyBatchAsync", 1);
+  pair("chan-blocks-gpu", "gpu", "kernel");
+  setenv("FAKE_CUDA_HIDE", "cuLaunchKernel", 1);
+  pair("chan-blocks-batch", "gpu", "batch");
+  setenv("FAKE_CUDA_HIDE", "cuLaunchKernel,cuMemcpyBatchAsync", 1);
   pair("chan-blocks-loop", "gpu", "loop");
   unsetenv("FAKE_CUDA_HIDE");
   unsetenv("GPUIPC_CUDA_LIB");

@@ -353,6 +353,58 @@ static int fits(struct gpuipc_channel *ch, const char *who,
   return 0;
 }
 
+/*
+ * The copies of the pending batch (to @to from the sender's blocks) as one
+ * launch of gpuipc's block kernel on @stream of device @dev, its list in
+ * the pinned list of the message's record slot. GPUIPC_E_UNSUPPORTED: no
+ * kernel or no pinned memory here, copy otherwise.
+ */
+static int copy_kernel(struct gpuipc_channel *ch, void *const *to, int dev,
+                       void *stream)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  const struct gpuipc__rx_blocks *pb = rx->pblocks;
+  uint32_t slot = rx->pdesc.slot;
+  size_t need = (size_t)pb->n * 3 * sizeof(uint64_t);
+  if (rx->klist == NULL) {
+    rx->klist = calloc(rx->depth, sizeof(*rx->klist));
+    rx->klist_cap = calloc(rx->depth, sizeof(*rx->klist_cap));
+    if (rx->klist == NULL || rx->klist_cap == NULL)
+      return GPUIPC_E_UNSUPPORTED; /* freed at close */
+  }
+  if (rx->klist_cap[slot] < need) {
+    size_t cap = 4096;
+    while (cap < need)
+      cap *= 2;
+    uint64_t *l;
+    if (gpuipc__pinned_alloc(cap, &l) != 0)
+      return GPUIPC_E_UNSUPPORTED;
+    /* The slot's last message is free: its kernel has run. */
+    gpuipc__pinned_free(rx->klist[slot]);
+    rx->klist[slot] = l;
+    rx->klist_cap[slot] = cap;
+  }
+  uint64_t *l = rx->klist[slot];
+  for (uint32_t i = 0; i < pb->n; i++) {
+    l[3 * i] = (uint64_t)(uintptr_t)to[i];
+    l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
+    l[3 * i + 2] = pb->bytes[i];
+  }
+  return gpuipc__copy_blocks(dev, l, pb->n, stream);
+}
+
+void gpuipc__chan_klist_free(struct gpuipc_channel *ch)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (rx->klist != NULL)
+    for (uint32_t i = 0; i < rx->depth; i++)
+      gpuipc__pinned_free(rx->klist[i]);
+  free(rx->klist);
+  free(rx->klist_cap);
+  rx->klist = NULL;
+  rx->klist_cap = NULL;
+}
+
 /* Queue the copies on @stream of device @dev, after the sender's work. */
 static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
                     const gpuipc_block_t *dst, int dev, void *stream)
@@ -365,13 +417,30 @@ static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
   for (size_t i = 0; dp->host && i < pb->n; i++)
     if (i == 0 || dst[i].buf != dst[i - 1].buf)
       (void)gpuipc__host_pin(dst[i].buf, dev);
+  /* The copies run on @dev, which must reach the sender's memory: mapped
+   * for another GPU (the channel's device, or the sender's), it is
+   * granted access from this one too (once). */
+  for (uint32_t i = 0; !pb->host && i < pb->nbufs; i++)
+    if (gpuipc_buf_device(pb->bufs[i]) != dev) {
+      int rc = gpuipc_buf_access(pb->bufs[i], dev);
+      if (rc != 0)
+        return rc;
+    }
   void **to = malloc(pb->n * sizeof(*to));
   if (to == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_channel_recv_blocks: out of memory");
   for (uint32_t i = 0; i < pb->n; i++)
     to[i] = (uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset;
   int rc = gpuipc__chan_rx_ready(ch, dev, stream);
-  if (rc == 0)
+  /* Between GPU memories one launch of gpuipc's block kernel (a thread
+   * block a copy); else, or where it cannot, the driver's batched copy,
+   * which spends microseconds a copy. */
+  int k = rc == 0 && !pb->host && !dp->host
+              ? copy_kernel(ch, to, dev, stream)
+              : GPUIPC_E_UNSUPPORTED;
+  if (rc == 0 && k != GPUIPC_E_UNSUPPORTED)
+    rc = k;
+  else if (rc == 0)
     rc = gpuipc__stream_copy_batch(dev, to, pb->src, pb->bytes, pb->n,
                                    stream);
   free(to);

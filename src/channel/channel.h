@@ -369,6 +369,13 @@ struct gpuipc__rx {
   _Atomic uint64_t *ready_wait;
   bool guarded;             /* the guard watches this channel */
   bool queued;              /* rx_ready queued a stream wait (ready.c) */
+  /* Block batches copied by gpuipc's block kernel (blocks.c): [depth]
+   * pinned lists of copies, by the sender's record slot, and their
+   * capacities in bytes. A slot's list is rewritten only for a later
+   * message in that slot, which comes after this one's release, itself
+   * after the kernel that read the list. */
+  uint64_t **klist;
+  size_t *klist_cap;
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
@@ -771,6 +778,8 @@ struct gpuipc__rx_blocks {
 int gpuipc__chan_blocks_fetch(struct gpuipc_channel *ch, gpuipc_buf_t *lb);
 /* -EINVAL naming @who: the pending message is a block batch. */
 int gpuipc__chan_blocks_refuse(struct gpuipc_channel *ch, const char *who);
+/* Free the block kernel's lists (at close, once their launches ran). */
+void gpuipc__chan_klist_free(struct gpuipc_channel *ch);
 /* Free rx.pblocks (consumed, or the channel closes). */
 void gpuipc__chan_blocks_drop(struct gpuipc_channel *ch);
 

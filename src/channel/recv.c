@@ -551,12 +551,14 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   rx->rel_ev = NULL;
   /* A counter block goes back only once every word is written: a launch
    * still running would use it (an unfinished one keeps it, unused). */
-  if (gpuipc__chan_words_written(ch))
+  if (gpuipc__chan_words_written(ch)) {
     for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
       if (rx->kstate[i] > 0) {
         gpuipc__counters_put(i, rx->kcount[i]);
         rx->kstate[i] = 0;
       }
+    gpuipc__chan_klist_free(ch); /* else a launch may still read one */
+  }
   free(rx->word_seq);
   rx->word_seq = NULL;
   pthread_mutex_unlock(&rx->rel_lock);

@@ -353,6 +353,20 @@ int gpuipc__stream_aside_run(int dev, void *stream,
 
 /* ----- gpuipc's copy kernel (kernel.c) ----- */
 
+/*
+ * gpuipc__copy_blocks: one launch of gpuipc_copy_blocks on @stream of
+ * device @dev, copying the @n copies of @list (dst, src, bytes: three u64
+ * a copy), which must lie in memory from gpuipc__pinned_alloc and stay
+ * there until the launch has run. Returns 0, GPUIPC_E_CUDA, or
+ * GPUIPC_E_UNSUPPORTED (no kernel: copy otherwise).
+ */
+int gpuipc__copy_blocks(int dev, const uint64_t *list, unsigned n,
+                        void *stream);
+/* Host memory every device reads (registered, mapped), for such lists:
+ * 0, -ENOMEM, GPUIPC_E_CUDA, GPUIPC_E_UNSUPPORTED. */
+int gpuipc__pinned_alloc(size_t bytes, uint64_t **out);
+void gpuipc__pinned_free(uint64_t *p);
+
 /* Devices that get the per-device state of the copy kernel and of the
  * words written after a stream's work; others copy and write as before. */
 #define GPUIPC__DEV_SLOTS 64

@@ -294,7 +294,7 @@ static bool reg_holds(uintptr_t p)
 }
 
 /* Registered memory is reached at its host address (unified addressing). */
-static CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
+FAKE_HIDDEN CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
                                                unsigned int flags)
 {
   NEED_INIT();

@@ -92,6 +92,8 @@ int fake_cuda_word_waits(void);
 /* Launches of gpuipc's copy kernel so far, and how many of them ran with
  * their counter not at 0 (the kernel would then never write its word). */
 int fake_cuda_kernel_launches(void);
+/* Launches of gpuipc's block kernel (gpuipc_copy_blocks) so far. */
+int fake_cuda_block_launches(void);
 int fake_cuda_kernel_faults(void);
 /* Uses of an opened event after its exporter destroyed it (undefined in
  * CUDA; the fake fails them). */

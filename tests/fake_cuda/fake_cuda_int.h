@@ -99,6 +99,8 @@ FAKE_HIDDEN CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p);
 FAKE_HIDDEN CUresult fake_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
                                              unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuIpcCloseMemHandle(CUdeviceptr p);
+FAKE_HIDDEN CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
+                                                    unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
                                         size_t n, CUstream h);
 #if CUDA_VERSION >= 13000

@@ -10,23 +10,29 @@
  * 16-byte units, a tail of 0..15 bytes, a 4-byte aligned counter, an
  * 8-byte aligned word and its value) and queues what the kernel does: the
  * copy, then the word (fake_stream_copy_word). Launches are counted
- * (fake_cuda_kernel_launches). Also cuMemsetD8 (synchronous, on the
- * bytes at once).
+ * (fake_cuda_kernel_launches). gpuipc_copy_blocks (a 1-D grid of 1-D
+ * blocks of at most 512 threads, no shared memory asked, two parameters:
+ * an 8-byte aligned list in registered host memory and its count of
+ * copies) reads its list at the launch and queues each copy in stream
+ * order (fake_cuda_block_launches counts the launches, and refuses one
+ * whose list is not registered memory). Also cuMemsetD8 (synchronous, on
+ * the bytes at once).
  */
 #include "fake_cuda_int.h"
 
 #define COPY_WORD "gpuipc_copy_word"
+#define COPY_BLOCKS "gpuipc_copy_blocks"
 
 struct CUmod_st {
   bool has_copy_word;
 };
 
 struct CUfunc_st {
-  int which; /* 1: gpuipc_copy_word */
+  int which; /* 1: gpuipc_copy_word, 2: gpuipc_copy_blocks */
 };
 
-static struct CUfunc_st copy_word_fn = {1};
-static atomic_int launches;
+static struct CUfunc_st copy_word_fn = {1}, copy_blocks_fn = {2};
+static atomic_int launches, block_launches;
 
 FAKE_HIDDEN CUresult fake_cuModuleLoadData(CUmodule *mod, const void *image)
 {
@@ -52,9 +58,41 @@ FAKE_HIDDEN CUresult fake_cuModuleGetFunction(CUfunction *f, CUmodule mod,
   NEED_INIT();
   if (f == NULL || mod == NULL || name == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  if (!mod->has_copy_word || strcmp(name, COPY_WORD) != 0)
+  if (!mod->has_copy_word)
     return CUDA_ERROR_NOT_FOUND;
-  *f = &copy_word_fn;
+  if (strcmp(name, COPY_WORD) == 0)
+    *f = &copy_word_fn;
+  else if (strcmp(name, COPY_BLOCKS) == 0)
+    *f = &copy_blocks_fn;
+  else
+    return CUDA_ERROR_NOT_FOUND;
+  return CUDA_SUCCESS;
+}
+
+/* gpuipc_copy_blocks: each copy of the list, queued in order on @h. */
+static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
+                              CUstream h, void **params, void **extra)
+{
+  if (gx == 0 || bx == 0 || bx > 512 || shmem != 0 || params == NULL ||
+      extra != NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr list = *(CUdeviceptr *)params[0];
+  unsigned int n = *(unsigned int *)params[1];
+  if (list == 0 || list % 8 != 0 || n == 0 || gx > n)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr back = 0;
+  if (fake_cuMemHostGetDevicePointer(&back, (void *)(uintptr_t)list, 0) !=
+      CUDA_SUCCESS)
+    return CUDA_ERROR_ILLEGAL_ADDRESS; /* the GPU could not read it */
+  const uint64_t *l = (const uint64_t *)(uintptr_t)list;
+  for (unsigned int i = 0; i < n; i++) {
+    CUresult r = fake_cuMemcpyAsync((CUdeviceptr)l[3 * i],
+                                    (CUdeviceptr)l[3 * i + 1],
+                                    (size_t)l[3 * i + 2], h);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  atomic_fetch_add(&block_launches, 1);
   return CUDA_SUCCESS;
 }
 
@@ -66,6 +104,8 @@ FAKE_HIDDEN CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx,
                                          void **extra)
 {
   NEED_INIT();
+  if (f == &copy_blocks_fn && gy == 1 && gz == 1 && by == 1 && bz == 1)
+    return launch_blocks(gx, bx, shmem, h, params, extra);
   if (f != &copy_word_fn)
     return CUDA_ERROR_INVALID_HANDLE;
   if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 256 || by != 1 ||
@@ -103,4 +143,9 @@ FAKE_HIDDEN CUresult fake_cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n)
 int fake_cuda_kernel_launches(void)
 {
   return atomic_load(&launches);
+}
+
+int fake_cuda_block_launches(void)
+{
+  return atomic_load(&block_launches);
 }

@@ -28,9 +28,10 @@
  * is refused by recv and recv_into and by recv_blocks with the wrong
  * count or a wrong size, and stays; then receives every batch into one
  * buffer, block i at slot pd[i] of another random permutation, and
- * checks every byte. COPIES (gpu): "batch" (one cuMemcpyBatchAsync per
- * batch, counted by the fake), "loop" (the fake hides it: none) or "any"
- * (a real driver: not counted).
+ * checks every byte. COPIES (gpu): "kernel" (one launch of gpuipc's
+ * block kernel per batch, counted by the fake), "batch" (the fake has no
+ * launches: one cuMemcpyBatchAsync per batch), "loop" (neither: the
+ * copies one by one) or "any" (a real driver: not counted).
  *
  * lie: sends message 1 (a tensor of a 64 KiB HOST buffer, key 1 at the
  * receiver), then writes a block list into that buffer at LIST_OFF and
@@ -385,6 +386,7 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
     recv_wrong(ch, dst);
   bool fake = strcmp(copies, "any") != 0;
   int batched0 = fake ? counter("fake_cuda_batch_copies") : 0;
+  int launched0 = fake ? counter("fake_cuda_block_launches") : 0;
   void *created = stream;
   for (uint32_t b = 1; b <= batches; b++) {
     /* Even batches on the legacy default stream, which the batch call
@@ -401,17 +403,25 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   }
   stream = created;
   int batched = fake ? counter("fake_cuda_batch_copies") - batched0 : -1;
+  int launched = fake ? counter("fake_cuda_block_launches") - launched0 : -1;
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ_U(info.received, batches + 1);
   ASSERT_EQ_U(info.buffers_imported, 4);
-  if (strcmp(copies, "batch") == 0)
-    ASSERT_EQ(batched, (int)batches);
-  else if (strcmp(copies, "loop") == 0)
+  if (strcmp(copies, "kernel") == 0) {
+    ASSERT_EQ(launched, (int)batches);
     ASSERT_EQ(batched, 0);
+  } else if (strcmp(copies, "batch") == 0) {
+    ASSERT_EQ(launched, 0);
+    ASSERT_EQ(batched, (int)batches);
+  } else if (strcmp(copies, "loop") == 0) {
+    ASSERT_EQ(launched, 0);
+    ASSERT_EQ(batched, 0);
+  }
   printf("received %u batches of %d blocks of up to %llu bytes, every byte "
-         "checked; %d batched copy calls (-1: not counted)\n", batches, NBLK,
-         (unsigned long long)blk, batched);
+         "checked; %d block kernel launches, %d batched copy calls (-1: not "
+         "counted)\n", batches, NBLK, (unsigned long long)blk, launched,
+         batched);
   free(dst);
   free(host);
   ASSERT_OK(gpuipc_channel_close(ch));
