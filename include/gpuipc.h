@@ -1842,8 +1842,12 @@ GPUIPC_API int gpuipc_channel_send_blocks(gpuipc_channel_t *ch,
  * @dst: @n destination blocks in gpuipc buffers (HOST, or one device's
  *     memory: the copies run on that device, @stream one of its streams),
  *     no two sharing a byte; dst[i].bytes must equal the sent block i's.
- * The copies are batched: one cuMemcpyBatchAsync (CUDA 12.8 and later
- * drivers) on @stream; on the legacy default stream (NULL or
+ * The copies are batched. Between GPU memories: one launch of gpuipc's
+ * block kernel on @stream (a thread block a copy, its list of copies in
+ * pinned host memory of the channel's; it uses the GPU's multiprocessors
+ * while it runs). Where a side is host memory, or no kernel can be
+ * launched: one cuMemcpyBatchAsync (CUDA 12.8 and later drivers) on
+ * @stream; on the legacy default stream (NULL or
  * CU_STREAM_LEGACY, which that call refuses) on a stream of gpuipc's own
  * that waits for @stream's work and that @stream waits for in turn (two
  * events). Where the driver lacks it: one cuMemcpyAsync a block. Between

@@ -115,7 +115,8 @@ class Channel(_Boxed):
     def recv_blocks(self, dst, indices, timeout=None, stream=None):
         """Receive the next message, a block batch, copying its block ``k``
         into ``dst[indices[k]]`` (``gpuipc_channel_recv_blocks``): one
-        batched copy on ``stream`` after the sender's work (on the legacy
+        launch of gpuipc's block kernel between GPU memories, else one
+        batched copy, on ``stream`` after the sender's work (on the legacy
         default stream, which ``cuMemcpyBatchAsync`` refuses, on a stream
         of gpuipc's own ordered after it and before its later work),
         the message given back when the copies are done. ``dst`` is a contiguous,
