@@ -90,6 +90,8 @@ int fake_cuda_word_waits(void);
  * their counter not at 0 (the kernel would then never write its word). */
 int fake_cuda_kernel_launches(void);
 int fake_cuda_kernel_faults(void);
+/* Launches of `gpuipc bench`'s kernels so far (tools/bench_kernels.cu). */
+int fake_cuda_bench_launches(void);
 /* Uses of an opened event after its exporter destroyed it (undefined in
  * CUDA; the fake fails them). */
 int fake_cuda_dead_event_uses(void);
