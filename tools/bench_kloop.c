@@ -382,11 +382,23 @@ static int wside_words(struct wside *w, gpuipc_buf_t *page)
   return rc;
 }
 
-/* Spin until the other side's host counter @i reaches @v. */
-static void spin_until(struct wside *w, int i, uint64_t v)
+/* Spin until the other side's host counter @i reaches @v, at most
+ * WAIT_MS (the other process may have failed). */
+static int spin_until(struct wside *w, int i, uint64_t v)
 {
-  while (__atomic_load_n(page_word(w, i), __ATOMIC_ACQUIRE) < v)
-    ;
+  double give_up = 0;
+  for (unsigned n = 1;
+       __atomic_load_n(page_word(w, i), __ATOMIC_ACQUIRE) < v; n++) {
+    if (n % 4096 != 0)
+      continue;
+    double now = bench_now_us();
+    if (give_up == 0)
+      give_up = now + WAIT_MS * 1e3;
+    else if (now > give_up)
+      return gpuipc__err(-ETIMEDOUT, "bench: kloop_floor_word: the other "
+                         "process queued nothing within %d ms", WAIT_MS);
+  }
+  return 0;
 }
 
 static void wside_close(struct wside *w)
@@ -458,8 +470,10 @@ static int wprod_trip(struct wside *w, long i)
   if (rc != 0)
     return rc;
   __atomic_store_n(page_word(w, Q_PROD), (uint64_t)i, __ATOMIC_RELEASE);
-  spin_until(w, Q_PEER, (uint64_t)i);
-  rc = gpuipc__stream_word_wait(dev, w->stream, w->wdev[W_PEER], (uint64_t)i);
+  rc = spin_until(w, Q_PEER, (uint64_t)i);
+  if (rc == 0)
+    rc = gpuipc__stream_word_wait(dev, w->stream, w->wdev[W_PEER],
+                                  (uint64_t)i);
   if (rc == 0)
     rc = bench_k_check(dev, w->stream, w->theirs, kv(i), w->k.tally);
   if (rc == 0)
@@ -470,9 +484,10 @@ static int wprod_trip(struct wside *w, long i)
 static int wpeer_trip(struct wside *w, long i)
 {
   int dev = w->k.dev;
-  spin_until(w, Q_PROD, (uint64_t)i);
-  int rc = gpuipc__stream_word_wait(dev, w->stream, w->wdev[W_PROD],
-                                    (uint64_t)i);
+  int rc = spin_until(w, Q_PROD, (uint64_t)i);
+  if (rc == 0)
+    rc = gpuipc__stream_word_wait(dev, w->stream, w->wdev[W_PROD],
+                                  (uint64_t)i);
   if (rc == 0)
     rc = bench_k_answer(dev, w->stream, w->theirs, w->k.mine, kv(i),
                         w->k.tally);
