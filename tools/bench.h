@@ -134,6 +134,9 @@ struct peer {
 /* Four numbers to the other process, and from it. */
 int bench_ctl_send(struct ctl *c, const int64_t v[4]);
 int bench_ctl_recv(struct ctl *c, int64_t v[4]);
+/* The receiver's answer @ans[0] as a status (0, or its error with a
+ * sentence saying it was the receiver's). */
+int bench_answer(const int64_t ans[4]);
 /* The progress line: one step done, @what of @src -> @dst. */
 void bench_progress(struct prod *p, const char *what, int src, int dst,
                     size_t bytes);

@@ -211,7 +211,7 @@ static int kloop_gpuipc(struct prod *p, const struct pair *pr, double *t,
   if (rc == 0)
     rc = bench_ctl_recv(&p->ctl, ans);
   kside_close(&k);
-  return rc != 0 ? rc : (int)ans[0];
+  return rc != 0 ? rc : bench_answer(ans);
 }
 
 /* The receiver's round trip @v on its stream. */
@@ -519,7 +519,7 @@ static int kloop_word(struct prod *p, const struct pair *pr, double *t,
   if (rc == 0)
     rc = bench_ctl_recv(&p->ctl, ans);
   wside_close(&w);
-  return rc != 0 ? rc : (int)ans[0];
+  return rc != 0 ? rc : bench_answer(ans);
 }
 
 int bench_kword_peer(struct peer *p, int src, long iters)

@@ -138,6 +138,17 @@ int bench_ctl_recv(struct ctl *c, int64_t v[4])
   return rc;
 }
 
+/* The receiver's answer @ans[0] as a status: 0, or its error code with a
+ * sentence here (the receiver's own is on its stderr). */
+int bench_answer(const int64_t ans[4])
+{
+  if (ans[0] == 0)
+    return 0;
+  int rc = (int)ans[0];
+  return gpuipc__err(rc, "bench: the receiving process failed: %s (its "
+                     "message is above)", gpuipc_err_name(rc));
+}
+
 /* An order and its answer: 0, or the receiver's error code. */
 static int ctl_order(struct ctl *c, int64_t op, int64_t a, int64_t b,
                      int64_t d)
@@ -146,7 +157,7 @@ static int ctl_order(struct ctl *c, int64_t op, int64_t a, int64_t b,
   int rc = bench_ctl_send(c, v);
   if (rc == 0)
     rc = bench_ctl_recv(c, ans);
-  return rc != 0 ? rc : (int)ans[0];
+  return rc != 0 ? rc : bench_answer(ans);
 }
 
 /* The data channel from @src to @dst: "bench-0-1", "bench-host". */
@@ -221,7 +232,9 @@ static int peer_check(struct peer *p, const uint8_t *q, size_t bytes,
   }
   for (size_t i = 0; rc == 0 && i < k; i++)
     if (head[i] != want || tail[i] != want)
-      rc = -EBADMSG;
+      rc = gpuipc__err(-EBADMSG, "bench: a copy of %zu bytes holds %#x "
+                       "... %#x where %#x was sent", bytes, head[i], tail[i],
+                       want);
   return rc;
 }
 
@@ -380,7 +393,7 @@ static int run_latency(struct prod *p, const struct pair *pr)
   if (rc == 0)
     rc = bench_ctl_recv(&p->ctl, ans);
   if (rc == 0)
-    rc = (int)ans[0];
+    rc = bench_answer(ans);
   if (rc == 0) {
     struct lat_row *r = &p->r.lat[p->r.nlat++];
     r->src = src;
@@ -428,7 +441,7 @@ static int gpuipc_run(struct prod *p, const struct pair *pr, struct tens *x,
   *us = bench_now_us() - t0;
   if (rc == 0)
     rc = bench_ctl_recv(&p->ctl, ans);
-  return rc != 0 ? rc : (int)ans[0];
+  return rc != 0 ? rc : bench_answer(ans);
 }
 
 /* The median of @n values (left in order). */
@@ -524,7 +537,7 @@ static int pair_open(struct prod *p, int src, int dst, gpuipc_channel_t **ch)
   int rc2 = bench_ctl_recv(&p->ctl, ans);
   if (rc == 0 && (rc2 != 0 || ans[0] != 0)) {
     gpuipc_channel_close(*ch);
-    rc = rc2 != 0 ? rc2 : (int)ans[0];
+    rc = rc2 != 0 ? rc2 : bench_answer(ans);
   }
   return rc;
 }
