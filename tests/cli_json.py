@@ -17,7 +17,8 @@ and `bench --kind` takes each name.
 baseline's alternated (each run starts after the other side's last one),
 its medians and spread agree with the runs; HOST has no kernel round trip;
 on the fake driver (fake=PATH, when built) each GPU path has the three
-kernel rows.
+kernel rows, and where the driver cannot launch kernels none, and the
+document says why.
 
 usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION] [fake=PATH]
 """
@@ -268,6 +269,7 @@ def check_bench(what, env_extra, args, kloop_paths):
         if not (r['n'] > 0 and r['median_us'] > 0 and r['p99_us'] >= r['median_us']
                 and r['bytes'] == 4096):
             fail('%s: kloop row %r' % (what, r))
+    return doc
 
 
 check_bench('bench on HOST', {b'GPUIPC_NO_CUDA': b'1', b'GPUIPC_DIR': plain},
@@ -277,6 +279,15 @@ if built.get('fake'):
                 {b'GPUIPC_CUDA_LIB': os.fsencode(built['fake']),
                  b'FAKE_CUDA_NDEV': b'1', b'GPUIPC_DIR': plain},
                 ['--kind', 'legacy'], [(0, 0)])
+    # A driver that cannot launch kernels: no kernel rows, and why.
+    doc = check_bench('bench on a fake driver without cuLaunchKernel',
+                      {b'GPUIPC_CUDA_LIB': os.fsencode(built['fake']),
+                       b'FAKE_CUDA_NDEV': b'1', b'GPUIPC_DIR': plain,
+                       b'FAKE_CUDA_HIDE': b'cuLaunchKernel'},
+                      ['--kind', 'legacy'], [])
+    if doc is not None and 'cannot launch kernels' not in doc.get('kloop_skipped', ''):
+        fail('bench without cuLaunchKernel: kloop_skipped %r'
+             % doc.get('kloop_skipped'))
 
 shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
 if failures:

@@ -228,7 +228,11 @@ int bench_dev_alloc(int dev, size_t n, void **out)
   CUdeviceptr p = 0;
   rc = GPUIPC_CU(cuMemAlloc, &p, n);
   if (rc == 0) {
+    /* Zeroed before any stream's kernel runs: cuMemsetD8 may return
+     * before it is done, and a non-blocking stream does not wait for it. */
     rc = GPUIPC_CU(cuMemsetD8, p, 0, n);
+    if (rc == 0)
+      rc = GPUIPC_CU(cuCtxSynchronize);
     if (rc != 0)
       gpuipc__cu.cuMemFree(p);
   }
