@@ -97,7 +97,7 @@ struct results {
   int nbw, capbw;
   struct kloop_row kloop[MAX_DEVS * MAX_DEVS * KLOOP_ROWS];
   int nkloop;
-  char kloop_skipped[256]; /* why there are no kloop rows, if not empty */
+  char kloop_skipped[256]; /* why a path has no kloop rows (the last) */
 };
 
 struct prod {
@@ -166,8 +166,9 @@ int bench_peer_on(int src, int dst);
 
 /* ----- bench_kloop.c ----- */
 /* The producer's kernel-in-the-loop rows for @pr (GPUs only): gpuipc's,
- * then the floors. GPUIPC_E_UNSUPPORTED: this driver cannot launch the
- * kernels (the rows are left out, p->r.kloop_skipped says why). */
+ * then the floors. Where this driver cannot launch the kernels, or two
+ * GPUs have no peer access, the rows are left out (0) and
+ * p->r.kloop_skipped says why. */
 int bench_kloop_run(struct prod *p, const struct pair *pr);
 /* The receiver's side of OP_KLOOP and OP_KWORD. */
 int bench_kloop_peer(struct peer *p, int src, long iters);

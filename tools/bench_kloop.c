@@ -544,13 +544,17 @@ int bench_kword_peer(struct peer *p, int src, long iters)
 /* The rows                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* Whether this driver launches the kernels on both GPUs; if not, the
- * rows are left out and the report says why. */
+/* Whether this driver launches the kernels on both GPUs and, between two,
+ * they reach each other's memory; if not, the rows are left out and the
+ * report says why. */
 static int kernels_here(struct prod *p, const struct pair *pr)
 {
   int rc = bench_k_ready(pr->src);
   if (rc == 0)
     rc = bench_k_ready(pr->dst);
+  if (rc == 0 && pr->src != pr->dst && !bench_peer_on(pr->src, pr->dst))
+    rc = gpuipc__err(GPUIPC_E_UNSUPPORTED, "GPU %d and GPU %d have no peer "
+                     "access", pr->src, pr->dst);
   if (rc != 0)
     snprintf(p->r.kloop_skipped, sizeof(p->r.kloop_skipped), "%s",
              gpuipc_last_error());

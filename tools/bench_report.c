@@ -84,6 +84,8 @@ static void kloop_table(const struct prod *p)
              p->r.kloop_skipped);
     return;
   }
+  if (p->r.kloop_skipped[0] != '\0')
+    printf("\n(Paths left out below: %s)", p->r.kloop_skipped);
   printf("\n4 KiB round trip with kernels in the loop (write -> send -> "
          "answer -> send back\n-> check), us, median (p99); the floors: "
          "one process ordered by events,\ntwo processes ordered by stream "
