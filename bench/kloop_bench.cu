@@ -47,6 +47,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,16 +351,37 @@ static void b_gpuipc(gpuipc_domain_t *dom, bool staged, int dev, long iters,
   CUDA_OK(cudaMemset(bad, 0, 4));
   gpuipc_channel_t *ch = chan(dom, name, dev);
   uint64_t ticket = 0;
+  /* Where B's host spends its turn (means, us, after the warm-up): the
+   * recv call that finds the message, send_wait, kernel, release, send. */
+  double part[5] = {0};
   for (long i = 1; i <= iters; i++) {
     uint32_t v = (uint32_t)i * 4096u;
     gpuipc_tensor_t *in;
-    GI_OK(gpuipc_channel_recv(ch, &in, (void *)s, -1));
+    double tp[6];
+    int rc;
+    do {
+      tp[0] = now_us();
+      rc = gpuipc_channel_recv(ch, &in, (void *)s, 0);
+    } while (rc == -EAGAIN);
+    GI_OK(rc);
+    tp[1] = now_us();
     if (ticket != 0 && !staged)
       GI_OK(gpuipc_channel_send_wait(ch, ticket, (void *)s, -1));
+    tp[2] = now_us();
     k_answer<<<1, WORDS, 0, s>>>(view_data(in), mine, v, bad);
+    tp[3] = now_us();
     GI_OK(gpuipc_tensor_release(in, (void *)s));
+    tp[4] = now_us();
     GI_OK(gpuipc_channel_send(ch, &x.t, (void *)s, 0, &ticket));
+    tp[5] = now_us();
+    if (i > WARM)
+      for (int k = 0; k < 5; k++)
+        part[k] += tp[k + 1] - tp[k];
   }
+  long m = iters > WARM ? iters - WARM : 1;
+  printf("  B's host, means (us): recv %.1f, send_wait %.1f, kernel %.1f, "
+         "release %.1f, send %.1f\n", part[0] / m, part[1] / m, part[2] / m,
+         part[3] / m, part[4] / m);
   CUDA_OK(cudaStreamSynchronize(s));
   if (bad_count(bad) != 0) {
     fprintf(stderr, "kloop B (%s): %u wrong words\n", name, bad_count(bad));

@@ -33,6 +33,8 @@
  *   gpuipc_channel_recv     receive a zero-copy view ...
  *   gpuipc_tensor_release   ... and give it back to the sender
  *   gpuipc_channel_recv_into                    receive by copying instead
+ *   gpuipc_channel_send_blocks / _recv_blocks   many blocks (a paged KV
+ *                           cache) as one message, one batched copy
  *   gpuipc_channel_send_done / _send_wait / _on_release / _progress
  *                           learn when a sent buffer is free again
  *   gpuipc_channel_fd       a descriptor for epoll / select / asyncio
@@ -1461,6 +1463,10 @@ typedef struct gpuipc_channel gpuipc_channel_t;
 #define GPUIPC_CHANNEL_NAME_MAX 58
 /* The most messages one end may have in flight. */
 #define GPUIPC_CHANNEL_DEPTH_MAX 1024
+/* The most blocks one block batch holds (gpuipc_channel_send_blocks). */
+#define GPUIPC_CHANNEL_BLOCKS_MAX 16384
+/* The most distinct buffers the blocks of one batch lie in. */
+#define GPUIPC_CHANNEL_BLOCK_BUFS_MAX 128
 
 typedef struct gpuipc_channel_opts {
   /* sizeof(gpuipc_channel_opts_t), or the size of an earlier version: only
@@ -1740,6 +1746,8 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  * waiting (@timeout_ms 0 never waits on the socket either). A
  * descriptor that announces a new buffer whose message is not on the
  * socket is a broken peer: GPUIPC_E_PROTO at once, and for good.
+ * A block batch (gpuipc_channel_send_blocks) is refused with -EINVAL, and
+ * stays first in line for gpuipc_channel_recv_blocks.
  */
 GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
                            void *stream, int timeout_ms);
@@ -1764,11 +1772,108 @@ GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
  * other copies are the copy engine's (cuMemcpyDtoDAsync or cuMemcpyAsync
  * on @stream), the larger ones released by a stream of gpuipc's own that
  * waits for @stream's copy.
- * Returns as gpuipc_channel_recv, and -EINVAL for @dst.
+ * Returns as gpuipc_channel_recv, and -EINVAL for @dst (a block batch:
+ * -EINVAL, and it stays first in line).
  */
 GPUIPC_API int gpuipc_channel_recv_into(gpuipc_channel_t *ch,
                                 const gpuipc_tensor_t *dst, void *stream,
                                 int timeout_ms);
+
+/*
+ * A block of a gpuipc buffer: @bytes bytes from byte @offset of @buf.
+ */
+typedef struct gpuipc_block {
+  gpuipc_buf_t *buf; /* a gpuipc buffer: HOST, or a GPU kind */
+  uint64_t offset;   /* byte offset in it */
+  uint64_t bytes;    /* length: not 0 */
+} gpuipc_block_t;
+
+/*
+ * gpuipc_channel_send_blocks - send @n blocks as one message (a block
+ * batch): one descriptor, one record slot of @depth, one ticket, one
+ * release, whatever @n. The blocks are what a paged KV cache moves:
+ * hundreds to thousands of blocks scattered in a few large buffers (one
+ * per layer, say).
+ * @blocks: the blocks, in the order the receiver gets them; each lies in
+ *     a gpuipc buffer (memory gpuipc did not allocate is not staged here:
+ *     find its buffer with gpuipc_buf_find, or send it with
+ *     gpuipc_channel_send). The blocks may lie in up to
+ *     GPUIPC_CHANNEL_BLOCK_BUFS_MAX (128) distinct buffers, all HOST or
+ *     all of one GPU's memory (one device). Blocks may overlap on this
+ *     side.
+ * @n: 1 .. GPUIPC_CHANNEL_BLOCKS_MAX (16384).
+ * @stream, @flags, @ticket: as gpuipc_channel_send's: the message is
+ *     ordered after @stream's work (an event recorded there, unless the
+ *     stream has nothing pending); @stream is ignored for HOST blocks.
+ * The list of blocks (24 bytes a block, 32 a buffer) travels in host
+ * memory of the channel's: up to 32 KiB (1024 blocks in 128 buffers, or
+ * about 1300 in one) in a part that belongs to the message's slot of
+ * @depth, made at the first batch (depth x 32 KiB); a larger list in a
+ * staging slot of the host area (a large stage when it outgrows
+ * stage_slot_bytes), shared with staged host sends, which the message
+ * holds until it is free: such a send may also wait (or -EAGAIN) for a
+ * staging slot. Each
+ * buffer new to the receiver is introduced once, as for
+ * gpuipc_channel_send. The message holds a reference to every buffer until
+ * it is free: gpuipc_channel_send_done, gpuipc_channel_send_wait, the
+ * release callback and gpuipc_channel_info treat it as any message.
+ * Validation happens before anything is sent or waited for: -EINVAL, with
+ * a sentence naming the block, for NULL @ch or @blocks, @n 0 or above
+ * GPUIPC_CHANNEL_BLOCKS_MAX, a block with a NULL buffer, of 0 bytes, or
+ * reaching outside its buffer (offset + bytes beyond its size, or
+ * overflowing), blocks in HOST and GPU memory or on two devices, blocks in
+ * more than GPUIPC_CHANNEL_BLOCK_BUFS_MAX buffers, unknown @flags.
+ * Returns 0; -EINVAL; -ENOMEM; and what gpuipc_channel_send returns for
+ * flow control and failures (-EAGAIN, -ETIMEDOUT, GPUIPC_E_PEER_GONE,
+ * GPUIPC_E_PROTO, GPUIPC_E_CUDA, GPUIPC_E_CLOSED; a buffer that cannot
+ * be exported: gpuipc_buf_export's error, nothing sent).
+ * Thread safety: as gpuipc_channel_send (one sender lock a channel).
+ */
+GPUIPC_API int gpuipc_channel_send_blocks(gpuipc_channel_t *ch,
+                                          const gpuipc_block_t *blocks,
+                                          size_t n, void *stream,
+                                          unsigned flags, uint64_t *ticket);
+
+/*
+ * gpuipc_channel_recv_blocks - receive the next message, a block batch,
+ * by copying its block i into @dst[i], on @stream after the sender's work;
+ * the message is released once the copies have read it, without host
+ * waits (as gpuipc_channel_recv_into).
+ * @dst: @n destination blocks in gpuipc buffers (HOST, or one device's
+ *     memory: the copies run on that device, @stream one of its streams),
+ *     no two sharing a byte; dst[i].bytes must equal the sent block i's.
+ * The copies are batched. Between GPU memories: one launch of gpuipc's
+ * block kernel on @stream (a thread block a copy, its list of copies in
+ * pinned host memory of the channel's; it uses the GPU's multiprocessors
+ * while it runs). Where a side is host memory, or no kernel can be
+ * launched: one cuMemcpyBatchAsync (CUDA 12.8 and later drivers) on
+ * @stream; on the legacy default stream (NULL or
+ * CU_STREAM_LEGACY, which that call refuses) on a stream of gpuipc's own
+ * that waits for @stream's work and that @stream waits for in turn (two
+ * events). Where the driver lacks it: one cuMemcpyAsync a block. Between
+ * two host memories the copies are made at once with memcpy.
+ * The sender's list is checked strictly when the message is taken: a
+ * block outside its buffer as mapped here, a buffer key never sent, a
+ * malformed list is GPUIPC_E_PROTO with a sentence, and the channel is
+ * unusable afterwards.
+ * Returns 0; -EINVAL, with a sentence naming the block, before anything
+ * is taken, for NULL @ch or @dst, @n 0 or above GPUIPC_CHANNEL_BLOCKS_MAX,
+ * a destination block with a NULL buffer, of 0 bytes, outside its buffer
+ * (or overflowing), two that overlap, blocks in HOST and GPU memory or on
+ * two devices, a bad @timeout_ms; -EINVAL, the message staying first in
+ * line for the next receive, when the next message is not a block batch
+ * (receive it with gpuipc_channel_recv or _recv_into; those answer a
+ * block batch likewise with -EINVAL, and it stays), when it holds another
+ * number of blocks than @n, or when a block's size differs from its
+ * destination's; the other returns of gpuipc_channel_recv (-EAGAIN,
+ * -ETIMEDOUT, GPUIPC_E_PEER_GONE, GPUIPC_E_PROTO, GPUIPC_E_CUDA,
+ * GPUIPC_E_CLOSED); -ENOMEM.
+ * Thread safety: as gpuipc_channel_recv (one receiver lock a channel).
+ */
+GPUIPC_API int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,
+                                          const gpuipc_block_t *dst,
+                                          size_t n, void *stream,
+                                          int timeout_ms);
 
 /*
  * gpuipc_tensor_release - give a received view back to its sender.

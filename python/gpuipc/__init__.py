@@ -16,6 +16,8 @@ from ._device import (version, driver_status, device_count, devices, device_by_u
                       kind_available, topology, config)
 
 __version__ = _gpuipc.version()
+# The most blocks one block batch holds (Channel.send_blocks).
+CHANNEL_BLOCKS_MAX = _gpuipc.CHANNEL_BLOCKS_MAX
 
 
 def err_name(code):

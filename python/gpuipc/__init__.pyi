@@ -17,6 +17,8 @@ VMM: int
 LEGACY: int
 POOL: int
 DEFAULT: object
+# The most blocks one block batch holds (Channel.send_blocks / recv_blocks).
+CHANNEL_BLOCKS_MAX: int
 __version__: str
 
 class Error(Exception):
@@ -108,6 +110,16 @@ class Channel:
     def recv(self, timeout: Timeout = ..., stream: Stream = ...) -> Tensor: ...
     # dst: writable (a read-only one raises ValueError, receiving nothing)
     def recv_into(self, dst: Any, timeout: Timeout = ..., stream: Stream = ...) -> Any: ...
+    # Blocks tensor[i] along dimension 0 (tensor contiguous, in a gpuipc
+    # buffer), i in indices (a list, numpy or torch ints; IndexError outside
+    # 0 .. len - 1), as one message; returns the ticket.
+    def send_blocks(self, tensor: Any, indices: Any, stream: Stream = ...,
+                    block: bool = ...) -> int: ...
+    # The next block batch, block k into dst[indices[k]]: ValueError for a
+    # repeated index, another count or block size, a message that is not a
+    # batch (it stays), all before anything is taken; returns dst.
+    def recv_blocks(self, dst: Any, indices: Any, timeout: Timeout = ...,
+                    stream: Stream = ...) -> Any: ...
     def fileno(self) -> int: ...
     async def arecv(self, timeout: Timeout = ..., stream: Stream = ...) -> Tensor: ...
     # ticket: what send returned, 0 .. 2**64 - 1 (ValueError outside)

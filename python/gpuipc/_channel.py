@@ -81,6 +81,61 @@ class Channel(_Boxed):
             self._hold(ticket, (d.keep, box))
         return ticket
 
+    def send_blocks(self, tensor, indices, stream=None, block=True):
+        """Send the blocks ``tensor[i]`` for ``i`` in ``indices`` (a list,
+        or a numpy or torch integer array) as one message, a block batch
+        (``gpuipc_channel_send_blocks``): one descriptor, one ticket, one
+        batched copy at the receiver (``recv_blocks``), whatever the number
+        of blocks (1 .. ``gpuipc.CHANNEL_BLOCKS_MAX``). ``tensor`` is a
+        contiguous tensor (torch, numpy, DLPack, a gpuipc Buffer) whose
+        memory lies in a gpuipc buffer (``gpuipc.empty``, a gpuipc
+        allocator): a paged KV cache of one layer, say, whose first
+        dimension is the block. The blocks travel without a copy on this
+        side; the array of blocks is built in one call into the extension.
+        ``stream``: as ``send``'s (the message is ordered after its work).
+        ``block=False`` raises WouldBlock instead of waiting for room.
+        Raises IndexError for an index outside ``0 .. len(tensor) - 1``,
+        ValueError for a tensor that is not contiguous or not in a gpuipc
+        buffer, TypeError for indices that are not ints, and what ``send``
+        raises. Returns the ticket."""
+        flags = 0 if block else _c.SEND_NONBLOCK
+        if not isinstance(tensor, (Buffer, Tensor)):
+            ticket = _c.channel_send_blocks(self._h(), tensor, indices, stream,
+                                            flags, self._keep)
+            if ticket is not NotImplemented:
+                return ticket
+        d = describe(tensor, stream)
+        box = tensor._box if isinstance(tensor, Buffer) else None
+        ticket = _c.channel_send_blocks_desc(self._h(), box, d.t, indices,
+                                             d.stream(stream), flags)
+        if d.cuda:
+            self._hold(ticket, (d.keep, box))
+        return ticket
+
+    def recv_blocks(self, dst, indices, timeout=None, stream=None):
+        """Receive the next message, a block batch, copying its block ``k``
+        into ``dst[indices[k]]`` (``gpuipc_channel_recv_blocks``): one
+        launch of gpuipc's block kernel between GPU memories, else one
+        batched copy, on ``stream`` after the sender's work (on the legacy
+        default stream, which ``cuMemcpyBatchAsync`` refuses, on a stream
+        of gpuipc's own ordered after it and before its later work),
+        the message given back when the copies are done. ``dst`` is a contiguous,
+        writable tensor in a gpuipc buffer whose first dimension is the
+        block; ``indices`` as ``send_blocks``'s, one per block sent, no
+        index twice. Everything is checked before the message is taken:
+        IndexError for an index outside ``dst``, ValueError
+        (InvalidArgument) for a repeated index (two blocks overlap), a
+        block count or size that differs from the message's, or a message
+        that is not a block batch (it stays first in line: take it with
+        ``recv``). Returns ``dst``."""
+        d = describe(dst, stream)
+        if d.readonly:
+            raise ValueError("recv_blocks: dst is read-only")
+        box = dst._box if isinstance(dst, Buffer) else None
+        _c.channel_recv_blocks_desc(self._h(), box, d.t, indices,
+                                    d.stream(stream), _ms(timeout))
+        return dst
+
     def _hold(self, ticket, what):
         """Keep ``what`` (a staged GPU tensor the copy still reads) until
         message ``ticket`` is free; past 8 kept, let go of every one that

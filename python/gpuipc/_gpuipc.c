@@ -388,7 +388,8 @@ static PyMethodDef *const file_methods[] = {
     gpuipc__py_tensor_methods,  gpuipc__py_channel_methods,
     gpuipc__py_event_methods,   gpuipc__py_alloc_methods,
     gpuipc__py_chunk_methods,   gpuipc__py_torch_methods,
-    gpuipc__py_find_methods, gpuipc__py_send_methods};
+    gpuipc__py_find_methods, gpuipc__py_send_methods,
+    gpuipc__py_blocks_methods};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gpuipc",
                                     "gpuipc's C binding (use the gpuipc "
@@ -435,6 +436,8 @@ static int add_constants(PyObject *m)
   rc |= PyModule_AddIntConstant(m, "WAIT", GPUIPC_WAIT);
   rc |= PyModule_AddIntConstant(m, "SCRATCH", GPUIPC_SCRATCH);
   rc |= PyModule_AddIntConstant(m, "SEND_NONBLOCK", GPUIPC_SEND_NONBLOCK);
+  rc |= PyModule_AddIntConstant(m, "CHANNEL_BLOCKS_MAX",
+                                GPUIPC_CHANNEL_BLOCKS_MAX);
   rc |= PyModule_AddIntConstant(m, "JOIN_NO_BROKER", GPUIPC_JOIN_NO_BROKER);
   rc |= PyModule_AddIntConstant(m, "HAVE_CUDA", GPUIPC_HAVE_CUDA);
 #define GPUIPC__PY_ERR(name, code, msg)                                        \

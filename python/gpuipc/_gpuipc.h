@@ -9,6 +9,7 @@
  *   _gpuipc_torch.c    PyTorch tensors read in C
  *   _gpuipc_channel.c  channels
  *   _gpuipc_send.c     Channel.send in one call: any array read in C
+ *   _gpuipc_blocks.c   Channel.send_blocks / recv_blocks: blocks by index
  *   _gpuipc_find.c     the buffer an array lies in (gpuipc_buf_find)
  *   _gpuipc_event.c    interprocess events and copies
  *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
@@ -140,12 +141,29 @@ int gpuipc__py_alloc_kind(void);
  * NULL (gpuipc_buf_find; _gpuipc_find.c). */
 gpuipc_buf_t *gpuipc__py_find(int type, uintptr_t lo, size_t bytes);
 
+/* Array @obj read in C as Channel.send reads it (a torch tensor, the
+ * array interface, DLPack) into @d, with what keeps its memory alive in
+ * *@keep (a new reference) and @stream_arg resolved into *@stream: 1; 0
+ * when the Python layer must describe it (nothing kept); -1 with an
+ * exception (_gpuipc_send.c). */
+int gpuipc__py_read_array(PyObject *obj, PyObject *stream_arg,
+                          gpuipc__py_desc_t *d, PyObject **keep,
+                          void **stream);
+/* The bytes [lo, hi) that tensor @dl reaches. */
+void gpuipc__py_bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo,
+                       uintptr_t *hi);
+/* Keep @what in dict @keep under @ticket until message @ticket of @ch is
+ * free (what a GPU send still reads): 0, or -1 with an exception. */
+int gpuipc__py_hold(gpuipc_channel_t *ch, PyObject *keep, PyObject *ticket,
+                    PyObject *what);
+
 /* The method tables of the files, added to the module at import. */
 extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_tensor_methods[], gpuipc__py_channel_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
     gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[],
-    gpuipc__py_find_methods[], gpuipc__py_send_methods[];
+    gpuipc__py_find_methods[], gpuipc__py_send_methods[],
+    gpuipc__py_blocks_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

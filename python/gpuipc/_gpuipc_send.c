@@ -303,8 +303,28 @@ static int read_any(PyObject *obj, PyObject *stream_arg, read_t *r,
   return 1;
 }
 
+int gpuipc__py_read_array(PyObject *obj, PyObject *stream_arg,
+                          gpuipc__py_desc_t *d, PyObject **keep,
+                          void **stream)
+{
+  read_t r;
+  int got = read_any(obj, stream_arg, &r, stream);
+  if (got <= 0) {
+    Py_XDECREF(r.keep);
+    return got;
+  }
+  *d = r.d;
+  /* The description points into its own arrays: point it at @d's. */
+  d->t.dl.shape = d->shape;
+  if (r.d.t.dl.strides != NULL)
+    d->t.dl.strides = d->strides;
+  *keep = r.keep;
+  return 1;
+}
+
 /* The bytes [lo, hi) that tensor @dl reaches, as _common._Desc._bounds. */
-static void bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo, uintptr_t *hi)
+void gpuipc__py_bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo,
+                       uintptr_t *hi)
 {
   uintptr_t p = (uintptr_t)dl->data + dl->byte_offset;
   int64_t item = (int64_t)dl->dtype.bits * dl->dtype.lanes / 8;
@@ -340,8 +360,8 @@ static void bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo, uintptr_t *hi)
  * whose message is free (as Channel._hold does; the channel's locks are
  * taken without the GIL, which a receiver of this process may need to
  * release a message). 0, or -1. */
-static int hold(gpuipc_channel_t *ch, PyObject *keep, PyObject *ticket,
-                PyObject *what)
+int gpuipc__py_hold(gpuipc_channel_t *ch, PyObject *keep, PyObject *ticket,
+                    PyObject *what)
 {
   if (PyDict_SetItem(keep, ticket, what) < 0)
     return -1;
@@ -408,7 +428,7 @@ static PyObject *py_channel_send_any(PyObject *self, PyObject *args)
   }
   gpuipc_dl_tensor_t *dl = &r.d.t.dl;
   uintptr_t lo, hi;
-  bounds(dl, &lo, &hi);
+  gpuipc__py_bounds(dl, &lo, &hi);
   r.d.t.buf = gpuipc__py_find(dl->device.device_type, lo, hi - lo);
   uint64_t ticket = 0;
   int rc;
@@ -422,7 +442,7 @@ static PyObject *py_channel_send_any(PyObject *self, PyObject *args)
   }
   PyObject *t = PyLong_FromUnsignedLongLong(ticket);
   if (t != NULL && dl->device.device_type == GPUIPC_DL_CUDA &&
-      hold(ch, keep, t, r.keep) < 0)
+      gpuipc__py_hold(ch, keep, t, r.keep) < 0)
     Py_CLEAR(t);
   Py_DECREF(r.keep);
   return t;

@@ -13,6 +13,14 @@
  *   known.c      the buffers the receiver holds, by key (LRU, forgets)
  *   stage.c      large stages: a buffer of its own for a staged tensor
  *                larger than a slot
+ *   rxbufs.c     the buffers the receiver holds, by the sender's key
+ *                (imported from the socket, forgotten)
+ *   blocks.c     block batches: gpuipc_channel_send_blocks (its list in
+ *                the record slot's part of the list area, or a host
+ *                staging slot; sent through send.c's path) and
+ *                gpuipc_channel_recv_blocks (one batched copy)
+ *   blocks_rx.c  a batch's list, taken and checked with its descriptor
+ *                (its encoding is src/wire's: wire/blocks.c)
  *   recv.c       the receiving side: descriptors taken, buffers imported,
  *                releases published, views
  *   events.c     CUDA event pools (ours) and tables (the peer's)
@@ -31,8 +39,10 @@
  *                view) and its final free
  *
  * Files depend one way: open -> rendezvous, send, recv; open, recv -> ref;
- * send, recv -> events, tensor, ring, desc; the stream glue is
- * src/cuda/stream.c.
+ * blocks -> send, recv, blocks_rx (their gpuipc__chan_tx_* and _rx_*
+ * below); recv -> blocks_rx -> rxbufs; recv -> rxbufs; send, recv ->
+ * events, tensor, ring, desc; the stream glue is src/cuda/stream.c, the batched copy
+ * src/cuda/copy.c.
  *
  * Shared memory: one HOST segment "chan.NAME" of GPUIPC__CHAN_SEG_BYTES,
  * laid out at fixed offsets (never read from the segment):
@@ -98,6 +108,10 @@
 #define GPUIPC__CHAN_READY_OFF(d)                                              \
   (GPUIPC__CHAN_WORD_OFF(2) + (size_t)(d) * GPUIPC__CHAN_DEPTH_MAX * 8)
 #define GPUIPC__CHAN_SEG_BYTES ((size_t)2 << 20)
+/* A block batch's list up to this size lies in its record slot's part of
+ * the sender's list area (1024 blocks in 128 buffers fit); a larger one in
+ * a host staging slot or large stage. */
+#define GPUIPC__CHAN_LIST_BYTES ((size_t)32 << 10)
 /* Buffers one direction's receiver keeps mapped (the sender forgets LRU). */
 #define GPUIPC__CHAN_BUFS 256
 
@@ -251,6 +265,8 @@ struct gpuipc__tx_rec {
                           GPUIPC__CHAN_NO_SLOT) */
   bool released;      /* the receiver gave it back */
   gpuipc_buf_t *buf;  /* a reference held while in flight */
+  gpuipc_buf_t **more; /* a block batch's other buffers (references) */
+  uint32_t nmore;
   int stage, slot;    /* staging area (device + 1) and slot, or -1 */
   int large;          /* or the area's large stage, or -1 */
   gpuipc_event_t *rel_ev; /* the receiver's release event (table's) */
@@ -307,6 +323,9 @@ struct gpuipc__tx {
    * device send (the host area alone loads no CUDA) */
   struct gpuipc__stage *stage;
   int nstage;
+  /* Block lists (blocks.c): GPUIPC__CHAN_LIST_BYTES a record slot, host
+   * memory made at the first block batch; NULL before. */
+  gpuipc_buf_t *lists;
   gpuipc_release_fn cb;
   void *cb_user;
   uint64_t sent, bufs_sent;
@@ -349,9 +368,18 @@ struct gpuipc__rx {
   struct gpuipc__word_map ready;
   _Atomic uint64_t *ready_wait;
   bool guarded;             /* the guard watches this channel */
+  bool queued;              /* rx_ready queued a stream wait (ready.c) */
+  /* Block batches copied by gpuipc's block kernel (blocks.c): [depth]
+   * pinned lists of copies, by the sender's record slot, and their
+   * capacities in bytes. A slot's list is rewritten only for a later
+   * message in that slot, which comes after this one's release, itself
+   * after the kernel that read the list. */
+  uint64_t **klist;
+  size_t *klist_cap;
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
+  struct gpuipc__rx_blocks *pblocks; /* a block batch's blocks (blocks.c) */
   uint64_t received, bufs_imported;
   _Atomic uint64_t views;
 };
@@ -413,6 +441,8 @@ struct gpuipc__view {
   uint32_t slot;             /* the sender's record slot */
   int device;                /* for the release event, -1 for HOST */
   void *recv_stream;         /* gpuipc_channel_recv made the data ready on it */
+  bool waits;                /* with a stream wait queued there: its release
+                                on that stream needs no idle query */
   void *dl_stream;           /* DLPack consumer's: the deleter releases on it */
   gpuipc_dl_managed_tensor_t managed;
   gpuipc_dl_managed_tensor_versioned_t versioned;
@@ -651,6 +681,107 @@ int gpuipc__chan_tx_wait_any(struct gpuipc_channel *ch, unsigned flags,
 
 /* The oldest message in flight (0: none). Send lock held. */
 uint64_t gpuipc__chan_tx_oldest(const struct gpuipc__tx *tx);
+
+/* ----- send.c, for blocks.c ----- */
+
+/*
+ * Room for one more message, and with @area >= 0 (0: host, d + 1: device
+ * d) a staging slot (*@slot) or, for @span above a slot, a large stage
+ * (*@large) there (else -1 each). Send lock held (let go while it waits).
+ * Errors as gpuipc_channel_send's flow control.
+ */
+int gpuipc__chan_tx_reserve(struct gpuipc_channel *ch, int area,
+                            uint64_t span, unsigned flags, int *slot,
+                            int *large);
+/* The record slot the next message takes (room reserved). Send lock held. */
+uint32_t gpuipc__chan_tx_next_slot(const struct gpuipc_channel *ch);
+/* The buffer and the byte offset (*@offset) of what tx_reserve found. */
+gpuipc_buf_t *gpuipc__chan_stage_at(struct gpuipc_channel *ch, int area,
+                                    int slot, int large, uint64_t *offset);
+/*
+ * The key the receiver knows @buf by, in *@key: when it does not yet, its
+ * buffer message goes out now (*@is_new), and *@forget is the key evicted
+ * for it (else 0). Send lock held. The send's error (the channel broken
+ * when an evicted entry was lost).
+ */
+int gpuipc__chan_tx_key(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
+                        uint64_t *key, uint64_t *forget, bool *is_new);
+/* gpuipc__chan_tx_key for descriptor @d's buffer: its key, NEW_BUF, FORGET. */
+int gpuipc__chan_tx_intro(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
+                          struct gpuipc__desc *d);
+
+/* What a message holds while in flight, and what it is ordered after. */
+struct gpuipc__tx_post {
+  gpuipc_buf_t *const *hold; /* buffers referenced until it is free; the
+                                first names the device of its release */
+  uint32_t nhold;
+  int area, slot, large;     /* its staging (tx_reserve's), or -1 */
+  int ev_dev;                /* device of @stream's work, -1: none */
+  void *stream;
+  bool on_socket;            /* buffer messages went out for it */
+};
+
+/*
+ * Publish descriptor @d (seq, buffer, layout and type filled; room
+ * reserved) as gpuipc_channel_send does: its record slot, an event when
+ * @p->stream is busy, the record, the ring. Send lock held. 0 and
+ * *@ticket; a failure after buffer messages went out breaks the channel.
+ */
+int gpuipc__chan_tx_post(struct gpuipc_channel *ch,
+                         const struct gpuipc__desc *d,
+                         const struct gpuipc__tx_post *p, uint64_t *ticket);
+
+/* ----- recv.c and rxbufs.c, for blocks.c and blocks_rx.c ----- */
+
+/*
+ * The next message, pending (rx.pdesc, rx.pbuf), within @timeout_ms: 0
+ * with the receive lock held; else its code, the lock not held.
+ */
+int gpuipc__chan_rx_take(struct gpuipc_channel *ch, const char *who,
+                         int timeout_ms);
+/* Make @stream (of device @dev) wait for the sender's work on it. */
+int gpuipc__chan_rx_ready(struct gpuipc_channel *ch, int dev, void *stream);
+/*
+ * The pending message is consumed: release it, ordered after @stream (of
+ * device @dev, -1: none; @busy: work was just queued on it). Receive lock
+ * held.
+ */
+int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, void *stream,
+                         bool busy);
+/* Import the buffer message of key @key (message @seq) from the socket. */
+int gpuipc__chan_rx_import(struct gpuipc_channel *ch, uint64_t seq,
+                           uint64_t key, const char *who);
+/* Drop buffer @key (message @seq forgets it); GPUIPC_E_PROTO if unknown. */
+int gpuipc__chan_rx_forget(struct gpuipc_channel *ch, uint64_t seq,
+                           uint64_t key, const char *who);
+/* The buffer the sender calls @key, or NULL. */
+gpuipc_buf_t *gpuipc__chan_rx_buf(struct gpuipc_channel *ch, uint64_t key);
+
+/* ----- blocks_rx.c, for recv.c and blocks.c ----- */
+
+/* A block batch taken from the ring and checked, waiting to be copied. */
+struct gpuipc__rx_blocks {
+  uint32_t n;
+  bool host; /* the blocks lie in HOST buffers */
+  int dev;   /* else the device they are mapped for */
+  const void **src;
+  size_t *bytes;
+  gpuipc_buf_t *bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX]; /* the table's */
+  uint32_t nbufs;
+};
+
+/*
+ * Block batch descriptor rx.pdesc was taken, its list's buffer @lb mapped:
+ * copy the list out, check it, import and forget what it says, and keep
+ * the blocks (rx.pblocks). GPUIPC_E_PROTO with a sentence; -ENOMEM.
+ */
+int gpuipc__chan_blocks_fetch(struct gpuipc_channel *ch, gpuipc_buf_t *lb);
+/* -EINVAL naming @who: the pending message is a block batch. */
+int gpuipc__chan_blocks_refuse(struct gpuipc_channel *ch, const char *who);
+/* Free the block kernel's lists (at close, once their launches ran). */
+void gpuipc__chan_klist_free(struct gpuipc_channel *ch);
+/* Free rx.pblocks (consumed, or the channel closes). */
+void gpuipc__chan_blocks_drop(struct gpuipc_channel *ch);
 
 /* ----- known.c: the buffers the receiver holds, by key ----- */
 

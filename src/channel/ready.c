@@ -133,6 +133,7 @@ int gpuipc__chan_ready_wait(struct gpuipc_channel *ch, int dev, void *stream,
   atomic_store(&rx->ready_wait[d->slot], d->seq);
   int rc = gpuipc__stream_word_wait(dev, stream, addr + (uint64_t)d->slot * 8,
                                     d->seq);
+  rx->queued = rc == 0;
   if (atomic_load(&ch->broken) == GPUIPC_E_PEER_GONE)
     gpuipc__chan_ready_unblock(ch);
   return rc;

@@ -20,22 +20,6 @@ static int rx_broken(struct gpuipc_channel *ch, int rc)
   return gpuipc__chan_break(ch, rc);
 }
 
-static gpuipc_buf_t *rxbuf_find(struct gpuipc__rx *rx, uint64_t key, int *at)
-{
-  int i = rx->last_buf;
-  if (i < rx->nbufs && rx->bufs[i].key == key) {
-    *at = i;
-    return rx->bufs[i].buf;
-  }
-  for (i = 0; i < rx->nbufs; i++)
-    if (rx->bufs[i].key == key) {
-      rx->last_buf = i;
-      *at = i;
-      return rx->bufs[i].buf;
-    }
-  return NULL;
-}
-
 /*
  * Read the buffer message for @d from the socket and import it. The sender
  * queued it before publishing @d, so it is read without waiting.
@@ -43,60 +27,7 @@ static gpuipc_buf_t *rxbuf_find(struct gpuipc__rx *rx, uint64_t key, int *at)
 static int rx_import(struct gpuipc_channel *ch, const struct gpuipc__desc *d,
                      const char *who)
 {
-  struct gpuipc__rx *rx = &ch->rx;
-  uint8_t msg[GPUIPC__BUFMSG_BYTES + 16];
-  int fds[1] = {-1}, nfds = 1, at;
-  ssize_t n = gpuipc__sock_recv(ch->sock, msg, sizeof(msg), fds, &nfds, 0);
-  if (n == -ETIMEDOUT)
-    return gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu announced buffer "
-                       "key %llu, but its buffer message is not on the "
-                       "socket (a sender queues it before the descriptor)",
-                       who, (unsigned long long)d->seq,
-                       (unsigned long long)d->buf_key);
-  if (n < 0) {
-    if (n == GPUIPC_E_PEER_GONE)
-      gpuipc__chan_break(ch, (int)n);
-    return gpuipc__err((int)n, "%s: message %llu announced a buffer that "
-                       "did not arrive on the socket", who,
-                       (unsigned long long)d->seq);
-  }
-  int fd = nfds > 0 ? fds[0] : -1;
-  uint64_t key;
-  gpuipc_handle_t h;
-  int rc = gpuipc__bufmsg_decode(msg, (size_t)n, &key, &h, who);
-  if (rc == 0 && key != d->buf_key)
-    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: buffer message for key %llu where "
-                     "message %llu announced key %llu", who,
-                     (unsigned long long)key, (unsigned long long)d->seq,
-                     (unsigned long long)d->buf_key);
-  if (rc == 0 && rxbuf_find(rx, key, &at) != NULL)
-    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: buffer key %llu sent twice", who,
-                     (unsigned long long)key);
-  bool want_fd = h.type == GPUIPC_HT_POSIX_FD || h.type == GPUIPC_HT_POOL;
-  if (rc == 0 && want_fd != (fd >= 0))
-    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: buffer key %llu came %s a "
-                     "descriptor", who, (unsigned long long)key,
-                     fd >= 0 ? "with" : "without");
-  if (rc == 0 && rx->nbufs == GPUIPC__CHAN_BUFS)
-    rc = gpuipc__err(GPUIPC_E_PROTO, "%s: the peer sent more than %d "
-                     "buffers without forgetting any", who,
-                     GPUIPC__CHAN_BUFS);
-  if (rc != 0) {
-    gpuipc__fd_close(&fd);
-    return rc;
-  }
-  h.fd = fd;
-  gpuipc_buf_t *b;
-  rc = gpuipc_buf_import(&h, h.kind == GPUIPC_KIND_HOST ? -1 : ch->device,
-                         0, &b);
-  gpuipc__fd_close(&fd);
-  if (rc != 0)
-    return rc;
-  rx->bufs[rx->nbufs].key = key;
-  rx->bufs[rx->nbufs].buf = b;
-  rx->last_buf = rx->nbufs++;
-  rx->bufs_imported++;
-  return 0;
+  return gpuipc__chan_rx_import(ch, d->seq, d->buf_key, who);
 }
 
 /* Make the next message pending (taken from the ring, checked, mapped). */
@@ -148,25 +79,17 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
                                      "depth %u", who,
                                      (unsigned long long)d->seq, d->slot,
                                      rx->depth));
-  int at;
   if (d->flags & GPUIPC__DESC_FORGET) {
-    gpuipc_buf_t *old = rxbuf_find(rx, d->forget_key, &at);
-    if (old == NULL)
-      return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu "
-                                       "forgets buffer key %llu, which was "
-                                       "never sent", who,
-                                       (unsigned long long)d->seq,
-                                       (unsigned long long)d->forget_key));
-    gpuipc_buf_release(old); /* views hold references of their own */
-    rx->bufs[at] = rx->bufs[--rx->nbufs];
-    rx->last_buf = 0;
+    rc = gpuipc__chan_rx_forget(ch, d->seq, d->forget_key, who);
+    if (rc != 0)
+      return rx_broken(ch, rc);
   }
   if (d->flags & GPUIPC__DESC_NEW_BUF) {
     rc = rx_import(ch, d, who);
     if (rc != 0)
       return rx_broken(ch, rc);
   }
-  gpuipc_buf_t *b = rxbuf_find(rx, d->buf_key, &at);
+  gpuipc_buf_t *b = gpuipc__chan_rx_buf(ch, d->buf_key);
   if (b == NULL)
     return rx_broken(ch, gpuipc__err(GPUIPC_E_PROTO, "%s: message %llu uses "
                                      "buffer key %llu, which was never sent",
@@ -175,6 +98,8 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   /* Check the layout against the memory as mapped here, not as claimed. */
   rc = gpuipc__layout_check(GPUIPC_E_PROTO, who, d->dtype, d->ndim, d->shape,
                             d->strides, d->offset, gpuipc_buf_size(b), NULL);
+  if (rc == 0 && d->type == GPUIPC__DESC_BLOCKS)
+    rc = gpuipc__chan_blocks_fetch(ch, b);
   if (rc != 0)
     return rx_broken(ch, rc);
   rx->pbuf = b;
@@ -231,6 +156,17 @@ static int rx_take(struct gpuipc_channel *ch, const char *who, int timeout_ms)
   if (rc != 0)
     pthread_mutex_unlock(&ch->rx.lock);
   return rc;
+}
+
+int gpuipc__chan_rx_take(struct gpuipc_channel *ch, const char *who,
+                         int timeout_ms)
+{
+  return rx_take(ch, who, timeout_ms);
+}
+
+int gpuipc__chan_rx_ready(struct gpuipc_channel *ch, int dev, void *stream)
+{
+  return rx_ready(ch, dev, stream);
 }
 
 /* Where @dev's streams write the release word of record slot @slot: 0,
@@ -389,6 +325,11 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   if (rc != 0)
     return rc;
   struct gpuipc__rx *rx = &ch->rx;
+  if (rx->pdesc.type == GPUIPC__DESC_BLOCKS) {
+    rc = gpuipc__chan_blocks_refuse(ch, "gpuipc_channel_recv");
+    goto unlock;
+  }
+  rx->queued = false;
   rc = rx_ready(ch, gpuipc__stream_dev(stream, gpuipc_buf_device(rx->pbuf)),
                 stream);
   if (rc != 0)
@@ -422,6 +363,7 @@ int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
   v->seq = d->seq;
   v->slot = d->slot;
   v->recv_stream = stream;
+  v->waits = rx->queued;
   gpuipc__chan_ref(ch);
   v->ch = ch;
   rx->pending = false;
@@ -466,6 +408,10 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
   struct gpuipc__rx *rx = &ch->rx;
   const struct gpuipc__desc *d = &rx->pdesc;
   char why[200];
+  if (d->type == GPUIPC__DESC_BLOCKS) {
+    rc = gpuipc__chan_blocks_refuse(ch, who);
+    goto unlock;
+  }
   if (gpuipc__tensor_mismatch(d->seq, (int)d->ndim, d->dtype, d->shape, dl,
                               why, sizeof(why)) != NULL) {
     rc = gpuipc__err(-EINVAL, "%s: %s", who, why);
@@ -530,6 +476,18 @@ unlock:
   return rc;
 }
 
+int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, void *stream,
+                         bool busy)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  uint64_t seq = rx->pdesc.seq;
+  uint32_t slot = rx->pdesc.slot;
+  gpuipc__chan_blocks_drop(ch);
+  rx->pending = false;
+  rx->received++;
+  return rx_release(ch, seq, slot, dev, stream, busy, false);
+}
+
 int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,
                                 size_t len)
 {
@@ -570,7 +528,7 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
     rc = rx_release(ch, v->seq, v->slot,
                     v->device >= 0 ? gpuipc__stream_dev(stream, v->device)
                                    : -1,
-                    stream, false, false);
+                    stream, v->waits && stream == v->recv_stream, false);
   gpuipc_buf_release(v->t.buf);
   v->magic = 0;
   free(v);
@@ -585,6 +543,7 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   for (int i = 0; i < rx->nbufs; i++)
     gpuipc_buf_release(rx->bufs[i].buf);
   rx->nbufs = 0;
+  gpuipc__chan_blocks_drop(ch);
   gpuipc__chan_event_tab_free(rx->evs, rx->nevs);
   pthread_mutex_lock(&rx->rel_lock);
   gpuipc__chan_event_pool_free(rx->rel_ev, rx->rel_ev_sent, rx->ndev,
@@ -592,12 +551,14 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   rx->rel_ev = NULL;
   /* A counter block goes back only once every word is written: a launch
    * still running would use it (an unfinished one keeps it, unused). */
-  if (gpuipc__chan_words_written(ch))
+  if (gpuipc__chan_words_written(ch)) {
     for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
       if (rx->kstate[i] > 0) {
         gpuipc__counters_put(i, rx->kcount[i]);
         rx->kstate[i] = 0;
       }
+    gpuipc__chan_klist_free(ch); /* else a launch may still read one */
+  }
   free(rx->word_seq);
   rx->word_seq = NULL;
   pthread_mutex_unlock(&rx->rel_lock);

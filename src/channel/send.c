@@ -98,6 +98,9 @@ static void tx_rec_free(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
 {
   if (r->buf != NULL)
     gpuipc_buf_release(r->buf);
+  for (uint32_t i = 0; i < r->nmore; i++)
+    gpuipc_buf_release(r->more[i]);
+  free(r->more);
   if (r->stage >= 0 && ch->tx.stage != NULL) {
     struct gpuipc__stage *s = &ch->tx.stage[r->stage];
     if (r->large >= 0)
@@ -501,29 +504,50 @@ static int tx_reserve(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
                       uint64_t span, unsigned flags, int *area, int *slot,
                       int *large)
 {
-  struct gpuipc__tx *tx = &ch->tx;
-  uint64_t deadline = send_deadline(ch);
   *area = -1;
-  *slot = -1;
-  *large = -1;
-  if (t->buf == NULL) {
+  if (t->buf == NULL)
     *area = gpuipc__chan_is_host_dev(t->dl.device.device_type)
                 ? 0
                 : t->dl.device.device_id + 1;
-    int rc = stage_areas(ch, *area);
+  return gpuipc__chan_tx_reserve(ch, *area, span, flags, slot, large);
+}
+
+int gpuipc__chan_tx_reserve(struct gpuipc_channel *ch, int area,
+                            uint64_t span, unsigned flags, int *slot,
+                            int *large)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint64_t deadline = send_deadline(ch);
+  *slot = -1;
+  *large = -1;
+  if (area >= 0) {
+    int rc = stage_areas(ch, area);
     if (rc != 0)
       return rc;
   }
   for (;;) {
     uint64_t unlocks = tx->unlocks;
     int rc = tx_room(ch, flags, deadline);
-    if (rc == 0 && *area >= 0 && span > ch->stage_slot_bytes)
-      rc = gpuipc__chan_stage_large(ch, *area, span, flags, deadline, large);
-    else if (rc == 0 && *area >= 0)
-      rc = stage_get(ch, *area, flags, deadline, slot);
+    if (rc == 0 && area >= 0 && span > ch->stage_slot_bytes)
+      rc = gpuipc__chan_stage_large(ch, area, span, flags, deadline, large);
+    else if (rc == 0 && area >= 0)
+      rc = stage_get(ch, area, flags, deadline, slot);
     if (rc != 0 || tx->unlocks == unlocks)
       return rc;
   }
+}
+
+uint32_t gpuipc__chan_tx_next_slot(const struct gpuipc_channel *ch)
+{
+  return ch->tx.free_slots[ch->tx.nfree - 1];
+}
+
+gpuipc_buf_t *gpuipc__chan_stage_at(struct gpuipc_channel *ch, int area,
+                                    int slot, int large, uint64_t *offset)
+{
+  struct gpuipc__stage *s = &ch->tx.stage[area];
+  *offset = large >= 0 ? 0 : (uint64_t)slot * ch->stage_slot_bytes;
+  return large >= 0 ? s->large[large].buf : s->buf;
 }
 
 /* Send @b's handle and fd to the receiver as @key. */
@@ -638,8 +662,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   if (buf == NULL) {
     const gpuipc_dl_tensor_t *dl = &t->dl;
     bool host = area == 0;
-    buf = large >= 0 ? tx->stage[area].large[large].buf : tx->stage[area].buf;
-    d.offset = large >= 0 ? 0 : (uint64_t)slot * ch->stage_slot_bytes;
+    buf = gpuipc__chan_stage_at(ch, area, slot, large, &d.offset);
     uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(buf) + d.offset;
     const uint8_t *src = (const uint8_t *)dl->data + dl->byte_offset;
     if (host) {
@@ -659,28 +682,77 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   }
   d.seq = seq;
   d.buf_size = gpuipc_buf_size(buf);
+  rc = gpuipc__chan_tx_intro(ch, buf, &d);
+  if (rc != 0)
+    goto unlock;
+  struct gpuipc__tx_post post = {.hold = &buf, .nhold = 1, .area = area,
+                                 .slot = slot, .large = large,
+                                 .ev_dev = ev_dev, .stream = stream};
+  rc = gpuipc__chan_tx_post(ch, &d, &post, ticket);
+unlock:
+  pthread_mutex_unlock(&tx->lock);
+  return rc;
+}
 
-  /* The buffer's handle, the first time the receiver sees it. */
-  bool new_buf = false;
-  d.buf_key = gpuipc__chan_known_find(tx, buf);
-  if (d.buf_key == 0) {
-    d.buf_key = gpuipc__chan_known_add(tx, buf, &d.forget_key);
-    rc = send_bufmsg(ch, buf, d.buf_key);
-    if (rc != 0) {
-      gpuipc__chan_known_drop(tx, d.buf_key);
-      if (d.forget_key != 0)
-        gpuipc__chan_break(ch, rc); /* the evicted entry is lost */
-      goto unlock;
+int gpuipc__chan_tx_key(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
+                        uint64_t *key, uint64_t *forget, bool *is_new)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  *forget = 0;
+  *is_new = false;
+  *key = gpuipc__chan_known_find(tx, buf);
+  if (*key != 0)
+    return 0;
+  *key = gpuipc__chan_known_add(tx, buf, forget);
+  int rc = send_bufmsg(ch, buf, *key);
+  if (rc != 0) {
+    gpuipc__chan_known_drop(tx, *key);
+    if (*forget != 0)
+      gpuipc__chan_break(ch, rc); /* the evicted entry is lost */
+    return rc;
+  }
+  *is_new = true;
+  tx->bufs_sent++;
+  return 0;
+}
+
+int gpuipc__chan_tx_intro(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
+                          struct gpuipc__desc *d)
+{
+  bool is_new;
+  uint64_t forget;
+  int rc = gpuipc__chan_tx_key(ch, buf, &d->buf_key, &forget, &is_new);
+  if (rc != 0 || !is_new)
+    return rc;
+  d->forget_key = forget;
+  if (forget != 0)
+    d->flags |= GPUIPC__DESC_FORGET;
+  d->flags |= GPUIPC__DESC_NEW_BUF;
+  return 0;
+}
+
+int gpuipc__chan_tx_post(struct gpuipc_channel *ch,
+                         const struct gpuipc__desc *dp,
+                         const struct gpuipc__tx_post *p, uint64_t *ticket)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  struct gpuipc__desc d = *dp;
+  uint64_t seq = d.seq;
+  void *stream = p->stream;
+  int ev_dev = p->ev_dev, rc;
+  /* On the socket already: a failure from here on breaks the channel. */
+  bool new_buf = p->on_socket || (d.flags & GPUIPC__DESC_NEW_BUF);
+  gpuipc_buf_t **more = NULL;
+  if (p->nhold > 1) {
+    more = malloc((p->nhold - 1) * sizeof(*more));
+    if (more == NULL) {
+      rc = gpuipc__err(-ENOMEM, "gpuipc_channel_send: out of memory");
+      goto broken;
     }
-    if (d.forget_key != 0)
-      d.flags |= GPUIPC__DESC_FORGET;
-    d.flags |= GPUIPC__DESC_NEW_BUF;
-    new_buf = true;
-    tx->bufs_sent++;
   }
 
   /* The record slot (tx_room left one free): taken once it is published. */
-  uint32_t rs = tx->free_slots[tx->nfree - 1];
+  uint32_t rs = gpuipc__chan_tx_next_slot(ch);
   d.slot = (uint16_t)rs;
 
   /* Order the message after the sender's stream (unless it is idle). */
@@ -708,15 +780,22 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   r->seq = seq;
   r->released = false;
   r->rel_ev = NULL;
-  gpuipc__buf_ref(buf);
-  r->buf = buf;
-  r->stage = area;
-  r->slot = slot;
-  r->large = large;
-  if (large >= 0)
-    tx->stage[area].large[large].busy = true;
-  else if (area >= 0)
-    tx->stage[area].busy |= 1ull << slot;
+  gpuipc__buf_ref(p->hold[0]);
+  r->buf = p->hold[0];
+  for (uint32_t i = 1; i < p->nhold; i++) {
+    gpuipc__buf_ref(p->hold[i]);
+    more[i - 1] = p->hold[i];
+  }
+  r->more = more;
+  r->nmore = p->nhold - 1;
+  more = NULL;
+  r->stage = p->area;
+  r->slot = p->slot;
+  r->large = p->large;
+  if (p->large >= 0)
+    tx->stage[p->area].large[p->large].busy = true;
+  else if (p->area >= 0)
+    tx->stage[p->area].busy |= 1ull << p->slot;
   bool forgets = gpuipc__chan_forget_queued(tx, &d);
 
   uint32_t head = tx->head; /* ours: never read back from shared memory */
@@ -736,17 +815,15 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   tx->next_seq++;
   tx->sent++;
   tx->last_key = d.buf_key;
-  pthread_mutex_unlock(&tx->lock);
   if (ticket != NULL)
     *ticket = seq;
   return 0;
 
 broken:
+  free(more);
   /* A buffer message may be on the socket already: nothing can follow. */
   if (new_buf)
     gpuipc__chan_break(ch, rc < 0 ? rc : GPUIPC_E_PROTO);
-unlock:
-  pthread_mutex_unlock(&tx->lock);
   return rc;
 }
 
@@ -920,6 +997,8 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
     }
     free(tx->stage);
   }
+  if (tx->lists != NULL)
+    gpuipc_buf_release(tx->lists);
   gpuipc__chan_event_pool_free(tx->ev, tx->ev_sent, tx->ndev, tx->depth);
   gpuipc__chan_event_tab_free(tx->rel_evs, tx->nrel_evs);
   free(tx->ready_seq);

@@ -38,3 +38,34 @@ gpuipc_copy_word(uint4 *__restrict__ dst, const uint4 *__restrict__ src,
     *(volatile unsigned long long *)word = value;
   }
 }
+
+/*
+ * Block batches (src/channel/blocks.c): @n copies listed in @list (dst,
+ * src, bytes: three u64 a copy, in pinned host memory), thread block k
+ * taking copies k, k + gridDim.x, ...: 16 bytes a thread where both ends
+ * are 16-byte aligned, the rest a byte at a time. One thread reads a
+ * copy's entry over the bus; the block shares it.
+ */
+extern "C" __global__ void __launch_bounds__(512)
+gpuipc_copy_blocks(const unsigned long long *__restrict__ list,
+                   unsigned int n)
+{
+  __shared__ unsigned long long e[3];
+  for (unsigned int k = blockIdx.x; k < n; k += gridDim.x) {
+    if (threadIdx.x < 3)
+      e[threadIdx.x] = list[3ull * k + threadIdx.x];
+    __syncthreads();
+    unsigned char *d = (unsigned char *)e[0];
+    const unsigned char *s = (const unsigned char *)e[1];
+    unsigned long long b = e[2], i = 0;
+    if ((((unsigned long long)d | (unsigned long long)s) & 15) == 0) {
+      unsigned long long n16 = b >> 4;
+      for (i = threadIdx.x; i < n16; i += blockDim.x)
+        ((uint4 *)d)[i] = ((const uint4 *)s)[i];
+      i = n16 << 4;
+    }
+    for (i += threadIdx.x; i < b; i += blockDim.x)
+      d[i] = s[i];
+    __syncthreads();
+  }
+}

@@ -120,7 +120,22 @@
   X(cuStreamGetCtx, 0, 12000)                                                  \
   X(cuModuleLoadData, 0, 12000)                                                \
   X(cuModuleGetFunction, 0, 12000)                                             \
-  X(cuLaunchKernel, 0, 12000)
+  X(cuLaunchKernel, 0, 12000)                                                   \
+  GPUIPC_CU_BATCH(X)
+
+/*
+ * cuMemcpyBatchAsync came in CUDA 12.8; CUDA 13.0's prototype (what cuda.h
+ * 13 names cuMemcpyBatchAsync_v2) drops the failure index. Asked for at
+ * the version of the headers' prototype: a driver older than that has none
+ * for gpuipc, which then copies block by block (gpuipc__stream_copy_batch).
+ */
+#if CUDA_VERSION >= 13000
+#define GPUIPC_CU_BATCH(X) X(cuMemcpyBatchAsync, 0, 13000)
+#elif CUDA_VERSION >= 12080
+#define GPUIPC_CU_BATCH(X) X(cuMemcpyBatchAsync, 0, 12080)
+#else
+#define GPUIPC_CU_BATCH(X)
+#endif
 
 /* The table of entry points; valid after gpuipc__cuda_load() returned 0. */
 struct gpuipc__cu_table {
@@ -286,6 +301,17 @@ int gpuipc__stream_wait_event(gpuipc_event_t *ev, void *stream,
  */
 int gpuipc__stream_copy_async(int dev, void *dst, const void *src, size_t n,
                               void *stream, bool d2d);
+/*
+ * Queue @count copies (@n[i] bytes from @src[i] to @dst[i], none
+ * overlapping another's destination) on @stream of device @dev: one
+ * cuMemcpyBatchAsync where the driver has it and @stream is not the legacy
+ * default stream (which it refuses), else one cuMemcpyAsync a copy.
+ * Returns 0, the codes of gpuipc__ctx_enter, GPUIPC_E_CUDA (naming the
+ * copy); GPUIPC_E_UNSUPPORTED without CUDA. (copy.c)
+ */
+int gpuipc__stream_copy_batch(int dev, void *const *dst,
+                              const void *const *src, const size_t *n,
+                              size_t count, void *stream);
 
 /*
  * Words: 64-bit counters in host memory registered with CUDA, which a
@@ -314,8 +340,32 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
  */
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value);
+/*
+ * gpuipc__stream_aside_run: call @fn with a stream of gpuipc's own on
+ * device @dev (a CUstream) that starts after the work queued on @stream so
+ * far, and make @stream's later work wait for what @fn queued there (two
+ * events): for work that @stream itself cannot take, such as a batch of
+ * copies on the legacy default stream. Returns @fn's return, GPUIPC_E_CUDA,
+ * GPUIPC_E_UNSUPPORTED.
+ */
+int gpuipc__stream_aside_run(int dev, void *stream,
+                             int (*fn)(void *aside, void *arg), void *arg);
 
 /* ----- gpuipc's copy kernel (kernel.c) ----- */
+
+/*
+ * gpuipc__copy_blocks: one launch of gpuipc_copy_blocks on @stream of
+ * device @dev, copying the @n copies of @list (dst, src, bytes: three u64
+ * a copy), which must lie in memory from gpuipc__pinned_alloc and stay
+ * there until the launch has run. Returns 0, GPUIPC_E_CUDA, or
+ * GPUIPC_E_UNSUPPORTED (no kernel: copy otherwise).
+ */
+int gpuipc__copy_blocks(int dev, const uint64_t *list, unsigned n,
+                        void *stream);
+/* Host memory every device reads (registered, mapped), for such lists:
+ * 0, -ENOMEM, GPUIPC_E_CUDA, GPUIPC_E_UNSUPPORTED. */
+int gpuipc__pinned_alloc(size_t bytes, uint64_t **out);
+void gpuipc__pinned_free(uint64_t *p);
 
 /* Devices that get the per-device state of the copy kernel and of the
  * words written after a stream's work; others copy and write as before. */

@@ -167,20 +167,53 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
   return word_op(dev, stream, addr, value, true);
 }
 
-/* Per device: the stream that writes words after another's work, and the
- * event that orders it (made on first use, kept for the process). */
+/* Per device: a stream of gpuipc's own that works after another's work
+ * (a word written after it, a batch of copies the other cannot take), and
+ * the events that order the two (made on first use, kept for the
+ * process). */
 static struct aside {
   pthread_mutex_t lock;
   CUstream s;
-  CUevent ev;
+  CUevent ev, back;
 } asides[GPUIPC__DEV_SLOTS] = {
-    [0 ... GPUIPC__DEV_SLOTS - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL}};
+    [0 ... GPUIPC__DEV_SLOTS - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL,
+                                     NULL}};
 
-int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
-                                    uint64_t value)
+/* Device @dev's aside, made if need be (its lock held, context current). */
+static int aside_get(struct aside *a)
+{
+  if (a->s != NULL)
+    return 0;
+  CUstream s;
+  CUevent ev, back;
+  int rc = GPUIPC_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+  if (rc != 0)
+    return rc;
+  rc = GPUIPC_CU(cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
+  if (rc == 0) {
+    rc = GPUIPC_CU(cuEventCreate, &back, CU_EVENT_DISABLE_TIMING);
+    if (rc != 0)
+      gpuipc__cu.cuEventDestroy(ev);
+  }
+  if (rc != 0) {
+    gpuipc__cu.cuStreamDestroy(s);
+    return rc;
+  }
+  a->s = s;
+  a->ev = ev;
+  a->back = back;
+  return 0;
+}
+
+/*
+ * Run @fn on device @dev's aside stream after the work queued on @stream;
+ * with @join, @stream's later work also waits for what @fn queued.
+ */
+static int on_aside(int dev, void *stream, bool join,
+                    int (*fn)(CUstream aside, void *arg), void *arg)
 {
   if (dev < 0 || dev >= GPUIPC__DEV_SLOTS)
-    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "device %d: no word stream",
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "device %d: no aside stream",
                        dev);
   struct gpuipc__ctx_saved saved;
   int rc = gpuipc__ctx_enter(dev, &saved);
@@ -188,31 +221,45 @@ int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
     return rc;
   struct aside *a = &asides[dev];
   pthread_mutex_lock(&a->lock);
-  if (a->s == NULL) {
-    CUstream s;
-    CUevent ev;
-    rc = GPUIPC_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
-    if (rc == 0) {
-      rc = GPUIPC_CU(cuEventCreate, &ev, CU_EVENT_DISABLE_TIMING);
-      if (rc == 0) {
-        a->s = s;
-        a->ev = ev;
-      } else {
-        gpuipc__cu.cuStreamDestroy(s);
-      }
-    }
-  }
-  /* The event's state is taken by the wait at once: reused next call. */
+  rc = aside_get(a);
+  /* An event's state is taken by the wait at once: reused next call. */
   if (rc == 0)
     rc = GPUIPC_CU(cuEventRecord, a->ev, (CUstream)stream);
   if (rc == 0)
     rc = GPUIPC_CU(cuStreamWaitEvent, a->s, a->ev, 0);
   if (rc == 0)
-    rc = GPUIPC_CU(cuStreamWriteValue64, a->s, (CUdeviceptr)addr, value,
-                   CU_STREAM_WRITE_VALUE_DEFAULT);
+    rc = fn(a->s, arg);
+  if (rc == 0 && join)
+    rc = GPUIPC_CU(cuEventRecord, a->back, a->s);
+  if (rc == 0 && join)
+    rc = GPUIPC_CU(cuStreamWaitEvent, (CUstream)stream, a->back, 0);
   pthread_mutex_unlock(&a->lock);
   gpuipc__ctx_leave(&saved);
   return rc;
+}
+
+struct word_arg {
+  uint64_t addr, value;
+};
+
+static int word_fn(CUstream s, void *arg)
+{
+  const struct word_arg *w = arg;
+  return GPUIPC_CU(cuStreamWriteValue64, s, (CUdeviceptr)w->addr, w->value,
+                   CU_STREAM_WRITE_VALUE_DEFAULT);
+}
+
+int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
+                                    uint64_t value)
+{
+  struct word_arg w = {addr, value};
+  return on_aside(dev, stream, false, word_fn, &w);
+}
+
+int gpuipc__stream_aside_run(int dev, void *stream,
+                             int (*fn)(void *aside, void *arg), void *arg)
+{
+  return on_aside(dev, stream, true, (int (*)(CUstream, void *))fn, arg);
 }
 #else
 int gpuipc__stream_dev(void *stream, int fallback)
@@ -257,6 +304,12 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
 
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+
+int gpuipc__stream_aside_run(int dev, void *stream,
+                             int (*fn)(void *aside, void *arg), void *arg)
 {
   return GPUIPC_E_UNSUPPORTED;
 }

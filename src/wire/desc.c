@@ -5,6 +5,9 @@
  * shared memory, so every field is checked before it is used; the dtype and
  * layout checks at the top serve that decoder and the senders' own checks.
  *
+ * type: GPUIPC__DESC_TENSOR, or GPUIPC__DESC_BLOCKS, a block batch whose
+ * "tensor" is its block list (1-D uint8; wire/blocks.c).
+ *
  * Descriptor (at most GPUIPC__CHAN_DESC_BYTES):
  *   u32 magic "GCHD"  u16 version  u16 type  u16 length  u16 slot
  *   u32 flags  u64 seq  u64 buf_key  u64 buf_size  u64 forget_key
@@ -204,6 +207,18 @@ int gpuipc__desc_encode(const struct gpuipc__desc *d, void *dst, size_t cap)
   return rc != 0 ? rc : (int)w.len;
 }
 
+/* Whether block batch descriptor @d describes a list: 1-D uint8 bytes,
+ * contiguous, of a length a list may have. */
+static bool blocks_shape(const struct gpuipc__desc *d)
+{
+  return d->ndim == 1 && d->dtype.code == GPUIPC_DL_UINT &&
+         d->dtype.bits == 8 && d->dtype.lanes == 1 && d->strides[0] == 1 &&
+         d->shape[0] >= GPUIPC__BLIST_HEAD &&
+         (uint64_t)d->shape[0] <=
+             gpuipc__blist_bytes(GPUIPC_CHANNEL_BLOCK_BUFS_MAX,
+                                 GPUIPC_CHANNEL_BLOCKS_MAX);
+}
+
 int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
                         const char *who)
 {
@@ -227,7 +242,7 @@ int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor version %u (this "
                        "library speaks %u)", who, version,
                        GPUIPC__DESC_VERSION);
-  if (out->type != GPUIPC__DESC_TENSOR)
+  if (out->type != GPUIPC__DESC_TENSOR && out->type != GPUIPC__DESC_BLOCKS)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor type %u is unknown",
                        who, out->type);
   if (dlen < DESC_FIXED || dlen > len)
@@ -289,6 +304,12 @@ int gpuipc__desc_decode(const void *src, size_t len, struct gpuipc__desc *out,
   if (out->buf_size == 0 || out->buf_size > GPUIPC_SIZE_MAX_ABSURD)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: descriptor buffer size %llu",
                        who, (unsigned long long)out->buf_size);
+  if (out->type == GPUIPC__DESC_BLOCKS && !blocks_shape(out))
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: block batch descriptor does "
+                       "not describe a block list (1-D uint8, %d to %zu "
+                       "bytes)", who, GPUIPC__BLIST_HEAD,
+                       gpuipc__blist_bytes(GPUIPC_CHANNEL_BLOCK_BUFS_MAX,
+                                           GPUIPC_CHANNEL_BLOCKS_MAX));
   return gpuipc__layout_check(GPUIPC_E_PROTO, who, out->dtype, out->ndim,
                               out->shape, out->strides, out->offset,
                               out->buf_size, NULL);

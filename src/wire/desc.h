@@ -25,8 +25,14 @@
 /* ----- descriptors ----- */
 
 #define GPUIPC__DESC_MAGIC 0x44484347u /* "GCHD" */
-#define GPUIPC__DESC_VERSION 1 /* what bumps it: docs/versions.md */
+/* What bumps it: docs/versions.md.
+ * 2: descriptors of type GPUIPC__DESC_BLOCKS, whose block list
+ *    (GPUIPC__BLIST_MAGIC, below) lies in the sender's host stage. */
+#define GPUIPC__DESC_VERSION 2
 #define GPUIPC__DESC_TENSOR 1
+/* A block batch: the "tensor" is its block list, 1-D uint8, in a buffer the
+ * receiver reads from the host (the sender's host staging area). */
+#define GPUIPC__DESC_BLOCKS 2
 
 /* Descriptor flags. */
 #define GPUIPC__DESC_NEW_BUF 0x1u   /* the buffer's handle is on the socket */
@@ -112,6 +118,72 @@ struct gpuipc__rel {
 int gpuipc__rel_encode(const struct gpuipc__rel *r, void *dst, size_t cap);
 int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
                        const char *who);
+
+/* ----- block lists (blocks.c) ----- */
+
+/*
+ * The list of a block batch: the buffers its blocks lie in (each by its
+ * key, with the handle on the socket when NEW, after the descriptor's own
+ * buffer message, in this order; FORGET: drop forget_key first) and the
+ * blocks, each an index into those buffers, a byte offset and a length.
+ */
+#define GPUIPC__BLIST_MAGIC 0x4b484347u /* "GCHK" */
+#define GPUIPC__BLIST_HEAD 24
+#define GPUIPC__BLIST_BUF_BYTES 32
+#define GPUIPC__BLIST_BLOCK_BYTES 24
+#define GPUIPC__BLIST_NEW 0x1u
+#define GPUIPC__BLIST_FORGET 0x2u
+#define GPUIPC__BLIST_FLAGS 0x3u
+
+struct gpuipc__blist_buf {
+  uint64_t key;
+  uint64_t size;       /* as the sender knows it */
+  uint64_t forget_key; /* with GPUIPC__BLIST_FORGET */
+  uint32_t flags;
+};
+
+struct gpuipc__blist_block {
+  uint32_t buf; /* index into the list's buffers */
+  uint64_t offset, bytes;
+};
+
+/* The encoded length of a list of @nbufs buffers and @nblocks blocks. */
+static inline size_t gpuipc__blist_bytes(uint32_t nbufs, uint32_t nblocks)
+{
+  return GPUIPC__BLIST_HEAD + (size_t)nbufs * GPUIPC__BLIST_BUF_BYTES +
+         (size_t)nblocks * GPUIPC__BLIST_BLOCK_BYTES;
+}
+
+/*
+ * Write the list's head and buffers at @dst (room for
+ * gpuipc__blist_bytes(@nbufs, @nblocks) bytes), as they are (a test
+ * writes lies with it); then each block with gpuipc__blist_put_block.
+ */
+void gpuipc__blist_put_head(void *dst, uint64_t seq, uint32_t nbufs,
+                            uint32_t nblocks,
+                            const struct gpuipc__blist_buf *bufs);
+void gpuipc__blist_put_block(void *dst, uint32_t nbufs, uint32_t i,
+                             const struct gpuipc__blist_block *b);
+
+/* A decoded list; gpuipc__blist_free frees @blocks. */
+struct gpuipc__blist {
+  uint32_t nbufs, nblocks;
+  struct gpuipc__blist_buf bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
+  struct gpuipc__blist_block *blocks; /* [nblocks] */
+};
+
+/*
+ * Decode and check the list of message @seq, @len bytes at @src (a copy
+ * the peer cannot change): magic, version, sequence number, counts (1 ..
+ * the maxima), the exact length, each buffer's key (non-zero, distinct),
+ * size, flags and forget key, and each block's buffer index, length
+ * (non-zero) and range (within the size the buffer's entry claims; the
+ * caller checks it against the buffer as mapped). GPUIPC_E_PROTO with a
+ * sentence beginning with @who and naming the entry; -ENOMEM.
+ */
+int gpuipc__blist_decode(const void *src, size_t len, uint64_t seq,
+                         struct gpuipc__blist *out, const char *who);
+void gpuipc__blist_free(struct gpuipc__blist *l);
 
 /* ----- the buffer message on the socket ----- */
 

@@ -294,7 +294,7 @@ static bool reg_holds(uintptr_t p)
 }
 
 /* Registered memory is reached at its host address (unified addressing). */
-static CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
+FAKE_HIDDEN CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
                                                unsigned int flags)
 {
   NEED_INIT();
@@ -418,6 +418,9 @@ static const struct {
     ENTRY(cuIpcCloseMemHandle),
     ENTRY(cuMemcpyAsync),
     ENTRY(cuMemcpyDtoDAsync),
+#if CUDA_VERSION >= 13000
+    ENTRY(cuMemcpyBatchAsync),
+#endif
     ENTRY(cuStreamWriteValue64),
     ENTRY(cuStreamWaitValue64),
     ENTRY(cuMemHostGetDevicePointer),

@@ -36,6 +36,12 @@ if(GPUIPC_HAVE_CUDA)
   add_dependencies(test_channel_ready_guard fake_cuda_full chan_guard_peer)
   target_compile_definitions(test_channel_ready_guard PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  # tests/channel_blocks.c: block batches on the fake's device 0, which
+  # counts the batched copies.
+  add_dependencies(test_channel_blocks fake_cuda_full chan_blocks_peer)
+  target_compile_definitions(test_channel_blocks PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_blocks_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_gpu_order.c: tests/channel_gpu.c's scenarios on the fake.
   add_dependencies(test_channel_gpu_order fake_cuda_full chan_order_peer)
   target_compile_definitions(test_channel_gpu_order PRIVATE

@@ -83,12 +83,17 @@ int fake_cuda_not_ready(void);
 int fake_cuda_events_recorded(void);
 /* Successful cuStreamWaitEvent calls in this process so far. */
 int fake_cuda_stream_waits(void);
+/* Successful cuMemcpyBatchAsync calls so far (0 where the fake, built
+ * with headers before CUDA 13, has none). */
+int fake_cuda_batch_copies(void);
 /* cuStreamWriteValue64 and cuStreamWaitValue64 calls so far. */
 int fake_cuda_word_writes(void);
 int fake_cuda_word_waits(void);
 /* Launches of gpuipc's copy kernel so far, and how many of them ran with
  * their counter not at 0 (the kernel would then never write its word). */
 int fake_cuda_kernel_launches(void);
+/* Launches of gpuipc's block kernel (gpuipc_copy_blocks) so far. */
+int fake_cuda_block_launches(void);
 int fake_cuda_kernel_faults(void);
 /* Launches of `gpuipc bench`'s kernels so far (tools/bench_kernels.cu). */
 int fake_cuda_bench_launches(void);

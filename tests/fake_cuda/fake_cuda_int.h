@@ -104,8 +104,18 @@ FAKE_HIDDEN CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p);
 FAKE_HIDDEN CUresult fake_cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h,
                                              unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuIpcCloseMemHandle(CUdeviceptr p);
+FAKE_HIDDEN CUresult fake_cuMemHostGetDevicePointer(CUdeviceptr *d, void *p,
+                                                    unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
                                         size_t n, CUstream h);
+#if CUDA_VERSION >= 13000
+FAKE_HIDDEN CUresult fake_cuMemcpyBatchAsync(CUdeviceptr *dsts,
+                                             CUdeviceptr *srcs,
+                                             size_t *sizes, size_t count,
+                                             CUmemcpyAttributes *attrs,
+                                             size_t *attr_idxs,
+                                             size_t nattrs, CUstream h);
+#endif
 FAKE_HIDDEN CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
                                         size_t n, CUstream h);
 FAKE_HIDDEN CUresult fake_cuStreamWriteValue64(CUstream h, CUdeviceptr addr,

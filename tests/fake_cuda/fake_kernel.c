@@ -1,6 +1,6 @@
 /*
  * The fake CUDA driver's modules and launches: it runs no device code, but
- * knows gpuipc's one kernel by name (src/cuda/kernel.c), and the three of
+ * knows gpuipc's kernels by name (src/cuda/kernel.c), and the three of
  * `gpuipc bench` (tools/bench_kernels.cu). cuModuleLoadData
  * takes PTX text (a NUL-terminated image that declares .version and
  * .target) and remembers which kernels it declares (".entry NAME(");
@@ -11,10 +11,16 @@
  * 16-byte units, a tail of 0..15 bytes, a 4-byte aligned counter, an
  * 8-byte aligned word and its value) and queues what the kernel does: the
  * copy, then the word (fake_stream_copy_word). Launches are counted
- * (fake_cuda_kernel_launches). The bench's kernels are checked as they
- * are declared (one block of 1,024 threads, no shared memory, 4-byte
- * aligned pointers) and do their work on the host memory that stands for
- * device memory, queued in their stream's order (fake_stream_call):
+ * (fake_cuda_kernel_launches). gpuipc_copy_blocks (a 1-D grid of 1-D
+ * blocks of at most 512 threads, no shared memory asked, two parameters:
+ * an 8-byte aligned list in registered host memory and its count of
+ * copies) reads its list at the launch and queues each copy in stream
+ * order (fake_cuda_block_launches counts the launches, and refuses one
+ * whose list is not registered memory). The bench's kernels are checked
+ * as they are declared (one block of 1,024 threads, no shared memory,
+ * 4-byte aligned pointers) and do their work on the host memory that
+ * stands for device memory, queued in their stream's order
+ * (fake_stream_call):
  * gpuipc_bench_write writes word k = v + k; gpuipc_bench_answer counts
  * the words of its input that are not v + k in tally[0], writes each + 1,
  * and counts itself in tally[1]; gpuipc_bench_check counts the words that
@@ -23,10 +29,10 @@
  */
 #include "fake_cuda_int.h"
 
-enum { F_COPY_WORD, F_WRITE, F_ANSWER, F_CHECK, F_COUNT };
+enum { F_COPY_WORD, F_COPY_BLOCKS, F_WRITE, F_ANSWER, F_CHECK, F_COUNT };
 static const char *const fn_names[F_COUNT] = {
-    "gpuipc_copy_word", "gpuipc_bench_write", "gpuipc_bench_answer",
-    "gpuipc_bench_check"};
+    "gpuipc_copy_word", "gpuipc_copy_blocks", "gpuipc_bench_write",
+    "gpuipc_bench_answer", "gpuipc_bench_check"};
 #define BENCH_WORDS 1024 /* the bench kernels' block, and tensor */
 
 struct CUmod_st {
@@ -38,8 +44,8 @@ struct CUfunc_st {
 };
 
 static struct CUfunc_st fns[F_COUNT] = {
-    {F_COPY_WORD}, {F_WRITE}, {F_ANSWER}, {F_CHECK}};
-static atomic_int launches, bench_launches;
+    {F_COPY_WORD}, {F_COPY_BLOCKS}, {F_WRITE}, {F_ANSWER}, {F_CHECK}};
+static atomic_int launches, block_launches, bench_launches;
 
 FAKE_HIDDEN CUresult fake_cuModuleLoadData(CUmodule *mod, const void *image)
 {
@@ -78,6 +84,33 @@ FAKE_HIDDEN CUresult fake_cuModuleGetFunction(CUfunction *f, CUmodule mod,
       return CUDA_SUCCESS;
     }
   return CUDA_ERROR_NOT_FOUND;
+}
+
+/* gpuipc_copy_blocks: each copy of the list, queued in order on @h. */
+static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
+                              CUstream h, void **params, void **extra)
+{
+  if (gx == 0 || bx == 0 || bx > 512 || shmem != 0 || params == NULL ||
+      extra != NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr list = *(CUdeviceptr *)params[0];
+  unsigned int n = *(unsigned int *)params[1];
+  if (list == 0 || list % 8 != 0 || n == 0 || gx > n)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr back = 0;
+  if (fake_cuMemHostGetDevicePointer(&back, (void *)(uintptr_t)list, 0) !=
+      CUDA_SUCCESS)
+    return CUDA_ERROR_ILLEGAL_ADDRESS; /* the GPU could not read it */
+  const uint64_t *l = (const uint64_t *)(uintptr_t)list;
+  for (unsigned int i = 0; i < n; i++) {
+    CUresult r = fake_cuMemcpyAsync((CUdeviceptr)l[3 * i],
+                                    (CUdeviceptr)l[3 * i + 1],
+                                    (size_t)l[3 * i + 2], h);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  atomic_fetch_add(&block_launches, 1);
+  return CUDA_SUCCESS;
 }
 
 /* ---- the bench's kernels, on the bytes (@a: their parameters) ---- */
@@ -172,6 +205,8 @@ FAKE_HIDDEN CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx,
   uintptr_t fi = (uintptr_t)f, f0 = (uintptr_t)fns;
   if (fi < f0 || fi >= f0 + sizeof(fns) || (fi - f0) % sizeof(fns[0]) != 0)
     return CUDA_ERROR_INVALID_HANDLE;
+  if (f->which == F_COPY_BLOCKS && gy == 1 && gz == 1 && by == 1 && bz == 1)
+    return launch_blocks(gx, bx, shmem, h, params, extra);
   if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || by != 1 || bz != 1 ||
       shmem != 0 || params == NULL || extra != NULL)
     return CUDA_ERROR_INVALID_VALUE;
@@ -211,6 +246,11 @@ FAKE_HIDDEN CUresult fake_cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n)
 int fake_cuda_kernel_launches(void)
 {
   return atomic_load(&launches);
+}
+
+int fake_cuda_block_launches(void)
+{
+  return atomic_load(&block_launches);
 }
 
 int fake_cuda_bench_launches(void)

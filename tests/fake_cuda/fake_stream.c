@@ -527,6 +527,58 @@ FAKE_HIDDEN CUresult fake_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src,
   return fake_cuMemcpyAsync(dst, src, n, h);
 }
 
+#if CUDA_VERSION >= 13000
+static atomic_int batch_copies;
+
+/* As the driver documents it: not on the legacy stream, one attribute
+ * for all, the copies queued in order (a real batch may run them in any
+ * order: none of gpuipc's overlap). */
+FAKE_HIDDEN CUresult fake_cuMemcpyBatchAsync(CUdeviceptr *dsts,
+                                             CUdeviceptr *srcs,
+                                             size_t *sizes, size_t count,
+                                             CUmemcpyAttributes *attrs,
+                                             size_t *attr_idxs,
+                                             size_t nattrs, CUstream h)
+{
+  NEED_INIT();
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (h == NULL || h == CU_STREAM_LEGACY || count == 0 || dsts == NULL ||
+      srcs == NULL || sizes == NULL || nattrs == 0 || nattrs > count ||
+      attrs == NULL || attr_idxs == NULL || attr_idxs[0] != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < nattrs; i++)
+    if (attrs[i].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_INVALID)
+      return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; i++)
+    if (sizes[i] == 0 || dsts[i] == 0 || srcs[i] == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&work_lock);
+  for (size_t i = 0; i < count && r == CUDA_SUCCESS; i++) {
+    struct stream_op op = {.kind = OP_COPY,
+                           .dst = (uint8_t *)(uintptr_t)dsts[i],
+                           .src = (const uint8_t *)(uintptr_t)srcs[i],
+                           .n = sizes[i]};
+    r = enqueue(h, &op);
+  }
+  pthread_mutex_unlock(&work_lock);
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&batch_copies, 1);
+  return r;
+}
+
+int fake_cuda_batch_copies(void)
+{
+  return atomic_load(&batch_copies);
+}
+#else
+int fake_cuda_batch_copies(void)
+{
+  return 0;
+}
+#endif
+
 static atomic_int word_writes, word_waits;
 
 /* Queue @op, then a write of @value to @addr, on @h (the write runs by

@@ -89,7 +89,7 @@ while read -r line; do
   *) st=FAIL ;;
   esac
   case "$name" in
-  vmm | legacy | pool | event | foreign | topo)
+  vmm | legacy | pool | event | foreign | topo | channel_blocks_gpu)
     # On a GPU machine the GPU tests must run.
     [ "$st" = SKIP ] && st="FAIL(skip)" && failed=1
     ;;

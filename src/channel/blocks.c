@@ -1,0 +1,493 @@
+/*
+ * Channels: block batches (gpuipc_channel_send_blocks,
+ * gpuipc_channel_recv_blocks). A KV cache moves as hundreds to thousands
+ * of blocks of a few large buffers; a batch is one message of the
+ * channel's: one descriptor, one record slot, one ticket, one release.
+ *
+ * Sending. The blocks are checked before anything is taken (each inside
+ * its buffer, not empty, one kind and device). The block list (wire/
+ * blocks.c: the buffers by key, the blocks by buffer index, offset and
+ * length) is written into the part of the sender's list area (host
+ * memory, GPUIPC__CHAN_LIST_BYTES a record slot) that belongs to the
+ * message's record slot, so it is recycled with it; a list larger than a
+ * part (more than about 1300 blocks) goes into a host staging slot or a
+ * large stage instead, which the message holds until it is free (send.c's
+ * tx_rec_free). The receiver maps that memory like any buffer; the
+ * descriptor (GPUIPC__DESC_BLOCKS) names where the list lies. Each
+ * buffer new to the receiver goes over the socket, the list's after the
+ * descriptor's own, in the list's order; one evicted to make room, or a
+ * queued one, is forgotten by the entry that needs the room. The message
+ * holds a reference to each buffer and is ordered after the stream as
+ * gpuipc_channel_send orders one (send.c's gpuipc__chan_tx_post).
+ *
+ * Receiving. With the descriptor (recv.c's rx_fetch) the list is taken
+ * and checked (blocks_rx.c); the blocks wait in rx.pblocks until
+ * gpuipc_channel_recv_blocks copies them (one cuMemcpyBatchAsync, or
+ * memcpy between host buffers) on the caller's stream after the sender's
+ * work, and releases the message after the copies, with no host wait.
+ */
+#include "channel/channel.h"
+#include "cuda/cuda.h"
+#include "mem/mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ----- checking a side's blocks ----- */
+
+/* The distinct buffers of a side's blocks, and where each block's is. */
+struct blocks_plan {
+  gpuipc_buf_t *bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
+  uint32_t nbufs;
+  uint32_t *idx; /* [n]: block i lies in bufs[idx[i]] (NULL: not wanted) */
+  bool host;
+  int dev;
+};
+
+/* Block @i of @b (one of @what: "block", "destination block"): a buffer,
+ * not empty, inside it. -EINVAL naming it. */
+static int block_check(const char *who, const char *what,
+                       const gpuipc_block_t *b, size_t i)
+{
+  if (b->buf == NULL)
+    return gpuipc__err(-EINVAL, "%s: %s %zu has a NULL buffer", who, what, i);
+  if (b->bytes == 0)
+    return gpuipc__err(-EINVAL, "%s: %s %zu is empty (0 bytes)", who, what,
+                       i);
+  uint64_t end, size = gpuipc_buf_size(b->buf);
+  if (__builtin_add_overflow(b->offset, b->bytes, &end) || end > size)
+    return gpuipc__err(-EINVAL, "%s: %s %zu (offset %llu, %llu bytes) "
+                       "reaches outside its %llu-byte buffer", who, what, i,
+                       (unsigned long long)b->offset,
+                       (unsigned long long)b->bytes,
+                       (unsigned long long)size);
+  return 0;
+}
+
+/* The index of @buf among @p's buffers, added when new; -1 when there is
+ * no room. */
+static int plan_buf(struct blocks_plan *p, gpuipc_buf_t *buf, uint32_t *last)
+{
+  if (*last < p->nbufs && p->bufs[*last] == buf)
+    return (int)*last;
+  for (uint32_t j = 0; j < p->nbufs; j++)
+    if (p->bufs[j] == buf)
+      return (int)(*last = j);
+  if (p->nbufs == GPUIPC_CHANNEL_BLOCK_BUFS_MAX)
+    return -1;
+  p->bufs[p->nbufs] = buf;
+  return (int)(*last = p->nbufs++);
+}
+
+/* "HOST memory" or "GPU memory of device D", into @buf. */
+static void where(char *buf, size_t cap, bool host, int dev)
+{
+  if (host)
+    snprintf(buf, cap, "HOST memory");
+  else
+    snprintf(buf, cap, "GPU memory of device %d", dev);
+}
+
+/*
+ * Check @n blocks of one side (@what names them in sentences): each as
+ * block_check, all HOST or all on one device; fill @p (its idx[] when
+ * not NULL). -EINVAL naming the first bad one.
+ */
+static int blocks_check(const char *who, const char *what,
+                        const gpuipc_block_t *blocks, size_t n,
+                        struct blocks_plan *p)
+{
+  if (n == 0 || n > GPUIPC_CHANNEL_BLOCKS_MAX)
+    return gpuipc__err(-EINVAL, "%s: %zu blocks (1..%d)", who, n,
+                       GPUIPC_CHANNEL_BLOCKS_MAX);
+  uint32_t last = 0;
+  p->nbufs = 0;
+  for (size_t i = 0; i < n; i++) {
+    int rc = block_check(who, what, &blocks[i], i);
+    if (rc != 0)
+      return rc;
+    bool host = gpuipc_buf_kind(blocks[i].buf) == GPUIPC_KIND_HOST;
+    int dev = host ? -1 : gpuipc_buf_device(blocks[i].buf);
+    if (i == 0) {
+      p->host = host;
+      p->dev = dev;
+    } else if (host != p->host || dev != p->dev) {
+      char here[40], first[40];
+      where(here, sizeof(here), host, dev);
+      where(first, sizeof(first), p->host, p->dev);
+      return gpuipc__err(-EINVAL, "%s: %s %zu lies in %s, %s 0 in %s: one "
+                         "batch is all HOST or all on one device", who, what,
+                         i, here, what, first);
+    }
+    if (p->idx == NULL)
+      continue;
+    int at = plan_buf(p, blocks[i].buf, &last);
+    if (at < 0)
+      return gpuipc__err(-EINVAL, "%s: %s %zu: the blocks lie in more than "
+                         "%d buffers", who, what, i,
+                         GPUIPC_CHANNEL_BLOCK_BUFS_MAX);
+    p->idx[i] = (uint32_t)at;
+  }
+  return 0;
+}
+
+/* ----- sending ----- */
+
+/*
+ * The list's buffers: each one's key for the receiver, its buffer message
+ * sent when it is new (after the descriptor's own), with a key to forget
+ * where room was made for it. *@on_socket: a buffer message went out.
+ */
+static int send_keys(struct gpuipc_channel *ch, const struct blocks_plan *p,
+                     struct gpuipc__blist_buf *out, bool *on_socket)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  int queued = 0; /* queued keys to forget that entries carry */
+  for (uint32_t i = 0; i < p->nbufs; i++) {
+    bool is_new;
+    struct gpuipc__blist_buf *e = &out[i];
+    memset(e, 0, sizeof(*e));
+    int rc = gpuipc__chan_tx_key(ch, p->bufs[i], &e->key, &e->forget_key,
+                                 &is_new);
+    if (rc != 0)
+      return rc;
+    e->size = gpuipc_buf_size(p->bufs[i]);
+    if (!is_new)
+      continue;
+    *on_socket = true;
+    e->flags = GPUIPC__BLIST_NEW;
+    /* Each new buffer makes room: its own eviction or a queued key. */
+    if (e->forget_key == 0 && queued < tx->nforget)
+      e->forget_key = tx->forget[queued++];
+    if (e->forget_key != 0)
+      e->flags |= GPUIPC__BLIST_FORGET;
+  }
+  tx->nforget -= queued;
+  memmove(tx->forget, tx->forget + queued,
+          (size_t)tx->nforget * sizeof(uint64_t));
+  return 0;
+}
+
+/* Write the list of message @seq at @dst. */
+static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
+                       const struct gpuipc__blist_buf *bufs,
+                       const gpuipc_block_t *blocks, uint32_t n)
+{
+  gpuipc__blist_put_head(dst, seq, p->nbufs, n, bufs);
+  for (uint32_t i = 0; i < n; i++) {
+    struct gpuipc__blist_block b = {.buf = p->idx[i],
+                                    .offset = blocks[i].offset,
+                                    .bytes = blocks[i].bytes};
+    gpuipc__blist_put_block(dst, p->nbufs, i, &b);
+  }
+}
+
+/* The list area (made at the first batch): depth parts of
+ * GPUIPC__CHAN_LIST_BYTES, one a record slot. */
+static int list_area(struct gpuipc_channel *ch)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  if (tx->lists != NULL)
+    return 0;
+  return gpuipc_buf_alloc((size_t)tx->depth * GPUIPC__CHAN_LIST_BYTES,
+                          GPUIPC_KIND_HOST, -1, 0, &tx->lists);
+}
+
+/*
+ * Room for a batch whose list is @len bytes, and where the list goes:
+ * *@lb at *@offset, in the next record slot's part of the list area, or
+ * (larger than a part) in a host staging slot (*@slot) or large stage
+ * (*@large), which the message holds until it is free.
+ */
+static int list_room(struct gpuipc_channel *ch, size_t len, unsigned flags,
+                     gpuipc_buf_t **lb, uint64_t *offset, int *slot,
+                     int *large)
+{
+  bool own = len <= GPUIPC__CHAN_LIST_BYTES;
+  int rc = own ? list_area(ch) : 0;
+  if (rc == 0)
+    rc = gpuipc__chan_tx_reserve(ch, own ? -1 : 0, len, flags, slot, large);
+  if (rc != 0)
+    return rc;
+  if (!own) {
+    *lb = gpuipc__chan_stage_at(ch, 0, *slot, *large, offset);
+    return 0;
+  }
+  *lb = ch->tx.lists;
+  *offset = (uint64_t)gpuipc__chan_tx_next_slot(ch) * GPUIPC__CHAN_LIST_BYTES;
+  return 0;
+}
+
+/* The send, send lock held: room, the list, the buffers, the post. */
+static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
+                       const gpuipc_block_t *blocks, uint32_t n, void *stream,
+                       unsigned flags, uint64_t *ticket)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK);
+  if (rc != 0)
+    return rc;
+  size_t len = gpuipc__blist_bytes(p->nbufs, n);
+  int slot, large;
+  struct gpuipc__desc d;
+  memset(&d, 0, sizeof(d));
+  gpuipc_buf_t *lb;
+  rc = list_room(ch, len, flags, &lb, &d.offset, &slot, &large);
+  if (rc != 0)
+    return rc;
+  d.type = GPUIPC__DESC_BLOCKS;
+  d.seq = tx->next_seq;
+  d.buf_size = gpuipc_buf_size(lb);
+  d.dev_type = GPUIPC_DL_CPU;
+  d.dtype = (gpuipc_dl_dtype_t){GPUIPC_DL_UINT, 8, 1};
+  d.ndim = 1;
+  d.shape[0] = (int64_t)len;
+  d.strides[0] = 1;
+  rc = gpuipc__chan_tx_intro(ch, lb, &d);
+  if (rc != 0)
+    return rc;
+  bool on_socket = (d.flags & GPUIPC__DESC_NEW_BUF) != 0;
+  struct gpuipc__blist_buf bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
+  rc = send_keys(ch, p, bufs, &on_socket);
+  if (rc != 0) {
+    /* A buffer message may be out already: nothing can follow it. */
+    if (on_socket)
+      gpuipc__chan_break(ch, rc);
+    return rc;
+  }
+  list_write((uint8_t *)gpuipc_buf_ptr(lb) + d.offset, d.seq, p, bufs,
+             blocks, n);
+  struct gpuipc__tx_post post = {.hold = p->bufs, .nhold = p->nbufs,
+                                 .area = slot >= 0 || large >= 0 ? 0 : -1,
+                                 .slot = slot, .large = large,
+                                 .ev_dev = p->host ? -1 : p->dev,
+                                 .stream = stream, .on_socket = on_socket};
+  return gpuipc__chan_tx_post(ch, &d, &post, ticket);
+}
+
+int gpuipc_channel_send_blocks(gpuipc_channel_t *ch,
+                               const gpuipc_block_t *blocks, size_t n,
+                               void *stream, unsigned flags,
+                               uint64_t *ticket)
+{
+  static const char who[] = "gpuipc_channel_send_blocks";
+  if (ch == NULL || blocks == NULL)
+    return gpuipc__err(-EINVAL, "%s: NULL %s", who,
+                       ch == NULL ? "channel" : "blocks");
+  if (flags & ~GPUIPC_SEND_NONBLOCK)
+    return gpuipc__err(-EINVAL, "%s: flags 0x%x", who, flags);
+  if (gpuipc__chan_stale(ch))
+    return gpuipc__chan_stale_err(ch, who);
+  struct blocks_plan p;
+  p.idx = n > 0 && n <= GPUIPC_CHANNEL_BLOCKS_MAX
+              ? malloc(n * sizeof(*p.idx))
+              : NULL;
+  if (p.idx == NULL && n > 0 && n <= GPUIPC_CHANNEL_BLOCKS_MAX)
+    return gpuipc__err(-ENOMEM, "%s: out of memory", who);
+  int rc = blocks_check(who, "block", blocks, n, &p);
+  if (rc == 0) {
+    pthread_mutex_lock(&ch->tx.lock);
+    rc = send_locked(ch, &p, blocks, (uint32_t)n, stream, flags, ticket);
+    pthread_mutex_unlock(&ch->tx.lock);
+  }
+  free(p.idx);
+  return rc;
+}
+
+/* ----- receiving: the copies ----- */
+
+struct range {
+  uintptr_t lo, hi;
+  size_t i;
+};
+
+static int range_cmp(const void *a, const void *b)
+{
+  const struct range *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* No two of the @n destination blocks share a byte: sorted by address,
+ * each ends before the next begins. -EINVAL naming two that do. */
+static int overlap_check(const char *who, const gpuipc_block_t *dst, size_t n)
+{
+  struct range *r = malloc(n * sizeof(*r));
+  if (r == NULL)
+    return gpuipc__err(-ENOMEM, "%s: out of memory", who);
+  for (size_t i = 0; i < n; i++) {
+    r[i].lo = (uintptr_t)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset;
+    r[i].hi = r[i].lo + dst[i].bytes;
+    r[i].i = i;
+  }
+  qsort(r, n, sizeof(*r), range_cmp);
+  int rc = 0;
+  for (size_t k = 1; k < n && rc == 0; k++)
+    if (r[k].lo < r[k - 1].hi)
+      rc = gpuipc__err(-EINVAL, "%s: destination blocks %zu and %zu overlap",
+                       who, r[k - 1].i < r[k].i ? r[k - 1].i : r[k].i,
+                       r[k - 1].i < r[k].i ? r[k].i : r[k - 1].i);
+  free(r);
+  return rc;
+}
+
+/* The pending message fits @dst: a block batch of @n blocks of the same
+ * sizes. -EINVAL (the message stays first in line). */
+static int fits(struct gpuipc_channel *ch, const char *who,
+                const gpuipc_block_t *dst, size_t n)
+{
+  const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
+  unsigned long long seq = ch->rx.pdesc.seq;
+  if (ch->rx.pdesc.type != GPUIPC__DESC_BLOCKS || pb == NULL)
+    return gpuipc__err(-EINVAL, "%s: message %llu is a tensor, not a block "
+                       "batch: receive it with gpuipc_channel_recv or "
+                       "gpuipc_channel_recv_into", who, seq);
+  if (n != pb->n)
+    return gpuipc__err(-EINVAL, "%s: message %llu holds %u blocks, not the "
+                       "%zu destination blocks given", who, seq, pb->n, n);
+  for (size_t i = 0; i < n; i++)
+    if (dst[i].bytes != pb->bytes[i])
+      return gpuipc__err(-EINVAL, "%s: block %zu of message %llu is %zu "
+                         "bytes, destination block %zu is %llu", who, i, seq,
+                         pb->bytes[i], i, (unsigned long long)dst[i].bytes);
+  return 0;
+}
+
+/*
+ * The copies of the pending batch (to @to from the sender's blocks) as one
+ * launch of gpuipc's block kernel on @stream of device @dev, its list in
+ * the pinned list of the message's record slot. GPUIPC_E_UNSUPPORTED: no
+ * kernel or no pinned memory here, copy otherwise.
+ */
+static int copy_kernel(struct gpuipc_channel *ch, void *const *to, int dev,
+                       void *stream)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  const struct gpuipc__rx_blocks *pb = rx->pblocks;
+  uint32_t slot = rx->pdesc.slot;
+  size_t need = (size_t)pb->n * 3 * sizeof(uint64_t);
+  if (rx->klist == NULL) {
+    rx->klist = calloc(rx->depth, sizeof(*rx->klist));
+    rx->klist_cap = calloc(rx->depth, sizeof(*rx->klist_cap));
+    if (rx->klist == NULL || rx->klist_cap == NULL)
+      return GPUIPC_E_UNSUPPORTED; /* freed at close */
+  }
+  if (rx->klist_cap[slot] < need) {
+    size_t cap = 4096;
+    while (cap < need)
+      cap *= 2;
+    uint64_t *l;
+    if (gpuipc__pinned_alloc(cap, &l) != 0)
+      return GPUIPC_E_UNSUPPORTED;
+    /* The slot's last message is free: its kernel has run. */
+    gpuipc__pinned_free(rx->klist[slot]);
+    rx->klist[slot] = l;
+    rx->klist_cap[slot] = cap;
+  }
+  uint64_t *l = rx->klist[slot];
+  for (uint32_t i = 0; i < pb->n; i++) {
+    l[3 * i] = (uint64_t)(uintptr_t)to[i];
+    l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
+    l[3 * i + 2] = pb->bytes[i];
+  }
+  return gpuipc__copy_blocks(dev, l, pb->n, stream);
+}
+
+void gpuipc__chan_klist_free(struct gpuipc_channel *ch)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (rx->klist != NULL)
+    for (uint32_t i = 0; i < rx->depth; i++)
+      gpuipc__pinned_free(rx->klist[i]);
+  free(rx->klist);
+  free(rx->klist_cap);
+  rx->klist = NULL;
+  rx->klist_cap = NULL;
+}
+
+/* Queue the copies on @stream of device @dev, after the sender's work. */
+static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
+                    const gpuipc_block_t *dst, int dev, void *stream)
+{
+  const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
+  /* A HOST side mapped before this process had a CUDA context is pinned
+   * now for DMA (unpinned, the driver still copies it, slower). */
+  for (uint32_t i = 0; i < pb->nbufs; i++)
+    (void)gpuipc__host_pin(pb->bufs[i], dev);
+  for (size_t i = 0; dp->host && i < pb->n; i++)
+    if (i == 0 || dst[i].buf != dst[i - 1].buf)
+      (void)gpuipc__host_pin(dst[i].buf, dev);
+  /* The copies run on @dev, which must reach the sender's memory: mapped
+   * for another GPU (the channel's device, or the sender's), it is
+   * granted access from this one too (once). */
+  for (uint32_t i = 0; !pb->host && i < pb->nbufs; i++)
+    if (gpuipc_buf_device(pb->bufs[i]) != dev) {
+      int rc = gpuipc_buf_access(pb->bufs[i], dev);
+      if (rc != 0)
+        return rc;
+    }
+  void **to = malloc(pb->n * sizeof(*to));
+  if (to == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_channel_recv_blocks: out of memory");
+  for (uint32_t i = 0; i < pb->n; i++)
+    to[i] = (uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset;
+  int rc = gpuipc__chan_rx_ready(ch, dev, stream);
+  /* Between GPU memories one launch of gpuipc's block kernel (a thread
+   * block a copy); else, or where it cannot, the driver's batched copy,
+   * which spends microseconds a copy. */
+  int k = rc == 0 && !pb->host && !dp->host
+              ? copy_kernel(ch, to, dev, stream)
+              : GPUIPC_E_UNSUPPORTED;
+  if (rc == 0 && k != GPUIPC_E_UNSUPPORTED)
+    rc = k;
+  else if (rc == 0)
+    rc = gpuipc__stream_copy_batch(dev, to, pb->src, pb->bytes, pb->n,
+                                   stream);
+  free(to);
+  return rc;
+}
+
+/* Copy the pending batch into @dst and release it; receive lock held. */
+static int recv_locked(struct gpuipc_channel *ch, const char *who,
+                       const struct blocks_plan *dp,
+                       const gpuipc_block_t *dst, size_t n, void *stream)
+{
+  int rc = fits(ch, who, dst, n);
+  if (rc != 0)
+    return rc;
+  const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
+  if (pb->host && dp->host) {
+    for (uint32_t i = 0; i < pb->n; i++)
+      memcpy((uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset,
+             pb->src[i], pb->bytes[i]);
+    return gpuipc__chan_rx_done(ch, -1, stream, false);
+  }
+  int dev = gpuipc__stream_dev(stream, dp->host ? pb->dev : dp->dev);
+  rc = copy_gpu(ch, dp, dst, dev, stream);
+  if (rc != 0)
+    return rc;
+  return gpuipc__chan_rx_done(ch, dev, stream, true);
+}
+
+int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,
+                               const gpuipc_block_t *dst, size_t n,
+                               void *stream, int timeout_ms)
+{
+  static const char who[] = "gpuipc_channel_recv_blocks";
+  if (ch == NULL || dst == NULL)
+    return gpuipc__err(-EINVAL, "%s: NULL %s", who,
+                       ch == NULL ? "channel" : "destination blocks");
+  struct blocks_plan dp;
+  dp.idx = NULL;
+  int rc = blocks_check(who, "destination block", dst, n, &dp);
+  if (rc == 0)
+    rc = overlap_check(who, dst, n);
+  if (rc != 0)
+    return rc;
+  rc = gpuipc__chan_rx_take(ch, who, timeout_ms);
+  if (rc != 0)
+    return rc;
+  rc = recv_locked(ch, who, &dp, dst, n, stream);
+  pthread_mutex_unlock(&ch->rx.lock);
+  return rc;
+}
