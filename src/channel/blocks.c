@@ -356,53 +356,23 @@ static int fits(struct gpuipc_channel *ch, const char *who,
 /*
  * The copies of the pending batch (to @to from the sender's blocks) as one
  * launch of gpuipc's block kernel on @stream of device @dev, its list in
- * the pinned list of the message's record slot. GPUIPC_E_UNSUPPORTED: no
- * kernel or no pinned memory here, copy otherwise.
+ * the pinned list of the message's record slot (klist.c).
+ * GPUIPC_E_UNSUPPORTED: no kernel or no pinned memory here, copy otherwise.
  */
 static int copy_kernel(struct gpuipc_channel *ch, void *const *to, int dev,
                        void *stream)
 {
-  struct gpuipc__rx *rx = &ch->rx;
-  const struct gpuipc__rx_blocks *pb = rx->pblocks;
-  uint32_t slot = rx->pdesc.slot;
-  size_t need = (size_t)pb->n * 3 * sizeof(uint64_t);
-  if (rx->klist == NULL) {
-    rx->klist = calloc(rx->depth, sizeof(*rx->klist));
-    rx->klist_cap = calloc(rx->depth, sizeof(*rx->klist_cap));
-    if (rx->klist == NULL || rx->klist_cap == NULL)
-      return GPUIPC_E_UNSUPPORTED; /* freed at close */
-  }
-  if (rx->klist_cap[slot] < need) {
-    size_t cap = 4096;
-    while (cap < need)
-      cap *= 2;
-    uint64_t *l;
-    if (gpuipc__pinned_alloc(cap, &l) != 0)
-      return GPUIPC_E_UNSUPPORTED;
-    /* The slot's last message is free: its kernel has run. */
-    gpuipc__pinned_free(rx->klist[slot]);
-    rx->klist[slot] = l;
-    rx->klist_cap[slot] = cap;
-  }
-  uint64_t *l = rx->klist[slot];
+  const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
+  uint64_t *l = gpuipc__chan_klist(ch, ch->rx.pdesc.slot,
+                                   (size_t)pb->n * 3 * sizeof(uint64_t));
+  if (l == NULL)
+    return GPUIPC_E_UNSUPPORTED;
   for (uint32_t i = 0; i < pb->n; i++) {
     l[3 * i] = (uint64_t)(uintptr_t)to[i];
     l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
     l[3 * i + 2] = pb->bytes[i];
   }
   return gpuipc__copy_blocks(dev, l, pb->n, stream);
-}
-
-void gpuipc__chan_klist_free(struct gpuipc_channel *ch)
-{
-  struct gpuipc__rx *rx = &ch->rx;
-  if (rx->klist != NULL)
-    for (uint32_t i = 0; i < rx->depth; i++)
-      gpuipc__pinned_free(rx->klist[i]);
-  free(rx->klist);
-  free(rx->klist_cap);
-  rx->klist = NULL;
-  rx->klist_cap = NULL;
 }
 
 /* Queue the copies on @stream of device @dev, after the sender's work. */

@@ -34,6 +34,7 @@
  *                sender's GPU work on a word the sender's stream writes
  *   guard.c      a thread that lets go of the stream waits on a peer's
  *                ready words when the peer goes without writing them
+ *   klist.c      the pinned lists of copies the block kernel reads
  *
  *   ref.c        a channel's references (the user's, one per received
  *                view) and its final free
@@ -679,6 +680,10 @@ bool gpuipc__chan_words_written(const struct gpuipc_channel *ch);
 int gpuipc__chan_tx_wait_any(struct gpuipc_channel *ch, unsigned flags,
                              uint64_t deadline, const char *what);
 
+/* Retire every released message whose buffer is free again (send lock
+ * held): 0, or the failure of a query. */
+int gpuipc__chan_tx_recycle(struct gpuipc_channel *ch);
+
 /* The oldest message in flight (0: none). Send lock held. */
 uint64_t gpuipc__chan_tx_oldest(const struct gpuipc__tx *tx);
 
@@ -778,7 +783,11 @@ struct gpuipc__rx_blocks {
 int gpuipc__chan_blocks_fetch(struct gpuipc_channel *ch, gpuipc_buf_t *lb);
 /* -EINVAL naming @who: the pending message is a block batch. */
 int gpuipc__chan_blocks_refuse(struct gpuipc_channel *ch, const char *who);
-/* Free the block kernel's lists (at close, once their launches ran). */
+/* klist.c: the pinned list of record slot @slot for the block kernel,
+ * of @bytes at least (NULL: none to be had); all of them freed (at close,
+ * once their launches ran). */
+uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
+                             size_t bytes);
 void gpuipc__chan_klist_free(struct gpuipc_channel *ch);
 /* Free rx.pblocks (consumed, or the channel closes). */
 void gpuipc__chan_blocks_drop(struct gpuipc_channel *ch);

@@ -309,6 +309,7 @@ int gpuipc_channel_info(gpuipc_channel_t *ch, gpuipc_channel_info_t *out)
   i.end = ch->end;
   i.peer_pid = (int)ch->peer_pid;
   pthread_mutex_lock(&ch->tx.lock);
+  (void)gpuipc__chan_tx_recycle(ch); /* count no message that is free */
   i.depth = ch->tx.depth;
   i.sent = ch->tx.sent;
   i.in_flight = ch->tx.depth - ch->tx.nfree;

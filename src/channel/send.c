@@ -233,6 +233,8 @@ static void tx_retire(struct gpuipc_channel *ch, struct gpuipc__tx_rec *r)
  * one still held (not released) holds up none after it. */
 static int tx_recycle(struct gpuipc_channel *ch)
 {
+  if (ch->tx.recs == NULL)
+    return 0;
   struct gpuipc__tx *tx = &ch->tx;
   uint32_t left = tx->unfree;
   for (uint32_t i = tx->first; i != GPUIPC__CHAN_NO_SLOT && left > 0;) {
@@ -869,8 +871,15 @@ int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
   pthread_mutex_lock(&ch->tx.lock);
   int rc = ticket_wait(ch, "gpuipc_channel_send_done", ticket, timeout_ms,
                        ticket_free, true, "free");
+  if (rc == 0)
+    (void)tx_recycle(ch); /* free is free: out of the count in flight */
   pthread_mutex_unlock(&ch->tx.lock);
   return rc;
+}
+
+int gpuipc__chan_tx_recycle(struct gpuipc_channel *ch)
+{
+  return tx_recycle(ch);
 }
 
 /*

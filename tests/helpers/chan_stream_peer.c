@@ -106,6 +106,7 @@ static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
                               .dtype = {GPUIPC_DL_UINT, 8, 1},
                               .shape = shape},
                        .buf = buf};
+  uint64_t ticket = 0;
   for (long i = 1; i <= n; i++) {
     /* The copy of message i - 1 has run: the receiver read it. */
     test_fill(src, BYTES, (uint64_t)i);
@@ -113,9 +114,17 @@ static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
       ASSERT_OK(gpuipc__memcpy_async(dev, src, BYTES, 0, stream));
     else
       ASSERT_OK(gpuipc_memcpy(dev, src, BYTES, 0, stream));
-    uint64_t ticket;
     ASSERT_OK(gpuipc_channel_send(ch, &t, stream, 0, &ticket));
     ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, stream, 30000));
+  }
+  const char *rw = getenv("GPUIPC_CHAN_READY_WORDS");
+  if (lag && (rw == NULL || strcmp(rw, "0") != 0)) {
+    /* The last release's word lands by itself (20 ms): once it has, the
+     * message is free, and free means out of the count in flight. */
+    ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
+    gpuipc_channel_info_t info = {.size = sizeof(info)};
+    ASSERT_OK(gpuipc_channel_info(ch, &info));
+    ASSERT_EQ_U(info.in_flight, 0);
   }
   /* The last release's word is written when the receiver synchronises
    * its stream, which it does on this message (host memory: nothing for
@@ -126,8 +135,12 @@ static void sender(gpuipc_channel_t *ch, void *stream, int lag, long n)
   done.dl.data = gpuipc_buf_ptr(hbuf);
   done.dl.device = (gpuipc_dl_device_t){GPUIPC_DL_CPU, 0};
   done.buf = hbuf;
-  ASSERT_OK(gpuipc_channel_send(ch, &done, NULL, 0, NULL));
+  uint64_t dt;
+  ASSERT_OK(gpuipc_channel_send(ch, &done, NULL, 0, &dt));
   ASSERT_OK(gpuipc__stream_sync(0, stream));
+  /* Closing before the receiver gave it back would leave it no one to
+   * give it to. */
+  ASSERT_OK(gpuipc_channel_send_done(ch, dt, 30000));
   ASSERT_OK(gpuipc_buf_release(hbuf));
   ASSERT_OK(gpuipc_buf_release(buf));
   free(src);
@@ -224,7 +237,14 @@ int main(int argc, char **argv)
   ASSERT_EQ(r, lag && send && !words ? n : 0);
   ASSERT_EQ(w, lag && !send && !words ? n : 0);
   ASSERT_EQ(ww, lag ? (send ? (words ? n : 0) : n) : 0);
-  ASSERT_EQ(wt, lag ? (send ? n : (words ? n : 0)) : 0);
+  if (lag && words) {
+    /* A word lands by itself 20 ms after it was queued: a wait for it
+     * that comes later (a process held up that long) finds it written
+     * and needs none. */
+    ASSERT_TRUE(wt >= 1 && wt <= n);
+  } else {
+    ASSERT_EQ(wt, lag && send ? n : 0);
+  }
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_domain_leave(dom));
   if (strcmp(handle, "created") == 0) {

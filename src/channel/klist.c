@@ -1,0 +1,50 @@
+/*
+ * Channels: the pinned lists of copies that gpuipc's block kernel reads
+ * (src/cuda/kernel.c), one a record slot of the sender's. A slot's list
+ * is rewritten only for a later message in that slot, which the sender
+ * sends once this one is free: released after the kernel that read the
+ * list, and that kernel done.
+ */
+#include "channel/channel.h"
+#include "cuda/cuda.h"
+
+#include <stdlib.h>
+
+uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
+                             size_t bytes)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (slot >= rx->depth)
+    return NULL;
+  if (rx->klist == NULL) {
+    rx->klist = calloc(rx->depth, sizeof(*rx->klist));
+    rx->klist_cap = calloc(rx->depth, sizeof(*rx->klist_cap));
+    if (rx->klist == NULL || rx->klist_cap == NULL)
+      return NULL; /* freed at close */
+  }
+  if (rx->klist_cap[slot] < bytes) {
+    size_t cap = 4096;
+    while (cap < bytes)
+      cap *= 2;
+    uint64_t *l;
+    if (gpuipc__pinned_alloc(cap, &l) != 0)
+      return NULL;
+    /* The slot's last message is free: its kernel has run. */
+    gpuipc__pinned_free(rx->klist[slot]);
+    rx->klist[slot] = l;
+    rx->klist_cap[slot] = cap;
+  }
+  return rx->klist[slot];
+}
+
+void gpuipc__chan_klist_free(struct gpuipc_channel *ch)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  if (rx->klist != NULL)
+    for (uint32_t i = 0; i < rx->depth; i++)
+      gpuipc__pinned_free(rx->klist[i]);
+  free(rx->klist);
+  free(rx->klist_cap);
+  rx->klist = NULL;
+  rx->klist_cap = NULL;
+}
