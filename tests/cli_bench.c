@@ -2,8 +2,12 @@
  * `gpuipc bench`: a real run of the tool (it starts itself again as the
  * receiving process, which checks the bytes of every size it receives),
  * in JSON: the schema version, one latency row, one bandwidth row per size
- * with positive figures and the baseline named; bad arguments are usage
- * errors. HOST buffers everywhere; with a GPU, the GPU rows too.
+ * with positive figures and the baseline named, each of 5 alternated runs
+ * a side; bad arguments are usage errors. HOST buffers everywhere (and no
+ * kernel round trip); on the fake CUDA driver's GPU 0 (LEGACY buffers),
+ * the kernel-in-the-loop rows too, whose kernels the fake runs on its
+ * "device memory" and both processes check word by word; with a GPU, the
+ * GPU rows.
  */
 #include "gpu_test.h"
 
@@ -45,20 +49,40 @@ static int positive(const char *s, const char *key)
   return n;
 }
 
-/* A JSON run with sizes 4, 16, 64 and 256 KiB per path. */
-static void check_json(const char *env, int paths, const char *baseline)
+/* A JSON run with sizes 4, 16, 64 and 256 KiB per path; between @kmin
+ * and @kmax paths have the kernel round trip and its floors (between two
+ * GPUs without peer access it is left out). */
+static void check_json(const char *env, const char *args, int paths,
+                       const char *baseline, int kmin, int kmax)
 {
-  static char out[1 << 16];
-  ASSERT_EQ(run_cli(env, "--quick --json --max-bytes 262144", out,
-                    sizeof(out)), 0);
+  static char out[1 << 18];
+  char all[256];
+  snprintf(all, sizeof(all), "--quick --json --max-bytes 262144 %s", args);
+  ASSERT_EQ(run_cli(env, all, out, sizeof(out)), 0);
   ASSERT_TRUE(strstr(out, "\"schema\": 1") != NULL);
-  ASSERT_EQ(positive(out, "median_us"), paths);
-  ASSERT_EQ(positive(out, "p99_us"), paths);
   ASSERT_EQ(positive(out, "gpuipc_gbs"), 4 * paths);
   ASSERT_EQ(positive(out, "baseline_gbs"), 4 * paths);
   ASSERT_EQ(positive(out, "ratio"), 4 * paths);
   ASSERT_EQ(count(out, "\"bytes\": 262144"), paths);
   ASSERT_TRUE(strstr(out, baseline) != NULL);
+  /* Five runs a side, alternated (tests/cli_json.py checks the order). */
+  ASSERT_EQ(count(out, "\"runs\": 5"), 1 + 4 * paths);
+  ASSERT_EQ(positive(out, "gpuipc_gbs_min"), 4 * paths);
+  ASSERT_EQ(positive(out, "baseline_gbs_max"), 4 * paths);
+  ASSERT_EQ(count(out, "\"gpuipc_gbs_runs\": ["), 4 * paths);
+  ASSERT_EQ(count(out, "\"baseline_gbs_runs\": ["), 4 * paths);
+  /* The kernels' rows: gpuipc's and its two floors, every word checked
+   * by both processes (a wrong one fails the run). */
+  int rows = count(out, "\"row\": \"kloop_gpuipc\"");
+  if (rows < kmin || rows > kmax)
+    TFAIL("%d paths with a kernel round trip, not %d .. %d:\n%s", rows, kmin,
+          kmax, out);
+  ASSERT_EQ(count(out, "\"row\": \"kloop_one_process\""), rows);
+  ASSERT_EQ(count(out, "\"row\": \"kloop_floor_word\""), rows);
+  ASSERT_EQ(positive(out, "ratio_one_process"), rows);
+  ASSERT_EQ(positive(out, "ratio_floor_word"), rows);
+  ASSERT_EQ(positive(out, "median_us"), paths + 3 * rows);
+  ASSERT_EQ(positive(out, "p99_us"), paths + 3 * rows);
 }
 #endif
 
@@ -76,8 +100,21 @@ int main(void)
                     "2>&1", out, sizeof(out)), 1);
   if (strstr(out, "kind vmm is not available") == NULL)
     TFAIL("bench --kind vmm without a driver said:\n%s", out);
+  ASSERT_EQ(run_cli("", "--runs 4 2>&1", out, sizeof(out)), 2);
+  ASSERT_TRUE(strstr(out, "--runs wants 5 .. 32") != NULL);
   /* HOST buffers against memcpy: one path. */
-  check_json("GPUIPC_NO_CUDA=1", 1, "\"baseline\": \"memcpy\"");
+  check_json("GPUIPC_NO_CUDA=1", "", 1, "\"baseline\": \"memcpy\"", 0,
+             0);
+#ifdef FAKE_CUDA_FULL
+  /* The fake driver's GPU 0 (its GPU 1 has no interprocess events). */
+  check_json("GPUIPC_CUDA_LIB=" FAKE_CUDA_FULL " FAKE_CUDA_NDEV=1",
+             "--kind legacy", 1, "\"baseline\": \"cuMemcpyAsync\"", 1, 1);
+  ASSERT_EQ(run_cli("GPUIPC_CUDA_LIB=" FAKE_CUDA_FULL " FAKE_CUDA_NDEV=1",
+                    "--quick --max-bytes 4096 --kind legacy", out,
+                    sizeof(out)), 0);
+  ASSERT_TRUE(strstr(out, "kernels in the loop") != NULL);
+  ASSERT_TRUE(strstr(out, "kloop_one_process") != NULL);
+#endif
   /* The tables. */
   ASSERT_EQ(run_cli("GPUIPC_NO_CUDA=1", "--quick --max-bytes 4096", out,
                     sizeof(out)), 0);
@@ -89,7 +126,7 @@ int main(void)
   }
   /* Every ordered pair of GPUs, against the driver's copies. */
   int n = gpuipc_device_count();
-  check_json("", n * n, "\"baseline\": \"cuMemcpyAsync\"");
+  check_json("", "", n * n, "\"baseline\": \"cuMemcpyAsync\"", n, n * n);
   return 0;
 #else
   printf("skipped: the gpuipc CLI is not built\n");

@@ -13,7 +13,14 @@ Every command that takes --json prints one JSON object with an "error"
 member when it fails. `info` lists every kind of gpuipc.h's list but auto,
 and `bench --kind` takes each name.
 
-usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION]
+`bench --json`: each copy size has 5 runs a side, gpuipc's and the
+baseline's alternated (each run starts after the other side's last one),
+its medians and spread agree with the runs; HOST has no kernel round trip;
+on the fake driver (fake=PATH, when built) each GPU path has the three
+kernel rows, and where the driver cannot launch kernels none, and the
+document says why.
+
+usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION] [fake=PATH]
 """
 import json
 import os
@@ -23,7 +30,7 @@ import subprocess
 import sys
 
 cli, scratch = sys.argv[1], sys.argv[2]
-built = dict(a.split('=', 1) for a in sys.argv[3:5])
+built = dict(a.split('=', 1) for a in sys.argv[3:6])
 failures = 0
 
 # Quotes, a backslash, control characters, valid 2-, 3- and 4-byte UTF-8,
@@ -207,6 +214,80 @@ if doc is not None and list(doc.get('kinds') or {}) != kinds[1:]:
 for k in kinds:
     expect_error(['bench', '--json', '--kind', k, '--sideways'], {}, 2,
                  '--sideways')
+
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-5 * max(abs(a), abs(b)) + 1e-9
+
+
+def check_bw_row(what, r):
+    g, b = r.get('gpuipc_gbs_runs') or [], r.get('baseline_gbs_runs') or []
+    gt, bt = r.get('gpuipc_run_start_us') or [], r.get('baseline_run_start_us') or []
+    if not r.get('runs', 0) >= 5 or not len(g) == len(b) == len(gt) == len(bt) == r['runs']:
+        fail('%s: %d bytes: runs %r, %d/%d samples, %d/%d starts'
+             % (what, r['bytes'], r.get('runs'), len(g), len(b), len(gt), len(bt)))
+        return
+    starts = [t for pair in zip(gt, bt) for t in pair]
+    if starts != sorted(starts) or len(set(starts)) != len(starts):
+        fail('%s: %d bytes: runs not alternated: gpuipc at %r, baseline at %r'
+             % (what, r['bytes'], gt, bt))
+    if not all(x > 0 for x in g + b):
+        fail('%s: %d bytes: a run of no speed: %r %r' % (what, r['bytes'], g, b))
+    want = {'gpuipc_gbs': median(g), 'baseline_gbs': median(b),
+            'gpuipc_gbs_min': min(g), 'gpuipc_gbs_max': max(g),
+            'baseline_gbs_min': min(b), 'baseline_gbs_max': max(b),
+            'ratio': median(g) / median(b)}
+    for k, v in want.items():
+        if not close(r.get(k, -1), v):
+            fail('%s: %d bytes: %s is %r, the runs say %r'
+                 % (what, r['bytes'], k, r.get(k), v))
+
+
+def check_bench(what, env_extra, args, kloop_paths):
+    doc = run(['bench', '--json', '--quick', '--max-bytes', '65536'] + args,
+              env_extra, 0)
+    if doc is None:
+        return
+    if doc.get('runs') != 5 or len(doc.get('bandwidth', [])) != 3:
+        fail('%s: runs %r, %d bandwidth rows' % (what, doc.get('runs'),
+                                                 len(doc.get('bandwidth', []))))
+    for r in doc.get('bandwidth', []):
+        check_bw_row(what, r)
+    rows = sorted((r['src'], r['dst'], r['row']) for r in doc.get('kloop', []))
+    want = sorted((s, d, n) for s, d in kloop_paths for n in
+                  ('kloop_gpuipc', 'kloop_one_process', 'kloop_floor_word'))
+    if rows != want:
+        fail('%s: kloop rows %r, expected %r' % (what, rows, want))
+    for r in doc.get('kloop', []):
+        if not (r['n'] > 0 and r['median_us'] > 0 and r['p99_us'] >= r['median_us']
+                and r['bytes'] == 4096):
+            fail('%s: kloop row %r' % (what, r))
+    return doc
+
+
+check_bench('bench on HOST', {b'GPUIPC_NO_CUDA': b'1', b'GPUIPC_DIR': plain},
+            [], [])
+if built.get('fake'):
+    check_bench('bench on the fake driver',
+                {b'GPUIPC_CUDA_LIB': os.fsencode(built['fake']),
+                 b'FAKE_CUDA_NDEV': b'1', b'GPUIPC_DIR': plain},
+                ['--kind', 'legacy'], [(0, 0)])
+    # A driver that cannot launch kernels: no kernel rows, and why.
+    doc = check_bench('bench on a fake driver without cuLaunchKernel',
+                      {b'GPUIPC_CUDA_LIB': os.fsencode(built['fake']),
+                       b'FAKE_CUDA_NDEV': b'1', b'GPUIPC_DIR': plain,
+                       b'FAKE_CUDA_HIDE': b'cuLaunchKernel'},
+                      ['--kind', 'legacy'], [])
+    if doc is not None and 'cannot launch kernels' not in doc.get('kloop_skipped', ''):
+        fail('bench without cuLaunchKernel: kloop_skipped %r'
+             % doc.get('kloop_skipped'))
 
 shutil.rmtree(os.fsencode(scratch), ignore_errors=True)
 if failures:

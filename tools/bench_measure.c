@@ -35,6 +35,15 @@ void bench_stats(double *v, int n, double *median, double *p99)
   *p99 = v[k < 0 ? 0 : k];
 }
 
+/* The smallest and largest of @n values. */
+void bench_span(const double *v, int n, double *lo, double *hi)
+{
+  *lo = *hi = n > 0 ? v[0] : 0;
+  for (int i = 1; i < n; i++) {
+    *lo = v[i] < *lo ? v[i] : *lo;
+    *hi = v[i] > *hi ? v[i] : *hi;
+  }
+}
 
 #if GPUIPC_HAVE_CUDA
 /* The stream of @mode on device @dev; NULL on failure (then `null`). */
@@ -86,10 +95,23 @@ static int dev_fill(int dev, void *p, uint8_t v, size_t n)
 }
 
 /*
+ * Between GPUs, the copy the hardware does: with peer access on, as every
+ * program that copies between GPUs enables it (without it the driver
+ * stages through host memory, at a tenth of NVLink's rate). Where the
+ * pair has no peer access the staged copy is what this machine offers,
+ * and it stays the baseline; the report says which it was.
+ */
+int bench_peer_on(int src, int dst)
+{
+  return gpuipc_peer_enable(src, dst) == 0 &&
+         gpuipc_peer_enable(dst, src) == 0;
+}
+
+/*
  * @count copies of @n bytes from @src (device @sdev) to @dst (device
  * @ddev) on @stream of @sdev, one to warm up first: cuMemcpyAsync on one
- * GPU, cuMemcpyPeerAsync between two (peer access on where the pair has
- * it). Microseconds for the @count, or < 0.
+ * GPU, cuMemcpyPeerAsync between two (bench_peer_on has run). Microseconds
+ * for the @count, or < 0.
  */
 static double dev_copies(int sdev, int ddev, void *dst, const void *src,
                          size_t n, long count, void *stream)
@@ -99,15 +121,6 @@ static double dev_copies(int sdev, int ddev, void *dst, const void *src,
   struct gpuipc__ctx_saved saved, other;
   if (sd == NULL || dd == NULL || gpuipc__ctx_enter(ddev, &other) != 0)
     return -1;
-  /* Between GPUs, the copy the hardware does: with peer access on, as
-   * every program that copies between GPUs enables it (without it the
-   * driver stages through host memory, at a tenth of NVLink's rate). Where
-   * the pair has no peer access the staged copy is what this machine
-   * offers, and it stays the baseline. */
-  if (sdev != ddev) {
-    (void)gpuipc_peer_enable(sdev, ddev);
-    (void)gpuipc_peer_enable(ddev, sdev);
-  }
   gpuipc__ctx_leave(&other); /* retains @ddev's primary context */
   if (gpuipc__ctx_enter(sdev, &saved) != 0)
     return -1;
@@ -141,6 +154,11 @@ int bench_dev_read(int dev, void *out, const void *p, size_t n)
   return gpuipc_memcpy(out, p, n, dev, NULL);
 }
 #else
+int bench_peer_on(int src, int dst)
+{
+  return 0;
+}
+
 void *bench_stream_make(enum stream_mode mode, int dev)
 {
   return NULL;

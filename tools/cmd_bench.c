@@ -2,8 +2,10 @@
  * gpuipc bench: measure this machine. For each GPU and each ordered pair of
  * GPUs, a channel's 4 KiB round trip and its copy bandwidth by size, next to
  * the driver's own copy (cuMemcpyAsync on one GPU, cuMemcpyPeerAsync between
- * two) in the same run. Without a GPU (or with --kind host) HOST buffers
- * against memcpy.
+ * two, peer access on) in the same run, the two alternated run by run and
+ * compared by their medians; then a round trip with kernels in the loop
+ * beside its floors (bench_kloop.c). Without a GPU (or with --kind host)
+ * HOST buffers against memcpy, and no kernel row.
  *
  * The command starts itself again as the receiving process (`gpuipc bench
  * --peer DOMAIN STREAM`, through /proc/self/exe), in a domain of its own.
@@ -12,11 +14,13 @@
  * the receiver carries it out and answers with a HOST tensor of its own:
  * 0, or the error it met. Bandwidth orders carry the byte the producer
  * filled its buffer with, and the receiver checks its copy's first and last
- * bytes against it.
+ * bytes against it, every run.
  *
  * This file: the arguments, the control channel, the receiving process and
- * the producer's runs; bench.h lists the others (measuring and the
- * baselines: bench_measure.c; the report: bench_report.c).
+ * the producer's runs, each path's rows listed in bench_rows (a new row is
+ * one function there); bench.h lists the others (measuring and the
+ * baselines: bench_measure.c; the kernel round trip: bench_kloop.c; the
+ * report: bench_report.c).
  */
 #include "bench.h"
 #include "core/core.h" /* gpuipc__err, GPUIPC__KIND_LAST */
@@ -30,20 +34,31 @@
 #include <time.h>
 #include <unistd.h>
 
+#define STR(x) #x
+#define XSTR(x) STR(x)
+
 /* " auto host vmm ...": the kinds' names, from gpuipc.h's GPUIPC_KIND_MAP. */
 #define KIND_WORD(name, value, str, desc) " " str
 
 static const char bench_usage[] =
     "usage: gpuipc bench [--json] [--quick] [--kind KIND] [--stream STREAM]\n"
-    "                    [--max-bytes N] [--devices LIST]\n"
+    "                    [--max-bytes N] [--devices LIST] [--runs N]\n"
     "\n"
     "Measure channels on this machine, for each GPU and each ordered pair of\n"
     "GPUs: the 4 KiB round trip (send -> recv -> release -> the sender sees\n"
     "its buffer free) and the copy bandwidth (gpuipc_channel_recv_into) from 4 KiB\n"
     "up, next to cuMemcpyAsync (one GPU) or cuMemcpyPeerAsync (two GPUs,\n"
-    "peer access on) run by this process on the same buffers. Without a GPU:\n"
-    "HOST buffers against memcpy. A second process (this command, started\n"
-    "again) is the receiver; it checks the bytes of every size it receives.\n"
+    "peer access on) run by this process on the same buffers: runs of the\n"
+    "two alternated, the ratio of their medians. Then a 4 KiB round trip\n"
+    "with kernels in the loop (a kernel writes the tensor, the receiver's\n"
+    "kernel checks it and answers, a kernel checks the answer) beside its\n"
+    "floors: the same kernels in one process ordered by events\n"
+    "(kloop_one_process), and two processes ordered by stream value waits\n"
+    "on shared pinned words (kloop_floor_word); gpuipc's row on --stream,\n"
+    "the floors on created streams. Without a GPU: HOST buffers\n"
+    "against memcpy, no kernel rows. A second process (this command,\n"
+    "started again) is the receiver; it checks the bytes of every size it\n"
+    "receives and every word the kernels pass.\n"
     "\n"
     "  --json          one JSON document (schema 1) instead of the tables\n"
     "  --quick         fewer messages, sizes up to 64 MiB\n"
@@ -55,6 +70,8 @@ static const char bench_usage[] =
     "                  non-blocking stream of each process's own)\n"
     "  --max-bytes N   largest size (default 1 GiB, 64 MiB with --quick)\n"
     "  --devices LIST  comma-separated ordinals (default: every GPU)\n"
+    "  --runs N        alternated runs of each copy size, each side, 5 ..\n"
+    "                  " XSTR(MAX_RUNS) " (default 5)\n"
     "\n"
     "A progress line goes to stderr while it runs, when stderr is a terminal.\n";
 
@@ -90,7 +107,7 @@ static void ctl_fini(struct ctl *c)
 }
 
 /* Send four numbers. */
-static int ctl_send(struct ctl *c, const int64_t v[4])
+int bench_ctl_send(struct ctl *c, const int64_t v[4])
 {
   int slot = c->next++ % CTL_SLOTS;
   int rc = 0;
@@ -107,7 +124,7 @@ static int ctl_send(struct ctl *c, const int64_t v[4])
 }
 
 /* Receive four numbers. */
-static int ctl_recv(struct ctl *c, int64_t v[4])
+int bench_ctl_recv(struct ctl *c, int64_t v[4])
 {
   gpuipc_tensor_t *t;
   int rc = gpuipc_channel_recv(c->ch, &t, NULL, 4 * WAIT_MS);
@@ -122,15 +139,26 @@ static int ctl_recv(struct ctl *c, int64_t v[4])
   return rc;
 }
 
+/* The receiver's answer @ans[0] as a status: 0, or its error code with a
+ * sentence here (the receiver's own is on its stderr). */
+int bench_answer(const int64_t ans[4])
+{
+  if (ans[0] == 0)
+    return 0;
+  int rc = (int)ans[0];
+  return gpuipc__err(rc, "bench: the receiving process failed: %s (its "
+                     "message is above)", gpuipc_err_name(rc));
+}
+
 /* An order and its answer: 0, or the receiver's error code. */
 static int ctl_order(struct ctl *c, int64_t op, int64_t a, int64_t b,
                      int64_t d)
 {
   int64_t v[4] = {op, a, b, d}, ans[4];
-  int rc = ctl_send(c, v);
+  int rc = bench_ctl_send(c, v);
   if (rc == 0)
-    rc = ctl_recv(c, ans);
-  return rc != 0 ? rc : (int)ans[0];
+    rc = bench_ctl_recv(c, ans);
+  return rc != 0 ? rc : bench_answer(ans);
 }
 
 /* The data channel from @src to @dst: "bench-0-1", "bench-host". */
@@ -146,17 +174,7 @@ static void chan_name(int src, int dst, char *buf, size_t cap)
 /* The receiving process                                                    */
 /* ------------------------------------------------------------------------ */
 
-struct peer {
-  gpuipc_domain_t *dom;
-  struct ctl ctl;
-  gpuipc_channel_t *data;
-  enum stream_mode mode;
-  int dev;      /* the data channel's receiving device, -1: HOST */
-  void *stream;
-  gpuipc_buf_t *dst; /* where copies land */
-};
-
-static int peer_open(struct peer *p, int src, int dst)
+static int peer_open(struct peer *p, int src, int dst, gpuipc_kind_t kind)
 {
   char name[32];
   chan_name(src, dst, name, sizeof(name));
@@ -167,6 +185,7 @@ static int peer_open(struct peer *p, int src, int dst)
   if (rc != 0)
     return rc;
   p->dev = dst;
+  p->kind = kind;
   p->stream = dst >= 0 ? bench_stream_make(p->mode, dst) : NULL;
   return 0;
 }
@@ -214,7 +233,9 @@ static int peer_check(struct peer *p, const uint8_t *q, size_t bytes,
   }
   for (size_t i = 0; rc == 0 && i < k; i++)
     if (head[i] != want || tail[i] != want)
-      rc = -EBADMSG;
+      rc = gpuipc__err(-EBADMSG, "bench: a copy of %zu bytes holds %#x "
+                       "... %#x where %#x was sent", bytes, head[i], tail[i],
+                       want);
   return rc;
 }
 
@@ -225,7 +246,7 @@ static int peer_copies(struct peer *p, size_t bytes, long count, uint8_t want)
     if (p->dst != NULL)
       gpuipc_buf_release(p->dst);
     p->dst = NULL;
-    gpuipc_kind_t k = p->dev < 0 ? GPUIPC_KIND_HOST : GPUIPC_KIND_AUTO;
+    gpuipc_kind_t k = p->dev < 0 ? GPUIPC_KIND_HOST : p->kind;
     rc = gpuipc_buf_alloc(bytes, k, p->dev, 0, &p->dst);
     if (rc != 0)
       return rc;
@@ -254,19 +275,25 @@ static int peer_main(const char *domain, const char *stream)
     rc = ctl_init(&p.ctl, p.dom);
   while (rc == 0) {
     int64_t v[4];
-    rc = ctl_recv(&p.ctl, v);
+    rc = bench_ctl_recv(&p.ctl, v);
     if (rc != 0 || v[0] == OP_END)
       break;
     int res;
     switch (v[0]) {
     case OP_OPEN:
-      res = peer_open(&p, (int)v[1], (int)v[2]);
+      res = peer_open(&p, (int)v[1], (int)v[2], (gpuipc_kind_t)v[3]);
       break;
     case OP_LAT:
       res = peer_views(&p, (long)v[2]);
       break;
     case OP_BW:
       res = peer_copies(&p, (size_t)v[1], (long)v[2], (uint8_t)v[3]);
+      break;
+    case OP_KLOOP:
+      res = bench_kloop_peer(&p, (int)v[1], (long)v[2]);
+      break;
+    case OP_KWORD:
+      res = bench_kword_peer(&p, (int)v[1], (long)v[2]);
       break;
     case OP_CLOSE:
       peer_close(&p);
@@ -279,7 +306,7 @@ static int peer_main(const char *domain, const char *stream)
       fprintf(stderr, "gpuipc bench (receiver): order %d: %s (%s)\n",
               (int)v[0], gpuipc_last_error(), gpuipc_err_name(res));
     int64_t ans[4] = {res, 0, 0, 0};
-    rc = ctl_send(&p.ctl, ans);
+    rc = bench_ctl_send(&p.ctl, ans);
   }
   peer_close(&p);
   if (p.ctl.ch != NULL) {
@@ -299,8 +326,8 @@ static int peer_main(const char *domain, const char *stream)
 /* ------------------------------------------------------------------------ */
 
 
-static void progress(struct prod *p, const char *what, int src, int dst,
-                     size_t bytes)
+void bench_progress(struct prod *p, const char *what, int src, int dst,
+                    size_t bytes)
 {
   p->step++;
   if (!isatty(STDERR_FILENO))
@@ -329,6 +356,7 @@ static int spawn_peer(struct prod *p, const char *domain)
   return 0;
 }
 
+/* Messages of each run of @bytes. */
 static long count_for(size_t bytes, int quick)
 {
   size_t target = quick ? ((size_t)1 << 30) : ((size_t)8 << 30);
@@ -337,11 +365,12 @@ static long count_for(size_t bytes, int quick)
   return n < 10 ? 10 : n > cap ? cap : n;
 }
 
-/* Round trips of a 4 KiB tensor of @src, @n timed after warm-up. */
-static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
-                       void *stream)
+/* Row "latency": round trips of a 4 KiB tensor, @n timed after warm-up. */
+static int run_latency(struct prod *p, const struct pair *pr)
 {
   int n = p->o->quick ? 300 : 2000, warm = 100;
+  int src = pr->src;
+  bench_progress(p, "latency", src, pr->dst, LAT_BYTES);
   gpuipc_buf_t *b;
   gpuipc_kind_t kind = src < 0 ? GPUIPC_KIND_HOST : p->o->kind;
   int rc = gpuipc_buf_alloc(LAT_BYTES, kind, src, 0, &b);
@@ -349,27 +378,27 @@ static int run_latency(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
     return rc;
   double *t = calloc((size_t)n, sizeof(*t));
   int64_t order[4] = {OP_LAT, LAT_BYTES, n + warm, 0};
-  rc = t == NULL ? -ENOMEM : ctl_send(&p->ctl, order);
+  rc = t == NULL ? -ENOMEM : bench_ctl_send(&p->ctl, order);
   struct tens x;
   tens_init(&x, b, gpuipc_buf_ptr(b), src, LAT_BYTES);
   for (int i = 0; rc == 0 && i < n + warm; i++) {
     uint64_t tk;
     double t0 = bench_now_us();
-    rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk);
+    rc = gpuipc_channel_send(pr->ch, &x.t, pr->stream, 0, &tk);
     if (rc == 0)
-      rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
+      rc = gpuipc_channel_send_done(pr->ch, tk, WAIT_MS);
     if (i >= warm)
       t[i - warm] = bench_now_us() - t0;
   }
   int64_t ans[4] = {0};
   if (rc == 0)
-    rc = ctl_recv(&p->ctl, ans);
+    rc = bench_ctl_recv(&p->ctl, ans);
   if (rc == 0)
-    rc = (int)ans[0];
+    rc = bench_answer(ans);
   if (rc == 0) {
     struct lat_row *r = &p->r.lat[p->r.nlat++];
     r->src = src;
-    r->dst = dst;
+    r->dst = pr->dst;
     r->n = n;
     bench_stats(t, n, &r->median, &r->p99);
   }
@@ -392,61 +421,88 @@ static int bw_row_add(struct results *r, const struct bw_row *row)
   return 0;
 }
 
-
-/* One size: the channel's copies, then the baseline's. */
-static int run_size(struct prod *p, int src, int dst, gpuipc_channel_t *ch,
-                    void *stream, gpuipc_buf_t *from, gpuipc_buf_t *to,
-                    size_t bytes)
+/* One run of gpuipc's copies: @n messages of @x (filled with @v) after one
+ * to warm up, which the receiver copies and checks; microseconds. */
+static int gpuipc_run(struct prod *p, const struct pair *pr, struct tens *x,
+                      long n, uint8_t v, double *us)
 {
-  long n = count_for(bytes, p->o->quick);
-  uint8_t v = bench_pattern(bytes);
-  int rc = bench_fill(src, gpuipc_buf_ptr(from), v, bytes);
-  int64_t order[4] = {OP_BW, (int64_t)bytes, n + 1, v};
-  if (rc == 0)
-    rc = ctl_send(&p->ctl, order);
-  struct tens x;
-  tens_init(&x, from, gpuipc_buf_ptr(from), src, bytes);
+  size_t bytes = gpuipc_tensor_nbytes(&x->t);
+  int64_t order[4] = {OP_BW, (int64_t)bytes, n + 1, v}, ans[4] = {0};
+  int rc = bench_ctl_send(&p->ctl, order);
   uint64_t tk = 0;
   if (rc == 0)
-    rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk); /* warm-up */
+    rc = gpuipc_channel_send(pr->ch, &x->t, pr->stream, 0, &tk); /* warm-up */
   if (rc == 0)
-    rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
+    rc = gpuipc_channel_send_done(pr->ch, tk, WAIT_MS);
   double t0 = bench_now_us();
   for (long i = 0; rc == 0 && i < n; i++)
-    rc = gpuipc_channel_send(ch, &x.t, stream, 0, &tk);
+    rc = gpuipc_channel_send(pr->ch, &x->t, pr->stream, 0, &tk);
   if (rc == 0)
-    rc = gpuipc_channel_send_done(ch, tk, WAIT_MS);
-  double us = bench_now_us() - t0;
-  int64_t ans[4] = {0};
+    rc = gpuipc_channel_send_done(pr->ch, tk, WAIT_MS);
+  *us = bench_now_us() - t0;
   if (rc == 0)
-    rc = ctl_recv(&p->ctl, ans);
-  if (rc == 0 && ans[0] != 0)
-    return (int)ans[0];
-  if (rc != 0)
-    return rc;
-  double bus = bench_base_us(src, dst, gpuipc_buf_ptr(to),
-                             gpuipc_buf_ptr(from), bytes, n, stream);
-  if (bus <= 0)
-    return gpuipc__err(GPUIPC_E_CUDA, "bench: the baseline copy failed: %s",
-                       gpuipc_last_error());
-  struct bw_row row = {.src = src, .dst = dst, .bytes = bytes, .count = n,
-                       .gbs = (double)bytes * n / us / 1e3,
-                       .base_gbs = (double)bytes * n / bus / 1e3};
-  return bw_row_add(&p->r, &row);
+    rc = bench_ctl_recv(&p->ctl, ans);
+  return rc != 0 ? rc : bench_answer(ans);
 }
 
-static int run_bandwidth(struct prod *p, int src, int dst,
-                         gpuipc_channel_t *ch, void *stream)
+/* The median of @n values (left in order). */
+static double median_of(const double *v, int n)
 {
+  double s[MAX_RUNS], med, p99;
+  memcpy(s, v, (size_t)n * sizeof(*v));
+  bench_stats(s, n, &med, &p99);
+  return med;
+}
+
+/* One size: runs of the channel's copies and of the baseline's,
+ * alternated (gpuipc, baseline, gpuipc, ...), into @row. */
+static int run_size(struct prod *p, const struct pair *pr, gpuipc_buf_t *from,
+                    gpuipc_buf_t *to, struct bw_row *row)
+{
+  size_t bytes = row->bytes;
+  long n = count_for(bytes, p->o->quick);
+  uint8_t v = bench_pattern(bytes);
+  int rc = bench_fill(pr->src, gpuipc_buf_ptr(from), v, bytes);
+  struct tens x;
+  tens_init(&x, from, gpuipc_buf_ptr(from), pr->src, bytes);
+  row->count = n;
+  row->runs = p->o->runs;
+  for (int r = 0; rc == 0 && r < row->runs; r++) {
+    double us = 0;
+    row->gbs_at[r] = bench_now_us() - p->t0;
+    rc = gpuipc_run(p, pr, &x, n, v, &us);
+    if (rc != 0)
+      return rc;
+    row->base_at[r] = bench_now_us() - p->t0;
+    double bus = bench_base_us(pr->src, pr->dst, gpuipc_buf_ptr(to),
+                               gpuipc_buf_ptr(from), bytes, n, pr->stream);
+    if (bus <= 0)
+      return gpuipc__err(GPUIPC_E_CUDA, "bench: the baseline copy failed: "
+                         "%s", gpuipc_last_error());
+    row->gbs_run[r] = (double)bytes * n / us / 1e3;
+    row->base_run[r] = (double)bytes * n / bus / 1e3;
+  }
+  row->gbs = median_of(row->gbs_run, row->runs);
+  row->base_gbs = median_of(row->base_run, row->runs);
+  return rc;
+}
+
+/* Row "bandwidth": every size from 4 KiB up. */
+static int run_bandwidth(struct prod *p, const struct pair *pr)
+{
+  int src = pr->src, dst = pr->dst;
   gpuipc_kind_t kind = src < 0 ? GPUIPC_KIND_HOST : p->o->kind;
   gpuipc_buf_t *from = NULL, *to = NULL;
   int rc = gpuipc_buf_alloc(p->o->max_bytes, kind, src, 0, &from);
   if (rc == 0)
-    rc = gpuipc_buf_alloc(p->o->max_bytes, src < 0 ? GPUIPC_KIND_HOST : kind,
-                          dst, 0, &to);
+    rc = gpuipc_buf_alloc(p->o->max_bytes, kind, dst, 0, &to);
+  int peer = src >= 0 && src != dst ? bench_peer_on(src, dst) : -1;
   for (size_t b = 4096; rc == 0 && b <= p->o->max_bytes; b *= 4) {
-    progress(p, "bandwidth", src, dst, b);
-    rc = run_size(p, src, dst, ch, stream, from, to, b);
+    bench_progress(p, "bandwidth", src, dst, b);
+    struct bw_row row = {.src = src, .dst = dst, .bytes = b, .peer = peer};
+    rc = run_size(p, pr, from, to, &row);
+    if (rc == 0)
+      rc = bw_row_add(&p->r, &row);
   }
   if (to != NULL)
     gpuipc_buf_release(to);
@@ -455,36 +511,53 @@ static int run_bandwidth(struct prod *p, int src, int dst,
   return rc;
 }
 
-/* Latency and bandwidth from @src to @dst (-1, -1: HOST). */
-static int run_pair(struct prod *p, int src, int dst)
+/*
+ * The rows of each path, in order: one function each, which measures
+ * @pr and adds its results to p->r (a row that does not apply to the
+ * path, such as the kernels' on the host, adds none and returns 0).
+ */
+static int (*const bench_rows[])(struct prod *p, const struct pair *pr) = {
+    run_latency,
+    run_bandwidth,
+    bench_kloop_run,
+};
+
+/* Open the data channel from @src to @dst at both ends. */
+static int pair_open(struct prod *p, int src, int dst, gpuipc_channel_t **ch)
 {
   /* Both ends open at once: the answer comes once the channel is paired. */
-  int64_t order[4] = {OP_OPEN, src, dst, 0}, ans[4] = {0};
-  int rc = ctl_send(&p->ctl, order);
+  int64_t order[4] = {OP_OPEN, src, dst, p->o->kind}, ans[4] = {0};
+  int rc = bench_ctl_send(&p->ctl, order);
   if (rc != 0)
     return rc;
   char name[32];
   chan_name(src, dst, name, sizeof(name));
   gpuipc_channel_opts_t o = {.size = sizeof(o), .timeout_ms = WAIT_MS,
                              .send_timeout_ms = WAIT_MS};
-  gpuipc_channel_t *ch;
-  rc = gpuipc_channel_open(p->dom, name, &o, &ch);
-  int rc2 = ctl_recv(&p->ctl, ans);
+  rc = gpuipc_channel_open(p->dom, name, &o, ch);
+  int rc2 = bench_ctl_recv(&p->ctl, ans);
   if (rc == 0 && (rc2 != 0 || ans[0] != 0)) {
-    gpuipc_channel_close(ch);
-    rc = rc2 != 0 ? rc2 : (int)ans[0];
+    gpuipc_channel_close(*ch);
+    rc = rc2 != 0 ? rc2 : bench_answer(ans);
   }
+  return rc;
+}
+
+/* Every row from @src to @dst (-1, -1: HOST). */
+static int run_pair(struct prod *p, int src, int dst)
+{
+  struct pair pr = {.src = src, .dst = dst};
+  int rc = pair_open(p, src, dst, &pr.ch);
   if (rc != 0)
     return rc;
-  void *stream = src >= 0 ? bench_stream_make(p->o->stream, src) : NULL;
-  progress(p, "latency", src, dst, LAT_BYTES);
-  rc = run_latency(p, src, dst, ch, stream);
-  if (rc == 0)
-    rc = run_bandwidth(p, src, dst, ch, stream);
+  pr.stream = src >= 0 ? bench_stream_make(p->o->stream, src) : NULL;
+  size_t nrows = sizeof(bench_rows) / sizeof(bench_rows[0]);
+  for (size_t i = 0; rc == 0 && i < nrows; i++)
+    rc = bench_rows[i](p, &pr);
   if (src >= 0)
-    bench_stream_free(p->o->stream, src, stream);
-  gpuipc_channel_close(ch);
-  rc2 = ctl_order(&p->ctl, OP_CLOSE, 0, 0, 0);
+    bench_stream_free(p->o->stream, src, pr.stream);
+  gpuipc_channel_close(pr.ch);
+  int rc2 = ctl_order(&p->ctl, OP_CLOSE, 0, 0, 0);
   return rc != 0 ? rc : rc2;
 }
 
@@ -548,6 +621,14 @@ static int parse_args(int argc, char **argv, struct bench_opts *o)
       o->max_bytes = (size_t)n;
       max_given = 1;
       i++;
+    } else if (strcmp(a, "--runs") == 0 && v != NULL) {
+      char *end;
+      long n = strtol(v, &end, 10);
+      if (*end != '\0' || n < DEF_RUNS || n > MAX_RUNS)
+        return cli_usage_error(cmd, "--runs wants %d .. %d", DEF_RUNS,
+                               MAX_RUNS);
+      o->runs = (int)n;
+      i++;
     } else if (strcmp(a, "--devices") == 0 && v != NULL) {
       if (parse_devices(v, o) != 0)
         return cli_usage_error(cmd, "bad device list '%s'", v);
@@ -586,7 +667,7 @@ static int count_steps(const struct bench_opts *o)
   for (size_t b = 4096; b <= o->max_bytes; b *= 4)
     sizes++;
   int pairs = o->ndev == 0 ? 1 : o->ndev * o->ndev;
-  return pairs * (1 + sizes);
+  return pairs * (1 + sizes + (o->ndev > 0)); /* latency, sizes, kloop */
 }
 
 static int run_all(struct prod *p)
@@ -613,7 +694,8 @@ static int bench_run(int argc, char **argv)
 {
   if (argc == 4 && strcmp(argv[1], "--peer") == 0)
     return peer_main(argv[2], argv[3]);
-  struct bench_opts o = {.kind = GPUIPC_KIND_AUTO, .stream = ST_NULL};
+  struct bench_opts o = {.kind = GPUIPC_KIND_AUTO, .stream = ST_NULL,
+                         .runs = DEF_RUNS};
   int rc = parse_args(argc, argv, &o);
   if (rc != CLI_EXIT_OK)
     return rc;
@@ -621,6 +703,7 @@ static int bench_run(int argc, char **argv)
   memset(&p, 0, sizeof(p));
   p.o = &o;
   p.steps = count_steps(&o);
+  p.t0 = bench_now_us();
   char domain[64];
   snprintf(domain, sizeof(domain), "bench-%d", (int)getpid());
   rc = gpuipc_domain_join(domain, NULL, &p.dom);
@@ -633,7 +716,7 @@ static int bench_run(int argc, char **argv)
   if (isatty(STDERR_FILENO))
     fprintf(stderr, "\r\033[K");
   int64_t end[4] = {OP_END, 0, 0, 0};
-  if (p.ctl.ch != NULL && ctl_send(&p.ctl, end) == 0)
+  if (p.ctl.ch != NULL && bench_ctl_send(&p.ctl, end) == 0)
     gpuipc_channel_send_done(p.ctl.ch, p.ctl.tickets[(p.ctl.next - 1) % CTL_SLOTS],
                      10000);
   char why[1024] = "";

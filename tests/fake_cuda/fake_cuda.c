@@ -430,6 +430,7 @@ static const struct {
     ENTRY(cuStreamGetCtx),
     ENTRY(cuStreamQuery),
     ENTRY(cuStreamSynchronize),
+    ENTRY(cuCtxSynchronize),
     ENTRY(cuStreamWaitEvent),
     ENTRY(cuEventCreate),
     ENTRY(cuEventDestroy),

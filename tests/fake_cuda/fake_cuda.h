@@ -95,6 +95,8 @@ int fake_cuda_kernel_launches(void);
 /* Launches of gpuipc's block kernel (gpuipc_copy_blocks) so far. */
 int fake_cuda_block_launches(void);
 int fake_cuda_kernel_faults(void);
+/* Launches of `gpuipc bench`'s kernels so far (tools/bench_kernels.cu). */
+int fake_cuda_bench_launches(void);
 /* Uses of an opened event after its exporter destroyed it (undefined in
  * CUDA; the fake fails them). */
 int fake_cuda_dead_event_uses(void);

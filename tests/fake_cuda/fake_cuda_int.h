@@ -7,7 +7,8 @@
  *   fake_cuda.c    init, devices, contexts, host registration, the table
  *   fake_mem.c     device memory and its IPC (cuMemAlloc, cuIpc*MemHandle)
  *   fake_stream.c  copies, streams and events (interprocess ones too)
- *   fake_kernel.c  modules and launches (gpuipc's copy kernel), cuMemsetD8
+ *   fake_kernel.c  modules and launches (gpuipc's copy kernel, the
+ *                  bench's kernels), cuMemsetD8
  * Nothing here is exported: the library reaches the fake through
  * cuGetProcAddress, the tests through fake_cuda.h's counters.
  */
@@ -84,6 +85,10 @@ struct ipc_bytes {
   uint32_t pid;
   int32_t fd, fd2;
   uint64_t size;
+  /* Memory: the allocation's number in its process, so that a handle of
+   * memory allocated where freed memory was (its fd's number reused)
+   * differs from the old one's, as a driver's handles do. */
+  uint64_t serial;
 };
 FAKE_HIDDEN void fake_ipc_put(char reserved[64], const struct ipc_bytes *b);
 /* Open another process's fd @fd as this process's own (close-on-exec). */
@@ -123,6 +128,7 @@ FAKE_HIDDEN CUresult fake_cuStreamDestroy(CUstream h);
 FAKE_HIDDEN CUresult fake_cuStreamGetCtx(CUstream h, CUcontext *pctx);
 FAKE_HIDDEN CUresult fake_cuStreamQuery(CUstream h);
 FAKE_HIDDEN CUresult fake_cuStreamSynchronize(CUstream h);
+FAKE_HIDDEN CUresult fake_cuCtxSynchronize(void);
 FAKE_HIDDEN CUresult fake_cuStreamWaitEvent(CUstream h, CUevent ev,
                                             unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuEventCreate(CUevent *ev, unsigned int flags);
@@ -149,5 +155,11 @@ FAKE_HIDDEN CUresult fake_stream_copy_word(CUstream h, CUdeviceptr dst,
                                            CUdeviceptr src, size_t n,
                                            CUdeviceptr count,
                                            CUdeviceptr word, uint64_t value);
+
+/* fake_stream.c, for fake_kernel.c: queue a call of @fn(@a) on @h (the
+ * current context's stream), done in the stream's order like a copy. */
+FAKE_HIDDEN CUresult fake_stream_call(CUstream h,
+                                      void (*fn)(const uint64_t a[4]),
+                                      const uint64_t a[4]);
 
 #endif

@@ -1,6 +1,7 @@
 /*
  * The fake CUDA driver's modules and launches: it runs no device code, but
- * knows gpuipc's one kernel by name (src/cuda/kernel.c). cuModuleLoadData
+ * knows gpuipc's kernels by name (src/cuda/kernel.c), and the three of
+ * `gpuipc bench` (tools/bench_kernels.cu). cuModuleLoadData
  * takes PTX text (a NUL-terminated image that declares .version and
  * .target) and remembers which kernels it declares (".entry NAME(");
  * cuModuleGetFunction finds one of them; cuLaunchKernel of
@@ -15,24 +16,36 @@
  * an 8-byte aligned list in registered host memory and its count of
  * copies) reads its list at the launch and queues each copy in stream
  * order (fake_cuda_block_launches counts the launches, and refuses one
- * whose list is not registered memory). Also cuMemsetD8 (synchronous, on
- * the bytes at once).
+ * whose list is not registered memory). The bench's kernels are checked
+ * as they are declared (one block of 1,024 threads, no shared memory,
+ * 4-byte aligned pointers) and do their work on the host memory that
+ * stands for device memory, queued in their stream's order
+ * (fake_stream_call):
+ * gpuipc_bench_write writes word k = v + k; gpuipc_bench_answer counts
+ * the words of its input that are not v + k in tally[0], writes each + 1,
+ * and counts itself in tally[1]; gpuipc_bench_check counts the words that
+ * are not v + k + 1 and itself (fake_cuda_bench_launches counts them
+ * all). Also cuMemsetD8 (synchronous, on the bytes at once).
  */
 #include "fake_cuda_int.h"
 
-#define COPY_WORD "gpuipc_copy_word"
-#define COPY_BLOCKS "gpuipc_copy_blocks"
+enum { F_COPY_WORD, F_COPY_BLOCKS, F_WRITE, F_ANSWER, F_CHECK, F_COUNT };
+static const char *const fn_names[F_COUNT] = {
+    "gpuipc_copy_word", "gpuipc_copy_blocks", "gpuipc_bench_write",
+    "gpuipc_bench_answer", "gpuipc_bench_check"};
+#define BENCH_WORDS 1024 /* the bench kernels' block, and tensor */
 
 struct CUmod_st {
-  bool has_copy_word;
+  unsigned entries; /* bit F_*: the module declares that kernel */
 };
 
 struct CUfunc_st {
-  int which; /* 1: gpuipc_copy_word, 2: gpuipc_copy_blocks */
+  int which; /* F_* */
 };
 
-static struct CUfunc_st copy_word_fn = {1}, copy_blocks_fn = {2};
-static atomic_int launches, block_launches;
+static struct CUfunc_st fns[F_COUNT] = {
+    {F_COPY_WORD}, {F_COPY_BLOCKS}, {F_WRITE}, {F_ANSWER}, {F_CHECK}};
+static atomic_int launches, block_launches, bench_launches;
 
 FAKE_HIDDEN CUresult fake_cuModuleLoadData(CUmodule *mod, const void *image)
 {
@@ -45,10 +58,17 @@ FAKE_HIDDEN CUresult fake_cuModuleLoadData(CUmodule *mod, const void *image)
   if (strnlen(text, 1 << 20) == 1 << 20 || strstr(text, ".version") == NULL ||
       strstr(text, ".target") == NULL)
     return CUDA_ERROR_INVALID_IMAGE;
-  /* Two kinds of module: with gpuipc's kernel or without (nothing to
-   * allocate, nothing to leak: gpuipc never unloads its module). */
-  static struct CUmod_st kinds[2] = {{false}, {true}};
-  *mod = &kinds[strstr(text, ".entry " COPY_WORD "(") != NULL];
+  /* A module for each set of kernels declared (nothing to allocate,
+   * nothing to leak: gpuipc and the bench never unload theirs). */
+  static struct CUmod_st kinds[1 << F_COUNT];
+  unsigned entries = 0;
+  for (int i = 0; i < F_COUNT; i++) {
+    char decl[64];
+    snprintf(decl, sizeof(decl), ".entry %s(", fn_names[i]);
+    entries |= (strstr(text, decl) != NULL) << i;
+  }
+  kinds[entries].entries = entries;
+  *mod = &kinds[entries];
   return CUDA_SUCCESS;
 }
 
@@ -58,15 +78,12 @@ FAKE_HIDDEN CUresult fake_cuModuleGetFunction(CUfunction *f, CUmodule mod,
   NEED_INIT();
   if (f == NULL || mod == NULL || name == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  if (!mod->has_copy_word)
-    return CUDA_ERROR_NOT_FOUND;
-  if (strcmp(name, COPY_WORD) == 0)
-    *f = &copy_word_fn;
-  else if (strcmp(name, COPY_BLOCKS) == 0)
-    *f = &copy_blocks_fn;
-  else
-    return CUDA_ERROR_NOT_FOUND;
-  return CUDA_SUCCESS;
+  for (int i = 0; i < F_COUNT; i++)
+    if ((mod->entries & (1u << i)) && strcmp(name, fn_names[i]) == 0) {
+      *f = &fns[i];
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_NOT_FOUND;
 }
 
 /* gpuipc_copy_blocks: each copy of the list, queued in order on @h. */
@@ -96,6 +113,87 @@ static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
   return CUDA_SUCCESS;
 }
 
+/* ---- the bench's kernels, on the bytes (@a: their parameters) ---- */
+
+static uint32_t *words(uint64_t p)
+{
+  return (uint32_t *)(uintptr_t)p;
+}
+
+static void bench_write(const uint64_t a[4])
+{
+  uint32_t *p = words(a[0]), v = (uint32_t)a[1];
+  for (uint32_t k = 0; k < BENCH_WORDS; k++)
+    p[k] = v + k;
+}
+
+static void bench_answer(const uint64_t a[4])
+{
+  const uint32_t *in = words(a[0]);
+  uint32_t *out = words(a[1]), v = (uint32_t)a[2], *tally = words(a[3]);
+  for (uint32_t k = 0; k < BENCH_WORDS; k++) {
+    uint32_t x = in[k];
+    if (x != v + k)
+      __atomic_fetch_add(&tally[0], 1, __ATOMIC_RELAXED);
+    out[k] = x + 1;
+  }
+  __atomic_fetch_add(&tally[1], 1, __ATOMIC_RELAXED);
+}
+
+static void bench_check(const uint64_t a[4])
+{
+  const uint32_t *in = words(a[0]);
+  uint32_t v = (uint32_t)a[1], *tally = words(a[2]);
+  for (uint32_t k = 0; k < BENCH_WORDS; k++)
+    if (in[k] != v + k + 1)
+      __atomic_fetch_add(&tally[0], 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&tally[1], 1, __ATOMIC_RELAXED);
+}
+
+/* A pointer parameter: not NULL, 4-byte aligned. */
+static bool ptr_ok(uint64_t p)
+{
+  return p != 0 && p % 4 == 0;
+}
+
+/* A launch of a bench kernel as it declares itself: one block of
+ * BENCH_WORDS threads; its parameters (pointers and a 32-bit value) in
+ * the order of tools/bench_kernels.cu. */
+static CUresult bench_launch(int which, unsigned gx, unsigned bx,
+                             CUstream h, void **params)
+{
+  if (gx != 1 || bx != BENCH_WORDS)
+    return CUDA_ERROR_INVALID_VALUE;
+  uint64_t a[4] = {0};
+  void (*fn)(const uint64_t a[4]) = NULL;
+  bool ok = false;
+  if (which == F_WRITE) {
+    a[0] = *(CUdeviceptr *)params[0];
+    a[1] = *(unsigned *)params[1];
+    fn = bench_write;
+    ok = ptr_ok(a[0]);
+  } else if (which == F_ANSWER) {
+    a[0] = *(CUdeviceptr *)params[0];
+    a[1] = *(CUdeviceptr *)params[1];
+    a[2] = *(unsigned *)params[2];
+    a[3] = *(CUdeviceptr *)params[3];
+    fn = bench_answer;
+    ok = ptr_ok(a[0]) && ptr_ok(a[1]) && ptr_ok(a[3]);
+  } else {
+    a[0] = *(CUdeviceptr *)params[0];
+    a[1] = *(unsigned *)params[1];
+    a[2] = *(CUdeviceptr *)params[2];
+    fn = bench_check;
+    ok = ptr_ok(a[0]) && ptr_ok(a[2]);
+  }
+  if (!ok)
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = fake_stream_call(h, fn, a);
+  if (r == CUDA_SUCCESS)
+    atomic_fetch_add(&bench_launches, 1);
+  return r;
+}
+
 FAKE_HIDDEN CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx,
                                          unsigned gy, unsigned gz,
                                          unsigned bx, unsigned by,
@@ -104,12 +202,17 @@ FAKE_HIDDEN CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx,
                                          void **extra)
 {
   NEED_INIT();
-  if (f == &copy_blocks_fn && gy == 1 && gz == 1 && by == 1 && bz == 1)
-    return launch_blocks(gx, bx, shmem, h, params, extra);
-  if (f != &copy_word_fn)
+  uintptr_t fi = (uintptr_t)f, f0 = (uintptr_t)fns;
+  if (fi < f0 || fi >= f0 + sizeof(fns) || (fi - f0) % sizeof(fns[0]) != 0)
     return CUDA_ERROR_INVALID_HANDLE;
-  if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 256 || by != 1 ||
-      bz != 1 || shmem != 0 || params == NULL || extra != NULL)
+  if (f->which == F_COPY_BLOCKS && gy == 1 && gz == 1 && by == 1 && bz == 1)
+    return launch_blocks(gx, bx, shmem, h, params, extra);
+  if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || by != 1 || bz != 1 ||
+      shmem != 0 || params == NULL || extra != NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (f->which != F_COPY_WORD)
+    return bench_launch(f->which, gx, bx, h, params);
+  if (bx > 256)
     return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr dst = *(CUdeviceptr *)params[0];
   CUdeviceptr src = *(CUdeviceptr *)params[1];
@@ -148,4 +251,9 @@ int fake_cuda_kernel_launches(void)
 int fake_cuda_block_launches(void)
 {
   return atomic_load(&block_launches);
+}
+
+int fake_cuda_bench_launches(void)
+{
+  return atomic_load(&bench_launches);
 }

@@ -23,7 +23,9 @@ static struct {
   size_t size;
   int fd;      /* the memfd of our own allocation; -1 for an opening */
   bool opened; /* mapped by cuIpcOpenMemHandle */
+  uint64_t serial; /* of our own allocation: the allocations before it */
 } allocs[FAKE_ALLOCS];
+static uint64_t alloc_serial; /* alloc_lock */
 
 void fake_ipc_put(char reserved[64], const struct ipc_bytes *b)
 {
@@ -55,6 +57,7 @@ static CUresult alloc_remember(uintptr_t base, size_t size, int fd)
       allocs[i].size = size;
       allocs[i].fd = fd;
       allocs[i].opened = fd < 0;
+      allocs[i].serial = ++alloc_serial;
       r = CUDA_SUCCESS;
       break;
     }
@@ -166,13 +169,14 @@ FAKE_HIDDEN CUresult fake_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
   if (h == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = CUDA_ERROR_INVALID_VALUE;
-  struct ipc_bytes b = {FAKE_MEM_MAGIC, (uint32_t)getpid(), -1, -1, 0};
+  struct ipc_bytes b = {FAKE_MEM_MAGIC, (uint32_t)getpid(), -1, -1, 0, 0};
   pthread_mutex_lock(&alloc_lock);
   for (int i = 0; i < FAKE_ALLOCS; i++)
     if (allocs[i].base != 0 && allocs[i].base == (uintptr_t)p &&
         !allocs[i].opened) {
       b.fd = allocs[i].fd;
       b.size = allocs[i].size;
+      b.serial = allocs[i].serial;
       r = CUDA_SUCCESS;
     }
   pthread_mutex_unlock(&alloc_lock);

@@ -48,6 +48,9 @@
  * done only after it; a synchronisation polls the word. Both are counted
  * (fake_cuda_word_writes, fake_cuda_word_waits).
  *
+ * The bench's kernels (fake_kernel.c) are queued as calls (OP_CALL) of
+ * a function that does their work, in the stream's order like a copy.
+ *
  * gpuipc's copy kernel (fake_kernel.c) is queued as a copy followed by a
  * write of its word, which runs by itself as above; the copy checks that
  * the kernel's counter is 0 when it starts, as the kernel needs
@@ -62,7 +65,14 @@
  *
  * One lock over all of it.
  */
-enum op_kind { OP_COPY, OP_WAIT_LOCAL, OP_WAIT_REMOTE, OP_WRITE, OP_WAIT_WORD };
+enum op_kind {
+  OP_COPY,
+  OP_WAIT_LOCAL,
+  OP_WAIT_REMOTE,
+  OP_WRITE,
+  OP_WAIT_WORD,
+  OP_CALL
+};
 
 struct fake_stream;
 struct ipc_page;
@@ -82,6 +92,8 @@ struct stream_op {
   _Atomic uint64_t *word;
   uint64_t value;
   int64_t at_ns; /* OP_WRITE: when it was queued */
+  void (*call)(const uint64_t a[4]); /* OP_CALL: call(a) */
+  uint64_t a[4];
 };
 
 #define FAKE_STREAMS 32
@@ -244,6 +256,8 @@ static void stream_run(struct fake_stream *s, uint64_t mark,
       }
     } else if (op->kind == OP_WRITE) {
       atomic_store(op->word, op->value);
+    } else if (op->kind == OP_CALL) {
+      op->call(op->a);
     } else {
       if (op->count != NULL && atomic_load(op->count) != 0)
         atomic_fetch_add(&kernel_faults, 1);
@@ -487,6 +501,20 @@ FAKE_HIDDEN CUresult fake_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src,
                          .dst = (uint8_t *)(uintptr_t)dst,
                          .src = (const uint8_t *)(uintptr_t)src,
                          .n = n};
+  pthread_mutex_lock(&work_lock);
+  CUresult r = enqueue(h, &op);
+  pthread_mutex_unlock(&work_lock);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_stream_call(CUstream h,
+                                      void (*fn)(const uint64_t a[4]),
+                                      const uint64_t a[4])
+{
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  struct stream_op op = {.kind = OP_CALL, .call = fn};
+  memcpy(op.a, a, sizeof(op.a));
   pthread_mutex_lock(&work_lock);
   CUresult r = enqueue(h, &op);
   pthread_mutex_unlock(&work_lock);
@@ -748,6 +776,25 @@ FAKE_HIDDEN CUresult fake_cuStreamSynchronize(CUstream h)
   return s != NULL ? stream_sync(s, mark) : stream_error(h);
 }
 
+/* Every stream of the current context, as cuStreamSynchronize does each. */
+FAKE_HIDDEN CUresult fake_cuCtxSynchronize(void)
+{
+  NEED_INIT();
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; r == CUDA_SUCCESS && i < FAKE_STREAMS; i++) {
+    pthread_mutex_lock(&work_lock);
+    struct fake_stream *s = &streams[i];
+    bool ours = s->kind != 0 && s->ctx == fake_current;
+    uint64_t mark = s->queued;
+    pthread_mutex_unlock(&work_lock);
+    if (ours)
+      r = stream_sync(s, mark);
+  }
+  return r;
+}
+
 FAKE_HIDDEN CUresult fake_cuStreamWaitEvent(CUstream h, CUevent ev,
                                        unsigned int flags)
 {
@@ -927,7 +974,7 @@ FAKE_HIDDEN CUresult fake_cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
       ev->opened)
     return CUDA_ERROR_INVALID_VALUE;
   struct ipc_bytes b = {FAKE_EV_MAGIC, (uint32_t)getpid(), ev->page_fd,
-                        bell_fd, PAGE};
+                        bell_fd, PAGE, 0};
   fake_ipc_put(h->reserved, &b);
   return CUDA_SUCCESS;
 }
