@@ -196,7 +196,9 @@ class Publisher(_Named):
         self._lent = {}    # buffer address -> (segment name, Segment)
         self._starts = []  # sorted addresses of _lent, for _lent_under
         self._lock = threading.Lock()
-        self._keep = ()    # this version's copied segment and manifest
+        self._keep = ()    # this version's manifest
+        self._data = None  # (name, Segment, bytes) holding this version's copies
+        self._pool = []    # the same of retired versions: reused once nobody reads them
         self._names = ()   # the segments this publisher's newest version names
         self._placed = None  # _layout of the newest version when all of it is lent
         self._man_ver = 0    # the version whose manifest places the newest
@@ -325,20 +327,21 @@ class Publisher(_Named):
             torch.cuda.current_stream(dev) if cuda else None)
         data = None
         if copies:
-            data = _create_fresh(
-                self.domain, f"{self.name}.v{ver}", max(off, _ALIGN),
-                kind=HOST if dev is None else VMM, device=-1 if dev is None else dev,
-                timeout=self.timeout)
-            raw = _as_bytes(data)
+            data = self._take_data(max(off, _ALIGN), dev)
+            seg, raw, fresh = data[1], data[2], data[3]
             with (torch.cuda.stream(s) if dev is not None else contextlib.nullcontext()):
-                for e, t in copies:
+                for e, t in copies:  # one copy each, into its place
                     _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
-            data.publish(s if dev is not None else None)
-            data._keep_raw = raw
+            if fresh:
+                seg.publish(s if dev is not None else None)
+            elif dev is not None:
+                s.synchronize()  # published long ago: readers find the copies done
+            data = data[:3]
         if placed and cuda and s is not None:
             s.synchronize()  # readers find lent tensors written when they look
         self._sync_dev = dev if placed and cuda else -1
         man = json.dumps({"version": ver, "copied": data is not None,
+                          "data": None if data is None else data[0],
                           "nbytes": off, "segments": sorted(segs, key=segs.get),
                           "tensors": entries}).encode()
         mseg = _create_fresh(self.domain, f"{self.name}.v{ver}.m", len(man) + 8, kind=HOST,
@@ -349,9 +352,10 @@ class Publisher(_Named):
         a[8:8 + len(man)] = np.frombuffer(man, np.uint8)
         mseg.publish()
         self._move_head(ver << _BACK)  # now ver, with a manifest of its own
-        self._retire(cur, cur_man, set(segs))
-        self._keep = tuple(x for x in (data, mseg) if x is not None)
-        self._names = ((f"{self.name}.v{ver}",) if data is not None else ()) + (
+        prev, self._data = self._data, data
+        self._retire(cur, cur_man, set(segs), prev)
+        self._keep = (mseg,)
+        self._names = ((data[0],) if data is not None else ()) + (
             f"{self.name}.v{ver}.m",) + tuple(segs)
         self.version = self._man_ver = ver
         self._placed = layout if data is None else None
@@ -375,18 +379,73 @@ class Publisher(_Named):
         self.version = ver
         return ver
 
-    def _retire(self, old, old_man, used):
+    _POOL = 2  # retired versions' copies kept for reuse
+
+    def _take_data(self, nbytes, dev):
+        """(name, Segment, its bytes, fresh) to copy a version of ``nbytes``
+        into: a retired version's segment of ours that no other holder has
+        (a reader that opens it after this look finds the head moved past
+        its version, and lets go: Reader._open_version), else a new one."""
+        kind, device = (HOST, -1) if dev is None else (VMM, dev)
+        for i, (n, seg, raw) in enumerate(self._pool):
+            if seg.nbytes < nbytes or seg.device != device or (seg.kind == "host") != (
+                    kind == HOST):
+                continue
+            free = self._unheld(n)
+            if free is None:
+                del self._pool[i]
+                self._drop(n, seg)
+                return self._take_data(nbytes, dev)
+            if free:
+                del self._pool[i]
+                return n, seg, raw, False
+        self._serial += 1
+        n = f"{self.name}.{self._token}.c{self._serial}"
+        seg = _create_fresh(self.domain, n, nbytes, kind=kind, device=device,
+                            timeout=self.timeout)
+        return n, seg, _as_bytes(seg), True
+
+    def _unheld(self, n):
+        """Whether this publisher is the only holder of its segment ``n``
+        (one broker request); None when it never can be again: unlinked by
+        someone else, or opened through this publisher's own domain (one
+        connection: its opens count as this publisher's until both let go)."""
+        try:
+            st = self.domain.stat(n)
+        except NotFound:
+            return None
+        if st["state"] != "published":
+            return None
+        if st["nholders"] == 1:
+            return True if st["holders"][0][1] == 1 else None
+        return False
+
+    def _drop(self, n, seg):
+        """Unlink and let go of retired copies ``n`` (readers keep what they hold)."""
+        try:
+            self.domain.unlink(n)
+        except NotFound:
+            pass
+        seg.release()
+
+    def _retire(self, old, old_man, used, prev=None):
         """Unlink version ``old``'s segments (its manifest is version
         ``old_man``'s) that the new one does not use, and let go of lent
-        buffers no longer in it."""
+        buffers no longer in it. ``prev``: our copies of ``old``, which go
+        to the pool (the oldest beyond _POOL are unlinked)."""
         if old == self.version:
             names = self._names  # ours: no need to read its manifest
         elif old:
-            prev = _manifest(self.domain, self.name, old_man, 0) or {}
-            names = (f"{self.name}.v{old}", f"{self.name}.v{old_man}.m") + tuple(
-                prev.get("segments", ()))
+            man = _manifest(self.domain, self.name, old_man, 0) or {}
+            names = (man.get("data") or f"{self.name}.v{old}", f"{self.name}.v{old_man}.m"
+                     ) + tuple(man.get("segments", ()))
         else:
             names = ()
+        if prev is not None:
+            used = used | {prev[0]}
+            self._pool.append(prev)
+            while len(self._pool) > self._POOL:
+                self._drop(*self._pool.pop(0)[:2])
         for n in names:
             if n in used:
                 continue
@@ -413,8 +472,9 @@ class Publisher(_Named):
         is writing). Holders keep what they hold; the head's are kept."""
         pre = re.escape(self.name)
         version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
-        lent = re.compile(pre + r"\.[0-9a-f]{6}\.\d+")
-        keep = set(self._names)
+        lent = re.compile(pre + r"\.[0-9a-f]{6}\.c?\d+")  # lent, or copies
+        keep = set(self._names) | {n for n, _, _ in self._pool}
+        drop = []
         for s in self.domain.segments():
             n = s["name"]
             if s["state"] != "published" or n in keep:
@@ -422,25 +482,36 @@ class Publisher(_Named):
             m = version.fullmatch(n)
             if m is not None:
                 stale = int(m.group(1)) <= ver or s["nholders"] == 0
+                if stale and n.endswith(".m"):
+                    data = (_manifest(self.domain, self.name, int(m.group(1)), 0) or {}
+                            ).get("data")
+                    if data and data not in keep:
+                        drop.append(data)  # the version's copies, held or not
             else:
                 stale = lent.fullmatch(n) is not None and s["nholders"] == 0
             if stale:
-                try:
-                    self.domain.unlink(n)
-                except NotFound:
-                    pass
+                drop.append(n)
+        for n in drop:
+            try:
+                self.domain.unlink(n)
+            except NotFound:
+                pass
 
     def segments(self):
         """The segments this publisher holds for its newest version."""
-        return self._keep + tuple(seg for _, seg in self._lent.values())
+        return self._keep + ((self._data[1],) if self._data is not None else ()) + tuple(
+            seg for _, seg in self._lent.values())
 
     def close(self):
         """Let go of this publisher's references; the newest version stays
         openable until a newer one or an unlink retires it (HOST and VMM
-        memory lives on in the domain)."""
+        memory lives on in the domain). Retired versions' copies kept for
+        reuse are unlinked."""
+        for n, seg, _ in self._pool:
+            self._drop(n, seg)
         for seg in self.segments():
             seg.release()
-        self._lent, self._starts, self._keep = {}, [], ()
+        self._lent, self._starts, self._keep, self._data, self._pool = {}, [], (), None, []
         self._close_head()
 
 
@@ -508,9 +579,18 @@ class Reader(_Named):
         self._last = None
         data = None
         if man["copied"]:
-            data = self.domain.open_segment(f"{self.name}.v{ver}", timeout=self.timeout,
-                                            device=self.device, stream=self.stream)
+            data = self.domain.open_segment(man.get("data") or f"{self.name}.v{ver}",
+                                            timeout=self.timeout, device=self.device,
+                                            stream=self.stream)
+            if self._read_head()[0] != ver:
+                # A publisher reuses a retired version's segment once no
+                # one else holds it; held now, it is ver's only while ver
+                # is the newest (it was when the head was read).
+                data.release()
+                raise NotFound(0, "ENOENT", f"state dict {self.name}: version {ver} retired")
         views = self._make_views(man, data)
+        if data is not None:
+            data.release()  # the views hold the memory (and the hold) from now on
         if data is None:
             self._last = (mver, views)
         out = SharedStateDict(views)
@@ -585,7 +665,7 @@ def publish(domain, name, sd, device=None, stream=None, timeout=30, lend=False):
     p = Publisher(domain, name, device=device, timeout=timeout)
     ver = p.publish(sd, stream)
     segs = p.segments()
-    p._keep = ()  # handed to the caller
+    p._keep, p._data = (), None  # handed to the caller
     p.close()
     return ver, segs
 
