@@ -515,3 +515,135 @@ def test_state_dict_publisher_killed_mid_publish_leaves_no_version(joined, procs
         v1 = peer.sd_lent(1) if stop.startswith("lent_") else peer.sd_make(1)
         assert all(torch.equal(held[k], t) for k, t in v1.items())
         held.release()
+
+
+# ---- a module moved into gpuipc memory; snapshots that reuse their segments --
+
+def test_move_to_gpuipc_keeps_the_parameters():
+    """move_to_gpuipc moves a CPU module's tensors into one HOST buffer in
+    place: the same Parameter objects (tied ones still one), the same
+    values, an optimizer made before the move (its state too) trains them
+    in the buffer, and buffers move only when asked."""
+    torch = pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc.torch import move_to_gpuipc
+    m = peer.sd_module("cpu")
+    m[1].weight.data = m[1].weight.data.t().contiguous().t()  # not contiguous
+    assert not m[1].weight.is_contiguous()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    params = list(m.parameters())
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    peer._train_step(m, opt, "cpu")
+    stepped = {k: v.clone() for k, v in m.state_dict().items()}
+    bufs = move_to_gpuipc(m)
+    assert len(bufs) == 1 and bufs[0].kind == "host"
+    assert list(m.parameters()) == params and all(a is b for a, b in zip(params, m.parameters()))
+    assert m[3].weight is m[0].weight
+    assert all(torch.equal(stepped[k], v) for k, v in m.state_dict().items())
+    raw = torch.from_dlpack(bufs[0])
+    lo, hi = raw.data_ptr(), raw.data_ptr() + raw.numel()
+    assert all(lo <= p.data_ptr() < hi and p.data_ptr() % 256 == 0 for p in params)
+    assert m[1].weight.is_contiguous()
+    assert not lo <= m[2].running_mean.data_ptr() < hi  # buffers stay
+    w = m[0].weight
+    off = w.data_ptr() - lo
+    in_buf = lambda: raw[off:off + w.numel() * 4].view(torch.float32).view(w.shape)  # noqa: E731
+    peer._train_step(m, opt, "cpu")  # Adam's moments from before the move
+    assert not torch.equal(in_buf(), stepped["0.weight"])
+    assert torch.equal(in_buf(), m[0].weight.detach())
+    assert move_to_gpuipc(m) == []  # already there
+    moved = move_to_gpuipc(m, buffers=True)
+    assert len(moved) == 1 and moved[0].ptr <= m[2].running_mean.data_ptr() < moved[0].ptr + \
+        moved[0].nbytes
+    assert not torch.equal(before["0.weight"], m[0].weight)
+
+
+def test_move_to_gpuipc_refuses_what_cannot_move():
+    """Sparse and meta tensors and a GPU kind for CPU tensors are refused
+    before anything moves."""
+    torch = pytest.importorskip("torch")
+    from gpuipc.torch import move_to_gpuipc
+
+    def module_with(t):
+        m = torch.nn.Linear(4, 4)
+        m.register_parameter("extra", torch.nn.Parameter(t, requires_grad=False))
+        return m
+    cases = [(torch.eye(3).to_sparse(), TypeError, "sparse"),
+             (torch.empty(3, device="meta"), ValueError, "meta")]
+    for t, exc, word in cases:
+        m = module_with(t)
+        ptr = m.weight.data_ptr()
+        with pytest.raises(exc, match=word):
+            move_to_gpuipc(m)
+        assert m.weight.data_ptr() == ptr  # nothing moved
+    m = torch.nn.Linear(4, 4)
+    ptr = m.weight.data_ptr()
+    with pytest.raises(ValueError, match="kind"):
+        move_to_gpuipc(m, kind="vmm")
+    assert m.weight.data_ptr() == ptr
+
+
+def test_moved_module_lent_to_a_reader(env, procs):
+    """A module moved into gpuipc memory (parameters and buffers) is lent
+    whole, no copy, from one buffer: a reader in another process sees its
+    weights, and the optimizer's next step through the same tensors
+    (the next version moves nothing: no manifest)."""
+    pytest.importorskip("torch")
+    _lent_module(env, procs, None)
+
+
+def _lent_module(env, procs, arg):
+    pub = start(procs, env, "sd_module_publish", "d", arg)
+    first = pub.line()
+    sums = first.pop("sums")
+    assert first == {"published": 1, "copied": False, "segments": 1, "buffers": 1,
+                     "same_params": True, "tied": True}
+    rd = start(procs, env, "sd_module_read", "d", arg)
+    assert rd.line() == {"version": 1, "sums": sums}
+    _go(pub)
+    second = pub.line()
+    assert second["published"] == 2 and second["manifest"] is False
+    assert second["sums"] != sums
+    _go(rd)
+    assert rd.line() == {"version": 2, "sums": second["sums"], "first_sums": second["sums"],
+                         "same_tensors": True}
+    rd.finish()
+    pub.finish()
+
+
+def test_snapshots_reuse_their_segments(env, procs):
+    """20 snapshot versions in a row, a reader opening each and letting go
+    (but holding version 3 throughout): the domain's segments stop growing
+    (retired versions' segments are reused, at most three hold copies,
+    one of them version 3 held), version 3's bytes stay intact, and each
+    open asks the broker the same two things (manifest, copies) and maps
+    as much as the last did."""
+    pytest.importorskip("torch")
+    _snapshots(env, procs, None)
+
+
+def _snapshots(env, procs, arg):
+    pub = start(procs, env, "sd_snap_publish", "d", arg)
+    rd = None
+    counts, maps, copies = [], [], []
+    for v in range(1, 21):
+        pub.p.stdin.write("more\n")
+        pub.p.stdin.flush()
+        said = pub.line()
+        assert said["published"] == v
+        counts.append(said["segments"])
+        copies.append(len(said["copies"]))
+        if rd is None:
+            rd = start(procs, env, "sd_snap_read", "d", arg)
+        rd.p.stdin.write("open\n")
+        rd.p.stdin.flush()
+        got = rd.line()
+        assert got == {"version": v, "same": True, "held_intact": True,
+                       "calls": {"open_segment": 2 if v > 1 else 3},
+                       "maps": got["maps"]}, got
+        maps.append(got["maps"])
+    assert counts[4:] == [counts[4]] * 16, counts
+    assert maps[4:] == [maps[4]] * 16, maps
+    assert max(copies) <= 3 and min(copies) >= 1, copies
+    rd.finish()
+    pub.finish()
