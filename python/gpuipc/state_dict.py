@@ -133,17 +133,23 @@ def _manifest(domain, name, ver, timeout):
         return None
 
 
-def _read_manifest(domain, name, ver, timeout):
+def _read_manifest(domain, name, ver, timeout, hold=False):
     """Version ``ver``'s manifest (a dict); NotFound when it is gone. A
     head moves only once the version's segments are published, so a name
-    missing here was retired, never still to come: nothing waits for it."""
+    missing here was retired, never still to come: nothing waits for it.
+    ``hold``: (the dict, its Segment, still held)."""
     m = domain.open_segment(f"{name}.v{ver}.m", timeout=timeout)
     try:
         a = m.numpy()
         n = struct.unpack("<Q", bytes(a[:8]))[0]
-        return json.loads(bytes(a[8:8 + n]))
-    finally:
+        man = json.loads(bytes(a[8:8 + n]))
+    except BaseException:
         m.release()
+        raise
+    if hold:
+        return man, m
+    m.release()
+    return man
 
 
 class _Named:
@@ -197,8 +203,11 @@ class Publisher(_Named):
         self._starts = []  # sorted addresses of _lent, for _lent_under
         self._lock = threading.Lock()
         self._keep = ()    # this version's manifest
+        self._man_id = None  # its segment id (found by _sweep)
         self._data = None  # (name, Segment, bytes) holding this version's copies
-        self._pool = []    # the same of retired versions: reused once nobody reads them
+        # The same of retired versions, with the version's manifest (held,
+        # unlinked) and its id: reused once no reader holds that manifest.
+        self._pool = []
         self._names = ()   # the segments this publisher's newest version names
         self._placed = None  # _layout of the newest version when all of it is lent
         self._man_ver = 0    # the version whose manifest places the newest
@@ -383,50 +392,46 @@ class Publisher(_Named):
 
     def _take_data(self, nbytes, dev):
         """(name, Segment, its bytes, fresh) to copy a version of ``nbytes``
-        into: a retired version's segment of ours that no other holder has
-        (a reader that opens it after this look finds the head moved past
-        its version, and lets go: Reader._open_version), else a new one."""
+        into: a retired version's segment of ours whose manifest no reader
+        holds (a reader holds the manifest of a version it uses; it cannot
+        open it any more: retiring unlinked it), else a new one. One
+        broker request looks at the whole pool."""
         kind, device = (HOST, -1) if dev is None else (VMM, dev)
-        for i, (n, seg, raw) in enumerate(self._pool):
-            if seg.nbytes < nbytes or seg.device != device or (seg.kind == "host") != (
-                    kind == HOST):
-                continue
-            free = self._unheld(n)
-            if free is None:
-                del self._pool[i]
-                self._drop(n, seg)
-                return self._take_data(nbytes, dev)
-            if free:
-                del self._pool[i]
-                return n, seg, raw, False
+        if self._pool:
+            listed = self.domain.segments()
+            by_id = {x["id"]: x for x in listed}
+            named = {x["name"] for x in listed if x["state"] == "published"}
+            for e in list(self._pool):
+                n, seg, _, _, mid = e
+                m = by_id.get(mid)
+                if n not in named or m is None or m["nholders"] == 1 and m["holders"][0][1] > 1:
+                    # unlinked by another publisher, or the manifest opened
+                    # through our own domain (one connection: its opens
+                    # count as ours until both let go): never reusable
+                    self._pool.remove(e)
+                    self._drop(e)
+                    continue
+                if seg.nbytes < nbytes or seg.device != device or (
+                        seg.kind == "host") != (kind == HOST):
+                    continue
+                if m["nholders"] == 1:
+                    self._pool.remove(e)
+                    e[3].release()  # the retired manifest: nobody reads it
+                    return n, seg, e[2], False
         self._serial += 1
         n = f"{self.name}.{self._token}.c{self._serial}"
         seg = _create_fresh(self.domain, n, nbytes, kind=kind, device=device,
                             timeout=self.timeout)
         return n, seg, _as_bytes(seg), True
 
-    def _unheld(self, n):
-        """Whether this publisher is the only holder of its segment ``n``
-        (one broker request); None when it never can be again: unlinked by
-        someone else, or opened through this publisher's own domain (one
-        connection: its opens count as this publisher's until both let go)."""
+    def _drop(self, entry):
+        """Unlink and let go of a pool entry (readers keep what they hold)."""
         try:
-            st = self.domain.stat(n)
-        except NotFound:
-            return None
-        if st["state"] != "published":
-            return None
-        if st["nholders"] == 1:
-            return True if st["holders"][0][1] == 1 else None
-        return False
-
-    def _drop(self, n, seg):
-        """Unlink and let go of retired copies ``n`` (readers keep what they hold)."""
-        try:
-            self.domain.unlink(n)
+            self.domain.unlink(entry[0])
         except NotFound:
             pass
-        seg.release()
+        entry[1].release()
+        entry[3].release()
 
     def _retire(self, old, old_man, used, prev=None):
         """Unlink version ``old``'s segments (its manifest is version
@@ -441,11 +446,15 @@ class Publisher(_Named):
                      ) + tuple(man.get("segments", ()))
         else:
             names = ()
-        if prev is not None:
+        keep = self._keep
+        if prev is not None and keep and self._man_id is not None:
             used = used | {prev[0]}
-            self._pool.append(prev)
+            self._pool.append(prev + (keep[0], self._man_id))  # its manifest stays held
+            keep = ()
             while len(self._pool) > self._POOL:
-                self._drop(*self._pool.pop(0)[:2])
+                self._drop(self._pool.pop(0))
+        elif prev is not None:
+            prev[1].release()  # unlinked below with the version's names
         for n in names:
             if n in used:
                 continue
@@ -458,7 +467,7 @@ class Publisher(_Named):
                 del self._lent[ptr]
                 self._starts.remove(ptr)
                 seg.release()
-        for seg in self._keep:
+        for seg in keep:
             seg.release()
         self._keep = ()
 
@@ -473,10 +482,14 @@ class Publisher(_Named):
         pre = re.escape(self.name)
         version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
         lent = re.compile(pre + r"\.[0-9a-f]{6}\.c?\d+")  # lent, or copies
-        keep = set(self._names) | {n for n, _, _ in self._pool}
+        keep = set(self._names) | {e[0] for e in self._pool}
         drop = []
+        mine = f"{self.name}.v{ver}.m"
+        self._man_id = None
         for s in self.domain.segments():
             n = s["name"]
+            if n == mine and s["state"] == "published":
+                self._man_id = s["id"]  # what _take_data looks for once ver retires
             if s["state"] != "published" or n in keep:
                 continue
             m = version.fullmatch(n)
@@ -507,8 +520,8 @@ class Publisher(_Named):
         openable until a newer one or an unlink retires it (HOST and VMM
         memory lives on in the domain). Retired versions' copies kept for
         reuse are unlinked."""
-        for n, seg, _ in self._pool:
-            self._drop(n, seg)
+        for e in self._pool:
+            self._drop(e)
         for seg in self.segments():
             seg.release()
         self._lent, self._starts, self._keep, self._data, self._pool = {}, [], (), None, []
@@ -543,6 +556,7 @@ class Reader(_Named):
         self._segs = {}   # lent segment name -> Segment
         self._raws = {}   # lent segment name -> its bytes as a torch tensor
         self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
+        self._copies = {}  # copies' segment name -> Segment, the last _COPIES used
         self._last = None  # (manifest version, views) of an all-lent version
         self._lock = threading.Lock()
 
@@ -575,29 +589,45 @@ class Reader(_Named):
             out = SharedStateDict(self._last[1])  # placed as the last one opened
             out.version = self.version = ver
             return out
-        man = _read_manifest(self.domain, self.name, mver, self.timeout)
+        man, mseg = _read_manifest(self.domain, self.name, mver, self.timeout, hold=True)
         self._last = None
-        data = None
-        if man["copied"]:
-            data = self.domain.open_segment(man.get("data") or f"{self.name}.v{ver}",
-                                            timeout=self.timeout, device=self.device,
-                                            stream=self.stream)
-            if self._read_head()[0] != ver:
-                # A publisher reuses a retired version's segment once no
-                # one else holds it; held now, it is ver's only while ver
-                # is the newest (it was when the head was read).
-                data.release()
-                raise NotFound(0, "ENOENT", f"state dict {self.name}: version {ver} retired")
-        views = self._make_views(man, data)
-        if data is not None:
-            data.release()  # the views hold the memory (and the hold) from now on
-        if data is None:
+        packed = None
+        try:
+            if man["copied"]:
+                packed = self._copies_of(man, ver, mseg)
+        finally:
+            mseg.release()  # held on by the copies' tensors, if any
+        views = self._make_views(man, packed)
+        if packed is None:
             self._last = (mver, views)
         out = SharedStateDict(views)
         out.version = self.version = ver
         return out
 
-    def _make_views(self, man, data):
+    _COPIES = 2  # copies' segments kept mapped: a publisher alternates two
+
+    def _copies_of(self, man, ver, mseg):
+        """The bytes of version ``ver``'s copies as a torch tensor, which
+        holds the version's manifest ``mseg`` while it (or a view of it)
+        lives: a publisher reuses a retired version's segment only once no
+        reader holds its manifest. The segment stays mapped here (the
+        last _COPIES of them) for the versions that reuse it."""
+        name = man.get("data") or f"{self.name}.v{ver}"
+        seg = self._copies.pop(name, None)
+        if seg is None:
+            seg = self.domain.open_segment(name, timeout=self.timeout, device=self.device,
+                                           stream=self.stream)
+        self._copies[name] = seg  # the newest last
+        while len(self._copies) > self._COPIES:
+            self._copies.pop(next(iter(self._copies))).release()
+        sub = seg.view("uint8", (seg.nbytes,))
+        sub._claim = mseg.view("uint8", (mseg.nbytes,))  # a reference of its own
+        try:
+            return _as_bytes(sub)
+        finally:
+            sub.release()  # the tensor holds its own reference, and sub
+
+    def _make_views(self, man, packed):
         names = man["segments"]
 
         def open_one(n):
@@ -608,7 +638,6 @@ class Reader(_Named):
         for n in [n for n in self._segs if n not in names]:
             del self._segs[n]  # unmapped once no tensor of it is left
             self._raws.pop(n, None)
-        packed = _as_bytes(data) if data is not None else None
         views, lent = {}, {}
         for e in man["tensors"]:
             if e["seg"] < 0:
@@ -644,7 +673,9 @@ class Reader(_Named):
     def close(self):
         """Let go of the reader's segments: each is unmapped once no tensor
         made from it is left."""
-        self._segs, self._raws, self._views, self._last = {}, {}, {}, None
+        for seg in self._copies.values():
+            seg.release()
+        self._segs, self._raws, self._views, self._last, self._copies = {}, {}, {}, None, {}
         self._close_head()
 
 
