@@ -1,18 +1,33 @@
 """Weights in one step: a whole state dict under one name.
 
 A version N is a JSON manifest in HOST segment "NAME.vN.m" that places
-every tensor in a segment: "NAME.vN" holds copies (packed, 256-byte
-aligned) of the tensors that were copied, and, with ``lend``, tensors that
-already lie in gpuipc memory (``gpuipc.torch.mem_pool`` /
-``use_allocator``, or a ``gpuipc.Buffer``) are not copied: the buffer under
-them is lent as a segment of its own, "NAME.<token>.<k>", which keeps its
-name from version to version while the publisher lends it. The 8-byte
+every tensor in a segment: one segment of the publisher's,
+"NAME.<token>.c<k>" (the manifest's "data"), holds copies (packed,
+256-byte aligned, one copy each) of the tensors that were copied, and,
+with ``lend``, tensors that already lie in gpuipc memory
+(``gpuipc.torch.move_to_gpuipc``, ``mem_pool`` / ``use_allocator``, or a
+``gpuipc.Buffer``) are not copied: the buffer under them is lent as a
+segment of its own, "NAME.<token>.<k>", which keeps its name from version
+to version while the publisher lends it. The 8-byte
 HOST segment "NAME" holds N and, in its low 24 bits, how many versions
 back N's manifest was written: a version whose tensors all lie where the
 last one's did (lent, same names, places, dtypes and shapes) writes no
 manifest, it only moves the head, and a reader that has that manifest's
 tensors already hands them out again. Publishing N unlinks N-1's segments
-that N does not use (readers that hold them keep them).
+that N does not use (readers that hold them keep them), except N-1's
+copies' segment, which the publisher keeps for reuse (``Publisher._POOL``
+retired ones at most; beyond that the oldest is unlinked).
+
+Copies' segments are reused, not made anew for each version: a reader
+uses version N while it holds N's manifest segment (a tensor of N's
+copies holds it), and can only open N's manifest until N is retired (its
+name unlinked). The publisher keeps a retired manifest held and copies a
+later version into the retired version's segment once the broker lists no
+other holder of that manifest (one request looks at the whole pool);
+until then it takes another segment, or a new one. Readers keep the
+copies' segments they used last mapped (Reader._COPIES), so once the
+publisher reuses its segments an open maps nothing and asks the broker
+for the manifest alone.
 
 The head is published with the first version in it, and moves only once
 a version's segments are published: a reader never waits for the
@@ -20,11 +35,14 @@ segments the head names. One it finds gone was retired by a newer
 version, which it opens instead. What a publisher that died mid-publish
 left (a version written but never named by the head, or one the head no
 longer names but that was not unlinked yet) the next full publish of any
-publisher of the name unlinks: versions other than the newest, and lent
-segments the newest does not use that no process holds (a live
-publisher holds what it is writing).
+publisher of the name unlinks: versions other than the newest (their
+copies too), and lent or copies' segments the newest does not use that no
+process holds (a live publisher holds what it is writing and the
+retired copies it keeps).
 
-Copied versions are snapshots: a reader of N sees N even after N+1 is out.
+Copied versions are snapshots: a reader of N sees N even after N+1 is out
+(while it holds a tensor of N: a GPU reader keeps them until its work on
+them is done, as with any memory it frees).
 Lent tensors are the publisher's memory: readers see its later writes, so
 the publisher writes them only while no reader uses the version (as RL
 trainers and rollout engines alternate anyway).
@@ -191,8 +209,11 @@ class Publisher(_Named):
     """Publishes versions of state dict ``name`` in ``domain``.
 
     ``lend``: tensors lying in gpuipc memory are lent in place (no copy;
-    see the module's text), the others copied. ``device``: the GPU that
-    holds copies (default: that of the first tensor; CPU tensors: HOST)."""
+    see the module's text; ``gpuipc.torch.move_to_gpuipc(model)`` puts a
+    model there), the others copied, one copy each, into a segment that
+    a retired version no reader uses any more leaves for reuse (see the
+    module's text). ``device``: the GPU that holds copies (default: that
+    of the first tensor; CPU tensors: HOST)."""
 
     def __init__(self, domain, name, lend=False, device=None, timeout=30):
         super().__init__(domain, name, timeout)
@@ -475,10 +496,12 @@ class Publisher(_Named):
         """Unlink the segments of state dict ``name`` that a publisher which
         died mid-publish left published, now that ``ver`` (ours) is the
         newest: versions up to ``ver`` that it does not use (written but
-        never named by the head, or named before and not retired yet), and
-        newer versions and other publishers' lent segments that ``ver``
-        does not use and no process holds (a live publisher holds what it
-        is writing). Holders keep what they hold; the head's are kept."""
+        never named by the head, or named before and not retired yet) with
+        their copies' segments, and newer versions and other publishers'
+        lent and copies' segments that ``ver`` does not use and no process
+        holds (a live publisher holds what it is writing and what it keeps
+        for reuse). Holders keep what they hold; the head's are kept.
+        Notes the id of ``ver``'s manifest (for _take_data)."""
         pre = re.escape(self.name)
         version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
         lent = re.compile(pre + r"\.[0-9a-f]{6}\.c?\d+")  # lent, or copies
@@ -546,7 +569,8 @@ class SharedStateDict(dict):
 class Reader(_Named):
     """Opens the newest version of state dict ``name`` again and again,
     keeping the segments of lent tensors mapped (and their views made)
-    while versions keep using them. ``device``: the GPU to map GPU memory
+    while versions keep using them, and the last copies' segments mapped
+    for the versions that reuse them. ``device``: the GPU to map GPU memory
     on (-1: its own); ``stream``: the stream that waits for copied
     versions' writes."""
 
@@ -562,7 +586,8 @@ class Reader(_Named):
 
     def open(self):
         """The newest version as a SharedStateDict of zero-copy tensors. Its
-        memory stays mapped while a tensor of it is alive; the reader also
+        memory stays mapped, and its copies unchanged, while a tensor of it
+        is alive; the reader also
         keeps lent segments mapped, and their tensors made, until a version
         no longer uses them or ``close()``. A version placed as the last one
         opened (all lent, nothing moved) is those same tensors again. Waits
