@@ -527,7 +527,6 @@ def test_move_to_gpuipc_keeps_the_parameters():
     values, an optimizer made before the move (its state too) trains them
     in the buffer, and buffers move only when asked."""
     torch = pytest.importorskip("torch")
-    import gpuipc
     from gpuipc.torch import move_to_gpuipc
     m = peer.sd_module("cpu")
     m[1].weight.data = m[1].weight.data.t().contiguous().t()  # not contiguous
