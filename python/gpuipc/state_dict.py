@@ -27,7 +27,10 @@ other holder of that manifest (one request looks at the whole pool);
 until then it takes another segment, or a new one. Readers keep the
 copies' segments they used last mapped (Reader._COPIES), so once the
 publisher reuses its segments an open maps nothing and asks the broker
-for the manifest alone.
+for the manifest alone. A reader in the publisher's process reads
+through a Domain object of its own: opens through the publisher's
+connection count as the publisher's holds until both let go, and the
+publisher then takes a new segment for each version.
 
 The head is published with the first version in it, and moves only once
 a version's segments are published: a reader never waits for the

@@ -875,6 +875,70 @@ def sd_snap_read(dom, arg):
                 maps=_maps(), held_intact=intact)
 
 
+def sd_full(ver):
+    """A state dict whose every value is ``ver``: a reader checks a version
+    whole at a glance."""
+    import torch
+    return {"a": torch.full((4096,), float(ver)), "b": torch.full((333,), ver, dtype=torch.int32),
+            "c": torch.full((64, 64), float(ver), dtype=torch.bfloat16)}
+
+
+def _whole(sd, ver):
+    return sorted(sd) == ["a", "b", "c"] and all(bool((t == ver).all()) for t in sd.values())
+
+
+def sd_fast_publish(dom, arg):
+    """Publishes versions of sd_full (snapshots) one after the other, as
+    fast as it can, from the test's first line to its second; says how many
+    and how many segments held their copies."""
+    import re
+    import select
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub, \
+            gpuipc.Domain(dom) as look:  # opens of its own (see test_host)
+        pub.publish(sd_full(1))
+        say(published=1)
+        sys.stdin.readline()
+        names = set()
+        while not select.select([sys.stdin], [], [], 0)[0]:
+            v = pub.publish(sd_full(pub.version + 1))
+            names.add(state_dict._manifest(look, "w", v, 5)["data"])
+        sys.stdin.readline()
+        say(published=pub.version, copies=len(names),
+            named=len([s for s in d.segments() if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+",
+                                                               s["name"])]))
+
+
+def sd_race_read(dom, arg):
+    """Opens the newest version ARG times, holding the last three it
+    opened: each must be whole (every value its version) when opened and
+    still when, three opens later, it is let go."""
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w") as r:
+        held, torn, seen = [], 0, set()
+        for _ in range(int(arg)):
+            sd = r.open()
+            seen.add(sd.version)
+            torn += not _whole(sd, sd.version)
+            held.append(sd)
+            if len(held) > 3:
+                old = held.pop(0)
+                torn += not _whole(old, old.version)
+                old.release()
+        torn += sum(not _whole(h, h.version) for h in held)
+        say(torn=torn, versions=len(seen))
+
+
+def sd_hold_read(dom, arg):
+    """Opens the newest version, says which, and holds it until killed (or
+    the test's word)."""
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w") as r:
+        sd = r.open()
+        say(version=sd.version, whole=_whole(sd, sd.version))
+        sys.stdin.readline()
+
+
 def driver_loaded():
     """Whether the CUDA driver gpuipc would load is mapped in this process."""
     lib = os.environ.get("GPUIPC_CUDA_LIB", "libcuda.so.1")

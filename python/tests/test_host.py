@@ -653,3 +653,54 @@ def _snapshots(env, procs, arg):
     assert calls[5:] == [{"open_segment": 1}] * 15, calls
     rd.finish()
     pub.finish()
+
+
+def test_snapshot_readers_racing_a_publisher(env, procs):
+    """A reader opening the newest snapshot 200 times (holding the last
+    three) while a publisher puts out versions one after the other, reusing
+    its segments: every version the reader opened is whole when opened and
+    when let go (no reuse overwrote a version in use)."""
+    pytest.importorskip("torch")
+    pub = start(procs, env, "sd_fast_publish", "d")
+    assert pub.line() == {"published": 1}
+    _go(pub)  # publishing from now until the reader is done
+    rd = start(procs, env, "sd_race_read", "d", "200")
+    got = rd.line()
+    _go(pub)
+    done = pub.line()
+    assert got["torn"] == 0, got
+    # the newest and two retired ones kept for reuse (the reader held up to
+    # three versions: the publisher made new ones meanwhile and let go of
+    # the oldest retired)
+    assert done["named"] <= 3, done
+    rd.finish()
+    pub.finish()
+
+
+def test_snapshot_reader_killed_holding_a_version(joined, procs):
+    """A reader killed (SIGKILL) while it holds a version lets go of it
+    with its connection: the publisher reuses that version's segment, and
+    the versions after make no new segment."""
+    pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    env, dom = joined
+    # The manifests are read through a domain object of their own: opens
+    # through the publisher's own connection would count as its holds.
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub, \
+            gpuipc.Domain(dom) as look:
+        def publish(v):
+            pub.publish(peer.sd_full(v))
+            return state_dict._manifest(look, "w", v, 5)["data"]
+        first = publish(1)
+        rd = start(procs, env, "sd_hold_read", dom)
+        assert rd.line() == {"version": 1, "whole": True}
+        before = {publish(v) for v in range(2, 6)}
+        assert first not in before  # held: not reused
+        os.kill(rd.p.pid, signal.SIGKILL)
+        rd.p.wait()
+        # the broker (this process) drops the dead connection's holds once
+        # it sees the hang-up; meanwhile another retired segment is free
+        after = {publish(v) for v in range(6, 12)}
+        assert after <= before | {first}, (before, after)
+        assert first in after
