@@ -109,7 +109,10 @@ def move_to_gpuipc(module, buffers=False, kind=None):
     tensors hold the memory themselves, so releasing them is optional.
 
     Copies run on PyTorch's current stream of each device and are done
-    when the call returns."""
+    when the call returns. The memory the tensors leave goes back to
+    PyTorch's allocator (``torch.cuda.empty_cache()`` hands CUDA memory
+    back to the driver). Tensors that shared one storage (other than one
+    Parameter under two names) no longer share it after the move."""
     import torch
     from ._common import HOST, VMM
     tensors = _movable(module, buffers)
