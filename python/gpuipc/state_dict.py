@@ -24,7 +24,9 @@ copies holds it), and can only open N's manifest until N is retired (its
 name unlinked). The publisher keeps a retired manifest held and copies a
 later version into the retired version's segment once the broker lists no
 other holder of that manifest (one request looks at the whole pool);
-until then it takes another segment, or a new one. Readers keep the
+until then it takes another segment, or a new one. A broker that took
+the domain over since the manifest was made (another epoch) may not know
+every holder yet: such segments are unlinked, not reused. Readers keep the
 copies' segments they used last mapped (Reader._COPIES), so once the
 publisher reuses its segments an open maps nothing and asks the broker
 for the manifest alone. A reader in the publisher's process reads
@@ -227,7 +229,8 @@ class Publisher(_Named):
         self._starts = []  # sorted addresses of _lent, for _lent_under
         self._lock = threading.Lock()
         self._keep = ()    # this version's manifest
-        self._man_id = None  # its segment id (found by _sweep)
+        self._man_id = None  # (its segment id, the broker's epoch): see _sweep
+        self._man_epoch = None  # the broker's epoch before it was made
         self._data = None  # (name, Segment, bytes) holding this version's copies
         # The same of retired versions, with the version's manifest (held,
         # unlinked) and its id: reused once no reader holds that manifest.
@@ -373,6 +376,7 @@ class Publisher(_Named):
         if placed and cuda and s is not None:
             s.synchronize()  # readers find lent tensors written when they look
         self._sync_dev = dev if placed and cuda else -1
+        self._man_epoch = self._epoch() if data is not None else None
         man = json.dumps({"version": ver, "copied": data is not None,
                           "data": None if data is None else data[0],
                           "nbytes": off, "segments": sorted(segs, key=segs.get),
@@ -425,13 +429,18 @@ class Publisher(_Named):
             listed = self.domain.segments()
             by_id = {x["id"]: x for x in listed}
             named = {x["name"] for x in listed if x["state"] == "published"}
+            epoch = self._epoch()
             for e in list(self._pool):
-                n, seg, _, _, mid = e
+                n, seg, _, _, (mid, mepoch) = e
                 m = by_id.get(mid)
-                if n not in named or m is None or m["nholders"] == 1 and m["holders"][0][1] > 1:
-                    # unlinked by another publisher, or the manifest opened
-                    # through our own domain (one connection: its opens
-                    # count as ours until both let go): never reusable
+                if n not in named or m is None or mepoch != epoch or (
+                        m["nholders"] == 1 and m["holders"][0][1] > 1):
+                    # unlinked by another publisher; a broker that took the
+                    # domain over since the manifest was made (it learns
+                    # of holders as they re-join: it may not know them
+                    # all); the manifest opened through our own domain
+                    # (one connection: its opens count as ours until both
+                    # let go): never reusable
                     self._pool.remove(e)
                     self._drop(e)
                     continue
@@ -447,6 +456,11 @@ class Publisher(_Named):
         seg = _create_fresh(self.domain, n, nbytes, kind=kind, device=device,
                             timeout=self.timeout)
         return n, seg, _as_bytes(seg), True
+
+    def _epoch(self):
+        """The epoch of the domain's broker now (a broker that takes over
+        has another)."""
+        return self.domain.info()["epoch"]
 
     def _drop(self, entry):
         """Unlink and let go of a pool entry (readers keep what they hold)."""
@@ -504,7 +518,8 @@ class Publisher(_Named):
         lent and copies' segments that ``ver`` does not use and no process
         holds (a live publisher holds what it is writing and what it keeps
         for reuse). Holders keep what they hold; the head's are kept.
-        Notes the id of ``ver``'s manifest (for _take_data)."""
+        Notes the id of ``ver``'s manifest, with the broker's epoch when one
+        broker saw it made and listed (for _take_data)."""
         pre = re.escape(self.name)
         version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
         lent = re.compile(pre + r"\.[0-9a-f]{6}\.c?\d+")  # lent, or copies
@@ -514,7 +529,7 @@ class Publisher(_Named):
         self._man_id = None
         for s in self.domain.segments():
             n = s["name"]
-            if n == mine and s["state"] == "published":
+            if n == mine and s["state"] == "published" and self._man_epoch is not None:
                 self._man_id = s["id"]  # what _take_data looks for once ver retires
             if s["state"] != "published" or n in keep:
                 continue
@@ -535,6 +550,9 @@ class Publisher(_Named):
                 self.domain.unlink(n)
             except NotFound:
                 pass
+        if self._man_id is not None:
+            epoch = self._epoch()
+            self._man_id = (self._man_id, epoch) if epoch == self._man_epoch else None
 
     def segments(self):
         """The segments this publisher holds for its newest version."""

@@ -704,3 +704,32 @@ def test_snapshot_reader_killed_holding_a_version(joined, procs):
         after = {publish(v) for v in range(6, 12)}
         assert after <= before | {first}, (before, after)
         assert first in after
+
+
+def test_snapshot_segments_not_reused_across_brokers(dom, monkeypatch):
+    """A broker that took the domain over (another epoch) learns of the
+    holders as they re-join: a segment retired under the broker before is
+    not reused (it is unlinked; the publisher takes a new one), and those
+    retired under the new broker are."""
+    pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    epochs = iter(())
+    real = state_dict.Publisher._epoch
+
+    def epoch(self):
+        e = real(self)
+        return e + 1 if next(epochs, False) else e
+    monkeypatch.setattr(state_dict.Publisher, "_epoch", epoch)
+    with state_dict.Publisher(dom, "w") as pub, gpuipc.Domain(dom.name) as look:
+        def publish(v):
+            pub.publish(peer.sd_full(v))
+            return state_dict._manifest(look, "w", v, 5)["data"]
+        names = [publish(v) for v in (1, 2, 3, 4)]
+        assert names[2:] == names[:2]  # reused
+        epochs = iter(lambda: True, None)  # a new broker from now on
+        names += [publish(v) for v in (5, 6, 7, 8)]
+        assert names[4] not in names[:4] and names[5] not in names[:4]
+        assert names[6:] == names[4:6]  # reused again
+        listed = {s["name"] for s in dom.segments()}
+        assert not set(names[:4]) & listed  # the old ones unlinked
