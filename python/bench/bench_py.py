@@ -10,8 +10,9 @@ queue pair; median, p99 and mean of each.
 weights: 291 bf16 tensors (13.48 GB) from one process to another on GPU 0,
 first and later syncs: torch.multiprocessing per-tensor handles and a
 hand-made bucket (zero-copy and copied), gpuipc's state_dict as snapshots
-and lent from gpuipc.torch.mem_pool() (zero-copy and copied), and a
-one-process copy_ as the floor. Each sync is timed twice: until the
+and lent from gpuipc.torch.mem_pool() (zero-copy and copied) or from a
+model moved with gpuipc.torch.move_to_gpuipc(), and a one-process copy_
+as the floor. Each sync is timed twice: until the
 receiver has the weights (its time.monotonic() when done, against the
 sender's start: CLOCK_MONOTONIC, one clock for every process of the
 machine), and until the sender has heard so (the reply's wake-up
@@ -328,6 +329,20 @@ def bench_weights():
                 weights_gpuipc(lent, copy, lend=True), copy)
         del lent, pool
         torch.cuda.empty_cache()
+    # The same weights as a model PyTorch's allocator made, moved into
+    # gpuipc memory in place (one buffer), then lent.
+    model = torch.nn.Module()
+    for i, (k, v) in enumerate(sd.items()):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(v.clone(), requires_grad=False))
+    gt.move_to_gpuipc(model)
+    torch.cuda.empty_cache()
+    moved = dict(zip(sd, model.parameters()))
+    for copy in (False, True):
+        row(f"gpuipc state_dict lent (move_to_gpuipc), {'copied' if copy else 'zero-copy'} "
+            f"(publish + {'copy_into' if copy else 'open'})",
+            weights_gpuipc(moved, copy, lend=True), copy)
+    del moved, model
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -1,18 +1,38 @@
 """Weights in one step: a whole state dict under one name.
 
 A version N is a JSON manifest in HOST segment "NAME.vN.m" that places
-every tensor in a segment: "NAME.vN" holds copies (packed, 256-byte
-aligned) of the tensors that were copied, and, with ``lend``, tensors that
-already lie in gpuipc memory (``gpuipc.torch.mem_pool`` /
-``use_allocator``, or a ``gpuipc.Buffer``) are not copied: the buffer under
-them is lent as a segment of its own, "NAME.<token>.<k>", which keeps its
-name from version to version while the publisher lends it. The 8-byte
+every tensor in a segment: one segment of the publisher's,
+"NAME.<token>.c<k>" (the manifest's "data"), holds copies (packed,
+256-byte aligned, one copy each) of the tensors that were copied, and,
+with ``lend``, tensors that already lie in gpuipc memory
+(``gpuipc.torch.move_to_gpuipc``, ``mem_pool`` / ``use_allocator``, or a
+``gpuipc.Buffer``) are not copied: the buffer under them is lent as a
+segment of its own, "NAME.<token>.<k>", which keeps its name from version
+to version while the publisher lends it. The 8-byte
 HOST segment "NAME" holds N and, in its low 24 bits, how many versions
 back N's manifest was written: a version whose tensors all lie where the
 last one's did (lent, same names, places, dtypes and shapes) writes no
 manifest, it only moves the head, and a reader that has that manifest's
 tensors already hands them out again. Publishing N unlinks N-1's segments
-that N does not use (readers that hold them keep them).
+that N does not use (readers that hold them keep them), except N-1's
+copies' segment, which the publisher keeps for reuse (``Publisher._POOL``
+retired ones at most; beyond that the oldest is unlinked).
+
+Copies' segments are reused, not made anew for each version: a reader
+uses version N while it holds N's manifest segment (a tensor of N's
+copies holds it), and can only open N's manifest until N is retired (its
+name unlinked). The publisher keeps a retired manifest held and copies a
+later version into the retired version's segment once the broker lists no
+other holder of that manifest (one request looks at the whole pool);
+until then it takes another segment, or a new one. A broker that took
+the domain over since the manifest was made (another epoch) may not know
+every holder yet: such segments are unlinked, not reused. Readers keep the
+copies' segments they used last mapped (Reader._COPIES), so once the
+publisher reuses its segments an open maps nothing and asks the broker
+for the manifest alone. A reader in the publisher's process reads
+through a Domain object of its own: opens through the publisher's
+connection count as the publisher's holds until both let go, and the
+publisher then takes a new segment for each version.
 
 The head is published with the first version in it, and moves only once
 a version's segments are published: a reader never waits for the
@@ -20,11 +40,14 @@ segments the head names. One it finds gone was retired by a newer
 version, which it opens instead. What a publisher that died mid-publish
 left (a version written but never named by the head, or one the head no
 longer names but that was not unlinked yet) the next full publish of any
-publisher of the name unlinks: versions other than the newest, and lent
-segments the newest does not use that no process holds (a live
-publisher holds what it is writing).
+publisher of the name unlinks: versions other than the newest (their
+copies too), and lent or copies' segments the newest does not use that no
+process holds (a live publisher holds what it is writing and the
+retired copies it keeps).
 
-Copied versions are snapshots: a reader of N sees N even after N+1 is out.
+Copied versions are snapshots: a reader of N sees N even after N+1 is out
+(while it holds a tensor of N: a GPU reader keeps them until its work on
+them is done, as with any memory it frees).
 Lent tensors are the publisher's memory: readers see its later writes, so
 the publisher writes them only while no reader uses the version (as RL
 trainers and rollout engines alternate anyway).
@@ -133,17 +156,23 @@ def _manifest(domain, name, ver, timeout):
         return None
 
 
-def _read_manifest(domain, name, ver, timeout):
+def _read_manifest(domain, name, ver, timeout, hold=False):
     """Version ``ver``'s manifest (a dict); NotFound when it is gone. A
     head moves only once the version's segments are published, so a name
-    missing here was retired, never still to come: nothing waits for it."""
+    missing here was retired, never still to come: nothing waits for it.
+    ``hold``: (the dict, its Segment, still held)."""
     m = domain.open_segment(f"{name}.v{ver}.m", timeout=timeout)
     try:
         a = m.numpy()
         n = struct.unpack("<Q", bytes(a[:8]))[0]
-        return json.loads(bytes(a[8:8 + n]))
-    finally:
+        man = json.loads(bytes(a[8:8 + n]))
+    except BaseException:
         m.release()
+        raise
+    if hold:
+        return man, m
+    m.release()
+    return man
 
 
 class _Named:
@@ -185,8 +214,11 @@ class Publisher(_Named):
     """Publishes versions of state dict ``name`` in ``domain``.
 
     ``lend``: tensors lying in gpuipc memory are lent in place (no copy;
-    see the module's text), the others copied. ``device``: the GPU that
-    holds copies (default: that of the first tensor; CPU tensors: HOST)."""
+    see the module's text; ``gpuipc.torch.move_to_gpuipc(model)`` puts a
+    model there), the others copied, one copy each, into a segment that
+    a retired version no reader uses any more leaves for reuse (see the
+    module's text). ``device``: the GPU that holds copies (default: that
+    of the first tensor; CPU tensors: HOST)."""
 
     def __init__(self, domain, name, lend=False, device=None, timeout=30):
         super().__init__(domain, name, timeout)
@@ -196,7 +228,13 @@ class Publisher(_Named):
         self._lent = {}    # buffer address -> (segment name, Segment)
         self._starts = []  # sorted addresses of _lent, for _lent_under
         self._lock = threading.Lock()
-        self._keep = ()    # this version's copied segment and manifest
+        self._keep = ()    # this version's manifest
+        self._man_id = None  # (its segment id, the broker's epoch): see _sweep
+        self._man_epoch = None  # the broker's epoch before it was made
+        self._data = None  # (name, Segment, bytes) holding this version's copies
+        # The same of retired versions, with the version's manifest (held,
+        # unlinked) and its id: reused once no reader holds that manifest.
+        self._pool = []
         self._names = ()   # the segments this publisher's newest version names
         self._placed = None  # _layout of the newest version when all of it is lent
         self._man_ver = 0    # the version whose manifest places the newest
@@ -325,20 +363,22 @@ class Publisher(_Named):
             torch.cuda.current_stream(dev) if cuda else None)
         data = None
         if copies:
-            data = _create_fresh(
-                self.domain, f"{self.name}.v{ver}", max(off, _ALIGN),
-                kind=HOST if dev is None else VMM, device=-1 if dev is None else dev,
-                timeout=self.timeout)
-            raw = _as_bytes(data)
+            data = self._take_data(max(off, _ALIGN), dev)
+            seg, raw, fresh = data[1], data[2], data[3]
             with (torch.cuda.stream(s) if dev is not None else contextlib.nullcontext()):
-                for e, t in copies:
+                for e, t in copies:  # one copy each, into its place
                     _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
-            data.publish(s if dev is not None else None)
-            data._keep_raw = raw
+            if fresh:
+                seg.publish(s if dev is not None else None)
+            elif dev is not None:
+                s.synchronize()  # published long ago: readers find the copies done
+            data = data[:3]
         if placed and cuda and s is not None:
             s.synchronize()  # readers find lent tensors written when they look
         self._sync_dev = dev if placed and cuda else -1
+        self._man_epoch = self._epoch() if data is not None else None
         man = json.dumps({"version": ver, "copied": data is not None,
+                          "data": None if data is None else data[0],
                           "nbytes": off, "segments": sorted(segs, key=segs.get),
                           "tensors": entries}).encode()
         mseg = _create_fresh(self.domain, f"{self.name}.v{ver}.m", len(man) + 8, kind=HOST,
@@ -349,9 +389,10 @@ class Publisher(_Named):
         a[8:8 + len(man)] = np.frombuffer(man, np.uint8)
         mseg.publish()
         self._move_head(ver << _BACK)  # now ver, with a manifest of its own
-        self._retire(cur, cur_man, set(segs))
-        self._keep = tuple(x for x in (data, mseg) if x is not None)
-        self._names = ((f"{self.name}.v{ver}",) if data is not None else ()) + (
+        prev, self._data = self._data, data
+        self._retire(cur, cur_man, set(segs), prev)
+        self._keep = (mseg,)
+        self._names = ((data[0],) if data is not None else ()) + (
             f"{self.name}.v{ver}.m",) + tuple(segs)
         self.version = self._man_ver = ver
         self._placed = layout if data is None else None
@@ -375,18 +416,83 @@ class Publisher(_Named):
         self.version = ver
         return ver
 
-    def _retire(self, old, old_man, used):
+    _POOL = 2  # retired versions' copies kept for reuse
+
+    def _take_data(self, nbytes, dev):
+        """(name, Segment, its bytes, fresh) to copy a version of ``nbytes``
+        into: a retired version's segment of ours whose manifest no reader
+        holds (a reader holds the manifest of a version it uses; it cannot
+        open it any more: retiring unlinked it), else a new one. One
+        broker request looks at the whole pool."""
+        kind, device = (HOST, -1) if dev is None else (VMM, dev)
+        if self._pool:
+            listed = self.domain.segments()
+            by_id = {x["id"]: x for x in listed}
+            named = {x["name"] for x in listed if x["state"] == "published"}
+            epoch = self._epoch()
+            for e in list(self._pool):
+                n, seg, _, _, (mid, mepoch) = e
+                m = by_id.get(mid)
+                if n not in named or m is None or mepoch != epoch or (
+                        m["nholders"] == 1 and m["holders"][0][1] > 1):
+                    # unlinked by another publisher; a broker that took the
+                    # domain over since the manifest was made (it learns
+                    # of holders as they re-join: it may not know them
+                    # all); the manifest opened through our own domain
+                    # (one connection: its opens count as ours until both
+                    # let go): never reusable
+                    self._pool.remove(e)
+                    self._drop(e)
+                    continue
+                if seg.nbytes < nbytes or seg.device != device or (
+                        seg.kind == "host") != (kind == HOST):
+                    continue
+                if m["nholders"] == 1:
+                    self._pool.remove(e)
+                    e[3].release()  # the retired manifest: nobody reads it
+                    return n, seg, e[2], False
+        self._serial += 1
+        n = f"{self.name}.{self._token}.c{self._serial}"
+        seg = _create_fresh(self.domain, n, nbytes, kind=kind, device=device,
+                            timeout=self.timeout)
+        return n, seg, _as_bytes(seg), True
+
+    def _epoch(self):
+        """The epoch of the domain's broker now (a broker that takes over
+        has another)."""
+        return self.domain.info()["epoch"]
+
+    def _drop(self, entry):
+        """Unlink and let go of a pool entry (readers keep what they hold)."""
+        try:
+            self.domain.unlink(entry[0])
+        except NotFound:
+            pass
+        entry[1].release()
+        entry[3].release()
+
+    def _retire(self, old, old_man, used, prev=None):
         """Unlink version ``old``'s segments (its manifest is version
         ``old_man``'s) that the new one does not use, and let go of lent
-        buffers no longer in it."""
+        buffers no longer in it. ``prev``: our copies of ``old``, which go
+        to the pool (the oldest beyond _POOL are unlinked)."""
         if old == self.version:
             names = self._names  # ours: no need to read its manifest
         elif old:
-            prev = _manifest(self.domain, self.name, old_man, 0) or {}
-            names = (f"{self.name}.v{old}", f"{self.name}.v{old_man}.m") + tuple(
-                prev.get("segments", ()))
+            man = _manifest(self.domain, self.name, old_man, 0) or {}
+            names = (man.get("data") or f"{self.name}.v{old}", f"{self.name}.v{old_man}.m"
+                     ) + tuple(man.get("segments", ()))
         else:
             names = ()
+        keep = self._keep
+        if prev is not None and keep and self._man_id is not None:
+            used = used | {prev[0]}
+            self._pool.append(prev + (keep[0], self._man_id))  # its manifest stays held
+            keep = ()
+            while len(self._pool) > self._POOL:
+                self._drop(self._pool.pop(0))
+        elif prev is not None:
+            prev[1].release()  # unlinked below with the version's names
         for n in names:
             if n in used:
                 continue
@@ -399,7 +505,7 @@ class Publisher(_Named):
                 del self._lent[ptr]
                 self._starts.remove(ptr)
                 seg.release()
-        for seg in self._keep:
+        for seg in keep:
             seg.release()
         self._keep = ()
 
@@ -407,40 +513,62 @@ class Publisher(_Named):
         """Unlink the segments of state dict ``name`` that a publisher which
         died mid-publish left published, now that ``ver`` (ours) is the
         newest: versions up to ``ver`` that it does not use (written but
-        never named by the head, or named before and not retired yet), and
-        newer versions and other publishers' lent segments that ``ver``
-        does not use and no process holds (a live publisher holds what it
-        is writing). Holders keep what they hold; the head's are kept."""
+        never named by the head, or named before and not retired yet) with
+        their copies' segments, and newer versions and other publishers'
+        lent and copies' segments that ``ver`` does not use and no process
+        holds (a live publisher holds what it is writing and what it keeps
+        for reuse). Holders keep what they hold; the head's are kept.
+        Notes the id of ``ver``'s manifest, with the broker's epoch when one
+        broker saw it made and listed (for _take_data)."""
         pre = re.escape(self.name)
         version = re.compile(pre + r"\.v(\d+)(?:\.m)?")
-        lent = re.compile(pre + r"\.[0-9a-f]{6}\.\d+")
-        keep = set(self._names)
+        lent = re.compile(pre + r"\.[0-9a-f]{6}\.c?\d+")  # lent, or copies
+        keep = set(self._names) | {e[0] for e in self._pool}
+        drop = []
+        mine = f"{self.name}.v{ver}.m"
+        self._man_id = None
         for s in self.domain.segments():
             n = s["name"]
+            if n == mine and s["state"] == "published" and self._man_epoch is not None:
+                self._man_id = s["id"]  # what _take_data looks for once ver retires
             if s["state"] != "published" or n in keep:
                 continue
             m = version.fullmatch(n)
             if m is not None:
                 stale = int(m.group(1)) <= ver or s["nholders"] == 0
+                if stale and n.endswith(".m"):
+                    data = (_manifest(self.domain, self.name, int(m.group(1)), 0) or {}
+                            ).get("data")
+                    if data and data not in keep:
+                        drop.append(data)  # the version's copies, held or not
             else:
                 stale = lent.fullmatch(n) is not None and s["nholders"] == 0
             if stale:
-                try:
-                    self.domain.unlink(n)
-                except NotFound:
-                    pass
+                drop.append(n)
+        for n in drop:
+            try:
+                self.domain.unlink(n)
+            except NotFound:
+                pass
+        if self._man_id is not None:
+            epoch = self._epoch()
+            self._man_id = (self._man_id, epoch) if epoch == self._man_epoch else None
 
     def segments(self):
         """The segments this publisher holds for its newest version."""
-        return self._keep + tuple(seg for _, seg in self._lent.values())
+        return self._keep + ((self._data[1],) if self._data is not None else ()) + tuple(
+            seg for _, seg in self._lent.values())
 
     def close(self):
         """Let go of this publisher's references; the newest version stays
         openable until a newer one or an unlink retires it (HOST and VMM
-        memory lives on in the domain)."""
+        memory lives on in the domain). Retired versions' copies kept for
+        reuse are unlinked."""
+        for e in self._pool:
+            self._drop(e)
         for seg in self.segments():
             seg.release()
-        self._lent, self._starts, self._keep = {}, [], ()
+        self._lent, self._starts, self._keep, self._data, self._pool = {}, [], (), None, []
         self._close_head()
 
 
@@ -462,7 +590,8 @@ class SharedStateDict(dict):
 class Reader(_Named):
     """Opens the newest version of state dict ``name`` again and again,
     keeping the segments of lent tensors mapped (and their views made)
-    while versions keep using them. ``device``: the GPU to map GPU memory
+    while versions keep using them, and the last copies' segments mapped
+    for the versions that reuse them. ``device``: the GPU to map GPU memory
     on (-1: its own); ``stream``: the stream that waits for copied
     versions' writes."""
 
@@ -472,12 +601,14 @@ class Reader(_Named):
         self._segs = {}   # lent segment name -> Segment
         self._raws = {}   # lent segment name -> its bytes as a torch tensor
         self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
+        self._copies = {}  # copies' segment name -> Segment, the last _COPIES used
         self._last = None  # (manifest version, views) of an all-lent version
         self._lock = threading.Lock()
 
     def open(self):
         """The newest version as a SharedStateDict of zero-copy tensors. Its
-        memory stays mapped while a tensor of it is alive; the reader also
+        memory stays mapped, and its copies unchanged, while a tensor of it
+        is alive; the reader also
         keeps lent segments mapped, and their tensors made, until a version
         no longer uses them or ``close()``. A version placed as the last one
         opened (all lent, nothing moved) is those same tensors again. Waits
@@ -504,20 +635,45 @@ class Reader(_Named):
             out = SharedStateDict(self._last[1])  # placed as the last one opened
             out.version = self.version = ver
             return out
-        man = _read_manifest(self.domain, self.name, mver, self.timeout)
+        man, mseg = _read_manifest(self.domain, self.name, mver, self.timeout, hold=True)
         self._last = None
-        data = None
-        if man["copied"]:
-            data = self.domain.open_segment(f"{self.name}.v{ver}", timeout=self.timeout,
-                                            device=self.device, stream=self.stream)
-        views = self._make_views(man, data)
-        if data is None:
+        packed = None
+        try:
+            if man["copied"]:
+                packed = self._copies_of(man, ver, mseg)
+        finally:
+            mseg.release()  # held on by the copies' tensors, if any
+        views = self._make_views(man, packed)
+        if packed is None:
             self._last = (mver, views)
         out = SharedStateDict(views)
         out.version = self.version = ver
         return out
 
-    def _make_views(self, man, data):
+    _COPIES = 2  # copies' segments kept mapped: a publisher alternates two
+
+    def _copies_of(self, man, ver, mseg):
+        """The bytes of version ``ver``'s copies as a torch tensor, which
+        holds the version's manifest ``mseg`` while it (or a view of it)
+        lives: a publisher reuses a retired version's segment only once no
+        reader holds its manifest. The segment stays mapped here (the
+        last _COPIES of them) for the versions that reuse it."""
+        name = man.get("data") or f"{self.name}.v{ver}"
+        seg = self._copies.pop(name, None)
+        if seg is None:
+            seg = self.domain.open_segment(name, timeout=self.timeout, device=self.device,
+                                           stream=self.stream)
+        self._copies[name] = seg  # the newest last
+        while len(self._copies) > self._COPIES:
+            self._copies.pop(next(iter(self._copies))).release()
+        sub = seg.view("uint8", (seg.nbytes,))
+        sub._claim = mseg.view("uint8", (mseg.nbytes,))  # a reference of its own
+        try:
+            return _as_bytes(sub)
+        finally:
+            sub.release()  # the tensor holds its own reference, and sub
+
+    def _make_views(self, man, packed):
         names = man["segments"]
 
         def open_one(n):
@@ -528,7 +684,6 @@ class Reader(_Named):
         for n in [n for n in self._segs if n not in names]:
             del self._segs[n]  # unmapped once no tensor of it is left
             self._raws.pop(n, None)
-        packed = _as_bytes(data) if data is not None else None
         views, lent = {}, {}
         for e in man["tensors"]:
             if e["seg"] < 0:
@@ -564,7 +719,9 @@ class Reader(_Named):
     def close(self):
         """Let go of the reader's segments: each is unmapped once no tensor
         made from it is left."""
-        self._segs, self._raws, self._views, self._last = {}, {}, {}, None
+        for seg in self._copies.values():
+            seg.release()
+        self._segs, self._raws, self._views, self._last, self._copies = {}, {}, {}, None, {}
         self._close_head()
 
 
@@ -585,7 +742,7 @@ def publish(domain, name, sd, device=None, stream=None, timeout=30, lend=False):
     p = Publisher(domain, name, device=device, timeout=timeout)
     ver = p.publish(sd, stream)
     segs = p.segments()
-    p._keep = ()  # handed to the caller
+    p._keep, p._data = (), None  # handed to the caller
     p.close()
     return ver, segs
 

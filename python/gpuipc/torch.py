@@ -1,6 +1,8 @@
 """PyTorch integration: tensors born shareable (a pluggable allocator backed
-by gpuipc VMM memory) and imports of PyTorch's and CuPy's own CUDA IPC
-handles. Needs a GPU."""
+by gpuipc VMM memory), a module's tensors moved into gpuipc memory in place
+(move_to_gpuipc: CPU modules too, on the HOST kind) and imports of
+PyTorch's and CuPy's own CUDA IPC handles. Everything but move_to_gpuipc
+on CPU modules needs a GPU."""
 import os
 
 from . import _gpuipc as _c
@@ -39,6 +41,110 @@ def mem_pool(kind="vmm", chunk_bytes=2 << 30):
     if prefix not in _pool_allocators:
         _pool_allocators[prefix] = _pluggable(prefix)
     return torch.cuda.MemPool(_pool_allocators[prefix].allocator())
+
+
+_MOVE_ALIGN = 256  # where each tensor starts in the buffer
+
+
+def _movable(module, buffers):
+    """The distinct tensors of ``module`` to move (each Parameter once, tied
+    or not; buffers too with ``buffers``), checked before anything moves:
+    TypeError for a layout other than strided (sparse), ValueError for a
+    tensor with no memory (meta) or on a device other than CPU or CUDA."""
+    import torch
+    seen, out = set(), []
+    named = list(module.named_parameters()) + (list(module.named_buffers()) if buffers else [])
+    for n, t in named:
+        if t is None or id(t) in seen:
+            continue  # a tied Parameter: moved once
+        seen.add(id(t))
+        if t.layout != torch.strided:
+            raise TypeError(f"move_to_gpuipc: {n} is a {t.layout} tensor; only dense "
+                            "(strided) tensors move")
+        if t.device.type == "meta":
+            raise ValueError(f"move_to_gpuipc: {n} is on the meta device (no memory to "
+                             "move: materialize the module first, e.g. to_empty())")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"move_to_gpuipc: {n} is on {t.device}; gpuipc holds CPU "
+                             "(HOST) and CUDA memory")
+        out.append((n, t))
+    return out
+
+
+def _in_gpuipc(t):
+    """Whether all of contiguous ``t`` already lies in one gpuipc buffer."""
+    from ._common import DL_CPU, DL_CUDA
+    if not t.is_contiguous() or t.numel() == 0:
+        return False
+    lo = t.data_ptr()
+    box = _c.buf_find(DL_CUDA if t.is_cuda else DL_CPU, lo,
+                      lo + t.numel() * t.element_size())
+    if box is None:
+        return False
+    _c.close(box)
+    return True
+
+
+def move_to_gpuipc(module, buffers=False, kind=None):
+    """Move ``module``'s parameters (and, with ``buffers``, its buffers) into
+    gpuipc memory in place: the same ``torch.nn.Parameter`` (and buffer)
+    objects keep their dtype, shape, device and ``requires_grad``; only
+    their ``.data`` now lies in one gpuipc buffer per device, packed
+    (each tensor contiguous, at a 256-byte aligned offset). Optimizers,
+    hooks, ``named_parameters()`` and weight tying (two names, one
+    Parameter: moved once, still one) keep working, and
+    ``state_dict.Publisher(lend=True)`` then lends the module's
+    ``state_dict()`` with no copy: readers see the next optimizer step.
+
+    ``kind``: the buffers' kind, "host" for CPU tensors (the default
+    there), a GPU kind ("vmm", the default, "pool", "legacy") for CUDA
+    tensors. Tensors already in gpuipc memory stay where they are.
+    Non-contiguous tensors become contiguous. Gradients and optimizer
+    state are not moved (they are not shared).
+
+    Everything is checked before anything moves (TypeError: a sparse
+    tensor; ValueError: a meta tensor, a device other than CPU or CUDA, a
+    kind that does not fit the device). Returns the new gpuipc Buffers,
+    one per device, in no particular order ([] when nothing moved); the
+    tensors hold the memory themselves, so releasing them is optional.
+
+    Copies run on PyTorch's current stream of each device and are done
+    when the call returns. The memory the tensors leave goes back to
+    PyTorch's allocator (``torch.cuda.empty_cache()`` hands CUDA memory
+    back to the driver). Tensors that shared one storage (other than one
+    Parameter under two names) no longer share it after the move."""
+    import torch
+    from ._common import HOST, VMM
+    tensors = _movable(module, buffers)
+    by_dev = {}
+    for n, t in tensors:
+        if not _in_gpuipc(t):
+            by_dev.setdefault(t.device, []).append(t)
+    kinds = {}
+    for dev in by_dev:
+        k = (HOST if dev.type == "cpu" else VMM) if kind is None else _kind(kind)
+        if (k == HOST) != (dev.type == "cpu"):
+            raise ValueError(f"move_to_gpuipc: kind {kind!r} does not hold {dev} tensors "
+                             "(host: CPU; vmm, pool, legacy: CUDA)")
+        kinds[dev] = k
+    out = []
+    for dev, ts in by_dev.items():
+        offs, total = [], 0
+        for t in ts:
+            offs.append(total)
+            total += (t.numel() * t.element_size() + _MOVE_ALIGN - 1) // _MOVE_ALIGN * _MOVE_ALIGN
+        buf = Buffer(max(total, 1), kinds[dev], -1 if dev.type == "cpu" else dev.index or 0)
+        raw = torch.utils.dlpack.from_dlpack(buf.__dlpack__())
+        with torch.no_grad():
+            for t, off in zip(ts, offs):
+                n = t.numel() * t.element_size()
+                view = raw[off:off + n].view(t.dtype).view(t.shape)
+                view.copy_(t.detach())
+                t.data = view
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+        out.append(buf)
+    return out
 
 
 def use_allocator(kind="vmm"):

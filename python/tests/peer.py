@@ -746,6 +746,199 @@ def sd_lent(ver):
                               torch.arange(64.0) * ver)}
 
 
+def _dev(arg):
+    """The torch device of a peer's ARG: "cuda" (GPU 0) or the CPU."""
+    return "cuda:0" if arg == "cuda" else "cpu"
+
+
+def sd_module(device):
+    """A small model with a tied weight (the embedding is the output
+    layer's too) and a buffer (BatchNorm's running statistics)."""
+    import torch
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Embedding(12, 8), torch.nn.Linear(8, 8),
+                            torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 12, bias=False))
+    m[3].weight = m[0].weight
+    return m.to(device)
+
+
+def sd_sums(sd):
+    """name -> the float64 sum of the tensor's values, on the CPU: equal on
+    both sides when the bytes are."""
+    return {k: float(t.detach().cpu().double().sum()) for k, t in sd.items()}
+
+
+def _train_step(m, opt, device):
+    import torch
+    opt.zero_grad(set_to_none=True)
+    m(torch.tensor([1, 2, 3, 4], device=device)).square().mean().backward()
+    opt.step()
+
+
+def sd_module_publish(dom, arg):
+    """Moves sd_module's parameters and buffers into gpuipc memory in place
+    and lends its state dict; at the test's word, trains a step and
+    publishes again (nothing moved: lent, no manifest)."""
+    import torch
+    from gpuipc import state_dict
+    from gpuipc.torch import move_to_gpuipc
+    dev = _dev(arg)
+    m = sd_module(dev)
+    params = list(m.parameters())
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    _train_step(m, opt, dev)  # optimizer state exists before the move
+    bufs = move_to_gpuipc(m, buffers=True)
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w", lend=True) as pub:
+        ver = pub.publish(m.state_dict())
+        man = state_dict._manifest(d, "w", ver, 5)
+        say(published=ver, copied=man["copied"], segments=len(man["segments"]),
+            buffers=len(bufs), same_params=all(a is b for a, b in zip(params, m.parameters())),
+            tied=m[3].weight is m[0].weight, sums=sd_sums(m.state_dict()))
+        sys.stdin.readline()
+        _train_step(m, opt, dev)
+        ver = pub.publish(m.state_dict())
+        say(published=ver, manifest=not _gone(d, f"w.v{ver}.m"),
+            sums=sd_sums(m.state_dict()))
+        sys.stdin.readline()
+
+
+def sd_module_read(dom, arg):
+    """Opens the lent model at the test's word: says the sums of what it
+    sees, and whether the second version's tensors are the first's."""
+    from gpuipc import state_dict
+    dev = -1 if arg != "cuda" else 0
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w", device=dev) as r:
+        first = r.open()
+        say(version=first.version, sums=sd_sums(first))
+        sys.stdin.readline()
+        second = r.open()
+        say(version=second.version, sums=sd_sums(second), first_sums=sd_sums(first),
+            same_tensors=all(second[k] is first[k] for k in first))
+
+
+def sd_snap_publish(dom, arg):
+    """Publishes version v of sd_make(v) (every tensor copied: a snapshot)
+    for each "more" line; says how many segments the domain has and the
+    snapshot segments of the state dict."""
+    import re
+    from gpuipc import state_dict
+    dev = _dev(arg)
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub:
+        while sys.stdin.readline().strip() == "more":
+            sd = {k: t.to(dev) for k, t in sd_make(pub.version + 1).items()}
+            ver = pub.publish(sd)
+            names = [s["name"] for s in d.segments()]
+            say(published=ver, segments=len(names),
+                copies=sorted(n for n in names if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+", n)))
+
+
+def _maps():
+    """How many shared-memory mappings this process has (HOST segments)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "memfd:" in line)
+
+
+def sd_snap_read(dom, arg):
+    """At each line of the test opens the newest version, checks it and
+    lets go of it, except version 3, which it holds to the end; says what
+    the open asked of the broker (calls by name), its mappings, and whether
+    version 3 is still intact."""
+    import torch
+    from gpuipc import state_dict
+    dev = _dev(arg)
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w", device=-1 if dev == "cpu" else 0) as r:
+        calls = {}
+
+        def counted(name, fn):
+            def call(*a, **kw):
+                calls[name] = calls.get(name, 0) + 1
+                return fn(*a, **kw)
+            return call
+        for name in ("open_segment", "stat", "segments", "unlink"):
+            setattr(d, name, counted(name, getattr(d, name)))
+        held = None
+        while sys.stdin.readline().strip():
+            calls.clear()
+            sd = r.open()
+            asked = dict(calls)
+            want = sd_make(sd.version)
+            same = all(torch.equal(sd[k].cpu(), t) for k, t in want.items())
+            if sd.version == 3:
+                held = sd
+            else:
+                sd.release()
+            del sd
+            gc.collect()
+            intact = held is None or all(torch.equal(held[k].cpu(), t)
+                                         for k, t in sd_make(3).items())
+            say(version=r.version, same=same, calls=asked,
+                maps=_maps(), held_intact=intact)
+
+
+def sd_full(ver):
+    """A state dict whose every value is ``ver``: a reader checks a version
+    whole at a glance."""
+    import torch
+    return {"a": torch.full((4096,), float(ver)), "b": torch.full((333,), ver, dtype=torch.int32),
+            "c": torch.full((64, 64), float(ver), dtype=torch.bfloat16)}
+
+
+def _whole(sd, ver):
+    return sorted(sd) == ["a", "b", "c"] and all(bool((t == ver).all()) for t in sd.values())
+
+
+def sd_fast_publish(dom, arg):
+    """Publishes versions of sd_full (snapshots) one after the other, as
+    fast as it can, from the test's first line to its second; says how many
+    and how many segments held their copies."""
+    import re
+    import select
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub, \
+            gpuipc.Domain(dom) as look:  # opens of its own (see test_host)
+        pub.publish(sd_full(1))
+        say(published=1)
+        sys.stdin.readline()
+        names = set()
+        while not select.select([sys.stdin], [], [], 0)[0]:
+            v = pub.publish(sd_full(pub.version + 1))
+            names.add(state_dict._manifest(look, "w", v, 5)["data"])
+        sys.stdin.readline()
+        say(published=pub.version, copies=len(names),
+            named=len([s for s in d.segments() if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+",
+                                                               s["name"])]))
+
+
+def sd_race_read(dom, arg):
+    """Opens the newest version ARG times, holding the last three it
+    opened: each must be whole (every value its version) when opened and
+    still when, three opens later, it is let go."""
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w") as r:
+        held, torn, seen = [], 0, set()
+        for _ in range(int(arg)):
+            sd = r.open()
+            seen.add(sd.version)
+            torn += not _whole(sd, sd.version)
+            held.append(sd)
+            if len(held) > 3:
+                old = held.pop(0)
+                torn += not _whole(old, old.version)
+                old.release()
+        torn += sum(not _whole(h, h.version) for h in held)
+        say(torn=torn, versions=len(seen))
+
+
+def sd_hold_read(dom, arg):
+    """Opens the newest version, says which, and holds it until killed (or
+    the test's word)."""
+    from gpuipc import state_dict
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w") as r:
+        sd = r.open()
+        say(version=sd.version, whole=_whole(sd, sd.version))
+        sys.stdin.readline()
+
+
 def driver_loaded():
     """Whether the CUDA driver gpuipc would load is mapped in this process."""
     lib = os.environ.get("GPUIPC_CUDA_LIB", "libcuda.so.1")

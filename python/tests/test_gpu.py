@@ -1,6 +1,7 @@
 """GPU tests of the Python package (skipped without a CUDA GPU and torch):
 torch and CuPy CUDA tensors through channels, the allocator, imported
-PyTorch IPC handles, a state dict on the GPU."""
+PyTorch IPC handles, state dicts on the GPU (lent from a module moved
+into gpuipc memory, snapshots reusing their segments)."""
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
+sys.path.insert(0, HERE)
+from test_host import _lent_module, _snapshots, procs  # noqa: E402,F401 (procs: a fixture)
 
 
 def run_pair(env, a, b, dom="g", feed=None, timeout=180):
@@ -137,3 +140,16 @@ def test_state_dict_lent_from_gpuipc_pool(env):
         for p in (pa, pb):
             if p.poll() is None:
                 p.kill()
+
+
+def test_moved_cuda_module_lent_to_a_reader(env, procs):
+    """test_host's test_moved_module_lent_to_a_reader on GPU 0: the module's
+    CUDA tensors move into one VMM buffer, lent whole to a reader that maps
+    it and sees the next optimizer step."""
+    _lent_module(env, procs, "cuda")
+
+
+def test_cuda_snapshots_reuse_their_segments(env, procs):
+    """test_host's test_snapshots_reuse_their_segments with the state dict
+    on GPU 0: the copies go into VMM segments that later versions reuse."""
+    _snapshots(env, procs, "cuda")

@@ -392,7 +392,9 @@ def _published(d):
 
 
 def _lent_names(d):
-    return {n for n in _published(d) if re.fullmatch(r"w\.[0-9a-f]{6}\.\d+", n)}
+    """The segments of state dict "w" named by their publisher: lent, or
+    holding copies (".c")."""
+    return {n for n in _published(d) if re.fullmatch(r"w\.[0-9a-f]{6}\.c?\d+", n)}
 
 
 @pytest.fixture
@@ -408,12 +410,16 @@ def joined(env):
     return e, "sd" + os.urandom(4).hex()
 
 
-@pytest.mark.parametrize("retired", ["w.v1.m", "w.v1"])
+@pytest.mark.parametrize("retired", ["w.v1.m", "data"])
 def test_state_dict_reader_skips_a_retired_version(joined, procs, retired):
-    """A reader that read version 1 from the head, whose manifest or data
-    the publisher retired (versions 2 and 3 came out) before the reader
-    opened it, opens version 3 at once: it never waits for a name that is
-    gone (its timeout is forever)."""
+    """A reader that read version 1 from the head, whose manifest the
+    publisher retired (versions 2 and 3 came out) before the reader opened
+    it, opens version 3 at once: it never waits for a name that is gone
+    (its timeout is forever). One that opened version 1's manifest and
+    then its copies' segment after versions 2 and 3 came out gets version
+    1 whole: holding the manifest kept the publisher from reusing the
+    segment for version 3 (never version 1's manifest over version 3's
+    bytes)."""
     torch = pytest.importorskip("torch")
     import gpuipc
     from gpuipc import state_dict
@@ -424,7 +430,9 @@ def test_state_dict_reader_skips_a_retired_version(joined, procs, retired):
         opened, raced = d.open_segment, []
 
         def open_segment(name, wait=False, **kw):
-            if name == retired and not raced:  # the reader read 1 from the head
+            is_data = re.fullmatch(r"w\.[0-9a-f]{6}\.c1", name) is not None
+            if (name == retired or is_data and retired == "data") and not raced:
+                # the reader read 1 from the head
                 raced.append(name)
                 for ver in (2, 3):
                     pub.p.stdin.write("more\n")
@@ -436,9 +444,12 @@ def test_state_dict_reader_skips_a_retired_version(joined, procs, retired):
         d.open_segment = open_segment
         r = state_dict.Reader(d, "w", timeout=None)
         sd = r.open()
-        assert raced == [retired]
-        assert sd.version == 3
-        assert all(torch.equal(sd[k], t) for k, t in peer.sd_make(3).items())
+        assert len(raced) == 1
+        want = 1 if retired == "data" else 3
+        assert sd.version == want
+        if retired == "data":  # version 3 went elsewhere
+            assert state_dict._manifest(d, "w", 3, 5)["data"] != raced[0]
+        assert all(torch.equal(sd[k], t) for k, t in peer.sd_make(want).items())
         sd.release()
         r.close()
         pub.finish()
@@ -489,11 +500,10 @@ def test_state_dict_publisher_killed_mid_publish_leaves_no_version(joined, procs
         assert pub.line() == {"stopped": stop, "version": 2}
         os.kill(pub.p.pid, signal.SIGKILL)
         pub.p.wait()
-        left = {"before_head": {"w.v2", "w.v2.m"}, "before_retire": {"w.v1", "w.v1.m"},
+        left = {"before_head": {"w.v2.m"}, "before_retire": {"w.v1.m", "w.v2.m"},
                 "lent_before_head": {"w.v2.m"}}[stop]
         assert left <= _published(d)
-        if stop.startswith("lent_"):
-            assert len(_lent_names(d)) == 2  # version 1's and version 2's
+        assert len(_lent_names(d)) == 2  # version 1's and version 2's (lent or copies)
         buf = gpuipc.Buffer(1 << 16)
         want = torch.arange(64.0).reshape(16, 4)
         sd = {"x": peer._host_tensor(buf, torch.float32, (16, 4), want)}
@@ -507,3 +517,219 @@ def test_state_dict_publisher_killed_mid_publish_leaves_no_version(joined, procs
         v1 = peer.sd_lent(1) if stop.startswith("lent_") else peer.sd_make(1)
         assert all(torch.equal(held[k], t) for k, t in v1.items())
         held.release()
+
+
+# ---- a module moved into gpuipc memory; snapshots that reuse their segments --
+
+def test_move_to_gpuipc_keeps_the_parameters():
+    """move_to_gpuipc moves a CPU module's tensors into one HOST buffer in
+    place: the same Parameter objects (tied ones still one), the same
+    values, an optimizer made before the move (its state too) trains them
+    in the buffer, and buffers move only when asked."""
+    torch = pytest.importorskip("torch")
+    from gpuipc.torch import move_to_gpuipc
+    m = peer.sd_module("cpu")
+    m[1].weight.data = m[1].weight.data.t().contiguous().t()  # not contiguous
+    assert not m[1].weight.is_contiguous()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    params = list(m.parameters())
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    peer._train_step(m, opt, "cpu")
+    stepped = {k: v.clone() for k, v in m.state_dict().items()}
+    bufs = move_to_gpuipc(m)
+    assert len(bufs) == 1 and bufs[0].kind == "host"
+    assert list(m.parameters()) == params and all(a is b for a, b in zip(params, m.parameters()))
+    assert m[3].weight is m[0].weight
+    assert all(torch.equal(stepped[k], v) for k, v in m.state_dict().items())
+    raw = torch.from_dlpack(bufs[0])
+    lo, hi = raw.data_ptr(), raw.data_ptr() + raw.numel()
+    assert all(lo <= p.data_ptr() < hi and p.data_ptr() % 256 == 0 for p in params)
+    assert m[1].weight.is_contiguous()
+    assert not lo <= m[2].running_mean.data_ptr() < hi  # buffers stay
+    w = m[0].weight
+    off = w.data_ptr() - lo
+    in_buf = lambda: raw[off:off + w.numel() * 4].view(torch.float32).view(w.shape)  # noqa: E731
+    peer._train_step(m, opt, "cpu")  # Adam's moments from before the move
+    assert not torch.equal(in_buf(), stepped["0.weight"])
+    assert torch.equal(in_buf(), m[0].weight.detach())
+    assert move_to_gpuipc(m) == []  # already there
+    moved = move_to_gpuipc(m, buffers=True)
+    assert len(moved) == 1 and moved[0].ptr <= m[2].running_mean.data_ptr() < moved[0].ptr + \
+        moved[0].nbytes
+    assert not torch.equal(before["0.weight"], m[0].weight)
+
+
+def test_move_to_gpuipc_refuses_what_cannot_move():
+    """Sparse and meta tensors and a GPU kind for CPU tensors are refused
+    before anything moves."""
+    torch = pytest.importorskip("torch")
+    from gpuipc.torch import move_to_gpuipc
+
+    def module_with(t):
+        m = torch.nn.Linear(4, 4)
+        m.register_parameter("extra", torch.nn.Parameter(t, requires_grad=False))
+        return m
+    cases = [(torch.eye(3).to_sparse(), TypeError, "sparse"),
+             (torch.empty(3, device="meta"), ValueError, "meta")]
+    for t, exc, word in cases:
+        m = module_with(t)
+        ptr = m.weight.data_ptr()
+        with pytest.raises(exc, match=word):
+            move_to_gpuipc(m)
+        assert m.weight.data_ptr() == ptr  # nothing moved
+    m = torch.nn.Linear(4, 4)
+    ptr = m.weight.data_ptr()
+    with pytest.raises(ValueError, match="kind"):
+        move_to_gpuipc(m, kind="vmm")
+    assert m.weight.data_ptr() == ptr
+
+
+def test_moved_module_lent_to_a_reader(env, procs):
+    """A module moved into gpuipc memory (parameters and buffers) is lent
+    whole, no copy, from one buffer: a reader in another process sees its
+    weights, and the optimizer's next step through the same tensors
+    (the next version moves nothing: no manifest)."""
+    pytest.importorskip("torch")
+    _lent_module(env, procs, None)
+
+
+def _lent_module(env, procs, arg):
+    pub = start(procs, env, "sd_module_publish", "d", arg)
+    first = pub.line()
+    sums = first.pop("sums")
+    assert first == {"published": 1, "copied": False, "segments": 1, "buffers": 1,
+                     "same_params": True, "tied": True}
+    rd = start(procs, env, "sd_module_read", "d", arg)
+    assert rd.line() == {"version": 1, "sums": sums}
+    _go(pub)
+    second = pub.line()
+    assert second["published"] == 2 and second["manifest"] is False
+    assert second["sums"] != sums
+    _go(rd)
+    assert rd.line() == {"version": 2, "sums": second["sums"], "first_sums": second["sums"],
+                         "same_tensors": True}
+    rd.finish()
+    pub.finish()
+
+
+def test_snapshots_reuse_their_segments(env, procs):
+    """20 snapshot versions in a row, a reader opening each and letting go
+    (but holding version 3 throughout): the domain's segments stop growing
+    (retired versions' segments are reused, at most three hold copies,
+    one of them version 3 held), version 3's bytes stay intact, and the
+    reader's work per open does not grow: its mappings stay as many, and
+    once the publisher reuses segments (which the reader keeps mapped)
+    each open asks the broker for the manifest alone."""
+    pytest.importorskip("torch")
+    _snapshots(env, procs, None)
+
+
+def _snapshots(env, procs, arg):
+    pub = start(procs, env, "sd_snap_publish", "d", arg)
+    rd = None
+    counts, maps, copies, calls = [], [], [], []
+    for v in range(1, 21):
+        pub.p.stdin.write("more\n")
+        pub.p.stdin.flush()
+        said = pub.line()
+        assert said["published"] == v
+        counts.append(said["segments"])
+        copies.append(len(said["copies"]))
+        if rd is None:
+            rd = start(procs, env, "sd_snap_read", "d", arg)
+        rd.p.stdin.write("open\n")
+        rd.p.stdin.flush()
+        got = rd.line()
+        calls.append(got.pop("calls"))
+        assert got == {"version": v, "same": True, "held_intact": True,
+                       "maps": got["maps"]}, got
+        maps.append(got["maps"])
+    assert counts[4:] == [counts[4]] * 16, counts
+    assert maps[4:] == [maps[4]] * 16, maps
+    assert max(copies) <= 3 and min(copies) >= 1, copies
+    # the manifest (and, the first time, the head and a new segment's
+    # mapping); once the publisher reuses segments, the manifest alone
+    assert calls[0] == {"open_segment": 3} and all(c["open_segment"] <= 2 for c in calls[1:])
+    assert calls[5:] == [{"open_segment": 1}] * 15, calls
+    rd.finish()
+    pub.finish()
+
+
+def test_snapshot_readers_racing_a_publisher(env, procs):
+    """A reader opening the newest snapshot 200 times (holding the last
+    three) while a publisher puts out versions one after the other, reusing
+    its segments: every version the reader opened is whole when opened and
+    when let go (no reuse overwrote a version in use)."""
+    pytest.importorskip("torch")
+    pub = start(procs, env, "sd_fast_publish", "d")
+    assert pub.line() == {"published": 1}
+    _go(pub)  # publishing from now until the reader is done
+    rd = start(procs, env, "sd_race_read", "d", "200")
+    got = rd.line()
+    _go(pub)
+    done = pub.line()
+    assert got["torn"] == 0, got
+    # the newest and two retired ones kept for reuse (the reader held up to
+    # three versions: the publisher made new ones meanwhile and let go of
+    # the oldest retired)
+    assert done["named"] <= 3, done
+    rd.finish()
+    pub.finish()
+
+
+def test_snapshot_reader_killed_holding_a_version(joined, procs):
+    """A reader killed (SIGKILL) while it holds a version lets go of it
+    with its connection: the publisher reuses that version's segment, and
+    the versions after make no new segment."""
+    pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    env, dom = joined
+    # The manifests are read through a domain object of their own: opens
+    # through the publisher's own connection would count as its holds.
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub, \
+            gpuipc.Domain(dom) as look:
+        def publish(v):
+            pub.publish(peer.sd_full(v))
+            return state_dict._manifest(look, "w", v, 5)["data"]
+        first = publish(1)
+        rd = start(procs, env, "sd_hold_read", dom)
+        assert rd.line() == {"version": 1, "whole": True}
+        before = {publish(v) for v in range(2, 6)}
+        assert first not in before  # held: not reused
+        os.kill(rd.p.pid, signal.SIGKILL)
+        rd.p.wait()
+        # the broker (this process) drops the dead connection's holds once
+        # it sees the hang-up; meanwhile another retired segment is free
+        after = {publish(v) for v in range(6, 12)}
+        assert after <= before | {first}, (before, after)
+        assert first in after
+
+
+def test_snapshot_segments_not_reused_across_brokers(dom, monkeypatch):
+    """A broker that took the domain over (another epoch) learns of the
+    holders as they re-join: a segment retired under the broker before is
+    not reused (it is unlinked; the publisher takes a new one), and those
+    retired under the new broker are."""
+    pytest.importorskip("torch")
+    import gpuipc
+    from gpuipc import state_dict
+    epochs = iter(())
+    real = state_dict.Publisher._epoch
+
+    def epoch(self):
+        e = real(self)
+        return e + 1 if next(epochs, False) else e
+    monkeypatch.setattr(state_dict.Publisher, "_epoch", epoch)
+    with state_dict.Publisher(dom, "w") as pub, gpuipc.Domain(dom.name) as look:
+        def publish(v):
+            pub.publish(peer.sd_full(v))
+            return state_dict._manifest(look, "w", v, 5)["data"]
+        names = [publish(v) for v in (1, 2, 3, 4)]
+        assert names[2:] == names[:2]  # reused
+        epochs = iter(lambda: True, None)  # a new broker from now on
+        names += [publish(v) for v in (5, 6, 7, 8)]
+        assert names[4] not in names[:4] and names[5] not in names[:4]
+        assert names[6:] == names[4:6]  # reused again
+        listed = {s["name"] for s in dom.segments()}
+        assert not set(names[:4]) & listed  # the old ones unlinked
