@@ -496,7 +496,14 @@ static int run_bandwidth(struct prod *p, const struct pair *pr)
   int rc = gpuipc_buf_alloc(p->o->max_bytes, kind, src, 0, &from);
   if (rc == 0)
     rc = gpuipc_buf_alloc(p->o->max_bytes, kind, dst, 0, &to);
-  int peer = src >= 0 && src != dst ? bench_peer_on(src, dst) : -1;
+  /* The driver's copy between GPUs at NVLink speed: peer access, and for
+   * VMM and POOL memory access granted to the other GPU per allocation
+   * (cuMemSetAccess: peer access alone leaves cuMemcpyPeerAsync staging
+   * through host memory, at a tenth of the rate). */
+  int peer = -1;
+  if (rc == 0 && src >= 0 && src != dst)
+    peer = bench_peer_on(src, dst) && gpuipc_buf_access(to, src) == 0 &&
+           gpuipc_buf_access(from, dst) == 0;
   for (size_t b = 4096; rc == 0 && b <= p->o->max_bytes; b *= 4) {
     bench_progress(p, "bandwidth", src, dst, b);
     struct bw_row row = {.src = src, .dst = dst, .bytes = b, .peer = peer};
