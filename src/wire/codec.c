@@ -22,45 +22,14 @@ void gpuipc__wbuf_init(struct gpuipc__wbuf *w, void *p, size_t cap)
   w->err = 0;
 }
 
-/* Room for @n more bytes? Sets -ENOSPC (once) when not. */
+void gpuipc__wbuf_full(struct gpuipc__wbuf *w)
+{
+  w->err = -ENOSPC;
+}
+
 static bool wbuf_room(struct gpuipc__wbuf *w, size_t n)
 {
-  if (w->err != 0)
-    return false;
-  if (n > w->cap - w->len) {
-    w->err = -ENOSPC;
-    return false;
-  }
-  return true;
-}
-
-static void put_le(struct gpuipc__wbuf *w, uint64_t v, size_t n)
-{
-  if (!wbuf_room(w, n))
-    return;
-  for (size_t i = 0; i < n; i++)
-    w->p[w->len + i] = (uint8_t)(v >> (8 * i));
-  w->len += n;
-}
-
-void gpuipc__put_u8(struct gpuipc__wbuf *w, uint8_t v)
-{
-  put_le(w, v, 1);
-}
-
-void gpuipc__put_u16(struct gpuipc__wbuf *w, uint16_t v)
-{
-  put_le(w, v, 2);
-}
-
-void gpuipc__put_u32(struct gpuipc__wbuf *w, uint32_t v)
-{
-  put_le(w, v, 4);
-}
-
-void gpuipc__put_u64(struct gpuipc__wbuf *w, uint64_t v)
-{
-  put_le(w, v, 8);
+  return gpuipc__wbuf_room(w, n);
 }
 
 void gpuipc__put_bytes(struct gpuipc__wbuf *w, const void *src, size_t n)
@@ -88,7 +57,7 @@ void gpuipc__put_str(struct gpuipc__wbuf *w, const char *s)
   /* Length and bytes go in together or not at all. */
   if (!wbuf_room(w, 2 + n))
     return;
-  put_le(w, n, 2);
+  gpuipc__put_le(w, n, 2);
   gpuipc__put_bytes(w, s, n);
 }
 

@@ -46,10 +46,69 @@ struct gpuipc__rbuf {
 };
 
 void gpuipc__wbuf_init(struct gpuipc__wbuf *w, void *p, size_t cap);
-void gpuipc__put_u8(struct gpuipc__wbuf *w, uint8_t v);
-void gpuipc__put_u16(struct gpuipc__wbuf *w, uint16_t v);
-void gpuipc__put_u32(struct gpuipc__wbuf *w, uint32_t v);
-void gpuipc__put_u64(struct gpuipc__wbuf *w, uint64_t v);
+/* Room for @n more bytes? Sets -ENOSPC (once) when not. */
+void gpuipc__wbuf_full(struct gpuipc__wbuf *w);
+static inline bool gpuipc__wbuf_room(struct gpuipc__wbuf *w, size_t n)
+{
+  if (w->err != 0)
+    return false;
+  if (n > w->cap - w->len) {
+    gpuipc__wbuf_full(w);
+    return false;
+  }
+  return true;
+}
+
+/*
+ * An @n-byte (1, 2, 4 or 8) little-endian integer. Inline, as the reader's: a block
+ * list is thousands of them, written on every batch (and the byte loop
+ * compiles to one store).
+ */
+static inline void gpuipc__put_le(struct gpuipc__wbuf *w, uint64_t v, size_t n)
+{
+  if (!gpuipc__wbuf_room(w, n))
+    return;
+  uint8_t *d = w->p + w->len; /* a local: the stores cannot touch *w */
+  /* Straight-line byte stores, which the compiler merges into one. */
+  switch (n) {
+  case 8:
+    d[7] = (uint8_t)(v >> 56);
+    d[6] = (uint8_t)(v >> 48);
+    d[5] = (uint8_t)(v >> 40);
+    d[4] = (uint8_t)(v >> 32);
+    /* fall through */
+  case 4:
+    d[3] = (uint8_t)(v >> 24);
+    d[2] = (uint8_t)(v >> 16);
+    /* fall through */
+  case 2:
+    d[1] = (uint8_t)(v >> 8);
+    /* fall through */
+  default:
+    d[0] = (uint8_t)v;
+  }
+  w->len += n;
+}
+
+static inline void gpuipc__put_u8(struct gpuipc__wbuf *w, uint8_t v)
+{
+  gpuipc__put_le(w, v, 1);
+}
+
+static inline void gpuipc__put_u16(struct gpuipc__wbuf *w, uint16_t v)
+{
+  gpuipc__put_le(w, v, 2);
+}
+
+static inline void gpuipc__put_u32(struct gpuipc__wbuf *w, uint32_t v)
+{
+  gpuipc__put_le(w, v, 4);
+}
+
+static inline void gpuipc__put_u64(struct gpuipc__wbuf *w, uint64_t v)
+{
+  gpuipc__put_le(w, v, 8);
+}
 void gpuipc__put_bytes(struct gpuipc__wbuf *w, const void *src, size_t n);
 /* A string as u16 length + bytes (no NUL). */
 void gpuipc__put_str(struct gpuipc__wbuf *w, const char *s);
@@ -71,16 +130,30 @@ static inline bool gpuipc__rbuf_have(struct gpuipc__rbuf *r, size_t n)
 }
 
 /*
- * An @n-byte (1..8) little-endian integer, or 0 with r->err set. Inline:
+ * An @n-byte (1, 2, 4 or 8) little-endian integer, or 0 with r->err set. Inline:
  * a channel's descriptor is a score of fields read on every message.
  */
 static inline uint64_t gpuipc__get_le(struct gpuipc__rbuf *r, size_t n)
 {
   if (!gpuipc__rbuf_have(r, n))
     return 0;
+  const uint8_t *s = r->p + r->pos;
   uint64_t v = 0;
-  for (size_t i = 0; i < n; i++)
-    v |= (uint64_t)r->p[r->pos + i] << (8 * i);
+  /* Straight-line byte loads, which the compiler merges into one. */
+  switch (n) {
+  case 8:
+    v |= (uint64_t)s[7] << 56 | (uint64_t)s[6] << 48 |
+         (uint64_t)s[5] << 40 | (uint64_t)s[4] << 32;
+    /* fall through */
+  case 4:
+    v |= (uint64_t)s[3] << 24 | (uint64_t)s[2] << 16;
+    /* fall through */
+  case 2:
+    v |= (uint64_t)s[1] << 8;
+    /* fall through */
+  default:
+    v |= s[0];
+  }
   r->pos += n;
   return v;
 }
