@@ -1,15 +1,18 @@
 /*
  * libFuzzer target for the channel's decoders: the descriptor a peer
  * writes into the ring (gpuipc__desc_decode), the release record
- * (gpuipc__rel_decode) and the buffer message (gpuipc__bufmsg_decode).
- * Every input goes to all three.
+ * (gpuipc__rel_decode), the buffer message (gpuipc__bufmsg_decode) and a
+ * block batch's list, either form (gpuipc__blist_decode, for the message
+ * number the list names itself). Every input goes to all four.
  *
  * Properties checked:
  *  - a decoder either accepts or returns GPUIPC_E_PROTO with a sentence;
  *  - an accepted descriptor has ndim <= GPUIPC_TENSOR_MAX_DIMS, a dtype of
  *    known size, and, when it has at most 65536 elements, every element
  *    of every index (walked one by one) lies inside [0, buf_size);
- *  - what is accepted encodes back to the same bytes and decodes again.
+ *  - what is accepted encodes back to the same bytes and decodes again;
+ *  - an accepted block list has 1..GPUIPC_CHANNEL_BLOCKS_MAX blocks, each
+ *    non-empty, in one of its buffers and inside that buffer's size.
  *
  * Seeds: fuzz/corpus/fuzz_desc, made by fuzz/gen/gen_desc_corpus.c.
  *   cp -r fuzz/corpus/fuzz_desc /tmp/c && build-fuzz/fuzz/fuzz_desc \
@@ -17,6 +20,7 @@
  */
 #include "wire/desc.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,8 +49,36 @@ static void check_elements(const struct gpuipc__desc *d)
   }
 }
 
+/* The block list decoder, for the message number at bytes 8..15. */
+static void check_blist(const uint8_t *data, size_t size)
+{
+  if (size < 16)
+    return;
+  uint64_t seq = 0;
+  for (int i = 7; i >= 0; i--)
+    seq = seq << 8 | data[8 + i];
+  struct gpuipc__blist l;
+  int rc = gpuipc__blist_decode(data, size, seq, &l, "fuzz");
+  if (rc != 0 && rc != GPUIPC_E_PROTO && rc != -ENOMEM)
+    abort();
+  if (rc != 0)
+    return;
+  if (l.nblocks == 0 || l.nblocks > GPUIPC_CHANNEL_BLOCKS_MAX ||
+      l.nbufs == 0 || l.nbufs > GPUIPC_CHANNEL_BLOCK_BUFS_MAX)
+    abort();
+  for (uint32_t i = 0; i < l.nblocks; i++) {
+    const struct gpuipc__blist_block *b = &l.blocks[i];
+    if (b->buf >= l.nbufs || b->bytes == 0 ||
+        b->offset > l.bufs[b->buf].size ||
+        b->bytes > l.bufs[b->buf].size - b->offset)
+      abort();
+  }
+  gpuipc__blist_free(&l);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+  check_blist(data, size);
   struct gpuipc__desc d, d2;
   int rc = gpuipc__desc_decode(data, size, &d, "fuzz");
   if (rc != 0 && (rc != GPUIPC_E_PROTO || gpuipc_last_error()[0] == '\0'))

@@ -90,7 +90,9 @@ static void in_flight(gpuipc_domain_t *dom)
   ASSERT_OK(gpuipc_channel_open(dom, "in-flight", &opts, &tx));
   ASSERT_EQ(pthread_join(th, NULL), 0);
   gpuipc_channel_t *rx = o.ch;
-  enum { SMALL = 4, LARGE = 2000 }; /* lists of 152 and 48056 bytes */
+  /* Blocks at 8 + 256 i: not a paged cache's, so their lists take the
+   * full form (152 and 48056 bytes); at 256 i they take the slots form. */
+  enum { SMALL = 4, LARGE = 2000 };
   gpuipc_buf_t *src, *dst;
   ASSERT_OK(gpuipc_buf_alloc(1 << 20, GPUIPC_KIND_HOST, -1, 0, &src));
   ASSERT_OK(gpuipc_buf_alloc(1 << 20, GPUIPC_KIND_HOST, -1, 0, &dst));
@@ -98,8 +100,8 @@ static void in_flight(gpuipc_domain_t *dom)
   ASSERT_TRUE(b != NULL);
   uint8_t *p = gpuipc_buf_ptr(src);
   for (size_t i = 0; i < LARGE; i++) {
-    b[i] = (gpuipc_block_t){src, i * 256, 16};
-    test_fill(p + i * 256, 16, 100 + i);
+    b[i] = (gpuipc_block_t){src, i * 256 + 8, 16};
+    test_fill(p + i * 256 + 8, 16, 100 + i);
   }
   /* Eight small batches with one staging slot: the depth is the bound. */
   for (int k = 0; k < 8; k++)
@@ -125,8 +127,24 @@ static void in_flight(gpuipc_domain_t *dom)
                                        GPUIPC_SEND_NONBLOCK, NULL));
   take(rx, dst, SMALL, 16, 100);
   take(rx, dst, LARGE, 16, 100);
+  /* The same blocks of a paged cache: a list a sixth the size, in its
+   * record slot's part of the list area: no staging slot held, however
+   * many such batches are in flight (up to the depth). */
+  for (size_t i = 0; i < LARGE; i++) {
+    b[i] = (gpuipc_block_t){src, i * 256, 16};
+    test_fill(p + i * 256, 16, 100 + i);
+  }
+  uint64_t t1, t2;
+  ASSERT_OK(gpuipc_channel_send_blocks(tx, b, LARGE, NULL,
+                                       GPUIPC_SEND_NONBLOCK, &t1));
+  ASSERT_OK(gpuipc_channel_send_blocks(tx, b, LARGE, NULL,
+                                       GPUIPC_SEND_NONBLOCK, &t2));
+  take(rx, dst, LARGE, 16, 100);
+  take(rx, dst, LARGE, 16, 100);
+  ASSERT_OK(gpuipc_channel_send_done(tx, t2, 30000));
   printf("in flight: 8 batches at depth 8 with one staging slot; a list "
-         "of %d blocks holds the slot\n", LARGE);
+         "of %d blocks holds the slot, and in the slots form none\n",
+         LARGE);
   free(b);
   ASSERT_OK(gpuipc_channel_close(tx));
   ASSERT_OK(gpuipc_channel_close(rx));
@@ -195,6 +213,10 @@ int main(void)
   liar(dom, "forgetown", "forgets buffer key 1, the list's own");
   liar(dom, "nobufmsg", "not on the socket");
   liar(dom, "shape", "does not describe a block list");
+  liar(dom, "slot", "block 1 (buffer 0, offset 65536, 1024 bytes) reaches "
+                    "outside its buffer");
+  liar(dom, "slotwrap", "offset 18446744073709551615");
+  liar(dom, "slotbufs", "the slots form with 2 buffers");
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }

@@ -1,7 +1,8 @@
 /*
  * Writes the seed corpus of fuzz/fuzz_desc into DIR: valid descriptors
  * (1 to 8 dimensions, row-major, column-major, negative strides, empty,
- * with an event handle, with flags) and release records.
+ * with an event handle, with flags), release records, and block lists of
+ * either form.
  *
  * Not part of the build (every .c file directly under fuzz/ is a libFuzzer
  * target). From the repository root:
@@ -41,6 +42,17 @@ static void desc(const char *name, struct gpuipc__desc *d)
     exit(1);
   }
   put(name, b, n);
+}
+
+static void blist(const char *name, const uint8_t *p, size_t n, uint64_t seq)
+{
+  struct gpuipc__blist l;
+  if (gpuipc__blist_decode(p, n, seq, &l, "gen") != 0) {
+    fprintf(stderr, "%s: %s\n", name, gpuipc_last_error());
+    exit(1);
+  }
+  gpuipc__blist_free(&l);
+  put(name, p, (int)n);
 }
 
 int main(int argc, char **argv)
@@ -108,5 +120,21 @@ int main(int argc, char **argv)
   r.flags = GPUIPC__REL_WORD;
   r.seq = 10;
   put("valid-release-word", b, gpuipc__rel_encode(&r, b, sizeof(b)));
+  /* Block lists: the full form (two buffers, three blocks) and the
+   * slots form (one buffer, four slots). */
+  struct gpuipc__blist_buf bufs[2] = {{.key = 3, .size = 1 << 20},
+                                      {.key = 4, .size = 65536,
+                                       .flags = GPUIPC__BLIST_NEW}};
+  uint8_t l[4096];
+  struct gpuipc__blist_block bl[3] = {
+      {0, 0, 4096}, {1, 512, 100}, {0, 65536, 16384}};
+  gpuipc__blist_put_head(l, 9, 2, 3, bufs);
+  for (uint32_t i = 0; i < 3; i++)
+    gpuipc__blist_put_block(l, 2, i, &bl[i]);
+  blist("valid-blocks-full", l, gpuipc__blist_bytes(2, 3), 9);
+  gpuipc__blist_put_slots_head(l, 10, 4, bufs, 16384);
+  for (uint32_t i = 0; i < 4; i++)
+    gpuipc__blist_put_slot(l, i, 63 - 7 * i);
+  blist("valid-blocks-slots", l, gpuipc__blist_slots_bytes(4), 10);
   return 0;
 }

@@ -169,11 +169,45 @@ static int send_keys(struct gpuipc_channel *ch, const struct blocks_plan *p,
   return 0;
 }
 
-/* Write the list of message @seq at @dst. */
-static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
-                       const struct gpuipc__blist_buf *bufs,
+/*
+ * Whether the @n blocks are a paged cache's: one buffer, one size, each
+ * at a multiple of it (a slot number that fits 32 bits). Their list then
+ * takes the slots form, a sixth of the bytes.
+ */
+static bool slots_form(const struct blocks_plan *p,
                        const gpuipc_block_t *blocks, uint32_t n)
 {
+  uint64_t b = blocks[0].bytes;
+  if (p->nbufs != 1)
+    return false;
+  for (uint32_t i = 0; i < n; i++)
+    if (blocks[i].bytes != b || blocks[i].offset % b != 0 ||
+        blocks[i].offset / b > UINT32_MAX)
+      return false;
+  return true;
+}
+
+/* The list's length: in the slots form, or the full one. */
+static size_t list_len(const struct blocks_plan *p,
+                       const gpuipc_block_t *blocks, uint32_t n, bool *slots)
+{
+  *slots = slots_form(p, blocks, n);
+  return *slots ? gpuipc__blist_slots_bytes(n)
+                : gpuipc__blist_bytes(p->nbufs, n);
+}
+
+/* Write the list of message @seq at @dst (@slots: in the slots form). */
+static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
+                       const struct gpuipc__blist_buf *bufs,
+                       const gpuipc_block_t *blocks, uint32_t n, bool slots)
+{
+  if (slots) {
+    uint64_t b = blocks[0].bytes;
+    gpuipc__blist_put_slots_head(dst, seq, n, bufs, b);
+    for (uint32_t i = 0; i < n; i++)
+      gpuipc__blist_put_slot(dst, i, (uint32_t)(blocks[i].offset / b));
+    return;
+  }
   gpuipc__blist_put_head(dst, seq, p->nbufs, n, bufs);
   for (uint32_t i = 0; i < n; i++) {
     struct gpuipc__blist_block b = {.buf = p->idx[i],
@@ -228,7 +262,8 @@ static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
   int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK);
   if (rc != 0)
     return rc;
-  size_t len = gpuipc__blist_bytes(p->nbufs, n);
+  bool slots;
+  size_t len = list_len(p, blocks, n, &slots);
   int slot, large;
   struct gpuipc__desc d;
   memset(&d, 0, sizeof(d));
@@ -257,7 +292,7 @@ static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
     return rc;
   }
   list_write((uint8_t *)gpuipc_buf_ptr(lb) + d.offset, d.seq, p, bufs,
-             blocks, n);
+             blocks, n, slots);
   struct gpuipc__tx_post post = {.hold = p->bufs, .nhold = p->nbufs,
                                  .area = slot >= 0 || large >= 0 ? 0 : -1,
                                  .slot = slot, .large = large,

@@ -5,10 +5,15 @@
  * copies it out of the sender's memory first, then checks every field
  * before any is used.
  *
- *   u32 magic "GCHK"  u16 version (GPUIPC__DESC_VERSION)  u16 reserved (0)
+ *   u32 magic "GCHK"  u16 version (GPUIPC__DESC_VERSION)  u16 form
  *   u64 seq (the message's)  u32 nbufs  u32 nblocks
  *   nbufs x  { u64 key  u64 size  u64 forget_key  u32 flags  u32 reserved }
+ * then, form FULL (0):
  *   nblocks x { u32 buf  u32 reserved  u64 offset  u64 bytes }
+ * or, form SLOTS (1: one buffer, blocks of one size at multiples of it,
+ * as a paged cache's are; 4 bytes a block instead of 24, which the two
+ * processes' caches pass between them on every batch):
+ *   u64 bytes  nblocks x { u32 slot }   (block i: offset slot * bytes)
  *
  * A buffer's flags: NEW (its buffer message is on the socket: the NEW
  * ones' messages follow the descriptor's own, in this order), FORGET
@@ -20,6 +25,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void put_bufs(struct gpuipc__wbuf *w, uint32_t nbufs,
+                     const struct gpuipc__blist_buf *bufs)
+{
+  for (uint32_t i = 0; i < nbufs; i++) {
+    gpuipc__put_u64(w, bufs[i].key);
+    gpuipc__put_u64(w, bufs[i].size);
+    gpuipc__put_u64(w, bufs[i].forget_key);
+    gpuipc__put_u32(w, bufs[i].flags);
+    gpuipc__put_u32(w, 0);
+  }
+}
+
 void gpuipc__blist_put_head(void *dst, uint64_t seq, uint32_t nbufs,
                             uint32_t nblocks,
                             const struct gpuipc__blist_buf *bufs)
@@ -28,17 +45,27 @@ void gpuipc__blist_put_head(void *dst, uint64_t seq, uint32_t nbufs,
   gpuipc__wbuf_init(&w, dst, gpuipc__blist_bytes(nbufs, 0));
   gpuipc__put_u32(&w, GPUIPC__BLIST_MAGIC);
   gpuipc__put_u16(&w, GPUIPC__DESC_VERSION);
-  gpuipc__put_u16(&w, 0);
+  gpuipc__put_u16(&w, GPUIPC__BLIST_FULL);
   gpuipc__put_u64(&w, seq);
   gpuipc__put_u32(&w, nbufs);
   gpuipc__put_u32(&w, nblocks);
-  for (uint32_t i = 0; i < nbufs; i++) {
-    gpuipc__put_u64(&w, bufs[i].key);
-    gpuipc__put_u64(&w, bufs[i].size);
-    gpuipc__put_u64(&w, bufs[i].forget_key);
-    gpuipc__put_u32(&w, bufs[i].flags);
-    gpuipc__put_u32(&w, 0);
-  }
+  put_bufs(&w, nbufs, bufs);
+}
+
+void gpuipc__blist_put_slots_head(void *dst, uint64_t seq, uint32_t nblocks,
+                                  const struct gpuipc__blist_buf *buf,
+                                  uint64_t bytes)
+{
+  struct gpuipc__wbuf w;
+  gpuipc__wbuf_init(&w, dst, gpuipc__blist_slots_bytes(0));
+  gpuipc__put_u32(&w, GPUIPC__BLIST_MAGIC);
+  gpuipc__put_u16(&w, GPUIPC__DESC_VERSION);
+  gpuipc__put_u16(&w, GPUIPC__BLIST_SLOTS);
+  gpuipc__put_u64(&w, seq);
+  gpuipc__put_u32(&w, 1);
+  gpuipc__put_u32(&w, nblocks);
+  put_bufs(&w, 1, buf);
+  gpuipc__put_u64(&w, bytes);
 }
 
 void gpuipc__blist_put_block(void *dst, uint32_t nbufs, uint32_t i,
@@ -67,16 +94,18 @@ static int head_decode(struct gpuipc__rbuf *r, size_t len, uint64_t seq,
 {
   uint32_t magic = gpuipc__get_u32(r);
   uint16_t version = gpuipc__get_u16(r);
-  uint16_t reserved = gpuipc__get_u16(r);
+  uint16_t form = gpuipc__get_u16(r);
   uint64_t s = gpuipc__get_u64(r);
   out->nbufs = gpuipc__get_u32(r);
   out->nblocks = gpuipc__get_u32(r);
   if (r->err != 0 || magic != GPUIPC__BLIST_MAGIC ||
-      version != GPUIPC__DESC_VERSION || reserved != 0)
+      version != GPUIPC__DESC_VERSION ||
+      (form != GPUIPC__BLIST_FULL && form != GPUIPC__BLIST_SLOTS))
     return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
                        "malformed head (%zu bytes, magic 0x%08x, version "
-                       "%u)", who, (unsigned long long)seq, len, magic,
-                       version);
+                       "%u, form %u)", who, (unsigned long long)seq, len,
+                       magic, version, form);
+  out->form = form;
   if (s != seq)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu "
                        "says it is message %llu's", who,
@@ -88,11 +117,17 @@ static int head_decode(struct gpuipc__rbuf *r, size_t len, uint64_t seq,
                        (unsigned long long)seq, out->nbufs, out->nblocks,
                        GPUIPC_CHANNEL_BLOCK_BUFS_MAX,
                        GPUIPC_CHANNEL_BLOCKS_MAX);
-  if (len != gpuipc__blist_bytes(out->nbufs, out->nblocks))
+  if (form == GPUIPC__BLIST_SLOTS && out->nbufs != 1)
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
+                       "the slots form with %u buffers (1)", who,
+                       (unsigned long long)seq, out->nbufs);
+  size_t want = form == GPUIPC__BLIST_SLOTS
+                    ? gpuipc__blist_slots_bytes(out->nblocks)
+                    : gpuipc__blist_bytes(out->nbufs, out->nblocks);
+  if (len != want)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu is "
                        "%zu bytes, not the %zu its %u buffers and %u blocks "
-                       "take", who, (unsigned long long)seq, len,
-                       gpuipc__blist_bytes(out->nbufs, out->nblocks),
+                       "take", who, (unsigned long long)seq, len, want,
                        out->nbufs, out->nblocks);
   return 0;
 }
@@ -134,12 +169,24 @@ static int bufs_decode(struct gpuipc__rbuf *r, uint64_t seq,
 static int blocks_decode(struct gpuipc__rbuf *r, uint64_t seq,
                          struct gpuipc__blist *out, const char *who)
 {
+  bool slots = out->form == GPUIPC__BLIST_SLOTS;
+  uint64_t size = slots ? gpuipc__get_u64(r) : 0;
   for (uint32_t i = 0; i < out->nblocks; i++) {
     struct gpuipc__blist_block *b = &out->blocks[i];
-    b->buf = gpuipc__get_u32(r);
-    uint32_t reserved = gpuipc__get_u32(r);
-    b->offset = gpuipc__get_u64(r);
-    b->bytes = gpuipc__get_u64(r);
+    uint32_t reserved = 0;
+    if (slots) {
+      uint32_t slot = gpuipc__get_u32(r);
+      b->buf = 0;
+      b->bytes = size;
+      /* An offset past 2^64 reads as one past the buffer: refused below. */
+      if (__builtin_mul_overflow((uint64_t)slot, size, &b->offset))
+        b->offset = UINT64_MAX;
+    } else {
+      b->buf = gpuipc__get_u32(r);
+      reserved = gpuipc__get_u32(r);
+      b->offset = gpuipc__get_u64(r);
+      b->bytes = gpuipc__get_u64(r);
+    }
     uint64_t end;
     const char *bad = NULL;
     if (b->buf >= out->nbufs || reserved != 0)

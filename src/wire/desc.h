@@ -27,8 +27,10 @@
 #define GPUIPC__DESC_MAGIC 0x44484347u /* "GCHD" */
 /* What bumps it: docs/versions.md.
  * 2: descriptors of type GPUIPC__DESC_BLOCKS, whose block list
- *    (GPUIPC__BLIST_MAGIC, below) lies in the sender's host stage. */
-#define GPUIPC__DESC_VERSION 2
+ *    (GPUIPC__BLIST_MAGIC, below) lies in the sender's host stage.
+ * 3: block lists in the slots form (GPUIPC__BLIST_SLOTS): the head's
+ *    reserved u16 says the form. */
+#define GPUIPC__DESC_VERSION 3
 #define GPUIPC__DESC_TENSOR 1
 /* A block batch: the "tensor" is its block list, 1-D uint8, in a buffer the
  * receiver reads from the host (the sender's host staging area). */
@@ -134,6 +136,9 @@ int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
 #define GPUIPC__BLIST_NEW 0x1u
 #define GPUIPC__BLIST_FORGET 0x2u
 #define GPUIPC__BLIST_FLAGS 0x3u
+/* The list's forms (its head's u16 after the version). */
+#define GPUIPC__BLIST_FULL 0  /* each block: buffer, offset, bytes */
+#define GPUIPC__BLIST_SLOTS 1 /* one buffer, one size: each block a slot */
 
 struct gpuipc__blist_buf {
   uint64_t key;
@@ -154,6 +159,33 @@ static inline size_t gpuipc__blist_bytes(uint32_t nbufs, uint32_t nblocks)
          (size_t)nblocks * GPUIPC__BLIST_BLOCK_BYTES;
 }
 
+/* The encoded length of a list in the slots form: one buffer, the size,
+ * then a u32 slot a block (a paged cache's blocks: 4 bytes, not 24). */
+static inline size_t gpuipc__blist_slots_bytes(uint32_t nblocks)
+{
+  return GPUIPC__BLIST_HEAD + GPUIPC__BLIST_BUF_BYTES + 8 +
+         (size_t)nblocks * 4;
+}
+
+/*
+ * Write the head of a list of the slots form at @dst (room for
+ * gpuipc__blist_slots_bytes(@nblocks)): its one buffer @buf and the
+ * blocks' size @bytes; then block i's slot (its offset / @bytes) with
+ * gpuipc__blist_put_slot.
+ */
+void gpuipc__blist_put_slots_head(void *dst, uint64_t seq, uint32_t nblocks,
+                                  const struct gpuipc__blist_buf *buf,
+                                  uint64_t bytes);
+static inline void gpuipc__blist_put_slot(void *dst, uint32_t i,
+                                          uint32_t slot)
+{
+  uint8_t *d = (uint8_t *)dst + gpuipc__blist_slots_bytes(i);
+  d[0] = (uint8_t)slot;
+  d[1] = (uint8_t)(slot >> 8);
+  d[2] = (uint8_t)(slot >> 16);
+  d[3] = (uint8_t)(slot >> 24);
+}
+
 /*
  * Write the list's head and buffers at @dst (room for
  * gpuipc__blist_bytes(@nbufs, @nblocks) bytes), as they are (a test
@@ -165,9 +197,11 @@ void gpuipc__blist_put_head(void *dst, uint64_t seq, uint32_t nbufs,
 void gpuipc__blist_put_block(void *dst, uint32_t nbufs, uint32_t i,
                              const struct gpuipc__blist_block *b);
 
-/* A decoded list; gpuipc__blist_free frees @blocks. */
+/* A decoded list (either form: the blocks spelt out); gpuipc__blist_free
+ * frees @blocks. */
 struct gpuipc__blist {
   uint32_t nbufs, nblocks;
+  uint16_t form;
   struct gpuipc__blist_buf bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
   struct gpuipc__blist_block *blocks; /* [nblocks] */
 };

@@ -464,6 +464,23 @@ static void lie_case(const char *c, struct gpuipc__desc *d, uint8_t *list,
     bufs[1] = (struct gpuipc__blist_buf){.key = 2, .size = size,
                                          .flags = GPUIPC__BLIST_NEW};
     nbufs = 2;
+  } else if (strcmp(c, "slot") == 0 || strcmp(c, "slotwrap") == 0 ||
+             strcmp(c, "slotbufs") == 0) {
+    /* The slots form: slot 1 of 1024-byte blocks, then one past the
+     * buffer (or whose offset wraps 2^64); or two buffers. */
+    bool wrap = strcmp(c, "slotwrap") == 0;
+    uint64_t bytes = wrap ? (uint64_t)1 << 40 : 1024;
+    uint32_t last = wrap ? 1u << 31 : (uint32_t)(size / 1024);
+    if (wrap)
+      bufs[0].size = (uint64_t)1 << 41; /* claimed: block 0 fits it */
+    *len = gpuipc__blist_slots_bytes(nblocks);
+    gpuipc__blist_put_slots_head(list, lseq, nblocks, bufs, bytes);
+    gpuipc__blist_put_slot(list, 0, wrap ? 0 : 1);
+    gpuipc__blist_put_slot(list, 1, last);
+    if (strcmp(c, "slotbufs") == 0)
+      list[16] = 2; /* nbufs 2 in the slots form */
+    d->shape[0] = (int64_t)*len;
+    return;
   } else if (strcmp(c, "shape") != 0 && strcmp(c, "count") != 0) {
     TFAIL("unknown case %s", c);
   }
