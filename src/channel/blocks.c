@@ -22,9 +22,12 @@
  *
  * Receiving. With the descriptor (recv.c's rx_fetch) the list is taken
  * and checked (blocks_rx.c); the blocks wait in rx.pblocks until
- * gpuipc_channel_recv_blocks copies them (one cuMemcpyBatchAsync, or
- * memcpy between host buffers) on the caller's stream after the sender's
- * work, and releases the message after the copies, with no host wait.
+ * gpuipc_channel_recv_blocks copies them (one launch of gpuipc's block
+ * kernel between GPU memories, else one cuMemcpyBatchAsync, or memcpy
+ * between host buffers) on the caller's stream after the sender's work,
+ * and releases the message after the copies, with no host wait. A paged
+ * cache's blocks (one buffer, one size, at multiples of it) travel in the
+ * list's slots form: a u32 slot a block.
  */
 #include "channel/channel.h"
 #include "cuda/cuda.h"
