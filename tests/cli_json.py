@@ -19,8 +19,9 @@ its medians and spread agree with the runs; HOST has no kernel round trip;
 on the fake driver (fake=PATH, when built) each GPU path has the three
 kernel rows, and where the driver cannot launch kernels none, and the
 document says why. Every path has the three block rows (16 KiB blocks,
-one a round under --max-bytes 64 KiB) whose median, spread and ratios
-agree with their rounds.
+one a round under --max-bytes 64 KiB), and the paths with kernel rows
+the kernel floor too, whose median, spread and ratios agree with their
+rounds.
 
 usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION] [fake=PATH]
 """
@@ -255,10 +256,11 @@ def check_bw_row(what, r):
 BLOCK_ROWS = ('blocks_gpuipc', 'blocks_per_message', 'blocks_floor')
 
 
-def check_blocks(what, doc, paths):
+def check_blocks(what, doc, paths, kernel_paths):
     rows = doc.get('blocks', [])
     got = sorted((r['src'], r['dst'], r['row']) for r in rows)
-    want = sorted((s, d, n) for s, d in paths for n in BLOCK_ROWS)
+    want = sorted([(s, d, n) for s, d in paths for n in BLOCK_ROWS] +
+                  [(s, d, 'blocks_floor_kernel') for s, d in kernel_paths])
     if got != want:
         fail('%s: blocks rows %r, expected %r' % (what, got, want))
     by = {(r['src'], r['dst'], r['row']): r for r in rows}
@@ -273,6 +275,11 @@ def check_blocks(what, doc, paths):
         if r['row'] == 'blocks_gpuipc':
             key = (r['src'], r['dst'])
             want['ratio_floor'] = median(us) / by[key + ('blocks_floor',)]['median_us']
+            if key in kernel_paths:
+                want['ratio_floor_kernel'] = (
+                    median(us) / by[key + ('blocks_floor_kernel',)]['median_us'])
+            elif 'ratio_floor_kernel' in r:
+                fail('%s: %r has ratio_floor_kernel' % (what, r))
             want['ratio_per_message'] = (by[key + ('blocks_per_message',)]['median_us']
                                          / median(us))
         for k, v in want.items():
@@ -300,7 +307,7 @@ def check_bench(what, env_extra, args, kloop_paths, paths=((0, 0),)):
         if not (r['n'] > 0 and r['median_us'] > 0 and r['p99_us'] >= r['median_us']
                 and r['bytes'] == 4096):
             fail('%s: kloop row %r' % (what, r))
-    check_blocks(what, doc, paths)
+    check_blocks(what, doc, paths, kloop_paths)
     return doc
 
 

@@ -18,7 +18,13 @@
  *                       same blocks (cuMemcpyBatchAsync, through
  *                       gpuipc__stream_copy_batch) on a created stream of
  *                       the destination GPU, peer access on; on the host,
- *                       memcpy of each block.
+ *                       memcpy of each block;
+ *   blocks_floor_kernel this process alone, between GPUs that reach each
+ *                       other (or on one): one launch of gpuipc's own
+ *                       block kernel (gpuipc__copy_blocks, what
+ *                       recv_blocks launches), its list in pinned memory,
+ *                       on the same stream; left out where the kernel
+ *                       cannot be launched.
  *
  * Source slot s holds the byte slot_byte(s) throughout. The receiver
  * zeroes its cache before each row and checks every byte of every block
@@ -160,6 +166,7 @@ struct bside {
   gpuipc_buf_t *from, *to; /* the source cache; the floor's destination */
   int peer;                /* between GPUs: peer access on (1); else 0, -1 */
   void *fstream;           /* the floor's: created, on the destination */
+  uint64_t *klist;         /* the kernel floor's list; NULL: no such row */
   gpuipc_block_t blocks[BLOCKS_N];
   uint64_t tickets[BLOCKS_N];
   void *fdst[BLOCKS_N];
@@ -193,6 +200,22 @@ static int source_make(int dev, gpuipc_kind_t kind, const struct blay *l,
   return rc;
 }
 
+/* The kernel floor's list (dst, src, bytes a copy), in memory the GPU
+ * reads; none (no such row) where there is none to be had. */
+static void klist_make(int dev, struct bside *s)
+{
+  size_t n = (size_t)s->l.n;
+  if (gpuipc__pinned_alloc(dev, n * 3 * sizeof(uint64_t), &s->klist) != 0) {
+    s->klist = NULL;
+    return;
+  }
+  for (size_t k = 0; k < n; k++) {
+    s->klist[3 * k] = (uint64_t)(uintptr_t)s->fdst[k];
+    s->klist[3 * k + 1] = (uint64_t)(uintptr_t)s->fsrc[k];
+    s->klist[3 * k + 2] = s->fbytes[k];
+  }
+}
+
 static int bside_open(struct prod *p, const struct pair *pr, struct bside *s)
 {
   int src = pr->src, dst = pr->dst;
@@ -211,13 +234,17 @@ static int bside_open(struct prod *p, const struct pair *pr, struct bside *s)
                        gpuipc_last_error());
   blocks_list(s->blocks, s->from, s->l.src, &s->l);
   floor_list(s);
+  if (dst >= 0 && s->peer != 0)
+    klist_make(dst, s);
   return 0;
 }
 
 static void bside_close(const struct pair *pr, struct bside *s)
 {
-  if (pr->dst >= 0)
+  if (pr->dst >= 0) {
     bench_stream_free(ST_CREATED, pr->dst, s->fstream);
+    gpuipc__pinned_free(pr->dst, s->klist);
+  }
   if (s->to != NULL)
     gpuipc_buf_release(s->to);
   if (s->from != NULL)
@@ -256,6 +283,13 @@ static int round_floor(const struct pair *pr, struct bside *s)
   }
   int rc = gpuipc__stream_copy_batch(pr->dst, s->fdst, s->fsrc, s->fbytes,
                                      (size_t)s->l.n, s->fstream);
+  return rc != 0 ? rc : gpuipc__stream_sync(pr->dst, s->fstream);
+}
+
+static int round_kernel(const struct pair *pr, struct bside *s)
+{
+  int rc = gpuipc__copy_blocks(pr->dst, s->klist, (unsigned)s->l.n,
+                               s->fstream);
   return rc != 0 ? rc : gpuipc__stream_sync(pr->dst, s->fstream);
 }
 
@@ -298,6 +332,24 @@ static int row_floor(struct prod *p, const struct pair *pr, struct bside *s,
   return rc;
 }
 
+/* The kernel floor into a zeroed cache: 1 measured, 0 left out (no
+ * kernel here), or the error. */
+static int row_kernel(struct prod *p, const struct pair *pr,
+                      struct bside *s, double *us)
+{
+  if (s->klist == NULL)
+    return 0;
+  int rc = bench_fill(pr->dst, gpuipc_buf_ptr(s->to), 0, cache_bytes(&s->l));
+  if (rc == 0)
+    rc = timed_rounds(pr, s, round_kernel, p->o->runs, us);
+  if (rc == GPUIPC_E_UNSUPPORTED)
+    return 0;
+  if (rc == 0)
+    rc = blocks_check(pr->dst, gpuipc_buf_ptr(s->to), &s->l,
+                      "blocks_floor_kernel, the copy");
+  return rc == 0 ? 1 : rc;
+}
+
 static int row_add(struct prod *p, const struct pair *pr,
                    const struct bside *s, const char *name, const double *us)
 {
@@ -314,7 +366,7 @@ static int row_add(struct prod *p, const struct pair *pr,
   *b = (struct blocks_row){.src = pr->src, .dst = pr->dst, .row = name,
                            .bytes = s->l.bytes, .n = s->l.n,
                            .runs = p->o->runs, .peer = -1};
-  if (strcmp(name, "blocks_floor") == 0)
+  if (strncmp(name, "blocks_floor", 12) == 0)
     b->peer = s->peer;
   double sorted[MAX_RUNS], p99;
   memcpy(b->us, us, (size_t)b->runs * sizeof(*us));
@@ -346,6 +398,10 @@ static int blocks_size(struct prod *p, const struct pair *pr, size_t bytes,
     rc = row_floor(p, pr, s, us);
   if (rc == 0)
     rc = row_add(p, pr, s, "blocks_floor", us);
+  int k = rc == 0 ? row_kernel(p, pr, s, us) : rc;
+  rc = k < 0 ? k : 0;
+  if (k == 1)
+    rc = row_add(p, pr, s, "blocks_floor_kernel", us);
   bside_close(pr, s);
   free(s);
   return rc;

@@ -14,8 +14,9 @@ gpuipc (kloop_gpuipc) next to its floors (kloop_one_process,
 kloop_floor_word), medians with bars up to the p99. Then, where the run
 has block rows, a panel of them: per path and block size, N scattered
 blocks in one batch (blocks_gpuipc), one message a block
-(blocks_per_message) and the one-process floor (blocks_floor), medians of
-the rounds with bars from min to max. Needs matplotlib
+(blocks_per_message) and the one-process floors (blocks_floor: the
+driver's batched copy; blocks_floor_kernel: gpuipc's block kernel),
+medians of the rounds with bars from min to max. Needs matplotlib
 (Debian: python3-matplotlib).
 """
 import argparse
@@ -116,7 +117,8 @@ def plot_kloop(ax, doc):
     ax.legend(fontsize=7)
 
 
-BLOCK_ROWS = ("blocks_gpuipc", "blocks_per_message", "blocks_floor")
+BLOCK_ROWS = ("blocks_gpuipc", "blocks_per_message", "blocks_floor",
+              "blocks_floor_kernel")
 
 
 def plot_blocks(ax, doc):
@@ -131,7 +133,7 @@ def plot_blocks(ax, doc):
         for i, key in enumerate(keys):
             r = groups[key].get(row)
             if r is not None:
-                xs.append(i + (k - 1) * width)
+                xs.append(i + (k - (len(BLOCK_ROWS) - 1) / 2) * width)
                 med.append(r["median_us"])
                 lo.append(r["median_us"] - r["min_us"])
                 hi.append(r["max_us"] - r["median_us"])

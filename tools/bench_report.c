@@ -126,33 +126,39 @@ static double blocks_gbs(const struct blocks_row *b)
 static void blocks_table(const struct prod *p)
 {
   static const char *const names[] = {"blocks_gpuipc", "blocks_per_message",
-                                      "blocks_floor"};
+                                      "blocks_floor", "blocks_floor_kernel"};
   char path[32], b[32];
   if (p->r.nblocks == 0)
     return;
   printf("\nBlocks of a paged cache, scattered into scattered places of "
          "another: us from the\nsender's first call until all is free, "
-         "median of %d rounds (GB/s); the floor:\none process, %s\n",
-         p->o->runs, p->o->ndev > 0 ? "cuMemcpyBatchAsync" : "memcpy");
-  printf("  %-12s %8s %5s %22s %22s %22s %7s %9s\n", "path", "block", "n",
-         names[0], names[1], names[2], "/floor", "msg/batch");
+         "median of %d rounds (GB/s); the floors,\nin one process: %s%s\n",
+         p->o->runs, p->o->ndev > 0 ? "cuMemcpyBatchAsync" : "memcpy",
+         p->o->ndev > 0 ? ", gpuipc's block kernel" : "");
+  printf("  %-12s %8s %5s %18s %18s %18s %19s %7s %7s %9s\n", "path",
+         "block", "n", names[0], names[1], names[2], names[3], "/floor",
+         "/kernel", "msg/batch");
   for (int i = 0; i < p->r.nblocks; i++) {
     const struct blocks_row *g = &p->r.blocks[i];
     if (strcmp(g->row, names[0]) != 0)
       continue;
     printf("  %-12s %8s %5d", bench_path_name(g->src, g->dst, path, 32),
            cli_bytes(g->bytes, b, 32), g->n);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
       const struct blocks_row *r =
           bench_blocks_find(&p->r, g->src, g->dst, g->bytes, names[k]);
       char cell[48] = "-";
       if (r != NULL)
         snprintf(cell, sizeof(cell), "%.1f (%.2f)", r->median, blocks_gbs(r));
-      printf(" %22s", cell);
+      printf(" %*s", k == 3 ? 19 : 18, cell);
     }
     double fl = blocks_median(&p->r, g, names[2]);
+    double kf = blocks_median(&p->r, g, names[3]);
     double msg = blocks_median(&p->r, g, names[1]);
-    printf(" %7.2f %9.2f\n", fl > 0 ? g->median / fl : 0,
+    char rk[16] = "-";
+    if (kf > 0)
+      snprintf(rk, sizeof(rk), "%.2f", g->median / kf);
+    printf(" %7.2f %7s %9.2f\n", fl > 0 ? g->median / fl : 0, rk,
            msg / g->median);
   }
 }
@@ -255,9 +261,12 @@ static void json_blocks_row(struct cli_json *j, const struct results *res,
     cli_json_bool(j, "peer_access", r->peer == 1);
   if (strcmp(r->row, "blocks_gpuipc") == 0) {
     double fl = blocks_median(res, r, "blocks_floor");
+    double kf = blocks_median(res, r, "blocks_floor_kernel");
     double msg = blocks_median(res, r, "blocks_per_message");
     if (fl > 0)
       cli_json_double(j, "ratio_floor", r->median / fl);
+    if (kf > 0)
+      cli_json_double(j, "ratio_floor_kernel", r->median / kf);
     if (msg > 0)
       cli_json_double(j, "ratio_per_message", msg / r->median);
   }
