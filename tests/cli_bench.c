@@ -7,7 +7,13 @@
  * kernel round trip); on the fake CUDA driver's GPU 0 (LEGACY buffers),
  * the kernel-in-the-loop rows too, whose kernels the fake runs on its
  * "device memory" and both processes check word by word; with a GPU, the
- * GPU rows.
+ * GPU rows. Every path has the block rows (a batch, a message a block,
+ * the driver's batched copy) for 16 KiB blocks, 4 a round under
+ * --max-bytes 256 KiB, and where the kernels run (the paths with kernel
+ * rows) the floor of gpuipc's block kernel; every byte of them checked:
+ * on the fake driver, a block kernel that
+ * leaves a block out (FAKE_CUDA_BLOCKS_SKIP) fails the run, and says
+ * which block.
  */
 #include "gpu_test.h"
 
@@ -65,15 +71,18 @@ static void check_json(const char *env, const char *args, int paths,
   ASSERT_EQ(positive(out, "ratio"), 4 * paths);
   ASSERT_EQ(count(out, "\"bytes\": 262144"), paths);
   ASSERT_TRUE(strstr(out, baseline) != NULL);
+  /* Paths with the kernel rows (below), and the block rows: three a path
+   * and, where the kernels run, the kernel floor. */
+  int rows = count(out, "\"row\": \"kloop_gpuipc\"");
+  int brows = 3 * paths + rows;
   /* Five runs a side, alternated (tests/cli_json.py checks the order). */
-  ASSERT_EQ(count(out, "\"runs\": 5"), 1 + 4 * paths);
+  ASSERT_EQ(count(out, "\"runs\": 5"), 1 + 4 * paths + brows);
   ASSERT_EQ(positive(out, "gpuipc_gbs_min"), 4 * paths);
   ASSERT_EQ(positive(out, "baseline_gbs_max"), 4 * paths);
   ASSERT_EQ(count(out, "\"gpuipc_gbs_runs\": ["), 4 * paths);
   ASSERT_EQ(count(out, "\"baseline_gbs_runs\": ["), 4 * paths);
   /* The kernels' rows: gpuipc's and its two floors, every word checked
    * by both processes (a wrong one fails the run). */
-  int rows = count(out, "\"row\": \"kloop_gpuipc\"");
   if (rows < kmin || rows > kmax)
     TFAIL("%d paths with a kernel round trip, not %d .. %d:\n%s", rows, kmin,
           kmax, out);
@@ -81,8 +90,24 @@ static void check_json(const char *env, const char *args, int paths,
   ASSERT_EQ(count(out, "\"row\": \"kloop_floor_word\""), rows);
   ASSERT_EQ(positive(out, "ratio_one_process"), rows);
   ASSERT_EQ(positive(out, "ratio_floor_word"), rows);
-  ASSERT_EQ(positive(out, "median_us"), paths + 3 * rows);
+  ASSERT_EQ(positive(out, "median_us"), paths + 3 * rows + brows);
   ASSERT_EQ(positive(out, "p99_us"), paths + 3 * rows);
+  /* The blocks: 16 KiB only (a cache of 4 x 256 KiB blocks exceeds
+   * --max-bytes), 4 a round; gpuipc's row with its ratios; the kernel
+   * floor where the kernels run. */
+  ASSERT_EQ(count(out, "\"row\": \"blocks_gpuipc\""), paths);
+  ASSERT_EQ(count(out, "\"row\": \"blocks_per_message\""), paths);
+  ASSERT_EQ(count(out, "\"row\": \"blocks_floor\""), paths);
+  ASSERT_EQ(count(out, "\"row\": \"blocks_floor_kernel\""), rows);
+  ASSERT_EQ(count(out, "\"block_bytes\": 16384"), brows);
+  ASSERT_EQ(count(out, "\"block_bytes\""), brows);
+  ASSERT_EQ(count(out, "\"n\": 4,"), brows);
+  ASSERT_EQ(positive(out, "gbs"), brows);
+  ASSERT_EQ(positive(out, "min_us"), brows);
+  ASSERT_EQ(positive(out, "max_us"), brows);
+  ASSERT_EQ(positive(out, "ratio_floor"), paths);
+  ASSERT_EQ(positive(out, "ratio_floor_kernel"), rows);
+  ASSERT_EQ(positive(out, "ratio_per_message"), paths);
 }
 #endif
 
@@ -114,12 +139,21 @@ int main(void)
                     sizeof(out)), 0);
   ASSERT_TRUE(strstr(out, "kernels in the loop") != NULL);
   ASSERT_TRUE(strstr(out, "kloop_one_process") != NULL);
+  /* The receiver checks every byte of every block: a block kernel that
+   * leaves the last block of each batch out fails the run. */
+  ASSERT_EQ(run_cli("GPUIPC_CUDA_LIB=" FAKE_CUDA_FULL " FAKE_CUDA_NDEV=1 "
+                    "FAKE_CUDA_BLOCKS_SKIP=1", "--quick --max-bytes 262144 "
+                    "--kind legacy 2>&1", out, sizeof(out)), 1);
+  if (strstr(out, "blocks_gpuipc, the receiver: block 3 (16384 bytes) "
+                  "holds 0") == NULL)
+    TFAIL("bench with a block kernel that skips a block said:\n%s", out);
 #endif
   /* The tables. */
-  ASSERT_EQ(run_cli("GPUIPC_NO_CUDA=1", "--quick --max-bytes 4096", out,
+  ASSERT_EQ(run_cli("GPUIPC_NO_CUDA=1", "--quick --max-bytes 65536", out,
                     sizeof(out)), 0);
   ASSERT_TRUE(strstr(out, "round trip") != NULL);
   ASSERT_TRUE(strstr(out, "4 KiB") != NULL);
+  ASSERT_TRUE(strstr(out, "Blocks of a paged cache") != NULL);
   if (gpuipc_device_count() <= 0) {
     printf("no GPU: the HOST rows are the whole test\n");
     return 0;

@@ -18,7 +18,10 @@ baseline's alternated (each run starts after the other side's last one),
 its medians and spread agree with the runs; HOST has no kernel round trip;
 on the fake driver (fake=PATH, when built) each GPU path has the three
 kernel rows, and where the driver cannot launch kernels none, and the
-document says why.
+document says why. Every path has the three block rows (16 KiB blocks,
+one a round under --max-bytes 64 KiB), and the paths with kernel rows
+the kernel floor too, whose median, spread and ratios agree with their
+rounds.
 
 usage: cli_json.py GPUIPC_CLI SCRATCH_DIR cuda=0|1 mpi=[VERSION] [fake=PATH]
 """
@@ -250,7 +253,42 @@ def check_bw_row(what, r):
                  % (what, r['bytes'], k, r.get(k), v))
 
 
-def check_bench(what, env_extra, args, kloop_paths):
+BLOCK_ROWS = ('blocks_gpuipc', 'blocks_per_message', 'blocks_floor')
+
+
+def check_blocks(what, doc, paths, kernel_paths):
+    rows = doc.get('blocks', [])
+    got = sorted((r['src'], r['dst'], r['row']) for r in rows)
+    want = sorted([(s, d, n) for s, d in paths for n in BLOCK_ROWS] +
+                  [(s, d, 'blocks_floor_kernel') for s, d in kernel_paths])
+    if got != want:
+        fail('%s: blocks rows %r, expected %r' % (what, got, want))
+    by = {(r['src'], r['dst'], r['row']): r for r in rows}
+    for r in rows:
+        us = r.get('us_runs') or []
+        if not (r['block_bytes'] == 16384 and r['n'] == 1 and r['runs'] == 5
+                and len(us) == 5 and all(x > 0 for x in us)):
+            fail('%s: blocks row %r' % (what, r))
+            continue
+        want = {'median_us': median(us), 'min_us': min(us), 'max_us': max(us),
+                'gbs': r['block_bytes'] * r['n'] / median(us) / 1e3}
+        if r['row'] == 'blocks_gpuipc':
+            key = (r['src'], r['dst'])
+            want['ratio_floor'] = median(us) / by[key + ('blocks_floor',)]['median_us']
+            if key in kernel_paths:
+                want['ratio_floor_kernel'] = (
+                    median(us) / by[key + ('blocks_floor_kernel',)]['median_us'])
+            elif 'ratio_floor_kernel' in r:
+                fail('%s: %r has ratio_floor_kernel' % (what, r))
+            want['ratio_per_message'] = (by[key + ('blocks_per_message',)]['median_us']
+                                         / median(us))
+        for k, v in want.items():
+            if not close(r.get(k, -1), v):
+                fail('%s: blocks row %s: %s is %r, the rounds say %r'
+                     % (what, r['row'], k, r.get(k), v))
+
+
+def check_bench(what, env_extra, args, kloop_paths, paths=((0, 0),)):
     doc = run(['bench', '--json', '--quick', '--max-bytes', '65536'] + args,
               env_extra, 0)
     if doc is None:
@@ -269,11 +307,12 @@ def check_bench(what, env_extra, args, kloop_paths):
         if not (r['n'] > 0 and r['median_us'] > 0 and r['p99_us'] >= r['median_us']
                 and r['bytes'] == 4096):
             fail('%s: kloop row %r' % (what, r))
+    check_blocks(what, doc, paths, kloop_paths)
     return doc
 
 
 check_bench('bench on HOST', {b'GPUIPC_NO_CUDA': b'1', b'GPUIPC_DIR': plain},
-            [], [])
+            [], [], [(-1, -1)])
 if built.get('fake'):
     check_bench('bench on the fake driver',
                 {b'GPUIPC_CUDA_LIB': os.fsencode(built['fake']),

@@ -5,7 +5,8 @@
  * there: a row is one function); bench_measure.c is the clock,
  * statistics, the driver and the copy baselines; bench_kloop.c the
  * kernel-in-the-loop round trip and its floors, bench_kernels.c their
- * kernels (PTX of bench_kernels.cu) and device plumbing; bench_report.c
+ * kernels (PTX of bench_kernels.cu) and device plumbing; bench_blocks.c
+ * the block batches of a paged cache and their floor; bench_report.c
  * prints the results. bench/bench_tens.h is the tensor both benchmarks
  * send.
  */
@@ -31,6 +32,10 @@
 /* The kernel-in-the-loop tensor: 1,024 words, one block of the kernels. */
 #define KLOOP_WORDS 1024
 #define KLOOP_ROWS 3 /* gpuipc and its two floors */
+/* Block batches: at most BLOCKS_N blocks a round, out of a cache of
+ * BLOCKS_SPREAD times as many slots each side. */
+#define BLOCKS_N 1024
+#define BLOCKS_SPREAD 4
 
 enum op {
   OP_OPEN = 1, /* src, dst, kind: open the data channel */
@@ -40,6 +45,8 @@ enum op {
   OP_END = 5,
   OP_KLOOP = 6, /* src, round trips: the kernel-in-the-loop row */
   OP_KWORD = 7, /* src, round trips: its two-process floor */
+  OP_BLOCKS = 8, /* block bytes, n, rounds: block batches */
+  OP_BLOCKS_MSG = 9, /* block bytes, n, rounds: a message a block */
 };
 
 enum stream_mode { ST_NULL, ST_LEGACY, ST_PER_THREAD, ST_CREATED };
@@ -90,6 +97,18 @@ struct kloop_row {
   double median, p99;
 };
 
+/* Rounds of a block row: "blocks_gpuipc", "blocks_per_message" or
+ * "blocks_floor", @n blocks of @bytes each round. */
+struct blocks_row {
+  int src, dst;
+  const char *row;
+  size_t bytes;
+  int n, runs;
+  int peer; /* the floor between GPUs: peer access on (1) or not (0); -1 */
+  double median;
+  double us[MAX_RUNS]; /* each round, in the order run */
+};
+
 struct results {
   struct lat_row lat[MAX_DEVS * MAX_DEVS];
   int nlat;
@@ -98,6 +117,8 @@ struct results {
   struct kloop_row kloop[MAX_DEVS * MAX_DEVS * KLOOP_ROWS];
   int nkloop;
   char kloop_skipped[256]; /* why a path has no kloop rows (the last) */
+  struct blocks_row *blocks;
+  int nblocks, capblocks;
 };
 
 struct prod {
@@ -173,6 +194,20 @@ int bench_kloop_run(struct prod *p, const struct pair *pr);
 /* The receiver's side of OP_KLOOP and OP_KWORD. */
 int bench_kloop_peer(struct peer *p, int src, long iters);
 int bench_kword_peer(struct peer *p, int src, long iters);
+
+/* ----- bench_blocks.c ----- */
+/* The producer's block rows for @pr: for each block size, a batch, a
+ * message a block, and the floor. */
+int bench_blocks_run(struct prod *p, const struct pair *pr);
+/* The receiver's side of OP_BLOCKS and OP_BLOCKS_MSG (@op). */
+int bench_blocks_peer(struct peer *p, int op, size_t bytes, long n,
+                      long rounds);
+/* The block sizes measured under @o->max_bytes (the progress steps). */
+int bench_blocks_sizes(const struct bench_opts *o);
+/* The row @name of @src -> @dst and @bytes; NULL if there is none. */
+const struct blocks_row *bench_blocks_find(const struct results *r, int src,
+                                           int dst, size_t bytes,
+                                           const char *name);
 
 /* ----- bench_kernels.c ----- */
 /* Load the kernels on @dev (once); GPUIPC_E_UNSUPPORTED where they cannot

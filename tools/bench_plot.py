@@ -11,7 +11,12 @@ GPU, cuMemcpyPeerAsync between two, memcpy for host memory): the medians of
 the alternated runs, the bars their spread (min-max). Where the run has
 GPUs, a second panel: per path, the kernel-in-the-loop round trip through
 gpuipc (kloop_gpuipc) next to its floors (kloop_one_process,
-kloop_floor_word), medians with bars up to the p99. Needs matplotlib
+kloop_floor_word), medians with bars up to the p99. Then, where the run
+has block rows, a panel of them: per path and block size, N scattered
+blocks in one batch (blocks_gpuipc), one message a block
+(blocks_per_message) and the one-process floors (blocks_floor: the
+driver's batched copy; blocks_floor_kernel: gpuipc's block kernel),
+medians of the rounds with bars from min to max. Needs matplotlib
 (Debian: python3-matplotlib).
 """
 import argparse
@@ -112,6 +117,38 @@ def plot_kloop(ax, doc):
     ax.legend(fontsize=7)
 
 
+BLOCK_ROWS = ("blocks_gpuipc", "blocks_per_message", "blocks_floor",
+              "blocks_floor_kernel")
+
+
+def plot_blocks(ax, doc):
+    groups = {}
+    for r in doc.get("blocks", []):
+        key = (r["src"], r["dst"], r["block_bytes"], r["n"])
+        groups.setdefault(key, {})[r["row"]] = r
+    keys = sorted(groups)
+    width = 0.8 / len(BLOCK_ROWS)
+    for k, row in enumerate(BLOCK_ROWS):
+        xs, med, lo, hi = [], [], [], []
+        for i, key in enumerate(keys):
+            r = groups[key].get(row)
+            if r is not None:
+                xs.append(i + (k - (len(BLOCK_ROWS) - 1) / 2) * width)
+                med.append(r["median_us"])
+                lo.append(r["median_us"] - r["min_us"])
+                hi.append(r["max_us"] - r["median_us"])
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=f"C{k}",
+               label=row)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{path_name(s, d)}\n{n} \u00d7 {size_label(b)}"
+                        for s, d, b, n in keys], rotation=45)
+    ax.set_yscale("log")
+    ax.set_ylabel("\u00b5s until all is free, median (bar: min-max)")
+    ax.set_title("scattered blocks of a paged cache", fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", help="output of gpuipc bench --json")
@@ -125,12 +162,15 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kloop = bool(doc.get("kloop"))
-    fig, axes = plt.subplots(1, 2 if kloop else 1, squeeze=False,
-                             figsize=(14 if kloop else 8, 5), dpi=120)
-    plot_bandwidth(axes[0][0], doc)
-    if kloop:
-        plot_kloop(axes[0][1], doc)
+    panels = [plot_bandwidth]
+    if doc.get("kloop"):
+        panels.append(plot_kloop)
+    if doc.get("blocks"):
+        panels.append(plot_blocks)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False,
+                             figsize=(6 * len(panels) + 2, 5), dpi=120)
+    for ax, plot in zip(axes[0], panels):
+        plot(ax, doc)
     names = ", ".join(d.get("name", f"GPU{d['ordinal']}")
                       for d in doc.get("devices", [])) or "host memory"
     fig.suptitle(args.title or f"gpuipc {doc.get('version', '')}, "

@@ -1,6 +1,6 @@
 /*
  * gpuipc bench, the report: the tables, or one JSON document (schema 1),
- * of what cmd_bench.c and bench_kloop.c measured.
+ * of what cmd_bench.c, bench_kloop.c and bench_blocks.c measured.
  */
 #include "bench.h"
 
@@ -109,6 +109,60 @@ static void kloop_table(const struct prod *p)
   }
 }
 
+/* The median of row @name beside @g (same path and size); 0: none. */
+static double blocks_median(const struct results *r,
+                            const struct blocks_row *g, const char *name)
+{
+  const struct blocks_row *b =
+      bench_blocks_find(r, g->src, g->dst, g->bytes, name);
+  return b != NULL ? b->median : 0;
+}
+
+static double blocks_gbs(const struct blocks_row *b)
+{
+  return (double)b->bytes * b->n / b->median / 1e3;
+}
+
+static void blocks_table(const struct prod *p)
+{
+  static const char *const names[] = {"blocks_gpuipc", "blocks_per_message",
+                                      "blocks_floor", "blocks_floor_kernel"};
+  char path[32], b[32];
+  if (p->r.nblocks == 0)
+    return;
+  printf("\nBlocks of a paged cache, scattered into scattered places of "
+         "another: us from the\nsender's first call until all is free, "
+         "median of %d rounds (GB/s); the floors,\nin one process: %s%s\n",
+         p->o->runs, p->o->ndev > 0 ? "cuMemcpyBatchAsync" : "memcpy",
+         p->o->ndev > 0 ? ", gpuipc's block kernel" : "");
+  printf("  %-12s %8s %5s %18s %18s %18s %19s %7s %7s %9s\n", "path",
+         "block", "n", names[0], names[1], names[2], names[3], "/floor",
+         "/kernel", "msg/batch");
+  for (int i = 0; i < p->r.nblocks; i++) {
+    const struct blocks_row *g = &p->r.blocks[i];
+    if (strcmp(g->row, names[0]) != 0)
+      continue;
+    printf("  %-12s %8s %5d", bench_path_name(g->src, g->dst, path, 32),
+           cli_bytes(g->bytes, b, 32), g->n);
+    for (int k = 0; k < 4; k++) {
+      const struct blocks_row *r =
+          bench_blocks_find(&p->r, g->src, g->dst, g->bytes, names[k]);
+      char cell[48] = "-";
+      if (r != NULL)
+        snprintf(cell, sizeof(cell), "%.1f (%.2f)", r->median, blocks_gbs(r));
+      printf(" %*s", k == 3 ? 19 : 18, cell);
+    }
+    double fl = blocks_median(&p->r, g, names[2]);
+    double kf = blocks_median(&p->r, g, names[3]);
+    double msg = blocks_median(&p->r, g, names[1]);
+    char rk[16] = "-";
+    if (kf > 0)
+      snprintf(rk, sizeof(rk), "%.2f", g->median / kf);
+    printf(" %7.2f %7s %9.2f\n", fl > 0 ? g->median / fl : 0, rk,
+           msg / g->median);
+  }
+}
+
 void bench_print_tables(const struct prod *p)
 {
   char path[32];
@@ -124,6 +178,7 @@ void bench_print_tables(const struct prod *p)
   }
   bw_table(p);
   kloop_table(p);
+  blocks_table(p);
 }
 
 static void json_runs(struct cli_json *j, const char *key, const double *v,
@@ -185,6 +240,39 @@ static void json_kloop_row(struct cli_json *j, const struct results *res,
   cli_json_end(j);
 }
 
+static void json_blocks_row(struct cli_json *j, const struct results *res,
+                            const struct blocks_row *r)
+{
+  double lo, hi;
+  cli_json_obj(j, NULL);
+  cli_json_int(j, "src", r->src);
+  cli_json_int(j, "dst", r->dst);
+  cli_json_str(j, "row", r->row);
+  cli_json_uint(j, "block_bytes", r->bytes);
+  cli_json_int(j, "n", r->n);
+  cli_json_int(j, "runs", r->runs);
+  cli_json_double(j, "median_us", r->median);
+  cli_json_double(j, "gbs", blocks_gbs(r));
+  bench_span(r->us, r->runs, &lo, &hi);
+  cli_json_double(j, "min_us", lo);
+  cli_json_double(j, "max_us", hi);
+  json_runs(j, "us_runs", r->us, r->runs);
+  if (r->peer >= 0)
+    cli_json_bool(j, "peer_access", r->peer == 1);
+  if (strcmp(r->row, "blocks_gpuipc") == 0) {
+    double fl = blocks_median(res, r, "blocks_floor");
+    double kf = blocks_median(res, r, "blocks_floor_kernel");
+    double msg = blocks_median(res, r, "blocks_per_message");
+    if (fl > 0)
+      cli_json_double(j, "ratio_floor", r->median / fl);
+    if (kf > 0)
+      cli_json_double(j, "ratio_floor_kernel", r->median / kf);
+    if (msg > 0)
+      cli_json_double(j, "ratio_per_message", msg / r->median);
+  }
+  cli_json_end(j);
+}
+
 void bench_print_json(const struct prod *p)
 {
   struct cli_json j;
@@ -227,6 +315,10 @@ void bench_print_json(const struct prod *p)
   cli_json_end(&j);
   if (p->r.kloop_skipped[0] != '\0')
     cli_json_str(&j, "kloop_skipped", p->r.kloop_skipped);
+  cli_json_arr(&j, "blocks");
+  for (int i = 0; i < p->r.nblocks; i++)
+    json_blocks_row(&j, &p->r, &p->r.blocks[i]);
+  cli_json_end(&j);
   cli_json_end(&j);
   cli_json_finish(&j);
 }

@@ -4,8 +4,10 @@
  * the driver's own copy (cuMemcpyAsync on one GPU, cuMemcpyPeerAsync between
  * two, peer access on) in the same run, the two alternated run by run and
  * compared by their medians; then a round trip with kernels in the loop
- * beside its floors (bench_kloop.c). Without a GPU (or with --kind host)
- * HOST buffers against memcpy, and no kernel row.
+ * beside its floors (bench_kloop.c); then block batches of a paged cache
+ * beside a message a block and the driver's batched copy (bench_blocks.c).
+ * Without a GPU (or with --kind host) HOST buffers against memcpy, and no
+ * kernel row.
  *
  * The command starts itself again as the receiving process (`gpuipc bench
  * --peer DOMAIN STREAM`, through /proc/self/exe), in a domain of its own.
@@ -20,7 +22,7 @@
  * the producer's runs, each path's rows listed in bench_rows (a new row is
  * one function there); bench.h lists the others (measuring and the
  * baselines: bench_measure.c; the kernel round trip: bench_kloop.c; the
- * report: bench_report.c).
+ * block batches: bench_blocks.c; the report: bench_report.c).
  */
 #include "bench.h"
 #include "core/core.h" /* gpuipc__err, GPUIPC__KIND_LAST */
@@ -55,10 +57,19 @@ static const char bench_usage[] =
     "floors: the same kernels in one process ordered by events\n"
     "(kloop_one_process), and two processes ordered by stream value waits\n"
     "on shared pinned words (kloop_floor_word); gpuipc's row on --stream,\n"
-    "the floors on created streams. Without a GPU: HOST buffers\n"
-    "against memcpy, no kernel rows. A second process (this command,\n"
-    "started again) is the receiver; it checks the bytes of every size it\n"
-    "receives and every word the kernels pass.\n"
+    "the floors on created streams. Then blocks of a paged cache: 1,024\n"
+    "blocks of 16 and of 256 KiB (fewer where --max-bytes does not hold a\n"
+    "cache of 4 times as many) from scattered places of one cache into\n"
+    "scattered places of another, timed until the sender's messages are\n"
+    "free, median of --runs rounds: one block batch (blocks_gpuipc:\n"
+    "send_blocks, recv_blocks), one message a block (blocks_per_message:\n"
+    "send, recv_into), and the floors in this process (blocks_floor:\n"
+    "cuMemcpyBatchAsync on a created stream, memcpy on the host;\n"
+    "blocks_floor_kernel: one launch of gpuipc's block kernel).\n"
+    "Without a GPU: HOST buffers against memcpy, no kernel rows. A second\n"
+    "process (this command, started again) is the receiver; it checks the\n"
+    "bytes of every size and block it receives and every word the kernels\n"
+    "pass.\n"
     "\n"
     "  --json          one JSON document (schema 1) instead of the tables\n"
     "  --quick         fewer messages, sizes up to 64 MiB\n"
@@ -68,10 +79,12 @@ static const char bench_usage[] =
     "  --stream S      null (default: the legacy default stream, what\n"
     "                  PyTorch uses), legacy, per-thread, or created (a\n"
     "                  non-blocking stream of each process's own)\n"
-    "  --max-bytes N   largest size (default 1 GiB, 64 MiB with --quick)\n"
+    "  --max-bytes N   largest size (default 1 GiB, 64 MiB with --quick),\n"
+    "                  and the largest cache of the block rows\n"
     "  --devices LIST  comma-separated ordinals (default: every GPU)\n"
     "  --runs N        alternated runs of each copy size, each side, 5 ..\n"
-    "                  " XSTR(MAX_RUNS) " (default 5)\n"
+    "                  " XSTR(MAX_RUNS) " (default 5), and rounds of each block\n"
+    "                  row\n"
     "\n"
     "A progress line goes to stderr while it runs, when stderr is a terminal.\n";
 
@@ -294,6 +307,11 @@ static int peer_main(const char *domain, const char *stream)
       break;
     case OP_KWORD:
       res = bench_kword_peer(&p, (int)v[1], (long)v[2]);
+      break;
+    case OP_BLOCKS:
+    case OP_BLOCKS_MSG:
+      res = bench_blocks_peer(&p, (int)v[0], (size_t)v[1], (long)v[2],
+                              (long)v[3]);
       break;
     case OP_CLOSE:
       peer_close(&p);
@@ -527,6 +545,7 @@ static int (*const bench_rows[])(struct prod *p, const struct pair *pr) = {
     run_latency,
     run_bandwidth,
     bench_kloop_run,
+    bench_blocks_run,
 };
 
 /* Open the data channel from @src to @dst at both ends. */
@@ -674,7 +693,8 @@ static int count_steps(const struct bench_opts *o)
   for (size_t b = 4096; b <= o->max_bytes; b *= 4)
     sizes++;
   int pairs = o->ndev == 0 ? 1 : o->ndev * o->ndev;
-  return pairs * (1 + sizes + (o->ndev > 0)); /* latency, sizes, kloop */
+  /* latency, sizes, kloop, block sizes */
+  return pairs * (1 + sizes + (o->ndev > 0) + bench_blocks_sizes(o));
 }
 
 static int run_all(struct prod *p)
@@ -751,6 +771,7 @@ static int bench_run(int argc, char **argv)
       bench_print_tables(&p);
   }
   free(p.r.bw);
+  free(p.r.blocks);
   return rc == 0 ? CLI_EXIT_OK : cli_fail(&gpuipc_cmd_bench, "%s", why);
 }
 

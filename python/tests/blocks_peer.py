@@ -116,6 +116,7 @@ def recv(dom, kind):
         except ValueError as e:
             out["count_refused"] = str(e)
         batched0 = fake.fake_cuda_batch_copies() if fake else 0
+        launched0 = fake.fake_cuda_block_launches() if fake else 0
         ok = []
         for b in range(BATCHES):
             idx = dst_rows(b)
@@ -131,6 +132,7 @@ def recv(dom, kind):
                           for k, r in enumerate(dst_rows(b))))
         out["ok"] = ok
         out["batched"] = (fake.fake_cuda_batch_copies() - batched0) if fake else None
+        out["launched"] = (fake.fake_cuda_block_launches() - launched0) if fake else None
         out["received"] = ch.info()["received"]
         print(json.dumps(out), flush=True)
         ch.close()

@@ -71,12 +71,15 @@ def test_blocks_host_processes(env):
 @pytest.mark.skipif(not os.environ.get("FAKE_CUDA_FULL"),
                     reason="FAKE_CUDA_FULL (the fake CUDA driver) not set")
 def test_blocks_fake_gpu_processes(env):
-    """LEGACY buffers of the fake driver's device 0: one cuMemcpyBatchAsync
-    a batch (the fake counts them), every byte."""
+    """LEGACY buffers of the fake driver's device 0: one launch of gpuipc's
+    block kernel a batch, no batched copy (the fake counts both), every
+    byte. The receiving thread has no CUDA context current, as in a
+    process that reaches the GPU through gpuipc alone."""
     env["GPUIPC_CUDA_LIB"] = os.environ["FAKE_CUDA_FULL"]
     s, r = run_pair(env, "gpu")
     check_pair(s, r)
-    assert r["batched"] == blocks_peer.BATCHES, r
+    assert r["launched"] == blocks_peer.BATCHES, r
+    assert r["batched"] == 0, r
 
 
 def calls_into_gpuipc(fn):

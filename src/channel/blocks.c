@@ -440,7 +440,7 @@ static int copy_kernel(struct gpuipc_channel *ch, void *const *to, int dev,
 {
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   uint64_t *l = gpuipc__chan_klist(ch, ch->rx.pdesc.slot,
-                                   (size_t)pb->n * 3 * sizeof(uint64_t));
+                                   (size_t)pb->n * 3 * sizeof(uint64_t), dev);
   if (l == NULL)
     return GPUIPC_E_UNSUPPORTED;
   for (uint32_t i = 0; i < pb->n; i++) {

@@ -374,9 +374,11 @@ struct gpuipc__rx {
    * pinned lists of copies, by the sender's record slot, and their
    * capacities in bytes. A slot's list is rewritten only for a later
    * message in that slot, which comes after this one's release, itself
-   * after the kernel that read the list. */
+   * after the kernel that read the list. Registered in the context of
+   * device klist_dev (the first to copy), portable. */
   uint64_t **klist;
   size_t *klist_cap;
+  int klist_dev;
   bool pending;             /* a descriptor taken but not consumed */
   struct gpuipc__desc pdesc;
   gpuipc_buf_t *pbuf;       /* its buffer (the table's reference) */
@@ -783,11 +785,11 @@ struct gpuipc__rx_blocks {
 int gpuipc__chan_blocks_fetch(struct gpuipc_channel *ch, gpuipc_buf_t *lb);
 /* -EINVAL naming @who: the pending message is a block batch. */
 int gpuipc__chan_blocks_refuse(struct gpuipc_channel *ch, const char *who);
-/* klist.c: the pinned list of record slot @slot for the block kernel,
- * of @bytes at least (NULL: none to be had); all of them freed (at close,
- * once their launches ran). */
+/* klist.c: the pinned list of record slot @slot for the block kernel
+ * on device @dev, of @bytes at least (NULL: none to be had); all of them
+ * freed (at close, once their launches ran). */
 uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
-                             size_t bytes);
+                             size_t bytes, int dev);
 void gpuipc__chan_klist_free(struct gpuipc_channel *ch);
 /* Free rx.pblocks (consumed, or the channel closes). */
 void gpuipc__chan_blocks_drop(struct gpuipc_channel *ch);

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
-                             size_t bytes)
+                             size_t bytes, int dev)
 {
   struct gpuipc__rx *rx = &ch->rx;
   if (slot >= rx->depth)
@@ -21,16 +21,17 @@ uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
     rx->klist_cap = calloc(rx->depth, sizeof(*rx->klist_cap));
     if (rx->klist == NULL || rx->klist_cap == NULL)
       return NULL; /* freed at close */
+    rx->klist_dev = dev; /* the lists are portable: one context for all */
   }
   if (rx->klist_cap[slot] < bytes) {
     size_t cap = 4096;
     while (cap < bytes)
       cap *= 2;
     uint64_t *l;
-    if (gpuipc__pinned_alloc(cap, &l) != 0)
+    if (gpuipc__pinned_alloc(rx->klist_dev, cap, &l) != 0)
       return NULL;
     /* The slot's last message is free: its kernel has run. */
-    gpuipc__pinned_free(rx->klist[slot]);
+    gpuipc__pinned_free(rx->klist_dev, rx->klist[slot]);
     rx->klist[slot] = l;
     rx->klist_cap[slot] = cap;
   }
@@ -42,7 +43,7 @@ void gpuipc__chan_klist_free(struct gpuipc_channel *ch)
   struct gpuipc__rx *rx = &ch->rx;
   if (rx->klist != NULL)
     for (uint32_t i = 0; i < rx->depth; i++)
-      gpuipc__pinned_free(rx->klist[i]);
+      gpuipc__pinned_free(rx->klist_dev, rx->klist[i]);
   free(rx->klist);
   free(rx->klist_cap);
   rx->klist = NULL;

@@ -362,10 +362,13 @@ int gpuipc__stream_aside_run(int dev, void *stream,
  */
 int gpuipc__copy_blocks(int dev, const uint64_t *list, unsigned n,
                         void *stream);
-/* Host memory every device reads (registered, mapped), for such lists:
- * 0, -ENOMEM, GPUIPC_E_CUDA, GPUIPC_E_UNSUPPORTED. */
-int gpuipc__pinned_alloc(size_t bytes, uint64_t **out);
-void gpuipc__pinned_free(uint64_t *p);
+/* Host memory every device reads (registered, mapped, portable), for
+ * such lists, registered and unregistered in the primary context of
+ * device @dev (the driver wants a context current, and the calling
+ * thread may have none): 0, -ENOMEM, GPUIPC_E_CUDA, GPUIPC_E_UNSUPPORTED,
+ * the codes of gpuipc__ctx_enter. */
+int gpuipc__pinned_alloc(int dev, size_t bytes, uint64_t **out);
+void gpuipc__pinned_free(int dev, uint64_t *p);
 
 /* Devices that get the per-device state of the copy kernel and of the
  * words written after a stream's work; others copy and write as before. */

@@ -390,18 +390,23 @@ int gpuipc__copy_blocks(int dev, const uint64_t *list, unsigned n,
   return rc;
 }
 
-int gpuipc__pinned_alloc(size_t bytes, uint64_t **out)
+int gpuipc__pinned_alloc(int dev, size_t bytes, uint64_t **out)
 {
   void *p = NULL;
   size_t len = (bytes + 4095) & ~(size_t)4095;
   if (gpuipc__cuda_load() != 0 || gpuipc__cu.cuMemHostRegister == NULL)
     return GPUIPC_E_UNSUPPORTED;
+  struct gpuipc__ctx_saved saved;
+  int rc = gpuipc__ctx_enter(dev, &saved);
+  if (rc != 0)
+    return rc;
   if (posix_memalign(&p, 4096, len) != 0)
-    return gpuipc__err(-ENOMEM, "out of memory for %zu bytes", len);
-  /* Registered in no context in particular: every device reaches it. */
-  int rc = GPUIPC_CU(cuMemHostRegister, p, len,
-                     CU_MEMHOSTREGISTER_PORTABLE |
-                         CU_MEMHOSTREGISTER_DEVICEMAP);
+    rc = gpuipc__err(-ENOMEM, "out of memory for %zu bytes", len);
+  /* Portable: every device reaches it, whichever context registered it. */
+  if (rc == 0)
+    rc = GPUIPC_CU(cuMemHostRegister, p, len,
+                   CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  gpuipc__ctx_leave(&saved);
   if (rc != 0) {
     free(p);
     return rc;
@@ -410,11 +415,15 @@ int gpuipc__pinned_alloc(size_t bytes, uint64_t **out)
   return 0;
 }
 
-void gpuipc__pinned_free(uint64_t *p)
+void gpuipc__pinned_free(int dev, uint64_t *p)
 {
   if (p == NULL)
     return;
-  gpuipc__cu.cuMemHostUnregister(p);
+  struct gpuipc__ctx_saved saved;
+  if (gpuipc__ctx_enter(dev, &saved) == 0) {
+    gpuipc__cu.cuMemHostUnregister(p);
+    gpuipc__ctx_leave(&saved);
+  }
   free(p);
 }
 
@@ -510,12 +519,12 @@ int gpuipc__copy_blocks(int dev, const uint64_t *list, unsigned n,
   return GPUIPC_E_UNSUPPORTED;
 }
 
-int gpuipc__pinned_alloc(size_t bytes, uint64_t **out)
+int gpuipc__pinned_alloc(int dev, size_t bytes, uint64_t **out)
 {
   return GPUIPC_E_UNSUPPORTED;
 }
 
-void gpuipc__pinned_free(uint64_t *p)
+void gpuipc__pinned_free(int dev, uint64_t *p)
 {
 }
 

@@ -16,7 +16,9 @@
  * an 8-byte aligned list in registered host memory and its count of
  * copies) reads its list at the launch and queues each copy in stream
  * order (fake_cuda_block_launches counts the launches, and refuses one
- * whose list is not registered memory). The bench's kernels are checked
+ * whose list is not registered memory); FAKE_CUDA_BLOCKS_SKIP=1 makes it
+ * leave out the last copy of each list, a broken kernel for the checks of
+ * its callers to catch. The bench's kernels are checked
  * as they are declared (one block of 1,024 threads, no shared memory,
  * 4-byte aligned pointers) and do their work on the host memory that
  * stands for device memory, queued in their stream's order
@@ -102,7 +104,8 @@ static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
       CUDA_SUCCESS)
     return CUDA_ERROR_ILLEGAL_ADDRESS; /* the GPU could not read it */
   const uint64_t *l = (const uint64_t *)(uintptr_t)list;
-  for (unsigned int i = 0; i < n; i++) {
+  unsigned int todo = n - (env_int("FAKE_CUDA_BLOCKS_SKIP", 0) != 0);
+  for (unsigned int i = 0; i < todo; i++) {
     CUresult r = fake_cuMemcpyAsync((CUdeviceptr)l[3 * i],
                                     (CUdeviceptr)l[3 * i + 1],
                                     (size_t)l[3 * i + 2], h);

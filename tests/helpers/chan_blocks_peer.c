@@ -114,8 +114,10 @@ static gpuipc_channel_t *chan_open(gpuipc_domain_t *dom, const char *name,
 }
 
 #if GPUIPC_HAVE_CUDA
-/* A created, non-blocking stream of device @d, its primary context
- * current. */
+/* A created, non-blocking stream of device @d; then no context is
+ * current on this thread, as in a process that reaches the GPU through
+ * gpuipc alone (gpuipc enters a context for each driver call of its
+ * own: the block kernel's lists, registered with the driver, too). */
 static void *stream_make(int d)
 {
   ASSERT_OK(gpuipc_driver_status(NULL));
@@ -124,6 +126,7 @@ static void *stream_make(int d)
   CU_OK(cuCtxSetCurrent, ctx);
   CUstream s;
   CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
+  CU_OK(cuCtxSetCurrent, NULL);
   return s;
 }
 #endif
