@@ -19,8 +19,13 @@ uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
   if (rx->klist == NULL) {
     rx->klist = calloc(rx->depth, sizeof(*rx->klist));
     rx->klist_cap = calloc(rx->depth, sizeof(*rx->klist_cap));
-    if (rx->klist == NULL || rx->klist_cap == NULL)
-      return NULL; /* freed at close */
+    if (rx->klist == NULL || rx->klist_cap == NULL) {
+      free(rx->klist); /* both or neither: the next call tries again */
+      free(rx->klist_cap);
+      rx->klist = NULL;
+      rx->klist_cap = NULL;
+      return NULL;
+    }
     rx->klist_dev = dev; /* the lists are portable: one context for all */
   }
   if (rx->klist_cap[slot] < bytes) {
