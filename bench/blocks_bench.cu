@@ -30,6 +30,7 @@
  */
 #include <gpuipc.h>
 
+#include "bench_cuda.h"
 #include "bench_tens.h"
 
 #include <cuda.h>
@@ -47,26 +48,6 @@
 #include <vector>
 
 #define CACHE ((size_t)4 << 30)
-
-#define CUDA_OK(call)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess) {                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-              cudaGetErrorString(e_));                                         \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-#define GI_OK(call)                                                            \
-  do {                                                                         \
-    int rc_ = (call);                                                          \
-    if (rc_ != 0) {                                                            \
-      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
-              gpuipc_err_name(rc_), gpuipc_last_error());                      \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
 
 __host__ __device__ static inline uint32_t word_of(uint64_t i)
 {
@@ -121,13 +102,6 @@ static std::vector<uint32_t> pick(size_t n, size_t nblocks, uint64_t seed)
   }
   all.resize(n);
   return all;
-}
-
-static double now_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 static double median(std::vector<double> v)

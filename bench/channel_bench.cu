@@ -45,6 +45,7 @@
  */
 #include <gpuipc.h>
 
+#include "bench_cuda.h"
 #include "bench_tens.h"
 
 #include <cuda_runtime.h>
@@ -71,26 +72,6 @@
 
 #define MAX_BYTES ((size_t)1 << 30)
 #define LAT_BYTES 4096
-
-#define CUDA_OK(call)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess) {                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-              cudaGetErrorString(e_));                                         \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-#define GI_OK(call)                                                            \
-  do {                                                                         \
-    int rc_ = (call);                                                          \
-    if (rc_ != 0) {                                                            \
-      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
-              gpuipc_err_name(rc_), gpuipc_last_error());                      \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
 
 /* The stream handles both ends may pass (--streams); the control message
  * says which. */
@@ -129,13 +110,6 @@ __global__ static void read_kernel(const uint32_t *p, uint32_t *sum)
 __global__ static void touch_kernel(uint8_t *p, uint8_t v)
 {
   p[0] = v;
-}
-
-static double now_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 static void stats(std::vector<double> &v, double *median, double *p99)

@@ -41,6 +41,7 @@
  */
 #include <gpuipc.h>
 
+#include "bench_cuda.h"
 #include "bench_tens.h"
 
 #include <cuda.h>
@@ -62,37 +63,6 @@
 #define BYTES (WORDS * 4)
 /* Round trips left out of the figures: first imports, event opens. */
 #define WARM 100
-
-#define CUDA_OK(call)                                                          \
-  do {                                                                         \
-    cudaError_t e_ = (call);                                                   \
-    if (e_ != cudaSuccess) {                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,            \
-              cudaGetErrorString(e_));                                         \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-#define CU_OK(call)                                                            \
-  do {                                                                         \
-    CUresult r_ = (call);                                                      \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      const char *s_ = "?";                                                    \
-      cuGetErrorName(r_, &s_);                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, s_);      \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-#define GI_OK(call)                                                            \
-  do {                                                                         \
-    int rc_ = (call);                                                          \
-    if (rc_ != 0) {                                                            \
-      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call,       \
-              gpuipc_err_name(rc_), gpuipc_last_error());                      \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
 
 /* ---- kernels: the same in every row ---- */
 
@@ -132,13 +102,6 @@ struct shared {
 };
 
 static struct shared *g;
-
-static double now_us(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static void spin_until(volatile uint64_t *q, uint64_t v)
 {

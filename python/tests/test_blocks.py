@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import gpuipc
-from gpuipc import _gpuipc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import blocks_peer  # noqa: E402  (BATCHES, PER)
+from test_send_calls import calls_into_gpuipc  # noqa: E402
 
 
 def run_pair(env, kind):
@@ -80,23 +80,6 @@ def test_blocks_fake_gpu_processes(env):
     check_pair(s, r)
     assert r["launched"] == blocks_peer.BATCHES, r
     assert r["batched"] == 0, r
-
-
-def calls_into_gpuipc(fn):
-    """How many functions of gpuipc._gpuipc ``fn()`` calls, and its result."""
-    n = 0
-
-    def prof(frame, event, arg):
-        nonlocal n
-        if event == "c_call" and getattr(arg, "__self__", None) is _gpuipc:
-            n += 1
-
-    sys.setprofile(prof)
-    try:
-        out = fn()
-    finally:
-        sys.setprofile(None)
-    return n, out
 
 
 def test_send_blocks_one_call(pair):

@@ -430,13 +430,13 @@ static int fits(struct gpuipc_channel *ch, const char *who,
 }
 
 /*
- * The copies of the pending batch (to @to from the sender's blocks) as one
+ * The copies of the pending batch (into @dst from the sender's blocks) as one
  * launch of gpuipc's block kernel on @stream of device @dev, its list in
  * the pinned list of the message's record slot (klist.c).
  * GPUIPC_E_UNSUPPORTED: no kernel or no pinned memory here, copy otherwise.
  */
-static int copy_kernel(struct gpuipc_channel *ch, void *const *to, int dev,
-                       void *stream)
+static int copy_kernel(struct gpuipc_channel *ch, const gpuipc_block_t *dst,
+                       int dev, void *stream)
 {
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   uint64_t *l = gpuipc__chan_klist(ch, ch->rx.pdesc.slot,
@@ -444,7 +444,7 @@ static int copy_kernel(struct gpuipc_channel *ch, void *const *to, int dev,
   if (l == NULL)
     return GPUIPC_E_UNSUPPORTED;
   for (uint32_t i = 0; i < pb->n; i++) {
-    l[3 * i] = (uint64_t)(uintptr_t)to[i];
+    l[3 * i] = (uint64_t)(uintptr_t)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset;
     l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
     l[3 * i + 2] = pb->bytes[i];
   }
@@ -472,23 +472,23 @@ static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
       if (rc != 0)
         return rc;
     }
+  int rc = gpuipc__chan_rx_ready(ch, dev, stream);
+  if (rc != 0)
+    return rc;
+  /* Between GPU memories one launch of gpuipc's block kernel (a thread
+   * block a copy); else, or where it cannot, the driver's batched copy,
+   * which spends microseconds a copy. */
+  if (!pb->host && !dp->host) {
+    rc = copy_kernel(ch, dst, dev, stream);
+    if (rc != GPUIPC_E_UNSUPPORTED)
+      return rc;
+  }
   void **to = malloc(pb->n * sizeof(*to));
   if (to == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_channel_recv_blocks: out of memory");
   for (uint32_t i = 0; i < pb->n; i++)
     to[i] = (uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset;
-  int rc = gpuipc__chan_rx_ready(ch, dev, stream);
-  /* Between GPU memories one launch of gpuipc's block kernel (a thread
-   * block a copy); else, or where it cannot, the driver's batched copy,
-   * which spends microseconds a copy. */
-  int k = rc == 0 && !pb->host && !dp->host
-              ? copy_kernel(ch, to, dev, stream)
-              : GPUIPC_E_UNSUPPORTED;
-  if (rc == 0 && k != GPUIPC_E_UNSUPPORTED)
-    rc = k;
-  else if (rc == 0)
-    rc = gpuipc__stream_copy_batch(dev, to, pb->src, pb->bytes, pb->n,
-                                   stream);
+  rc = gpuipc__stream_copy_batch(dev, to, pb->src, pb->bytes, pb->n, stream);
   free(to);
   return rc;
 }
