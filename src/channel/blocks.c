@@ -30,6 +30,7 @@
  * list's slots form: a u32 slot a block.
  */
 #include "channel/channel.h"
+#include "core/exact.h"
 #include "cuda/cuda.h"
 #include "mem/mem.h"
 
@@ -43,45 +44,11 @@
 struct blocks_plan {
   gpuipc_buf_t *bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
   uint32_t nbufs;
-  uint32_t *idx; /* [n]: block i lies in bufs[idx[i]] (NULL: not wanted) */
+  uint32_t *idx; /* [n]: block i lies in bufs[idx[i]] (NULL: not wanted);
+                  * in the slots form (slots_form), block i's slot */
   bool host;
   int dev;
 };
-
-/* Block @i of @b (one of @what: "block", "destination block"): a buffer,
- * not empty, inside it. -EINVAL naming it. */
-static int block_check(const char *who, const char *what,
-                       const gpuipc_block_t *b, size_t i)
-{
-  if (b->buf == NULL)
-    return gpuipc__err(-EINVAL, "%s: %s %zu has a NULL buffer", who, what, i);
-  if (b->bytes == 0)
-    return gpuipc__err(-EINVAL, "%s: %s %zu is empty (0 bytes)", who, what,
-                       i);
-  uint64_t end, size = gpuipc_buf_size(b->buf);
-  if (__builtin_add_overflow(b->offset, b->bytes, &end) || end > size)
-    return gpuipc__err(-EINVAL, "%s: %s %zu (offset %llu, %llu bytes) "
-                       "reaches outside its %llu-byte buffer", who, what, i,
-                       (unsigned long long)b->offset,
-                       (unsigned long long)b->bytes,
-                       (unsigned long long)size);
-  return 0;
-}
-
-/* The index of @buf among @p's buffers, added when new; -1 when there is
- * no room. */
-static int plan_buf(struct blocks_plan *p, gpuipc_buf_t *buf, uint32_t *last)
-{
-  if (*last < p->nbufs && p->bufs[*last] == buf)
-    return (int)*last;
-  for (uint32_t j = 0; j < p->nbufs; j++)
-    if (p->bufs[j] == buf)
-      return (int)(*last = j);
-  if (p->nbufs == GPUIPC_CHANNEL_BLOCK_BUFS_MAX)
-    return -1;
-  p->bufs[p->nbufs] = buf;
-  return (int)(*last = p->nbufs++);
-}
 
 /* "HOST memory" or "GPU memory of device D", into @buf. */
 static void where(char *buf, size_t cap, bool host, int dev)
@@ -92,10 +59,46 @@ static void where(char *buf, size_t cap, bool host, int dev)
     snprintf(buf, cap, "GPU memory of device %d", dev);
 }
 
+/* Buffer @buf of block @i (@what, as blocks_check): HOST, or on the
+ * device of the side's first block, as that one is. -EINVAL. */
+static int buf_check(const char *who, const char *what, struct blocks_plan *p,
+                     const gpuipc_buf_t *buf, size_t i)
+{
+  bool host = gpuipc_buf_kind(buf) == GPUIPC_KIND_HOST;
+  int dev = host ? -1 : gpuipc_buf_device(buf);
+  if (i == 0) {
+    p->host = host;
+    p->dev = dev;
+  } else if (host != p->host || dev != p->dev) {
+    char here[40], first[40];
+    where(here, sizeof(here), host, dev);
+    where(first, sizeof(first), p->host, p->dev);
+    return gpuipc__err(-EINVAL, "%s: %s %zu lies in %s, %s 0 in %s: one "
+                       "batch is all HOST or all on one device", who, what,
+                       i, here, what, first);
+  }
+  return 0;
+}
+
+/* The index of @buf among @p's buffers, added when new; -1 when there is
+ * no room. */
+static int plan_buf(struct blocks_plan *p, gpuipc_buf_t *buf)
+{
+  for (uint32_t j = 0; j < p->nbufs; j++)
+    if (p->bufs[j] == buf)
+      return (int)j;
+  if (p->nbufs == GPUIPC_CHANNEL_BLOCK_BUFS_MAX)
+    return -1;
+  p->bufs[p->nbufs] = buf;
+  return (int)p->nbufs++;
+}
+
 /*
- * Check @n blocks of one side (@what names them in sentences): each as
- * block_check, all HOST or all on one device; fill @p (its idx[] when
- * not NULL). -EINVAL naming the first bad one.
+ * Check @n blocks of one side (@what names them in sentences): each in a
+ * buffer, not empty, inside it; all HOST or all on one device. Fill @p
+ * (its idx[] when not NULL). -EINVAL naming the first bad one. A buffer
+ * is looked at when it differs from the previous block's: the blocks of a
+ * paged cache cost a compare and an add each.
  */
 static int blocks_check(const char *who, const char *what,
                         const gpuipc_block_t *blocks, size_t n,
@@ -104,33 +107,39 @@ static int blocks_check(const char *who, const char *what,
   if (n == 0 || n > GPUIPC_CHANNEL_BLOCKS_MAX)
     return gpuipc__err(-EINVAL, "%s: %zu blocks (1..%d)", who, n,
                        GPUIPC_CHANNEL_BLOCKS_MAX);
-  uint32_t last = 0;
   p->nbufs = 0;
+  const gpuipc_buf_t *seen = NULL; /* the previous block's, checked */
+  uint64_t size = 0;
+  int at = 0;
   for (size_t i = 0; i < n; i++) {
-    int rc = block_check(who, what, &blocks[i], i);
-    if (rc != 0)
-      return rc;
-    bool host = gpuipc_buf_kind(blocks[i].buf) == GPUIPC_KIND_HOST;
-    int dev = host ? -1 : gpuipc_buf_device(blocks[i].buf);
-    if (i == 0) {
-      p->host = host;
-      p->dev = dev;
-    } else if (host != p->host || dev != p->dev) {
-      char here[40], first[40];
-      where(here, sizeof(here), host, dev);
-      where(first, sizeof(first), p->host, p->dev);
-      return gpuipc__err(-EINVAL, "%s: %s %zu lies in %s, %s 0 in %s: one "
-                         "batch is all HOST or all on one device", who, what,
-                         i, here, what, first);
+    const gpuipc_block_t *b = &blocks[i];
+    if (b->buf == NULL)
+      return gpuipc__err(-EINVAL, "%s: %s %zu has a NULL buffer", who, what,
+                         i);
+    if (b->buf != seen) {
+      int rc = buf_check(who, what, p, b->buf, i);
+      if (rc != 0)
+        return rc;
+      seen = b->buf;
+      size = gpuipc_buf_size(seen);
+      at = p->idx != NULL ? plan_buf(p, b->buf) : 0;
+      if (at < 0)
+        return gpuipc__err(-EINVAL, "%s: %s %zu: the blocks lie in more "
+                           "than %d buffers", who, what, i,
+                           GPUIPC_CHANNEL_BLOCK_BUFS_MAX);
     }
-    if (p->idx == NULL)
-      continue;
-    int at = plan_buf(p, blocks[i].buf, &last);
-    if (at < 0)
-      return gpuipc__err(-EINVAL, "%s: %s %zu: the blocks lie in more than "
-                         "%d buffers", who, what, i,
-                         GPUIPC_CHANNEL_BLOCK_BUFS_MAX);
-    p->idx[i] = (uint32_t)at;
+    uint64_t end;
+    if (b->bytes == 0)
+      return gpuipc__err(-EINVAL, "%s: %s %zu is empty (0 bytes)", who, what,
+                         i);
+    if (__builtin_add_overflow(b->offset, b->bytes, &end) || end > size)
+      return gpuipc__err(-EINVAL, "%s: %s %zu (offset %llu, %llu bytes) "
+                         "reaches outside its %llu-byte buffer", who, what, i,
+                         (unsigned long long)b->offset,
+                         (unsigned long long)b->bytes,
+                         (unsigned long long)size);
+    if (p->idx != NULL)
+      p->idx[i] = (uint32_t)at;
   }
   return 0;
 }
@@ -175,23 +184,32 @@ static int send_keys(struct gpuipc_channel *ch, const struct blocks_plan *p,
 /*
  * Whether the @n blocks are a paged cache's: one buffer, one size, each
  * at a multiple of it (a slot number that fits 32 bits). Their list then
- * takes the slots form, a sixth of the bytes.
+ * takes the slots form, a sixth of the bytes; p->idx[] then holds the
+ * slots.
  */
-static bool slots_form(const struct blocks_plan *p,
-                       const gpuipc_block_t *blocks, uint32_t n)
+static bool slots_form(struct blocks_plan *p, const gpuipc_block_t *blocks,
+                       uint32_t n)
 {
   uint64_t b = blocks[0].bytes;
   if (p->nbufs != 1)
     return false;
-  for (uint32_t i = 0; i < n; i++)
-    if (blocks[i].bytes != b || blocks[i].offset % b != 0 ||
-        blocks[i].offset / b > UINT32_MAX)
-      return false;
+  struct gpuipc__exact e;
+  gpuipc__exact_init(&e, b);
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t k;
+    if (blocks[i].bytes != b || !gpuipc__exact_div(&e, blocks[i].offset, &k) ||
+        k > UINT32_MAX)
+      goto full; /* idx[] is the buffer index again: all 0 */
+    p->idx[i] = (uint32_t)k;
+  }
   return true;
+full:
+  memset(p->idx, 0, n * sizeof(*p->idx));
+  return false;
 }
 
 /* The list's length: in the slots form, or the full one. */
-static size_t list_len(const struct blocks_plan *p,
+static size_t list_len(struct blocks_plan *p,
                        const gpuipc_block_t *blocks, uint32_t n, bool *slots)
 {
   *slots = slots_form(p, blocks, n);
@@ -208,7 +226,7 @@ static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
     uint64_t b = blocks[0].bytes;
     gpuipc__blist_put_slots_head(dst, seq, n, bufs, b);
     for (uint32_t i = 0; i < n; i++)
-      gpuipc__blist_put_slot(dst, i, (uint32_t)(blocks[i].offset / b));
+      gpuipc__blist_put_slot(dst, i, p->idx[i]);
     return;
   }
   gpuipc__blist_put_head(dst, seq, p->nbufs, n, bufs);
@@ -257,7 +275,7 @@ static int list_room(struct gpuipc_channel *ch, size_t len, unsigned flags,
 }
 
 /* The send, send lock held: room, the list, the buffers, the post. */
-static int send_locked(struct gpuipc_channel *ch, const struct blocks_plan *p,
+static int send_locked(struct gpuipc_channel *ch, struct blocks_plan *p,
                        const gpuipc_block_t *blocks, uint32_t n, void *stream,
                        unsigned flags, uint64_t *ticket)
 {
@@ -348,25 +366,33 @@ static int range_cmp(const void *a, const void *b)
 
 /* The blocks of a paged cache: one buffer, one size, each at a multiple of
  * it. Such blocks overlap only where two are the same slot: a bitmap of
- * the slots finds that in one pass (1 MiB of bits at most). 1: they are
- * such blocks and no two overlap; 0: they are not such blocks (sort);
- * -EINVAL naming two that overlap. */
+ * the slots finds that in two passes (1 MiB of bits at most, only the
+ * words the blocks fall in cleared). 1: they are such blocks and no two
+ * overlap; 0: they are not such blocks (sort); -EINVAL naming two that
+ * overlap. The blocks were checked: each inside its buffer. */
 static int overlap_slots(const char *who, const gpuipc_block_t *dst, size_t n)
 {
-  uint64_t b = dst[0].bytes;
-  for (size_t i = 0; i < n; i++)
-    if (dst[i].buf != dst[0].buf || dst[i].bytes != b ||
-        dst[i].offset % b != 0)
-      return 0;
+  uint64_t b = dst[0].bytes, k;
   uint64_t slots = gpuipc_buf_size(dst[0].buf) / b;
   if (slots > ((uint64_t)8 << 20))
     return 0;
-  uint64_t *bits = calloc((size_t)(slots + 63) / 64, sizeof(*bits));
+  struct gpuipc__exact e;
+  gpuipc__exact_init(&e, b);
+  uint64_t *bits = malloc((size_t)(slots + 63) / 64 * sizeof(*bits));
   if (bits == NULL)
     return 0;
+  for (size_t i = 0; i < n; i++) {
+    if (dst[i].buf != dst[0].buf || dst[i].bytes != b ||
+        !gpuipc__exact_div(&e, dst[i].offset, &k)) {
+      free(bits);
+      return 0;
+    }
+    bits[k / 64] = 0;
+  }
   int rc = 1;
   for (size_t i = 0; i < n && rc == 1; i++) {
-    uint64_t k = dst[i].offset / b, m = (uint64_t)1 << (k % 64);
+    (void)gpuipc__exact_div(&e, dst[i].offset, &k);
+    uint64_t m = (uint64_t)1 << (k % 64);
     if ((bits[k / 64] & m) == 0) {
       bits[k / 64] |= m;
       continue;
@@ -443,8 +469,14 @@ static int copy_kernel(struct gpuipc_channel *ch, const gpuipc_block_t *dst,
                                    (size_t)pb->n * 3 * sizeof(uint64_t), dev);
   if (l == NULL)
     return GPUIPC_E_UNSUPPORTED;
+  const gpuipc_buf_t *seen = NULL;
+  uint64_t base = 0;
   for (uint32_t i = 0; i < pb->n; i++) {
-    l[3 * i] = (uint64_t)(uintptr_t)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset;
+    if (dst[i].buf != seen) {
+      seen = dst[i].buf;
+      base = (uint64_t)(uintptr_t)gpuipc_buf_ptr(seen);
+    }
+    l[3 * i] = base + dst[i].offset;
     l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
     l[3 * i + 2] = pb->bytes[i];
   }

@@ -80,10 +80,15 @@ static int list_blocks(struct gpuipc_channel *ch,
                        const struct gpuipc__blist *l,
                        struct gpuipc__rx_blocks *pb)
 {
+  uint64_t size[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
+  const uint8_t *base[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
+  for (uint32_t j = 0; j < l->nbufs; j++) {
+    size[j] = gpuipc_buf_size(pb->bufs[j]);
+    base[j] = gpuipc_buf_ptr(pb->bufs[j]);
+  }
   for (uint32_t i = 0; i < l->nblocks; i++) {
     const struct gpuipc__blist_block *b = &l->blocks[i];
-    gpuipc_buf_t *buf = pb->bufs[b->buf];
-    if (b->offset + b->bytes > gpuipc_buf_size(buf)) /* no overflow: decoded */
+    if (b->offset + b->bytes > size[b->buf]) /* no overflow: decoded */
       return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
                          "block %u (offset %llu, %llu bytes) reaches outside "
                          "buffer key %llu, %zu bytes as mapped here",
@@ -91,8 +96,8 @@ static int list_blocks(struct gpuipc_channel *ch,
                          (unsigned long long)b->offset,
                          (unsigned long long)b->bytes,
                          (unsigned long long)l->bufs[b->buf].key,
-                         gpuipc_buf_size(buf));
-    pb->src[i] = (const uint8_t *)gpuipc_buf_ptr(buf) + b->offset;
+                         (size_t)size[b->buf]);
+    pb->src[i] = base[b->buf] + b->offset;
     pb->bytes[i] = (size_t)b->bytes;
   }
   pb->n = l->nblocks;
