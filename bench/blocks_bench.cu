@@ -119,6 +119,14 @@ static void report(const char *row, size_t bytes, size_t n, double us)
   fflush(stdout);
 }
 
+/* A row of per-call times: median and extremes. */
+static void spread(const char *what, std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  printf("  %-22s median %7.1f us  min %7.1f  max %7.1f\n", what,
+         v[v.size() / 2], v.front(), v.back());
+}
+
 /* Check B's cache (device memory of the current device). */
 static void check(const uint32_t *cache, const std::vector<uint32_t> &src,
                   const std::vector<uint32_t> &dst, size_t bytes,
@@ -171,19 +179,23 @@ static int side_b(int dev, const char *dname, const char *row, size_t bytes,
   gpuipc_channel_t *ch;
   GI_OK(gpuipc_channel_open(dom, "blocks", &o, &ch));
   bool batch = strcmp(row, "batch") == 0;
-  double host = 0;
+  std::vector<double> host; /* the calls' own time, once the batch is there */
+  std::vector<cudaEvent_t> ev(2 * (size_t)iters);
+  for (cudaEvent_t &e : ev)
+    CUDA_OK(cudaEventCreate(&e));
   for (int it = 0; it < iters; it++) {
     if (batch) {
-      /* The call's own time, once the batch is there. */
       int rc;
       double t0;
+      CUDA_OK(cudaEventRecord(ev[2 * it], s));
       do {
         t0 = now_us();
         rc = gpuipc_channel_recv_blocks(ch, blocks.data(), n, (void *)s, 0);
       } while (rc == -EAGAIN);
       GI_OK(rc);
       if (it > 0)
-        host += now_us() - t0;
+        host.push_back(now_us() - t0);
+      CUDA_OK(cudaEventRecord(ev[2 * it + 1], s));
       continue;
     }
     for (size_t k = 0; k < n; k++) {
@@ -193,8 +205,20 @@ static int side_b(int dev, const char *dname, const char *row, size_t bytes,
     }
   }
   CUDA_OK(cudaStreamSynchronize(s));
-  if (batch && iters > 1)
-    printf("  B's recv_blocks call, mean: %.1f us\n", host / (iters - 1));
+  if (batch && iters > 1) {
+    /* B's stream from before the call to after its copies: the wait for
+     * A's work (none here), the copy, the release. */
+    std::vector<double> gpu;
+    for (int it = 1; it < iters; it++) {
+      float ms = 0;
+      CUDA_OK(cudaEventElapsedTime(&ms, ev[2 * it], ev[2 * it + 1]));
+      gpu.push_back(ms * 1e3);
+    }
+    spread("B's recv_blocks call", host);
+    spread("B's stream, the batch", gpu);
+  }
+  for (cudaEvent_t &e : ev)
+    CUDA_OK(cudaEventDestroy(e));
   check((const uint32_t *)base, src, dst, bytes, row);
   gpuipc_channel_close(ch);
   gpuipc_buf_release(cache);
@@ -235,14 +259,14 @@ static void gpuipc_row(const char *row, int adev, int bdev, gpuipc_buf_t *cache,
   bool batch = strcmp(row, "batch") == 0;
   std::vector<double> t;
   std::vector<uint64_t> tickets(n);
-  double host = 0; /* A's send_blocks calls */
+  std::vector<double> host; /* A's send_blocks calls */
   for (int it = 0; it < iters; it++) {
     double t0 = now_us();
     if (batch) {
       GI_OK(gpuipc_channel_send_blocks(ch, blocks.data(), n, (void *)s, 0,
                                        &tickets[0]));
       if (it > 0)
-        host += now_us() - t0;
+        host.push_back(now_us() - t0);
       GI_OK(gpuipc_channel_send_done(ch, tickets[0], -1));
     } else {
       uint8_t *base = (uint8_t *)gpuipc_buf_ptr(cache);
@@ -266,7 +290,7 @@ static void gpuipc_row(const char *row, int adev, int bdev, gpuipc_buf_t *cache,
   }
   CUDA_OK(cudaStreamDestroy(s));
   if (batch && iters > 1)
-    printf("  A's send_blocks call, mean: %.1f us\n", host / (iters - 1));
+    spread("A's send_blocks call", host);
   report(row, bytes, n, median(t));
 }
 
