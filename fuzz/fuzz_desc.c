@@ -66,13 +66,20 @@ static void check_blist(const uint8_t *data, size_t size)
   if (l.nblocks == 0 || l.nblocks > GPUIPC_CHANNEL_BLOCKS_MAX ||
       l.nbufs == 0 || l.nbufs > GPUIPC_CHANNEL_BLOCK_BUFS_MAX)
     abort();
-  for (uint32_t i = 0; i < l.nblocks; i++) {
+  if ((l.slots == NULL) == (l.blocks == NULL))
+    abort(); /* one form or the other */
+  for (uint32_t i = 0; l.blocks != NULL && i < l.nblocks; i++) {
     const struct gpuipc__blist_block *b = &l.blocks[i];
     if (b->buf >= l.nbufs || b->bytes == 0 ||
         b->offset > l.bufs[b->buf].size ||
         b->bytes > l.bufs[b->buf].size - b->offset)
       abort();
   }
+  /* A slot's block lies inside the one buffer: (slot + 1) * bytes fits. */
+  for (uint32_t i = 0; l.slots != NULL && i < l.nblocks; i++)
+    if (l.nbufs != 1 || l.slot_bytes == 0 ||
+        l.slots[i] >= l.bufs[0].size / l.slot_bytes)
+      abort();
   gpuipc__blist_free(&l);
 }
 

@@ -93,12 +93,27 @@ static int plan_buf(struct blocks_plan *p, gpuipc_buf_t *buf)
   return (int)p->nbufs++;
 }
 
+/* Why block @i (@what), in a buffer of @size bytes, is bad: empty, or
+ * reaching outside it. Out of blocks_check's loop, which only finds it. */
+static int __attribute__((cold, noinline))
+block_bad(const char *who, const char *what, const gpuipc_block_t *b,
+          size_t i, uint64_t size)
+{
+  if (b->bytes == 0)
+    return gpuipc__err(-EINVAL, "%s: %s %zu is empty (0 bytes)", who, what,
+                       i);
+  return gpuipc__err(-EINVAL, "%s: %s %zu (offset %llu, %llu bytes) "
+                     "reaches outside its %llu-byte buffer", who, what, i,
+                     (unsigned long long)b->offset,
+                     (unsigned long long)b->bytes, (unsigned long long)size);
+}
+
 /*
  * Check @n blocks of one side (@what names them in sentences): each in a
  * buffer, not empty, inside it; all HOST or all on one device. Fill @p
  * (its idx[] when not NULL). -EINVAL naming the first bad one. A buffer
  * is looked at when it differs from the previous block's: the blocks of a
- * paged cache cost a compare and an add each.
+ * paged cache cost a few instructions each.
  */
 static int blocks_check(const char *who, const char *what,
                         const gpuipc_block_t *blocks, size_t n,
@@ -110,36 +125,30 @@ static int blocks_check(const char *who, const char *what,
   p->nbufs = 0;
   const gpuipc_buf_t *seen = NULL; /* the previous block's, checked */
   uint64_t size = 0;
-  int at = 0;
+  uint32_t at = 0;
   for (size_t i = 0; i < n; i++) {
     const gpuipc_block_t *b = &blocks[i];
-    if (b->buf == NULL)
-      return gpuipc__err(-EINVAL, "%s: %s %zu has a NULL buffer", who, what,
-                         i);
-    if (b->buf != seen) {
+    if (GPUIPC__UNLIKELY(b->buf != seen)) {
+      if (b->buf == NULL)
+        return gpuipc__err(-EINVAL, "%s: %s %zu has a NULL buffer", who,
+                           what, i);
       int rc = buf_check(who, what, p, b->buf, i);
       if (rc != 0)
         return rc;
       seen = b->buf;
       size = gpuipc_buf_size(seen);
-      at = p->idx != NULL ? plan_buf(p, b->buf) : 0;
-      if (at < 0)
+      int k = p->idx != NULL ? plan_buf(p, b->buf) : 0;
+      if (k < 0)
         return gpuipc__err(-EINVAL, "%s: %s %zu: the blocks lie in more "
                            "than %d buffers", who, what, i,
                            GPUIPC_CHANNEL_BLOCK_BUFS_MAX);
+      at = (uint32_t)k;
     }
-    uint64_t end;
-    if (b->bytes == 0)
-      return gpuipc__err(-EINVAL, "%s: %s %zu is empty (0 bytes)", who, what,
-                         i);
-    if (__builtin_add_overflow(b->offset, b->bytes, &end) || end > size)
-      return gpuipc__err(-EINVAL, "%s: %s %zu (offset %llu, %llu bytes) "
-                         "reaches outside its %llu-byte buffer", who, what, i,
-                         (unsigned long long)b->offset,
-                         (unsigned long long)b->bytes,
-                         (unsigned long long)size);
+    /* Inside: not empty, and no further than size - offset (no overflow). */
+    if (GPUIPC__UNLIKELY(b->bytes - 1 >= size || b->offset > size - b->bytes))
+      return block_bad(who, what, b, i, size);
     if (p->idx != NULL)
-      p->idx[i] = (uint32_t)at;
+      p->idx[i] = at;
   }
   return 0;
 }
@@ -225,8 +234,13 @@ static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
   if (slots) {
     uint64_t b = blocks[0].bytes;
     gpuipc__blist_put_slots_head(dst, seq, n, bufs, b);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* The wire's u32s are this host's: the slots as they are. */
+    memcpy(dst + gpuipc__blist_slots_bytes(0), p->idx, n * sizeof(*p->idx));
+#else
     for (uint32_t i = 0; i < n; i++)
       gpuipc__blist_put_slot(dst, i, p->idx[i]);
+#endif
     return;
   }
   gpuipc__blist_put_head(dst, seq, p->nbufs, n, bufs);
@@ -378,17 +392,35 @@ static int overlap_slots(const char *who, const gpuipc_block_t *dst, size_t n)
     return 0;
   struct gpuipc__exact e;
   gpuipc__exact_init(&e, b);
-  uint64_t *bits = malloc((size_t)(slots + 63) / 64 * sizeof(*bits));
+  size_t words = (size_t)(slots + 63) / 64;
+  uint64_t *bits = malloc(words * sizeof(*bits));
   if (bits == NULL)
     return 0;
+  /* A few words a block: clear them all and look once; else clear only
+   * those the blocks touch, then look. */
+  bool small = words <= 16 * n, clash = false;
+  if (small)
+    memset(bits, 0, words * sizeof(*bits));
   for (size_t i = 0; i < n; i++) {
     if (dst[i].buf != dst[0].buf || dst[i].bytes != b ||
         !gpuipc__exact_div(&e, dst[i].offset, &k)) {
       free(bits);
       return 0;
     }
-    bits[k / 64] = 0;
+    uint64_t m = (uint64_t)1 << (k % 64);
+    if (!small)
+      bits[k / 64] = 0;
+    else if ((bits[k / 64] & m) == 0)
+      bits[k / 64] |= m;
+    else
+      clash = true; /* named by the second look */
   }
+  if (small && !clash) {
+    free(bits);
+    return 1;
+  }
+  if (small)
+    memset(bits, 0, words * sizeof(*bits));
   int rc = 1;
   for (size_t i = 0; i < n && rc == 1; i++) {
     (void)gpuipc__exact_div(&e, dst[i].offset, &k);
@@ -447,11 +479,14 @@ static int fits(struct gpuipc_channel *ch, const char *who,
   if (n != pb->n)
     return gpuipc__err(-EINVAL, "%s: message %llu holds %u blocks, not the "
                        "%zu destination blocks given", who, seq, pb->n, n);
-  for (size_t i = 0; i < n; i++)
-    if (dst[i].bytes != pb->bytes[i])
-      return gpuipc__err(-EINVAL, "%s: block %zu of message %llu is %zu "
+  for (size_t i = 0; i < n; i++) {
+    uint64_t b = pb->slots != NULL ? pb->slot_bytes : pb->bytes[i];
+    if (dst[i].bytes != b)
+      return gpuipc__err(-EINVAL, "%s: block %zu of message %llu is %llu "
                          "bytes, destination block %zu is %llu", who, i, seq,
-                         pb->bytes[i], i, (unsigned long long)dst[i].bytes);
+                         (unsigned long long)b, i,
+                         (unsigned long long)dst[i].bytes);
+  }
   return 0;
 }
 
@@ -477,8 +512,18 @@ static int copy_kernel(struct gpuipc_channel *ch, const gpuipc_block_t *dst,
       base = (uint64_t)(uintptr_t)gpuipc_buf_ptr(seen);
     }
     l[3 * i] = base + dst[i].offset;
-    l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
-    l[3 * i + 2] = pb->bytes[i];
+  }
+  if (pb->slots != NULL) {
+    uint64_t sb = (uint64_t)(uintptr_t)pb->slot_base, b = pb->slot_bytes;
+    for (uint32_t i = 0; i < pb->n; i++) {
+      l[3 * i + 1] = sb + (uint64_t)pb->slots[i] * b;
+      l[3 * i + 2] = b;
+    }
+  } else {
+    for (uint32_t i = 0; i < pb->n; i++) {
+      l[3 * i + 1] = (uint64_t)(uintptr_t)pb->src[i];
+      l[3 * i + 2] = pb->bytes[i];
+    }
   }
   return gpuipc__copy_blocks(dev, l, pb->n, stream);
 }
@@ -515,6 +560,9 @@ static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
     if (rc != GPUIPC_E_UNSUPPORTED)
       return rc;
   }
+  rc = gpuipc__chan_blocks_spell(ch, "gpuipc_channel_recv_blocks");
+  if (rc != 0)
+    return rc;
   void **to = malloc(pb->n * sizeof(*to));
   if (to == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_channel_recv_blocks: out of memory");
@@ -535,6 +583,9 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
     return rc;
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   if (pb->host && dp->host) {
+    rc = gpuipc__chan_blocks_spell(ch, who);
+    if (rc != 0)
+      return rc;
     for (uint32_t i = 0; i < pb->n; i++)
       memcpy((uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset,
              pb->src[i], pb->bytes[i]);

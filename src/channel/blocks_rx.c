@@ -18,6 +18,7 @@ void gpuipc__chan_blocks_drop(struct gpuipc_channel *ch)
   struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   if (pb == NULL)
     return;
+  free(pb->slots);
   free(pb->src);
   free(pb->bytes);
   free(pb);
@@ -75,11 +76,42 @@ static int list_bufs(struct gpuipc_channel *ch, const struct gpuipc__blist *l,
   return 0;
 }
 
-/* Each block, checked against its buffer as mapped here. */
+/* The slots form's blocks, checked against their buffer as mapped here:
+ * at once where it is as large as the list said (the decoder checked the
+ * slots against that), else slot by slot. The slots are taken from @l. */
+static int list_slots(struct gpuipc_channel *ch, struct gpuipc__blist *l,
+                      struct gpuipc__rx_blocks *pb)
+{
+  uint64_t size = gpuipc_buf_size(pb->bufs[0]), b = l->slot_bytes;
+  for (uint32_t i = 0; size < l->bufs[0].size && i < l->nblocks; i++)
+    if (l->slots[i] >= size / b)
+      return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
+                         "block %u (slot %u, offset %llu, %llu bytes) "
+                         "reaches outside buffer key %llu, %zu bytes as "
+                         "mapped here", ch->who,
+                         (unsigned long long)ch->rx.pdesc.seq, i,
+                         l->slots[i],
+                         (unsigned long long)l->slots[i] * b,
+                         (unsigned long long)b,
+                         (unsigned long long)l->bufs[0].key, (size_t)size);
+  pb->slots = l->slots;
+  l->slots = NULL;
+  pb->slot_bytes = b;
+  pb->slot_base = gpuipc_buf_ptr(pb->bufs[0]);
+  pb->n = l->nblocks;
+  return 0;
+}
+
+/* Each block of the full form, checked against its buffer as mapped
+ * here. */
 static int list_blocks(struct gpuipc_channel *ch,
                        const struct gpuipc__blist *l,
                        struct gpuipc__rx_blocks *pb)
 {
+  pb->src = malloc(l->nblocks * sizeof(*pb->src));
+  pb->bytes = malloc(l->nblocks * sizeof(*pb->bytes));
+  if (pb->src == NULL || pb->bytes == NULL)
+    return gpuipc__err(-ENOMEM, "%s: out of memory", ch->who);
   uint64_t size[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
   const uint8_t *base[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
   for (uint32_t j = 0; j < l->nbufs; j++) {
@@ -104,6 +136,27 @@ static int list_blocks(struct gpuipc_channel *ch,
   return 0;
 }
 
+int gpuipc__chan_blocks_spell(struct gpuipc_channel *ch, const char *who)
+{
+  struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
+  if (pb->src != NULL)
+    return 0;
+  pb->src = malloc(pb->n * sizeof(*pb->src));
+  pb->bytes = malloc(pb->n * sizeof(*pb->bytes));
+  if (pb->src == NULL || pb->bytes == NULL) {
+    free(pb->src);
+    free(pb->bytes);
+    pb->src = NULL;
+    pb->bytes = NULL;
+    return gpuipc__err(-ENOMEM, "%s: out of memory", who);
+  }
+  for (uint32_t i = 0; i < pb->n; i++) {
+    pb->src[i] = pb->slot_base + (uint64_t)pb->slots[i] * pb->slot_bytes;
+    pb->bytes[i] = (size_t)pb->slot_bytes;
+  }
+  return 0;
+}
+
 /* Decode the list copied out (@copy, @len bytes) into a new rx.pblocks. */
 static int list_take(struct gpuipc_channel *ch, const uint8_t *copy,
                      size_t len)
@@ -115,14 +168,9 @@ static int list_take(struct gpuipc_channel *ch, const uint8_t *copy,
                                       ch->who)
                : gpuipc__err(-ENOMEM, "%s: out of memory", ch->who);
   if (rc == 0) {
-    pb->src = malloc(l->nblocks * sizeof(*pb->src));
-    pb->bytes = malloc(l->nblocks * sizeof(*pb->bytes));
-    if (pb->src == NULL || pb->bytes == NULL)
-      rc = gpuipc__err(-ENOMEM, "%s: out of memory", ch->who);
+    rc = list_bufs(ch, l, pb);
     if (rc == 0)
-      rc = list_bufs(ch, l, pb);
-    if (rc == 0)
-      rc = list_blocks(ch, l, pb);
+      rc = l->slots != NULL ? list_slots(ch, l, pb) : list_blocks(ch, l, pb);
     gpuipc__blist_free(l);
   }
   free(l);

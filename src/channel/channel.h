@@ -771,11 +771,22 @@ struct gpuipc__rx_blocks {
   uint32_t n;
   bool host; /* the blocks lie in HOST buffers */
   int dev;   /* else the device they are mapped for */
+  /* The blocks: a list of the slots form keeps its slots (block i at
+   * slot_base + slots[i] * slot_bytes), a full one is spelt out; the
+   * arrays of the other are made when a copy wants them
+   * (gpuipc__chan_blocks_spell). */
+  uint32_t *slots;
+  uint64_t slot_bytes;
+  const uint8_t *slot_base;
   const void **src;
   size_t *bytes;
   gpuipc_buf_t *bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX]; /* the table's */
   uint32_t nbufs;
 };
+
+/* The pending batch's src[] and bytes[], made from its slots if need be.
+ * 0 or -ENOMEM. */
+int gpuipc__chan_blocks_spell(struct gpuipc_channel *ch, const char *who);
 
 /*
  * Block batch descriptor rx.pdesc was taken, its list's buffer @lb mapped:

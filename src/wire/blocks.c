@@ -84,7 +84,9 @@ void gpuipc__blist_put_block(void *dst, uint32_t nbufs, uint32_t i,
 void gpuipc__blist_free(struct gpuipc__blist *l)
 {
   free(l->blocks);
+  free(l->slots);
   l->blocks = NULL;
+  l->slots = NULL;
   l->nblocks = 0;
 }
 
@@ -166,27 +168,63 @@ static int bufs_decode(struct gpuipc__rbuf *r, uint64_t seq,
   return 0;
 }
 
+/* Block @i of the list is bad (@why): the sentence. */
+static int __attribute__((cold, noinline))
+block_bad(uint64_t seq, uint32_t i, const struct gpuipc__blist_block *b,
+          const char *why, const char *who)
+{
+  return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
+                     "block %u (buffer %u, offset %llu, %llu bytes) %s", who,
+                     (unsigned long long)seq, i, b->buf,
+                     (unsigned long long)b->offset,
+                     (unsigned long long)b->bytes, why);
+}
+
+/*
+ * The slots form's blocks: a slot number each, which fits its buffer
+ * when it is below the buffer's size / the blocks' size. The length was
+ * checked (head_decode): the slots are read straight, a load, a compare
+ * and a store a block.
+ */
+static int slots_decode(struct gpuipc__rbuf *r, uint64_t seq,
+                        struct gpuipc__blist *out, const char *who)
+{
+  uint64_t size = gpuipc__get_u64(r);
+  if (r->err != 0 || !gpuipc__rbuf_have(r, (size_t)out->nblocks * 4))
+    return gpuipc__rbuf_finish(r, who);
+  struct gpuipc__blist_block b = {.buf = 0, .offset = 0, .bytes = size};
+  if (size == 0)
+    return block_bad(seq, 0, &b, "is empty", who);
+  out->slot_bytes = size;
+  uint64_t nslots = out->bufs[0].size / size; /* slots wholly inside */
+  const uint8_t *p = r->p + r->pos;
+  for (uint32_t i = 0; i < out->nblocks; i++, p += 4) {
+    uint32_t slot = (uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                    (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    /* slot < nslots: slot * size + size <= the buffer's size, no overflow. */
+    if (GPUIPC__UNLIKELY(slot >= nslots)) {
+      /* An offset past 2^64 reads as one past the buffer. */
+      if (__builtin_mul_overflow((uint64_t)slot, size, &b.offset))
+        b.offset = UINT64_MAX;
+      return block_bad(seq, i, &b, "reaches outside its buffer", who);
+    }
+    out->slots[i] = slot;
+  }
+  r->pos += (size_t)out->nblocks * 4;
+  return 0;
+}
+
 static int blocks_decode(struct gpuipc__rbuf *r, uint64_t seq,
                          struct gpuipc__blist *out, const char *who)
 {
-  bool slots = out->form == GPUIPC__BLIST_SLOTS;
-  uint64_t size = slots ? gpuipc__get_u64(r) : 0;
+  if (out->form == GPUIPC__BLIST_SLOTS)
+    return slots_decode(r, seq, out, who);
   for (uint32_t i = 0; i < out->nblocks; i++) {
     struct gpuipc__blist_block *b = &out->blocks[i];
-    uint32_t reserved = 0;
-    if (slots) {
-      uint32_t slot = gpuipc__get_u32(r);
-      b->buf = 0;
-      b->bytes = size;
-      /* An offset past 2^64 reads as one past the buffer: refused below. */
-      if (__builtin_mul_overflow((uint64_t)slot, size, &b->offset))
-        b->offset = UINT64_MAX;
-    } else {
-      b->buf = gpuipc__get_u32(r);
-      reserved = gpuipc__get_u32(r);
-      b->offset = gpuipc__get_u64(r);
-      b->bytes = gpuipc__get_u64(r);
-    }
+    b->buf = gpuipc__get_u32(r);
+    uint32_t reserved = gpuipc__get_u32(r);
+    b->offset = gpuipc__get_u64(r);
+    b->bytes = gpuipc__get_u64(r);
     uint64_t end;
     const char *bad = NULL;
     if (b->buf >= out->nbufs || reserved != 0)
@@ -197,11 +235,7 @@ static int blocks_decode(struct gpuipc__rbuf *r, uint64_t seq,
              end > out->bufs[b->buf].size)
       bad = "reaches outside its buffer";
     if (bad != NULL)
-      return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
-                         "block %u (buffer %u, offset %llu, %llu bytes) %s",
-                         who, (unsigned long long)seq, i, b->buf,
-                         (unsigned long long)b->offset,
-                         (unsigned long long)b->bytes, bad);
+      return block_bad(seq, i, b, bad, who);
   }
   return 0;
 }
@@ -219,8 +253,11 @@ int gpuipc__blist_decode(const void *src, size_t len, uint64_t seq,
     out->nblocks = 0;
     return rc;
   }
-  out->blocks = malloc((size_t)out->nblocks * sizeof(*out->blocks));
-  if (out->blocks == NULL) {
+  if (out->form == GPUIPC__BLIST_SLOTS)
+    out->slots = malloc((size_t)out->nblocks * sizeof(*out->slots));
+  else
+    out->blocks = malloc((size_t)out->nblocks * sizeof(*out->blocks));
+  if (out->blocks == NULL && out->slots == NULL) {
     out->nblocks = 0;
     return gpuipc__err(-ENOMEM, "%s: out of memory for %u blocks", who,
                        out->nblocks);

@@ -197,13 +197,16 @@ void gpuipc__blist_put_head(void *dst, uint64_t seq, uint32_t nbufs,
 void gpuipc__blist_put_block(void *dst, uint32_t nbufs, uint32_t i,
                              const struct gpuipc__blist_block *b);
 
-/* A decoded list (either form: the blocks spelt out); gpuipc__blist_free
- * frees @blocks. */
+/* A decoded list: the full form's blocks spelt out, the slots form's
+ * slots as sent (block i: buffer 0, offset slots[i] * slot_bytes,
+ * slot_bytes long); gpuipc__blist_free frees the arrays. */
 struct gpuipc__blist {
   uint32_t nbufs, nblocks;
   uint16_t form;
   struct gpuipc__blist_buf bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
-  struct gpuipc__blist_block *blocks; /* [nblocks] */
+  struct gpuipc__blist_block *blocks; /* FULL: [nblocks]; else NULL */
+  uint32_t *slots;                    /* SLOTS: [nblocks]; else NULL */
+  uint64_t slot_bytes;                /* SLOTS: the blocks' size */
 };
 
 /*

@@ -293,6 +293,13 @@ static void recv_refusals(gpuipc_channel_t *ch, gpuipc_buf_t *dstbuf)
   d[1] = d[3];
   ASSERT_RC(gpuipc_channel_recv_blocks(ch, d, 4, NULL, 0), -EINVAL);
   ASSERT_ERR_MENTIONS("destination blocks 1 and 3 overlap");
+  /* The same slot twice among slots many words apart (the bitmap is then
+   * cleared only where the blocks fall). */
+  gpuipc_block_t far[3] = {{dstbuf, 0, blk / 4},
+                           {dstbuf, LAYER_BYTES / 2, blk / 4},
+                           {dstbuf, 0, blk / 4}};
+  ASSERT_RC(gpuipc_channel_recv_blocks(ch, far, 3, NULL, 0), -EINVAL);
+  ASSERT_ERR_MENTIONS("destination blocks 0 and 2 overlap");
   /* Adjacent is fine: only the bad timeout is left to refuse. */
   d[1] = (gpuipc_block_t){dstbuf, BLK, BLK};
   ASSERT_RC(gpuipc_channel_recv_blocks(ch, d, 4, NULL, -7), -EINVAL);
