@@ -294,7 +294,7 @@ static int send_locked(struct gpuipc_channel *ch, struct blocks_plan *p,
                        unsigned flags, uint64_t *ticket)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK);
+  int rc = gpuipc__chan_tx_peer_check(ch);
   if (rc != 0)
     return rc;
   bool slots;

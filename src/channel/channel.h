@@ -713,6 +713,10 @@ gpuipc_buf_t *gpuipc__chan_stage_at(struct gpuipc_channel *ch, int area,
  */
 int gpuipc__chan_tx_key(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
                         uint64_t *key, uint64_t *forget, bool *is_new);
+/* Before a send (send lock held): GPUIPC_E_PEER_GONE when the peer closed
+ * its end, or hung up its socket (looked at once a millisecond). */
+int gpuipc__chan_tx_peer_check(struct gpuipc_channel *ch);
+
 /* gpuipc__chan_tx_key for descriptor @d's buffer: its key, NEW_BUF, FORGET. */
 int gpuipc__chan_tx_intro(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
                           struct gpuipc__desc *d);

@@ -646,13 +646,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
 
   struct gpuipc__tx *tx = &ch->tx;
   pthread_mutex_lock(&tx->lock);
-  /* The socket's hang-up is looked at (a system call) at most once a
-   * millisecond of sending; the close flag every time. */
-  uint64_t now = gpuipc__now_ns();
-  bool look = now - tx->peer_looked_ns >= PEER_LOOK_NS;
-  if (look)
-    tx->peer_looked_ns = now;
-  rc = gpuipc__chan_peer_check(ch, look ? GPUIPC__PEER_SOCK : 0);
+  rc = gpuipc__chan_tx_peer_check(ch);
   if (rc != 0)
     goto unlock;
   int area, slot, large, ev_dev = -1;
@@ -694,6 +688,18 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
 unlock:
   pthread_mutex_unlock(&tx->lock);
   return rc;
+}
+
+int gpuipc__chan_tx_peer_check(struct gpuipc_channel *ch)
+{
+  /* The socket's hang-up is looked at (a system call) at most once a
+   * millisecond of sending; the close flag every time. */
+  struct gpuipc__tx *tx = &ch->tx;
+  uint64_t now = gpuipc__now_ns();
+  bool look = now - tx->peer_looked_ns >= PEER_LOOK_NS;
+  if (look)
+    tx->peer_looked_ns = now;
+  return gpuipc__chan_peer_check(ch, look ? GPUIPC__PEER_SOCK : 0);
 }
 
 int gpuipc__chan_tx_key(struct gpuipc_channel *ch, gpuipc_buf_t *buf,
