@@ -4,6 +4,7 @@
  * message a block and the floors of one process, in one run.
  *
  *   blocks_bench ADEV BDEV [--n N] [--sizes KIB,KIB,...] [--iters I]
+ *                [--spin]
  *
  * Side A (this process, GPU ADEV) holds a 4 GiB cache (a VMM buffer)
  * whose 32-bit words are a hash of their index; side B (this program
@@ -22,6 +23,13 @@
  *   floor_kernel one process: one launch of a gather-scatter kernel (a
  *                thread block a block, 16-byte loads over the peer
  *                mapping).
+ *
+ * B waits in recv_blocks (timeout -1), as a receiver that expects a batch
+ * does: its checks of the destination blocks are done by the time the
+ * batch comes. With --spin it calls with timeout 0 until one is there
+ * instead, and prints the median time of the call that found it (and of
+ * B's stream from before that call until after its copies), A's
+ * send_blocks call's too.
  *
  * B checks every word of every destination block after the last round of
  * each gpuipc row (its cache zeroed before the row), and the floors are
@@ -178,7 +186,8 @@ static int side_b(int dev, const char *dname, const char *row, size_t bytes,
   o.timeout_ms = 120000;
   gpuipc_channel_t *ch;
   GI_OK(gpuipc_channel_open(dom, "blocks", &o, &ch));
-  bool batch = strcmp(row, "batch") == 0;
+  bool batch = strncmp(row, "batch", 5) == 0;
+  bool spin = strcmp(row, "batch_spin") == 0;
   std::vector<double> host; /* the calls' own time, once the batch is there */
   std::vector<cudaEvent_t> ev(2 * (size_t)iters);
   for (cudaEvent_t &e : ev)
@@ -187,15 +196,18 @@ static int side_b(int dev, const char *dname, const char *row, size_t bytes,
     if (batch) {
       int rc;
       double t0;
-      CUDA_OK(cudaEventRecord(ev[2 * it], s));
+      if (spin)
+        CUDA_OK(cudaEventRecord(ev[2 * it], s));
       do {
         t0 = now_us();
-        rc = gpuipc_channel_recv_blocks(ch, blocks.data(), n, (void *)s, 0);
+        rc = gpuipc_channel_recv_blocks(ch, blocks.data(), n, (void *)s,
+                                        spin ? 0 : -1);
       } while (rc == -EAGAIN);
       GI_OK(rc);
       if (it > 0)
         host.push_back(now_us() - t0);
-      CUDA_OK(cudaEventRecord(ev[2 * it + 1], s));
+      if (spin)
+        CUDA_OK(cudaEventRecord(ev[2 * it + 1], s));
       continue;
     }
     for (size_t k = 0; k < n; k++) {
@@ -205,7 +217,7 @@ static int side_b(int dev, const char *dname, const char *row, size_t bytes,
     }
   }
   CUDA_OK(cudaStreamSynchronize(s));
-  if (batch && iters > 1) {
+  if (spin && iters > 1) {
     /* B's stream from before the call to after its copies: the wait for
      * A's work (none here), the copy, the release. */
     std::vector<double> gpu;
@@ -256,7 +268,7 @@ static void gpuipc_row(const char *row, int adev, int bdev, gpuipc_buf_t *cache,
   o.timeout_ms = 120000;
   gpuipc_channel_t *ch;
   GI_OK(gpuipc_channel_open(dom, "blocks", &o, &ch)); /* waits for B */
-  bool batch = strcmp(row, "batch") == 0;
+  bool batch = strncmp(row, "batch", 5) == 0;
   std::vector<double> t;
   std::vector<uint64_t> tickets(n);
   std::vector<double> host; /* A's send_blocks calls */
@@ -289,7 +301,7 @@ static void gpuipc_row(const char *row, int adev, int bdev, gpuipc_buf_t *cache,
     exit(1);
   }
   CUDA_OK(cudaStreamDestroy(s));
-  if (batch && iters > 1)
+  if (strcmp(row, "batch_spin") == 0 && iters > 1)
     spread("A's send_blocks call", host);
   report(row, bytes, n, median(t));
 }
@@ -365,8 +377,14 @@ int main(int argc, char **argv)
   size_t n = 1024;
   int iters = 11;
   const char *sizes = "16,256";
-  for (int i = 3; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--n") == 0)
+  const char *batch = "batch";
+  for (int i = 3; i < argc; i += 2) {
+    if (strcmp(argv[i], "--spin") == 0) {
+      batch = "batch_spin";
+      i--;
+    } else if (i + 1 >= argc) {
+      break;
+    } else if (strcmp(argv[i], "--n") == 0)
       n = strtoull(argv[i + 1], 0, 10);
     else if (strcmp(argv[i], "--sizes") == 0)
       sizes = argv[i + 1];
@@ -398,7 +416,7 @@ int main(int argc, char **argv)
     p += *p == ',';
     size_t bytes = strtoull(p, NULL, 10) << 10;
     floors(adev, bdev, cache, bytes, n, iters, bcache);
-    gpuipc_row("batch", adev, bdev, cache, bytes, n, iters, dom, dname);
+    gpuipc_row(batch, adev, bdev, cache, bytes, n, iters, dom, dname);
     gpuipc_row("per_message", adev, bdev, cache, bytes, n, iters, dom, dname);
   }
   gpuipc_domain_leave(dom);
