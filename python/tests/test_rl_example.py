@@ -84,3 +84,18 @@ def test_two_workers_get_the_trainers_logits(env):
     else:
         assert rows["nccl_per_tensor"] == ["skipped"]
         assert "baseline skipped" in p.stdout
+
+
+@pytest.mark.skipif(_gpu_ready() is not None, reason=str(_gpu_ready()))
+def test_two_workers_under_expandable_segments(env):
+    # as verl, SGLang and vLLM run PyTorch: the model is made in expandable
+    # segments, moved into gpuipc memory, and the workers' own weights (the
+    # copies' targets) stay in expandable segments
+    import torch
+    gpus = "0,1" if torch.cuda.device_count() >= 2 else "0,0"
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    p = run(env, "--size", "tiny", "--workers", "2", "--steps", "3", "--no-baseline",
+            "--trainer-gpu", "0", "--worker-gpus", gpus, timeout=600)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stderr
+    assert "every worker's logits equalled the trainer's bit for bit" in p.stdout
