@@ -172,6 +172,8 @@ def test_from_torch_of_an_expandable_tensor(env):
     # the importer starts the exporter (ptrace access: an ancestor);
     # a tensor in one piece is mapped, one over pieces refused clearly
     (r,) = peers(env, "ipc_import")
+    if "denied" in r:  # as PyTorch's own import of the handle would be
+        pytest.skip(f"no ptrace access to a child here: {r['denied']}")
     assert r == {"handle": "e", "same": True, "spanning": "Unsupported"}
 
 
