@@ -34,7 +34,16 @@ def mem_pool(kind="vmm", chunk_bytes=2 << 30):
     its whole chunk: keep in the pool only what is shared together (the
     weights). ``chunk_bytes=0``: a buffer per block, sharing nothing else,
     one export each. ``kind`` and ``chunk_bytes`` apply to the memory the
-    pools take from now on."""
+    pools take from now on.
+
+    With PyTorch's expandable segments on in the environment
+    (``expandable_segments:True`` in PYTORCH_CUDA_ALLOC_CONF or
+    PYTORCH_ALLOC_CONF), the pool is tried at once with one block on the
+    current GPU: PyTorch keeps expandable segments to its own pools, but
+    some releases served a MemPool's blocks from them anyway, bypassing its
+    allocator, or refused them (pytorch/pytorch#147851); mem_pool then
+    raises Unsupported rather than hand out a pool whose tensors would be
+    copied when sent or lent."""
     import torch
     _c.alloc_set_kind(_kind(kind))
     prefix = "gpuipc_torch" if not chunk_bytes else "gpuipc_torch_pool"
@@ -42,7 +51,53 @@ def mem_pool(kind="vmm", chunk_bytes=2 << 30):
         _c.pool_set_chunk(int(chunk_bytes))
     if prefix not in _pool_allocators:
         _pool_allocators[prefix] = _pluggable(prefix)
-    return torch.cuda.MemPool(_pool_allocators[prefix].allocator())
+    pool = torch.cuda.MemPool(_pool_allocators[prefix].allocator())
+    if _expandable_conf():
+        _check_pool(pool)
+    return pool
+
+
+def _expandable_conf():
+    """Whether the environment may turn PyTorch's expandable segments on:
+    the last expandable_segments option of PYTORCH_CUDA_ALLOC_CONF or of
+    PYTORCH_ALLOC_CONF is True (PyTorch releases differ in which of the two
+    they read; a needless trial of the pool costs one block)."""
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        on = False
+        for opt in os.environ.get(var, "").split(","):
+            key, _, value = opt.partition(":")
+            if key.strip() == "expandable_segments":
+                on = value.strip() == "True"
+        if on:
+            return True
+    return False
+
+
+def _check_pool(pool):
+    """Unsupported unless a block made in ``pool`` is gpuipc memory."""
+    import torch
+    from ._errors import Unsupported
+    why = None
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            probe = torch.empty(1, dtype=torch.uint8, device="cuda")
+    except RuntimeError as e:
+        why = f"PyTorch refused the pool's first block: {e}"
+    else:
+        buf = buffer_of(probe)
+        del probe
+        if buf is None:
+            why = "PyTorch made the pool's first block in an expandable segment"
+        else:
+            buf.release()
+    if why is not None:
+        raise Unsupported(_c.E_UNSUPPORTED, "GPUIPC_E_UNSUPPORTED",
+                          f"mem_pool: under expandable_segments:True this PyTorch does not "
+                          f"give a MemPool's blocks to its allocator ({why}; "
+                          "pytorch/pytorch#147851): turn expandable segments off while "
+                          "the pool is in use (torch.cuda.memory._set_allocator_settings("
+                          "'expandable_segments:False')), or move the weights with "
+                          "move_to_gpuipc")
 
 
 _MOVE_ALIGN = 256  # where each tensor starts in the buffer

@@ -232,12 +232,17 @@ def move_read(dom):
 # ---- mem_pool ----------------------------------------------------------------------
 
 def mem_pool(dom):
+    """A pool's tensors are gpuipc memory, or mem_pool refuses the pool."""
     import torch
     from gpuipc import torch as gt
-    pool = gt.mem_pool()
+    b = torch.ones(4 << 20, device="cuda")
+    try:
+        pool = gt.mem_pool()
+    except gpuipc.Unsupported as e:
+        say(expandable=expandable([b]), refused=e.detail)
+        return
     with torch.cuda.use_mem_pool(pool):
         a = torch.ones(4 << 20, device="cuda")
-    b = torch.ones(4 << 20, device="cuda")
     found = [gt.buffer_of(a), gt.buffer_of(b)]
     say(expandable=expandable([b]), pool_in_gpuipc=found[0] is not None,
         other_in_gpuipc=found[1] is not None)

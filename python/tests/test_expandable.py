@@ -16,7 +16,9 @@ tensors that allocator made (one spanning pieces), received as views and
 into such tensors; from_torch of such a tensor's handle; state dict
 snapshots of such tensors copied into such targets; move_to_gpuipc of a
 module made there, lent to a reader; and mem_pool, whose blocks stay
-gpuipc memory under that mode. Every check compares the bytes that crossed."""
+gpuipc memory under that mode (or which refuses, by name, a PyTorch that
+gives them to expandable segments). Every check compares the bytes that
+crossed. Without a GPU too: when mem_pool takes the mode to be on."""
 import json
 import os
 import struct
@@ -194,5 +196,34 @@ def test_move_to_gpuipc_of_an_expandable_module(env):
 
 @gpu
 def test_mem_pool_stays_gpuipc_memory(env):
+    # PyTorch keeps expandable segments to its own pools; a release that
+    # gives a MemPool's blocks to them instead is refused by name, never
+    # handed out as a pool whose tensors are not gpuipc memory
     (r,) = peers(env, "mem_pool")
+    if "refused" in r:
+        assert "expandable" in r["refused"] and "147851" in r["refused"], r
+        print("this PyTorch: mem_pool refused under expandable segments:", r["refused"])
+        return
     assert r == {"expandable": True, "pool_in_gpuipc": True, "other_in_gpuipc": False}
+
+
+@pytest.mark.parametrize("env_vars, on", [
+    ({}, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments : True"}, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,expandable_segments:False"}, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"}, False),  # PyTorch: True only
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, True),
+    # either name (PyTorch releases differ in which they read)
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+      "PYTORCH_ALLOC_CONF": "expandable_segments:True"}, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+      "PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8"}, False),
+])
+def test_mem_pool_knows_when_expandable_segments_are_on(monkeypatch, env_vars, on):
+    # what decides whether mem_pool tries its pool before handing it out
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env_vars.items():
+        monkeypatch.setenv(k, v)
+    assert gt._expandable_conf() is on
