@@ -28,6 +28,8 @@ Run (needs PyTorch with CUDA, transformers, the gpuipc package):
 
 Several workers may share a GPU, and a worker may sit on the trainer's GPU;
 NCCL refuses two ranks on one GPU, so the baseline is skipped then.
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (as verl, SGLang and vLLM
+run PyTorch) works too: move_to_gpuipc takes the weights out of it.
 Exit status: 0 when every worker's logits equalled the trainer's, 1 when
 they did not (or a worker failed), 2 for bad flags or a missing package.
 """

@@ -266,7 +266,7 @@ def _expandable_piece(handle, offset, nbytes):
         raise BadHandle(_c.E_BADHANDLE, "GPUIPC_E_BADHANDLE",
                         f"from_torch: expandable-segment header pid {pid}, piece size "
                         f"{piece}, {count} pieces")
-    if len(handle) == head + 64 * count and len(handle) != head + 4 * count:
+    if len(handle) == head + 64 * count:  # never 4 bytes a piece as well
         raise Unsupported(_c.E_UNSUPPORTED, "GPUIPC_E_UNSUPPORTED",
                           "from_torch: the expandable segment is shared by fabric handles "
                           "(expandable_segments_handle_type); gpuipc imports its POSIX "
