@@ -246,7 +246,10 @@ def share_torch(tensor):
 _EXPANDABLE = b"\x02e"
 _EXP_HEADER = struct.Struct("<i4xQQ")
 _EXP_FD = struct.Struct("<i")
-_SYS_PIDFD_GETFD = 438  # the same number on every Linux architecture
+# pidfd_getfd's number in Linux's generic syscall table (x86-64, arm64,
+# ppc64, s390x, riscv64, i386, arm); MIPS, Alpha and IA-64 number it apart.
+_SYS_PIDFD_GETFD = 438
+_OWN_NUMBERING = ("mips", "alpha", "ia64")
 
 
 def _expandable_piece(handle, offset, nbytes):
@@ -300,8 +303,9 @@ def _take_fd(pid, fd):
     from ._errors import Denied, PeerGone, Unsupported, error_for
     no_pidfd = Unsupported(_c.E_UNSUPPORTED, "GPUIPC_E_UNSUPPORTED",
                            "from_torch: expandable-segment handles need pidfd_open "
-                           "(Linux >= 5.3, Python >= 3.9)")
-    if not hasattr(os, "pidfd_open"):
+                           "and pidfd_getfd (Linux >= 5.6 on a machine of the generic "
+                           "syscall table)")
+    if not hasattr(os, "pidfd_open") or os.uname().machine.startswith(_OWN_NUMBERING):
         raise no_pidfd
     try:
         pidfd = os.pidfd_open(pid)
