@@ -684,7 +684,9 @@ GPUIPC_API int gpuipc_buf_export_foreign(void *ptr, size_t size,
  * block that the driver reports after opening it (GPUIPC_E_BADHANDLE from
  * the import when the range runs past it).
  * @bytes, @len: the handle (64 or 66 bytes; only PyTorch's b'\x02c' form
- *     is read: b'\x02e', an expandable segment, is refused).
+ *     is read: b'\x02e', an expandable segment, is refused whatever its
+ *     length; gpuipc.torch.from_torch imports it with
+ *     gpuipc_handle_from_cuda_fd).
  * @offset: where the bytes to use start in the block (PyTorch: the
  *     storage offset in bytes that _share_cuda_ returns beside the handle).
  * @size: bytes to use, > 0.
@@ -706,7 +708,7 @@ GPUIPC_API int gpuipc_buf_export_foreign(void *ptr, size_t size,
  * @offset + @size past 2^48, @device < 0, @exporter_pid not a pid or this
  * process); -ERANGE (@device not visible); GPUIPC_E_BADHANDLE (66 bytes
  * not beginning b'\x02c', or an all-zero handle); GPUIPC_E_UNSUPPORTED
- * (b'\x02e'); GPUIPC_E_PEER_GONE (no process @exporter_pid); -errno
+ * (b'\x02e' and any length but 64); GPUIPC_E_PEER_GONE (no process @exporter_pid); -errno
  * or -EPROTO when /proc/PID/stat cannot be read; GPUIPC_E_NODRIVER.
  * Thread-safe.
  *

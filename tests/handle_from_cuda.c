@@ -95,6 +95,17 @@ static void ipc_arguments(pid_t child)
   bad[1] = 'e';
   ipc_refused(bad, 66, 0, 1, 0, child, GPUIPC_E_UNSUPPORTED,
               "expandable-segment");
+  /* Real expandable handles: a 24-byte header and a 4-byte descriptor
+   * number a piece (30 bytes for one piece), or 64-byte fabric handles. */
+  uint8_t exp[2 + 24 + 64 * 2] = {0x02, 'e'};
+  ipc_refused(exp, 30, 0, 1, 0, child, GPUIPC_E_UNSUPPORTED,
+              "expandable-segment");
+  ipc_refused(exp, 2 + 24 + 4 * 11, 0, 1, 0, child, GPUIPC_E_UNSUPPORTED,
+              "from_torch");
+  ipc_refused(exp, sizeof(exp), 0, 1, 0, child, GPUIPC_E_UNSUPPORTED,
+              "gpuipc_handle_from_cuda_fd");
+  ipc_refused(exp, 2, 0, 1, 0, child, GPUIPC_E_UNSUPPORTED,
+              "expandable-segment");
   bad[1] = 'x';
   ipc_refused(bad, 66, 0, 1, 0, child, GPUIPC_E_BADHANDLE, "type byte");
   uint8_t zero[64] = {0};

@@ -73,16 +73,23 @@ static bool all_zero(const uint8_t *p, size_t n)
 static int ipc_bytes(const uint8_t *bytes, size_t len, const char *who,
                      const uint8_t **out)
 {
+  /*
+   * PyTorch's expandable-segment handles are b'\x02e', a 24-byte header
+   * and a descriptor number (or a 64-byte fabric handle) per piece: any
+   * length but 64, which is a cudaIpcMemHandle whatever its bytes.
+   */
+  if (len >= TORCH_PREFIX_LEN && len != GPUIPC_HANDLE_BYTES &&
+      bytes[0] == TORCH_VERSION && bytes[1] == TORCH_EXPANDABLE)
+    return gpuipc__err(GPUIPC_E_UNSUPPORTED, "%s: b'\\x02e' is a PyTorch "
+                       "expandable-segment handle, whose memory is file "
+                       "descriptors of the exporting process: import one "
+                       "of them with gpuipc_handle_from_cuda_fd (Python: "
+                       "gpuipc.torch.from_torch does)", who);
   if (len == GPUIPC_HANDLE_BYTES + TORCH_PREFIX_LEN) {
     if (bytes[0] != TORCH_VERSION)
       return gpuipc__err(GPUIPC_E_BADHANDLE, "%s: a 66-byte handle starts "
                          "with PyTorch's format version 2 (0x02), not 0x%02x",
                          who, bytes[0]);
-    if (bytes[1] == TORCH_EXPANDABLE)
-      return gpuipc__err(GPUIPC_E_UNSUPPORTED, "%s: b'\\x02e' is a PyTorch "
-                         "expandable-segment handle, whose memory is file "
-                         "descriptors of the exporting process: import one "
-                         "of them with gpuipc_handle_from_cuda_fd", who);
     if (bytes[1] != TORCH_CUDA_MALLOC)
       return gpuipc__err(GPUIPC_E_BADHANDLE, "%s: a 66-byte handle is "
                          "b'\\x02c' and a cudaIpcMemHandle; its type byte is "
