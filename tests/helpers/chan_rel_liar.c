@@ -45,12 +45,18 @@ int main(int argc, char **argv)
   int len = gpuipc__rel_encode(&rl, bytes, sizeof(bytes));
   ASSERT_GT(len, 0);
   ASSERT_OK(gpuipc__chan_inject_release(ch, bytes, (size_t)len));
-  /* Until the sender closes its end, keeping what else it sends. */
-  gpuipc_tensor_t *w;
-  int rc;
-  while ((rc = gpuipc_channel_recv(ch, &w, NULL, 60000)) == 0)
-    ;
+  /* Until the sender closes its end, keeping what else it sends (no more
+   * than its depth, 4, can be in flight), then letting go of it all: a
+   * kept view holds the channel, which would outlive the close. */
+  gpuipc_tensor_t *kept[8];
+  int nkept = 0, rc;
+  while (nkept < 8 &&
+         (rc = gpuipc_channel_recv(ch, &kept[nkept], NULL, 60000)) == 0)
+    nkept++;
+  ASSERT_LT(nkept, 8);
   ASSERT_RC(rc, GPUIPC_E_PEER_GONE);
+  for (int i = 0; i < nkept; i++)
+    gpuipc_tensor_release(kept[i], NULL); /* the sender is gone: freed */
   if (v != NULL)
     gpuipc_tensor_release(v, NULL);
   gpuipc_channel_close(ch);
