@@ -904,9 +904,10 @@ def sd_fast_publish(dom, arg):
             v = pub.publish(sd_full(pub.version + 1))
             names.add(state_dict._manifest(look, "w", v, 5)["data"])
         sys.stdin.readline()
+        ours = [s for s in d.segments() if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+", s["name"])]
         say(published=pub.version, copies=len(names),
-            named=len([s for s in d.segments() if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+",
-                                                               s["name"])]))
+            named=len([s for s in ours if s["state"] == "published"]),
+            held=len([s for s in ours if s["state"] != "published"]))
 
 
 def sd_race_read(dom, arg):

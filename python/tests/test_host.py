@@ -669,10 +669,12 @@ def test_snapshot_readers_racing_a_publisher(env, procs):
     _go(pub)
     done = pub.line()
     assert got["torn"] == 0, got
-    # the newest and two retired ones kept for reuse (the reader held up to
-    # three versions: the publisher made new ones meanwhile and let go of
-    # the oldest retired)
-    assert done["named"] <= 3, done
+    # published: the newest and two retired ones kept for reuse. The
+    # versions the reader held last (three at most) may be unlinked since,
+    # as the publisher went on and let go of the oldest retired ones, and
+    # are still listed until the reader, which says its line before it
+    # lets go, has let go of them: counted apart
+    assert done["named"] <= 3 and done["held"] <= 3, done
     rd.finish()
     pub.finish()
 
