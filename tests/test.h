@@ -138,6 +138,16 @@ int test_popen(const char *cmd, char *out, size_t cap);
  * process of the machine): steps whose timing a failure must show. */
 void test_stamp(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The next number of xorshift64 state *@s (not 0): fixed sequences of
+ * pseudo-random inputs for tests that want many. */
+static inline uint64_t test_xorshift(uint64_t *s)
+{
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
 /* Deterministic byte pattern: byte i of a pattern with @seed. */
 static inline uint8_t test_pattern(uint64_t seed, size_t i)
 {

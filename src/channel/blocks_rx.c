@@ -83,8 +83,9 @@ static int list_slots(struct gpuipc_channel *ch, struct gpuipc__blist *l,
                       struct gpuipc__rx_blocks *pb)
 {
   uint64_t size = gpuipc_buf_size(pb->bufs[0]), b = l->slot_bytes;
+  uint64_t nslots = size / b; /* wholly inside as mapped here */
   for (uint32_t i = 0; size < l->bufs[0].size && i < l->nblocks; i++)
-    if (l->slots[i] >= size / b)
+    if (l->slots[i] >= nslots)
       return gpuipc__err(GPUIPC_E_PROTO, "%s: block list of message %llu: "
                          "block %u (slot %u, offset %llu, %llu bytes) "
                          "reaches outside buffer key %llu, %zu bytes as "
