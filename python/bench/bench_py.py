@@ -3,6 +3,7 @@
   python3 python/bench/bench_py.py rtt        # 4 KiB round trip
   python3 python/bench/bench_py.py weights    # Llama-2-7B-shaped state dict
   python3 python/bench/bench_py.py all
+  python3 python/bench/bench_py.py snapshot [N]  # N snapshot versions in a row
 
 rtt: a 4 KiB tensor goes to a peer and back, N times, each timed: gpuipc
 Channel (HOST kind, and CUDA when a GPU is there) vs a torch.multiprocessing
@@ -345,8 +346,34 @@ def bench_weights():
     torch.cuda.empty_cache()
 
 
+def bench_snapshot(versions=20):
+    """Snapshots of tensors PyTorch's allocator made, same GPU: ``versions``
+    publish + copy_into in a row, against the floor of the same work in one
+    process (a copy_ of the publisher's bytes into a buffer of its own and
+    a copy_ from there into the reader's tensors: twice the one-process
+    copy), and the GPU's free memory before and after (no growth: the
+    publisher reuses its copies' segments once no reader holds them)."""
+    sd = make_sd()
+    total = sum(v.numel() * v.element_size() for v in sd.values())
+    t = _copy_floor(sd)
+    torch.cuda.empty_cache()
+    free0 = torch.cuda.mem_get_info()[0]
+    out = weights_gpuipc(sd, True, lend=False, rounds=versions)
+    torch.cuda.empty_cache()
+    free1 = torch.cuda.mem_get_info()[0]
+    later = sorted(o[0] for o in out[1:])
+    med = later[len(later) // 2]
+    print(f"snapshot, same GPU, {versions} versions of {total / 1e9:.2f} GB: first "
+          f"{out[0][0]:.4f} s, later median {med:.4f} s (min {later[0]:.4f}, max "
+          f"{later[-1]:.4f}); floor 2 x one-process copy_ {2 * t:.4f} s; ratio "
+          f"{med / (2 * t):.2f}; GPU free memory {free0 / 2**30:.2f} GiB before, "
+          f"{free1 / 2**30:.2f} GiB after", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what == "snapshot":
+        bench_snapshot(int(sys.argv[2]) if len(sys.argv) > 2 else 20)
     if what in ("rtt", "all"):
         bench_rtt()
     if what in ("weights", "all"):
