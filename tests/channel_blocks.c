@@ -20,6 +20,8 @@
  *     per batch (on the legacy stream, on gpuipc's own stream);
  *   - gpu-loop: the fake without either: the copies one by one, the same
  *     bytes;
+ *   - paged (host and gpu, kernel): a paged cache's blocks, whole slots of
+ *     one buffer on both sides: the list's slots form, into slots;
  *   - in flight: batches in flight are bounded by the depth, not by the
  *     host staging slots (a list of up to about 1300 blocks lies in its
  *     record slot's part of the list area); a larger list takes a staging
@@ -184,9 +186,11 @@ int main(void)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
   pair("chan-blocks-host", "host", "host");
+  pair("chan-blocks-hpaged", "host-paged", "host");
 #ifdef FAKE_CUDA_FULL
   setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
   pair("chan-blocks-gpu", "gpu", "kernel");
+  pair("chan-blocks-gpaged", "gpu-paged", "kernel");
   setenv("FAKE_CUDA_HIDE", "cuLaunchKernel", 1);
   pair("chan-blocks-batch", "gpu", "batch");
   setenv("FAKE_CUDA_HIDE", "cuLaunchKernel,cuMemcpyBatchAsync", 1);

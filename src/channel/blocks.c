@@ -48,6 +48,9 @@ struct blocks_plan {
                   * in the slots form (slots_form), block i's slot */
   bool host;
   int dev;
+  /* Destinations (overlap_check): every block in dst[0]'s buffer, this
+   * many bytes, at a multiple of it (a paged cache's); 0: not so. */
+  uint64_t uniform;
 };
 
 /* "HOST memory" or "GPU memory of device D", into @buf. */
@@ -440,10 +443,13 @@ static int overlap_slots(const char *who, const gpuipc_block_t *dst, size_t n)
 }
 
 /* No two of the @n destination blocks share a byte: sorted by address,
- * each ends before the next begins. -EINVAL naming two that do. */
-static int overlap_check(const char *who, const gpuipc_block_t *dst, size_t n)
+ * each ends before the next begins. -EINVAL naming two that do. Sets
+ * @p's uniform. */
+static int overlap_check(const char *who, const gpuipc_block_t *dst, size_t n,
+                         struct blocks_plan *p)
 {
   int u = overlap_slots(who, dst, n);
+  p->uniform = u == 1 ? dst[0].bytes : 0;
   if (u != 0)
     return u < 0 ? u : 0;
   struct range *r = malloc(n * sizeof(*r));
@@ -468,7 +474,8 @@ static int overlap_check(const char *who, const gpuipc_block_t *dst, size_t n)
 /* The pending message fits @dst: a block batch of @n blocks of the same
  * sizes. -EINVAL (the message stays first in line). */
 static int fits(struct gpuipc_channel *ch, const char *who,
-                const gpuipc_block_t *dst, size_t n)
+                const struct blocks_plan *dp, const gpuipc_block_t *dst,
+                size_t n)
 {
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   unsigned long long seq = ch->rx.pdesc.seq;
@@ -479,7 +486,9 @@ static int fits(struct gpuipc_channel *ch, const char *who,
   if (n != pb->n)
     return gpuipc__err(-EINVAL, "%s: message %llu holds %u blocks, not the "
                        "%zu destination blocks given", who, seq, pb->n, n);
-  for (size_t i = 0; i < n; i++) {
+  /* A paged cache into a paged cache: one size each side. */
+  bool one = pb->slots != NULL && dp->uniform == pb->slot_bytes;
+  for (size_t i = 0; !one && i < n; i++) {
     uint64_t b = pb->slots != NULL ? pb->slot_bytes : pb->bytes[i];
     if (dst[i].bytes != b)
       return gpuipc__err(-EINVAL, "%s: block %zu of message %llu is %llu "
@@ -496,14 +505,25 @@ static int fits(struct gpuipc_channel *ch, const char *who,
  * the pinned list of the message's record slot (klist.c).
  * GPUIPC_E_UNSUPPORTED: no kernel or no pinned memory here, copy otherwise.
  */
-static int copy_kernel(struct gpuipc_channel *ch, const gpuipc_block_t *dst,
-                       int dev, void *stream)
+static int copy_kernel(struct gpuipc_channel *ch, const struct blocks_plan *dp,
+                       const gpuipc_block_t *dst, int dev, void *stream)
 {
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   uint64_t *l = gpuipc__chan_klist(ch, ch->rx.pdesc.slot,
                                    (size_t)pb->n * 3 * sizeof(uint64_t), dev);
   if (l == NULL)
     return GPUIPC_E_UNSUPPORTED;
+  if (pb->slots != NULL && dp->uniform != 0) {
+    /* Both sides a paged cache's blocks: one pass, no look at buffers. */
+    uint64_t db = (uint64_t)(uintptr_t)gpuipc_buf_ptr(dst[0].buf);
+    uint64_t sb = (uint64_t)(uintptr_t)pb->slot_base, b = pb->slot_bytes;
+    for (uint32_t i = 0; i < pb->n; i++) {
+      l[3 * i] = db + dst[i].offset;
+      l[3 * i + 1] = sb + (uint64_t)pb->slots[i] * b;
+      l[3 * i + 2] = b;
+    }
+    return gpuipc__copy_blocks(dev, l, pb->n, stream);
+  }
   const gpuipc_buf_t *seen = NULL;
   uint64_t base = 0;
   for (uint32_t i = 0; i < pb->n; i++) {
@@ -556,7 +576,7 @@ static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
    * block a copy); else, or where it cannot, the driver's batched copy,
    * which spends microseconds a copy. */
   if (!pb->host && !dp->host) {
-    rc = copy_kernel(ch, dst, dev, stream);
+    rc = copy_kernel(ch, dp, dst, dev, stream);
     if (rc != GPUIPC_E_UNSUPPORTED)
       return rc;
   }
@@ -578,7 +598,7 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
                        const struct blocks_plan *dp,
                        const gpuipc_block_t *dst, size_t n, void *stream)
 {
-  int rc = fits(ch, who, dst, n);
+  int rc = fits(ch, who, dp, dst, n);
   if (rc != 0)
     return rc;
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
@@ -610,7 +630,7 @@ int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,
   dp.idx = NULL;
   int rc = blocks_check(who, "destination block", dst, n, &dp);
   if (rc == 0)
-    rc = overlap_check(who, dst, n);
+    rc = overlap_check(who, dst, n, &dp);
   if (rc != 0)
     return rc;
   rc = gpuipc__chan_rx_take(ch, who, timeout_ms);

@@ -9,7 +9,9 @@
  * given: the fake CUDA driver's (GPUIPC_CUDA_LIB), or a real GPU's, and a
  * created stream there; the receiver takes every second batch on the
  * legacy default stream instead, which the batch call refuses and gpuipc
- * batches on a stream of its own). BLK: the slot size, 4096 unless given (the
+ * batches on a stream of its own); host-paged, gpu-paged: the same with
+ * a paged cache's blocks, every block a whole slot of layer 0 (the list
+ * travels in its slots form, and the destinations are slots too). BLK: the slot size, 4096 unless given (the
  * refusals, whose sentences name sizes, are checked at 4096 only).
  *
  * send: checks gpuipc_channel_send_blocks' refusals (nothing is sent),
@@ -58,6 +60,7 @@
 #define LIST_OFF 4096
 
 static bool gpu;
+static bool paged; /* every block a slot of layer 0 */
 static void *stream;
 static uint64_t blk = BLK; /* a slot; BLK unless the command line says */
 static int dev;            /* the GPU of kind gpu */
@@ -66,6 +69,8 @@ static int dev;            /* the GPU of kind gpu */
 /* Block i's size: a slot, or 7/8 or 3/4 of one (4096, 3584, 3072). */
 static uint64_t blk_bytes(uint32_t i)
 {
+  if (paged)
+    return blk;
   return blk - (i % 3) * (blk / 8);
 }
 
@@ -200,7 +205,7 @@ static void fill(gpuipc_buf_t *const *layer, const uint32_t *ps, uint32_t b,
   uint8_t *tmp = malloc(blk);
   ASSERT_TRUE(tmp != NULL);
   for (uint32_t i = 0; i < NBLK; i++) {
-    gpuipc_buf_t *l = layer[i % 2];
+    gpuipc_buf_t *l = layer[paged ? 0 : i % 2];
     uint64_t off = (uint64_t)ps[(b % 2) * NBLK + i] * blk;
     blocks[i] = (gpuipc_block_t){l, off, blk_bytes(i)};
     uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(l) + off;
@@ -247,7 +252,7 @@ static void do_send(gpuipc_domain_t *dom, const char *name, uint32_t batches)
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ_U(info.sent, batches + 1);
-  ASSERT_EQ_U(info.buffers_sent, 4);
+  ASSERT_EQ_U(info.buffers_sent, paged ? 3 : 4);
   ASSERT_EQ_U(info.in_flight, 0);
   printf("sent %u batches of %d blocks: %llu messages, %llu buffers "
          "introduced\n", batches, NBLK, (unsigned long long)info.sent,
@@ -363,11 +368,27 @@ static void recv_wrong(gpuipc_channel_t *ch, gpuipc_block_t *dst)
   ASSERT_RC(gpuipc_channel_recv_blocks(ch, dst, NBLK - 1, stream, 30000),
             -EINVAL);
   ASSERT_ERR_MENTIONS("holds 1024 blocks, not the 1023");
+  char want[96];
+  snprintf(want, sizeof(want), "block 5 of message 2 is %llu bytes, "
+           "destination block 5 is %llu", (unsigned long long)blk_bytes(5),
+           (unsigned long long)blk_bytes(5) - 1);
   dst[5].bytes--;
   ASSERT_RC(gpuipc_channel_recv_blocks(ch, dst, NBLK, stream, 30000),
             -EINVAL);
-  ASSERT_ERR_MENTIONS("block 5 of message 2 is 3072 bytes, destination block 5 is 3071");
+  ASSERT_ERR_MENTIONS(want);
   dst[5].bytes++;
+  if (paged) { /* a paged cache's destinations, of another size */
+    for (uint32_t i = 0; i < NBLK; i++)
+      dst[i].bytes /= 2;
+    ASSERT_RC(gpuipc_channel_recv_blocks(ch, dst, NBLK, stream, 30000),
+              -EINVAL);
+    snprintf(want, sizeof(want), "block 0 of message 2 is %llu bytes, "
+             "destination block 0 is %llu", (unsigned long long)blk,
+             (unsigned long long)blk / 2);
+    ASSERT_ERR_MENTIONS(want);
+    for (uint32_t i = 0; i < NBLK; i++)
+      dst[i].bytes *= 2;
+  }
 }
 
 static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
@@ -418,7 +439,7 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ_U(info.received, batches + 1);
-  ASSERT_EQ_U(info.buffers_imported, 4);
+  ASSERT_EQ_U(info.buffers_imported, paged ? 3 : 4);
   if (strcmp(copies, "kernel") == 0) {
     ASSERT_EQ(launched, (int)batches);
     ASSERT_EQ(batched, 0);
@@ -545,7 +566,8 @@ int main(int argc, char **argv)
   if (strcmp(mode, "lie") == 0) {
     do_lie(dom, argv[3], argv[4]);
   } else {
-    gpu = strcmp(argv[4], "gpu") == 0;
+    gpu = strncmp(argv[4], "gpu", 3) == 0;
+    paged = strstr(argv[4], "-paged") != NULL;
     if (argc > 7)
       blk = strtoull(argv[7], NULL, 10);
     if (argc > 8)
