@@ -18,6 +18,11 @@ that N does not use (readers that hold them keep them), except N-1's
 copies' segment, which the publisher keeps for reuse (``Publisher._POOL``
 retired ones at most; beyond that the oldest is unlinked).
 
+A version copied into a segment that a retired version leaves names the
+publisher's interprocess event in its manifest ("event"), recorded on the
+publisher's stream after the copies: the publisher's host does not wait
+for them, and a reader's stream waits for the event before it reads.
+
 Copies' segments are reused, not made anew for each version: a reader
 uses version N while it holds N's manifest segment (a tensor of N's
 copies holds it), and can only open N's manifest until N is retired (its
@@ -239,6 +244,7 @@ class Publisher(_Named):
         self._placed = None  # _layout of the newest version when all of it is lent
         self._man_ver = 0    # the version whose manifest places the newest
         self._sync_dev = -1  # the device whose stream a version waits for
+        self._event = None   # (device, Event, its handle in hex): see _record
 
     def _current(self):
         """(newest version, its manifest's version); (0, 0) while the
@@ -361,7 +367,7 @@ class Publisher(_Named):
         cuda = dev is not None or any(t.is_cuda for t in placed)
         s = stream if stream is not None else (
             torch.cuda.current_stream(dev) if cuda else None)
-        data = None
+        data, ev_hex = None, None
         if copies:
             data = self._take_data(max(off, _ALIGN), dev)
             seg, raw, fresh = data[1], data[2], data[3]
@@ -371,7 +377,9 @@ class Publisher(_Named):
             if fresh:
                 seg.publish(s if dev is not None else None)
             elif dev is not None:
-                s.synchronize()  # published long ago: readers find the copies done
+                # Published long ago: readers' streams wait for this
+                # event, which the manifest names, and the host goes on.
+                ev_hex = self._record(dev, s)
             data = data[:3]
         if placed and cuda and s is not None:
             s.synchronize()  # readers find lent tensors written when they look
@@ -379,6 +387,7 @@ class Publisher(_Named):
         self._man_epoch = self._epoch() if data is not None else None
         man = json.dumps({"version": ver, "copied": data is not None,
                           "data": None if data is None else data[0],
+                          "event": ev_hex,
                           "nbytes": off, "segments": sorted(segs, key=segs.get),
                           "tensors": entries}).encode()
         mseg = _create_fresh(self.domain, f"{self.name}.v{ver}.m", len(man) + 8, kind=HOST,
@@ -398,6 +407,20 @@ class Publisher(_Named):
         self._placed = layout if data is None else None
         self._sweep(ver)
         return ver
+
+    def _record(self, dev, s):
+        """Record this publisher's interprocess event of GPU ``dev`` on
+        stream ``s``; its handle, in hex, for the manifest. Re-recorded for
+        each version: a reader that waits after a later record waits a
+        little longer, for copies into another segment."""
+        from ._event import Event
+        if self._event is None or self._event[0] != dev:
+            if self._event is not None:
+                self._event[1].release()
+            ev = Event(dev)
+            self._event = (dev, ev, bytes(ev.export()).hex())
+        self._event[1].record(s)
+        return self._event[2]
 
     def _republish(self, stream):
         """The next version of a state dict that lies where the newest did,
@@ -569,6 +592,9 @@ class Publisher(_Named):
         for seg in self.segments():
             seg.release()
         self._lent, self._starts, self._keep, self._data, self._pool = {}, [], (), None, []
+        if self._event is not None:
+            self._event[1].release()
+            self._event = None
         self._close_head()
 
 
@@ -604,6 +630,7 @@ class Reader(_Named):
         self._copies = {}  # copies' segment name -> Segment, the last _COPIES used
         self._last = None  # (manifest version, views) of an all-lent version
         self._lock = threading.Lock()
+        self._events = {}  # publishers' events ((hex handle, device) -> Event): _wait
 
     def open(self):
         """The newest version as a SharedStateDict of zero-copy tensors. Its
@@ -616,19 +643,24 @@ class Reader(_Named):
         retired before this reader mapped it is skipped for the newest at
         once. NotFound: a segment the head still names is gone (unlinked
         by hand)."""
+        return self._open(self.stream)
+
+    def _open(self, stream):
+        """open(), with ``stream`` the one that waits for copied versions'
+        writes."""
         if self._head is None:
             self._hold_head(self.domain.open_segment(self.name, wait=True,
                                                      timeout=self.timeout))
         for _ in range(100):
             ver, mver = self._read_head()
             try:
-                return self._open_version(ver, mver)
+                return self._open_version(ver, mver, stream)
             except NotFound:
                 if self._read_head() == (ver, mver):
                     raise  # gone, yet still the newest: nothing newer to take
         raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
 
-    def _open_version(self, ver, mver):
+    def _open_version(self, ver, mver, stream=None):
         """Version ``ver`` (placed by version ``mver``'s manifest); NotFound
         when a segment of it is gone (retired: the head has moved on)."""
         if self._last is not None and self._last[0] == mver:
@@ -641,6 +673,8 @@ class Reader(_Named):
         try:
             if man["copied"]:
                 packed = self._copies_of(man, ver, mseg)
+                if man.get("event"):
+                    self._wait(man["event"], stream)
         finally:
             mseg.release()  # held on by the copies' tensors, if any
         views = self._make_views(man, packed)
@@ -651,6 +685,28 @@ class Reader(_Named):
         return out
 
     _COPIES = 2  # copies' segments kept mapped: a publisher alternates two
+
+    def _wait(self, handle, stream):
+        """Make ``stream`` (None: PyTorch's current one) wait for the
+        publisher's event ``handle`` (hex), recorded after its copies into
+        a segment it reused (the publisher's host does not wait for them)."""
+        from ._event import Event
+        torch = _torch()
+        # Opened for the stream's GPU: a stream waits only on events of
+        # its own device's context.
+        dev = getattr(stream, "device", None)
+        if dev is not None:
+            dev = dev.index if hasattr(dev, "index") else int(dev)
+        elif stream is None or self.device < 0:
+            dev = torch.cuda.current_device()
+        else:
+            dev = self.device
+        ev = self._events.get((handle, dev))
+        if ev is None:
+            while len(self._events) >= 4:  # a publisher keeps one a GPU
+                self._events.pop(next(iter(self._events))).release()
+            ev = self._events[(handle, dev)] = Event.from_handle(bytes.fromhex(handle), dev)
+        ev.wait(stream)
 
     def _copies_of(self, man, ver, mseg):
         """The bytes of version ``ver``'s copies as a torch tensor, which
@@ -707,7 +763,7 @@ class Reader(_Named):
         _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))
-        with self.open() as sd:
+        with self._open(stream if stream is not None else self.stream) as sd:
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             with ctx:
                 for k, t in target.items():
@@ -721,6 +777,9 @@ class Reader(_Named):
         made from it is left."""
         for seg in self._copies.values():
             seg.release()
+        for ev in self._events.values():
+            ev.release()
+        self._events = {}
         self._segs, self._raws, self._views, self._last, self._copies = {}, {}, {}, None, {}
         self._close_head()
 
