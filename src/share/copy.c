@@ -313,6 +313,37 @@ int gpuipc__share_alone(struct share_call *c)
   return 0;
 }
 
+/* Whether member @s still copies: LIVE, not DONE, LEFT or FAILED, and
+ * its process there. */
+static bool still_copying(struct share_call *c, int s, uint64_t now)
+{
+  uint32_t f = atomic_load(&c->t->members[s].flags);
+  uint32_t over = GPUIPC__SM_DONE | GPUIPC__SM_LEAVING | GPUIPC__SM_LEFT |
+                  GPUIPC__SM_FAILED;
+  if (!(f & GPUIPC__SM_LIVE) || (f & over) || (f & ~GPUIPC__SM_KNOWN))
+    return false;
+  return !gpuipc__share_gone(c->t, s, c->peers, now);
+}
+
+void gpuipc__share_linger(struct share_call *c)
+{
+  atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_DONE);
+  gpuipc__share_step(GPUIPC__SHARE_LEAVE, -1);
+  if (!c->server)
+    return;
+  uint64_t deadline = gpuipc__deadline(c->timeout_ms);
+  unsigned nap = 20;
+  for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
+    if (s == c->me || atomic_load(&c->t->members[s].pid) == 0)
+      continue;
+    while (still_copying(c, s, gpuipc__now_ns()) &&
+           gpuipc__now_ns() < deadline) {
+      gpuipc__sleep_us(nap);
+      nap = nap < 1000 ? nap * 2 : 1000;
+    }
+  }
+}
+
 /* Whether reader @r's copies from this member have all landed. */
 static bool drained(struct share_call *c, int r, uint64_t now)
 {

@@ -264,12 +264,18 @@ static bool others_live(struct share_call *c)
 
 static int leave(struct share_call *c, struct share_lent *lent, int rc)
 {
+  char why[512];
   int wrc = rdone_wait(c);
   if (rc == 0)
     rc = wrc;
   if (rc == 0 &&
       (atomic_load(&c->t->members[c->me].flags) & GPUIPC__SM_FAILED))
     rc = gpuipc__share_failed(c);
+  if (rc == 0)
+    gpuipc__share_linger(c);
+  /* What went wrong, kept from the calls that let go below. */
+  if (rc != 0)
+    snprintf(why, sizeof(why), "%s", gpuipc_last_error());
   gpuipc__share_drain(c);
   gpuipc__share_lend_end(c->dom, lent);
   gpuipc__share_peers_close(c->po);
@@ -284,7 +290,7 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
   }
   gpuipc_buf_release(c->t->buf);
   c->t = NULL;
-  return rc;
+  return rc != 0 ? gpuipc__err(rc, "%s", why) : 0;
 }
 
 /* ----- the calls ----- */
@@ -336,10 +342,7 @@ static int share_run(struct share_call *c)
     c->t = NULL;
     return gpuipc__share_alone(c);
   }
-  int rc = gpuipc__share_run(c);
-  if (rc == 0)
-    gpuipc__share_step(GPUIPC__SHARE_LEAVE, -1);
-  return leave(c, lent, rc);
+  return leave(c, lent, gpuipc__share_run(c));
 }
 
 int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,

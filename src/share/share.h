@@ -41,7 +41,8 @@
 #define GPUIPC__SM_LEAVING 0x4u /* done: nobody starts a copy from it */
 #define GPUIPC__SM_LEFT 0x8u    /* gone from the round */
 #define GPUIPC__SM_FAILED 0x10u /* marked by a peer: its call fails */
-#define GPUIPC__SM_KNOWN 0x1fu
+#define GPUIPC__SM_DONE 0x20u   /* has every chunk; still serves */
+#define GPUIPC__SM_KNOWN 0x3fu
 
 /*
  * The round table, a HOST segment every member maps. All words are
@@ -255,6 +256,12 @@ struct share_call {
 int gpuipc__share_run(struct share_call *c);
 /* Copy every chunk @c still misses from the publisher. */
 int gpuipc__share_alone(struct share_call *c);
+/*
+ * Mark this member DONE, then stay in the round (serving) until every
+ * other live member is DONE too, or the timeout passes: members that
+ * still copy find their chunks here rather than at the publisher.
+ */
+void gpuipc__share_linger(struct share_call *c);
 /* Wait (bounded) until no peer copies from this member any more. */
 void gpuipc__share_drain(struct share_call *c);
 /* This member's failure, when a peer marked it FAILED: -ETIMEDOUT with the
@@ -267,7 +274,7 @@ enum gpuipc__share_step {
   GPUIPC__SHARE_CLAIMED, /* chunk claimed, its copy not started */
   GPUIPC__SHARE_MIDCOPY, /* half of the chunk copied (HOST) */
   GPUIPC__SHARE_DONE,    /* done word written */
-  GPUIPC__SHARE_LEAVE,   /* every chunk in, before leaving */
+  GPUIPC__SHARE_LEAVE,   /* every chunk in, DONE, before lingering */
 };
 typedef void (*gpuipc__share_hook_fn)(enum gpuipc__share_step step, long chunk,
                                       void *arg);

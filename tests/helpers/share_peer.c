@@ -152,14 +152,16 @@ int main(int argc, char **argv)
   int rc = gpuipc_share_copy(dom, argv[6], ext, SHARE_NEXT, NULL, &o);
   struct gpuipc__share_stats st;
   gpuipc__share_test_stats(&st);
-  char out[256];
+  char msg[600], out[900];
+  snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
+  for (char *p = msg; *p; p++)
+    if (*p == '\n')
+      *p = ' ';
   snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
-           "reclaimed=%llu bad=%ld\n", rc, (unsigned long long)st.from_pub,
-           (unsigned long long)st.from_peer, st.joined, st.server,
-           (unsigned long long)st.reclaimed, rc == 0 ? check(dst, seed) : 0);
-  if (rc != 0)
-    fprintf(stderr, "share_peer %d: %s\n", (int)getpid(),
-            gpuipc_last_error());
+           "reclaimed=%llu bad=%ld msg=%s\n", rc,
+           (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
+           st.joined, st.server, (unsigned long long)st.reclaimed,
+           rc == 0 ? check(dst, seed) : 0, msg);
   say(out);
   while (hear(line, sizeof(line)))
     ;

@@ -10,7 +10,7 @@
  * says "joined" when it took its slot and "leave" once every chunk is in;
  * with a gate it then waits for "out" before it leaves the round. Then it
  * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
- * reclaimed=N bad=N", and waits for EOF to exit.
+ * reclaimed=N bad=N msg=LAST_ERROR", and waits for EOF to exit.
  */
 #ifndef GPUIPC_TEST_SHARE_PEER_H
 #define GPUIPC_TEST_SHARE_PEER_H
@@ -177,6 +177,7 @@ struct sresult {
   int rc, joined, server;
   unsigned long long pub, peer, reclaimed;
   long bad;
+  char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
 };
 
 /* Read the result line (after any "joined"/"leave" lines). */
@@ -188,10 +189,13 @@ static inline void sreader_result(struct sreader *r, struct sresult *out)
       TFAIL("reader %d: EOF before its result", (int)r->pid);
     if (strncmp(l, "rc=", 3) != 0)
       continue;
+    int at = -1;
     if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
-               "reclaimed=%llu bad=%ld", &out->rc, &out->pub, &out->peer,
-               &out->joined, &out->server, &out->reclaimed, &out->bad) != 7)
+               "reclaimed=%llu bad=%ld msg=%n", &out->rc, &out->pub,
+               &out->peer, &out->joined, &out->server, &out->reclaimed,
+               &out->bad, &at) != 7 || at < 0)
       TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
+    snprintf(out->msg, sizeof(out->msg), "%s", l + at);
     return;
   }
 }
@@ -214,7 +218,8 @@ static inline int sreader_end(struct sreader *r)
 static inline void sresult_check_ok(const struct sresult *s, int who)
 {
   if (s->rc != 0 || s->bad != 0)
-    TFAIL("reader %d: rc %d, %ld wrong bytes", who, s->rc, s->bad);
+    TFAIL("reader %d: rc %d, %ld wrong bytes (%s)", who, s->rc, s->bad,
+          s->msg);
   if (s->pub + s->peer != share_nchunks())
     TFAIL("reader %d: %llu chunks from the publisher + %llu from peers, "
           "not %llu", who, s->pub, s->peer,
