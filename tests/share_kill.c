@@ -3,7 +3,8 @@
  * after it claims and before its copy, half way through a copy, after it
  * marked chunks done, while the others copy from it, and at a claim while
  * the others run beside it. The survivors get every byte right and return
- * 0 (a dead member's claims are taken over at once); only the killed one
+ * 0 (a dead member's claims are taken over at once: even with no timeout
+ * at all, its process is seen gone); only the killed one
  * fails; the broker lists none of the round's segments once all are gone.
  */
 #include "test.h"
@@ -11,11 +12,10 @@
 
 #define NSURV 2
 
-static void survivors(struct sreader *s, const char *round)
+static void survivors(struct sreader *s, const char *round, int timeout_ms)
 {
   for (int i = 0; i < NSURV; i++) {
-    sreader_start(&s[i], "share", "v1", 1, round, "", 1, "own",
-                  SHARE_TIMEOUT_MS);
+    sreader_start(&s[i], "share", "v1", 1, round, "", 1, "own", timeout_ms);
     sreader_expect(&s[i], "ready");
   }
 }
@@ -55,17 +55,20 @@ static unsigned long long survivors_check(struct sreader *s)
 
 /*
  * The killed member dies at @hook before the survivors start: they join
- * its round and take over the @claims claims it made (done or not).
+ * its round and take over the @claims claims it made (done or not). With
+ * a survivors' @timeout_ms of GPUIPC_TIMEOUT_FOREVER only seeing that its
+ * process is gone lets them go on.
  */
 static void killed_before(gpuipc_domain_t *dom, const char *hook,
-                          const char *round, unsigned long long claims)
+                          const char *round, unsigned long long claims,
+                          int timeout_ms)
 {
   test_stamp("%s: the member is killed at %s", round, hook);
   struct sreader k, s[NSURV];
   sreader_start(&k, "share", "v1", 1, round, hook, 0, "own",
                 SHARE_TIMEOUT_MS);
   sreader_expect(&k, "ready");
-  survivors(s, round);
+  survivors(s, round, timeout_ms);
   sreader_send(&k, "go\n");
   ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
   ASSERT_EQ_U(survivors_check(s), claims);
@@ -82,7 +85,7 @@ static void killed_serving(gpuipc_domain_t *dom)
   sreader_send(&k, "go\n");
   sreader_expect(&k, "joined");
   sreader_expect(&k, "leave");
-  survivors(s, "k5");
+  survivors(s, "k5", SHARE_TIMEOUT_MS);
   for (int i = 0; i < NSURV; i++)
     sreader_send(&s[i], "go\n");
   for (int i = 0; i < NSURV; i++)
@@ -108,7 +111,7 @@ static void killed_among(gpuipc_domain_t *dom)
   sreader_start(&k, "share", "v1", 1, "k6", "claimed:5:kill", 0, "own",
                 SHARE_TIMEOUT_MS);
   sreader_expect(&k, "ready");
-  survivors(s, "k6");
+  survivors(s, "k6", SHARE_TIMEOUT_MS);
   sreader_send(&k, "go\n");
   (void)survivors_check(s);
   ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
@@ -122,10 +125,11 @@ int main(void)
   ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
   gpuipc_buf_t *v[SHARE_NSRC];
   share_publish(dom, "v1", 1, v);
-  killed_before(dom, "joined:1:kill", "k1", 0);
-  killed_before(dom, "claimed:2:kill", "k2", 2);
-  killed_before(dom, "midcopy:2:kill", "k3", 2);
-  killed_before(dom, "done:3:kill", "k4", 3);
+  killed_before(dom, "joined:1:kill", "k1", 0, SHARE_TIMEOUT_MS);
+  killed_before(dom, "claimed:2:kill", "k2", 2, SHARE_TIMEOUT_MS);
+  killed_before(dom, "midcopy:2:kill", "k3", 2, SHARE_TIMEOUT_MS);
+  killed_before(dom, "done:3:kill", "k4", 3, SHARE_TIMEOUT_MS);
+  killed_before(dom, "midcopy:3:kill", "k7", 3, GPUIPC_TIMEOUT_FOREVER);
   killed_serving(dom);
   killed_among(dom);
   for (int i = 0; i < SHARE_NSRC; i++)

@@ -5,11 +5,14 @@
  * while they are there, and one that comes after they left starts a new
  * round and copies from the publisher; a reader whose destination cannot
  * be lent (imported memory) serves nobody but copies what others did,
- * and alone copies from the publisher. After each round the broker lists
- * none of its segments.
+ * and alone copies from the publisher; a member that has everything stays
+ * while another still copies. After each round the broker lists none of
+ * its segments.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
+
+#include <sys/wait.h>
 
 static void start(struct sreader *r, const char *prefix, unsigned seed,
                   const char *round, const char *dst)
@@ -158,6 +161,44 @@ static void non_server(gpuipc_domain_t *dom)
     gpuipc_buf_release(v[i]);
 }
 
+/*
+ * A member that has every chunk stays (serving) while another member of
+ * its round still copies: the other, stopped since it joined, continues
+ * after the first said it had everything, and copies it all from there.
+ */
+static void lingering(gpuipc_domain_t *dom)
+{
+  gpuipc_buf_t *v[SHARE_NSRC];
+  share_publish(dom, "v6", 6, v);
+  struct sreader a, b;
+  struct sresult sa, sb;
+  sreader_start(&b, "share", "v6", 6, "x6", "joined:1:stop", 0, "own",
+                60000);
+  sreader_expect(&b, "ready");
+  sreader_start(&a, "share", "v6", 6, "x6", "", 0, "own", 60000);
+  sreader_expect(&a, "ready");
+  sreader_send(&b, "go\n");
+  sreader_expect(&b, "joined");
+  int status;
+  ASSERT_EQ(waitpid(b.pid, &status, WUNTRACED), b.pid);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  sreader_send(&a, "go\n");
+  sreader_expect(&a, "joined");
+  sreader_expect(&a, "leave");
+  ASSERT_EQ(kill(b.pid, SIGCONT), 0);
+  sreader_result(&b, &sb);
+  sreader_result(&a, &sa);
+  sresult_check_ok(&sa, 0);
+  sresult_check_ok(&sb, 1);
+  ASSERT_EQ_U(sa.pub, share_nchunks());
+  ASSERT_EQ_U(sb.pub, 0);
+  ASSERT_EQ(sreader_end(&a), 0);
+  ASSERT_EQ(sreader_end(&b), 0);
+  share_wait_none(dom, "x6");
+  for (int i = 0; i < SHARE_NSRC; i++)
+    gpuipc_buf_release(v[i]);
+}
+
 int main(void)
 {
   signal(SIGPIPE, SIG_IGN);
@@ -166,6 +207,7 @@ int main(void)
   two_versions(dom);
   late_joiners(dom);
   non_server(dom);
+  lingering(dom);
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }

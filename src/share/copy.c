@@ -176,15 +176,21 @@ static bool stale(struct share_call *c, long i, uint64_t cw, bool done,
     gpuipc__share_mark_failed(c->t, slot);
     return true;
   }
+  uint64_t beat = atomic_load(&c->t->members[slot].beat);
   if (c->seen_claim[i] != cw) {
     c->seen_claim[i] = cw;
     c->seen_ns[i] = now;
+    c->seen_beat[i] = beat;
     return false;
   }
   if (c->timeout_ms < 0 ||
       now - c->seen_ns[i] < (uint64_t)c->timeout_ms * 1000000ull)
     return false;
-  gpuipc__share_mark_failed(c->t, slot);
+  /* Taken over either way; its member failed only if it stalled (a claim
+   * in its name that it never made, or a copy slower than the timeout,
+   * costs it nothing: its own bytes are right). */
+  if (beat == c->seen_beat[i])
+    gpuipc__share_mark_failed(c->t, slot);
   return true;
 }
 
@@ -287,6 +293,7 @@ int gpuipc__share_run(struct share_call *c)
   while (missing > 0) {
     if (failed(c))
       return gpuipc__share_failed(c);
+    gpuipc__share_beat(c->t, c->me);
     int n = turn(c, &hint);
     if (n < 0)
       return n;
@@ -338,6 +345,7 @@ void gpuipc__share_linger(struct share_call *c)
       continue;
     while (still_copying(c, s, gpuipc__now_ns()) &&
            gpuipc__now_ns() < deadline) {
+      gpuipc__share_beat(c->t, c->me);
       gpuipc__sleep_us(nap);
       nap = nap < 1000 ? nap * 2 : 1000;
     }
@@ -372,6 +380,7 @@ void gpuipc__share_drain(struct share_call *c)
         gpuipc__share_mark_failed(c->t, r);
         break;
       }
+      gpuipc__share_beat(c->t, c->me);
       gpuipc__sleep_us(nap);
       nap = nap < 1000 ? nap * 2 : 1000;
     }

@@ -243,6 +243,7 @@ static int rdone_wait(struct share_call *c)
       return gpuipc__err(-ETIMEDOUT, "gpuipc_share_copy(%s): the copies "
                          "from peers did not complete within %d ms",
                          c->round, c->timeout_ms);
+    gpuipc__share_beat(c->t, c->me);
     gpuipc__sleep_us(nap);
     nap = nap < 1000 ? nap * 2 : 1000;
   }
@@ -302,7 +303,8 @@ static int call_alloc(struct share_call *c, uint32_t nchunks)
   c->own = calloc(n, sizeof(uint64_t));
   c->seen_claim = calloc(n, sizeof(uint64_t));
   c->seen_ns = calloc(n, sizeof(uint64_t));
-  if (c->have && c->own && c->seen_claim && c->seen_ns)
+  c->seen_beat = calloc(n, sizeof(uint64_t));
+  if (c->have && c->own && c->seen_claim && c->seen_ns && c->seen_beat)
     return 0;
   return gpuipc__err(-ENOMEM, "gpuipc_share_copy: out of memory");
 }
@@ -313,6 +315,7 @@ static void call_free(struct share_call *c)
   free(c->own);
   free(c->seen_claim);
   free(c->seen_ns);
+  free(c->seen_beat);
 }
 
 /* Whether a GPU reader's destination is on the publisher's GPU. */

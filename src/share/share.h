@@ -76,7 +76,10 @@ struct share_member {
   _Atomic uint64_t rseq[GPUIPC__SHARE_MEMBERS];
   _Atomic uint64_t from_pub; /* chunks it copied from the publisher */
   _Atomic uint64_t from_peer;
-  uint8_t pad2[48];
+  /* Counted up as the member works (each turn, each nap of its waits):
+   * a claimer whose beat stands still through the timeout has stalled. */
+  _Atomic uint64_t beat;
+  uint8_t pad2[40];
 };
 
 struct share_chunk {
@@ -184,6 +187,11 @@ bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
                            int me, uint64_t *word);
 /* Mark member @slot FAILED (a peer found it stalled or dead). */
 void gpuipc__share_mark_failed(struct share_table *t, int slot);
+/* This member is at work (its beat goes on). */
+static inline void gpuipc__share_beat(struct share_table *t, int me)
+{
+  atomic_fetch_add_explicit(&t->members[me].beat, 1, memory_order_relaxed);
+}
 
 /* ----- lend.c ----- */
 struct share_lent; /* what this member lent */
@@ -248,7 +256,8 @@ struct share_call {
   uint64_t rseq; /* the number of this member's last copy from a peer */
   uint8_t *have; /* [nchunks] */
   uint64_t *own;  /* [nchunks]: the claim word this member took, or 0 */
-  uint64_t *seen_claim, *seen_ns; /* [nchunks]: stale-claim clocks */
+  /* [nchunks]: a claim as first seen, when, and its claimer's beat then */
+  uint64_t *seen_claim, *seen_ns, *seen_beat;
   struct gpuipc__share_stats st;
 };
 

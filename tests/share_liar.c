@@ -1,0 +1,87 @@
+/*
+ * gpuipc_share_copy beside a process that maps the round table and
+ * writes garbage into it (tests/helpers/share_liar.c): fake members in
+ * free slots, claim and done words that name nobody, free slots, fake
+ * servers whose extent maps point outside any mapping, members with the
+ * wrong start time or impossible flags, claims in honest members' names,
+ * and at last a spoilt header. The honest members return 0 with every
+ * byte right (the liar made them copy from the publisher what they could
+ * not get from a peer); one that comes after the header was spoilt copies
+ * alone. The round's segments are gone once all left.
+ */
+#include "test.h"
+#include "helpers/share_peer.h"
+
+static void liar_start(struct sreader *r, const char *round)
+{
+  int cmd[2], rep[2];
+  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
+    TFAIL("pipe2: %s", strerror(errno));
+  char a[16], b[16];
+  snprintf(a, sizeof(a), "%d", cmd[0]);
+  snprintf(b, sizeof(b), "%d", rep[1]);
+  const char *args[] = {a, b, "share", round, NULL};
+  int keep[] = {cmd[0], rep[1], -1};
+  r->pid = test_spawn("share_liar", args, keep);
+  close(cmd[0]);
+  close(rep[1]);
+  r->in = cmd[1];
+  r->out = rep[0];
+  r->len = 0;
+  r->status = -1;
+}
+
+int main(void)
+{
+  signal(SIGPIPE, SIG_IGN);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
+  gpuipc_buf_t *v[SHARE_NSRC];
+  share_publish(dom, "v1", 1, v);
+  struct sreader r[4], liar;
+  for (int i = 0; i < 4; i++) {
+    sreader_start(&r[i], "share", "v1", 1, "lr", "", i < 3, "own",
+                  SHARE_TIMEOUT_MS);
+    sreader_expect(&r[i], "ready");
+  }
+  /* The first member has every chunk; the liar spoils the table. */
+  sreader_send(&r[0], "go\n");
+  sreader_expect(&r[0], "joined");
+  sreader_expect(&r[0], "leave");
+  liar_start(&liar, "lr");
+  sreader_expect(&liar, "lied");
+  /* Two more copy while it goes on lying. */
+  for (int i = 1; i < 3; i++)
+    sreader_send(&r[i], "go\n");
+  for (int i = 1; i < 3; i++)
+    sreader_expect(&r[i], "joined");
+  for (int i = 1; i < 3; i++)
+    sreader_expect(&r[i], "leave");
+  /* A spoilt header: the next one copies alone. */
+  sreader_send(&liar, "header\n");
+  sreader_expect(&liar, "header");
+  sreader_send(&r[3], "go\n");
+  struct sresult s;
+  sreader_result(&r[3], &s);
+  sresult_check_ok(&s, 3);
+  ASSERT_EQ(s.joined, 0);
+  ASSERT_EQ_U(s.pub, share_nchunks());
+  ASSERT_EQ(sreader_end(&liar), 0);
+  unsigned long long reclaimed = 0;
+  for (int i = 0; i < 3; i++) {
+    sreader_send(&r[i], "out\n");
+    sreader_result(&r[i], &s);
+    sresult_check_ok(&s, i);
+    ASSERT_EQ(s.joined, 1);
+    reclaimed += s.reclaimed;
+  }
+  /* The liar's words were taken over (else they were not looked at). */
+  ASSERT_GT(reclaimed, 0);
+  for (int i = 0; i < 4; i++)
+    ASSERT_EQ(sreader_end(&r[i]), 0);
+  share_wait_none(dom, "lr");
+  for (int i = 0; i < SHARE_NSRC; i++)
+    gpuipc_buf_release(v[i]);
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  return 0;
+}
