@@ -3,7 +3,8 @@
  * CMD_FD REP_FD DOMAIN ROUND. It maps ROUND's table and writes garbage:
  * members in free slots (two that live and "serve": one with an extent
  * map pointing at buffers it never lent, one at offsets past the end of
- * a 4 KiB segment it did lend, under its id; one with the test's pid but
+ * a 4 KiB segment it did lend, under its id; one whose name holds 4 MiB
+ * of garbage that is not the segment its id names; one with the test's pid but
  * another start time, one with flags no member has), and claim and done
  * words on the chunks: words naming no slot, free slots, its fake
  * members (done, so that others try to read there), and honest members'
@@ -33,16 +34,17 @@ static void say(int fd, const char *s)
  * Lend a real segment of 4 KiB as fake member 41's buffer 0, with its true
  * id, so that readers open it and must find the chunks past its end.
  */
-static uint64_t fake_lend(gpuipc_domain_t *dom, const char *round,
-                          gpuipc_buf_t **out)
+static uint64_t fake_lend(gpuipc_domain_t *dom, const char *round, int slot,
+                          size_t bytes, gpuipc_buf_t **out)
 {
   char name[GPUIPC_NAME_MAX + 1];
-  snprintf(name, sizeof(name), "%s.share.41.0", round);
+  snprintf(name, sizeof(name), "%s.share.%d.0", round, slot);
   gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
-  o.bytes = 4096;
+  o.bytes = bytes;
   o.kind = GPUIPC_KIND_HOST;
   o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
   ASSERT_OK(gpuipc_segment_open(dom, name, &o, out));
+  memset(gpuipc_buf_ptr(*out), 0x5A, bytes);
   uint64_t id = 0;
   ASSERT_OK(gpuipc__seg_id_of(*out, dom, &id));
   return id;
@@ -65,6 +67,7 @@ static void fake_members(uint64_t lent_id)
        1},
       {43, 0x7ffffff0u, 7, 0xffffffffu, 3},
       {44, me, st, GPUIPC__SM_LIVE, 1},
+      {45, me, st, GPUIPC__SM_LIVE | GPUIPC__SM_SERVER, 1},
   };
   for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
     struct share_member *m = &t.members[f[i].slot];
@@ -79,6 +82,10 @@ static void fake_members(uint64_t lent_id)
         x->k = 0;
         x->off = e % 2 ? (1ull << 40) : 4000;
         x->seg_id = lent_id;
+      }
+      if (f[i].slot == 45) { /* in range, but not the segment it names */
+        x->k = 0;
+        x->off = 0;
       }
     }
     atomic_store(&m->pid, f[i].pid);
@@ -108,8 +115,10 @@ static void lie(uint32_t i)
     atomic_store(&ch->claim, w);
     atomic_store(&ch->done, w ^ 0x100);
     break;
-  case 4: /* done by the member with impossible flags, by the dead one */
-    w = (r & ~0xffull) | ((r >> 8) % 2 ? 44 : 43);
+  case 4: /* done by the member with impossible flags, by the dead one,
+           * by the one whose segment is not what it says */
+    w = (r >> 8) % 3;
+    w = (r & ~0xffull) | (w == 0 ? 44 : w == 1 ? 43 : 46);
     atomic_store(&ch->claim, w);
     atomic_store(&ch->done, w);
     break;
@@ -136,8 +145,10 @@ int main(int argc, char **argv)
   if (need > gpuipc_buf_size(b))
     TFAIL("the table is smaller than its header says");
   gpuipc__share_table_map(&t, b, &l);
-  gpuipc_buf_t *lent;
-  fake_members(fake_lend(dom, argv[4], &lent));
+  gpuipc_buf_t *lent, *other;
+  fake_members(fake_lend(dom, argv[4], 41, 4096, &lent));
+  /* Member 45's buffer: 4 MiB of 0x5A under its name, its id unrecorded. */
+  (void)fake_lend(dom, argv[4], 45, 4u << 20, &other);
   for (uint32_t i = 0; i < t.nchunks; i++)
     lie(i);
   say(rep, "lied\n");
@@ -157,6 +168,7 @@ int main(int argc, char **argv)
     lie((uint32_t)(test_xorshift(&rng) % t.nchunks));
     usleep(100);
   }
+  gpuipc_buf_release(other);
   gpuipc_buf_release(lent);
   gpuipc_buf_release(b);
   ASSERT_OK(gpuipc_domain_leave(dom));
