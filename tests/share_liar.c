@@ -7,12 +7,16 @@
  * and at last a spoilt header. The honest members return 0 with every
  * byte right (the liar made them copy from the publisher what they could
  * not get from a peer); one that comes after the header was spoilt copies
- * alone. The round's segments are gone once all left.
+ * alone. Claims forged in the name of a member that works on are taken
+ * over without failing it. The round's segments are gone once all left.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
 
-static void liar_start(struct sreader *r, const char *round)
+#include <sys/wait.h>
+
+static void liar_start(struct sreader *r, const char *round,
+                       const char *forge)
 {
   int cmd[2], rep[2];
   if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
@@ -20,7 +24,7 @@ static void liar_start(struct sreader *r, const char *round)
   char a[16], b[16];
   snprintf(a, sizeof(a), "%d", cmd[0]);
   snprintf(b, sizeof(b), "%d", rep[1]);
-  const char *args[] = {a, b, "share", round, NULL};
+  const char *args[] = {a, b, "share", round, forge, NULL};
   int keep[] = {cmd[0], rep[1], -1};
   r->pid = test_spawn("share_liar", args, keep);
   close(cmd[0]);
@@ -29,6 +33,55 @@ static void liar_start(struct sreader *r, const char *round)
   r->out = rep[0];
   r->len = 0;
   r->status = -1;
+}
+
+/*
+ * Claims forged in the name of a member that works on: the member that
+ * waits for them takes them over after the timeout, but does not fail
+ * their "claimer", which did no wrong. The scene: K claims a chunk and
+ * stops; B (no timeout) copies every other chunk and waits for K's; the
+ * liar claims B's chunks again in B's name; C (500 ms) takes over B's
+ * forged claims and K's real one. K fails; B and C return 0.
+ */
+static void forged(gpuipc_domain_t *dom)
+{
+  struct sreader k, b, c, liar;
+  struct sresult s;
+  sreader_start(&k, "share", "v1", 1, "fg", "claimed:1:stop", 0, "own",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&k, "ready");
+  sreader_send(&k, "go\n");
+  sreader_expect(&k, "joined"); /* slot 0 */
+  int status;
+  ASSERT_EQ(waitpid(k.pid, &status, WUNTRACED), k.pid);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  char hook[32];
+  snprintf(hook, sizeof(hook), "done:%llu:tell",
+           (unsigned long long)share_nchunks() - 1);
+  sreader_start(&b, "share", "v1", 1, "fg", hook, 0, "own",
+                GPUIPC_TIMEOUT_FOREVER);
+  sreader_expect(&b, "ready");
+  sreader_send(&b, "go\n");
+  sreader_expect(&b, "joined"); /* slot 1 */
+  sreader_expect(&b, "at");     /* every chunk but K's */
+  liar_start(&liar, "fg", "forge:1");
+  sreader_expect(&liar, "forged");
+  sreader_start(&c, "share", "v1", 1, "fg", "", 0, "own", SHARE_TIMEOUT_MS);
+  sreader_expect(&c, "ready");
+  sreader_send(&c, "go\n");
+  sreader_result(&c, &s);
+  sresult_check_ok(&s, 2);
+  ASSERT_EQ_U(s.reclaimed, share_nchunks());
+  sreader_result(&b, &s);
+  sresult_check_ok(&s, 1);
+  ASSERT_EQ(kill(k.pid, SIGCONT), 0);
+  sreader_result(&k, &s);
+  ASSERT_EQ(s.rc, -ETIMEDOUT);
+  ASSERT_EQ(sreader_end(&liar), 0);
+  ASSERT_EQ(sreader_end(&k), 0);
+  ASSERT_EQ(sreader_end(&b), 0);
+  ASSERT_EQ(sreader_end(&c), 0);
+  share_wait_none(dom, "fg");
 }
 
 int main(void)
@@ -48,7 +101,7 @@ int main(void)
   sreader_send(&r[0], "go\n");
   sreader_expect(&r[0], "joined");
   sreader_expect(&r[0], "leave");
-  liar_start(&liar, "lr");
+  liar_start(&liar, "lr", NULL);
   sreader_expect(&liar, "lied");
   /* Two more copy while it goes on lying. */
   for (int i = 1; i < 3; i++)
@@ -80,6 +133,7 @@ int main(void)
   for (int i = 0; i < 4; i++)
     ASSERT_EQ(sreader_end(&r[i]), 0);
   share_wait_none(dom, "lr");
+  forged(dom);
   for (int i = 0; i < SHARE_NSRC; i++)
     gpuipc_buf_release(v[i]);
   ASSERT_OK(gpuipc_domain_leave(dom));

@@ -391,22 +391,23 @@ int gpuipc__share_failed(struct share_call *c)
 {
   char list[160] = "";
   size_t at = 0;
-  int count = 0;
+  int count = 0, listed = 0;
   for (long i = 0; i < (long)c->l->nchunks; i++) {
     uint64_t mine = c->own[i];
-    if (mine == 0 ||
-        atomic_load(&c->t->chunks[i].claim) == mine)
+    if (mine == 0 || atomic_load(&c->t->chunks[i].claim) == mine)
       continue;
     count++;
     if (at < sizeof(list) - 24) {
       int w = snprintf(list + at, sizeof(list) - at, "%s%ld",
                        at > 0 ? ", " : "", i);
       at += w > 0 ? (size_t)w : 0;
+      listed++;
     }
   }
   return gpuipc__err(-ETIMEDOUT, "gpuipc_share_copy(%s): a peer marked this "
-                     "member FAILED (stalled past the %d ms timeout, or "
-                     "seen gone); %d chunk(s) it held were taken over%s%s",
-                     c->round, c->timeout_ms, count, count > 0 ? ": " : "",
-                     list);
+                     "member FAILED (it saw it stall past that peer's "
+                     "timeout, holding a claim or copying from it, or saw "
+                     "it gone); %d chunk(s) it held were taken over%s%s%s",
+                     c->round, count, count > 0 ? ": " : "", list,
+                     count > listed ? ", ..." : "");
 }

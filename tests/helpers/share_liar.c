@@ -10,7 +10,9 @@
  * members (done, so that others try to read there), and honest members'
  * slots (never with a matching done word: that lie no check can see).
  * It says "lied" after a first burst and goes on lying until "header",
- * when it spoils the header too and says "header"; it exits at EOF.
+ * when it spoils the header too and says "header"; it exits at EOF. With
+ * a fifth argument forge:SLOT it only claims again, in member SLOT's
+ * name, the chunks that member has done, says "forged" and waits for EOF.
  */
 #include "test.h"
 #include "share/share.h"
@@ -127,10 +129,23 @@ static void lie(uint32_t i)
   }
 }
 
+/*
+ * Forge claims in member @slot's name: every chunk it claimed and marked
+ * done is claimed again in its name (the epoch raised), not done.
+ */
+static void forge(int slot)
+{
+  for (uint32_t i = 0; i < t.nchunks; i++) {
+    uint64_t c = atomic_load(&t.chunks[i].claim);
+    if (gpuipc__share_claim_slot(c) == slot)
+      atomic_store(&t.chunks[i].claim, c + 0x100);
+  }
+}
+
 int main(int argc, char **argv)
 {
-  if (argc != 5)
-    TFAIL("usage: share_liar CMD_FD REP_FD DOMAIN ROUND");
+  if (argc != 5 && argc != 6)
+    TFAIL("usage: share_liar CMD_FD REP_FD DOMAIN ROUND [forge:SLOT]");
   int cmd = atoi(argv[1]), rep = atoi(argv[2]);
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[3], NULL, &dom));
@@ -145,6 +160,16 @@ int main(int argc, char **argv)
   if (need > gpuipc_buf_size(b))
     TFAIL("the table is smaller than its header says");
   gpuipc__share_table_map(&t, b, &l);
+  if (argc == 6) {
+    forge(atoi(argv[5] + strlen("forge:")));
+    say(rep, "forged\n");
+    char c;
+    while (read(cmd, &c, 1) > 0)
+      ;
+    gpuipc_buf_release(b);
+    ASSERT_OK(gpuipc_domain_leave(dom));
+    return 0;
+  }
   gpuipc_buf_t *lent, *other;
   fake_members(fake_lend(dom, argv[4], 41, 4096, &lent));
   /* Member 45's buffer: 4 MiB of 0x5A under its name, its id unrecorded. */

@@ -14,7 +14,7 @@ static int gate;
 static enum gpuipc__share_step hook_step;
 static long hook_at; /* the N-th time */
 static long hook_seen;
-static int hook_sig; /* SIGKILL or SIGSTOP; 0: no hook */
+static int hook_sig; /* SIGKILL or SIGSTOP; -1: say "at"; 0: no hook */
 
 static void say(const char *line)
 {
@@ -54,8 +54,12 @@ static void hook(enum gpuipc__share_step step, long chunk, void *arg)
     if (gate && !(hear(line, sizeof(line)) && strcmp(line, "out") == 0))
       _exit(8);
   }
-  if (hook_sig != 0 && step == hook_step && ++hook_seen == hook_at)
-    raise(hook_sig);
+  if (hook_sig != 0 && step == hook_step && ++hook_seen == hook_at) {
+    if (hook_sig < 0)
+      say("at\n");
+    else
+      raise(hook_sig);
+  }
 }
 
 static void hook_parse(const char *spec)
@@ -72,7 +76,9 @@ static void hook_parse(const char *spec)
     if (strcmp(name, steps[i]) == 0)
       hook_step = (enum gpuipc__share_step)i;
   hook_at = at;
-  hook_sig = strcmp(action, "stop") == 0 ? SIGSTOP : SIGKILL;
+  hook_sig = strcmp(action, "stop") == 0   ? SIGSTOP
+             : strcmp(action, "tell") == 0 ? -1
+                                           : SIGKILL;
 }
 
 /* Destination @i: our own (lendable) or a segment of @dst (imported). */
