@@ -81,19 +81,41 @@ static void hook_parse(const char *spec)
                                            : SIGKILL;
 }
 
-/* Destination @i: our own (lendable) or a segment of @dst (imported). */
+static int device = -1; /* of the destinations ("legacy": 0) */
+
+/* Write @n bytes of @c at @p of a destination (on the GPU: a copy). */
+static void dst_fill(gpuipc_buf_t *b, int c, size_t n)
+{
+  if (device < 0) {
+    memset(gpuipc_buf_ptr(b), c, n);
+    return;
+  }
+  uint8_t *tmp = malloc(n);
+  memset(tmp, c, n);
+  ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(b), tmp, n, device, NULL));
+  free(tmp);
+}
+
+/*
+ * Destination @i: our own HOST buffer (lendable), our own LEGACY buffer
+ * on GPU 0 ("legacy"), or a segment of @dst (imported: not lendable).
+ */
 static gpuipc_buf_t *dst_get(gpuipc_domain_t *dom, const char *dst, int i)
 {
   gpuipc_buf_t *b;
   if (strcmp(dst, "own") == 0) {
     ASSERT_OK(gpuipc_buf_alloc(share_dst_size[i], GPUIPC_KIND_HOST, -1, 0,
                                &b));
+  } else if (strcmp(dst, "legacy") == 0) {
+    device = 0;
+    ASSERT_OK(gpuipc_buf_alloc(share_dst_size[i], GPUIPC_KIND_LEGACY, 0, 0,
+                               &b));
   } else {
     char name[GPUIPC_NAME_MAX + 1];
     snprintf(name, sizeof(name), "%s.DST%d", dst, i);
     ASSERT_OK(gpuipc_segment_open(dom, name, NULL, &b));
   }
-  memset(gpuipc_buf_ptr(b), SHARE_FILL, share_dst_size[i]);
+  dst_fill(b, SHARE_FILL, share_dst_size[i]);
   return b;
 }
 
@@ -112,9 +134,13 @@ static long check(gpuipc_buf_t *const *d, unsigned seed)
       want[x->dst][x->dst_off + b] = share_byte(seed, x->src, x->src_off + b);
   }
   for (int i = 0; i < SHARE_NDST; i++) {
-    const uint8_t *got = gpuipc_buf_ptr(d[i]);
+    uint8_t *got = malloc(share_dst_size[i]);
+    /* On the GPU: after the copies the call queued on the stream. */
+    ASSERT_OK(gpuipc_memcpy(got, gpuipc_buf_ptr(d[i]), share_dst_size[i],
+                            device, NULL));
     for (size_t b = 0; b < share_dst_size[i]; b++)
       bad += got[b] != want[i][b];
+    free(got);
     free(want[i]);
   }
   return bad;
