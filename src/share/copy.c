@@ -100,9 +100,11 @@ static const uint8_t *pub_of(const struct share_call *c, long i)
   return (const uint8_t *)gpuipc_buf_ptr(e->src) + e->src_off + p->off;
 }
 
-static void got(struct share_call *c, long i, bool peer)
+static void got(struct share_call *c, long i, int peer_slot)
 {
+  bool peer = peer_slot >= 0;
   c->have[i] = 1;
+  c->from[i] = (int8_t)peer_slot;
   if (peer)
     c->st.from_peer++;
   else
@@ -118,7 +120,7 @@ static int from_pub(struct share_call *c, long i, long hook_chunk)
   int rc = mv_copy(c, dst_of(c, i), pub_of(c, i), c->l->pieces[i].bytes,
                    hook_chunk);
   if (rc == 0)
-    got(c, i, false);
+    got(c, i, -1);
   return rc;
 }
 
@@ -154,7 +156,7 @@ static int from_peer(struct share_call *c, long i, int slot, uint64_t now)
   if (rc != 0)
     return rc;
   if (src != NULL)
-    got(c, i, true);
+    got(c, i, slot);
   return src != NULL;
 }
 
@@ -385,6 +387,57 @@ void gpuipc__share_drain(struct share_call *c)
       nap = nap < 1000 ? nap * 2 : 1000;
     }
   }
+}
+
+int gpuipc__share_settle(struct share_call *c)
+{
+  if (c->device < 0)
+    return 0;
+  _Atomic uint64_t *w = &c->t->members[c->me].rdone;
+  uint64_t s = ++c->rseq;
+  int rc = mv_word(c, w, s);
+  if (rc != 0)
+    return rc;
+  uint64_t deadline = gpuipc__deadline(c->timeout_ms);
+  unsigned nap = 10;
+  while ((int64_t)(atomic_load(w) - s) < 0) {
+    if (gpuipc__now_ns() >= deadline)
+      return gpuipc__err(-ETIMEDOUT, "gpuipc_share_copy(%s): the copies "
+                         "queued on the stream did not complete within %d ms",
+                         c->round, c->timeout_ms);
+    gpuipc__share_beat(c->t, c->me);
+    gpuipc__sleep_us(nap);
+    nap = nap < 1000 ? nap * 2 : 1000;
+  }
+  return 0;
+}
+
+int gpuipc__share_recheck(struct share_call *c)
+{
+  if (c->device < 0)
+    return 0;
+  bool gone[GPUIPC__SHARE_MEMBERS] = {false}, looked[GPUIPC__SHARE_MEMBERS] = {
+      false};
+  uint64_t now = gpuipc__now_ns();
+  bool again = false;
+  for (long i = 0; i < (long)c->l->nchunks; i++) {
+    int s = c->from[i];
+    if (s < 0 || s >= GPUIPC__SHARE_MEMBERS)
+      continue;
+    if (!looked[s]) {
+      looked[s] = true;
+      c->peers[s].checked_ns = 0; /* look at its process now */
+      gone[s] = gpuipc__share_gone(c->t, s, c->peers, now) &&
+                !(atomic_load(&c->t->members[s].flags) & GPUIPC__SM_LEFT);
+    }
+    if (!gone[s])
+      continue;
+    int rc = from_pub(c, i, -1);
+    if (rc != 0)
+      return rc;
+    again = true;
+  }
+  return again ? gpuipc__share_settle(c) : 0;
 }
 
 int gpuipc__share_failed(struct share_call *c)

@@ -228,28 +228,6 @@ static int join(struct share_call *c, struct share_table *t,
 
 /* ----- leaving ----- */
 
-/* GPU kinds: the host waits until this member's copies from peers have
- * landed (its rdone word), so that a FAILED mark a server left on it
- * before it let go of its memory is seen. */
-static int rdone_wait(struct share_call *c)
-{
-  if (c->device < 0 || c->rseq == 0)
-    return 0;
-  _Atomic uint64_t *w = &c->t->members[c->me].rdone;
-  uint64_t deadline = gpuipc__deadline(c->timeout_ms);
-  unsigned nap = 10;
-  while ((int64_t)(atomic_load(w) - c->rseq) < 0) {
-    if (gpuipc__now_ns() >= deadline)
-      return gpuipc__err(-ETIMEDOUT, "gpuipc_share_copy(%s): the copies "
-                         "from peers did not complete within %d ms",
-                         c->round, c->timeout_ms);
-    gpuipc__share_beat(c->t, c->me);
-    gpuipc__sleep_us(nap);
-    nap = nap < 1000 ? nap * 2 : 1000;
-  }
-  return 0;
-}
-
 static bool others_live(struct share_call *c)
 {
   uint64_t now = gpuipc__now_ns();
@@ -266,7 +244,9 @@ static bool others_live(struct share_call *c)
 static int leave(struct share_call *c, struct share_lent *lent, int rc)
 {
   char why[512];
-  int wrc = rdone_wait(c);
+  int wrc = gpuipc__share_settle(c);
+  if (wrc == 0 && rc == 0)
+    wrc = gpuipc__share_recheck(c);
   if (rc == 0)
     rc = wrc;
   if (rc == 0 &&
@@ -279,8 +259,9 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
     snprintf(why, sizeof(why), "%s", gpuipc_last_error());
   gpuipc__share_drain(c);
   gpuipc__share_lend_end(c->dom, lent);
-  gpuipc__share_peers_close(c->po);
-  c->po = NULL;
+  if (wrc == 0)
+    gpuipc__share_peers_close(c->po);
+  c->po = NULL; /* else kept mapped: copies from there may be queued */
   atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_LEFT);
   if (!others_live(c)) {
     atomic_store(&c->t->hdr->closed, 1);
@@ -289,7 +270,8 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
     snprintf(name, sizeof(name), "%s.share", c->round);
     (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
   }
-  gpuipc_buf_release(c->t->buf);
+  if (wrc == 0)
+    gpuipc_buf_release(c->t->buf); /* else kept: its stream writes there */
   c->t = NULL;
   return rc != 0 ? gpuipc__err(rc, "%s", why) : 0;
 }
@@ -304,7 +286,11 @@ static int call_alloc(struct share_call *c, uint32_t nchunks)
   c->seen_claim = calloc(n, sizeof(uint64_t));
   c->seen_ns = calloc(n, sizeof(uint64_t));
   c->seen_beat = calloc(n, sizeof(uint64_t));
-  if (c->have && c->own && c->seen_claim && c->seen_ns && c->seen_beat)
+  c->from = malloc(n);
+  if (c->from != NULL)
+    memset(c->from, -1, n);
+  if (c->have && c->own && c->seen_claim && c->seen_ns && c->seen_beat &&
+      c->from)
     return 0;
   return gpuipc__err(-ENOMEM, "gpuipc_share_copy: out of memory");
 }
@@ -316,6 +302,7 @@ static void call_free(struct share_call *c)
   free(c->seen_claim);
   free(c->seen_ns);
   free(c->seen_beat);
+  free(c->from);
 }
 
 /* Whether a GPU reader's destination is on the publisher's GPU. */

@@ -256,6 +256,7 @@ struct share_call {
   uint64_t rseq; /* the number of this member's last copy from a peer */
   uint8_t *have; /* [nchunks] */
   uint64_t *own;  /* [nchunks]: the claim word this member took, or 0 */
+  int8_t *from;   /* [nchunks]: the server slot it came from, -1 publisher */
   /* [nchunks]: a claim as first seen, when, and its claimer's beat then */
   uint64_t *seen_claim, *seen_ns, *seen_beat;
   struct gpuipc__share_stats st;
@@ -273,6 +274,22 @@ int gpuipc__share_alone(struct share_call *c);
 void gpuipc__share_linger(struct share_call *c);
 /* Wait (bounded) until no peer copies from this member any more. */
 void gpuipc__share_drain(struct share_call *c);
+/*
+ * GPU kinds: wait until everything this member queued on its stream has
+ * completed (a last word its stream writes), so that the peers' memory it
+ * copied from and the table its stream writes into may be let go, and a
+ * FAILED mark a server left on it before letting go of its own memory is
+ * seen. 0 at once for HOST; -ETIMEDOUT after the timeout (the caller then
+ * keeps those mappings: never unmapped under a queued copy).
+ */
+int gpuipc__share_settle(struct share_call *c);
+/*
+ * GPU kinds, once gpuipc__share_settle saw every copy land: chunks copied
+ * from a server whose process is gone now may have been read from memory
+ * that went with it (LEGACY and POOL memory dies with its process): copy
+ * them again from the publisher, and settle. 0, or the code.
+ */
+int gpuipc__share_recheck(struct share_call *c);
 /* This member's failure, when a peer marked it FAILED: -ETIMEDOUT with the
  * chunks it held that others took over. */
 int gpuipc__share_failed(struct share_call *c);
