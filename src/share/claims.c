@@ -17,10 +17,14 @@ static void peer_refresh(struct share_table *t, int slot,
                          struct share_peer *p, uint64_t now)
 {
   struct share_member *m = &t->members[slot];
+  /* A member writes its start time before it is LIVE: before that, only
+   * its pid tells. */
+  bool live = (atomic_load(&m->flags) & GPUIPC__SM_LIVE) != 0;
   uint32_t pid = atomic_load(&m->pid);
-  if (pid != p->pid) {
+  if (pid != p->pid || (live && !p->have_start)) {
     p->pid = pid;
-    p->start_time = m->start_time;
+    p->have_start = live;
+    p->start_time = live ? m->start_time : 0;
     p->checked_ns = 0;
     p->gone = false;
   }
@@ -28,8 +32,10 @@ static void peer_refresh(struct share_table *t, int slot,
     return;
   p->checked_ns = now;
   uint64_t st = 0;
-  if (pid == 0 || pid > (uint32_t)INT32_MAX || !gpuipc__pid_alive((pid_t)pid) ||
-      gpuipc__pid_start_time((pid_t)pid, &st) != 0 || st != p->start_time)
+  if (pid == 0 || pid > (uint32_t)INT32_MAX || !gpuipc__pid_alive((pid_t)pid))
+    p->gone = true;
+  else if (p->have_start && (gpuipc__pid_start_time((pid_t)pid, &st) != 0 ||
+                             st != p->start_time))
     p->gone = true;
 }
 

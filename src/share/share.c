@@ -323,11 +323,11 @@ static int copy_device(const gpuipc_share_extent_t *ext, int n, int dst_dev)
   return dst_dev;
 }
 
-static int share_run(struct share_call *c)
+static int share_run(struct share_call *c, int dst_dev)
 {
   struct share_table t;
   struct share_lent *lent = NULL;
-  bool pub_gpu = on_publisher_gpu(c->l, c->device);
+  bool pub_gpu = on_publisher_gpu(c->l, dst_dev);
   if (pub_gpu || join(c, &t, &lent) != 0) {
     c->t = NULL;
     return gpuipc__share_alone(c);
@@ -362,7 +362,7 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   c.st.nchunks = l.nchunks;
   rc = call_alloc(&c, l.nchunks);
   if (rc == 0)
-    rc = share_run(&c);
+    rc = share_run(&c, dst_dev);
   gpuipc__share_stats_set(&c.st);
   call_free(&c);
   gpuipc__share_layout_free(&l);

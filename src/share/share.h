@@ -162,6 +162,7 @@ static inline uint64_t gpuipc__share_claim_word(uint64_t epoch, int slot)
 /* What this process knows of a peer during a call. */
 struct share_peer {
   uint32_t pid;
+  bool have_start;     /* start_time read once the member was LIVE */
   uint64_t start_time;
   uint64_t checked_ns; /* when its pid was last looked at */
   bool gone;           /* dead, or its pid is another process now */
