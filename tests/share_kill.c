@@ -1,8 +1,8 @@
 /*
  * gpuipc_share_copy with a member killed (SIGKILL): before it claims,
  * after it claims and before its copy, half way through a copy, after it
- * marked chunks done, while the others copy from it, and at a claim while
- * the others run beside it. The survivors get every byte right and return
+ * marked chunks done, while the others copy from it, and as the others
+ * start. The survivors get every byte right and return
  * 0 (a dead member's claims are taken over at once: even with no timeout
  * at all, its process is seen gone); only the killed one
  * fails; the broker lists none of the round's segments once all are gone.
@@ -103,17 +103,34 @@ static void killed_serving(gpuipc_domain_t *dom)
   share_wait_none(dom, "k5");
 }
 
-/* All start at once; one dies at its fifth claim. */
+/*
+ * One is killed as the others start: it has claimed (and likely copied
+ * and is serving) when the survivors go, and dies under them.
+ */
 static void killed_among(gpuipc_domain_t *dom)
 {
-  test_stamp("k6: killed at a claim among the others");
+  test_stamp("k6: killed as the others start");
   struct sreader k, s[NSURV];
-  sreader_start(&k, "share", "v1", 1, "k6", "claimed:5:kill", 0, "own",
+  sreader_start(&k, "share", "v1", 1, "k6", "claimed:1:tell", 0, "own",
                 SHARE_TIMEOUT_MS);
   sreader_expect(&k, "ready");
   survivors(s, "k6", SHARE_TIMEOUT_MS);
   sreader_send(&k, "go\n");
-  (void)survivors_check(s);
+  sreader_expect(&k, "joined");
+  sreader_expect(&k, "at");
+  for (int i = 0; i < NSURV; i++)
+    sreader_send(&s[i], "go\n");
+  kill(k.pid, SIGKILL);
+  for (int i = 0; i < NSURV; i++)
+    sreader_expect(&s[i], "joined");
+  survivors_out(s);
+  for (int i = 0; i < NSURV; i++) {
+    struct sresult r;
+    sreader_result(&s[i], &r);
+    sresult_check_ok(&r, i);
+  }
+  for (int i = 0; i < NSURV; i++)
+    ASSERT_EQ(sreader_end(&s[i]), 0);
   ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
   share_wait_none(dom, "k6");
 }

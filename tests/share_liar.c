@@ -71,7 +71,8 @@ static void forged(gpuipc_domain_t *dom)
   sreader_send(&c, "go\n");
   sreader_result(&c, &s);
   sresult_check_ok(&s, 2);
-  ASSERT_EQ_U(s.reclaimed, share_nchunks());
+  /* Every chunk (B may beat C to K's once C marked K FAILED). */
+  ASSERT_GE(s.reclaimed, share_nchunks() - 1);
   sreader_result(&b, &s);
   sresult_check_ok(&s, 1);
   ASSERT_EQ(kill(k.pid, SIGCONT), 0);
