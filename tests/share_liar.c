@@ -8,7 +8,8 @@
  * byte right (the liar made them copy from the publisher what they could
  * not get from a peer); one that comes after the header was spoilt copies
  * alone. Claims forged in the name of a member that works on are taken
- * over without failing it. The round's segments are gone once all left.
+ * over without failing it; a member whose claims are made free again
+ * does not count its chunks twice. The round's segments are gone once all left.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
@@ -41,13 +42,16 @@ static void liar_start(struct sreader *r, const char *round,
  * their "claimer", which did no wrong. The scene: K claims a chunk and
  * stops; B (no timeout) copies every other chunk and waits for K's; the
  * liar claims B's chunks again in B's name; C (500 ms) takes over B's
- * forged claims and K's real one. K fails; B and C return 0.
+ * forged claims and K's real one. K fails; B and C return 0. Made free
+ * instead, B's chunks are claimed again (by B too, which has them): B
+ * still waits for K's chunk and returns every byte.
  */
-static void forged(gpuipc_domain_t *dom)
+static void forged(gpuipc_domain_t *dom, const char *round, bool zero)
 {
   struct sreader k, b, c, liar;
   struct sresult s;
-  sreader_start(&k, "share", "v1", 1, "fg", "claimed:1:stop", 0, "own",
+  test_stamp("%s: B's claims %s", round, zero ? "made free" : "forged");
+  sreader_start(&k, "share", "v1", 1, round, "claimed:1:stop", 0, "own",
                 SHARE_TIMEOUT_MS);
   sreader_expect(&k, "ready");
   sreader_send(&k, "go\n");
@@ -58,23 +62,30 @@ static void forged(gpuipc_domain_t *dom)
   char hook[32];
   snprintf(hook, sizeof(hook), "done:%llu:tell",
            (unsigned long long)share_nchunks() - 1);
-  sreader_start(&b, "share", "v1", 1, "fg", hook, 0, "own",
+  sreader_start(&b, "share", "v1", 1, round, hook, 0, "own",
                 GPUIPC_TIMEOUT_FOREVER);
   sreader_expect(&b, "ready");
   sreader_send(&b, "go\n");
   sreader_expect(&b, "joined"); /* slot 1 */
   sreader_expect(&b, "at");     /* every chunk but K's */
-  liar_start(&liar, "fg", "forge:1");
+  liar_start(&liar, round, zero ? "zero:1" : "forge:1");
   sreader_expect(&liar, "forged");
-  sreader_start(&c, "share", "v1", 1, "fg", "", 0, "own", SHARE_TIMEOUT_MS);
+  sreader_start(&c, "share", "v1", 1, round, "", 0, "own", SHARE_TIMEOUT_MS);
   sreader_expect(&c, "ready");
   sreader_send(&c, "go\n");
   sreader_result(&c, &s);
   sresult_check_ok(&s, 2);
-  /* Every chunk (B may beat C to K's once C marked K FAILED). */
-  ASSERT_GE(s.reclaimed, share_nchunks() - 1);
+  /* Every chunk (B may beat C to K's once C marked K FAILED); made free,
+   * B's are claimed anew, not taken over. */
+  if (!zero)
+    ASSERT_GE(s.reclaimed, share_nchunks() - 1);
   sreader_result(&b, &s);
-  sresult_check_ok(&s, 1);
+  if (zero) { /* it copied its chunks made free again a second time */
+    if (s.rc != 0 || s.bad != 0)
+      TFAIL("B: rc %d, %ld wrong bytes (%s)", s.rc, s.bad, s.msg);
+  } else {
+    sresult_check_ok(&s, 1);
+  }
   ASSERT_EQ(kill(k.pid, SIGCONT), 0);
   sreader_result(&k, &s);
   ASSERT_EQ(s.rc, -ETIMEDOUT);
@@ -82,7 +93,7 @@ static void forged(gpuipc_domain_t *dom)
   ASSERT_EQ(sreader_end(&k), 0);
   ASSERT_EQ(sreader_end(&b), 0);
   ASSERT_EQ(sreader_end(&c), 0);
-  share_wait_none(dom, "fg");
+  share_wait_none(dom, round);
 }
 
 int main(void)
@@ -134,7 +145,8 @@ int main(void)
   for (int i = 0; i < 4; i++)
     ASSERT_EQ(sreader_end(&r[i]), 0);
   share_wait_none(dom, "lr");
-  forged(dom);
+  forged(dom, "fg", false);
+  forged(dom, "fz", true);
   for (int i = 0; i < SHARE_NSRC; i++)
     gpuipc_buf_release(v[i]);
   ASSERT_OK(gpuipc_domain_leave(dom));

@@ -103,6 +103,9 @@ static const uint8_t *pub_of(const struct share_call *c, long i)
 static void got(struct share_call *c, long i, int peer_slot)
 {
   bool peer = peer_slot >= 0;
+  if (!c->have[i])
+    c->missing--; /* a chunk had again (a claim word a liar zeroed) is
+                     not counted twice */
   c->have[i] = 1;
   c->from[i] = (int8_t)peer_slot;
   if (peer)
@@ -289,17 +292,15 @@ int gpuipc__share_run(struct share_call *c)
 {
   if (c->t == NULL)
     return gpuipc__share_alone(c);
-  uint64_t missing = c->l->nchunks;
   long hint = -1;
   unsigned nap = 20;
-  while (missing > 0) {
+  while (c->missing > 0) {
     if (failed(c))
       return gpuipc__share_failed(c);
     gpuipc__share_beat(c->t, c->me);
     int n = turn(c, &hint);
     if (n < 0)
       return n;
-    missing -= (uint64_t)n;
     if (n > 0) {
       nap = 20;
       continue;

@@ -360,6 +360,7 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   c.timeout_ms = timeout_ms;
   c.st.slot = -1;
   c.st.nchunks = l.nchunks;
+  c.missing = l.nchunks;
   rc = call_alloc(&c, l.nchunks);
   if (rc == 0)
     rc = share_run(&c, dst_dev);

@@ -256,6 +256,7 @@ struct share_call {
   struct share_peers_open *po;
   uint64_t rseq; /* the number of this member's last copy from a peer */
   uint8_t *have; /* [nchunks] */
+  uint64_t missing; /* chunks not had yet */
   uint64_t *own;  /* [nchunks]: the claim word this member took, or 0 */
   int8_t *from;   /* [nchunks]: the server slot it came from, -1 publisher */
   /* [nchunks]: a claim as first seen, when, and its claimer's beat then */

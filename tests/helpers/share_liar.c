@@ -12,7 +12,8 @@
  * It says "lied" after a first burst and goes on lying until "header",
  * when it spoils the header too and says "header"; it exits at EOF. With
  * a fifth argument forge:SLOT it only claims again, in member SLOT's
- * name, the chunks that member has done, says "forged" and waits for EOF.
+ * name, the chunks that member has done (zero:SLOT: makes them free
+ * again), says "forged" and waits for EOF.
  */
 #include "test.h"
 #include "share/share.h"
@@ -133,19 +134,19 @@ static void lie(uint32_t i)
  * Forge claims in member @slot's name: every chunk it claimed and marked
  * done is claimed again in its name (the epoch raised), not done.
  */
-static void forge(int slot)
+static void forge(int slot, bool zero)
 {
   for (uint32_t i = 0; i < t.nchunks; i++) {
     uint64_t c = atomic_load(&t.chunks[i].claim);
     if (gpuipc__share_claim_slot(c) == slot)
-      atomic_store(&t.chunks[i].claim, c + 0x100);
+      atomic_store(&t.chunks[i].claim, zero ? 0 : c + 0x100);
   }
 }
 
 int main(int argc, char **argv)
 {
   if (argc != 5 && argc != 6)
-    TFAIL("usage: share_liar CMD_FD REP_FD DOMAIN ROUND [forge:SLOT]");
+    TFAIL("usage: share_liar CMD_FD REP_FD DOMAIN ROUND [forge:SLOT|zero:SLOT]");
   int cmd = atoi(argv[1]), rep = atoi(argv[2]);
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[3], NULL, &dom));
@@ -161,7 +162,8 @@ int main(int argc, char **argv)
     TFAIL("the table is smaller than its header says");
   gpuipc__share_table_map(&t, b, &l);
   if (argc == 6) {
-    forge(atoi(argv[5] + strlen("forge:")));
+    bool zero = strncmp(argv[5], "zero:", 5) == 0;
+    forge(atoi(argv[5] + 5 + !zero), zero);
     say(rep, "forged\n");
     char c;
     while (read(cmd, &c, 1) > 0)
