@@ -963,7 +963,8 @@ typedef struct gpuipc_domain gpuipc_domain_t;
 
 /*
  * Timeouts: one rule for every call and option that takes one
- * (gpuipc_domain_opts_t, gpuipc_segment_opts_t, gpuipc_channel_opts_t's
+ * (gpuipc_domain_opts_t, gpuipc_segment_opts_t, gpuipc_share_opts_t,
+ * gpuipc_channel_opts_t's
  * timeout_ms and send_timeout_ms, gpuipc_channel_recv, _recv_into,
  * _send_done, _send_wait, and their gpuipc_mpi_channel_* twins):
  * milliseconds, or one of these. 0 does not wait at all: the call returns
@@ -974,8 +975,8 @@ typedef struct gpuipc_domain gpuipc_domain_t;
  * negative value other than these two is -EINVAL. The domain's own
  * timeout reads 0 as GPUIPC_TIMEOUT_DEFAULT (see there); every other
  * zero means "do not wait", so option structs whose zero would mislead
- * have an initializer (GPUIPC_SEGMENT_OPTS_INIT, GPUIPC_CHANNEL_OPTS_INIT)
- * that sets GPUIPC_TIMEOUT_DEFAULT, and a struct of an older, smaller
+ * have an initializer (GPUIPC_SEGMENT_OPTS_INIT, GPUIPC_SHARE_OPTS_INIT,
+ * GPUIPC_CHANNEL_OPTS_INIT) that sets GPUIPC_TIMEOUT_DEFAULT, and a struct of an older, smaller
  * size takes GPUIPC_TIMEOUT_DEFAULT for the timeouts it lacks.
  */
 #define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
@@ -1354,9 +1355,10 @@ typedef struct gpuipc_share_opts {
   /*
    * How long a member waits for a chunk another member claimed before it
    * takes the claim over and copies the chunk from the publisher (and how
-   * long a leaving member waits for peers still copying from it):
-   * milliseconds, GPUIPC_TIMEOUT_FOREVER, or GPUIPC_TIMEOUT_DEFAULT (the
-   * domain's timeout; default).
+   * long a member that has every chunk stays for peers still copying,
+   * and a leaving one waits for copies from its memory): milliseconds (0:
+   * no waiting for any peer), GPUIPC_TIMEOUT_FOREVER, or
+   * GPUIPC_TIMEOUT_DEFAULT (the domain's timeout; default).
    */
   int timeout_ms;
   unsigned flags; /* none yet: 0 */
@@ -1391,17 +1393,22 @@ typedef struct gpuipc_share_opts {
  *        allowed and copies nothing.
  * @stream: GPU kinds: the copies and the words the protocol writes are
  *        queued on this stream (CUstream; NULL: the legacy default
- *        stream): work queued on it later sees the bytes; the host waits
- *        only for its copies from peers (so that it knows no peer failed
- *        it meanwhile), never for those from the publisher. HOST (every
+ *        stream): work queued on it later sees the bytes. Before the
+ *        call returns, the host waits until the work it queued there has
+ *        completed (it then lets go of the peers' memory it copied from
+ *        and of the table the stream writes into; this first version
+ *        blocks the host for as long as its copies take). HOST (every
  *        source and destination HOST): ignored; the CPU copies, and the
  *        bytes are in place when the call returns.
  * @opts: NULL for the defaults; see gpuipc_share_opts_t.
  * A member claims chunks (compare-and-swap in the table), copies each from
  * the publisher, then marks it done; it copies the chunks others marked
- * done from their destinations. A claim whose member died or left is
- * taken over at once, one that shows no done word within the timeout is
- * taken over then and its member marked FAILED (its own call then fails).
+ * done from their destinations. A member that has every chunk stays,
+ * serving, until every other live member has its chunks too (at most the
+ * timeout). A claim whose member died or left is taken over at once; one
+ * that shows no done word within the timeout is taken over then, and its
+ * member marked FAILED if it did no work meanwhile (its own call then
+ * fails).
  * Who copies alone from the publisher, with no table: a process whose
  * layout differs from the table's, a 65th member, a GPU destination on the
  * publisher's own GPU, a call that finds the round over (the last member
@@ -1411,7 +1418,7 @@ typedef struct gpuipc_share_opts {
  * the publisher. No member reads outside what it mapped, whatever a peer
  * writes into the table; a peer that writes into others' destinations
  * (same uid, same memory) is beyond any check.
- * Returns 0 once every byte is in (or queued on @stream); -EINVAL (NULL
+ * Returns 0 once every byte is in; -EINVAL (NULL
  * @dom, @round or @ext, a bad or too long round name, @n out of range, an
  * extent past its source or destination buffer, overlapping
  * destinations, destinations on several devices, opts->size below
@@ -1419,8 +1426,9 @@ typedef struct gpuipc_share_opts {
  * flags, a bad timeout) before anything is created; -ETIMEDOUT when a peer
  * marked this member FAILED (it stalled past the timeout holding claims,
  * or stalled while a leaving member waited for it; the sentence names the
- * chunks it held), or (GPU kinds) its copies from peers did not complete
- * within the timeout; -ENOMEM; what the copies return (GPUIPC_E_CUDA).
+ * chunks it held), or (GPU kinds) the work it queued on @stream did not
+ * complete within the timeout; -ENOMEM; what the copies return
+ * (GPUIPC_E_CUDA).
  * Failures to join (another layout, a full or closed table, a broker that
  * does not answer) are no error: the call then copies alone.
  * Thread-safe; one thread's calls are one member each.
