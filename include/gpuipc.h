@@ -1350,7 +1350,7 @@ typedef struct gpuipc_share_opts {
   size_t size;
   /* Bytes a chunk: a multiple of 4096; 0: 64 MiB (default 0). An extent
    * is cut into chunks of this size (its last one shorter); a chunk never
-   * spans extents. */
+   * spans extents; a call has at most 65536 chunks (-EINVAL beyond). */
   size_t chunk_bytes;
   /*
    * How long a member waits for a chunk another member claimed before it
@@ -1422,7 +1422,8 @@ typedef struct gpuipc_share_opts {
  * @dom, @round or @ext, a bad or too long round name, @n out of range, an
  * extent past its source or destination buffer, overlapping
  * destinations, destinations on several devices, opts->size below
- * sizeof(size_t), a chunk_bytes that is not a multiple of 4096, unknown
+ * sizeof(size_t), a chunk_bytes that is not a multiple of 4096 or cuts
+ * the extents into more than 65536 chunks, unknown
  * flags, a bad timeout) before anything is created; -ETIMEDOUT when a peer
  * marked this member FAILED (it stalled past the timeout holding claims,
  * or stalled while a leaving member waited for it; the sentence names the

@@ -91,6 +91,18 @@ int main(void)
   bo.chunk_bytes = 1000;
   ASSERT_BAD(gpuipc_share_copy(dom, "r", e, 2, NULL, &bo),
              "not a multiple of 4096");
+  /* 257 extents of 1 MiB in 4 KiB chunks: 65792 chunks, above 65536 (the
+   * 257 MiB of HOST memory are never touched). */
+  gpuipc_buf_t *big = host((size_t)257 << 20);
+  gpuipc_share_extent_t *many = calloc(257, sizeof(*many));
+  for (int i = 0; i < 257; i++)
+    many[i] = (gpuipc_share_extent_t){src, 0, big, (size_t)i << 20, 1 << 20};
+  bo = o;
+  bo.chunk_bytes = 4096;
+  ASSERT_BAD(gpuipc_share_copy(dom, "r", many, 257, NULL, &bo),
+             "65792 chunks");
+  free(many);
+  gpuipc_buf_release(big);
   bo = o;
   bo.size = 0;
   ASSERT_BAD(gpuipc_share_copy(dom, "r", e, 2, NULL, &bo), "size 0");

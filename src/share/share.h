@@ -31,7 +31,7 @@
 #define GPUIPC__SHARE_LAYOUT 1u
 #define GPUIPC__SHARE_MEMBERS 64
 #define GPUIPC__SHARE_EXT_MAX 4096       /* extents in one call */
-#define GPUIPC__SHARE_CHUNKS_MAX (1u << 20)
+#define GPUIPC__SHARE_CHUNKS_MAX (1u << 16) /* each turn scans them */
 #define GPUIPC__SHARE_CHUNK_DEFAULT ((size_t)64 << 20)
 #define GPUIPC__SHARE_CHUNK_ALIGN ((size_t)4096)
 
