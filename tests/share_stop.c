@@ -3,7 +3,9 @@
  * claim: the others take the claim over once the timeout has passed,
  * mark it FAILED and finish with every byte right. Continued (SIGCONT),
  * the stopped member's call returns -ETIMEDOUT, naming the chunk it held
- * -- never 0 with wrong bytes. The round's segments go once all left.
+ * -- never 0 with wrong bytes. The last survivor unlinks the round's
+ * names without waiting for the stopped one; its segments go once all
+ * left.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
@@ -52,6 +54,9 @@ int main(void)
   ASSERT_GE(reclaimed, 1); /* its claim, taken over */
   for (int i = 0; i < NSURV; i++)
     ASSERT_EQ(sreader_end(&s[i]), 0);
+  /* A failed member, stopped for ever maybe, keeps no name of the round:
+   * the last survivor unlinked them (the stopped one holds its maps). */
+  ASSERT_EQ(share_segments_in(dom, "st", true), 0);
   test_stamp("the survivors finished; the stopped member continues");
   ASSERT_EQ(kill(k.pid, SIGCONT), 0);
   struct sresult r;

@@ -228,17 +228,34 @@ static int join(struct share_call *c, struct share_table *t,
 
 /* ----- leaving ----- */
 
+/* Whether another member is in the round: its process there, not LEFT and
+ * not FAILED (a failed member may stay stopped for ever: the round's names
+ * go without it, and its mappings stay its own). */
 static bool others_live(struct share_call *c)
 {
   uint64_t now = gpuipc__now_ns();
   for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
-    if (s == c->me || atomic_load(&c->t->members[s].pid) == 0)
+    if (s == c->me || atomic_load(&c->t->members[s].pid) == 0 ||
+        (atomic_load(&c->t->members[s].flags) & GPUIPC__SM_FAILED))
       continue;
     c->peers[s].checked_ns = 0; /* look at its pid now */
     if (!gpuipc__share_gone(c->t, s, c->peers, now))
       return true;
   }
   return false;
+}
+
+/* The last member out closes the round: its names go (once). */
+static void close_round(struct share_call *c)
+{
+  uint32_t open = 0;
+  if (others_live(c) ||
+      !atomic_compare_exchange_strong(&c->t->hdr->closed, &open, 1))
+    return;
+  gpuipc__share_unlink_all(c->dom, c->round, c->t);
+  char name[GPUIPC_NAME_MAX + 1];
+  snprintf(name, sizeof(name), "%s.share", c->round);
+  (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
 }
 
 static int leave(struct share_call *c, struct share_lent *lent, int rc)
@@ -263,13 +280,7 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
     gpuipc__share_peers_close(c->po);
   c->po = NULL; /* else kept mapped: copies from there may be queued */
   atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_LEFT);
-  if (!others_live(c)) {
-    atomic_store(&c->t->hdr->closed, 1);
-    gpuipc__share_unlink_all(c->dom, c->round, c->t);
-    char name[GPUIPC_NAME_MAX + 1];
-    snprintf(name, sizeof(name), "%s.share", c->round);
-    (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
-  }
+  close_round(c);
   if (wrc == 0)
     gpuipc_buf_release(c->t->buf); /* else kept: its stream writes there */
   c->t = NULL;

@@ -249,9 +249,13 @@ static inline void share_publish(gpuipc_domain_t *dom, const char *prefix,
   }
 }
 
-/* How many segments of @dom have names beginning with @prefix. */
-static inline int share_segments_named(gpuipc_domain_t *dom,
-                                       const char *prefix)
+/*
+ * How many segments of @dom have names beginning with @prefix; with
+ * @named_only, those still reachable by name (not unlinked ones that
+ * holders keep).
+ */
+static inline int share_segments_in(gpuipc_domain_t *dom, const char *prefix,
+                                    bool named_only)
 {
   gpuipc_segment_info_t info[256];
   for (int i = 0; i < 256; i++)
@@ -261,9 +265,16 @@ static inline int share_segments_named(gpuipc_domain_t *dom,
     TFAIL_GPUIPC("gpuipc_segment_list returned %d", n);
   int count = 0;
   for (int i = 0; i < n && i < 256; i++)
-    if (strncmp(info[i].name, prefix, strlen(prefix)) == 0)
+    if (strncmp(info[i].name, prefix, strlen(prefix)) == 0 &&
+        !(named_only && info[i].state == GPUIPC_SEG_UNLINKED))
       count++;
   return count;
+}
+
+static inline int share_segments_named(gpuipc_domain_t *dom,
+                                       const char *prefix)
+{
+  return share_segments_in(dom, prefix, false);
 }
 
 /*
