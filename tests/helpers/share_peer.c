@@ -8,6 +8,7 @@
 #include "share/share.h"
 
 #include <stdlib.h>
+#include <sys/prctl.h>
 
 static int rep_fd, cmd_fd;
 static int gate;
@@ -151,6 +152,11 @@ int main(int argc, char **argv)
   if (argc != 11)
     TFAIL("usage: share_peer CMD_FD REP_FD DOMAIN PREFIX SEED ROUND HOOK "
           "GATE DST TIMEOUT_MS");
+  /* A test that fails leaves no stopped helper behind to hold its
+   * output open (SIGKILL ends a stopped process too). */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1)
+    return 9;
   cmd_fd = atoi(argv[1]);
   rep_fd = atoi(argv[2]);
   unsigned seed = (unsigned)atoi(argv[5]);
