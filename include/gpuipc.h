@@ -976,8 +976,9 @@ typedef struct gpuipc_domain gpuipc_domain_t;
  * timeout reads 0 as GPUIPC_TIMEOUT_DEFAULT (see there); every other
  * zero means "do not wait", so option structs whose zero would mislead
  * have an initializer (GPUIPC_SEGMENT_OPTS_INIT, GPUIPC_SHARE_OPTS_INIT,
- * GPUIPC_CHANNEL_OPTS_INIT) that sets GPUIPC_TIMEOUT_DEFAULT, and a struct of an older, smaller
- * size takes GPUIPC_TIMEOUT_DEFAULT for the timeouts it lacks.
+ * GPUIPC_CHANNEL_OPTS_INIT) that sets GPUIPC_TIMEOUT_DEFAULT, and a struct
+ * of an older, smaller size takes GPUIPC_TIMEOUT_DEFAULT for the timeouts
+ * it lacks.
  */
 #define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
 #define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */

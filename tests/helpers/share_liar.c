@@ -148,7 +148,8 @@ static void forge(int slot, bool zero)
 int main(int argc, char **argv)
 {
   if (argc != 5 && argc != 6)
-    TFAIL("usage: share_liar CMD_FD REP_FD DOMAIN ROUND [forge:SLOT|zero:SLOT]");
+    TFAIL("usage: share_liar CMD_FD REP_FD DOMAIN ROUND "
+          "[forge:SLOT|zero:SLOT]");
   /* A test that fails leaves no stopped helper behind to hold its
    * output open (SIGKILL ends a stopped process too). */
   prctl(PR_SET_PDEATHSIG, SIGKILL);

@@ -96,8 +96,8 @@ struct sreader {
 /*
  * Start a reader of version @prefix/@seed in round @round of domain
  * @domain. @hook: "" or "STEP:N:ACTION" (STEP joined, claimed, midcopy,
- * done, leave; ACTION kill or stop, or tell: say "at"; at the N-th time). @gate: wait for
- * "out" before leaving. @dst: "own" (its own HOST buffers, lent),
+ * done, leave; ACTION kill or stop, or tell: say "at"; at the N-th
+ * time). @gate: wait for "out" before leaving. @dst: "own" (its own HOST buffers, lent),
  * "legacy" (its own LEGACY buffers on GPU 0, lent) or the name of a HOST
  * segment prefix whose DST0..2 it opens (imported: not lendable).
  */
