@@ -16,6 +16,8 @@
  *   gpuipc_segment_publish  let others open it, after the writes on a stream
  *   gpuipc_segment_unlink   free the name; the memory goes with its holders
  *   gpuipc_segment_stat / _list / _state_name   describe one / all of them
+ *   gpuipc_share_copy       readers of published bytes share the copying
+ *                           (gpuipc_segment_copy_shared: one segment's)
  * Buffers and handles: memory shared by hand                    gpuipc_buf(3)
  *   gpuipc_buf_alloc        allocate HOST, VMM, LEGACY or POOL memory
  *   gpuipc_buf_ptr / _size / _kind / _device    what a buffer is
@@ -961,7 +963,8 @@ typedef struct gpuipc_domain gpuipc_domain_t;
 
 /*
  * Timeouts: one rule for every call and option that takes one
- * (gpuipc_domain_opts_t, gpuipc_segment_opts_t, gpuipc_channel_opts_t's
+ * (gpuipc_domain_opts_t, gpuipc_segment_opts_t, gpuipc_share_opts_t,
+ * gpuipc_channel_opts_t's
  * timeout_ms and send_timeout_ms, gpuipc_channel_recv, _recv_into,
  * _send_done, _send_wait, and their gpuipc_mpi_channel_* twins):
  * milliseconds, or one of these. 0 does not wait at all: the call returns
@@ -972,9 +975,10 @@ typedef struct gpuipc_domain gpuipc_domain_t;
  * negative value other than these two is -EINVAL. The domain's own
  * timeout reads 0 as GPUIPC_TIMEOUT_DEFAULT (see there); every other
  * zero means "do not wait", so option structs whose zero would mislead
- * have an initializer (GPUIPC_SEGMENT_OPTS_INIT, GPUIPC_CHANNEL_OPTS_INIT)
- * that sets GPUIPC_TIMEOUT_DEFAULT, and a struct of an older, smaller
- * size takes GPUIPC_TIMEOUT_DEFAULT for the timeouts it lacks.
+ * have an initializer (GPUIPC_SEGMENT_OPTS_INIT, GPUIPC_SHARE_OPTS_INIT,
+ * GPUIPC_CHANNEL_OPTS_INIT) that sets GPUIPC_TIMEOUT_DEFAULT, and a struct
+ * of an older, smaller size takes GPUIPC_TIMEOUT_DEFAULT for the timeouts
+ * it lacks.
  */
 #define GPUIPC_TIMEOUT_FOREVER (-1) /* wait as long as it takes */
 #define GPUIPC_TIMEOUT_DEFAULT (-2) /* the domain's timeout (its opts) */
@@ -1315,6 +1319,140 @@ GPUIPC_API int gpuipc_segment_list(gpuipc_domain_t *dom,
  */
 GPUIPC_API int gpuipc_segment_stat(gpuipc_domain_t *dom, const char *name,
                                    gpuipc_segment_info_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* Readers that share the copying                                           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Readers of one published set of bytes share the copying: each chunk
+ * leaves the publisher's memory about once (copied by the member that
+ * claimed it), and the others copy it from that member's destination.
+ * docs/shared-copy.md tells the protocol and what is not built yet.
+ */
+
+/* One run of bytes to copy: @bytes from @src at @src_off (the publisher's
+ * memory: a segment buffer this process opened) to @dst at @dst_off (where
+ * this process wants them). */
+typedef struct gpuipc_share_extent {
+  gpuipc_buf_t *src;
+  size_t src_off;
+  gpuipc_buf_t *dst;
+  size_t dst_off;
+  size_t bytes;
+} gpuipc_share_extent_t;
+
+typedef struct gpuipc_share_opts {
+  /*
+   * sizeof(gpuipc_share_opts_t), or the size of an earlier version of this
+   * struct: the library reads only the first @size bytes and takes the
+   * default of every field beyond them.
+   */
+  size_t size;
+  /* Bytes a chunk: a multiple of 4096; 0: 64 MiB (default 0). An extent
+   * is cut into chunks of this size (its last one shorter); a chunk never
+   * spans extents; a call has at most 65536 chunks (-EINVAL beyond). */
+  size_t chunk_bytes;
+  /*
+   * How long a member waits for a chunk another member claimed before it
+   * takes the claim over and copies the chunk from the publisher (and how
+   * long a member that has every chunk stays for peers still copying,
+   * and a leaving one waits for copies from its memory): milliseconds (0:
+   * no waiting for any peer), GPUIPC_TIMEOUT_FOREVER, or
+   * GPUIPC_TIMEOUT_DEFAULT (the domain's timeout; default).
+   */
+  int timeout_ms;
+  unsigned flags; /* none yet: 0 */
+} gpuipc_share_opts_t;
+
+/* Every field at its default. */
+#define GPUIPC_SHARE_OPTS_INIT                                                 \
+  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0}
+
+/* The longest round name gpuipc_share_copy takes (its segments' names add
+ * ".share.SLOT.K" to it). */
+#define GPUIPC_SHARE_ROUND_MAX 48
+
+/*
+ * gpuipc_share_copy - copy the @n extents @ext into this process's
+ * destinations, sharing the copying with every process that calls it with
+ * the same @round name and the same layout (the extents' byte counts and
+ * source offsets, and the chunk size) at the same time: the *members* of
+ * the round.
+ * @dom: the domain the round's segments live in.
+ * @round: a segment name of at most GPUIPC_SHARE_ROUND_MAX characters that
+ *        names the bytes copied (e.g. a state dict and its version): two
+ *        calls with one name and one layout take each other's chunks as
+ *        the same bytes. The round table is the HOST segment
+ *        "<round>.share" (created by the first member with GPUIPC_CREATE |
+ *        GPUIPC_SCRATCH); each member lends its destination buffers as
+ *        segments "<round>.share.<slot>.<k>". The last member out unlinks
+ *        them all, so the name can be used again once a round is over (a
+ *        new round then begins).
+ * @ext, @n: 1 to 4096 extents; destinations must not overlap; every
+ *        destination on one device (or all HOST). An extent of 0 bytes is
+ *        allowed and copies nothing.
+ * @stream: GPU kinds: the copies and the words the protocol writes are
+ *        queued on this stream (CUstream; NULL: the legacy default
+ *        stream): work queued on it later sees the bytes. Before the
+ *        call returns, the host waits until the work it queued there has
+ *        completed (it then lets go of the peers' memory it copied from
+ *        and of the table the stream writes into; this first version
+ *        blocks the host for as long as its copies take). HOST (every
+ *        source and destination HOST): ignored; the CPU copies, and the
+ *        bytes are in place when the call returns.
+ * @opts: NULL for the defaults; see gpuipc_share_opts_t.
+ * A member claims chunks (compare-and-swap in the table), copies each from
+ * the publisher, then marks it done; it copies the chunks others marked
+ * done from their destinations. A member that has every chunk stays,
+ * serving, until every other live member has its chunks too (at most the
+ * timeout). A claim whose member died or left is taken over at once; one
+ * that shows no done word within the timeout is taken over then, and its
+ * member marked FAILED if it did no work meanwhile (its own call then
+ * fails).
+ * Who copies alone from the publisher, with no table: a process whose
+ * layout differs from the table's, a 65th member, a GPU destination on the
+ * publisher's own GPU, a call that finds the round over (the last member
+ * left while it joined). A member whose destination cannot be lent (an
+ * imported buffer, memory gpuipc did not allocate) claims nothing and
+ * serves nobody: it copies done chunks from the others and the rest from
+ * the publisher. No member reads outside what it mapped, whatever a peer
+ * writes into the table; a peer that writes into others' destinations
+ * (same uid, same memory) is beyond any check.
+ * Returns 0 once every byte is in; -EINVAL (NULL
+ * @dom, @round or @ext, a bad or too long round name, @n out of range, an
+ * extent past its source or destination buffer, overlapping
+ * destinations, destinations on several devices, opts->size below
+ * sizeof(size_t), a chunk_bytes that is not a multiple of 4096 or cuts
+ * the extents into more than 65536 chunks, unknown
+ * flags, a bad timeout) before anything is created; -ETIMEDOUT when a peer
+ * marked this member FAILED (it stalled past the timeout holding claims,
+ * or stalled while a leaving member waited for it; the sentence names the
+ * chunks it held), or (GPU kinds) the work it queued on @stream did not
+ * complete within the timeout; -ENOMEM; what the copies return
+ * (GPUIPC_E_CUDA).
+ * Failures to join (another layout, a full or closed table, a broker that
+ * does not answer) are no error: the call then copies alone.
+ * Thread-safe; one thread's calls are one member each.
+ */
+GPUIPC_API int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
+                                 const gpuipc_share_extent_t *ext, int n,
+                                 void *stream,
+                                 const gpuipc_share_opts_t *opts);
+
+/*
+ * gpuipc_segment_copy_shared - gpuipc_share_copy of one extent: @bytes of
+ * segment @seg (opened through @dom) at @src_off into @dst at @dst_off. The
+ * round is named after the segment's id in the domain (never reused, so a
+ * segment published again is a new round) and @src_off.
+ * Returns what gpuipc_share_copy returns; -EINVAL also when @seg is not a
+ * segment this process holds through @dom.
+ */
+GPUIPC_API int gpuipc_segment_copy_shared(gpuipc_domain_t *dom,
+                                          gpuipc_buf_t *seg, size_t src_off,
+                                          gpuipc_buf_t *dst, size_t dst_off,
+                                          size_t bytes, void *stream,
+                                          const gpuipc_share_opts_t *opts);
 
 /* ------------------------------------------------------------------------ */
 /* Tensors (DLPack layout)                                                  */

@@ -11,7 +11,7 @@ that moved or went) is skipped. Prints every cycle
 (a strongly connected set of two or more files: each reaches every other)
 with its size, and every dependency of a folder on a folder above it in
 DESIGN.md's layers (core < os < wire < cuda < mem < domain < segment <
-channel < mpi).
+share < channel < mpi).
 
 With --expect FILE (one cycle a line: its files, space-separated), the run
 fails (exit 1) when a cycle appears that no line names or a named cycle
@@ -27,7 +27,7 @@ import sys
 # The tree this script belongs to (tools/..): where sources are looked for.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-LAYERS = ["core", "os", "wire", "cuda", "mem", "domain", "segment",
+LAYERS = ["core", "os", "wire", "cuda", "mem", "domain", "segment", "share",
           "channel", "mpi"]
 
 

@@ -626,6 +626,24 @@ int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
   return segment_unlink(dom, name, id);
 }
 
+int gpuipc__seg_id_of(const gpuipc_buf_t *buf, const gpuipc_domain_t *dom,
+                      uint64_t *id)
+{
+  int rc = -ENOENT;
+  gpuipc__seg_fork_install();
+  pthread_mutex_lock(&gpuipc__seg_mu);
+  struct seg_entry *e = gpuipc__seg_entry_find(buf);
+  for (struct seg_hold *h = e != NULL ? e->holds : NULL; h != NULL;
+       h = h->next)
+    if (h->dom == dom) {
+      *id = h->id;
+      rc = 0;
+      break;
+    }
+  pthread_mutex_unlock(&gpuipc__seg_mu);
+  return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Listing                                                                  */
 /* ------------------------------------------------------------------------ */

@@ -32,6 +32,13 @@ int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
                                 const gpuipc_buf_t *buf);
 
 /*
+ * The broker's id of the segment that @buf holds through @dom (unlinked
+ * or not): 0, or -ENOENT (no sentence) when it holds none.
+ */
+int gpuipc__seg_id_of(const gpuipc_buf_t *buf, const gpuipc_domain_t *dom,
+                      uint64_t *id);
+
+/*
  * For tests only: when @on, every segment this process creates from now on
  * is published as held by its creator (GPUIPC__SEGF_CREATOR_HELD), as
  * LEGACY and POOL ones are, whatever its kind -- so that the deferred

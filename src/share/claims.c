@@ -1,0 +1,131 @@
+/*
+ * Claims on chunks, and what a member knows of its peers. A claim is a
+ * compare-and-swap of the chunk's claim word from 0 (free) to the
+ * member's word (epoch << 8 | slot + 1); a stale claim is taken over by a
+ * swap from the word seen to one with the epoch raised, so the late done
+ * word of the old claim never matches the new one. Every word read from
+ * the table is checked before it is used: a slot out of range, a member
+ * that is not LIVE or whose process is gone, count as no server at all.
+ */
+#include "share/share.h"
+#include "os/os.h"
+
+/* How often a peer's pid is looked at while others wait on it. */
+#define PID_CHECK_NS 2000000ull
+
+static void peer_refresh(struct share_table *t, int slot,
+                         struct share_peer *p, uint64_t now)
+{
+  struct share_member *m = &t->members[slot];
+  /* A member writes its start time before it is LIVE: before that, only
+   * its pid tells. */
+  bool live = (atomic_load(&m->flags) & GPUIPC__SM_LIVE) != 0;
+  uint32_t pid = atomic_load(&m->pid);
+  if (pid != p->pid || (live && !p->have_start)) {
+    p->pid = pid;
+    p->have_start = live;
+    p->start_time = live ? m->start_time : 0;
+    p->checked_ns = 0;
+    p->gone = false;
+  }
+  if (p->gone || now - p->checked_ns < PID_CHECK_NS)
+    return;
+  p->checked_ns = now;
+  uint64_t st = 0;
+  if (pid == 0 || pid > (uint32_t)INT32_MAX || !gpuipc__pid_alive((pid_t)pid))
+    p->gone = true;
+  else if (p->have_start && (gpuipc__pid_start_time((pid_t)pid, &st) != 0 ||
+                             st != p->start_time))
+    p->gone = true;
+}
+
+bool gpuipc__share_gone(struct share_table *t, int slot,
+                        struct share_peer *peers, uint64_t now)
+{
+  if (slot < 0 || slot >= GPUIPC__SHARE_MEMBERS)
+    return true;
+  uint32_t f = atomic_load(&t->members[slot].flags);
+  if ((f & GPUIPC__SM_LEFT) || (f & ~GPUIPC__SM_KNOWN))
+    return true;
+  peer_refresh(t, slot, &peers[slot], now);
+  return peers[slot].gone;
+}
+
+bool gpuipc__share_serving(struct share_table *t, int slot,
+                           struct share_peer *peers, uint64_t now)
+{
+  if (slot < 0 || slot >= GPUIPC__SHARE_MEMBERS)
+    return false;
+  uint32_t f = atomic_load(&t->members[slot].flags);
+  uint32_t bad = GPUIPC__SM_LEAVING | GPUIPC__SM_LEFT | GPUIPC__SM_FAILED;
+  if ((f & ~GPUIPC__SM_KNOWN) || (f & bad) ||
+      (f & (GPUIPC__SM_LIVE | GPUIPC__SM_SERVER)) !=
+          (GPUIPC__SM_LIVE | GPUIPC__SM_SERVER))
+    return false;
+  peer_refresh(t, slot, &peers[slot], now);
+  return !peers[slot].gone;
+}
+
+static bool try_claim(struct share_table *t, long i, int me, uint64_t *word)
+{
+  uint64_t zero = 0, w = gpuipc__share_claim_word(1, me);
+  if (!atomic_compare_exchange_strong(&t->chunks[i].claim, &zero, w))
+    return false;
+  atomic_store_explicit(&t->chunks[i].claimed_ns, gpuipc__now_ns(),
+                        memory_order_relaxed);
+  *word = w;
+  return true;
+}
+
+/* The middle of the longest run of free chunks, or -1. */
+static long longest_free_middle(struct share_table *t)
+{
+  long best = -1, best_len = 0, run = 0;
+  for (long i = 0; i < (long)t->nchunks; i++) {
+    if (atomic_load_explicit(&t->chunks[i].claim, memory_order_relaxed) != 0) {
+      run = 0;
+      continue;
+    }
+    run++;
+    if (run > best_len) {
+      best_len = run;
+      best = i - run + 1;
+    }
+  }
+  return best < 0 ? -1 : best + best_len / 2;
+}
+
+long gpuipc__share_claim_free(struct share_table *t, int me, long hint,
+                              uint64_t *word)
+{
+  if (hint >= 0 && hint < (long)t->nchunks && try_claim(t, hint, me, word))
+    return hint;
+  for (;;) {
+    long i = longest_free_middle(t);
+    if (i < 0)
+      return -1;
+    if (try_claim(t, i, me, word))
+      return i;
+  }
+}
+
+bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
+                           int me, uint64_t *word)
+{
+  uint64_t epoch = (old >> 8) + 1;
+  if (epoch >= (1ull << 56))
+    epoch = 1;
+  uint64_t w = gpuipc__share_claim_word(epoch, me);
+  if (!atomic_compare_exchange_strong(&t->chunks[i].claim, &old, w))
+    return false;
+  atomic_store_explicit(&t->chunks[i].claimed_ns, gpuipc__now_ns(),
+                        memory_order_relaxed);
+  *word = w;
+  return true;
+}
+
+void gpuipc__share_mark_failed(struct share_table *t, int slot)
+{
+  if (slot >= 0 && slot < GPUIPC__SHARE_MEMBERS)
+    atomic_fetch_or(&t->members[slot].flags, GPUIPC__SM_FAILED);
+}

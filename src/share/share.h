@@ -1,0 +1,316 @@
+/*
+ * src/share: readers that share the copying (docs/shared-copy.md).
+ *
+ *   table.c   the round table's layout in its HOST segment, the layout
+ *             digest, the header's set-up and checks, member and claim
+ *             words decoded with every field checked
+ *   claims.c  claiming chunks (middle of the longest free run, then
+ *             forward), stale claims, members' liveness and FAILED marks
+ *   lend.c    the members' destinations lent as segments, and the peers'
+ *             lent segments this call opened (one place to add a cache)
+ *   copy.c    the copy loop: claim and copy from the publisher, copy done
+ *             chunks from peers, re-claim stale ones; HOST and GPU movers
+ *   share.c   gpuipc_share_copy, gpuipc_segment_copy_shared: arguments,
+ *             joining and leaving the round
+ *
+ * It sits above src/segment (it opens, lends and unlinks segments) and
+ * below nothing: no other layer calls it.
+ */
+#ifndef GPUIPC_SHARE_H
+#define GPUIPC_SHARE_H
+
+#include "core/core.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPUIPC__SHARE_MAGIC 0x52485347u  /* "GSHR" */
+#define GPUIPC__SHARE_BUSY 0x59535542u   /* "BUSY": its creator sets it up */
+#define GPUIPC__SHARE_LAYOUT 1u
+#define GPUIPC__SHARE_MEMBERS 64
+#define GPUIPC__SHARE_EXT_MAX 4096       /* extents in one call */
+#define GPUIPC__SHARE_CHUNKS_MAX (1u << 16) /* each turn scans them */
+#define GPUIPC__SHARE_CHUNK_DEFAULT ((size_t)64 << 20)
+#define GPUIPC__SHARE_CHUNK_ALIGN ((size_t)4096)
+
+/* Member flags (struct share_member.flags). */
+#define GPUIPC__SM_LIVE 0x1u    /* joined: its fields are written */
+#define GPUIPC__SM_SERVER 0x2u  /* claims chunks and lends its destination */
+#define GPUIPC__SM_LEAVING 0x4u /* done: nobody starts a copy from it */
+#define GPUIPC__SM_LEFT 0x8u    /* gone from the round */
+#define GPUIPC__SM_FAILED 0x10u /* marked by a peer: its call fails */
+#define GPUIPC__SM_DONE 0x20u   /* has every chunk; still serves */
+#define GPUIPC__SM_KNOWN 0x3fu
+
+/*
+ * The round table, a HOST segment every member maps. All words are
+ * little-endian (the machine's: one machine) and written with atomics.
+ * header at 0 (one page), then member[64], chunk[nchunks], then the
+ * members' extent maps ext[64][nextents].
+ */
+struct share_hdr {
+  _Atomic uint32_t magic; /* 0: new; BUSY: being set up; MAGIC */
+  uint32_t layout;        /* GPUIPC__SHARE_LAYOUT */
+  uint64_t digest;        /* of the extent layout (share_digest) */
+  uint64_t chunk_bytes;
+  uint32_t nchunks;
+  uint32_t nextents;
+  _Atomic uint32_t closed; /* 1: the last member left; joiners go alone */
+  uint32_t pad;
+  uint64_t created_ns;
+};
+
+struct share_member {
+  _Atomic uint32_t pid;   /* 0: free; taken by compare-and-swap */
+  _Atomic uint32_t flags; /* GPUIPC__SM_* */
+  uint64_t start_time;    /* of its pid (/proc), against pid reuse */
+  uint64_t joined_ns;
+  uint32_t nlent;         /* destination buffers it lent */
+  uint32_t pad;
+  /* Reads from servers: rseq[s] is the number of this member's last copy
+   * from server s, rdone the number of its last copy that has landed
+   * (written after the copy: by the host, or by its stream). */
+  _Atomic uint64_t rdone;
+  _Atomic uint64_t rseq[GPUIPC__SHARE_MEMBERS];
+  _Atomic uint64_t from_pub; /* chunks it copied from the publisher */
+  _Atomic uint64_t from_peer;
+  /* Counted up as the member works (each turn, each nap of its waits):
+   * a claimer whose beat stands still through the timeout has stalled. */
+  _Atomic uint64_t beat;
+  uint8_t pad2[40];
+};
+
+struct share_chunk {
+  _Atomic uint64_t claim;      /* 0 free; else epoch << 8 | (slot + 1) */
+  _Atomic uint64_t done;       /* the claim word whose copy has landed */
+  _Atomic uint64_t claimed_ns; /* when it was claimed (diagnostics) */
+  uint64_t pad;
+};
+
+/* Where a member's extent lies in what it lent. */
+struct share_ext {
+  uint32_t k;   /* its lent buffer (< nlent) */
+  uint32_t pad;
+  uint64_t off; /* offset of the extent in that buffer */
+  uint64_t seg_id; /* the broker's id of lent segment k, to check it */
+};
+
+/* A mapped table and where its parts are. */
+struct share_table {
+  gpuipc_buf_t *buf;
+  uint8_t *base;
+  size_t size;
+  struct share_hdr *hdr;
+  struct share_member *members;
+  struct share_chunk *chunks;
+  struct share_ext *exts; /* [slot * nextents + e] */
+  uint32_t nchunks;
+  uint32_t nextents;
+};
+
+/* One chunk: a piece of one extent. */
+struct share_piece {
+  uint32_t ext;
+  uint64_t off; /* in the extent */
+  uint64_t bytes;
+};
+
+/* The chunk layout of one call (the same in every member of a round). */
+struct share_layout {
+  int n;
+  const gpuipc_share_extent_t *ext;
+  uint64_t chunk_bytes;
+  uint32_t nchunks;
+  struct share_piece *pieces; /* [nchunks] */
+  uint64_t digest;
+};
+
+/* ----- table.c ----- */
+/* Cut the extents into chunks (@out->pieces allocated); -EINVAL too many. */
+int gpuipc__share_layout(const gpuipc_share_extent_t *ext, int n,
+                         uint64_t chunk_bytes, struct share_layout *out);
+void gpuipc__share_layout_free(struct share_layout *l);
+/* Bytes of the table of @l. */
+size_t gpuipc__share_table_bytes(const struct share_layout *l);
+/* Point @t's parts into @buf (of gpuipc__share_table_bytes). */
+void gpuipc__share_table_map(struct share_table *t, gpuipc_buf_t *buf,
+                             const struct share_layout *l);
+/*
+ * Set the header up if the table is new, else wait (up to @timeout_ms)
+ * for its creator to; then check it describes @l. 0; GPUIPC_E_MISMATCH
+ * (another layout, or a header that is not one) with a sentence;
+ * -ETIMEDOUT (its creator never finished).
+ */
+int gpuipc__share_table_init(struct share_table *t,
+                             const struct share_layout *l, int timeout_ms);
+
+/* A claim word's member slot, or -1 when it names none (0 included). */
+static inline int gpuipc__share_claim_slot(uint64_t c)
+{
+  uint64_t s = c & 0xffu;
+  return s >= 1 && s <= GPUIPC__SHARE_MEMBERS ? (int)s - 1 : -1;
+}
+
+static inline uint64_t gpuipc__share_claim_word(uint64_t epoch, int slot)
+{
+  return (epoch << 8) | (uint64_t)(slot + 1);
+}
+
+/* ----- claims.c ----- */
+/* What this process knows of a peer during a call. */
+struct share_peer {
+  uint32_t pid;
+  bool have_start;     /* start_time read once the member was LIVE */
+  uint64_t start_time;
+  uint64_t checked_ns; /* when its pid was last looked at */
+  bool gone;           /* dead, or its pid is another process now */
+};
+
+/* Whether member @m (slot @slot) may serve now: LIVE, SERVER, not
+ * LEAVING, LEFT or FAILED, and its pid alive (looked at now and then). */
+bool gpuipc__share_serving(struct share_table *t, int slot,
+                           struct share_peer *peers, uint64_t now);
+/* Whether member @slot is gone: its process dead or reused, or LEFT. */
+bool gpuipc__share_gone(struct share_table *t, int slot,
+                        struct share_peer *peers, uint64_t now);
+/*
+ * Claim a free chunk for @me, nearest @hint (walking forward from it),
+ * else the middle of the longest free run. Returns the chunk and its
+ * claim word in *@word, or -1 when none is free.
+ */
+long gpuipc__share_claim_free(struct share_table *t, int me, long hint,
+                              uint64_t *word);
+/* Take chunk @i from claim @old (stale) for @me, with the epoch raised.
+ * true when it is ours now (*@word). */
+bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
+                           int me, uint64_t *word);
+/* Mark member @slot FAILED (a peer found it stalled or dead). */
+void gpuipc__share_mark_failed(struct share_table *t, int slot);
+/* This member is at work (its beat goes on). */
+static inline void gpuipc__share_beat(struct share_table *t, int me)
+{
+  atomic_fetch_add_explicit(&t->members[me].beat, 1, memory_order_relaxed);
+}
+
+/* ----- lend.c ----- */
+struct share_lent; /* what this member lent */
+struct share_peers_open; /* the peers' segments this call opened */
+
+/* The name of lent segment @k of member @slot of @round. */
+int gpuipc__share_lent_name(char *out, size_t cap, const char *round,
+                            int slot, uint32_t k);
+/*
+ * Lend the distinct destination buffers of @l as member @slot's segments,
+ * record them and the extent map in @t. 0, or the code of the first lend
+ * that failed (nothing then lent: the member serves nobody).
+ */
+int gpuipc__share_lend(gpuipc_domain_t *dom, const char *round,
+                       struct share_table *t, int slot,
+                       const struct share_layout *l,
+                       struct share_lent **out);
+/* Let go of what was lent: release the handles, unlink the names (only
+ * while they still name what this process lent). */
+void gpuipc__share_lend_end(gpuipc_domain_t *dom, struct share_lent *lent);
+/*
+ * The address of chunk @i (of @l) in server @slot's lent memory, opened
+ * (and checked against the segment id the server recorded) on first use
+ * for local @device; NULL when it cannot be read from there.
+ */
+const void *gpuipc__share_peer_src(gpuipc_domain_t *dom, const char *round,
+                                   struct share_table *t,
+                                   struct share_peers_open **po, int slot,
+                                   const struct share_layout *l, long i,
+                                   int device);
+void gpuipc__share_peers_close(struct share_peers_open *po);
+/* Unlink the lent names of every member of @t (the last one out). */
+void gpuipc__share_unlink_all(gpuipc_domain_t *dom, const char *round,
+                              struct share_table *t);
+
+/* ----- copy.c ----- */
+/* Counts of one call, for tests (gpuipc__share_test_stats). */
+struct gpuipc__share_stats {
+  int joined;      /* 1: member of a round; 0: copied alone */
+  int server;      /* 1: claimed and served */
+  int slot;
+  uint64_t nchunks;
+  uint64_t from_pub;
+  uint64_t from_peer;
+  uint64_t reclaimed; /* stale claims taken over */
+};
+
+/* One call's state as the copy loop sees it. */
+struct share_call {
+  gpuipc_domain_t *dom;
+  const char *round;
+  const struct share_layout *l;
+  struct share_table *t; /* NULL: alone */
+  int me;
+  bool server;
+  int device;   /* local ordinal of the copies (-1: HOST: the CPU copies) */
+  void *stream;
+  uint64_t words; /* the table's address for @device's streams */
+  int timeout_ms;
+  struct share_peer peers[GPUIPC__SHARE_MEMBERS];
+  struct share_peers_open *po;
+  uint64_t rseq; /* the number of this member's last copy from a peer */
+  uint8_t *have; /* [nchunks] */
+  uint64_t missing; /* chunks not had yet */
+  uint64_t *own;  /* [nchunks]: the claim word this member took, or 0 */
+  int8_t *from;   /* [nchunks]: the server slot it came from, -1 publisher */
+  /* [nchunks]: a claim as first seen, when, and its claimer's beat then */
+  uint64_t *seen_claim, *seen_ns, *seen_beat;
+  struct gpuipc__share_stats st;
+};
+
+/* Copy everything of @c->l; with a table, sharing. 0, or the code. */
+int gpuipc__share_run(struct share_call *c);
+/* Copy every chunk @c still misses from the publisher. */
+int gpuipc__share_alone(struct share_call *c);
+/*
+ * Mark this member DONE, then stay in the round (serving) until every
+ * other live member is DONE too, or the timeout passes: members that
+ * still copy find their chunks here rather than at the publisher.
+ */
+void gpuipc__share_linger(struct share_call *c);
+/* Wait (bounded) until no peer copies from this member any more. */
+void gpuipc__share_drain(struct share_call *c);
+/*
+ * GPU kinds: wait until everything this member queued on its stream has
+ * completed (a last word its stream writes), so that the peers' memory it
+ * copied from and the table its stream writes into may be let go, and a
+ * FAILED mark a server left on it before letting go of its own memory is
+ * seen. 0 at once for HOST; -ETIMEDOUT after the timeout (the caller then
+ * keeps those mappings: never unmapped under a queued copy).
+ */
+int gpuipc__share_settle(struct share_call *c);
+/*
+ * GPU kinds, once gpuipc__share_settle saw every copy land: chunks copied
+ * from a server whose process is gone now may have been read from memory
+ * that went with it (LEGACY and POOL memory dies with its process): copy
+ * them again from the publisher, and settle. 0, or the code.
+ */
+int gpuipc__share_recheck(struct share_call *c);
+/* This member's failure, when a peer marked it FAILED: -ETIMEDOUT with the
+ * chunks it held that others took over. */
+int gpuipc__share_failed(struct share_call *c);
+
+/* ----- tests ----- */
+enum gpuipc__share_step {
+  GPUIPC__SHARE_JOINED,  /* slot taken, LIVE */
+  GPUIPC__SHARE_CLAIMED, /* chunk claimed, its copy not started */
+  GPUIPC__SHARE_MIDCOPY, /* half of the chunk copied (HOST) */
+  GPUIPC__SHARE_DONE,    /* done word written */
+  GPUIPC__SHARE_LEAVE,   /* every chunk in, DONE, before lingering */
+};
+typedef void (*gpuipc__share_hook_fn)(enum gpuipc__share_step step, long chunk,
+                                      void *arg);
+/* Tests: call @fn at each step of this process's calls (NULL: none). */
+void gpuipc__share_test_hook(gpuipc__share_hook_fn fn, void *arg);
+void gpuipc__share_step(enum gpuipc__share_step step, long chunk);
+/* Tests: the counts of this thread's last call. */
+void gpuipc__share_test_stats(struct gpuipc__share_stats *out);
+void gpuipc__share_stats_set(const struct gpuipc__share_stats *st);
+
+#endif

@@ -1,0 +1,212 @@
+/*
+ * A reader of tests/helpers/share_peer.h's layout, for the tests of
+ * gpuipc_share_copy (share_*.c). Arguments: CMD_FD REP_FD DOMAIN PREFIX
+ * SEED ROUND HOOK GATE DST TIMEOUT_MS (share_peer.h's sreader_start says
+ * what they mean). Exit status: 0 once the test closed its pipe.
+ */
+#include "helpers/share_peer.h"
+#include "share/share.h"
+
+#include <stdlib.h>
+#include <sys/prctl.h>
+
+static int rep_fd, cmd_fd;
+static int gate;
+static enum gpuipc__share_step hook_step;
+static long hook_at; /* the N-th time */
+static long hook_seen;
+static int hook_sig; /* SIGKILL or SIGSTOP; -1: say "at"; 0: no hook */
+
+static void say(const char *line)
+{
+  size_t n = strlen(line);
+  if (write(rep_fd, line, n) != (ssize_t)n)
+    _exit(9);
+}
+
+/* The next command line (without newline) into @buf; false at EOF. */
+static bool hear(char *buf, size_t cap)
+{
+  size_t n = 0;
+  while (n + 1 < cap) {
+    char c;
+    ssize_t r = read(cmd_fd, &c, 1);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return false;
+    if (c == '\n')
+      break;
+    buf[n++] = c;
+  }
+  buf[n] = '\0';
+  return true;
+}
+
+static void hook(enum gpuipc__share_step step, long chunk, void *arg)
+{
+  (void)chunk;
+  (void)arg;
+  if (step == GPUIPC__SHARE_JOINED)
+    say("joined\n");
+  if (step == GPUIPC__SHARE_LEAVE) {
+    say("leave\n");
+    char line[64];
+    if (gate && !(hear(line, sizeof(line)) && strcmp(line, "out") == 0))
+      _exit(8);
+  }
+  if (hook_sig != 0 && step == hook_step && ++hook_seen == hook_at) {
+    if (hook_sig < 0)
+      say("at\n");
+    else
+      raise(hook_sig);
+  }
+}
+
+static void hook_parse(const char *spec)
+{
+  static const char *steps[] = {"joined", "claimed", "midcopy", "done",
+                                "leave"};
+  char name[16], action[16];
+  long at;
+  if (spec[0] == '\0')
+    return;
+  if (sscanf(spec, "%15[a-z]:%ld:%15[a-z]", name, &at, action) != 3)
+    TFAIL("bad hook \"%s\"", spec);
+  for (int i = 0; i < 5; i++)
+    if (strcmp(name, steps[i]) == 0)
+      hook_step = (enum gpuipc__share_step)i;
+  hook_at = at;
+  hook_sig = strcmp(action, "stop") == 0   ? SIGSTOP
+             : strcmp(action, "tell") == 0 ? -1
+                                           : SIGKILL;
+}
+
+static int device = -1; /* of the destinations ("legacy": 0) */
+
+/* Write @n bytes of @c at @p of a destination (on the GPU: a copy). */
+static void dst_fill(gpuipc_buf_t *b, int c, size_t n)
+{
+  if (device < 0) {
+    memset(gpuipc_buf_ptr(b), c, n);
+    return;
+  }
+  uint8_t *tmp = malloc(n);
+  memset(tmp, c, n);
+  ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(b), tmp, n, device, NULL));
+  free(tmp);
+}
+
+/*
+ * Destination @i: our own HOST buffer (lendable), our own LEGACY buffer
+ * on GPU 0 ("legacy"), or a segment of @dst (imported: not lendable).
+ */
+static gpuipc_buf_t *dst_get(gpuipc_domain_t *dom, const char *dst, int i)
+{
+  gpuipc_buf_t *b;
+  if (strcmp(dst, "own") == 0) {
+    ASSERT_OK(gpuipc_buf_alloc(share_dst_size[i], GPUIPC_KIND_HOST, -1, 0,
+                               &b));
+  } else if (strcmp(dst, "legacy") == 0) {
+    device = 0;
+    ASSERT_OK(gpuipc_buf_alloc(share_dst_size[i], GPUIPC_KIND_LEGACY, 0, 0,
+                               &b));
+  } else {
+    char name[GPUIPC_NAME_MAX + 1];
+    snprintf(name, sizeof(name), "%s.DST%d", dst, i);
+    ASSERT_OK(gpuipc_segment_open(dom, name, NULL, &b));
+  }
+  dst_fill(b, SHARE_FILL, share_dst_size[i]);
+  return b;
+}
+
+/* Bytes of @d that are not what they should be. */
+static long check(gpuipc_buf_t *const *d, unsigned seed)
+{
+  long bad = 0;
+  uint8_t *want[SHARE_NDST];
+  for (int i = 0; i < SHARE_NDST; i++) {
+    want[i] = malloc(share_dst_size[i]);
+    memset(want[i], SHARE_FILL, share_dst_size[i]);
+  }
+  for (int e = 0; e < SHARE_NEXT; e++) {
+    const struct share_ext_spec *x = &share_exts[e];
+    for (size_t b = 0; b < x->bytes; b++)
+      want[x->dst][x->dst_off + b] = share_byte(seed, x->src, x->src_off + b);
+  }
+  for (int i = 0; i < SHARE_NDST; i++) {
+    uint8_t *got = malloc(share_dst_size[i]);
+    /* On the GPU: after the copies the call queued on the stream. */
+    ASSERT_OK(gpuipc_memcpy(got, gpuipc_buf_ptr(d[i]), share_dst_size[i],
+                            device, NULL));
+    for (size_t b = 0; b < share_dst_size[i]; b++)
+      bad += got[b] != want[i][b];
+    free(got);
+    free(want[i]);
+  }
+  return bad;
+}
+
+int main(int argc, char **argv)
+{
+  if (argc != 11)
+    TFAIL("usage: share_peer CMD_FD REP_FD DOMAIN PREFIX SEED ROUND HOOK "
+          "GATE DST TIMEOUT_MS");
+  /* A test that fails leaves no stopped helper behind to hold its
+   * output open (SIGKILL ends a stopped process too). */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1)
+    return 9;
+  cmd_fd = atoi(argv[1]);
+  rep_fd = atoi(argv[2]);
+  unsigned seed = (unsigned)atoi(argv[5]);
+  gate = atoi(argv[8]);
+  hook_parse(argv[7]);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join(argv[3], NULL, &dom));
+  gpuipc_buf_t *src[SHARE_NSRC], *dst[SHARE_NDST];
+  for (int i = 0; i < SHARE_NSRC; i++) {
+    char name[GPUIPC_NAME_MAX + 1];
+    share_src_name(name, sizeof(name), argv[4], i);
+    ASSERT_OK(gpuipc_segment_open(dom, name, NULL, &src[i]));
+  }
+  for (int i = 0; i < SHARE_NDST; i++)
+    dst[i] = dst_get(dom, argv[9], i);
+  gpuipc_share_extent_t ext[SHARE_NEXT];
+  for (int e = 0; e < SHARE_NEXT; e++)
+    ext[e] = (gpuipc_share_extent_t){src[share_exts[e].src],
+                                     share_exts[e].src_off,
+                                     dst[share_exts[e].dst],
+                                     share_exts[e].dst_off,
+                                     share_exts[e].bytes};
+  gpuipc__share_test_hook(hook, NULL);
+  say("ready\n");
+  char line[64];
+  if (!hear(line, sizeof(line)) || strcmp(line, "go") != 0)
+    return 7;
+  gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
+  o.chunk_bytes = SHARE_CHUNK;
+  o.timeout_ms = atoi(argv[10]);
+  int rc = gpuipc_share_copy(dom, argv[6], ext, SHARE_NEXT, NULL, &o);
+  struct gpuipc__share_stats st;
+  gpuipc__share_test_stats(&st);
+  char msg[600], out[900];
+  snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
+  for (char *p = msg; *p; p++)
+    if (*p == '\n')
+      *p = ' ';
+  snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
+           "reclaimed=%llu bad=%ld msg=%s\n", rc,
+           (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
+           st.joined, st.server, (unsigned long long)st.reclaimed,
+           rc == 0 ? check(dst, seed) : 0, msg);
+  say(out);
+  while (hear(line, sizeof(line)))
+    ;
+  for (int i = 0; i < SHARE_NDST; i++)
+    gpuipc_buf_release(dst[i]);
+  for (int i = 0; i < SHARE_NSRC; i++)
+    gpuipc_buf_release(src[i]);
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  return 0;
+}

@@ -1,0 +1,304 @@
+/*
+ * Readers that share the copying, driven from a test: the layout every
+ * reader copies (five extents of two published HOST segments into three
+ * destination buffers, sizes no multiple of the chunk), the bytes the
+ * publisher writes, and starting share_peer processes and talking to them
+ * one line at a time.
+ *
+ * A share_peer joins the domain, opens the sources, allocates its
+ * destinations and says "ready"; on "go" it calls gpuipc_share_copy. It
+ * says "joined" when it took its slot and "leave" once every chunk is in;
+ * with a gate it then waits for "out" before it leaves the round. Then it
+ * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
+ * reclaimed=N bad=N msg=LAST_ERROR", and waits for EOF to exit.
+ */
+#ifndef GPUIPC_TEST_SHARE_PEER_H
+#define GPUIPC_TEST_SHARE_PEER_H
+
+#include "test.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SHARE_CHUNK ((size_t)64 << 10)
+#define SHARE_NSRC 2
+#define SHARE_NDST 3
+#define SHARE_NEXT 5
+#define SHARE_TIMEOUT_MS 500
+#define SHARE_REPLY_MS 120000
+
+static const size_t share_src_size[SHARE_NSRC] = {(3u << 20) + 4097,
+                                                  (1u << 20) + 333};
+static const size_t share_dst_size[SHARE_NDST] = {2u << 20, 2u << 20, 4096};
+
+struct share_ext_spec {
+  int src;
+  size_t src_off;
+  int dst;
+  size_t dst_off;
+  size_t bytes;
+};
+
+static const struct share_ext_spec share_exts[SHARE_NEXT] = {
+    {0, 0, 0, 100, (1u << 20) + 12345},
+    {1, 7, 1, 0, 300000},
+    {0, (1u << 20) + 20000, 0, 100 + (1u << 20) + 12345 + 50,
+     3 * (64u << 10) + 1},
+    {1, 500000, 2, 3, 17},
+    {0, 2u << 20, 1, 300000 + 4096, (1u << 20) - 5},
+};
+
+/* Chunks of the layout at SHARE_CHUNK. */
+static inline uint64_t share_nchunks(void)
+{
+  uint64_t n = 0;
+  for (int i = 0; i < SHARE_NEXT; i++)
+    n += (share_exts[i].bytes + SHARE_CHUNK - 1) / SHARE_CHUNK;
+  return n;
+}
+
+/* The byte the publisher of version @seed writes at @off of source @src. */
+static inline uint8_t share_byte(unsigned seed, int src, size_t off)
+{
+  uint64_t x = ((uint64_t)seed * 1000003u + (uint64_t)src * 7919u) << 32;
+  x ^= off * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 32;
+  return (uint8_t)x;
+}
+
+/* Destination bytes outside every extent hold this. */
+#define SHARE_FILL 0xEE
+
+/* The name of source @i of version prefix @prefix. */
+static inline void share_src_name(char *out, size_t cap, const char *prefix,
+                                  int i)
+{
+  snprintf(out, cap, "%s.src%d", prefix, i);
+}
+
+/* ----- the test's side ----- */
+
+struct sreader {
+  pid_t pid;
+  int in, out;
+  char buf[4096];
+  size_t len;
+  char line[1024];
+  int status; /* exit status once reaped, else -1 */
+};
+
+/*
+ * Start a reader of version @prefix/@seed in round @round of domain
+ * @domain. @hook: "" or "STEP:N:ACTION" (STEP joined, claimed, midcopy,
+ * done, leave; ACTION kill or stop, or tell: say "at"; at the N-th
+ * time). @gate: wait for "out" before leaving. @dst: "own" (its own HOST buffers, lent),
+ * "legacy" (its own LEGACY buffers on GPU 0, lent) or the name of a HOST
+ * segment prefix whose DST0..2 it opens (imported: not lendable).
+ */
+static inline void sreader_start(struct sreader *r, const char *domain,
+                                 const char *prefix, unsigned seed,
+                                 const char *round, const char *hook,
+                                 int gate, const char *dst, int timeout_ms)
+{
+  int cmd[2], rep[2];
+  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
+    TFAIL("pipe2: %s", strerror(errno));
+  char a[16], b[16], s[16], g[4], t[16];
+  snprintf(a, sizeof(a), "%d", cmd[0]);
+  snprintf(b, sizeof(b), "%d", rep[1]);
+  snprintf(s, sizeof(s), "%u", seed);
+  snprintf(g, sizeof(g), "%d", gate);
+  snprintf(t, sizeof(t), "%d", timeout_ms);
+  const char *args[] = {a, b, domain, prefix, s, round, hook, g, dst, t, NULL};
+  int keep[] = {cmd[0], rep[1], -1};
+  r->pid = test_spawn("share_peer", args, keep);
+  close(cmd[0]);
+  close(rep[1]);
+  r->in = cmd[1];
+  r->out = rep[0];
+  r->len = 0;
+  r->status = -1;
+}
+
+/* The next line, or NULL at EOF (the reader died). */
+static inline const char *sreader_read(struct sreader *r)
+{
+  for (;;) {
+    char *nl = memchr(r->buf, '\n', r->len);
+    if (nl != NULL) {
+      size_t n = (size_t)(nl - r->buf);
+      if (n >= sizeof(r->line))
+        n = sizeof(r->line) - 1;
+      memcpy(r->line, r->buf, n);
+      r->line[n] = '\0';
+      r->len -= (size_t)(nl - r->buf) + 1;
+      memmove(r->buf, nl + 1, r->len);
+      return r->line;
+    }
+    struct pollfd p = {.fd = r->out, .events = POLLIN};
+    int pr = poll(&p, 1, SHARE_REPLY_MS);
+    if (pr == 0)
+      TFAIL("reader %d said nothing for %d ms", (int)r->pid, SHARE_REPLY_MS);
+    if (pr < 0 && errno == EINTR)
+      continue;
+    ssize_t n = read(r->out, r->buf + r->len, sizeof(r->buf) - r->len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return NULL;
+    r->len += (size_t)n;
+  }
+}
+
+/* Read the next line, which must begin with @want; returns it. */
+static inline const char *sreader_expect(struct sreader *r, const char *want)
+{
+  const char *l = sreader_read(r);
+  if (l == NULL)
+    TFAIL("reader %d: EOF where \"%s\" was due", (int)r->pid, want);
+  if (strncmp(l, want, strlen(want)) != 0)
+    TFAIL("reader %d said \"%s\" where \"%s\" was due", (int)r->pid, l, want);
+  return l;
+}
+
+static inline void sreader_send(struct sreader *r, const char *line)
+{
+  size_t n = strlen(line);
+  if (write(r->in, line, n) != (ssize_t)n)
+    TFAIL("write to reader %d: %s", (int)r->pid, strerror(errno));
+}
+
+struct sresult {
+  int rc, joined, server;
+  unsigned long long pub, peer, reclaimed;
+  long bad;
+  char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
+};
+
+/* Read the result line (after any "joined"/"leave" lines). */
+static inline void sreader_result(struct sreader *r, struct sresult *out)
+{
+  for (;;) {
+    const char *l = sreader_read(r);
+    if (l == NULL)
+      TFAIL("reader %d: EOF before its result", (int)r->pid);
+    if (strncmp(l, "rc=", 3) != 0)
+      continue;
+    int at = -1;
+    if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
+               "reclaimed=%llu bad=%ld msg=%n", &out->rc, &out->pub,
+               &out->peer, &out->joined, &out->server, &out->reclaimed,
+               &out->bad, &at) != 7 || at < 0)
+      TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
+    snprintf(out->msg, sizeof(out->msg), "%s", l + at);
+    return;
+  }
+}
+
+/* Close its command pipe (it exits) and reap it: its exit status. */
+static inline int sreader_end(struct sreader *r)
+{
+  if (r->in >= 0)
+    close(r->in);
+  r->in = -1;
+  if (r->status < 0)
+    r->status = test_wait(r->pid, SHARE_REPLY_MS);
+  close(r->out);
+  r->out = -1;
+  return r->status;
+}
+
+/* A result every surviving reader must have: rc 0, every byte right, and
+ * every chunk from the publisher or a peer. */
+static inline void sresult_check_ok(const struct sresult *s, int who)
+{
+  if (s->rc != 0 || s->bad != 0)
+    TFAIL("reader %d: rc %d, %ld wrong bytes (%s)", who, s->rc, s->bad,
+          s->msg);
+  if (s->pub + s->peer != share_nchunks())
+    TFAIL("reader %d: %llu chunks from the publisher + %llu from peers, "
+          "not %llu", who, s->pub, s->peer,
+          (unsigned long long)share_nchunks());
+}
+
+/*
+ * Publish version @seed's sources under @prefix in @dom (HOST segments),
+ * returned in @src (release them to let go).
+ */
+static inline void share_publish(gpuipc_domain_t *dom, const char *prefix,
+                                 unsigned seed, gpuipc_buf_t **src)
+{
+  for (int i = 0; i < SHARE_NSRC; i++) {
+    char name[GPUIPC_NAME_MAX + 1];
+    share_src_name(name, sizeof(name), prefix, i);
+    gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+    o.bytes = share_src_size[i];
+    o.kind = GPUIPC_KIND_HOST;
+    o.flags = GPUIPC_CREATE | GPUIPC_EXCL;
+    ASSERT_OK(gpuipc_segment_open(dom, name, &o, &src[i]));
+    uint8_t *p = gpuipc_buf_ptr(src[i]);
+    for (size_t off = 0; off < share_src_size[i]; off++)
+      p[off] = share_byte(seed, i, off);
+    ASSERT_OK(gpuipc_segment_publish(src[i], NULL));
+  }
+}
+
+/*
+ * How many segments of @dom have names beginning with @prefix; with
+ * @named_only, those still reachable by name (not unlinked ones that
+ * holders keep).
+ */
+static inline int share_segments_in(gpuipc_domain_t *dom, const char *prefix,
+                                    bool named_only)
+{
+  gpuipc_segment_info_t info[256];
+  for (int i = 0; i < 256; i++)
+    info[i].size = sizeof(info[i]);
+  int n = gpuipc_segment_list(dom, info, 256);
+  if (n < 0)
+    TFAIL_GPUIPC("gpuipc_segment_list returned %d", n);
+  int count = 0;
+  for (int i = 0; i < n && i < 256; i++)
+    if (strncmp(info[i].name, prefix, strlen(prefix)) == 0 &&
+        !(named_only && info[i].state == GPUIPC_SEG_UNLINKED))
+      count++;
+  return count;
+}
+
+static inline int share_segments_named(gpuipc_domain_t *dom,
+                                       const char *prefix)
+{
+  return share_segments_in(dom, prefix, false);
+}
+
+/*
+ * Wait until the broker lists no segment whose name begins with @prefix
+ * (it drops a dead process's holds once it sees its connection close);
+ * fails the test, naming what is left, after a minute.
+ */
+static inline void share_wait_none(gpuipc_domain_t *dom, const char *prefix)
+{
+  for (int i = 0; i < 60000; i++) {
+    if (share_segments_named(dom, prefix) == 0)
+      return;
+    usleep(1000);
+  }
+  gpuipc_segment_info_t info[256];
+  for (int i = 0; i < 256; i++)
+    info[i].size = sizeof(info[i]);
+  int n = gpuipc_segment_list(dom, info, 256);
+  for (int i = 0; i < n && i < 256; i++)
+    if (strncmp(info[i].name, prefix, strlen(prefix)) == 0)
+      fprintf(stderr, "left: %s (%s, %d holders)\n", info[i].name,
+              gpuipc_segment_state_name(info[i].state), info[i].nholders);
+  TFAIL("segments of %s are still listed a minute after every reader left",
+        prefix);
+}
+
+#endif

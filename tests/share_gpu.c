@@ -1,0 +1,95 @@
+/*
+ * gpuipc_share_copy into GPU memory, on the fake CUDA driver: three
+ * readers with LEGACY destinations on GPU 0 copy a published HOST version.
+ * The copies and the done words go on their streams (the words written
+ * by cuStreamWriteValue64 into the pinned table); each reader checks every
+ * byte after its stream; between them the publisher's bytes were copied
+ * once, and the round's segments are gone once they are. Then a member is
+ * killed at its third claim: the others take its claims over.
+ */
+#include "test.h"
+#include "helpers/share_peer.h"
+
+#define NREADERS 3
+
+#ifdef FAKE_CUDA_FULL
+/* A member killed half way through its third copy: the other two finish
+ * (its claims taken over), every byte right. */
+static void killed(gpuipc_domain_t *dom)
+{
+  struct sreader k, r[2];
+  sreader_start(&k, "share", "v1", 1, "g2", "claimed:3:kill", 0, "legacy",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&k, "ready");
+  for (int i = 0; i < 2; i++) {
+    sreader_start(&r[i], "share", "v1", 1, "g2", "", 1, "legacy",
+                  SHARE_TIMEOUT_MS);
+    sreader_expect(&r[i], "ready");
+  }
+  sreader_send(&k, "go\n");
+  ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
+  for (int i = 0; i < 2; i++)
+    sreader_send(&r[i], "go\n");
+  for (int i = 0; i < 2; i++)
+    sreader_expect(&r[i], "joined");
+  for (int i = 0; i < 2; i++)
+    sreader_expect(&r[i], "leave");
+  unsigned long long reclaimed = 0;
+  for (int i = 0; i < 2; i++) {
+    struct sresult s;
+    sreader_send(&r[i], "out\n");
+    sreader_result(&r[i], &s);
+    sresult_check_ok(&s, i);
+    reclaimed += s.reclaimed;
+  }
+  ASSERT_EQ_U(reclaimed, 3);
+  for (int i = 0; i < 2; i++)
+    ASSERT_EQ(sreader_end(&r[i]), 0);
+  share_wait_none(dom, "g2");
+}
+#endif
+
+int main(void)
+{
+#ifndef FAKE_CUDA_FULL
+  SKIP("built without the CUDA headers: no fake driver");
+#else
+  signal(SIGPIPE, SIG_IGN);
+  setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
+  gpuipc_buf_t *v[SHARE_NSRC];
+  share_publish(dom, "v1", 1, v);
+  struct sreader r[NREADERS];
+  for (int i = 0; i < NREADERS; i++) {
+    sreader_start(&r[i], "share", "v1", 1, "g1", "", 1, "legacy", 10000);
+    sreader_expect(&r[i], "ready");
+  }
+  for (int i = 0; i < NREADERS; i++)
+    sreader_send(&r[i], "go\n");
+  for (int i = 0; i < NREADERS; i++)
+    sreader_expect(&r[i], "joined");
+  for (int i = 0; i < NREADERS; i++)
+    sreader_expect(&r[i], "leave");
+  for (int i = 0; i < NREADERS; i++)
+    sreader_send(&r[i], "out\n");
+  unsigned long long pub = 0;
+  for (int i = 0; i < NREADERS; i++) {
+    struct sresult s;
+    sreader_result(&r[i], &s);
+    sresult_check_ok(&s, i);
+    ASSERT_EQ(s.joined, 1);
+    ASSERT_EQ(s.server, 1);
+    pub += s.pub;
+  }
+  ASSERT_EQ_U(pub, share_nchunks());
+  for (int i = 0; i < NREADERS; i++)
+    ASSERT_EQ(sreader_end(&r[i]), 0);
+  share_wait_none(dom, "g1");
+  killed(dom);
+  for (int i = 0; i < SHARE_NSRC; i++)
+    gpuipc_buf_release(v[i]);
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  return 0;
+#endif
+}

@@ -1,0 +1,156 @@
+/*
+ * gpuipc_share_copy with a member killed (SIGKILL): before it claims,
+ * after it claims and before its copy, half way through a copy, after it
+ * marked chunks done, while the others copy from it, and as the others
+ * start. The survivors get every byte right and return
+ * 0 (a dead member's claims are taken over at once: even with no timeout
+ * at all, its process is seen gone); only the killed one
+ * fails; the broker lists none of the round's segments once all are gone.
+ */
+#include "test.h"
+#include "helpers/share_peer.h"
+
+#define NSURV 2
+
+static void survivors(struct sreader *s, const char *round, int timeout_ms)
+{
+  for (int i = 0; i < NSURV; i++) {
+    sreader_start(&s[i], "share", "v1", 1, round, "", 1, "own", timeout_ms);
+    sreader_expect(&s[i], "ready");
+  }
+}
+
+/* Let the survivors (which have joined) leave once both have all. */
+static void survivors_out(struct sreader *s)
+{
+  for (int i = 0; i < NSURV; i++)
+    sreader_expect(&s[i], "leave");
+  for (int i = 0; i < NSURV; i++)
+    sreader_send(&s[i], "out\n");
+}
+
+/*
+ * Run the survivors, both in one round (neither leaves before the other
+ * joined); how many claims they took over, between them.
+ */
+static unsigned long long survivors_check(struct sreader *s)
+{
+  unsigned long long reclaimed = 0;
+  for (int i = 0; i < NSURV; i++)
+    sreader_send(&s[i], "go\n");
+  for (int i = 0; i < NSURV; i++)
+    sreader_expect(&s[i], "joined");
+  survivors_out(s);
+  for (int i = 0; i < NSURV; i++) {
+    struct sresult r;
+    sreader_result(&s[i], &r);
+    sresult_check_ok(&r, i);
+    ASSERT_EQ(r.joined, 1);
+    reclaimed += r.reclaimed;
+  }
+  for (int i = 0; i < NSURV; i++)
+    ASSERT_EQ(sreader_end(&s[i]), 0);
+  return reclaimed;
+}
+
+/*
+ * The killed member dies at @hook before the survivors start: they join
+ * its round and take over the @claims claims it made (done or not). With
+ * a survivors' @timeout_ms of GPUIPC_TIMEOUT_FOREVER only seeing that its
+ * process is gone lets them go on.
+ */
+static void killed_before(gpuipc_domain_t *dom, const char *hook,
+                          const char *round, unsigned long long claims,
+                          int timeout_ms)
+{
+  test_stamp("%s: the member is killed at %s", round, hook);
+  struct sreader k, s[NSURV];
+  sreader_start(&k, "share", "v1", 1, round, hook, 0, "own",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&k, "ready");
+  survivors(s, round, timeout_ms);
+  sreader_send(&k, "go\n");
+  ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
+  ASSERT_EQ_U(survivors_check(s), claims);
+  share_wait_none(dom, round);
+}
+
+/* The others copy from a member that has every chunk; it is killed. */
+static void killed_serving(gpuipc_domain_t *dom)
+{
+  test_stamp("k5: killed while the others copy from it");
+  struct sreader k, s[NSURV];
+  sreader_start(&k, "share", "v1", 1, "k5", "", 1, "own", SHARE_TIMEOUT_MS);
+  sreader_expect(&k, "ready");
+  sreader_send(&k, "go\n");
+  sreader_expect(&k, "joined");
+  sreader_expect(&k, "leave");
+  survivors(s, "k5", SHARE_TIMEOUT_MS);
+  for (int i = 0; i < NSURV; i++)
+    sreader_send(&s[i], "go\n");
+  for (int i = 0; i < NSURV; i++)
+    sreader_expect(&s[i], "joined");
+  kill(k.pid, SIGKILL);
+  ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
+  survivors_out(s);
+  for (int i = 0; i < NSURV; i++) {
+    struct sresult r;
+    sreader_result(&s[i], &r);
+    sresult_check_ok(&r, i);
+  }
+  for (int i = 0; i < NSURV; i++)
+    ASSERT_EQ(sreader_end(&s[i]), 0);
+  share_wait_none(dom, "k5");
+}
+
+/*
+ * One is killed as the others start: it has claimed (and likely copied
+ * and is serving) when the survivors go, and dies under them.
+ */
+static void killed_among(gpuipc_domain_t *dom)
+{
+  test_stamp("k6: killed as the others start");
+  struct sreader k, s[NSURV];
+  sreader_start(&k, "share", "v1", 1, "k6", "claimed:1:tell", 0, "own",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&k, "ready");
+  survivors(s, "k6", SHARE_TIMEOUT_MS);
+  sreader_send(&k, "go\n");
+  sreader_expect(&k, "joined");
+  sreader_expect(&k, "at");
+  for (int i = 0; i < NSURV; i++)
+    sreader_send(&s[i], "go\n");
+  kill(k.pid, SIGKILL);
+  for (int i = 0; i < NSURV; i++)
+    sreader_expect(&s[i], "joined");
+  survivors_out(s);
+  for (int i = 0; i < NSURV; i++) {
+    struct sresult r;
+    sreader_result(&s[i], &r);
+    sresult_check_ok(&r, i);
+  }
+  for (int i = 0; i < NSURV; i++)
+    ASSERT_EQ(sreader_end(&s[i]), 0);
+  ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
+  share_wait_none(dom, "k6");
+}
+
+int main(void)
+{
+  signal(SIGPIPE, SIG_IGN);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
+  gpuipc_buf_t *v[SHARE_NSRC];
+  share_publish(dom, "v1", 1, v);
+  killed_before(dom, "joined:1:kill", "k1", 0, SHARE_TIMEOUT_MS);
+  killed_before(dom, "claimed:2:kill", "k2", 2, SHARE_TIMEOUT_MS);
+  killed_before(dom, "midcopy:2:kill", "k3", 2, SHARE_TIMEOUT_MS);
+  killed_before(dom, "done:3:kill", "k4", 3, SHARE_TIMEOUT_MS);
+  killed_before(dom, "midcopy:3:kill", "k7", 3, GPUIPC_TIMEOUT_FOREVER);
+  killed_serving(dom);
+  killed_among(dom);
+  for (int i = 0; i < SHARE_NSRC; i++)
+    gpuipc_buf_release(v[i]);
+  ASSERT_OK(gpuipc_domain_leave(dom));
+  return 0;
+}
