@@ -1363,11 +1363,24 @@ typedef struct gpuipc_share_opts {
    */
   int timeout_ms;
   unsigned flags; /* none yet: 0 */
+  /* Where not NULL: what the call did, filled in before it returns
+   * (whatever it returns, once its arguments were taken; default NULL). */
+  struct gpuipc_share_stats *stats;
 } gpuipc_share_opts_t;
+
+/* What one gpuipc_share_copy did. */
+typedef struct gpuipc_share_stats {
+  int joined;              /* 1: a member of the round; 0: it copied alone */
+  int server;              /* 1: it claimed chunks and lent its destinations */
+  uint64_t chunks;         /* the chunks its extents were cut into */
+  uint64_t from_publisher; /* chunks it copied from the publisher */
+  uint64_t from_peers;     /* chunks it copied from other members */
+  uint64_t taken_over;     /* stale claims of others it took over */
+} gpuipc_share_stats_t;
 
 /* Every field at its default. */
 #define GPUIPC_SHARE_OPTS_INIT                                                 \
-  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0}
+  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, NULL}
 
 /* The longest round name gpuipc_share_copy takes (its segments' names add
  * ".share.SLOT.K" to it). */

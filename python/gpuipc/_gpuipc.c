@@ -389,7 +389,7 @@ static PyMethodDef *const file_methods[] = {
     gpuipc__py_event_methods,   gpuipc__py_alloc_methods,
     gpuipc__py_chunk_methods,   gpuipc__py_torch_methods,
     gpuipc__py_find_methods, gpuipc__py_send_methods,
-    gpuipc__py_blocks_methods};
+    gpuipc__py_blocks_methods, gpuipc__py_share_methods};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_gpuipc",
                                     "gpuipc's C binding (use the gpuipc "

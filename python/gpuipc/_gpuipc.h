@@ -14,6 +14,7 @@
  *   _gpuipc_event.c    interprocess events and copies
  *   _gpuipc_alloc.c    PyTorch's pluggable allocator, a buffer per block
  *   _gpuipc_chunks.c   its pooled form: blocks cut from large buffers
+ *   _gpuipc_share.c    copies that readers of one publication share
  * Each file but the first exports a method table that PyInit__gpuipc adds
  * to the module. Everything here is private to the extension.
  */
@@ -163,7 +164,7 @@ extern PyMethodDef gpuipc__py_library_methods[], gpuipc__py_buffer_methods[],
     gpuipc__py_event_methods[], gpuipc__py_alloc_methods[],
     gpuipc__py_chunk_methods[], gpuipc__py_torch_methods[],
     gpuipc__py_find_methods[], gpuipc__py_send_methods[],
-    gpuipc__py_blocks_methods[];
+    gpuipc__py_blocks_methods[], gpuipc__py_share_methods[];
 
 #define GPUIPC__PY_FN(name, flags) {#name, (PyCFunction)py_##name, flags, NULL}
 #define GPUIPC__PY_END {NULL, NULL, 0, NULL}

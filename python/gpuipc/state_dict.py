@@ -631,6 +631,7 @@ class Reader(_Named):
         self._last = None  # (manifest version, views) of an all-lent version
         self._lock = threading.Lock()
         self._events = {}  # publishers' events ((hex handle, device) -> Event): _wait
+        self.share_stats = None  # the last copy_into(share=True)'s
 
     def open(self):
         """The newest version as a SharedStateDict of zero-copy tensors. Its
@@ -756,14 +757,30 @@ class Reader(_Named):
         self._views = lent
         return views
 
-    def copy_into(self, target, stream=None):
+    def copy_into(self, target, stream=None, share=False, chunk_bytes=0):
         """Copy the newest version into the tensors of ``target`` (a state
         dict of the same names, shapes and dtypes) on ``stream`` (default:
-        PyTorch's current one); returns the version once the copies are done."""
+        PyTorch's current one); returns the version once the copies are done.
+
+        ``share=True``: the readers that copy the same version at the same
+        time share the work (docs/shared-copy.md): each copies part of it
+        from the publisher and the rest from the others, so each byte leaves
+        the publisher's GPU about once however many readers there are. The
+        targets must then be gpuipc memory (``gpuipc.torch.mem_pool()``,
+        ``move_to_gpuipc``), which the other readers read from, and each
+        target exactly the size and dtype of its tensor (ValueError
+        otherwise, before anything is copied). ``chunk_bytes``: the unit of
+        the sharing (0: the library's default). A reader that dies or stalls
+        costs the others at most the timeout; its own call raises. What
+        the call did is in ``share_stats`` afterwards (a dict: joined,
+        server, chunks, from_publisher, from_peers, taken_over)."""
         _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))
         with self._open(stream if stream is not None else self.stream) as sd:
+            if share:
+                self._share_into(sd, target, stream, chunk_bytes)
+                return sd.version
             ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             with ctx:
                 for k, t in target.items():
@@ -771,6 +788,37 @@ class Reader(_Named):
             if first.is_cuda:
                 (stream or torch.cuda.current_stream()).synchronize()
             return sd.version
+
+    def _share_into(self, sd, target, stream, chunk_bytes):
+        """copy_into(share=True): one gpuipc_share_copy of every tensor,
+        in the version's own order (every reader lists the same extents)."""
+        torch = _torch()
+        missing = [k for k in target if k not in sd]
+        if missing:
+            raise ValueError(f"copy_into: {missing[0]!r} is not in version {sd.version} "
+                             f"of {self.name}")
+        ext = []
+        for k, src in sd.items():
+            t = target.get(k)
+            if t is None:
+                continue
+            if t.dtype != src.dtype or t.shape != src.shape or not t.is_contiguous():
+                raise ValueError(f"copy_into(share=True): target {k!r} is {t.dtype} "
+                                 f"{tuple(t.shape)}{'' if t.is_contiguous() else ' (strided)'}"
+                                 f", the version's is {src.dtype} {tuple(src.shape)}")
+            n = t.numel() * t.element_size()
+            if n:
+                ext.append((src.data_ptr(), t.data_ptr(), n))
+        first = next(iter(target.values()))
+        if first.is_cuda:
+            s = stream or torch.cuda.current_stream(first.device)
+            handle = s.cuda_stream
+        else:
+            s, handle = None, None
+        self.share_stats = _c.share_copy(self.domain._box, f"{self.name}.v{sd.version}",
+                                         ext, handle, int(chunk_bytes), self.timeout)
+        if s is not None:
+            s.synchronize()
 
     def close(self):
         """Let go of the reader's segments: each is unmapped once no tensor
@@ -816,11 +864,12 @@ def open(domain, name, device=-1, timeout=30, stream=None):  # noqa: A001
         r.close()
 
 
-def copy_into(domain, name, target, stream=None, timeout=30):
+def copy_into(domain, name, target, stream=None, timeout=30, share=False):
     """Copy the newest version of ``name`` into the tensors of ``target``
-    (a state dict of the same names, shapes and dtypes), on ``stream``."""
+    (a state dict of the same names, shapes and dtypes), on ``stream``
+    (``share``: see Reader.copy_into)."""
     _check_tensors(target, "copy_into")
     first = next(iter(target.values()))
     dev = first.device.index if first.is_cuda else -1
     with Reader(domain, name, device=dev, stream=stream, timeout=timeout) as r:
-        return r.copy_into(target, stream)
+        return r.copy_into(target, stream, share=share)

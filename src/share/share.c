@@ -96,7 +96,8 @@ static int ext_check(const gpuipc_share_extent_t *ext, int n, int *device)
 }
 
 static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
-                      uint64_t *chunk_bytes, int *timeout_ms)
+                      uint64_t *chunk_bytes, int *timeout_ms,
+                      gpuipc_share_stats_t **stats)
 {
   gpuipc_share_opts_t u = GPUIPC_SHARE_OPTS_INIT;
   if (opts != NULL) {
@@ -115,6 +116,7 @@ static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
                        GPUIPC__SHARE_CHUNK_ALIGN);
   *chunk_bytes = u.chunk_bytes != 0 ? u.chunk_bytes
                                     : GPUIPC__SHARE_CHUNK_DEFAULT;
+  *stats = u.stats;
   return gpuipc__timeout_resolve("gpuipc_share_copy", "timeout_ms",
                                  u.timeout_ms, gpuipc__dom_timeout(dom),
                                  timeout_ms);
@@ -354,8 +356,9 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   int rc = args_check(dom, round, ext, n, &dst_dev);
   uint64_t chunk_bytes = 0;
   int timeout_ms = 0;
+  gpuipc_share_stats_t *stats = NULL;
   if (rc == 0)
-    rc = opts_check(dom, opts, &chunk_bytes, &timeout_ms);
+    rc = opts_check(dom, opts, &chunk_bytes, &timeout_ms, &stats);
   if (rc != 0)
     return rc;
   struct share_layout l;
@@ -376,6 +379,10 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   if (rc == 0)
     rc = share_run(&c, dst_dev);
   gpuipc__share_stats_set(&c.st);
+  if (stats != NULL)
+    *stats = (gpuipc_share_stats_t){c.st.joined, c.st.server, c.st.nchunks,
+                                    c.st.from_pub, c.st.from_peer,
+                                    c.st.reclaimed};
   call_free(&c);
   gpuipc__share_layout_free(&l);
   return rc;

@@ -8,6 +8,7 @@
 #include "share/share.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 
 static int rep_fd, cmd_fd;
@@ -187,9 +188,17 @@ int main(int argc, char **argv)
   gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
   o.chunk_bytes = SHARE_CHUNK;
   o.timeout_ms = atoi(argv[10]);
+  gpuipc_share_stats_t ps;
+  memset(&ps, 0xff, sizeof(ps));
+  o.stats = &ps;
   int rc = gpuipc_share_copy(dom, argv[6], ext, SHARE_NEXT, NULL, &o);
+  /* What the caller is told is what the call counted. */
   struct gpuipc__share_stats st;
   gpuipc__share_test_stats(&st);
+  if (ps.joined != st.joined || ps.server != st.server ||
+      ps.chunks != st.nchunks || ps.from_publisher != st.from_pub ||
+      ps.from_peers != st.from_peer || ps.taken_over != st.reclaimed)
+    return 9;
   char msg[600], out[900];
   snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
   for (char *p = msg; *p; p++)

@@ -1,0 +1,114 @@
+/*
+ * _gpuipc_share.c - copies that readers of one publication share
+ * (gpuipc_share_copy, docs/shared-copy.md): the extents come as
+ * addresses, and the buffers they lie in are found by the library
+ * (gpuipc_buf_find), as the state dict's Reader knows its sources and
+ * targets by their tensors. See _gpuipc.h.
+ */
+#include "_gpuipc.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* One (src, dst, bytes) item of @ext into @e: the buffers found, with a
+ * reference each (released by the caller). 0, or -1 with an exception. */
+static int extent_of(PyObject *item, Py_ssize_t i, gpuipc_share_extent_t *e)
+{
+  unsigned long long src, dst, bytes;
+  if (!PyTuple_Check(item) ||
+      !PyArg_ParseTuple(item, "KKK", &src, &dst, &bytes)) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "share_copy: extent %zd is not a tuple "
+                 "(src address, dst address, bytes)", i);
+    return -1;
+  }
+  if (gpuipc_buf_find((const void *)(uintptr_t)src, (size_t)bytes, &e->src,
+                      &e->src_off) != 0) {
+    PyErr_Format(PyExc_ValueError, "share_copy: extent %zd's source "
+                 "(0x%llx, %llu bytes) does not lie in a buffer of this "
+                 "process", i, src, bytes);
+    return -1;
+  }
+  if (gpuipc_buf_find((const void *)(uintptr_t)dst, (size_t)bytes, &e->dst,
+                      &e->dst_off) != 0) {
+    gpuipc_buf_release(e->src);
+    e->src = NULL;
+    PyErr_Format(PyExc_ValueError, "share_copy: extent %zd's destination "
+                 "(0x%llx, %llu bytes) does not lie in a gpuipc buffer (its "
+                 "tensors must be gpuipc memory: mem_pool, move_to_gpuipc)",
+                 i, dst, bytes);
+    return -1;
+  }
+  e->bytes = (size_t)bytes;
+  return 0;
+}
+
+static void extents_free(gpuipc_share_extent_t *e, Py_ssize_t n)
+{
+  for (Py_ssize_t i = 0; i < n; i++) {
+    gpuipc_buf_release(e[i].src);
+    gpuipc_buf_release(e[i].dst);
+  }
+  PyMem_Free(e);
+}
+
+/*
+ * share_copy(domain, round, extents, stream, chunk_bytes, timeout) -> stats:
+ * copy each (src, dst, bytes) of @extents, sharing the work with the other
+ * processes that copy round @round (see gpuipc_share_copy).
+ */
+static PyObject *py_share_copy(PyObject *self, PyObject *args)
+{
+  gpuipc_domain_t *dom;
+  const char *round;
+  PyObject *list;
+  void *stream;
+  unsigned long long chunk;
+  int ms;
+  if (!PyArg_ParseTuple(args, "O&sOO&KO&", gpuipc__py_domain, &dom, &round,
+                        &list, gpuipc__py_stream, &stream, &chunk,
+                        gpuipc__py_timeout, &ms))
+    return NULL;
+  Py_ssize_t n = PySequence_Size(list);
+  if (n < 0)
+    return NULL;
+  if (n == 0 || n > INT32_MAX) {
+    PyErr_Format(PyExc_ValueError, "share_copy: %zd extents", n);
+    return NULL;
+  }
+  gpuipc_share_extent_t *e = PyMem_Calloc((size_t)n, sizeof(*e));
+  if (e == NULL)
+    return PyErr_NoMemory();
+  Py_ssize_t got = 0;
+  for (; got < n; got++) {
+    PyObject *item = PySequence_GetItem(list, got);
+    int rc = item != NULL ? extent_of(item, got, &e[got]) : -1;
+    Py_XDECREF(item);
+    if (rc != 0)
+      break;
+  }
+  if (got < n) {
+    extents_free(e, got);
+    return NULL;
+  }
+  gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
+  o.chunk_bytes = (size_t)chunk;
+  o.timeout_ms = ms;
+  gpuipc_share_stats_t st;
+  memset(&st, 0, sizeof(st));
+  o.stats = &st;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_share_copy(dom, round, e, (int)n, stream, &o));
+  extents_free(e, n);
+  if (rc < 0)
+    return gpuipc__py_raise(rc);
+  return Py_BuildValue("{s:i,s:i,s:K,s:K,s:K,s:K}", "joined", st.joined,
+                       "server", st.server, "chunks",
+                       (unsigned long long)st.chunks, "from_publisher",
+                       (unsigned long long)st.from_publisher, "from_peers",
+                       (unsigned long long)st.from_peers, "taken_over",
+                       (unsigned long long)st.taken_over);
+}
+
+PyMethodDef gpuipc__py_share_methods[] = {
+    GPUIPC__PY_FN(share_copy, METH_VARARGS), GPUIPC__PY_END};

@@ -1,0 +1,97 @@
+"""The processes of test_share.py: a publisher of snapshot versions and
+readers that copy them with Reader.copy_into(share=True) into tensors in
+gpuipc HOST memory. Each prints JSON lines and acts on the test's lines."""
+import json
+import sys
+
+import gpuipc
+from gpuipc import state_dict
+
+CHUNK = 16384
+# Sizes that are not multiples of the chunk, of several dtypes.
+SHAPES = {"embed": ((300, 257), "bfloat16"), "norm": ((1000,), "float32"),
+          "ids": ((3333,), "int64"), "mask": ((70001,), "uint8"),
+          "tiny": ((3,), "float16"), "proj": ((129, 64), "float32")}
+
+
+def itemsize(dt):
+    import torch
+    return torch.empty((), dtype=getattr(torch, dt)).element_size()
+
+
+def same(a, b):
+    """Bit for bit (the random bytes make NaNs, which == never equals)."""
+    import torch
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def make(version):
+    import torch
+    g = torch.Generator().manual_seed(version)
+    out = {}
+    for k, (shape, dt) in SHAPES.items():
+        n = 1
+        for s in shape:
+            n *= s
+        x = torch.randint(0, 255, (n * itemsize(dt),), generator=g,
+                          dtype=torch.uint8)
+        out[k] = x.view(getattr(torch, dt)).view(shape)
+    return out
+
+
+def nchunks():
+    import torch
+    total = 0
+    for shape, dt in SHAPES.values():
+        n = itemsize(dt)
+        for s in shape:
+            n *= s
+        total += (n + CHUNK - 1) // CHUNK
+    return total
+
+
+def targets():
+    """A state dict of SHAPES in one gpuipc HOST buffer (256-byte aligned
+    places), and the buffer."""
+    import torch
+    sizes = {}
+    for k, (shape, dt) in SHAPES.items():
+        n = itemsize(dt)
+        for s in shape:
+            n *= s
+        sizes[k] = n
+    total = sum((n + 255) // 256 * 256 for n in sizes.values())
+    buf = gpuipc.empty((total,), "uint8")
+    raw = torch.from_dlpack(buf)
+    out, off = {}, 0
+    for k, (shape, dt) in SHAPES.items():
+        out[k] = raw[off:off + sizes[k]].view(getattr(torch, dt)).view(shape)
+        off += (sizes[k] + 255) // 256 * 256
+    return out, buf
+
+
+def publish(dom):
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub:
+        while sys.stdin.readline().strip() == "more":
+            say(published=pub.publish(make(pub.version + 1)))
+
+
+def read(dom):
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w") as r:
+        mine, buf = targets()
+        say(ready=True)
+        while sys.stdin.readline().strip() == "go":
+            ver = r.copy_into(mine, share=True, chunk_bytes=CHUNK)
+            want = make(ver)
+            say(version=ver, equal=all(same(mine[k], t) for k, t in want.items()),
+                stats=r.share_stats)
+        del mine
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](sys.argv[2])

@@ -1,0 +1,113 @@
+"""Reader.copy_into(share=True) on the HOST kind, across real processes: a
+publisher's snapshot versions copied by three readers at once into tensors
+in gpuipc memory, every tensor's bytes checked, each reader's counts
+adding up to the version's chunks (tensors of several dtypes and sizes,
+none a multiple of the chunk: the extents are the tensors); a second
+version is a round of its own; targets that cannot take part are refused
+before anything is copied. Whether the chunks were shared between the
+members is C's test (tests/share_copy.c holds members in one round)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import share_peer  # noqa: E402
+import gpuipc  # noqa: E402
+from gpuipc import state_dict  # noqa: E402
+
+
+class Proc:
+    def __init__(self, env, role, dom):
+        self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "share_peer.py"),
+                                   role, dom], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def tell(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def line(self):
+        s = self.p.stdout.readline()
+        assert s, f"peer exited (rc {self.p.wait()}) without answering"
+        return json.loads(s)
+
+    def finish(self):
+        self.p.communicate("\n", timeout=60)
+        assert self.p.returncode == 0, f"peer exited with {self.p.returncode}"
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for x in started:
+        if x.p.poll() is None:
+            x.p.kill()
+        x.p.wait()
+
+
+def test_three_readers_copy_two_versions(env, procs):
+    dom = "share"
+    pub = Proc(env, "publish", dom)
+    procs.append(pub)
+    readers = [Proc(env, "read", dom) for _ in range(3)]
+    procs.extend(readers)
+    for r in readers:
+        assert r.line() == {"ready": True}
+    want_chunks = share_peer.nchunks()
+    for v in (1, 2):
+        pub.tell("more")
+        assert pub.line() == {"published": v}
+        for r in readers:
+            r.tell("go")
+        took = 0
+        for r in readers:
+            got = r.line()
+            st = got.pop("stats")
+            assert got == {"version": v, "equal": True}
+            assert st["chunks"] == want_chunks
+            assert st["from_publisher"] + st["from_peers"] == want_chunks, st
+            # a member that joins as another leaves takes the leaver's
+            # chunks over (from the publisher): counted, never lost
+            assert 0 <= st["taken_over"] <= st["from_publisher"]
+            took += st["from_publisher"]
+        # Every chunk left the publisher at least once; with three readers
+        # in one round, once (C's test holds them together to show it).
+        assert want_chunks <= took <= 3 * want_chunks
+    for r in readers:
+        r.finish()
+    pub.finish()
+
+
+def test_targets_that_cannot_share_are_refused(env, procs, monkeypatch):
+    monkeypatch.setenv("GPUIPC_DIR", env["GPUIPC_DIR"])
+    pub = Proc(env, "publish", "share2")
+    procs.append(pub)
+    pub.tell("more")
+    assert pub.line() == {"published": 1}
+    with gpuipc.Domain("share2") as d, state_dict.Reader(d, "w") as r:
+        mine, buf = share_peer.targets()
+        # PyTorch's own memory: not a gpuipc buffer the others could read
+        plain = {k: torch.empty_like(t) for k, t in mine.items()}
+        with pytest.raises(ValueError, match="does not lie in a gpuipc buffer"):
+            r.copy_into(plain, share=True)
+        bad = dict(mine)
+        bad["norm"] = mine["norm"][:999]
+        with pytest.raises(ValueError, match="target 'norm' is torch.float32 \\(999,\\)"):
+            r.copy_into(bad, share=True)
+        bad["norm"] = mine["norm"].view(torch.int32)
+        with pytest.raises(ValueError, match="target 'norm' is torch.int32"):
+            r.copy_into(bad, share=True)
+        assert all(not t.any() for t in mine.values())  # nothing was copied
+        r.copy_into(mine, share=True, chunk_bytes=share_peer.CHUNK)
+        assert all(share_peer.same(mine[k], t) for k, t in share_peer.make(1).items())
+        assert r.share_stats["from_publisher"] + r.share_stats["from_peers"] == \
+            share_peer.nchunks()
+        del mine
+        buf.release()
+    pub.finish()
