@@ -57,12 +57,13 @@ void gpuipc__share_stats_set(const struct gpuipc__share_stats *st)
 
 /* ----- movers ----- */
 
+/* @peer: a copy from a peer (its stream), else from the publisher. */
 static int mv_copy(struct share_call *c, void *dst, const void *src,
-                   size_t n, long chunk)
+                   size_t n, long chunk, bool peer)
 {
   if (c->device >= 0)
-    return gpuipc__stream_copy_async(c->device, dst, src, n, c->stream,
-                                     false);
+    return gpuipc__stream_copy_async(c->device, dst, src, n,
+                                     c->streams[peer], false);
   if (chunk >= 0 && atomic_load(&hook_fn) != NULL) {
     /* Tests stop a member half way through a copy. */
     memcpy(dst, src, n / 2);
@@ -74,14 +75,15 @@ static int mv_copy(struct share_call *c, void *dst, const void *src,
   return 0;
 }
 
-static int mv_word(struct share_call *c, _Atomic uint64_t *w, uint64_t v)
+static int mv_word(struct share_call *c, _Atomic uint64_t *w, uint64_t v,
+                   bool peer)
 {
   if (c->device < 0) {
     atomic_store_explicit(w, v, memory_order_release);
     return 0;
   }
   uint64_t addr = c->words + (uint64_t)((uint8_t *)w - c->t->base);
-  return gpuipc__stream_word_write(c->device, c->stream, addr, v);
+  return gpuipc__stream_word_write(c->device, c->streams[peer], addr, v);
 }
 
 /* ----- one chunk ----- */
@@ -121,7 +123,7 @@ static void got(struct share_call *c, long i, int peer_slot)
 static int from_pub(struct share_call *c, long i, long hook_chunk)
 {
   int rc = mv_copy(c, dst_of(c, i), pub_of(c, i), c->l->pieces[i].bytes,
-                   hook_chunk);
+                   hook_chunk, false);
   if (rc == 0)
     got(c, i, -1);
   return rc;
@@ -134,10 +136,37 @@ static int own_claim(struct share_call *c, long i, uint64_t word)
   gpuipc__share_step(GPUIPC__SHARE_CLAIMED, i);
   int rc = from_pub(c, i, i);
   if (rc == 0)
-    rc = mv_word(c, &c->t->chunks[i].done, word);
+    rc = mv_word(c, &c->t->chunks[i].done, word, false);
   if (rc == 0)
     gpuipc__share_step(GPUIPC__SHARE_DONE, i);
+  if (rc == 0 && c->device >= 0) /* landed once its done word is there */
+    c->inflight[(c->in0 + c->nin++) % GPUIPC__SHARE_DEPTH] = i;
   return rc;
+}
+
+/* Forget the own claims whose copy has landed (their done word is there)
+ * or that another member took over; how many are left in flight. */
+static int in_flight(struct share_call *c)
+{
+  while (c->nin > 0) {
+    long i = c->inflight[c->in0];
+    struct share_chunk *ch = &c->t->chunks[i];
+    if (atomic_load_explicit(&ch->done, memory_order_acquire) != c->own[i] &&
+        atomic_load_explicit(&ch->claim, memory_order_acquire) == c->own[i])
+      break;
+    c->in0 = (c->in0 + 1) % GPUIPC__SHARE_DEPTH;
+    c->nin--;
+  }
+  return c->nin;
+}
+
+/* Copies from peers queued on the GPU whose rdone word has not come. */
+static uint64_t peer_flight(struct share_call *c)
+{
+  if (c->device < 0)
+    return 0;
+  uint64_t d = atomic_load(&c->t->members[c->me].rdone);
+  return c->rseq - d;
 }
 
 /* Copy done chunk @i from server @slot: 1 copied, 0 it cannot serve it. */
@@ -151,9 +180,9 @@ static int from_peer(struct share_call *c, long i, int slot, uint64_t now)
     src = gpuipc__share_peer_src(c->dom, c->round, c->t, &c->po, slot, c->l,
                                  i, c->device);
   int rc = src != NULL ? mv_copy(c, dst_of(c, i), src,
-                                 c->l->pieces[i].bytes, -1)
+                                 c->l->pieces[i].bytes, -1, true)
                        : 0;
-  int wrc = mv_word(c, &me->rdone, s);
+  int wrc = mv_word(c, &me->rdone, s, true);
   if (rc == 0)
     rc = wrc;
   if (rc != 0)
@@ -235,6 +264,9 @@ static int one_missing(struct share_call *c, long i, uint64_t now)
   uint64_t dw = atomic_load_explicit(&ch->done, memory_order_acquire);
   int slot = gpuipc__share_claim_slot(cw);
   bool done = false;
+  if (dw == cw && slot >= 0 && slot != c->me &&
+      peer_flight(c) >= GPUIPC__SHARE_DEPTH)
+    return 0; /* there to copy once a copy from a peer has landed */
   if (dw == cw && slot >= 0 && slot != c->me) {
     int rc = from_peer(c, i, slot, now);
     if (rc != 0)
@@ -269,7 +301,7 @@ static int turn(struct share_call *c, long *hint)
       return rc;
     got_n += rc;
   }
-  if (!c->server)
+  if (!c->server || (c->device >= 0 && in_flight(c) >= GPUIPC__SHARE_DEPTH))
     return got_n;
   uint64_t word;
   long i = gpuipc__share_claim_free(c->t, c->me, *hint, &word);
@@ -306,7 +338,11 @@ int gpuipc__share_run(struct share_call *c)
       continue;
     }
     gpuipc__sleep_us(nap);
-    nap = nap < 1000 ? nap * 2 : 1000;
+    /* While its copies run, a member looks again soon: a chunk's copy
+     * takes a few hundred microseconds. */
+    unsigned most = c->device >= 0 && (c->nin > 0 || peer_flight(c) > 0)
+                        ? 20 : 1000;
+    nap = nap < most ? nap * 2 : most;
   }
   return 0;
 }
@@ -396,7 +432,14 @@ int gpuipc__share_settle(struct share_call *c)
     return 0;
   _Atomic uint64_t *w = &c->t->members[c->me].rdone;
   uint64_t s = ++c->rseq;
-  int rc = mv_word(c, w, s);
+  /* After both streams' work: the caller's stream waits for them, and
+   * writes the word. */
+  int rc = c->forked ? gpuipc__stream_join(c->device, c->stream, c->streams)
+                     : 0;
+  if (rc == 0)
+    rc = gpuipc__stream_word_write(
+        c->device, c->stream, c->words + (uint64_t)((uint8_t *)w - c->t->base),
+        s);
   if (rc != 0)
     return rc;
   uint64_t deadline = gpuipc__deadline(c->timeout_ms);

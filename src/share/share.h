@@ -34,6 +34,11 @@
 #define GPUIPC__SHARE_CHUNKS_MAX (1u << 16) /* each turn scans them */
 #define GPUIPC__SHARE_CHUNK_DEFAULT ((size_t)64 << 20)
 #define GPUIPC__SHARE_CHUNK_ALIGN ((size_t)4096)
+/* GPU members: copies from the publisher, and from peers, each in flight
+ * at once on their stream (claims and peer copies made beyond what the
+ * copies achieve would leave the chunks to the fastest host, not the
+ * fastest links). */
+#define GPUIPC__SHARE_DEPTH 2
 
 /* Member flags (struct share_member.flags). */
 #define GPUIPC__SM_LIVE 0x1u    /* joined: its fields are written */
@@ -250,6 +255,16 @@ struct share_call {
   bool server;
   int device;   /* local ordinal of the copies (-1: HOST: the CPU copies) */
   void *stream;
+  /* GPU members: the streams of the copies from the publisher (with their
+   * done words) and from peers (with the rdone words), which overlap;
+   * both @stream where there is no second one (copying alone). */
+  void *streams[2];
+  bool forked;  /* streams[] are gpuipc's own: joined, then dropped */
+  /* Own claims whose copy may not have landed yet, oldest first (a ring):
+   * a member claims again only while fewer than GPUIPC__SHARE_DEPTH are,
+   * so that claims follow what its copies from the publisher achieve. */
+  long inflight[GPUIPC__SHARE_DEPTH];
+  int nin, in0;
   uint64_t words; /* the table's address for @device's streams */
   int timeout_ms;
   struct share_peer peers[GPUIPC__SHARE_MEMBERS];
