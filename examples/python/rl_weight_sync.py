@@ -26,6 +26,9 @@ Run (needs PyTorch with CUDA, transformers, the gpuipc package):
   python3 rl_weight_sync.py --workers 3 --trainer-gpu 0 --worker-gpus 1,2,3
   python3 rl_weight_sync.py --size tiny --workers 2 --worker-gpus 0,0
 
+With --share the workers share the copying (Reader.copy_into(share=True):
+each byte leaves the trainer's GPU about once, the rest moves between the
+workers; their own models are moved into gpuipc memory for that).
 Several workers may share a GPU, and a worker may sit on the trainer's GPU;
 NCCL refuses two ranks on one GPU, so the baseline is skipped then.
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (as verl, SGLang and vLLM
@@ -68,6 +71,11 @@ def parse_args(argv=None):
                    "by a sync (the first is a warm-up, left out of the medians)")
     p.add_argument("--batch", type=int, default=2, help="training batch (sequences)")
     p.add_argument("--seq", type=int, default=128, help="training sequence length")
+    p.add_argument("--share", action="store_true",
+                   help="the workers share the copying (Reader.copy_into(share=True)): "
+                        "each byte leaves the trainer's GPU about once, the rest "
+                        "moves between the workers; their models are moved into "
+                        "gpuipc memory first")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the NCCL per-tensor broadcast baseline")
     p.add_argument("--atol", type=float, default=0.0,
@@ -187,6 +195,9 @@ def worker_loop(rank, gpu, args, conn, nccl_file):
     from gpuipc.state_dict import Reader
     torch.cuda.set_device(gpu)
     model = build_model(args.size, gpu, seed=100 + rank).eval()  # other weights than the trainer's
+    if args.share:
+        import gpuipc.torch
+        gpuipc.torch.move_to_gpuipc(model)  # the others read this worker's copy
     mine = unique(model.state_dict())
     ids = fixed_batch(model.config.vocab_size, gpu)
     conn.send(("built",))
@@ -198,7 +209,7 @@ def worker_loop(rank, gpu, args, conn, nccl_file):
         while True:
             msg = conn.recv()
             if msg[0] == "sync":
-                conn.send(("synced", reader.copy_into(mine)))
+                conn.send(("synced", reader.copy_into(mine, share=args.share)))
             elif msg[0] == "logits":
                 conn.send(("logits", logits_of(model, ids).cpu()))
             elif msg[0] == "nccl":

@@ -27,7 +27,7 @@ def test_help_needs_no_torch_or_transformers(env, tmp_path):
     p = run(env, "--help")
     assert p.returncode == 0, p.stderr
     assert "--workers" in p.stdout and "--worker-gpus" in p.stdout
-    assert "--no-baseline" in p.stdout
+    assert "--no-baseline" in p.stdout and "--share" in p.stdout
 
 
 def test_bad_flags_are_refused_before_any_work(env):
@@ -101,6 +101,20 @@ def test_two_workers_under_expandable_segments(env):
     p = run(env, "--size", "tiny", "--workers", "2", "--steps", "3", "--no-baseline",
             "--reply-timeout", "100", "--trainer-gpu", "0", "--worker-gpus", gpus,
             timeout=250)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stderr
+    assert "every worker's logits equalled the trainer's bit for bit" in p.stdout
+
+
+@pytest.mark.skipif(_gpu_ready() is not None, reason=str(_gpu_ready()))
+def test_two_workers_sharing_the_copying(env):
+    # the workers' models moved into gpuipc memory, each sync one
+    # Reader.copy_into(share=True) round between them
+    import torch
+    gpus = "1,2" if torch.cuda.device_count() >= 3 else "0,0"
+    p = run(env, "--size", "tiny", "--workers", "2", "--steps", "3", "--share",
+            "--no-baseline", "--reply-timeout", "100", "--trainer-gpu", "0",
+            "--worker-gpus", gpus, timeout=250)
     print(p.stdout, p.stderr)
     assert p.returncode == 0, p.stderr
     assert "every worker's logits equalled the trainer's bit for bit" in p.stdout
