@@ -2,6 +2,7 @@
 
   python3 python/bench/weights_readers.py [--readers 1,2,3] [--rounds 6]
           [--size 7b|1b] [--pub-gpu 0] [--rows gpuipc,shared,nccl_flat,nccl_tensor]
+          [--chunk-mib N]
 
 The publisher (this process, GPU --pub-gpu) holds a Llama-2-7B-shaped bf16
 state dict (291 tensors, 13.48 GB; --size 1b: a ~1.24 B parameter one),
@@ -121,7 +122,8 @@ def reader_loop(rank, dev, args, conn, nccl_path, world):
         while True:
             msg = conn.recv()
             if msg[0] == "gpuipc":
-                ver = reader.copy_into(mine, share=msg[1]) if msg[1] else reader.copy_into(mine)
+                ver = reader.copy_into(mine, share=True, chunk_bytes=args.chunk_mib << 20) \
+                    if msg[1] else reader.copy_into(mine)
                 conn.send(("done", ver, time.monotonic()))
             elif msg[0] == "nccl_tensor":
                 for t in mine.values():
@@ -249,6 +251,8 @@ def main():
     p.add_argument("--size", choices=("7b", "1b"), default="7b")
     p.add_argument("--pub-gpu", type=int, default=0)
     p.add_argument("--rows", default="nccl_flat,nccl_tensor,gpuipc,shared")
+    p.add_argument("--chunk-mib", type=int, default=0,
+                   help="shared: the chunk of the sharing in MiB (0: the library's)")
     a = p.parse_args()
     a.rows = a.rows.split(",")
     a.readers = [int(x) for x in a.readers.split(",")]
