@@ -826,12 +826,12 @@ def sd_snap_publish(dom, arg):
     with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub:
         while sys.stdin.readline().strip() == "more":
             sd = {k: t.to(dev) for k, t in sd_make(pub.version + 1).items()}
-            if dev != "cpu":
-                # The copies queue behind ~0.1 s of GPU work: a reader
-                # must wait for them on its stream (the publisher's host
-                # does not, into a reused segment).
+            if dev != "cpu" and pub.version + 1 in (6, 7):
+                # Versions into reused segments whose copies queue behind
+                # ~1 s of GPU work: a reader must wait for them on its
+                # stream (the publisher's host does not).
                 import torch
-                torch.cuda._sleep(200_000_000)
+                torch.cuda._sleep(2_000_000_000)
             ver = pub.publish(sd)
             names = [s["name"] for s in d.segments()]
             say(published=ver, segments=len(names),

@@ -152,7 +152,7 @@ def test_moved_cuda_module_lent_to_a_reader(env, procs):
 def test_cuda_snapshots_reuse_their_segments(env, procs):
     """test_host's test_snapshots_reuse_their_segments with the state dict
     on GPU 0: the copies go into VMM segments that later versions reuse,
-    each version's behind 0.1 s of GPU work that the publisher's host does
+    versions 6 and 7 behind 1 s of GPU work that the publisher's host does
     not wait for: the reader sees each version whole only if its stream
     waits for the event the manifest names."""
     _snapshots(env, procs, "cuda")
