@@ -66,9 +66,28 @@ bool gpuipc__share_serving(struct share_table *t, int slot,
   return !peers[slot].gone;
 }
 
+/*
+ * The claim word a member takes chunk @i with (claim @old now): an epoch
+ * above both @old's and the done word's, so that no done word already
+ * there (a liar's, or one from before the chunk was made free) marks the
+ * chunk done by this member before its copy has landed. Below 2^56; past
+ * it, 1 (never 0: a free chunk).
+ */
+static uint64_t next_word(struct share_table *t, long i, uint64_t old, int me)
+{
+  uint64_t done = atomic_load_explicit(&t->chunks[i].done,
+                                       memory_order_acquire);
+  uint64_t e = (old >> 8) > (done >> 8) ? old >> 8 : done >> 8;
+  e = e + 1 < (1ull << 56) ? e + 1 : 1;
+  uint64_t w = gpuipc__share_claim_word(e, me);
+  if (w == done) /* e wrapped to 1 */
+    w = gpuipc__share_claim_word(2, me);
+  return w;
+}
+
 static bool try_claim(struct share_table *t, long i, int me, uint64_t *word)
 {
-  uint64_t zero = 0, w = gpuipc__share_claim_word(1, me);
+  uint64_t zero = 0, w = next_word(t, i, 0, me);
   if (!atomic_compare_exchange_strong(&t->chunks[i].claim, &zero, w))
     return false;
   atomic_store_explicit(&t->chunks[i].claimed_ns, gpuipc__now_ns(),
@@ -112,10 +131,7 @@ long gpuipc__share_claim_free(struct share_table *t, int me, long hint,
 bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
                            int me, uint64_t *word)
 {
-  uint64_t epoch = (old >> 8) + 1;
-  if (epoch >= (1ull << 56))
-    epoch = 1;
-  uint64_t w = gpuipc__share_claim_word(epoch, me);
+  uint64_t w = next_word(t, i, old, me);
   if (!atomic_compare_exchange_strong(&t->chunks[i].claim, &old, w))
     return false;
   atomic_store_explicit(&t->chunks[i].claimed_ns, gpuipc__now_ns(),
