@@ -54,12 +54,9 @@ int main(void)
 #ifndef FAKE_CUDA_FULL
   SKIP("built without the CUDA headers: no fake driver");
 #else
-  signal(SIGPIPE, SIG_IGN);
   setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
   gpuipc_buf_t *v[SHARE_NSRC];
-  share_publish(dom, "v1", 1, v);
+  gpuipc_domain_t *dom = share_begin(v);
   struct sreader r[NREADERS];
   for (int i = 0; i < NREADERS; i++) {
     sreader_start(&r[i], "share", "v1", 1, "g1", "", 1, "legacy", 10000);

@@ -29,6 +29,19 @@ static void survivors_out(struct sreader *s)
     sreader_send(&s[i], "out\n");
 }
 
+/* Let them leave, and check what each got and that it exited 0. */
+static void survivors_done(struct sreader *s)
+{
+  survivors_out(s);
+  for (int i = 0; i < NSURV; i++) {
+    struct sresult r;
+    sreader_result(&s[i], &r);
+    sresult_check_ok(&r, i);
+  }
+  for (int i = 0; i < NSURV; i++)
+    ASSERT_EQ(sreader_end(&s[i]), 0);
+}
+
 /*
  * Run the survivors, both in one round (neither leaves before the other
  * joined); how many claims they took over, between them.
@@ -92,14 +105,7 @@ static void killed_serving(gpuipc_domain_t *dom)
     sreader_expect(&s[i], "joined");
   kill(k.pid, SIGKILL);
   ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
-  survivors_out(s);
-  for (int i = 0; i < NSURV; i++) {
-    struct sresult r;
-    sreader_result(&s[i], &r);
-    sresult_check_ok(&r, i);
-  }
-  for (int i = 0; i < NSURV; i++)
-    ASSERT_EQ(sreader_end(&s[i]), 0);
+  survivors_done(s);
   share_wait_none(dom, "k5");
 }
 
@@ -123,25 +129,15 @@ static void killed_among(gpuipc_domain_t *dom)
   kill(k.pid, SIGKILL);
   for (int i = 0; i < NSURV; i++)
     sreader_expect(&s[i], "joined");
-  survivors_out(s);
-  for (int i = 0; i < NSURV; i++) {
-    struct sresult r;
-    sreader_result(&s[i], &r);
-    sresult_check_ok(&r, i);
-  }
-  for (int i = 0; i < NSURV; i++)
-    ASSERT_EQ(sreader_end(&s[i]), 0);
+  survivors_done(s);
   ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
   share_wait_none(dom, "k6");
 }
 
 int main(void)
 {
-  signal(SIGPIPE, SIG_IGN);
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
   gpuipc_buf_t *v[SHARE_NSRC];
-  share_publish(dom, "v1", 1, v);
+  gpuipc_domain_t *dom = share_begin(v);
   killed_before(dom, "joined:1:kill", "k1", 0, SHARE_TIMEOUT_MS);
   killed_before(dom, "claimed:2:kill", "k2", 2, SHARE_TIMEOUT_MS);
   killed_before(dom, "midcopy:2:kill", "k3", 2, SHARE_TIMEOUT_MS);

@@ -19,21 +19,8 @@
 static void liar_start(struct sreader *r, const char *round,
                        const char *forge)
 {
-  int cmd[2], rep[2];
-  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
-    TFAIL("pipe2: %s", strerror(errno));
-  char a[16], b[16];
-  snprintf(a, sizeof(a), "%d", cmd[0]);
-  snprintf(b, sizeof(b), "%d", rep[1]);
-  const char *args[] = {a, b, "share", round, forge, NULL};
-  int keep[] = {cmd[0], rep[1], -1};
-  r->pid = test_spawn("share_liar", args, keep);
-  close(cmd[0]);
-  close(rep[1]);
-  r->in = cmd[1];
-  r->out = rep[0];
-  r->len = 0;
-  r->status = -1;
+  const char *more[] = {"share", round, forge, NULL};
+  sreader_spawn(r, "share_liar", more);
 }
 
 /*
@@ -98,11 +85,8 @@ static void forged(gpuipc_domain_t *dom, const char *round, bool zero)
 
 int main(void)
 {
-  signal(SIGPIPE, SIG_IGN);
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
   gpuipc_buf_t *v[SHARE_NSRC];
-  share_publish(dom, "v1", 1, v);
+  gpuipc_domain_t *dom = share_begin(v);
   struct sreader r[4], liar;
   for (int i = 0; i < 4; i++) {
     sreader_start(&r[i], "share", "v1", 1, "lr", "", i < 3, "own",

@@ -16,11 +16,8 @@
 
 int main(void)
 {
-  signal(SIGPIPE, SIG_IGN);
-  gpuipc_domain_t *dom;
-  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
   gpuipc_buf_t *v[SHARE_NSRC];
-  share_publish(dom, "v1", 1, v);
+  gpuipc_domain_t *dom = share_begin(v);
   struct sreader k, s[NSURV];
   sreader_start(&k, "share", "v1", 1, "st", "claimed:2:stop", 0, "own",
                 SHARE_TIMEOUT_MS);

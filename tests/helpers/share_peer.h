@@ -101,23 +101,41 @@ struct sreader {
  * "legacy" (its own LEGACY buffers on GPU 0, lent) or the name of a HOST
  * segment prefix whose DST0..2 it opens (imported: not lendable).
  */
+static inline void sreader_spawn(struct sreader *r, const char *prog,
+                                 const char *const *more);
+
 static inline void sreader_start(struct sreader *r, const char *domain,
                                  const char *prefix, unsigned seed,
                                  const char *round, const char *hook,
                                  int gate, const char *dst, int timeout_ms)
 {
-  int cmd[2], rep[2];
-  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
-    TFAIL("pipe2: %s", strerror(errno));
-  char a[16], b[16], s[16], g[4], t[16];
-  snprintf(a, sizeof(a), "%d", cmd[0]);
-  snprintf(b, sizeof(b), "%d", rep[1]);
+  char s[16], g[4], t[16];
   snprintf(s, sizeof(s), "%u", seed);
   snprintf(g, sizeof(g), "%d", gate);
   snprintf(t, sizeof(t), "%d", timeout_ms);
-  const char *args[] = {a, b, domain, prefix, s, round, hook, g, dst, t, NULL};
+  const char *more[] = {domain, prefix, s, round, hook, g, dst, t, NULL};
+  sreader_spawn(r, "share_peer", more);
+}
+
+/* Start helper @prog with CMD_FD REP_FD and then @more (NULL-ended, at
+ * most 10) as its arguments: @r talks to it through the two pipes. */
+static inline void sreader_spawn(struct sreader *r, const char *prog,
+                                 const char *const *more)
+{
+  int cmd[2], rep[2];
+  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
+    TFAIL("pipe2: %s", strerror(errno));
+  char a[16], b[16];
+  snprintf(a, sizeof(a), "%d", cmd[0]);
+  snprintf(b, sizeof(b), "%d", rep[1]);
+  const char *args[13] = {a, b};
+  for (int i = 0; more[i] != NULL; i++) {
+    if (i == 10)
+      TFAIL("sreader_spawn: more than 10 arguments");
+    args[2 + i] = more[i];
+  }
   int keep[] = {cmd[0], rep[1], -1};
-  r->pid = test_spawn("share_peer", args, keep);
+  r->pid = test_spawn(prog, args, keep);
   close(cmd[0]);
   close(rep[1]);
   r->in = cmd[1];
@@ -225,6 +243,21 @@ static inline void sresult_check_ok(const struct sresult *s, int who)
     TFAIL("reader %d: %llu chunks from the publisher + %llu from peers, "
           "not %llu", who, s->pub, s->peer,
           (unsigned long long)share_nchunks());
+}
+
+static inline void share_publish(gpuipc_domain_t *dom, const char *prefix,
+                                 unsigned seed, gpuipc_buf_t **src);
+
+/* What most share tests begin with: SIGPIPE ignored (a reader that dies
+ * closes its pipe), domain "share" joined, version 1 published under
+ * "v1" into @v. */
+static inline gpuipc_domain_t *share_begin(gpuipc_buf_t **v)
+{
+  signal(SIGPIPE, SIG_IGN);
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("share", NULL, &dom));
+  share_publish(dom, "v1", 1, v);
+  return dom;
 }
 
 /*
