@@ -1371,11 +1371,15 @@ typedef struct gpuipc_share_opts {
 /* What one gpuipc_share_copy did. */
 typedef struct gpuipc_share_stats {
   int joined;              /* 1: a member of the round; 0: it copied alone */
-  int server;              /* 1: it claimed chunks and lent its destinations */
+  int server;              /* 1: it lent its destinations: others could copy
+                              from it */
   uint64_t chunks;         /* the chunks its extents were cut into */
   uint64_t from_publisher; /* chunks it copied from the publisher */
   uint64_t from_peers;     /* chunks it copied from other members */
   uint64_t taken_over;     /* stale claims of others it took over */
+  uint64_t passed_over;    /* members it meant to copy from that fell behind
+                              or could not serve a chunk: it went on from
+                              the next one up the chain, or the publisher */
 } gpuipc_share_stats_t;
 
 /* Every field at its default. */

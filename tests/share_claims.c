@@ -59,7 +59,8 @@ int main(void)
       if (j != i)
         atomic_store(&chunks[j].claim, gpuipc__share_claim_word(1, 0));
     atomic_store(&chunks[i].done, gpuipc__share_claim_word(1, me));
-    ASSERT_EQ(gpuipc__share_claim_free(&t, me, -1, &w), i);
+    for (int j = 0; j < NCHUNKS; j++) /* only the free one is taken */
+      ASSERT_EQ(gpuipc__share_claim_at(&t, j, me, &w), j == i);
     ASSERT_TRUE(w != atomic_load(&chunks[i].done));
     ASSERT_EQ(gpuipc__share_claim_slot(w), me);
   }

@@ -4,7 +4,10 @@
  * once. Each checks every byte it got (and that nothing outside the
  * extents was written); between them the publisher's bytes were copied
  * once: the chunks they copied from the publisher add up to the number of
- * chunks, the rest came from each other. The round's segments are gone
+ * chunks, the rest came from each other; and along a chain: unless one
+ * passed over a member that fell behind, one of them copied every chunk
+ * from the publisher and each other one every chunk from one member, a
+ * member none of the others copied from. The round's segments are gone
  * once they are.
  */
 #include "test.h"
@@ -34,7 +37,8 @@ static void round_of(gpuipc_domain_t *dom, int k)
     sreader_expect(&r[i], "leave");
   for (int i = 0; i < k; i++)
     sreader_send(&r[i], "out\n");
-  unsigned long long pub = 0, peer = 0;
+  unsigned long long pub = 0, peer = 0, passed = 0, served = 0;
+  int heads = 0, parents = 0;
   for (int i = 0; i < k; i++) {
     struct sresult s;
     sreader_result(&r[i], &s);
@@ -44,10 +48,20 @@ static void round_of(gpuipc_domain_t *dom, int k)
     ASSERT_EQ(s.reclaimed, 0);
     pub += s.pub;
     peer += s.peer;
+    passed += s.passed;
+    heads += s.pub > 0;
+    /* One parent each, and nobody the parent of two. */
+    parents += __builtin_popcountll(s.sources) == 1 && !(served & s.sources);
+    served |= s.sources;
   }
   printf("%d reader(s): %llu chunks from the publisher, %llu from peers "
-         "(%llu chunks)\n", k, pub, peer,
-         (unsigned long long)share_nchunks());
+         "(%llu chunks); %d copied from the publisher, %llu parent(s) "
+         "passed over\n", k, pub, peer, (unsigned long long)share_nchunks(),
+         heads, passed);
+  if (passed == 0) {
+    ASSERT_EQ(heads, 1);
+    ASSERT_EQ(parents, k - 1);
+  }
   ASSERT_EQ_U(pub, share_nchunks());
   ASSERT_EQ_U(peer, (uint64_t)(k - 1) * share_nchunks());
   for (int i = 0; i < k; i++)

@@ -773,7 +773,7 @@ class Reader(_Named):
         the sharing (0: the library's default). A reader that dies or stalls
         costs the others at most the timeout; its own call raises. What
         the call did is in ``share_stats`` afterwards (a dict: joined,
-        server, chunks, from_publisher, from_peers, taken_over)."""
+        server, chunks, from_publisher, from_peers, taken_over, passed_over)."""
         _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))

@@ -350,18 +350,6 @@ int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
  */
 int gpuipc__stream_aside_run(int dev, void *stream,
                              int (*fn)(void *aside, void *arg), void *arg);
-/*
- * Two streams of gpuipc's own on device @dev for one piece of work
- * (fork.c): gpuipc__stream_fork makes them (non-blocking), each starting
- * after the work queued on @stream so far; gpuipc__stream_join makes
- * @stream's later work wait for what was queued on both so far (called
- * again after more work, it waits for that too); gpuipc__stream_drop
- * destroys them (their queued work still runs). Return 0, GPUIPC_E_CUDA,
- * the codes of gpuipc__ctx_enter; GPUIPC_E_UNSUPPORTED without CUDA.
- */
-int gpuipc__stream_fork(int dev, void *stream, void *out[2]);
-int gpuipc__stream_join(int dev, void *stream, void *const s[2]);
-void gpuipc__stream_drop(int dev, void *const s[2]);
 
 /* ----- gpuipc's copy kernel (kernel.c) ----- */
 

@@ -1,5 +1,6 @@
 /*
- * Claims on chunks, and what a member knows of its peers. A claim is a
+ * Claims on chunks, and what a member knows of its peers. The head of
+ * the chain (chain.c) claims the chunks in order. A claim is a
  * compare-and-swap of the chunk's claim word from 0 (free) to the
  * member's word (epoch << 8 | slot + 1); a stale claim is taken over by a
  * swap from the word seen to one with the epoch raised, so the late done
@@ -85,7 +86,8 @@ static uint64_t next_word(struct share_table *t, long i, uint64_t old, int me)
   return w;
 }
 
-static bool try_claim(struct share_table *t, long i, int me, uint64_t *word)
+bool gpuipc__share_claim_at(struct share_table *t, long i, int me,
+                            uint64_t *word)
 {
   uint64_t zero = 0, w = next_word(t, i, 0, me);
   if (!atomic_compare_exchange_strong(&t->chunks[i].claim, &zero, w))
@@ -94,38 +96,6 @@ static bool try_claim(struct share_table *t, long i, int me, uint64_t *word)
                         memory_order_relaxed);
   *word = w;
   return true;
-}
-
-/* The middle of the longest run of free chunks, or -1. */
-static long longest_free_middle(struct share_table *t)
-{
-  long best = -1, best_len = 0, run = 0;
-  for (long i = 0; i < (long)t->nchunks; i++) {
-    if (atomic_load_explicit(&t->chunks[i].claim, memory_order_relaxed) != 0) {
-      run = 0;
-      continue;
-    }
-    run++;
-    if (run > best_len) {
-      best_len = run;
-      best = i - run + 1;
-    }
-  }
-  return best < 0 ? -1 : best + best_len / 2;
-}
-
-long gpuipc__share_claim_free(struct share_table *t, int me, long hint,
-                              uint64_t *word)
-{
-  if (hint >= 0 && hint < (long)t->nchunks && try_claim(t, hint, me, word))
-    return hint;
-  for (;;) {
-    long i = longest_free_middle(t);
-    if (i < 0)
-      return -1;
-    if (try_claim(t, i, me, word))
-      return i;
-  }
 }
 
 bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,

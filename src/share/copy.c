@@ -1,18 +1,22 @@
 /*
- * The copy loop of one member. Each turn it looks at every chunk it still
- * misses: a chunk whose done word matches its claim and whose claimer
- * serves is copied from the claimer's lent destination; a stale claim
- * (its member gone, left, failed, a word that names nobody, or no done
- * word within the timeout of when this member first saw the claim) is
- * taken over and copied from the publisher (a non-server copies it from
- * the publisher without a claim). Then a server claims one free chunk and
- * copies it from the publisher, and its done word follows the copy. When
- * a turn does nothing, the host naps, longer each time up to a
- * millisecond.
+ * The copy loop of one member. It has the chunks in order, each turn as
+ * many as it can: a member with a parent (chain.c) copies a chunk from
+ * the parent's lent destination once the parent's prefix word covers it;
+ * the head of the chain claims the chunk and copies it from the
+ * publisher, and its done word follows the copy (a chunk someone else
+ * claimed it copies from the claimer once done, or takes over once the
+ * claim is stale: its member gone, left, failed, a word that names
+ * nobody, or no done word within the timeout of when this member first
+ * saw the claim). After each chunk its prefix word follows. A parent
+ * whose prefix stands still through the timeout, or that cannot serve a
+ * chunk, is left behind: the next one up the chain, or the publisher,
+ * takes its place. When a turn does nothing, the host naps, longer each
+ * time up to a millisecond (20 us at most while copies run).
  *
  * Movers: with device -1 (HOST memory on both sides) the CPU copies and
  * a release store writes the words; with a GPU the copies and the words
- * (cuStreamWriteValue64 into the pinned table) go on the caller's stream.
+ * (cuStreamWriteValue64 into the pinned table) go on the caller's stream,
+ * in chunk order.
  *
  * A copy from a peer is numbered: this member writes the number into its
  * rseq word for that server before it looks whether the server still
@@ -57,13 +61,12 @@ void gpuipc__share_stats_set(const struct gpuipc__share_stats *st)
 
 /* ----- movers ----- */
 
-/* @peer: a copy from a peer (its stream), else from the publisher. */
 static int mv_copy(struct share_call *c, void *dst, const void *src,
-                   size_t n, long chunk, bool peer)
+                   size_t n, long chunk)
 {
   if (c->device >= 0)
-    return gpuipc__stream_copy_async(c->device, dst, src, n,
-                                     c->streams[peer], false);
+    return gpuipc__stream_copy_async(c->device, dst, src, n, c->stream,
+                                     false);
   if (chunk >= 0 && atomic_load(&hook_fn) != NULL) {
     /* Tests stop a member half way through a copy. */
     memcpy(dst, src, n / 2);
@@ -75,15 +78,14 @@ static int mv_copy(struct share_call *c, void *dst, const void *src,
   return 0;
 }
 
-static int mv_word(struct share_call *c, _Atomic uint64_t *w, uint64_t v,
-                   bool peer)
+static int mv_word(struct share_call *c, _Atomic uint64_t *w, uint64_t v)
 {
   if (c->device < 0) {
     atomic_store_explicit(w, v, memory_order_release);
     return 0;
   }
   uint64_t addr = c->words + (uint64_t)((uint8_t *)w - c->t->base);
-  return gpuipc__stream_word_write(c->device, c->streams[peer], addr, v);
+  return gpuipc__stream_word_write(c->device, c->stream, addr, v);
 }
 
 /* ----- one chunk ----- */
@@ -110,8 +112,10 @@ static void got(struct share_call *c, long i, int peer_slot)
                      not counted twice */
   c->have[i] = 1;
   c->from[i] = (int8_t)peer_slot;
-  if (peer)
+  if (peer) {
     c->st.from_peer++;
+    c->st.sources |= 1ull << peer_slot;
+  }
   else
     c->st.from_pub++;
   if (c->t != NULL)
@@ -123,7 +127,7 @@ static void got(struct share_call *c, long i, int peer_slot)
 static int from_pub(struct share_call *c, long i, long hook_chunk)
 {
   int rc = mv_copy(c, dst_of(c, i), pub_of(c, i), c->l->pieces[i].bytes,
-                   hook_chunk, false);
+                   hook_chunk);
   if (rc == 0)
     got(c, i, -1);
   return rc;
@@ -136,7 +140,7 @@ static int own_claim(struct share_call *c, long i, uint64_t word)
   gpuipc__share_step(GPUIPC__SHARE_CLAIMED, i);
   int rc = from_pub(c, i, i);
   if (rc == 0)
-    rc = mv_word(c, &c->t->chunks[i].done, word, false);
+    rc = mv_word(c, &c->t->chunks[i].done, word);
   if (rc == 0)
     gpuipc__share_step(GPUIPC__SHARE_DONE, i);
   if (rc == 0 && c->device >= 0) /* landed once its done word is there */
@@ -180,9 +184,9 @@ static int from_peer(struct share_call *c, long i, int slot, uint64_t now)
     src = gpuipc__share_peer_src(c->dom, c->round, c->t, &c->po, slot, c->l,
                                  i, c->device);
   int rc = src != NULL ? mv_copy(c, dst_of(c, i), src,
-                                 c->l->pieces[i].bytes, -1, true)
+                                 c->l->pieces[i].bytes, -1)
                        : 0;
-  int wrc = mv_word(c, &me->rdone, s, true);
+  int wrc = mv_word(c, &me->rdone, s);
   if (rc == 0)
     rc = wrc;
   if (rc != 0)
@@ -192,7 +196,52 @@ static int from_peer(struct share_call *c, long i, int slot, uint64_t now)
   return src != NULL;
 }
 
-/* ----- stale claims ----- */
+/* Chunk @i is here (queued, for a GPU): the prefix word follows, once
+ * the chunks before it are too. 1, or the code. */
+static int had(struct share_call *c, long i)
+{
+  (void)i;
+  while (c->next < (long)c->l->nchunks && c->have[c->next])
+    c->next++;
+  if ((uint64_t)c->next == c->prefix)
+    return 1;
+  c->prefix = (uint64_t)c->next;
+  int rc = mv_word(c, &c->t->members[c->me].prefix, c->prefix);
+  return rc != 0 ? rc : 1;
+}
+
+/* ----- from the parent ----- */
+
+/* Copy from the next one up the chain from now on, or head it. */
+static void pass_over(struct share_call *c, int p)
+{
+  c->skip[p] = 1;
+  c->st.passed_over++;
+}
+
+/* Chunk @i from parent @p: 1 had, 0 not now. */
+static int from_parent(struct share_call *c, long i, int p, uint64_t now)
+{
+  if (peer_flight(c) >= GPUIPC__SHARE_DEPTH)
+    return 0; /* once a copy from a peer has landed */
+  uint64_t pre = atomic_load_explicit(&c->t->members[p].prefix,
+                                      memory_order_acquire);
+  if (pre > c->l->nchunks) {
+    pass_over(c, p); /* not a prefix */
+    return 0;
+  }
+  if (pre <= (uint64_t)i) {
+    if (gpuipc__share_parent_stalled(c, p, pre, now))
+      pass_over(c, p);
+    return 0;
+  }
+  int rc = from_peer(c, i, p, now);
+  if (rc == 0)
+    pass_over(c, p); /* it cannot serve it */
+  return rc == 1 ? had(c, i) : rc;
+}
+
+/* ----- at the head: claims ----- */
 
 /* Whether claim @cw on chunk @i (not done, or done by a member that no
  * longer serves it) is stale now; marks a claimer that stalled FAILED. */
@@ -228,91 +277,81 @@ static bool stale(struct share_call *c, long i, uint64_t cw, bool done,
   return true;
 }
 
-/* A chunk nobody claimed, for a non-server: copy it from the publisher
- * once no server is left that could claim it, or none did within the
- * timeout. */
-static bool free_unclaimed(struct share_call *c, long i, uint64_t now)
+/* Chunk @i at the head of the chain: 1 had, 0 not now. */
+static int at_head(struct share_call *c, long i, uint64_t now)
 {
-  bool server = false;
-  for (int s = 0; s < GPUIPC__SHARE_MEMBERS && !server; s++)
-    server = s != c->me && atomic_load(&c->t->members[s].pid) != 0 &&
-             gpuipc__share_serving(c->t, s, c->peers, now);
-  return !server;
-}
-
-/* ----- the loop ----- */
-
-/* One chunk this member misses: 1 when it got it, 0 not yet. */
-static int one_missing(struct share_call *c, long i, uint64_t now)
-{
+  if (c->device >= 0 && in_flight(c) >= GPUIPC__SHARE_DEPTH)
+    return 0;
   struct share_chunk *ch = &c->t->chunks[i];
   uint64_t cw = atomic_load_explicit(&ch->claim, memory_order_acquire);
+  uint64_t word;
+  int rc;
   if (cw == 0) {
-    if (c->server)
-      return 0; /* the claiming below takes it */
-    if (c->seen_claim[i] != 1) {
-      c->seen_claim[i] = 1; /* "free since" */
-      c->seen_ns[i] = now;
-    }
-    bool late = c->timeout_ms >= 0 &&
-                now - c->seen_ns[i] >= (uint64_t)c->timeout_ms * 1000000ull;
-    if (!late && !free_unclaimed(c, i, now))
-      return 0;
-    int rc = from_pub(c, i, -1);
-    return rc != 0 ? rc : 1;
+    if (!gpuipc__share_claim_at(c->t, i, c->me, &word))
+      return 0; /* someone else did: look again next turn */
+    rc = own_claim(c, i, word);
+    return rc != 0 ? rc : had(c, i);
   }
   uint64_t dw = atomic_load_explicit(&ch->done, memory_order_acquire);
   int slot = gpuipc__share_claim_slot(cw);
   bool done = false;
-  if (dw == cw && slot >= 0 && slot != c->me &&
-      peer_flight(c) >= GPUIPC__SHARE_DEPTH)
-    return 0; /* there to copy once a copy from a peer has landed */
   if (dw == cw && slot >= 0 && slot != c->me) {
-    int rc = from_peer(c, i, slot, now);
+    if (peer_flight(c) >= GPUIPC__SHARE_DEPTH)
+      return 0;
+    rc = from_peer(c, i, slot, now);
     if (rc != 0)
-      return rc;
+      return rc == 1 ? had(c, i) : rc;
     done = true; /* done, but not to be had from there */
   }
   if (!stale(c, i, cw, done, now))
     return 0;
-  uint64_t word;
-  int rc;
-  if (!c->server) {
-    rc = from_pub(c, i, -1);
-    return rc != 0 ? rc : 1;
-  }
   if (!gpuipc__share_reclaim(c->t, i, cw, c->me, &word))
-    return 0; /* someone else did: look again next turn */
+    return 0;
   c->st.reclaimed++;
   rc = own_claim(c, i, word);
-  return rc != 0 ? rc : 1;
+  return rc != 0 ? rc : had(c, i);
 }
 
-/* One turn over what is missing: how many chunks came in, or the code. */
-static int turn(struct share_call *c, long *hint)
+/* ----- the loop ----- */
+
+/* Chunk @i from parent @p (-1: none): 1 when it had it, 0 not yet. */
+static int one_chunk(struct share_call *c, long i, int p, uint64_t now)
+{
+  if (p >= 0)
+    return from_parent(c, i, p, now);
+  if (c->server)
+    return at_head(c, i, now);
+  /* A non-server with no server to copy from: the publisher. */
+  int rc = from_pub(c, i, -1);
+  return rc != 0 ? rc : had(c, i);
+}
+
+/*
+ * One turn: the chunks in order, as far as they can be had now; how
+ * many, or the code. A member with a parent stops at the first chunk the
+ * parent does not have yet; the head goes on past a chunk another member
+ * claimed (claiming the free ones after it, as many as may be in
+ * flight), so that a stalled claim holds up only its own chunk.
+ */
+static int turn(struct share_call *c)
 {
   uint64_t now = gpuipc__now_ns();
-  int got_n = 0;
-  for (long i = 0; i < (long)c->l->nchunks; i++) {
+  int p = gpuipc__share_parent(c, now);
+  if (p == -2)
+    return 0; /* a member before it in the chain is joining */
+  int n = 0;
+  for (long i = c->next; i < (long)c->l->nchunks; i++) {
     if (c->have[i])
       continue;
-    int rc = one_missing(c, i, now);
+    int rc = one_chunk(c, i, p, now);
     if (rc < 0)
       return rc;
-    got_n += rc;
+    if (rc == 0 && (p >= 0 || !c->server ||
+                    (c->device >= 0 && in_flight(c) >= GPUIPC__SHARE_DEPTH)))
+      break;
+    n += rc;
   }
-  if (!c->server || (c->device >= 0 && in_flight(c) >= GPUIPC__SHARE_DEPTH))
-    return got_n;
-  uint64_t word;
-  long i = gpuipc__share_claim_free(c->t, c->me, *hint, &word);
-  if (i >= 0) {
-    int rc = own_claim(c, i, word);
-    if (rc != 0)
-      return rc;
-    *hint = i + 1;
-    got_n++;
-  }
-  return got_n;
+  return n;
 }
 
 static bool failed(const struct share_call *c)
@@ -324,13 +363,12 @@ int gpuipc__share_run(struct share_call *c)
 {
   if (c->t == NULL)
     return gpuipc__share_alone(c);
-  long hint = -1;
   unsigned nap = 20;
   while (c->missing > 0) {
     if (failed(c))
       return gpuipc__share_failed(c);
     gpuipc__share_beat(c->t, c->me);
-    int n = turn(c, &hint);
+    int n = turn(c);
     if (n < 0)
       return n;
     if (n > 0) {
@@ -432,14 +470,9 @@ int gpuipc__share_settle(struct share_call *c)
     return 0;
   _Atomic uint64_t *w = &c->t->members[c->me].rdone;
   uint64_t s = ++c->rseq;
-  /* After both streams' work: the caller's stream waits for them, and
-   * writes the word. */
-  int rc = c->forked ? gpuipc__stream_join(c->device, c->stream, c->streams)
-                     : 0;
-  if (rc == 0)
-    rc = gpuipc__stream_word_write(
-        c->device, c->stream, c->words + (uint64_t)((uint8_t *)w - c->t->base),
-        s);
+  int rc = gpuipc__stream_word_write(
+      c->device, c->stream, c->words + (uint64_t)((uint8_t *)w - c->t->base),
+      s);
   if (rc != 0)
     return rc;
   uint64_t deadline = gpuipc__deadline(c->timeout_ms);

@@ -218,6 +218,7 @@ static int join(struct share_call *c, struct share_table *t,
   c->t = t;
   c->me = s;
   c->server = gpuipc__share_lend(c->dom, c->round, t, s, c->l, lent) == 0;
+  c->ticket = gpuipc__share_ticket_take(t, s);
   atomic_store_explicit(&m->flags,
                         GPUIPC__SM_LIVE | (c->server ? GPUIPC__SM_SERVER : 0),
                         memory_order_release);
@@ -345,12 +346,6 @@ static int share_run(struct share_call *c, int dst_dev)
     c->t = NULL;
     return gpuipc__share_alone(c);
   }
-  /* Copies from the publisher and from peers overlap on two streams of
-   * their own (one stream would take them in turn: each member's links
-   * busy with one of the two at a time); else both on the caller's. */
-  if (c->device >= 0 &&
-      gpuipc__stream_fork(c->device, c->stream, c->streams) == 0)
-    c->forked = true;
   return leave(c, lent, gpuipc__share_run(c));
 }
 
@@ -377,7 +372,7 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   c.l = &l;
   c.device = copy_device(ext, n, dst_dev);
   c.stream = stream;
-  c.streams[0] = c.streams[1] = stream;
+  c.pwait_slot = -1;
   c.timeout_ms = timeout_ms;
   c.st.slot = -1;
   c.st.nchunks = l.nchunks;
@@ -385,13 +380,11 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   rc = call_alloc(&c, l.nchunks);
   if (rc == 0)
     rc = share_run(&c, dst_dev);
-  if (c.forked)
-    gpuipc__stream_drop(c.device, c.streams);
   gpuipc__share_stats_set(&c.st);
   if (stats != NULL)
     *stats = (gpuipc_share_stats_t){c.st.joined, c.st.server, c.st.nchunks,
                                     c.st.from_pub, c.st.from_peer,
-                                    c.st.reclaimed};
+                                    c.st.reclaimed, c.st.passed_over};
   call_free(&c);
   gpuipc__share_layout_free(&l);
   return rc;

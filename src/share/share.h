@@ -4,12 +4,15 @@
  *   table.c   the round table's layout in its HOST segment, the layout
  *             digest, the header's set-up and checks, member and claim
  *             words decoded with every field checked
- *   claims.c  claiming chunks (middle of the longest free run, then
- *             forward), stale claims, members' liveness and FAILED marks
+ *   chain.c   the members' order (tickets taken as they join) and each
+ *             member's parent, the member it copies from
+ *   claims.c  claiming chunks, stale claims, members' liveness and FAILED
+ *             marks
  *   lend.c    the members' destinations lent as segments, and the peers'
  *             lent segments this call opened (one place to add a cache)
- *   copy.c    the copy loop: claim and copy from the publisher, copy done
- *             chunks from peers, re-claim stale ones; HOST and GPU movers
+ *   copy.c    the copy loop: chunks in order, each from the parent (or,
+ *             at the head of the chain, claimed and copied from the
+ *             publisher), stale claims and parents; HOST and GPU movers
  *   share.c   gpuipc_share_copy, gpuipc_segment_copy_shared: arguments,
  *             joining and leaving the round
  *
@@ -28,17 +31,22 @@
 
 #define GPUIPC__SHARE_MAGIC 0x52485347u  /* "GSHR" */
 #define GPUIPC__SHARE_BUSY 0x59535542u   /* "BUSY": its creator sets it up */
-#define GPUIPC__SHARE_LAYOUT 1u
+#define GPUIPC__SHARE_LAYOUT 2u
 #define GPUIPC__SHARE_MEMBERS 64
 #define GPUIPC__SHARE_EXT_MAX 4096       /* extents in one call */
 #define GPUIPC__SHARE_CHUNKS_MAX (1u << 16) /* each turn scans them */
 #define GPUIPC__SHARE_CHUNK_DEFAULT ((size_t)64 << 20)
 #define GPUIPC__SHARE_CHUNK_ALIGN ((size_t)4096)
-/* GPU members: copies from the publisher, and from peers, each in flight
- * at once on their stream (claims and peer copies made beyond what the
- * copies achieve would leave the chunks to the fastest host, not the
- * fastest links). */
-#define GPUIPC__SHARE_DEPTH 2
+/* GPU members: copies queued on the stream and not landed yet, at most
+ * (a member that queued everything at once would react to a parent that
+ * died or stalled only after all of it). */
+#define GPUIPC__SHARE_DEPTH 4
+/* How long a member waits on a parent that makes no progress, or on a
+ * member before it in the chain that is still joining, before it copies
+ * from the next one up the chain (or heads it). Far above a chunk's copy
+ * (a 64 MiB chunk takes 0.2 ms over NVLink, 3 ms over PCIe 4) and a
+ * member's start; far below a timeout. */
+#define GPUIPC__SHARE_PATIENCE_MS 50
 
 /* Member flags (struct share_member.flags). */
 #define GPUIPC__SM_LIVE 0x1u    /* joined: its fields are written */
@@ -63,7 +71,7 @@ struct share_hdr {
   uint32_t nchunks;
   uint32_t nextents;
   _Atomic uint32_t closed; /* 1: the last member left; joiners go alone */
-  uint32_t pad;
+  _Atomic uint32_t tickets; /* tickets taken so far (chain.c) */
   uint64_t created_ns;
 };
 
@@ -84,7 +92,14 @@ struct share_member {
   /* Counted up as the member works (each turn, each nap of its waits):
    * a claimer whose beat stands still through the timeout has stalled. */
   _Atomic uint64_t beat;
-  uint8_t pad2[40];
+  /* Its place in the chain: 1, 2, ... in the order members joined (0:
+   * none yet), written before it is LIVE (chain.c). */
+  _Atomic uint32_t ticket;
+  uint32_t pad3;
+  /* Chunks 0 .. prefix - 1 have landed in its destination (written after
+   * each copy: by the host, or by its stream). */
+  _Atomic uint64_t prefix;
+  uint8_t pad2[24];
 };
 
 struct share_chunk {
@@ -180,13 +195,10 @@ bool gpuipc__share_serving(struct share_table *t, int slot,
 /* Whether member @slot is gone: its process dead or reused, or LEFT. */
 bool gpuipc__share_gone(struct share_table *t, int slot,
                         struct share_peer *peers, uint64_t now);
-/*
- * Claim a free chunk for @me, nearest @hint (walking forward from it),
- * else the middle of the longest free run. Returns the chunk and its
- * claim word in *@word, or -1 when none is free.
- */
-long gpuipc__share_claim_free(struct share_table *t, int me, long hint,
-                              uint64_t *word);
+/* Claim chunk @i for @me if it is free: true with its claim word in
+ * *@word. */
+bool gpuipc__share_claim_at(struct share_table *t, long i, int me,
+                            uint64_t *word);
 /* Take chunk @i from claim @old (stale) for @me, with the epoch raised.
  * true when it is ours now (*@word). */
 bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
@@ -243,6 +255,8 @@ struct gpuipc__share_stats {
   uint64_t from_pub;
   uint64_t from_peer;
   uint64_t reclaimed; /* stale claims taken over */
+  uint64_t passed_over; /* parents passed over */
+  uint64_t sources;     /* a bit for each member slot it copied from */
 };
 
 /* One call's state as the copy loop sees it. */
@@ -254,12 +268,10 @@ struct share_call {
   int me;
   bool server;
   int device;   /* local ordinal of the copies (-1: HOST: the CPU copies) */
-  void *stream;
-  /* GPU members: the streams of the copies from the publisher (with their
-   * done words) and from peers (with the rdone words), which overlap;
-   * both @stream where there is no second one (copying alone). */
-  void *streams[2];
-  bool forked;  /* streams[] are gpuipc's own: joined, then dropped */
+  void *stream; /* every copy and word of a GPU member, in chunk order */
+  uint32_t ticket; /* its place in the chain (chain.c) */
+  long next;       /* the first chunk it has not had */
+  uint64_t prefix; /* the last prefix word it wrote */
   /* Own claims whose copy may not have landed yet, oldest first (a ring):
    * a member claims again only while fewer than GPUIPC__SHARE_DEPTH are,
    * so that claims follow what its copies from the publisher achieve. */
@@ -276,8 +288,36 @@ struct share_call {
   int8_t *from;   /* [nchunks]: the server slot it came from, -1 publisher */
   /* [nchunks]: a claim as first seen, when, and its claimer's beat then */
   uint64_t *seen_claim, *seen_ns, *seen_beat;
+  /* Parents this call passed over (no progress within the patience, or
+   * unable to serve a chunk), and the parent waited on: its prefix as
+   * first seen, and when; joiners waited on, since when. */
+  uint8_t skip[GPUIPC__SHARE_MEMBERS];
+  int pwait_slot;
+  uint64_t pwait_prefix, pwait_ns;
+  uint64_t jwait_ns[GPUIPC__SHARE_MEMBERS];
   struct gpuipc__share_stats st;
 };
+
+/* ----- chain.c ----- */
+/* Take this member's ticket (before it is LIVE); the ticket. */
+uint32_t gpuipc__share_ticket_take(struct share_table *t, int me);
+/*
+ * The member @c copies its next chunk from: for a server the serving
+ * member with the highest ticket below its own, for a non-server the
+ * serving server with the highest ticket; -1 when there is none (a server
+ * then heads the chain); -2 when a member with a lower ticket is still
+ * joining (wait for it: at most the timeout, while its process lives).
+ */
+int gpuipc__share_parent(struct share_call *c, uint64_t now);
+/*
+ * Whether to pass over parent @p, whose prefix @prefix does not reach the
+ * chunk @c waits for: no progress within the patience (or the timeout,
+ * when shorter) of when @c first saw that prefix. Nobody is marked FAILED
+ * for it: a member that fell behind holds up nobody once passed over, and
+ * its own bytes are right.
+ */
+bool gpuipc__share_parent_stalled(struct share_call *c, int p,
+                                  uint64_t prefix, uint64_t now);
 
 /* Copy everything of @c->l; with a table, sharing. 0, or the code. */
 int gpuipc__share_run(struct share_call *c);

@@ -5,7 +5,10 @@
  * map pointing at buffers it never lent, one at offsets past the end of
  * a 4 KiB segment it did lend, under its id; one whose name holds 4 MiB
  * of garbage that is not the segment its id names; one with the test's pid but
- * another start time, one with flags no member has), and claim and done
+ * another start time, one with flags no member has), each with a place in
+ * the chain after the honest members there (so that the next honest one
+ * picks them first as its parent) and a prefix word that says it has
+ * every chunk (or more than there are), and claim and done
  * words on the chunks: words naming no slot, free slots, its fake
  * members (done, so that others try to read there), and honest members'
  * slots (never with a matching done word: that lie no check can see).
@@ -57,6 +60,8 @@ static uint64_t fake_lend(gpuipc_domain_t *dom, const char *round, int slot,
 
 static void fake_members(uint64_t lent_id)
 {
+  /* Tickets past the honest members': the next joiner's come after. */
+  uint32_t tk = atomic_fetch_add(&t.hdr->tickets, 8);
   uint32_t me = (uint32_t)getpid();
   uint64_t st = 0;
   (void)gpuipc__pid_start_time(getpid(), &st);
@@ -93,6 +98,8 @@ static void fake_members(uint64_t lent_id)
         x->off = 0;
       }
     }
+    atomic_store(&m->ticket, f[i].slot == 43 ? 0xdeadbeefu : tk + 1 + (uint32_t)i);
+    atomic_store(&m->prefix, f[i].slot == 40 ? ~0ull : t.nchunks);
     atomic_store(&m->pid, f[i].pid);
     atomic_store(&m->flags, f[i].flags);
   }

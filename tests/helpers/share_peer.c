@@ -197,7 +197,8 @@ int main(int argc, char **argv)
   gpuipc__share_test_stats(&st);
   if (ps.joined != st.joined || ps.server != st.server ||
       ps.chunks != st.nchunks || ps.from_publisher != st.from_pub ||
-      ps.from_peers != st.from_peer || ps.taken_over != st.reclaimed)
+      ps.from_peers != st.from_peer || ps.taken_over != st.reclaimed ||
+      ps.passed_over != st.passed_over)
     return 9;
   char msg[600], out[900];
   snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
@@ -205,9 +206,12 @@ int main(int argc, char **argv)
     if (*p == '\n')
       *p = ' ';
   snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
-           "reclaimed=%llu bad=%ld msg=%s\n", rc,
+           "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
+           "msg=%s\n", rc,
            (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
            st.joined, st.server, (unsigned long long)st.reclaimed,
+           (unsigned long long)st.passed_over, st.slot,
+           (unsigned long long)st.sources,
            rc == 0 ? check(dst, seed) : 0, msg);
   say(out);
   while (hear(line, sizeof(line)))

@@ -10,7 +10,8 @@
  * says "joined" when it took its slot and "leave" once every chunk is in;
  * with a gate it then waits for "out" before it leaves the round. Then it
  * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
- * reclaimed=N bad=N msg=LAST_ERROR", and waits for EOF to exit.
+ * reclaimed=N passed=N slot=N sources=HEX bad=N msg=LAST_ERROR", and
+ * waits for EOF to exit.
  */
 #ifndef GPUIPC_TEST_SHARE_PEER_H
 #define GPUIPC_TEST_SHARE_PEER_H
@@ -194,7 +195,9 @@ static inline void sreader_send(struct sreader *r, const char *line)
 
 struct sresult {
   int rc, joined, server;
-  unsigned long long pub, peer, reclaimed;
+  unsigned long long pub, peer, reclaimed, passed;
+  int slot;                   /* its member slot (-1: it copied alone) */
+  unsigned long long sources; /* a bit for each slot it copied from */
   long bad;
   char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
 };
@@ -210,9 +213,10 @@ static inline void sreader_result(struct sreader *r, struct sresult *out)
       continue;
     int at = -1;
     if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
-               "reclaimed=%llu bad=%ld msg=%n", &out->rc, &out->pub,
-               &out->peer, &out->joined, &out->server, &out->reclaimed,
-               &out->bad, &at) != 7 || at < 0)
+               "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
+               "msg=%n", &out->rc, &out->pub, &out->peer, &out->joined,
+               &out->server, &out->reclaimed, &out->passed, &out->slot,
+               &out->sources, &out->bad, &at) != 10 || at < 0)
       TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
     snprintf(out->msg, sizeof(out->msg), "%s", l + at);
     return;
