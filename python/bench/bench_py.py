@@ -290,6 +290,14 @@ def _copy_floor(sd):
     return ts[len(ts) // 2]
 
 
+def _row(what, out, t, copied):
+    """Prints one mode's first and later syncs; ``t`` is the copy floor."""
+    (a, b), (c, d) = (_first_later([o[i] for o in out]) for i in (0, 1))
+    ratio = f"; later, copy_ floor / sync {t / b:.2f} ({t / d:.2f} with the reply)" if copied else ""
+    print(f"{what}: first {a:.4f} s, later {b:.4f} s at the receiver (first / later "
+          f"{a / b:.2f}); with the reply {c:.4f} / {d:.4f} s{ratio}", flush=True)
+
+
 def bench_weights():
     sd = make_sd()
     total = sum(v.numel() * v.element_size() for v in sd.values())
@@ -301,10 +309,7 @@ def bench_weights():
     torch.cuda.empty_cache()
 
     def row(what, out, copied=False):
-        (a, b), (c, d) = (_first_later([o[i] for o in out]) for i in (0, 1))
-        ratio = f"; later, copy_ floor / sync {t / b:.2f} ({t / d:.2f} with the reply)" if copied else ""
-        print(f"{what}: first {a:.4f} s, later {b:.4f} s at the receiver; "
-              f"with the reply {c:.4f} / {d:.4f} s{ratio}", flush=True)
+        _row(what, out, t, copied)
 
     row("torch.multiprocessing per-tensor handles (copied)", weights_mp(sd), True)
     torch.cuda.empty_cache()
@@ -330,8 +335,21 @@ def bench_weights():
                 weights_gpuipc(lent, copy, lend=True), copy)
         del lent, pool
         torch.cuda.empty_cache()
-    # The same weights as a model PyTorch's allocator made, moved into
-    # gpuipc memory in place (one buffer), then lent.
+    bench_moved(sd, t)
+
+
+def bench_moved(sd=None, t=None):
+    """The weights as a model PyTorch's allocator made, moved into gpuipc
+    memory in place (one buffer), then lent: the first sync against later
+    ones."""
+    from gpuipc import torch as gt
+    if sd is None:
+        sd = make_sd()
+        t = _copy_floor(sd)
+        torch.cuda.empty_cache()
+
+    def row(what, out, copied=False):
+        _row(what, out, t, copied)
     model = torch.nn.Module()
     for i, (k, v) in enumerate(sd.items()):
         model.register_parameter(f"p{i}", torch.nn.Parameter(v.clone(), requires_grad=False))
@@ -378,3 +396,5 @@ if __name__ == "__main__":
         bench_rtt()
     if what in ("weights", "all"):
         bench_weights()
+    if what == "moved":
+        bench_moved()
