@@ -143,8 +143,10 @@ static int own_claim(struct share_call *c, long i, uint64_t word)
     rc = mv_word(c, &c->t->chunks[i].done, word);
   if (rc == 0)
     gpuipc__share_step(GPUIPC__SHARE_DONE, i);
-  if (rc == 0 && c->device >= 0) /* landed once its done word is there */
-    c->inflight[(c->in0 + c->nin++) % GPUIPC__SHARE_DEPTH] = i;
+  if (rc == 0 && c->device >= 0) { /* landed once its done word is there */
+    c->inflight[(c->in0 + c->nin++) % GPUIPC__SHARE_RING] = i;
+    c->in_bytes += c->l->pieces[i].bytes;
+  }
   return rc;
 }
 
@@ -158,10 +160,19 @@ static int in_flight(struct share_call *c)
     if (atomic_load_explicit(&ch->done, memory_order_acquire) != c->own[i] &&
         atomic_load_explicit(&ch->claim, memory_order_acquire) == c->own[i])
       break;
-    c->in0 = (c->in0 + 1) % GPUIPC__SHARE_DEPTH;
+    c->in0 = (c->in0 + 1) % GPUIPC__SHARE_RING;
     c->nin--;
+    c->in_bytes -= c->l->pieces[i].bytes;
   }
   return c->nin;
+}
+
+/* Whether a GPU member's claims in flight are as many as it queues. */
+static bool claims_full(struct share_call *c)
+{
+  return c->device >= 0 && in_flight(c) > 0 &&
+         (c->nin >= GPUIPC__SHARE_RING - 1 ||
+          c->in_bytes >= GPUIPC__SHARE_AHEAD);
 }
 
 /* Copies from peers queued on the GPU whose rdone word has not come. */
@@ -171,6 +182,20 @@ static uint64_t peer_flight(struct share_call *c)
     return 0;
   uint64_t d = atomic_load(&c->t->members[c->me].rdone);
   return c->rseq - d;
+}
+
+/* Whether a GPU member's copies from peers in flight are as many as it
+ * queues. */
+static bool peers_full(struct share_call *c)
+{
+  uint64_t n = peer_flight(c);
+  if (n == 0)
+    return false;
+  if (n >= GPUIPC__SHARE_RING - 1)
+    return true;
+  uint64_t d = c->rseq - n; /* the last that landed */
+  return c->peer_bytes - c->peer_cum[d % GPUIPC__SHARE_RING] >=
+         GPUIPC__SHARE_AHEAD;
 }
 
 /* Copy done chunk @i from server @slot: 1 copied, 0 it cannot serve it. */
@@ -187,6 +212,9 @@ static int from_peer(struct share_call *c, long i, int slot, uint64_t now)
                                  c->l->pieces[i].bytes, -1)
                        : 0;
   int wrc = mv_word(c, &me->rdone, s);
+  if (src != NULL)
+    c->peer_bytes += c->l->pieces[i].bytes;
+  c->peer_cum[s % GPUIPC__SHARE_RING] = c->peer_bytes;
   if (rc == 0)
     rc = wrc;
   if (rc != 0)
@@ -222,7 +250,7 @@ static void pass_over(struct share_call *c, int p)
 /* Chunk @i from parent @p: 1 had, 0 not now. */
 static int from_parent(struct share_call *c, long i, int p, uint64_t now)
 {
-  if (peer_flight(c) >= GPUIPC__SHARE_DEPTH)
+  if (peers_full(c))
     return 0; /* once a copy from a peer has landed */
   uint64_t pre = atomic_load_explicit(&c->t->members[p].prefix,
                                       memory_order_acquire);
@@ -280,7 +308,7 @@ static bool stale(struct share_call *c, long i, uint64_t cw, bool done,
 /* Chunk @i at the head of the chain: 1 had, 0 not now. */
 static int at_head(struct share_call *c, long i, uint64_t now)
 {
-  if (c->device >= 0 && in_flight(c) >= GPUIPC__SHARE_DEPTH)
+  if (claims_full(c))
     return 0;
   struct share_chunk *ch = &c->t->chunks[i];
   uint64_t cw = atomic_load_explicit(&ch->claim, memory_order_acquire);
@@ -296,7 +324,7 @@ static int at_head(struct share_call *c, long i, uint64_t now)
   int slot = gpuipc__share_claim_slot(cw);
   bool done = false;
   if (dw == cw && slot >= 0 && slot != c->me) {
-    if (peer_flight(c) >= GPUIPC__SHARE_DEPTH)
+    if (peers_full(c))
       return 0;
     rc = from_peer(c, i, slot, now);
     if (rc != 0)
@@ -346,8 +374,7 @@ static int turn(struct share_call *c)
     int rc = one_chunk(c, i, p, now);
     if (rc < 0)
       return rc;
-    if (rc == 0 && (p >= 0 || !c->server ||
-                    (c->device >= 0 && in_flight(c) >= GPUIPC__SHARE_DEPTH)))
+    if (rc == 0 && (p >= 0 || !c->server || claims_full(c)))
       break;
     n += rc;
   }
@@ -470,6 +497,7 @@ int gpuipc__share_settle(struct share_call *c)
     return 0;
   _Atomic uint64_t *w = &c->t->members[c->me].rdone;
   uint64_t s = ++c->rseq;
+  c->peer_cum[s % GPUIPC__SHARE_RING] = c->peer_bytes;
   int rc = gpuipc__stream_word_write(
       c->device, c->stream, c->words + (uint64_t)((uint8_t *)w - c->t->base),
       s);

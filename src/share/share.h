@@ -37,10 +37,19 @@
 #define GPUIPC__SHARE_CHUNKS_MAX (1u << 16) /* each turn scans them */
 #define GPUIPC__SHARE_CHUNK_DEFAULT ((size_t)64 << 20)
 #define GPUIPC__SHARE_CHUNK_ALIGN ((size_t)4096)
-/* GPU members: copies queued on the stream and not landed yet, at most
- * (a member that queued everything at once would react to a parent that
- * died or stalled only after all of it). */
-#define GPUIPC__SHARE_DEPTH 4
+/*
+ * GPU members queue copies ahead of what has landed: claims (with their
+ * copies from the publisher) while fewer than GPUIPC__SHARE_AHEAD bytes
+ * of them are in flight, copies from the parent likewise, and at most
+ * GPUIPC__SHARE_RING copies of each. Enough queued work to outlast what
+ * holds a member's host up meanwhile (an open of its parent's next lent
+ * segment takes 0.5-0.9 ms; 1 GiB takes about 3 ms over NVLink), and
+ * tensors of a few kilobytes, each a chunk of its own, queued by the
+ * hundred rather than one host turn each; few enough that a member
+ * leaves a parent that died or stalled with little queued from it.
+ */
+#define GPUIPC__SHARE_AHEAD ((uint64_t)1 << 30)
+#define GPUIPC__SHARE_RING 512
 /* How long a member waits on a parent that makes no progress, or on a
  * member before it in the chain that is still joining, before it copies
  * from the next one up the chain (or heads it). Far above a chunk's copy
@@ -272,16 +281,23 @@ struct share_call {
   uint32_t ticket; /* its place in the chain (chain.c) */
   long next;       /* the first chunk it has not had */
   uint64_t prefix; /* the last prefix word it wrote */
-  /* Own claims whose copy may not have landed yet, oldest first (a ring):
-   * a member claims again only while fewer than GPUIPC__SHARE_DEPTH are,
-   * so that claims follow what its copies from the publisher achieve. */
-  long inflight[GPUIPC__SHARE_DEPTH];
+  /* Own claims whose copy may not have landed yet, oldest first (a ring),
+   * and their bytes: a member claims again only while they are below
+   * GPUIPC__SHARE_AHEAD, so that claims follow what its copies from the
+   * publisher achieve. */
+  long inflight[GPUIPC__SHARE_RING];
   int nin, in0;
+  uint64_t in_bytes;
   uint64_t words; /* the table's address for @device's streams */
   int timeout_ms;
   struct share_peer peers[GPUIPC__SHARE_MEMBERS];
   struct share_peers_open *po;
   uint64_t rseq; /* the number of this member's last copy from a peer */
+  /* Bytes of copies from peers queued so far, and as of copy number s
+   * (at [s % GPUIPC__SHARE_RING]): those of copies whose rdone has not
+   * come are in flight. */
+  uint64_t peer_bytes;
+  uint64_t peer_cum[GPUIPC__SHARE_RING];
   uint8_t *have; /* [nchunks] */
   uint64_t missing; /* chunks not had yet */
   uint64_t *own;  /* [nchunks]: the claim word this member took, or 0 */
