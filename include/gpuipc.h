@@ -1407,8 +1407,10 @@ typedef struct gpuipc_share_stats {
  *        them all, so the name can be used again once a round is over (a
  *        new round then begins).
  * @ext, @n: 1 to 4096 extents; destinations must not overlap; every
- *        destination on one device (or all HOST). An extent of 0 bytes is
- *        allowed and copies nothing.
+ *        destination on one device (or all HOST), and every GPU source
+ *        mapped for that device (gpuipc_segment_open with opts.device:
+ *        its streams read them; else GPUIPC_E_CUDA from the copies). An
+ *        extent of 0 bytes is allowed and copies nothing.
  * @stream: GPU kinds: the copies and the words the protocol writes are
  *        queued on this stream (CUstream; NULL: the legacy default
  *        stream): work queued on it later sees the bytes. Before the
@@ -1419,21 +1421,26 @@ typedef struct gpuipc_share_stats {
  *        source and destination HOST): ignored; the CPU copies, and the
  *        bytes are in place when the call returns.
  * @opts: NULL for the defaults; see gpuipc_share_opts_t.
- * A member claims chunks (compare-and-swap in the table), copies each from
- * the publisher, then marks it done; it copies the chunks others marked
- * done from their destinations. A member that has every chunk stays,
- * serving, until every other live member has its chunks too (at most the
- * timeout). A claim whose member died or left is taken over at once; one
- * that shows no done word within the timeout is taken over then, and its
- * member marked FAILED if it did no work meanwhile (its own call then
- * fails).
+ * The members form a chain in the order they joined: each copies the
+ * chunks in order from the member before it, once that one's prefix word
+ * says they are there; the first (the head) claims each chunk
+ * (compare-and-swap in the table), copies it from the publisher, then
+ * marks it done. Each byte leaves the publisher once and enters each
+ * member once. A member passes over the one before it when that one
+ * makes no progress for 50 ms or cannot serve a chunk (it then copies
+ * from the next one up the chain, or heads it). A member that has every
+ * chunk stays, serving, until every other live member has its chunks too
+ * (at most the timeout). A claim whose member died or left is taken over
+ * at once; one that shows no done word within the timeout is taken over
+ * then, and its member marked FAILED if it did no work meanwhile (its own
+ * call then fails).
  * Who copies alone from the publisher, with no table: a process whose
  * layout differs from the table's, a 65th member, a GPU destination on the
  * publisher's own GPU, a call that finds the round over (the last member
  * left while it joined). A member whose destination cannot be lent (an
  * imported buffer, memory gpuipc did not allocate) claims nothing and
- * serves nobody: it copies done chunks from the others and the rest from
- * the publisher. No member reads outside what it mapped, whatever a peer
+ * serves nobody: it copies from the last member of the chain that serves,
+ * or from the publisher when none does. No member reads outside what it mapped, whatever a peer
  * writes into the table; a peer that writes into others' destinations
  * (same uid, same memory) is beyond any check.
  * Returns 0 once every byte is in; -EINVAL (NULL

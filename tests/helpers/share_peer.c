@@ -100,12 +100,21 @@ static void dst_fill(gpuipc_buf_t *b, int c, size_t n)
 
 /*
  * Destination @i: our own HOST buffer (lendable), our own LEGACY buffer
- * on GPU 0 ("legacy"), or a segment of @dst (imported: not lendable).
+ * on GPU 0 ("legacy"), our own buffer of a kind on GPU N ("gpuN-legacy",
+ * "gpuN-vmm"), or a segment of @dst (imported: not lendable).
  */
 static gpuipc_buf_t *dst_get(gpuipc_domain_t *dom, const char *dst, int i)
 {
   gpuipc_buf_t *b;
-  if (strcmp(dst, "own") == 0) {
+  int dev;
+  char kind[16];
+  if (sscanf(dst, "gpu%d-%15s", &dev, kind) == 2) {
+    device = dev;
+    ASSERT_OK(gpuipc_buf_alloc(share_dst_size[i],
+                               strcmp(kind, "vmm") == 0 ? GPUIPC_KIND_VMM
+                                                        : GPUIPC_KIND_LEGACY,
+                               dev, 0, &b));
+  } else if (strcmp(dst, "own") == 0) {
     ASSERT_OK(gpuipc_buf_alloc(share_dst_size[i], GPUIPC_KIND_HOST, -1, 0,
                                &b));
   } else if (strcmp(dst, "legacy") == 0) {
@@ -166,10 +175,17 @@ int main(int argc, char **argv)
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[3], NULL, &dom));
   gpuipc_buf_t *src[SHARE_NSRC], *dst[SHARE_NDST];
+  /* The sources mapped for the GPU of the destinations ("gpuN-..."),
+   * whose streams copy from them; else where they lie. */
+  int src_dev = -1;
+  if (sscanf(argv[9], "gpu%d-", &src_dev) != 1)
+    src_dev = -1;
   for (int i = 0; i < SHARE_NSRC; i++) {
     char name[GPUIPC_NAME_MAX + 1];
     share_src_name(name, sizeof(name), argv[4], i);
-    ASSERT_OK(gpuipc_segment_open(dom, name, NULL, &src[i]));
+    gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+    o.device = src_dev;
+    ASSERT_OK(gpuipc_segment_open(dom, name, &o, &src[i]));
   }
   for (int i = 0; i < SHARE_NDST; i++)
     dst[i] = dst_get(dom, argv[9], i);

@@ -265,25 +265,37 @@ static inline gpuipc_domain_t *share_begin(gpuipc_buf_t **v)
 }
 
 /*
- * Publish version @seed's sources under @prefix in @dom (HOST segments),
- * returned in @src (release them to let go).
+ * Publish version @seed's sources under @prefix in @dom, segments of
+ * @kind on @device (HOST: -1), returned in @src (release them to let go).
  */
-static inline void share_publish(gpuipc_domain_t *dom, const char *prefix,
-                                 unsigned seed, gpuipc_buf_t **src)
+static inline void share_publish_on(gpuipc_domain_t *dom, const char *prefix,
+                                    unsigned seed, gpuipc_buf_t **src,
+                                    gpuipc_kind_t kind, int device)
 {
   for (int i = 0; i < SHARE_NSRC; i++) {
     char name[GPUIPC_NAME_MAX + 1];
     share_src_name(name, sizeof(name), prefix, i);
     gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
     o.bytes = share_src_size[i];
-    o.kind = GPUIPC_KIND_HOST;
+    o.kind = kind;
+    o.device = device;
     o.flags = GPUIPC_CREATE | GPUIPC_EXCL;
     ASSERT_OK(gpuipc_segment_open(dom, name, &o, &src[i]));
-    uint8_t *p = gpuipc_buf_ptr(src[i]);
+    uint8_t *p = malloc(share_src_size[i]);
     for (size_t off = 0; off < share_src_size[i]; off++)
       p[off] = share_byte(seed, i, off);
+    ASSERT_OK(gpuipc_memcpy(gpuipc_buf_ptr(src[i]), p, share_src_size[i],
+                            device, NULL));
+    free(p);
     ASSERT_OK(gpuipc_segment_publish(src[i], NULL));
   }
+}
+
+/* The same, HOST segments. */
+static inline void share_publish(gpuipc_domain_t *dom, const char *prefix,
+                                 unsigned seed, gpuipc_buf_t **src)
+{
+  share_publish_on(dom, prefix, seed, src, GPUIPC_KIND_HOST, -1);
 }
 
 /*
