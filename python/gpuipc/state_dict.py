@@ -675,7 +675,7 @@ class Reader(_Named):
             if man["copied"]:
                 packed = self._copies_of(man, ver, mseg)
                 if man.get("event"):
-                    self._wait(man["event"], stream)
+                    self._wait(man["event"], stream, packed.device.index)
         finally:
             mseg.release()  # held on by the copies' tensors, if any
         views = self._make_views(man, packed)
@@ -687,21 +687,23 @@ class Reader(_Named):
 
     _COPIES = 2  # copies' segments kept mapped: a publisher alternates two
 
-    def _wait(self, handle, stream):
-        """Make ``stream`` (None: PyTorch's current one) wait for the
-        publisher's event ``handle`` (hex), recorded after its copies into
-        a segment it reused (the publisher's host does not wait for them)."""
+    def _wait(self, handle, stream, views_dev):
+        """Make ``stream`` (None: PyTorch's current stream of GPU
+        ``views_dev``, where the version's views lie and are read) wait for
+        the publisher's event ``handle`` (hex), recorded after its copies
+        into a segment it reused."""
         from ._event import Event
         torch = _torch()
         # Opened for the stream's GPU: a stream waits only on events of
-        # its own device's context.
+        # its own device's context. Not the current device: a reader of
+        # GPU 1 in a process whose current device is 0 reads on GPU 1.
         dev = getattr(stream, "device", None)
         if dev is not None:
             dev = dev.index if hasattr(dev, "index") else int(dev)
-        elif stream is None or self.device < 0:
-            dev = torch.cuda.current_device()
         else:
-            dev = self.device
+            dev = views_dev
+        if stream is None:
+            stream = torch.cuda.current_stream(dev)
         ev = self._events.get((handle, dev))
         if ev is None:
             while len(self._events) >= 4:  # a publisher keeps one a GPU

@@ -747,8 +747,9 @@ def sd_lent(ver):
 
 
 def _dev(arg):
-    """The torch device of a peer's ARG: "cuda" (GPU 0) or the CPU."""
-    return "cuda:0" if arg == "cuda" else "cpu"
+    """The torch device of a peer's ARG: "cuda" and "cuda1" (GPU 0; with
+    "cuda1" a reader maps it for GPU 1) or the CPU."""
+    return "cuda:0" if arg in ("cuda", "cuda1") else "cpu"
 
 
 def sd_module(device):
@@ -829,7 +830,8 @@ def sd_snap_publish(dom, arg):
             if dev != "cpu" and pub.version + 1 in (6, 7):
                 # Versions into reused segments whose copies queue behind
                 # ~1 s of GPU work: a reader must wait for them on its
-                # stream (the publisher's host does not).
+                # stream (the publisher's host, letting go of a retired
+                # version, waits for the device too, as measured).
                 import torch
                 torch.cuda._sleep(2_000_000_000)
             ver = pub.publish(sd)
@@ -852,7 +854,8 @@ def sd_snap_read(dom, arg):
     import torch
     from gpuipc import state_dict
     dev = _dev(arg)
-    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w", device=-1 if dev == "cpu" else 0) as r:
+    rdev = -1 if dev == "cpu" else 1 if arg == "cuda1" else 0
+    with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w", device=rdev) as r:
         calls = {}
 
         def counted(name, fn):
