@@ -1357,9 +1357,11 @@ typedef struct gpuipc_share_opts {
    * How long a member waits for a chunk another member claimed before it
    * takes the claim over and copies the chunk from the publisher (and how
    * long a member that has every chunk stays for peers still copying,
-   * and a leaving one waits for copies from its memory): milliseconds (0:
-   * no waiting for any peer), GPUIPC_TIMEOUT_FOREVER, or
-   * GPUIPC_TIMEOUT_DEFAULT (the domain's timeout; default).
+   * and a leaving one waits for copies from its memory; a member waits
+   * on the member before it in the chain 50 ms at most, or this when
+   * shorter): milliseconds (0: no waiting for any peer),
+   * GPUIPC_TIMEOUT_FOREVER, or GPUIPC_TIMEOUT_DEFAULT (the domain's
+   * timeout; default).
    */
   int timeout_ms;
   unsigned flags; /* none yet: 0 */

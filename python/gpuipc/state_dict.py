@@ -765,9 +765,10 @@ class Reader(_Named):
         PyTorch's current one); returns the version once the copies are done.
 
         ``share=True``: the readers that copy the same version at the same
-        time share the work (docs/shared-copy.md): each copies part of it
-        from the publisher and the rest from the others, so each byte leaves
-        the publisher's GPU about once however many readers there are. The
+        time share the work (docs/shared-copy.md): they form a chain in the
+        order they came, the first copying from the publisher and each other
+        from the one before it, so each byte leaves the publisher's GPU once
+        however many readers there are. The
         targets must then be gpuipc memory (``gpuipc.torch.mem_pool()``,
         ``move_to_gpuipc``), which the other readers read from, and each
         target exactly the size and dtype of its tensor (ValueError

@@ -59,7 +59,8 @@
 
 /* Member flags (struct share_member.flags). */
 #define GPUIPC__SM_LIVE 0x1u    /* joined: its fields are written */
-#define GPUIPC__SM_SERVER 0x2u  /* claims chunks and lends its destination */
+#define GPUIPC__SM_SERVER 0x2u  /* lent its destination: may be a parent, and
+                                   claims chunks when it heads the chain */
 #define GPUIPC__SM_LEAVING 0x4u /* done: nobody starts a copy from it */
 #define GPUIPC__SM_LEFT 0x8u    /* gone from the round */
 #define GPUIPC__SM_FAILED 0x10u /* marked by a peer: its call fails */
@@ -99,7 +100,8 @@ struct share_member {
   _Atomic uint64_t from_pub; /* chunks it copied from the publisher */
   _Atomic uint64_t from_peer;
   /* Counted up as the member works (each turn, each nap of its waits):
-   * a claimer whose beat stands still through the timeout has stalled. */
+   * a claimer whose beat stands still through the timeout has stalled
+   * (not a parent: one without progress is passed over, nobody fails). */
   _Atomic uint64_t beat;
   /* Its place in the chain: 1, 2, ... in the order members joined (0:
    * none yet), written before it is LIVE (chain.c). */
