@@ -6,6 +6,8 @@
  * 0 (a dead member's claims are taken over at once: even with no timeout
  * at all, its process is seen gone); only the killed one
  * fails; the broker lists none of the round's segments once all are gone.
+ * A round whose members were all killed is closed and unlinked by the
+ * next round's creator; a live one is not.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
@@ -134,6 +136,67 @@ static void killed_among(gpuipc_domain_t *dom)
   share_wait_none(dom, "k6");
 }
 
+/* Wait until the broker counts no holder of segment @name. */
+static void wait_unheld(gpuipc_domain_t *dom, const char *name)
+{
+  for (int i = 0; i < 60000; i++) {
+    gpuipc_segment_info_t x;
+    x.size = sizeof(x);
+    ASSERT_OK(gpuipc_segment_stat(dom, name, &x));
+    if (x.nholders == 0)
+      return;
+    usleep(1000);
+  }
+  TFAIL("%s is still held a minute after its holders died", name);
+}
+
+/*
+ * Every member of a round killed: its table and lent names stay named
+ * (the broker keeps their memory) until the next member that creates a
+ * round's table closes and unlinks them; a round a member still lives in
+ * is left alone.
+ */
+static void all_killed(gpuipc_domain_t *dom)
+{
+  test_stamp("k8: every member killed; the next round's creator sweeps");
+  struct sreader k[2], live, next;
+  for (int i = 0; i < 2; i++) { /* the second takes the first's claim */
+    sreader_start(&k[i], "share", "v1", 1, "k8", "claimed:1:kill", 0, "own",
+                  SHARE_TIMEOUT_MS);
+    sreader_expect(&k[i], "ready");
+    sreader_send(&k[i], "go\n");
+    ASSERT_EQ(sreader_end(&k[i]), 128 + SIGKILL);
+  }
+  wait_unheld(dom, "k8.share");
+  int left = share_segments_in(dom, "k8", true);
+  ASSERT_GE(left, 3); /* the table, and at least one lent buffer each */
+  sreader_start(&live, "share", "v1", 1, "k9", "", 1, "own", SHARE_TIMEOUT_MS);
+  sreader_expect(&live, "ready");
+  sreader_send(&live, "go\n");
+  sreader_expect(&live, "joined");
+  sreader_expect(&live, "leave"); /* in its round, holding it, until "out" */
+  sreader_start(&next, "share", "v1", 1, "k10", "", 0, "own",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&next, "ready");
+  sreader_send(&next, "go\n");
+  struct sresult r;
+  sreader_result(&next, &r);
+  sresult_check_ok(&r, 0);
+  printf("k8 had %d named segments; after the next round: %d; k9 (live): "
+         "%d\n", left, share_segments_in(dom, "k8", true),
+         share_segments_in(dom, "k9", true));
+  ASSERT_EQ(share_segments_in(dom, "k8", true), 0);
+  ASSERT_GT(share_segments_in(dom, "k9", true), 0);
+  sreader_send(&live, "out\n");
+  sreader_result(&live, &r);
+  sresult_check_ok(&r, 0);
+  ASSERT_EQ(sreader_end(&live), 0);
+  ASSERT_EQ(sreader_end(&next), 0);
+  share_wait_none(dom, "k8");
+  share_wait_none(dom, "k9");
+  share_wait_none(dom, "k10");
+}
+
 int main(void)
 {
   gpuipc_buf_t *v[SHARE_NSRC];
@@ -145,6 +208,7 @@ int main(void)
   killed_before(dom, "midcopy:3:kill", "k7", 3, GPUIPC_TIMEOUT_FOREVER);
   killed_serving(dom);
   killed_among(dom);
+  all_killed(dom);
   for (int i = 0; i < SHARE_NSRC; i++)
     gpuipc_buf_release(v[i]);
   ASSERT_OK(gpuipc_domain_leave(dom));

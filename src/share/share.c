@@ -284,9 +284,15 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
   c->po = NULL; /* else kept mapped: copies from there may be queued */
   atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_LEFT);
   close_round(c);
+  bool created = c->t->created;
   if (wrc == 0)
     gpuipc_buf_release(c->t->buf); /* else kept: its stream writes there */
   c->t = NULL;
+  if (created) { /* rounds whose members all died: once out of the way */
+    char name[GPUIPC_NAME_MAX + 1];
+    snprintf(name, sizeof(name), "%s.share", c->round);
+    gpuipc__share_sweep(c->dom, name);
+  }
   return rc != 0 ? gpuipc__err(rc, "%s", why) : 0;
 }
 

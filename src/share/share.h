@@ -13,6 +13,8 @@
  *   copy.c    the copy loop: chunks in order, each from the parent (or,
  *             at the head of the chain, claimed and copied from the
  *             publisher), stale claims and parents; HOST and GPU movers
+ *   sweep.c   rounds whose members all died: closed and unlinked by the
+ *             next member that creates a round's table
  *   share.c   gpuipc_share_copy, gpuipc_segment_copy_shared: arguments,
  *             joining and leaving the round
  *
@@ -139,6 +141,7 @@ struct share_table {
   struct share_ext *exts; /* [slot * nextents + e] */
   uint32_t nchunks;
   uint32_t nextents;
+  bool created; /* this process set its header up (a new round) */
 };
 
 /* One chunk: a piece of one extent. */
@@ -169,8 +172,14 @@ size_t gpuipc__share_table_bytes(const struct share_layout *l);
 void gpuipc__share_table_map(struct share_table *t, gpuipc_buf_t *buf,
                              const struct share_layout *l);
 /*
- * Set the header up if the table is new, else wait (up to @timeout_ms)
- * for its creator to; then check it describes @l. 0; GPUIPC_E_MISMATCH
+ * Point @t's parts into @buf, a table found by name whose layout is not
+ * known: from its header, checked (magic, layout version, counts, its
+ * size against @buf's). 0, or GPUIPC_E_MISMATCH (not a table of ours).
+ */
+int gpuipc__share_table_map_found(struct share_table *t, gpuipc_buf_t *buf);
+/*
+ * Set the header up if the table is new (t->created), else wait (up to
+ * @timeout_ms) for its creator to; then check it describes @l. 0; GPUIPC_E_MISMATCH
  * (another layout, or a header that is not one) with a sentence;
  * -ETIMEDOUT (its creator never finished).
  */
@@ -315,6 +324,16 @@ struct share_call {
   uint64_t jwait_ns[GPUIPC__SHARE_MEMBERS];
   struct gpuipc__share_stats st;
 };
+
+/* ----- sweep.c ----- */
+/*
+ * Close the rounds of @dom whose members are all gone (dead, LEFT or
+ * FAILED) and that nobody holds: unlink their tables and their members'
+ * lent names, as their last member out would have. Called by a member
+ * that created a round's table (@mine, skipped); at most once a second
+ * a process.
+ */
+void gpuipc__share_sweep(gpuipc_domain_t *dom, const char *mine);
 
 /* ----- chain.c ----- */
 /* Take this member's ticket (before it is LIVE); the ticket. */

@@ -81,20 +81,26 @@ static size_t chunks_at(void)
   return members_at() + GPUIPC__SHARE_MEMBERS * sizeof(struct share_member);
 }
 
-static size_t exts_at(const struct share_layout *l)
+static size_t exts_at(uint32_t nchunks)
 {
-  return chunks_at() + (size_t)l->nchunks * sizeof(struct share_chunk);
+  return chunks_at() + (size_t)nchunks * sizeof(struct share_chunk);
+}
+
+static size_t bytes_of(uint32_t nchunks, uint32_t nextents)
+{
+  size_t end = exts_at(nchunks) + (size_t)GPUIPC__SHARE_MEMBERS *
+                                      (size_t)nextents *
+                                      sizeof(struct share_ext);
+  return (end + 4095) & ~(size_t)4095;
 }
 
 size_t gpuipc__share_table_bytes(const struct share_layout *l)
 {
-  size_t end = exts_at(l) + (size_t)GPUIPC__SHARE_MEMBERS * (size_t)l->n *
-                                sizeof(struct share_ext);
-  return (end + 4095) & ~(size_t)4095;
+  return bytes_of(l->nchunks, (uint32_t)l->n);
 }
 
-void gpuipc__share_table_map(struct share_table *t, gpuipc_buf_t *buf,
-                             const struct share_layout *l)
+static void parts_map(struct share_table *t, gpuipc_buf_t *buf,
+                      uint32_t nchunks, uint32_t nextents)
 {
   t->buf = buf;
   t->base = gpuipc_buf_ptr(buf);
@@ -102,9 +108,33 @@ void gpuipc__share_table_map(struct share_table *t, gpuipc_buf_t *buf,
   t->hdr = (struct share_hdr *)t->base;
   t->members = (struct share_member *)(t->base + members_at());
   t->chunks = (struct share_chunk *)(t->base + chunks_at());
-  t->exts = (struct share_ext *)(t->base + exts_at(l));
-  t->nchunks = l->nchunks;
-  t->nextents = (uint32_t)l->n;
+  t->exts = (struct share_ext *)(t->base + exts_at(nchunks));
+  t->nchunks = nchunks;
+  t->nextents = nextents;
+  t->created = false;
+}
+
+void gpuipc__share_table_map(struct share_table *t, gpuipc_buf_t *buf,
+                             const struct share_layout *l)
+{
+  parts_map(t, buf, l->nchunks, (uint32_t)l->n);
+}
+
+int gpuipc__share_table_map_found(struct share_table *t, gpuipc_buf_t *buf)
+{
+  size_t size = gpuipc_buf_size(buf);
+  if (gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST || size < members_at())
+    return GPUIPC_E_MISMATCH;
+  const struct share_hdr *h = gpuipc_buf_ptr(buf);
+  uint32_t nchunks = h->nchunks, nextents = h->nextents;
+  if (atomic_load_explicit(&((struct share_hdr *)h)->magic,
+                           memory_order_acquire) != GPUIPC__SHARE_MAGIC ||
+      h->layout != GPUIPC__SHARE_LAYOUT || nchunks > GPUIPC__SHARE_CHUNKS_MAX ||
+      nextents == 0 || nextents > GPUIPC__SHARE_EXT_MAX ||
+      bytes_of(nchunks, nextents) > size)
+    return GPUIPC_E_MISMATCH;
+  parts_map(t, buf, nchunks, nextents);
+  return 0;
 }
 
 static void header_write(struct share_table *t, const struct share_layout *l)
@@ -148,6 +178,7 @@ int gpuipc__share_table_init(struct share_table *t,
   if (atomic_compare_exchange_strong(&t->hdr->magic, &zero,
                                      GPUIPC__SHARE_BUSY)) {
     header_write(t, l);
+    t->created = true;
     return 0;
   }
   int rc = magic_wait(t, timeout_ms);

@@ -1,0 +1,92 @@
+/*
+ * Rounds whose members all died. The last member out of a round unlinks
+ * its table and every member's lent names; a round that has no last
+ * member (each one killed) leaves them named, and the broker keeps HOST
+ * and VMM memory while a name does: the members' destinations, gigabytes
+ * of GPU memory maybe. So the member that creates a round's table looks,
+ * at most once a second a process, at the domain's round tables that
+ * nobody holds ("<round>.share", HOST, no holder): one whose every member
+ * is gone (its process dead or reused, or LEFT, or FAILED) it closes (a
+ * member that opened it meanwhile finds it closed and copies alone) and
+ * unlinks, with its members' lent names. A table that a member still
+ * lives in is left alone, as is any segment whose header is not a round
+ * table's of this layout.
+ */
+#include "share/share.h"
+#include "segment/segment.h"
+#include "os/os.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SWEEP_EVERY_NS 1000000000ull
+#define TABLE_SUFFIX ".share"
+
+static _Atomic uint64_t last_sweep;
+
+/* Whether every member of @t is gone (the last member out's own rule). */
+static bool all_gone(struct share_table *t)
+{
+  struct share_peer peers[GPUIPC__SHARE_MEMBERS];
+  memset(peers, 0, sizeof(peers));
+  uint64_t now = gpuipc__now_ns();
+  for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
+    if (atomic_load(&t->members[s].pid) == 0 ||
+        (atomic_load(&t->members[s].flags) & GPUIPC__SM_FAILED))
+      continue;
+    if (!gpuipc__share_gone(t, s, peers, now))
+      return false;
+  }
+  return true;
+}
+
+static void sweep_one(gpuipc_domain_t *dom, const char *name)
+{
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.kind = GPUIPC_KIND_HOST;
+  o.timeout_ms = 0;
+  gpuipc_buf_t *b;
+  if (gpuipc_segment_open(dom, name, &o, &b) != 0)
+    return; /* gone meanwhile, or not ours to open */
+  struct share_table t;
+  uint32_t open = 0;
+  if (gpuipc__share_table_map_found(&t, b) == 0 && all_gone(&t) &&
+      atomic_compare_exchange_strong(&t.hdr->closed, &open, 1)) {
+    char round[GPUIPC_NAME_MAX + 1];
+    size_t n = strlen(name) - strlen(TABLE_SUFFIX);
+    memcpy(round, name, n);
+    round[n] = '\0';
+    gpuipc__share_unlink_all(dom, round, &t);
+    (void)gpuipc__segment_unlink_held(dom, name, b);
+  }
+  gpuipc_buf_release(b);
+}
+
+void gpuipc__share_sweep(gpuipc_domain_t *dom, const char *mine)
+{
+  uint64_t now = gpuipc__now_ns(), last = atomic_load(&last_sweep);
+  if ((last != 0 && now - last < SWEEP_EVERY_NS) ||
+      !atomic_compare_exchange_strong(&last_sweep, &last, now))
+    return;
+  int n = gpuipc_segment_list(dom, NULL, 0);
+  if (n <= 0)
+    return;
+  gpuipc_segment_info_t *info = calloc((size_t)n, sizeof(*info));
+  if (info == NULL)
+    return;
+  for (int i = 0; i < n; i++)
+    info[i].size = sizeof(info[i]);
+  int got = gpuipc_segment_list(dom, info, n);
+  size_t sl = strlen(TABLE_SUFFIX);
+  for (int i = 0; i < got && i < n; i++) {
+    const gpuipc_segment_info_t *x = &info[i];
+    size_t len = strnlen(x->name, sizeof(x->name));
+    if (x->state != GPUIPC_SEG_PUBLISHED || x->kind != GPUIPC_KIND_HOST ||
+        x->nholders != 0 || len <= sl || len >= sizeof(x->name) ||
+        strcmp(x->name + len - sl, TABLE_SUFFIX) != 0 ||
+        strcmp(x->name, mine) == 0)
+      continue;
+    sweep_one(dom, x->name);
+  }
+  free(info);
+}
