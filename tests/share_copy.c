@@ -28,21 +28,14 @@ static void round_of(gpuipc_domain_t *dom, int k)
                   10000);
   for (int i = 0; i < k; i++)
     sreader_expect(&r[i], "ready");
-  for (int i = 0; i < k; i++)
-    sreader_send(&r[i], "go\n");
   /* Nobody leaves (the gate) before all have joined: one round. */
-  for (int i = 0; i < k; i++)
-    sreader_expect(&r[i], "joined");
-  for (int i = 0; i < k; i++)
-    sreader_expect(&r[i], "leave");
-  for (int i = 0; i < k; i++)
-    sreader_send(&r[i], "out\n");
+  sreaders_go(r, k);
+  struct sresult res[MAX_READERS];
+  sreaders_out(r, k, res);
   unsigned long long pub = 0, peer = 0, passed = 0, served = 0;
   int heads = 0, parents = 0;
   for (int i = 0; i < k; i++) {
-    struct sresult s;
-    sreader_result(&r[i], &s);
-    sresult_check_ok(&s, i);
+    const struct sresult s = res[i];
     ASSERT_EQ(s.joined, 1);
     ASSERT_EQ(s.server, 1);
     ASSERT_EQ(s.reclaimed, 0);
@@ -64,8 +57,7 @@ static void round_of(gpuipc_domain_t *dom, int k)
   }
   ASSERT_EQ_U(pub, share_nchunks());
   ASSERT_EQ_U(peer, (uint64_t)(k - 1) * share_nchunks());
-  for (int i = 0; i < k; i++)
-    ASSERT_EQ(sreader_end(&r[i]), 0);
+  sreaders_end_ok(r, k);
   share_wait_none(dom, round);
   for (int i = 0; i < SHARE_NSRC; i++)
     gpuipc_buf_release(src[i]);

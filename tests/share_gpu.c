@@ -28,23 +28,11 @@ static void killed(gpuipc_domain_t *dom)
   }
   sreader_send(&k, "go\n");
   ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
-  for (int i = 0; i < 2; i++)
-    sreader_send(&r[i], "go\n");
-  for (int i = 0; i < 2; i++)
-    sreader_expect(&r[i], "joined");
-  for (int i = 0; i < 2; i++)
-    sreader_expect(&r[i], "leave");
-  unsigned long long reclaimed = 0;
-  for (int i = 0; i < 2; i++) {
-    struct sresult s;
-    sreader_send(&r[i], "out\n");
-    sreader_result(&r[i], &s);
-    sresult_check_ok(&s, i);
-    reclaimed += s.reclaimed;
-  }
-  ASSERT_EQ_U(reclaimed, 3);
-  for (int i = 0; i < 2; i++)
-    ASSERT_EQ(sreader_end(&r[i]), 0);
+  sreaders_go(r, 2);
+  struct sresult s[2];
+  sreaders_out(r, 2, s);
+  ASSERT_EQ_U(s[0].reclaimed + s[1].reclaimed, 3);
+  sreaders_end_ok(r, 2);
   share_wait_none(dom, "g2");
 }
 #endif
@@ -62,26 +50,17 @@ int main(void)
     sreader_start(&r[i], "share", "v1", 1, "g1", "", 1, "legacy", 10000);
     sreader_expect(&r[i], "ready");
   }
-  for (int i = 0; i < NREADERS; i++)
-    sreader_send(&r[i], "go\n");
-  for (int i = 0; i < NREADERS; i++)
-    sreader_expect(&r[i], "joined");
-  for (int i = 0; i < NREADERS; i++)
-    sreader_expect(&r[i], "leave");
-  for (int i = 0; i < NREADERS; i++)
-    sreader_send(&r[i], "out\n");
+  sreaders_go(r, NREADERS);
+  struct sresult s[NREADERS];
+  sreaders_out(r, NREADERS, s);
   unsigned long long pub = 0;
   for (int i = 0; i < NREADERS; i++) {
-    struct sresult s;
-    sreader_result(&r[i], &s);
-    sresult_check_ok(&s, i);
-    ASSERT_EQ(s.joined, 1);
-    ASSERT_EQ(s.server, 1);
-    pub += s.pub;
+    ASSERT_EQ(s[i].joined, 1);
+    ASSERT_EQ(s[i].server, 1);
+    pub += s[i].pub;
   }
   ASSERT_EQ_U(pub, share_nchunks());
-  for (int i = 0; i < NREADERS; i++)
-    ASSERT_EQ(sreader_end(&r[i]), 0);
+  sreaders_end_ok(r, NREADERS);
   share_wait_none(dom, "g1");
   killed(dom);
   for (int i = 0; i < SHARE_NSRC; i++)

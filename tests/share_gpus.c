@@ -139,9 +139,8 @@ static void legacy_killed(gpuipc_domain_t *dom)
 
 int main(void)
 {
+  test_require_gpus(2);
   int n = gpuipc_device_count();
-  if (n < 2)
-    SKIP("needs two CUDA devices (%d here)", n < 0 ? 0 : n);
   snprintf(other, sizeof(other), "gpu%d", n >= 3 ? 2 : 1);
   signal(SIGPIPE, SIG_IGN);
   gpuipc_domain_t *dom;

@@ -22,26 +22,13 @@ static void survivors(struct sreader *s, const char *round, int timeout_ms)
   }
 }
 
-/* Let the survivors (which have joined) leave once both have all. */
-static void survivors_out(struct sreader *s)
-{
-  for (int i = 0; i < NSURV; i++)
-    sreader_expect(&s[i], "leave");
-  for (int i = 0; i < NSURV; i++)
-    sreader_send(&s[i], "out\n");
-}
-
-/* Let them leave, and check what each got and that it exited 0. */
+/* Let the survivors (which have joined) leave once both have all, and
+ * check what each got and that it exited 0. */
 static void survivors_done(struct sreader *s)
 {
-  survivors_out(s);
-  for (int i = 0; i < NSURV; i++) {
-    struct sresult r;
-    sreader_result(&s[i], &r);
-    sresult_check_ok(&r, i);
-  }
-  for (int i = 0; i < NSURV; i++)
-    ASSERT_EQ(sreader_end(&s[i]), 0);
+  struct sresult r[NSURV];
+  sreaders_out(s, NSURV, r);
+  sreaders_end_ok(s, NSURV);
 }
 
 /*
@@ -51,20 +38,14 @@ static void survivors_done(struct sreader *s)
 static unsigned long long survivors_check(struct sreader *s)
 {
   unsigned long long reclaimed = 0;
-  for (int i = 0; i < NSURV; i++)
-    sreader_send(&s[i], "go\n");
-  for (int i = 0; i < NSURV; i++)
-    sreader_expect(&s[i], "joined");
-  survivors_out(s);
+  sreaders_go(s, NSURV);
+  struct sresult r[NSURV];
+  sreaders_out(s, NSURV, r);
   for (int i = 0; i < NSURV; i++) {
-    struct sresult r;
-    sreader_result(&s[i], &r);
-    sresult_check_ok(&r, i);
-    ASSERT_EQ(r.joined, 1);
-    reclaimed += r.reclaimed;
+    ASSERT_EQ(r[i].joined, 1);
+    reclaimed += r[i].reclaimed;
   }
-  for (int i = 0; i < NSURV; i++)
-    ASSERT_EQ(sreader_end(&s[i]), 0);
+  sreaders_end_ok(s, NSURV);
   return reclaimed;
 }
 

@@ -33,24 +33,12 @@ int main(void)
   ASSERT_EQ(waitpid(k.pid, &status, WUNTRACED), k.pid);
   ASSERT_TRUE(WIFSTOPPED(status));
   test_stamp("the member holding its second claim is stopped");
-  for (int i = 0; i < NSURV; i++)
-    sreader_send(&s[i], "go\n");
-  for (int i = 0; i < NSURV; i++)
-    sreader_expect(&s[i], "joined");
-  for (int i = 0; i < NSURV; i++)
-    sreader_expect(&s[i], "leave");
-  for (int i = 0; i < NSURV; i++)
-    sreader_send(&s[i], "out\n");
-  unsigned long long reclaimed = 0;
-  for (int i = 0; i < NSURV; i++) {
-    struct sresult r;
-    sreader_result(&s[i], &r);
-    sresult_check_ok(&r, i);
-    reclaimed += r.reclaimed;
-  }
-  ASSERT_GE(reclaimed, 1); /* its claim, taken over */
-  for (int i = 0; i < NSURV; i++)
-    ASSERT_EQ(sreader_end(&s[i]), 0);
+  sreaders_go(s, NSURV);
+  struct sresult done[NSURV];
+  sreaders_out(s, NSURV, done);
+  ASSERT_GE(done[0].reclaimed + done[1].reclaimed, 1); /* its claim, taken
+                                                           over */
+  sreaders_end_ok(s, NSURV);
   /* A failed member, stopped for ever maybe, keeps no name of the round:
    * the last survivor unlinked them (the stopped one holds its maps). */
   ASSERT_EQ(share_segments_in(dom, "st", true), 0);

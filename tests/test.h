@@ -106,6 +106,30 @@ const char *test_helper_path(const char *name);
 pid_t test_spawn(const char *name, const char *const *args,
                  const int *keep_fds);
 
+/*
+ * Start helper @name driven through two pipes: its argv is CMD_FD REP_FD
+ * (the descriptors it reads commands from and writes lines to), then
+ * @more (NULL-ended, at most 10). *@in: where commands go; *@out: where
+ * its lines come from (read them with test_lines_next). Returns the pid.
+ */
+pid_t test_spawn_piped(const char *name, const char *const *more, int *in,
+                       int *out);
+
+/* What test_lines_next keeps between lines of one descriptor. */
+struct test_lines {
+  char buf[4096];
+  size_t len;
+  char line[1024];
+};
+
+/*
+ * The next line from @fd (without its newline), or NULL at EOF. Fails the
+ * test, naming helper @pid, when nothing comes within @timeout_ms or a
+ * line outgrows the buffer; a line longer than l->line is cut.
+ */
+const char *test_lines_next(struct test_lines *l, int fd, pid_t pid,
+                            int timeout_ms);
+
 /* Wait for @pid up to @timeout_ms; returns its exit status (0..255), 128+sig
  * when killed, or fails the test on timeout (after killing it). */
 int test_wait(pid_t pid, int timeout_ms);

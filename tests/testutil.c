@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -55,6 +56,63 @@ pid_t test_spawn(const char *name, const char *const *args,
     _exit(127);
   }
   return pid;
+}
+
+pid_t test_spawn_piped(const char *name, const char *const *more, int *in,
+                       int *out)
+{
+  int cmd[2], rep[2];
+  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
+    TFAIL("pipe2: %s", strerror(errno));
+  char a[16], b[16];
+  snprintf(a, sizeof(a), "%d", cmd[0]);
+  snprintf(b, sizeof(b), "%d", rep[1]);
+  const char *args[13] = {a, b};
+  for (int i = 0; more != NULL && more[i] != NULL; i++) {
+    if (i == 10)
+      TFAIL("test_spawn_piped(%s): more than 10 arguments", name);
+    args[2 + i] = more[i];
+  }
+  int keep[] = {cmd[0], rep[1], -1};
+  pid_t pid = test_spawn(name, args, keep);
+  close(cmd[0]);
+  close(rep[1]);
+  *in = cmd[1];
+  *out = rep[0];
+  return pid;
+}
+
+const char *test_lines_next(struct test_lines *l, int fd, pid_t pid,
+                            int timeout_ms)
+{
+  for (;;) {
+    char *nl = memchr(l->buf, '\n', l->len);
+    if (nl != NULL) {
+      size_t n = (size_t)(nl - l->buf);
+      if (n >= sizeof(l->line))
+        n = sizeof(l->line) - 1;
+      memcpy(l->line, l->buf, n);
+      l->line[n] = '\0';
+      l->len -= (size_t)(nl - l->buf) + 1;
+      memmove(l->buf, nl + 1, l->len);
+      return l->line;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, timeout_ms);
+    if (r == 0)
+      TFAIL("helper %d said nothing for %d ms", (int)pid, timeout_ms);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (l->len >= sizeof(l->buf) - 1)
+      TFAIL("helper %d: a line longer than %zu bytes", (int)pid,
+            sizeof(l->buf) - 1);
+    ssize_t n = read(fd, l->buf + l->len, sizeof(l->buf) - l->len - 1);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return NULL;
+    l->len += (size_t)n;
+  }
 }
 
 int test_wait(pid_t pid, int timeout_ms)

@@ -110,6 +110,21 @@ bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
   return true;
 }
 
+bool gpuipc__share_any_live(struct share_table *t, int except,
+                            struct share_peer *peers)
+{
+  uint64_t now = gpuipc__now_ns();
+  for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
+    if (s == except || atomic_load(&t->members[s].pid) == 0 ||
+        (atomic_load(&t->members[s].flags) & GPUIPC__SM_FAILED))
+      continue;
+    peers[s].checked_ns = 0; /* look at its pid now */
+    if (!gpuipc__share_gone(t, s, peers, now))
+      return true;
+  }
+  return false;
+}
+
 void gpuipc__share_mark_failed(struct share_table *t, int slot)
 {
   if (slot >= 0 && slot < GPUIPC__SHARE_MEMBERS)

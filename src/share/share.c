@@ -156,7 +156,7 @@ static int home_gpu(const gpuipc_buf_t *b)
 static int table_open(struct share_call *c, struct share_table *t)
 {
   char name[GPUIPC_NAME_MAX + 1];
-  snprintf(name, sizeof(name), "%s.share", c->round);
+  gpuipc__share_table_name(name, sizeof(name), c->round);
   gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
   o.bytes = gpuipc__share_table_bytes(c->l);
   o.kind = GPUIPC_KIND_HOST;
@@ -231,33 +231,16 @@ static int join(struct share_call *c, struct share_table *t,
 
 /* ----- leaving ----- */
 
-/* Whether another member is in the round: its process there, not LEFT and
- * not FAILED (a failed member may stay stopped for ever: the round's names
- * go without it, and its mappings stay its own). */
-static bool others_live(struct share_call *c)
-{
-  uint64_t now = gpuipc__now_ns();
-  for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
-    if (s == c->me || atomic_load(&c->t->members[s].pid) == 0 ||
-        (atomic_load(&c->t->members[s].flags) & GPUIPC__SM_FAILED))
-      continue;
-    c->peers[s].checked_ns = 0; /* look at its pid now */
-    if (!gpuipc__share_gone(c->t, s, c->peers, now))
-      return true;
-  }
-  return false;
-}
-
 /* The last member out closes the round: its names go (once). */
 static void close_round(struct share_call *c)
 {
   uint32_t open = 0;
-  if (others_live(c) ||
+  if (gpuipc__share_any_live(c->t, c->me, c->peers) ||
       !atomic_compare_exchange_strong(&c->t->hdr->closed, &open, 1))
     return;
   gpuipc__share_unlink_all(c->dom, c->round, c->t);
   char name[GPUIPC_NAME_MAX + 1];
-  snprintf(name, sizeof(name), "%s.share", c->round);
+  gpuipc__share_table_name(name, sizeof(name), c->round);
   (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
 }
 
@@ -290,7 +273,7 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
   c->t = NULL;
   if (created) { /* rounds whose members all died: once out of the way */
     char name[GPUIPC_NAME_MAX + 1];
-    snprintf(name, sizeof(name), "%s.share", c->round);
+    gpuipc__share_table_name(name, sizeof(name), c->round);
     gpuipc__share_sweep(c->dom, name);
   }
   return rc != 0 ? gpuipc__err(rc, "%s", why) : 0;

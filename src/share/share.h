@@ -34,6 +34,7 @@
 #define GPUIPC__SHARE_MAGIC 0x52485347u  /* "GSHR" */
 #define GPUIPC__SHARE_BUSY 0x59535542u   /* "BUSY": its creator sets it up */
 #define GPUIPC__SHARE_LAYOUT 2u
+#define GPUIPC__SHARE_TABLE_SUFFIX ".share"
 #define GPUIPC__SHARE_MEMBERS 64
 #define GPUIPC__SHARE_EXT_MAX 4096       /* extents in one call */
 #define GPUIPC__SHARE_CHUNKS_MAX (1u << 16) /* each turn scans them */
@@ -166,6 +167,8 @@ struct share_layout {
 int gpuipc__share_layout(const gpuipc_share_extent_t *ext, int n,
                          uint64_t chunk_bytes, struct share_layout *out);
 void gpuipc__share_layout_free(struct share_layout *l);
+/* The round table's name: "<round>.share" (GPUIPC__SHARE_TABLE_SUFFIX). */
+void gpuipc__share_table_name(char *out, size_t cap, const char *round);
 /* Bytes of the table of @l. */
 size_t gpuipc__share_table_bytes(const struct share_layout *l);
 /* Point @t's parts into @buf (of gpuipc__share_table_bytes). */
@@ -223,6 +226,14 @@ bool gpuipc__share_claim_at(struct share_table *t, long i, int me,
  * true when it is ours now (*@word). */
 bool gpuipc__share_reclaim(struct share_table *t, long i, uint64_t old,
                            int me, uint64_t *word);
+/*
+ * Whether a member of @t other than slot @except is still in the round:
+ * its process there (looked at now), not LEFT and not FAILED (a failed
+ * member may stay stopped for ever: the round's names go without it, and
+ * its mappings stay its own). The last member out's rule, and the sweep's.
+ */
+bool gpuipc__share_any_live(struct share_table *t, int except,
+                            struct share_peer *peers);
 /* Mark member @slot FAILED (a peer found it stalled or dead). */
 void gpuipc__share_mark_failed(struct share_table *t, int slot);
 /* This member is at work (its beat goes on). */

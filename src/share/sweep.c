@@ -20,25 +20,10 @@
 #include <string.h>
 
 #define SWEEP_EVERY_NS 1000000000ull
-#define TABLE_SUFFIX ".share"
+/* Segments listed at once; more only when the domain has more. */
+#define LIST_FIRST 256
 
 static _Atomic uint64_t last_sweep;
-
-/* Whether every member of @t is gone (the last member out's own rule). */
-static bool all_gone(struct share_table *t)
-{
-  struct share_peer peers[GPUIPC__SHARE_MEMBERS];
-  memset(peers, 0, sizeof(peers));
-  uint64_t now = gpuipc__now_ns();
-  for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
-    if (atomic_load(&t->members[s].pid) == 0 ||
-        (atomic_load(&t->members[s].flags) & GPUIPC__SM_FAILED))
-      continue;
-    if (!gpuipc__share_gone(t, s, peers, now))
-      return false;
-  }
-  return true;
-}
 
 static void sweep_one(gpuipc_domain_t *dom, const char *name)
 {
@@ -49,11 +34,14 @@ static void sweep_one(gpuipc_domain_t *dom, const char *name)
   if (gpuipc_segment_open(dom, name, &o, &b) != 0)
     return; /* gone meanwhile, or not ours to open */
   struct share_table t;
+  struct share_peer peers[GPUIPC__SHARE_MEMBERS];
+  memset(peers, 0, sizeof(peers));
   uint32_t open = 0;
-  if (gpuipc__share_table_map_found(&t, b) == 0 && all_gone(&t) &&
+  if (gpuipc__share_table_map_found(&t, b) == 0 &&
+      !gpuipc__share_any_live(&t, -1, peers) &&
       atomic_compare_exchange_strong(&t.hdr->closed, &open, 1)) {
     char round[GPUIPC_NAME_MAX + 1];
-    size_t n = strlen(name) - strlen(TABLE_SUFFIX);
+    size_t n = strlen(name) - strlen(GPUIPC__SHARE_TABLE_SUFFIX);
     memcpy(round, name, n);
     round[n] = '\0';
     gpuipc__share_unlink_all(dom, round, &t);
@@ -68,22 +56,29 @@ void gpuipc__share_sweep(gpuipc_domain_t *dom, const char *mine)
   if ((last != 0 && now - last < SWEEP_EVERY_NS) ||
       !atomic_compare_exchange_strong(&last_sweep, &last, now))
     return;
-  int n = gpuipc_segment_list(dom, NULL, 0);
-  if (n <= 0)
-    return;
-  gpuipc_segment_info_t *info = calloc((size_t)n, sizeof(*info));
-  if (info == NULL)
-    return;
-  for (int i = 0; i < n; i++)
-    info[i].size = sizeof(info[i]);
-  int got = gpuipc_segment_list(dom, info, n);
-  size_t sl = strlen(TABLE_SUFFIX);
-  for (int i = 0; i < got && i < n; i++) {
+  /* One request as a rule; a second, once, when the domain has more. */
+  gpuipc_segment_info_t *info = NULL;
+  int want = LIST_FIRST, got = 0;
+  for (int tries = 0; tries < 2 && want > got; tries++) {
+    gpuipc_segment_info_t *more = realloc(info, (size_t)want * sizeof(*info));
+    if (more == NULL)
+      break;
+    info = more;
+    for (int i = 0; i < want; i++)
+      info[i].size = sizeof(info[i]);
+    int n = gpuipc_segment_list(dom, info, want);
+    if (n < 0)
+      break;
+    got = n < want ? n : want; /* filled */
+    want = n;                  /* there are */
+  }
+  size_t sl = strlen(GPUIPC__SHARE_TABLE_SUFFIX);
+  for (int i = 0; info != NULL && i < got; i++) {
     const gpuipc_segment_info_t *x = &info[i];
     size_t len = strnlen(x->name, sizeof(x->name));
     if (x->state != GPUIPC_SEG_PUBLISHED || x->kind != GPUIPC_KIND_HOST ||
         x->nholders != 0 || len <= sl || len >= sizeof(x->name) ||
-        strcmp(x->name + len - sl, TABLE_SUFFIX) != 0 ||
+        strcmp(x->name + len - sl, GPUIPC__SHARE_TABLE_SUFFIX) != 0 ||
         strcmp(x->name, mine) == 0)
       continue;
     sweep_one(dom, x->name);

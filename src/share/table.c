@@ -8,6 +8,7 @@
 #include "share/share.h"
 #include "os/os.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 static uint64_t fnv(uint64_t h, uint64_t v)
@@ -92,6 +93,11 @@ static size_t bytes_of(uint32_t nchunks, uint32_t nextents)
                                       (size_t)nextents *
                                       sizeof(struct share_ext);
   return (end + 4095) & ~(size_t)4095;
+}
+
+void gpuipc__share_table_name(char *out, size_t cap, const char *round)
+{
+  snprintf(out, cap, "%s" GPUIPC__SHARE_TABLE_SUFFIX, round);
 }
 
 size_t gpuipc__share_table_bytes(const struct share_layout *l)

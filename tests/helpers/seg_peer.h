@@ -21,58 +21,22 @@ struct peer {
   pid_t pid;
   int in;  /* we write commands here */
   int out; /* we read replies here */
-  char buf[4096];
-  size_t len;
-  char line[1024];
+  struct test_lines lines;
 };
 
 static inline void peer_start(struct peer *p)
 {
-  int cmd[2], rep[2];
-  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
-    TFAIL("pipe2: %s", strerror(errno));
-  char a[16], b[16];
-  snprintf(a, sizeof(a), "%d", cmd[0]);
-  snprintf(b, sizeof(b), "%d", rep[1]);
-  const char *args[] = {a, b, NULL};
-  int keep[] = {cmd[0], rep[1], -1};
-  p->pid = test_spawn("seg_peer", args, keep);
-  close(cmd[0]);
-  close(rep[1]);
-  p->in = cmd[1];
-  p->out = rep[0];
-  p->len = 0;
+  p->pid = test_spawn_piped("seg_peer", NULL, &p->in, &p->out);
+  p->lines.len = 0;
 }
 
 /* The next reply line (without newline); fails the test on EOF/timeout. */
 static inline const char *peer_read(struct peer *p, int timeout_ms)
 {
-  for (;;) {
-    char *nl = memchr(p->buf, '\n', p->len);
-    if (nl != NULL) {
-      size_t n = (size_t)(nl - p->buf);
-      if (n >= sizeof(p->line))
-        n = sizeof(p->line) - 1;
-      memcpy(p->line, p->buf, n);
-      p->line[n] = '\0';
-      p->len -= (size_t)(nl - p->buf) + 1;
-      memmove(p->buf, nl + 1, p->len);
-      return p->line;
-    }
-    struct pollfd pf = {.fd = p->out, .events = POLLIN};
-    int r = poll(&pf, 1, timeout_ms);
-    if (r == 0)
-      TFAIL("peer %d did not answer within %d ms", (int)p->pid, timeout_ms);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (p->len >= sizeof(p->buf) - 1)
-      TFAIL("peer %d: a reply line longer than %zu bytes", (int)p->pid,
-            sizeof(p->buf) - 1);
-    ssize_t n = read(p->out, p->buf + p->len, sizeof(p->buf) - p->len - 1);
-    if (n <= 0)
-      TFAIL("peer %d closed its reply pipe (exited?)", (int)p->pid);
-    p->len += (size_t)n;
-  }
+  const char *l = test_lines_next(&p->lines, p->out, p->pid, timeout_ms);
+  if (l == NULL)
+    TFAIL("peer %d closed its reply pipe (exited?)", (int)p->pid);
+  return l;
 }
 
 /* Write one command line to the peer. */

@@ -88,9 +88,7 @@ static inline void share_src_name(char *out, size_t cap, const char *prefix,
 struct sreader {
   pid_t pid;
   int in, out;
-  char buf[4096];
-  size_t len;
-  char line[1024];
+  struct test_lines lines;
   int status; /* exit status once reaped, else -1 */
 };
 
@@ -123,56 +121,15 @@ static inline void sreader_start(struct sreader *r, const char *domain,
 static inline void sreader_spawn(struct sreader *r, const char *prog,
                                  const char *const *more)
 {
-  int cmd[2], rep[2];
-  if (pipe2(cmd, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0)
-    TFAIL("pipe2: %s", strerror(errno));
-  char a[16], b[16];
-  snprintf(a, sizeof(a), "%d", cmd[0]);
-  snprintf(b, sizeof(b), "%d", rep[1]);
-  const char *args[13] = {a, b};
-  for (int i = 0; more[i] != NULL; i++) {
-    if (i == 10)
-      TFAIL("sreader_spawn: more than 10 arguments");
-    args[2 + i] = more[i];
-  }
-  int keep[] = {cmd[0], rep[1], -1};
-  r->pid = test_spawn(prog, args, keep);
-  close(cmd[0]);
-  close(rep[1]);
-  r->in = cmd[1];
-  r->out = rep[0];
-  r->len = 0;
+  r->pid = test_spawn_piped(prog, more, &r->in, &r->out);
+  r->lines.len = 0;
   r->status = -1;
 }
 
 /* The next line, or NULL at EOF (the reader died). */
 static inline const char *sreader_read(struct sreader *r)
 {
-  for (;;) {
-    char *nl = memchr(r->buf, '\n', r->len);
-    if (nl != NULL) {
-      size_t n = (size_t)(nl - r->buf);
-      if (n >= sizeof(r->line))
-        n = sizeof(r->line) - 1;
-      memcpy(r->line, r->buf, n);
-      r->line[n] = '\0';
-      r->len -= (size_t)(nl - r->buf) + 1;
-      memmove(r->buf, nl + 1, r->len);
-      return r->line;
-    }
-    struct pollfd p = {.fd = r->out, .events = POLLIN};
-    int pr = poll(&p, 1, SHARE_REPLY_MS);
-    if (pr == 0)
-      TFAIL("reader %d said nothing for %d ms", (int)r->pid, SHARE_REPLY_MS);
-    if (pr < 0 && errno == EINTR)
-      continue;
-    ssize_t n = read(r->out, r->buf + r->len, sizeof(r->buf) - r->len);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return NULL;
-    r->len += (size_t)n;
-  }
+  return test_lines_next(&r->lines, r->out, r->pid, SHARE_REPLY_MS);
 }
 
 /* Read the next line, which must begin with @want; returns it. */
@@ -234,6 +191,41 @@ static inline int sreader_end(struct sreader *r)
   close(r->out);
   r->out = -1;
   return r->status;
+}
+
+static inline void sresult_check_ok(const struct sresult *s, int who);
+
+/* Send @n readers "go" and wait until each has joined its round. */
+static inline void sreaders_go(struct sreader *r, int n)
+{
+  for (int i = 0; i < n; i++)
+    sreader_send(&r[i], "go\n");
+  for (int i = 0; i < n; i++)
+    sreader_expect(&r[i], "joined");
+}
+
+/*
+ * Let @n readers that wait at their gate out: each says "leave", is sent
+ * "out", and its result is read into @res[i] and checked
+ * (sresult_check_ok).
+ */
+static inline void sreaders_out(struct sreader *r, int n, struct sresult *res)
+{
+  for (int i = 0; i < n; i++)
+    sreader_expect(&r[i], "leave");
+  for (int i = 0; i < n; i++)
+    sreader_send(&r[i], "out\n");
+  for (int i = 0; i < n; i++) {
+    sreader_result(&r[i], &res[i]);
+    sresult_check_ok(&res[i], i);
+  }
+}
+
+/* Each of @n readers exits 0. */
+static inline void sreaders_end_ok(struct sreader *r, int n)
+{
+  for (int i = 0; i < n; i++)
+    ASSERT_EQ(sreader_end(&r[i]), 0);
 }
 
 /* A result every surviving reader must have: rc 0, every byte right, and
