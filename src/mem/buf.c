@@ -551,6 +551,15 @@ void gpuipc__buf_ref(struct gpuipc_buf *b)
   pthread_mutex_unlock(&reg.lock);
 }
 
+long gpuipc__buf_base_refs(const struct gpuipc_buf *b)
+{
+  const struct gpuipc_buf *base = b->base != NULL ? b->base : b;
+  pthread_mutex_lock(&reg.lock);
+  long n = base->refs;
+  pthread_mutex_unlock(&reg.lock);
+  return n;
+}
+
 int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out)
 {
   b = buf_base(b);

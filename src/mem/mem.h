@@ -184,6 +184,14 @@ int gpuipc__buf_destroy(struct gpuipc_buf *b);
 void gpuipc__buf_ref(struct gpuipc_buf *b);
 
 /*
+ * The references on the memory of @b (which the caller holds): its base's
+ * (each handle gpuipc__buf_alias made of it holds one). A caller that
+ * knows which of them are its own learns whether anyone else still holds
+ * the buffer.
+ */
+long gpuipc__buf_base_refs(const struct gpuipc_buf *b);
+
+/*
  * A new handle on the memory of @b (which the caller holds; a handle of
  * this kind stands for the buffer it was made of): the same pointer,
  * size, kind, device and identity (an export of it is one of @b), with one

@@ -24,8 +24,18 @@ void gpuipc__seg_test_creator_held(bool on)
   atomic_store(&test_creator_held, on);
 }
 
+static _Atomic(gpuipc__seg_leave_fn) leave_hook;
+
+void gpuipc__seg_on_leave(gpuipc__seg_leave_fn fn)
+{
+  atomic_store(&leave_hook, fn);
+}
+
 static void seg_leave(gpuipc_domain_t *d)
 {
+  gpuipc__seg_leave_fn fn = atomic_load(&leave_hook);
+  if (fn != NULL)
+    fn(d); /* the connection is still up: it may unlink what it lent */
   gpuipc__seg_disown_domain(d);
   gpuipc__seg_forget_domain(d);
 }

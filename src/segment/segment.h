@@ -32,6 +32,16 @@ int gpuipc__segment_unlink_held(gpuipc_domain_t *dom, const char *name,
                                 const gpuipc_buf_t *buf);
 
 /*
+ * A layer above that keeps segments across its calls (src/share/cache.c)
+ * registers here what must happen as a domain is left: called first by
+ * gpuipc_domain_leave (no lock held, the connection still up, so it may
+ * unlink and release what it kept for @d), also for a domain of the
+ * parent left in a child made by fork(). One hook; NULL removes it.
+ */
+typedef void (*gpuipc__seg_leave_fn)(gpuipc_domain_t *d);
+void gpuipc__seg_on_leave(gpuipc__seg_leave_fn fn);
+
+/*
  * The broker's id of the segment that @buf holds through @dom (unlinked
  * or not): 0, or -ENOENT (no sentence) when it holds none.
  */
