@@ -132,10 +132,10 @@ static void wait_unheld(gpuipc_domain_t *dom, const char *name)
 }
 
 /*
- * Every member of a round killed: its table and lent names stay named
- * (the broker keeps their memory) until the next member that creates a
- * round's table closes and unlinks them; a round a member still lives in
- * is left alone.
+ * Every member of a round killed: its table and their standing lends stay
+ * named (the broker keeps their memory) until the next member that
+ * creates a round's table closes and unlinks them; a round a member still
+ * lives in, and the lends of a member alive, are left alone.
  */
 static void all_killed(gpuipc_domain_t *dom)
 {
@@ -150,7 +150,22 @@ static void all_killed(gpuipc_domain_t *dom)
   }
   wait_unheld(dom, "k8.share");
   int left = share_segments_in(dom, "k8", true);
-  ASSERT_GE(left, 3); /* the table, and at least one lent buffer each */
+  ASSERT_EQ(left, 1); /* the table */
+  /* Their standing lends: every destination buffer of each, held by
+   * nobody once the broker saw them die. */
+  int lent = 0, unheld = 0;
+  for (int i = 0; i < 2; i++) {
+    int u = 0;
+    for (int tries = 0;
+         tries < 60000 && (share_standing_of(dom, k[i].pid, &u) != u ||
+                           u != SHARE_NDST);
+         tries++)
+      usleep(1000);
+    lent += share_standing_of(dom, k[i].pid, &u);
+    unheld += u;
+  }
+  ASSERT_EQ(lent, 2 * SHARE_NDST);
+  ASSERT_EQ(unheld, 2 * SHARE_NDST);
   sreader_start(&live, "share", "v1", 1, "k9", "", 1, "own", SHARE_TIMEOUT_MS);
   sreader_expect(&live, "ready");
   sreader_send(&live, "go\n");
@@ -163,11 +178,17 @@ static void all_killed(gpuipc_domain_t *dom)
   struct sresult r;
   sreader_result(&next, &r);
   sresult_check_ok(&r, 0);
-  printf("k8 had %d named segments; after the next round: %d; k9 (live): "
-         "%d\n", left, share_segments_in(dom, "k8", true),
-         share_segments_in(dom, "k9", true));
+  int u = 0, after = share_standing_of(dom, k[0].pid, &u) +
+                    share_standing_of(dom, k[1].pid, &u);
+  int live_lent = share_standing_of(dom, live.pid, &u);
+  printf("k8 had %d named segments and %d standing lends; after the next "
+         "round: %d and %d; k9 (live): %d, %d standing lends\n", left, lent,
+         share_segments_in(dom, "k8", true), after,
+         share_segments_in(dom, "k9", true), live_lent);
   ASSERT_EQ(share_segments_in(dom, "k8", true), 0);
+  ASSERT_EQ(after, 0);
   ASSERT_GT(share_segments_in(dom, "k9", true), 0);
+  ASSERT_EQ(live_lent, SHARE_NDST); /* held: its lender lives */
   sreader_send(&live, "out\n");
   sreader_result(&live, &r);
   sresult_check_ok(&r, 0);

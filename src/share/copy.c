@@ -206,8 +206,8 @@ static int from_peer(struct share_call *c, long i, int slot, uint64_t now)
   atomic_store(&me->rseq[slot], s);
   const void *src = NULL;
   if (gpuipc__share_serving(c->t, slot, c->peers, now))
-    src = gpuipc__share_peer_src(c->dom, c->round, c->t, &c->po, slot, c->l,
-                                 i, c->device);
+    src = gpuipc__share_peer_src(c->dom, c->t, &c->po, slot, c->l, i,
+                                 c->device);
   int rc = src != NULL ? mv_copy(c, dst_of(c, i), src,
                                  c->l->pieces[i].bytes, -1)
                        : 0;
@@ -391,6 +391,7 @@ int gpuipc__share_run(struct share_call *c)
   if (c->t == NULL)
     return gpuipc__share_alone(c);
   unsigned nap = 20;
+  uint64_t idle_ns = 0; /* since when its turns found nothing to do */
   while (c->missing > 0) {
     if (failed(c))
       return gpuipc__share_failed(c);
@@ -400,12 +401,18 @@ int gpuipc__share_run(struct share_call *c)
       return n;
     if (n > 0) {
       nap = 20;
+      idle_ns = 0;
       continue;
     }
     gpuipc__sleep_us(nap);
-    /* While its copies run, a member looks again soon: a chunk's copy
-     * takes a few hundred microseconds. */
-    unsigned most = c->device >= 0 && (c->nin > 0 || peer_flight(c) > 0)
+    /* While its copies run, or early in a wait (for its parent's first
+     * chunk, say: each of those lags down the chain), a member looks
+     * again soon: a chunk's copy takes a few hundred microseconds. */
+    uint64_t now = gpuipc__now_ns();
+    if (idle_ns == 0)
+      idle_ns = now;
+    unsigned most = (c->device >= 0 && (c->nin > 0 || peer_flight(c) > 0)) ||
+                            now - idle_ns < GPUIPC__SHARE_EAGER_NS
                         ? 20 : 1000;
     nap = nap < most ? nap * 2 : most;
   }

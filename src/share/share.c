@@ -217,7 +217,7 @@ static int join(struct share_call *c, struct share_table *t,
   }
   c->t = t;
   c->me = s;
-  c->server = gpuipc__share_lend(c->dom, c->round, t, s, c->l, lent) == 0;
+  c->server = gpuipc__share_lend(c->dom, t, s, c->l, lent, &c->st.lent) == 0;
   c->ticket = gpuipc__share_ticket_take(t, s);
   atomic_store_explicit(&m->flags,
                         GPUIPC__SM_LIVE | (c->server ? GPUIPC__SM_SERVER : 0),
@@ -231,14 +231,14 @@ static int join(struct share_call *c, struct share_table *t,
 
 /* ----- leaving ----- */
 
-/* The last member out closes the round: its names go (once). */
+/* The last member out closes the round: its table's name goes (once). The
+ * members' lends stand (cache.c). */
 static void close_round(struct share_call *c)
 {
   uint32_t open = 0;
   if (gpuipc__share_any_live(c->t, c->me, c->peers) ||
       !atomic_compare_exchange_strong(&c->t->hdr->closed, &open, 1))
     return;
-  gpuipc__share_unlink_all(c->dom, c->round, c->t);
   char name[GPUIPC_NAME_MAX + 1];
   gpuipc__share_table_name(name, sizeof(name), c->round);
   (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
@@ -261,16 +261,17 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
   if (rc != 0)
     snprintf(why, sizeof(why), "%s", gpuipc_last_error());
   gpuipc__share_drain(c);
-  gpuipc__share_lend_end(c->dom, lent);
-  if (wrc == 0)
-    gpuipc__share_peers_close(c->po);
-  c->po = NULL; /* else kept mapped: copies from there may be queued */
+  gpuipc__share_lend_end(lent);
+  /* Unsettled: kept mapped, copies from there may be queued. */
+  gpuipc__share_peers_close(c->po, wrc == 0, &c->st.opened);
+  c->po = NULL;
   atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_LEFT);
   close_round(c);
   bool created = c->t->created;
   if (wrc == 0)
     gpuipc_buf_release(c->t->buf); /* else kept: its stream writes there */
   c->t = NULL;
+  gpuipc__share_cache_tick(c->dom);
   if (created) { /* rounds whose members all died: once out of the way */
     char name[GPUIPC_NAME_MAX + 1];
     gpuipc__share_table_name(name, sizeof(name), c->round);

@@ -9,7 +9,9 @@
  *   claims.c  claiming chunks, stale claims, members' liveness and FAILED
  *             marks
  *   lend.c    the members' destinations lent as segments, and the peers'
- *             lent segments this call opened (one place to add a cache)
+ *             lent segments a call reads from
+ *   cache.c   what a member keeps across calls: its standing lends, the
+ *             peers' segments it opened
  *   copy.c    the copy loop: chunks in order, each from the parent (or,
  *             at the head of the chain, claimed and copied from the
  *             publisher), stale claims and parents; HOST and GPU movers
@@ -33,7 +35,7 @@
 
 #define GPUIPC__SHARE_MAGIC 0x52485347u  /* "GSHR" */
 #define GPUIPC__SHARE_BUSY 0x59535542u   /* "BUSY": its creator sets it up */
-#define GPUIPC__SHARE_LAYOUT 2u
+#define GPUIPC__SHARE_LAYOUT 3u
 #define GPUIPC__SHARE_TABLE_SUFFIX ".share"
 #define GPUIPC__SHARE_MEMBERS 64
 #define GPUIPC__SHARE_EXT_MAX 4096       /* extents in one call */
@@ -59,6 +61,9 @@
  * (a 64 MiB chunk takes 0.2 ms over NVLink, 3 ms over PCIe 4) and a
  * member's start; far below a timeout. */
 #define GPUIPC__SHARE_PATIENCE_MS 50
+/* A member with nothing to do looks again every 20 us for this long,
+ * then naps longer, up to 1 ms. */
+#define GPUIPC__SHARE_EAGER_NS (100ull * 1000 * 1000)
 
 /* Member flags (struct share_member.flags). */
 #define GPUIPC__SM_LIVE 0x1u    /* joined: its fields are written */
@@ -125,8 +130,8 @@ struct share_chunk {
 
 /* Where a member's extent lies in what it lent. */
 struct share_ext {
-  uint32_t k;   /* its lent buffer (< nlent) */
-  uint32_t pad;
+  uint32_t k;    /* its lent buffer (< nlent) */
+  uint32_t name; /* that lend's name: GPUIPC__SHARE_STANDING "<pid>.<name>" */
   uint64_t off; /* offset of the extent in that buffer */
   uint64_t seg_id; /* the broker's id of lent segment k, to check it */
 };
@@ -242,39 +247,77 @@ static inline void gpuipc__share_beat(struct share_table *t, int me)
   atomic_fetch_add_explicit(&t->members[me].beat, 1, memory_order_relaxed);
 }
 
+/* ----- cache.c ----- */
+/* A member's standing lends are named GPUIPC__SHARE_STANDING "<pid>.<n>". */
+#define GPUIPC__SHARE_STANDING "gpuipc-share."
+/* What a call has not used for this many calls of its process goes. */
+#define GPUIPC__SHARE_KEEP_CALLS 8
+
+struct share_cache_entry;
+/* One use of a kept segment, taken by a call and put back at its end. */
+struct share_kept {
+  struct share_cache_entry *entry; /* NULL: none taken */
+  uint64_t id;                     /* the broker's id of the segment */
+  uint32_t n;                      /* a standing lend's name number */
+  bool fresh;                      /* lent or opened by this call */
+};
+
+int gpuipc__share_standing_name(char *out, size_t cap, uint32_t pid,
+                                uint32_t n);
+/*
+ * The standing lend of @dst through @dom, lent now if it is not yet: 0
+ * with one use of it in @out (its id and name number), or the lend's code.
+ */
+int gpuipc__share_cache_lend(gpuipc_domain_t *dom, gpuipc_buf_t *dst,
+                             struct share_kept *out);
+/*
+ * Segment @id, lent by process @pid (started at @start_time) as its
+ * standing lend @n, mapped for @device: found kept, or opened now (and
+ * checked to be @id); one use of it in @out. NULL when it cannot be.
+ */
+gpuipc_buf_t *gpuipc__share_cache_open(gpuipc_domain_t *dom, uint32_t pid,
+                                       uint64_t start_time, uint32_t n,
+                                       uint64_t id, int device,
+                                       struct share_kept *out);
+gpuipc_buf_t *gpuipc__share_kept_buf(const struct share_kept *k);
+/* Put a use back. @settled false: copies from it may still be queued, so
+ * an opened segment is never let go. */
+void gpuipc__share_cache_put(struct share_kept *k, bool settled);
+/* At the end of a call through @dom: let go of what is no longer wanted
+ * (see cache.c). */
+void gpuipc__share_cache_tick(gpuipc_domain_t *dom);
+/* Tests: what this process keeps for @dom. */
+void gpuipc__share_cache_count(gpuipc_domain_t *dom, int *lends, int *opens);
+
 /* ----- lend.c ----- */
 struct share_lent; /* what this member lent */
-struct share_peers_open; /* the peers' segments this call opened */
+struct share_peers_open; /* the peers' segments this call reads from */
 
-/* The name of lent segment @k of member @slot of @round. */
-int gpuipc__share_lent_name(char *out, size_t cap, const char *round,
-                            int slot, uint32_t k);
 /*
- * Lend the distinct destination buffers of @l as member @slot's segments,
- * record them and the extent map in @t. 0, or the code of the first lend
- * that failed (nothing then lent: the member serves nobody).
+ * Lend the distinct destination buffers of @l (standing lends, kept
+ * across calls) as member @slot's, record them and the extent map in @t.
+ * 0 with *@fresh the lends made now (not kept from an earlier call), or
+ * the code of the first lend that failed (nothing then lent: the member
+ * serves nobody).
  */
-int gpuipc__share_lend(gpuipc_domain_t *dom, const char *round,
-                       struct share_table *t, int slot,
-                       const struct share_layout *l,
-                       struct share_lent **out);
-/* Let go of what was lent: release the handles, unlink the names (only
- * while they still name what this process lent). */
-void gpuipc__share_lend_end(gpuipc_domain_t *dom, struct share_lent *lent);
+int gpuipc__share_lend(gpuipc_domain_t *dom, struct share_table *t,
+                       int slot, const struct share_layout *l,
+                       struct share_lent **out, int *fresh);
+/* Put back what was lent (it stays lent: cache.c). */
+void gpuipc__share_lend_end(struct share_lent *lent);
 /*
  * The address of chunk @i (of @l) in server @slot's lent memory, opened
  * (and checked against the segment id the server recorded) on first use
  * for local @device; NULL when it cannot be read from there.
  */
-const void *gpuipc__share_peer_src(gpuipc_domain_t *dom, const char *round,
+const void *gpuipc__share_peer_src(gpuipc_domain_t *dom,
                                    struct share_table *t,
                                    struct share_peers_open **po, int slot,
                                    const struct share_layout *l, long i,
                                    int device);
-void gpuipc__share_peers_close(struct share_peers_open *po);
-/* Unlink the lent names of every member of @t (the last one out). */
-void gpuipc__share_unlink_all(gpuipc_domain_t *dom, const char *round,
-                              struct share_table *t);
+/* Put back what the call read from; *@opened: how many it mapped anew. */
+void gpuipc__share_peers_close(struct share_peers_open *po, bool settled,
+                               int *opened);
 
 /* ----- copy.c ----- */
 /* Counts of one call, for tests (gpuipc__share_test_stats). */
@@ -288,6 +331,8 @@ struct gpuipc__share_stats {
   uint64_t reclaimed; /* stale claims taken over */
   uint64_t passed_over; /* parents passed over */
   uint64_t sources;     /* a bit for each member slot it copied from */
+  int lent;   /* destination buffers it lent anew (not kept from before) */
+  int opened; /* peers' lent segments it mapped anew */
 };
 
 /* One call's state as the copy loop sees it. */
@@ -339,8 +384,9 @@ struct share_call {
 /* ----- sweep.c ----- */
 /*
  * Close the rounds of @dom whose members are all gone (dead, LEFT or
- * FAILED) and that nobody holds: unlink their tables and their members'
- * lent names, as their last member out would have. Called by a member
+ * FAILED) and that nobody holds: unlink their tables, as their last member
+ * out would have; unlink the standing lends nobody holds (their lenders
+ * died). Called by a member
  * that created a round's table (@mine, skipped); at most once a second
  * a process.
  */

@@ -1,16 +1,19 @@
 /*
- * Rounds whose members all died. The last member out of a round unlinks
- * its table and every member's lent names; a round that has no last
- * member (each one killed) leaves them named, and the broker keeps HOST
- * and VMM memory while a name does: the members' destinations, gigabytes
- * of GPU memory maybe. So the member that creates a round's table looks,
- * at most once a second a process, at the domain's round tables that
- * nobody holds ("<round>.share", HOST, no holder): one whose every member
- * is gone (its process dead or reused, or LEFT, or FAILED) it closes (a
- * member that opened it meanwhile finds it closed and copies alone) and
- * unlinks, with its members' lent names. A table that a member still
- * lives in is left alone, as is any segment whose header is not a round
- * table's of this layout.
+ * Rounds whose members all died, and standing lends whose lender died.
+ * The last member out of a round unlinks its table, and a member unlinks
+ * its standing lends as it lets go of them (cache.c); a round that has no
+ * last member (each one killed) leaves its table named, a killed member
+ * its standing lends, and the broker keeps HOST and VMM memory while a
+ * name does: the members' destinations, gigabytes of GPU memory maybe. So
+ * the member that creates a round's table looks, at most once a second a
+ * process, at the domain's segments that nobody holds: a round table
+ * ("<round>.share", HOST) whose every member is gone (its process dead or
+ * reused, or LEFT, or FAILED) it closes (a member that opened it
+ * meanwhile finds it closed and copies alone) and unlinks; a standing lend
+ * ("gpuipc-share.<pid>.<n>") it unlinks: its lender held it while it
+ * lived, and its peers let go of it at their next call once its lender is
+ * gone. A table that a member still lives in is left alone, as is any
+ * segment whose header is not a round table's of this layout.
  */
 #include "share/share.h"
 #include "segment/segment.h"
@@ -40,11 +43,6 @@ static void sweep_one(gpuipc_domain_t *dom, const char *name)
   if (gpuipc__share_table_map_found(&t, b) == 0 &&
       !gpuipc__share_any_live(&t, -1, peers) &&
       atomic_compare_exchange_strong(&t.hdr->closed, &open, 1)) {
-    char round[GPUIPC_NAME_MAX + 1];
-    size_t n = strlen(name) - strlen(GPUIPC__SHARE_TABLE_SUFFIX);
-    memcpy(round, name, n);
-    round[n] = '\0';
-    gpuipc__share_unlink_all(dom, round, &t);
     (void)gpuipc__segment_unlink_held(dom, name, b);
   }
   gpuipc_buf_release(b);
@@ -73,15 +71,22 @@ void gpuipc__share_sweep(gpuipc_domain_t *dom, const char *mine)
     want = n;                  /* there are */
   }
   size_t sl = strlen(GPUIPC__SHARE_TABLE_SUFFIX);
+  size_t pl = strlen(GPUIPC__SHARE_STANDING);
   for (int i = 0; info != NULL && i < got; i++) {
     const gpuipc_segment_info_t *x = &info[i];
     size_t len = strnlen(x->name, sizeof(x->name));
-    if (x->state != GPUIPC_SEG_PUBLISHED || x->kind != GPUIPC_KIND_HOST ||
-        x->nholders != 0 || len <= sl || len >= sizeof(x->name) ||
-        strcmp(x->name + len - sl, GPUIPC__SHARE_TABLE_SUFFIX) != 0 ||
-        strcmp(x->name, mine) == 0)
+    if (x->state != GPUIPC_SEG_PUBLISHED || x->nholders != 0 ||
+        len >= sizeof(x->name))
       continue;
-    sweep_one(dom, x->name);
+    /* A standing lend that nobody holds: its lender is gone (a live one
+     * holds it from its creation to its unlink), and so are its peers'
+     * mappings of it. */
+    if (strncmp(x->name, GPUIPC__SHARE_STANDING, pl) == 0)
+      (void)gpuipc_segment_unlink(dom, x->name);
+    else if (x->kind == GPUIPC_KIND_HOST && len > sl &&
+             strcmp(x->name + len - sl, GPUIPC__SHARE_TABLE_SUFFIX) == 0 &&
+             strcmp(x->name, mine) != 0)
+      sweep_one(dom, x->name);
   }
   free(info);
 }

@@ -39,14 +39,16 @@ static void say(int fd, const char *s)
 }
 
 /*
- * Lend a real segment of 4 KiB as fake member 41's buffer 0, with its true
- * id, so that readers open it and must find the chunks past its end.
+ * Lend a real segment of 4 KiB as fake member 41's buffer 0 (a standing
+ * lend of this process, numbered 41), with its true id, so that readers
+ * open it and must find the chunks past its end.
  */
-static uint64_t fake_lend(gpuipc_domain_t *dom, const char *round, int slot,
-                          size_t bytes, gpuipc_buf_t **out)
+static uint64_t fake_lend(gpuipc_domain_t *dom, int slot, size_t bytes,
+                          gpuipc_buf_t **out)
 {
   char name[GPUIPC_NAME_MAX + 1];
-  snprintf(name, sizeof(name), "%s.share.%d.0", round, slot);
+  ASSERT_OK(gpuipc__share_standing_name(name, sizeof(name),
+                                        (uint32_t)getpid(), (uint32_t)slot));
   gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
   o.bytes = bytes;
   o.kind = GPUIPC_KIND_HOST;
@@ -88,6 +90,9 @@ static void fake_members(uint64_t lent_id)
       x->k = (uint32_t)test_xorshift(&rng) % 3;
       x->off = test_xorshift(&rng);
       x->seg_id = test_xorshift(&rng);
+      x->name = (uint32_t)test_xorshift(&rng);
+      if (f[i].slot == 41 || f[i].slot == 45) /* its lend's name */
+        x->name = (uint32_t)f[i].slot;
       if (f[i].slot == 41) { /* its real 4 KiB: every chunk lies past it */
         x->k = 0;
         x->off = e % 2 ? (1ull << 40) : 4000;
@@ -188,9 +193,9 @@ int main(int argc, char **argv)
     return 0;
   }
   gpuipc_buf_t *lent, *other;
-  fake_members(fake_lend(dom, argv[4], 41, 4096, &lent));
+  fake_members(fake_lend(dom, 41, 4096, &lent));
   /* Member 45's buffer: 4 MiB of 0x5A under its name, its id unrecorded. */
-  (void)fake_lend(dom, argv[4], 45, 4u << 20, &other);
+  (void)fake_lend(dom, 45, 4u << 20, &other);
   for (uint32_t i = 0; i < t.nchunks; i++)
     lie(i);
   say(rep, "lied\n");
@@ -210,8 +215,15 @@ int main(int argc, char **argv)
     lie((uint32_t)(test_xorshift(&rng) % t.nchunks));
     usleep(100);
   }
-  gpuipc_buf_release(other);
-  gpuipc_buf_release(lent);
+  gpuipc_buf_t *fake[2] = {lent, other};
+  for (int i = 0; i < 2; i++) {
+    char lent_name[GPUIPC_NAME_MAX + 1];
+    ASSERT_OK(gpuipc__share_standing_name(lent_name, sizeof(lent_name),
+                                          (uint32_t)getpid(),
+                                          i == 0 ? 41u : 45u));
+    ASSERT_OK(gpuipc__segment_unlink_held(dom, lent_name, fake[i]));
+    gpuipc_buf_release(fake[i]);
+  }
   gpuipc_buf_release(b);
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;

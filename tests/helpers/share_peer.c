@@ -157,6 +157,54 @@ static long check(gpuipc_buf_t *const *d, unsigned seed)
   return bad;
 }
 
+/*
+ * One gpuipc_share_copy of the layout into @dst, in round @round; says
+ * its result line. 0, or 9: what the caller was told is not what the call
+ * counted.
+ */
+static int one_call(gpuipc_domain_t *dom, const char *round,
+                    gpuipc_buf_t *const *src, gpuipc_buf_t *const *dst,
+                    unsigned seed, int timeout_ms)
+{
+  gpuipc_share_extent_t ext[SHARE_NEXT];
+  for (int e = 0; e < SHARE_NEXT; e++)
+    ext[e] = (gpuipc_share_extent_t){src[share_exts[e].src],
+                                     share_exts[e].src_off,
+                                     dst[share_exts[e].dst],
+                                     share_exts[e].dst_off,
+                                     share_exts[e].bytes};
+  gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
+  o.chunk_bytes = SHARE_CHUNK;
+  o.timeout_ms = timeout_ms;
+  gpuipc_share_stats_t ps;
+  memset(&ps, 0xff, sizeof(ps));
+  o.stats = &ps;
+  int rc = gpuipc_share_copy(dom, round, ext, SHARE_NEXT, NULL, &o);
+  /* What the caller is told is what the call counted. */
+  struct gpuipc__share_stats st;
+  gpuipc__share_test_stats(&st);
+  if (ps.joined != st.joined || ps.server != st.server ||
+      ps.chunks != st.nchunks || ps.from_publisher != st.from_pub ||
+      ps.from_peers != st.from_peer || ps.taken_over != st.reclaimed ||
+      ps.passed_over != st.passed_over)
+    return 9;
+  char msg[600], out[900];
+  snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
+  for (char *p = msg; *p; p++)
+    if (*p == '\n')
+      *p = ' ';
+  snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
+           "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
+           "lent=%d opened=%d msg=%s\n", rc,
+           (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
+           st.joined, st.server, (unsigned long long)st.reclaimed,
+           (unsigned long long)st.passed_over, st.slot,
+           (unsigned long long)st.sources,
+           rc == 0 ? check(dst, seed) : 0, st.lent, st.opened, msg);
+  say(out);
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
   if (argc != 11)
@@ -189,49 +237,35 @@ int main(int argc, char **argv)
   }
   for (int i = 0; i < SHARE_NDST; i++)
     dst[i] = dst_get(dom, argv[9], i);
-  gpuipc_share_extent_t ext[SHARE_NEXT];
-  for (int e = 0; e < SHARE_NEXT; e++)
-    ext[e] = (gpuipc_share_extent_t){src[share_exts[e].src],
-                                     share_exts[e].src_off,
-                                     dst[share_exts[e].dst],
-                                     share_exts[e].dst_off,
-                                     share_exts[e].bytes};
   gpuipc__share_test_hook(hook, NULL);
   say("ready\n");
   char line[64];
   if (!hear(line, sizeof(line)) || strcmp(line, "go") != 0)
     return 7;
-  gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
-  o.chunk_bytes = SHARE_CHUNK;
-  o.timeout_ms = atoi(argv[10]);
-  gpuipc_share_stats_t ps;
-  memset(&ps, 0xff, sizeof(ps));
-  o.stats = &ps;
-  int rc = gpuipc_share_copy(dom, argv[6], ext, SHARE_NEXT, NULL, &o);
-  /* What the caller is told is what the call counted. */
-  struct gpuipc__share_stats st;
-  gpuipc__share_test_stats(&st);
-  if (ps.joined != st.joined || ps.server != st.server ||
-      ps.chunks != st.nchunks || ps.from_publisher != st.from_pub ||
-      ps.from_peers != st.from_peer || ps.taken_over != st.reclaimed ||
-      ps.passed_over != st.passed_over)
+  int timeout_ms = atoi(argv[10]);
+  if (one_call(dom, argv[6], src, dst, seed, timeout_ms) != 0)
     return 9;
-  char msg[600], out[900];
-  snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
-  for (char *p = msg; *p; p++)
-    if (*p == '\n')
-      *p = ' ';
-  snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
-           "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-           "msg=%s\n", rc,
-           (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
-           st.joined, st.server, (unsigned long long)st.reclaimed,
-           (unsigned long long)st.passed_over, st.slot,
-           (unsigned long long)st.sources,
-           rc == 0 ? check(dst, seed) : 0, msg);
-  say(out);
-  while (hear(line, sizeof(line)))
-    ;
+  while (hear(line, sizeof(line))) {
+    if (strncmp(line, "again ", 6) == 0) {
+      for (int i = 0; i < SHARE_NDST; i++)
+        dst_fill(dst[i], SHARE_FILL, share_dst_size[i]);
+      if (one_call(dom, line + 6, src, dst, seed, timeout_ms) != 0)
+        return 9;
+    } else if (strncmp(line, "renew ", 6) == 0) {
+      int k = atoi(line + 6);
+      if (k < 0 || k >= SHARE_NDST)
+        return 7;
+      gpuipc_buf_release(dst[k]);
+      dst[k] = dst_get(dom, argv[9], k);
+      say("renewed\n");
+    } else if (strcmp(line, "kept") == 0) {
+      int lends, opens;
+      char out[64];
+      gpuipc__share_cache_count(dom, &lends, &opens);
+      snprintf(out, sizeof(out), "kept lends=%d opens=%d\n", lends, opens);
+      say(out);
+    }
+  }
   for (int i = 0; i < SHARE_NDST; i++)
     gpuipc_buf_release(dst[i]);
   for (int i = 0; i < SHARE_NSRC; i++)

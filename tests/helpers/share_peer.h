@@ -10,8 +10,12 @@
  * says "joined" when it took its slot and "leave" once every chunk is in;
  * with a gate it then waits for "out" before it leaves the round. Then it
  * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
- * reclaimed=N passed=N slot=N sources=HEX bad=N msg=LAST_ERROR", and
- * waits for EOF to exit.
+ * reclaimed=N passed=N slot=N sources=HEX bad=N lent=N opened=N
+ * msg=LAST_ERROR". Then, until EOF (when it exits), it takes commands:
+ * "again ROUND" (its destinations filled afresh, another call, in round
+ * ROUND, with the same gate), "renew K" (destination K released and
+ * allocated anew; says "renewed") and "kept" (says "kept lends=N
+ * opens=N": what it keeps across calls).
  */
 #ifndef GPUIPC_TEST_SHARE_PEER_H
 #define GPUIPC_TEST_SHARE_PEER_H
@@ -156,6 +160,7 @@ struct sresult {
   int slot;                   /* its member slot (-1: it copied alone) */
   unsigned long long sources; /* a bit for each slot it copied from */
   long bad;
+  int lent, opened; /* buffers it lent, peers' segments it mapped, anew */
   char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
 };
 
@@ -171,9 +176,10 @@ static inline void sreader_result(struct sreader *r, struct sresult *out)
     int at = -1;
     if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
                "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-               "msg=%n", &out->rc, &out->pub, &out->peer, &out->joined,
-               &out->server, &out->reclaimed, &out->passed, &out->slot,
-               &out->sources, &out->bad, &at) != 10 || at < 0)
+               "lent=%d opened=%d msg=%n", &out->rc, &out->pub, &out->peer,
+               &out->joined, &out->server, &out->reclaimed, &out->passed,
+               &out->slot, &out->sources, &out->bad, &out->lent,
+               &out->opened, &at) != 12 || at < 0)
       TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
     snprintf(out->msg, sizeof(out->msg), "%s", l + at);
     return;
@@ -316,6 +322,30 @@ static inline int share_segments_named(gpuipc_domain_t *dom,
                                        const char *prefix)
 {
   return share_segments_in(dom, prefix, false);
+}
+
+/* The standing lends of process @pid that the broker lists (named), and
+ * of those how many nobody holds (in *@unheld). */
+static inline int share_standing_of(gpuipc_domain_t *dom, pid_t pid,
+                                    int *unheld)
+{
+  char prefix[64];
+  snprintf(prefix, sizeof(prefix), "gpuipc-share.%d.", (int)pid);
+  gpuipc_segment_info_t info[256];
+  for (int i = 0; i < 256; i++)
+    info[i].size = sizeof(info[i]);
+  int n = gpuipc_segment_list(dom, info, 256);
+  if (n < 0)
+    TFAIL_GPUIPC("gpuipc_segment_list returned %d", n);
+  int count = 0;
+  *unheld = 0;
+  for (int i = 0; i < n && i < 256; i++)
+    if (strncmp(info[i].name, prefix, strlen(prefix)) == 0 &&
+        info[i].state != GPUIPC_SEG_UNLINKED) {
+      count++;
+      *unheld += info[i].nholders == 0;
+    }
+  return count;
 }
 
 /*

@@ -1,0 +1,381 @@
+/*
+ * What a member keeps across calls (docs/shared-copy.md, "Across calls"),
+ * so that a sync does not lend and map anew what the last one did:
+ *
+ *  - standing lends: each destination buffer is lent once, as the segment
+ *    "gpuipc-share.<pid>.<n>" (n counts this process's lends), and stays
+ *    lent while its caller holds the buffer. Let go (unlinked while the
+ *    name is still this lend's, and released) at the end of a call that
+ *    finds its caller released the buffer (the lend's own reference on it
+ *    is the last), or that finds it unused for GPUIPC__SHARE_KEEP_CALLS
+ *    calls, and as the domain is left (a hook the segment layer calls).
+ *  - opened peers: a peer's lent segment, by the broker's id (never reused
+ *    in a domain) and the device it is mapped for, stays mapped. Let go at
+ *    the end of a call once its lender is gone (its process dead or
+ *    reused) or it went unused for GPUIPC__SHARE_KEEP_CALLS calls, and as
+ *    the domain is left.
+ *
+ * A call takes a use of each entry it works with and puts it back at its
+ * end; nothing in use is let go. An opened segment whose call could not
+ * see its copies land (gpuipc__share_settle timed out) is never let go:
+ * copies from it may still be queued.
+ *
+ * A crashed lender's standing names stay named, held by nobody once its
+ * peers let go of it: the sweep unlinks them (sweep.c). A child made by
+ * fork() forgets the parent's entries (its domain is a new one; the
+ * parent's handles are not its to release).
+ *
+ * The lock is a leaf: nothing is called while it is held but the buffer
+ * registry's reference count.
+ */
+#include "share/share.h"
+#include "domain/domain.h"
+#include "segment/segment.h"
+#include "mem/mem.h"
+#include "os/os.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct share_cache_entry {
+  struct share_cache_entry *next;
+  gpuipc_domain_t *dom;
+  bool lend;          /* a standing lend; else a peer's segment opened */
+  gpuipc_buf_t *buf;  /* lend: the lent handle; open: the mapping */
+  uint64_t id;        /* the broker's id of the segment */
+  /* lend: the caller's buffer, as its base, pointer and size (the lend
+   * holds a reference on the base: its address is not reused meanwhile) */
+  const struct gpuipc_buf *base;
+  const void *ptr;
+  size_t size;
+  uint32_t n;         /* its name's number */
+  int device;         /* open: mapped for this device (-1: HOST) */
+  uint32_t pid;       /* open: its lender, and when that process started */
+  uint64_t start_time;
+  int busy;           /* calls using it now */
+  bool pinned;        /* a call could not settle: never let go */
+  uint64_t used;      /* the call count when last used */
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct share_cache_entry *entries;
+static uint64_t calls;
+static uint32_t next_n;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(struct gpuipc__fork_hook *h)
+{
+  (void)h;
+  pthread_mutex_lock(&mu);
+}
+
+static void fork_parent(struct gpuipc__fork_hook *h)
+{
+  (void)h;
+  pthread_mutex_unlock(&mu);
+}
+
+/* The parent's entries are its own: forgotten, never released here. */
+static void fork_child(struct gpuipc__fork_hook *h)
+{
+  (void)h;
+  entries = NULL;
+  pthread_mutex_unlock(&mu);
+}
+
+static struct gpuipc__fork_hook fork_hook = {
+    .prepare = fork_prepare, .parent = fork_parent, .child = fork_child};
+
+static void leave(gpuipc_domain_t *d);
+
+static void install(void)
+{
+  gpuipc__buf_fork_install(); /* the registry's lock is taken under ours */
+  gpuipc__fork_register(&fork_hook);
+  gpuipc__seg_on_leave(leave);
+}
+
+int gpuipc__share_standing_name(char *out, size_t cap, uint32_t pid,
+                                uint32_t n)
+{
+  int w = snprintf(out, cap, GPUIPC__SHARE_STANDING "%u.%u", pid, n);
+  return w < 0 || (size_t)w >= cap || w > GPUIPC_NAME_MAX ? -ENAMETOOLONG : 0;
+}
+
+/* Let go of entries taken off the list (no lock held). */
+static void let_go(struct share_cache_entry *e)
+{
+  while (e != NULL) {
+    struct share_cache_entry *next = e->next;
+    if (e->lend) {
+      char name[GPUIPC_NAME_MAX + 1];
+      if (gpuipc__share_standing_name(name, sizeof(name), (uint32_t)getpid(),
+                                      e->n) == 0)
+        (void)gpuipc__segment_unlink_held(e->dom, name, e->buf);
+    }
+    gpuipc_buf_release(e->buf);
+    free(e);
+    e = next;
+  }
+}
+
+/* Lend @dst as standing lend number @n: its handle and id. */
+static int lend_new(gpuipc_domain_t *dom, gpuipc_buf_t *dst, uint32_t n,
+                    gpuipc_buf_t **out, uint64_t *id)
+{
+  char name[GPUIPC_NAME_MAX + 1];
+  int rc = gpuipc__share_standing_name(name, sizeof(name), (uint32_t)getpid(),
+                                       n);
+  if (rc != 0)
+    return gpuipc__err(rc, "gpuipc_share_copy: lent name too long");
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+  o.buf = dst;
+  rc = gpuipc_segment_open(dom, name, &o, out);
+  if (rc == -EEXIST) {
+    /* Left by a process that had our pid and died: ours to reuse. */
+    (void)gpuipc_segment_unlink(dom, name);
+    rc = gpuipc_segment_open(dom, name, &o, out);
+  }
+  if (rc != 0)
+    return rc;
+  if (gpuipc__seg_id_of(*out, dom, id) != 0) {
+    (void)gpuipc__segment_unlink_held(dom, name, *out);
+    gpuipc_buf_release(*out);
+    return gpuipc__err(-ENOENT, "gpuipc_share_copy: lent segment %s has no "
+                       "id", name);
+  }
+  return 0;
+}
+
+static const struct gpuipc_buf *base_of(const gpuipc_buf_t *b)
+{
+  return b->base != NULL ? b->base : b;
+}
+
+static struct share_cache_entry *lend_find(gpuipc_domain_t *dom, const gpuipc_buf_t *dst)
+{
+  for (struct share_cache_entry *e = entries; e != NULL; e = e->next)
+    if (e->lend && e->dom == dom && e->base == base_of(dst) &&
+        e->ptr == dst->ptr && e->size == dst->size)
+      return e;
+  return NULL;
+}
+
+int gpuipc__share_cache_lend(gpuipc_domain_t *dom, gpuipc_buf_t *dst,
+                             struct share_kept *out)
+{
+  pthread_once(&once, install);
+  pthread_mutex_lock(&mu);
+  struct share_cache_entry *e = lend_find(dom, dst);
+  uint32_t n = next_n++;
+  if (e != NULL) {
+    e->busy++;
+    e->used = calls;
+  }
+  pthread_mutex_unlock(&mu);
+  if (e != NULL) {
+    *out = (struct share_kept){e, e->id, e->n, false};
+    return 0;
+  }
+  struct share_cache_entry *made = calloc(1, sizeof(*made));
+  if (made == NULL)
+    return gpuipc__err(-ENOMEM, "gpuipc_share_copy: out of memory");
+  int rc = lend_new(dom, dst, n, &made->buf, &made->id);
+  if (rc != 0) {
+    free(made);
+    return rc;
+  }
+  made->dom = dom;
+  made->lend = true;
+  made->base = base_of(dst);
+  made->ptr = dst->ptr;
+  made->size = dst->size;
+  made->n = n;
+  made->device = -1;
+  made->busy = 1;
+  pthread_mutex_lock(&mu);
+  made->used = calls;
+  e = lend_find(dom, dst); /* another thread's call lent it meanwhile */
+  if (e != NULL) {
+    e->busy++;
+    e->used = calls;
+  } else {
+    made->next = entries;
+    entries = made;
+  }
+  pthread_mutex_unlock(&mu);
+  if (e != NULL) {
+    made->busy = 0;
+    made->next = NULL;
+    let_go(made);
+    *out = (struct share_kept){e, e->id, e->n, false};
+    return 0;
+  }
+  *out = (struct share_kept){made, made->id, made->n, true};
+  return 0;
+}
+
+/* The lender's pid and name number are part of the key: a member slot
+ * whose words name another member's segment by its id alone does not get
+ * that segment. */
+static struct share_cache_entry *open_find(gpuipc_domain_t *dom,
+                                           uint32_t pid, uint32_t n,
+                                           uint64_t id, int device)
+{
+  for (struct share_cache_entry *e = entries; e != NULL; e = e->next)
+    if (!e->lend && e->dom == dom && e->id == id && e->device == device &&
+        e->pid == pid && e->n == n)
+      return e;
+  return NULL;
+}
+
+static gpuipc_buf_t *open_take(struct share_cache_entry *e, struct share_kept *out,
+                               bool fresh)
+{
+  *out = (struct share_kept){e, e->id, 0, fresh};
+  return e->buf;
+}
+
+gpuipc_buf_t *gpuipc__share_cache_open(gpuipc_domain_t *dom, uint32_t pid,
+                                       uint64_t start_time, uint32_t n,
+                                       uint64_t id, int device,
+                                       struct share_kept *out)
+{
+  pthread_once(&once, install);
+  pthread_mutex_lock(&mu);
+  struct share_cache_entry *e = open_find(dom, pid, n, id, device);
+  if (e != NULL) {
+    e->busy++;
+    e->used = calls;
+  }
+  pthread_mutex_unlock(&mu);
+  if (e != NULL)
+    return open_take(e, out, false);
+  char name[GPUIPC_NAME_MAX + 1];
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.device = device;
+  gpuipc_buf_t *b = NULL;
+  uint64_t got = 0;
+  if (gpuipc__share_standing_name(name, sizeof(name), pid, n) != 0 ||
+      gpuipc_segment_open(dom, name, &o, &b) != 0 ||
+      gpuipc__seg_id_of(b, dom, &got) != 0 || got != id) {
+    if (b != NULL)
+      gpuipc_buf_release(b);
+    return NULL;
+  }
+  struct share_cache_entry *made = calloc(1, sizeof(*made));
+  if (made == NULL) {
+    gpuipc_buf_release(b);
+    return NULL;
+  }
+  *made = (struct share_cache_entry){.dom = dom, .buf = b, .id = id, .device = device,
+                         .n = n, .pid = pid, .start_time = start_time,
+                         .busy = 1};
+  pthread_mutex_lock(&mu);
+  made->used = calls;
+  e = open_find(dom, pid, n, id, device);
+  if (e != NULL) {
+    e->busy++;
+    e->used = calls;
+  } else {
+    made->next = entries;
+    entries = made;
+  }
+  pthread_mutex_unlock(&mu);
+  if (e != NULL) {
+    let_go(made); /* the same segment: one mapping kept */
+    return open_take(e, out, false);
+  }
+  return open_take(made, out, true);
+}
+
+gpuipc_buf_t *gpuipc__share_kept_buf(const struct share_kept *k)
+{
+  return k->entry->buf;
+}
+
+void gpuipc__share_cache_put(struct share_kept *k, bool settled)
+{
+  struct share_cache_entry *e = k->entry;
+  if (e == NULL)
+    return;
+  pthread_mutex_lock(&mu);
+  e->busy--;
+  if (!settled && !e->lend)
+    e->pinned = true;
+  pthread_mutex_unlock(&mu);
+  k->entry = NULL;
+}
+
+/* Whether the process that lent @e is gone: dead, or its pid another's. */
+static bool lender_gone(const struct share_cache_entry *e)
+{
+  uint64_t st = 0;
+  return e->pid == 0 || e->pid > (uint32_t)INT32_MAX ||
+         !gpuipc__pid_alive((pid_t)e->pid) ||
+         (e->start_time != 0 &&
+          (gpuipc__pid_start_time((pid_t)e->pid, &st) != 0 ||
+           st != e->start_time));
+}
+
+void gpuipc__share_cache_tick(gpuipc_domain_t *dom)
+{
+  pthread_once(&once, install);
+  struct share_cache_entry *drop = NULL;
+  pthread_mutex_lock(&mu);
+  uint64_t now = ++calls;
+  for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
+    struct share_cache_entry *e = *pp;
+    bool old = now - e->used > GPUIPC__SHARE_KEEP_CALLS;
+    /* Ours the last reference on the caller's buffer: it let go. */
+    bool go = e->dom == dom && e->busy == 0 && !e->pinned &&
+              (old || (e->lend ? gpuipc__buf_base_refs(e->buf) <= 1
+                               : lender_gone(e)));
+    if (go) {
+      *pp = e->next;
+      e->next = drop;
+      drop = e;
+    } else {
+      pp = &e->next;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  let_go(drop);
+}
+
+/* The domain is being left: everything kept for it goes (what a call
+ * could not settle stays mapped, its entry forgotten). */
+static void leave(gpuipc_domain_t *d)
+{
+  struct share_cache_entry *drop = NULL;
+  pthread_mutex_lock(&mu);
+  for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
+    struct share_cache_entry *e = *pp;
+    if (e->dom != d) {
+      pp = &e->next;
+      continue;
+    }
+    *pp = e->next;
+    if (e->pinned || e->busy > 0) {
+      free(e);
+      continue;
+    }
+    e->next = drop;
+    drop = e;
+  }
+  pthread_mutex_unlock(&mu);
+  let_go(drop);
+}
+
+void gpuipc__share_cache_count(gpuipc_domain_t *dom, int *lends, int *opens)
+{
+  *lends = *opens = 0;
+  pthread_mutex_lock(&mu);
+  for (struct share_cache_entry *e = entries; e != NULL; e = e->next)
+    if (e->dom == dom)
+      (*(e->lend ? lends : opens))++;
+  pthread_mutex_unlock(&mu);
+}
