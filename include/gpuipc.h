@@ -1388,8 +1388,8 @@ typedef struct gpuipc_share_stats {
 #define GPUIPC_SHARE_OPTS_INIT                                                 \
   {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, NULL}
 
-/* The longest round name gpuipc_share_copy takes (its segments' names add
- * ".share.SLOT.K" to it). */
+/* The longest round name gpuipc_share_copy takes (its table's name adds
+ * ".share" to it). */
 #define GPUIPC_SHARE_ROUND_MAX 48
 
 /*
@@ -1404,10 +1404,16 @@ typedef struct gpuipc_share_stats {
  *        calls with one name and one layout take each other's chunks as
  *        the same bytes. The round table is the HOST segment
  *        "<round>.share" (created by the first member with GPUIPC_CREATE |
- *        GPUIPC_SCRATCH); each member lends its destination buffers as
- *        segments "<round>.share.<slot>.<k>". The last member out unlinks
- *        them all, so the name can be used again once a round is over (a
- *        new round then begins).
+ *        GPUIPC_SCRATCH); the last member out unlinks it, so the name can
+ *        be used again once a round is over (a new round then begins).
+ *        Each member lends its destination buffers as segments
+ *        "gpuipc-share.<pid>.<n>" and keeps them lent across calls
+ *        (standing lends), as it keeps mapped the peers' lent segments it
+ *        opened: a lend goes at the end of a call that finds its buffer
+ *        released by the caller (the buffer's memory is freed then, not
+ *        at the caller's release) or unused for 8 calls, and at
+ *        gpuipc_domain_leave; a peer's segment once its lender is gone or
+ *        it went unused for 8 calls, and at leave.
  * @ext, @n: 1 to 4096 extents; destinations must not overlap; every
  *        destination on one device (or all HOST), and every GPU source
  *        mapped for that device (gpuipc_segment_open with opts.device:
