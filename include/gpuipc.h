@@ -1368,6 +1368,17 @@ typedef struct gpuipc_share_opts {
   /* Where not NULL: what the call did, filled in before it returns
    * (whatever it returns, once its arguments were taken; default NULL). */
   struct gpuipc_share_stats *stats;
+  /*
+   * Where not NULL: the round the caller's next call will copy (a state
+   * dict's next version), a name as @round takes. After the call, a
+   * thread of the library lets go of this round's table and opens (or
+   * creates) that round's for the same layout and device, so that the
+   * next call under that name finds it mapped (opening one takes a
+   * request to the broker and a registration with CUDA: about 1--2 ms).
+   * One not taken within 8 calls of the process goes, as at
+   * gpuipc_domain_leave. Default NULL.
+   */
+  const char *next_round;
 } gpuipc_share_opts_t;
 
 /* What one gpuipc_share_copy did. */
@@ -1386,7 +1397,7 @@ typedef struct gpuipc_share_stats {
 
 /* Every field at its default. */
 #define GPUIPC_SHARE_OPTS_INIT                                                 \
-  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, NULL}
+  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, NULL, NULL}
 
 /* The longest round name gpuipc_share_copy takes (its table's name adds
  * ".share" to it). */
@@ -1457,7 +1468,8 @@ typedef struct gpuipc_share_stats {
  * destinations, destinations on several devices, opts->size below
  * sizeof(size_t), a chunk_bytes that is not a multiple of 4096 or cuts
  * the extents into more than 65536 chunks, unknown
- * flags, a bad timeout) before anything is created; -ETIMEDOUT when a peer
+ * flags, a bad timeout, a bad or too long opts->next_round) before
+ * anything is created; -ETIMEDOUT when a peer
  * marked this member FAILED (it stalled past the timeout holding claims,
  * or stalled while a leaving member waited for it; the sentence names the
  * chunks it held), or (GPU kinds) the work it queued on @stream did not

@@ -39,7 +39,7 @@ static void kept(struct sreader *r, int *lends, int *opens)
 {
   sreader_send(r, "kept\n");
   const char *l = sreader_expect(r, "kept ");
-  if (sscanf(l, "kept lends=%d opens=%d", lends, opens) != 2)
+  if (sscanf(l, "kept lends=%d opens=%d ahead=", lends, opens) != 2)
     TFAIL("bad line \"%s\"", l);
 }
 

@@ -53,9 +53,12 @@ static void extents_free(gpuipc_share_extent_t *e, Py_ssize_t n)
 }
 
 /*
- * share_copy(domain, round, extents, stream, chunk_bytes, timeout) -> stats:
+ * share_copy(domain, round, extents, stream, chunk_bytes, timeout,
+ *            next_round=None) -> stats:
  * copy each (src, dst, bytes) of @extents, sharing the work with the other
- * processes that copy round @round (see gpuipc_share_copy).
+ * processes that copy round @round (see gpuipc_share_copy); @next_round:
+ * the round of the next call, whose table is opened ahead (a name longer
+ * than GPUIPC_SHARE_ROUND_MAX is not a round: none is opened ahead).
  */
 static PyObject *py_share_copy(PyObject *self, PyObject *args)
 {
@@ -65,10 +68,13 @@ static PyObject *py_share_copy(PyObject *self, PyObject *args)
   void *stream;
   unsigned long long chunk;
   int ms;
-  if (!PyArg_ParseTuple(args, "O&sOO&KO&", gpuipc__py_domain, &dom, &round,
+  const char *next = NULL;
+  if (!PyArg_ParseTuple(args, "O&sOO&KO&|z", gpuipc__py_domain, &dom, &round,
                         &list, gpuipc__py_stream, &stream, &chunk,
-                        gpuipc__py_timeout, &ms))
+                        gpuipc__py_timeout, &ms, &next))
     return NULL;
+  if (next != NULL && strlen(next) > GPUIPC_SHARE_ROUND_MAX)
+    next = NULL;
   Py_ssize_t n = PySequence_Size(list);
   if (n < 0)
     return NULL;
@@ -97,6 +103,7 @@ static PyObject *py_share_copy(PyObject *self, PyObject *args)
   gpuipc_share_stats_t st;
   memset(&st, 0, sizeof(st));
   o.stats = &st;
+  o.next_round = next;
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_share_copy(dom, round, e, (int)n, stream, &o));
   extents_free(e, n);

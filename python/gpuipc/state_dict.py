@@ -818,8 +818,11 @@ class Reader(_Named):
             handle = s.cuda_stream
         else:
             s, handle = None, None
+        # The next version's round: its table is opened ahead, after this
+        # call, so that the next sync finds it mapped.
         self.share_stats = _c.share_copy(self.domain._box, f"{self.name}.v{sd.version}",
-                                         ext, handle, int(chunk_bytes), self.timeout)
+                                         ext, handle, int(chunk_bytes), self.timeout,
+                                         f"{self.name}.v{sd.version + 1}")
         if s is not None:
             s.synchronize()
 

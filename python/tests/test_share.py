@@ -3,7 +3,8 @@ publisher's snapshot versions copied by three readers at once into tensors
 in gpuipc memory, every tensor's bytes checked, each reader's counts
 adding up to the version's chunks (tensors of several dtypes and sizes,
 none a multiple of the chunk: the extents are the tensors); a second
-version is a round of its own; targets that cannot take part are refused
+version is a round of its own, whose table each reader opened ahead (while
+the first was copied); targets that cannot take part are refused
 before anything is copied. Whether the chunks were shared between the
 members is C's test (tests/share_copy.c holds members in one round)."""
 import json
@@ -79,6 +80,24 @@ def test_three_readers_copy_two_versions(env, procs):
         # Every chunk left the publisher at least once; with three readers
         # in one round, once (C's test holds them together to show it).
         assert want_chunks <= took <= 3 * want_chunks
+        if v == 1:
+            # Each reader's library opened the next version's round table
+            # ahead, before it is published (tests/share_ahead.c shows the
+            # next call takes it). Looked at from another process: this
+            # one's library keeps the runtime directory it first used.
+            look = ("import gpuipc, json, time\n"
+                    "with gpuipc.Domain(%r) as d:\n"
+                    "    for _ in range(6000):\n"
+                    "        st = [x['nholders'] for x in d.segments()\n"
+                    "              if x['name'] == 'w.v2.share']\n"
+                    "        if st == [3]:\n"
+                    "            break\n"
+                    "        time.sleep(0.01)\n"
+                    "    print(json.dumps([(x['name'], x['nholders'])\n"
+                    "                      for x in d.segments()]))\n" % dom)
+            out = subprocess.run([sys.executable, "-c", look], env=env, check=True,
+                                 capture_output=True, text=True, timeout=120).stdout
+            assert ["w.v2.share", 3] in json.loads(out), out
     for r in readers:
         r.finish()
     pub.finish()

@@ -26,7 +26,8 @@
  * parent's handles are not its to release).
  *
  * The lock is a leaf: nothing is called while it is held but the buffer
- * registry's reference count.
+ * registry's reference count (and, at fork(), ahead.c's lock after it).
+ * The tables opened ahead (ahead.c) go by the same tick, leave and fork.
  */
 #include "share/share.h"
 #include "domain/domain.h"
@@ -69,11 +70,13 @@ static void fork_prepare(struct gpuipc__fork_hook *h)
 {
   (void)h;
   pthread_mutex_lock(&mu);
+  gpuipc__share_ahead_fork(0);
 }
 
 static void fork_parent(struct gpuipc__fork_hook *h)
 {
   (void)h;
+  gpuipc__share_ahead_fork(1);
   pthread_mutex_unlock(&mu);
 }
 
@@ -81,6 +84,7 @@ static void fork_parent(struct gpuipc__fork_hook *h)
 static void fork_child(struct gpuipc__fork_hook *h)
 {
   (void)h;
+  gpuipc__share_ahead_fork(2);
   entries = NULL;
   pthread_mutex_unlock(&mu);
 }
@@ -321,7 +325,7 @@ static bool lender_gone(const struct share_cache_entry *e)
            st != e->start_time));
 }
 
-void gpuipc__share_cache_tick(gpuipc_domain_t *dom)
+uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
 {
   pthread_once(&once, install);
   struct share_cache_entry *drop = NULL;
@@ -344,12 +348,15 @@ void gpuipc__share_cache_tick(gpuipc_domain_t *dom)
   }
   pthread_mutex_unlock(&mu);
   let_go(drop);
+  gpuipc__share_ahead_tick(dom, now);
+  return now;
 }
 
 /* The domain is being left: everything kept for it goes (what a call
  * could not settle stays mapped, its entry forgotten). */
 static void leave(gpuipc_domain_t *d)
 {
+  gpuipc__share_ahead_leave(d);
   struct share_cache_entry *drop = NULL;
   pthread_mutex_lock(&mu);
   for (struct share_cache_entry **pp = &entries; *pp != NULL;) {

@@ -97,7 +97,7 @@ static int ext_check(const gpuipc_share_extent_t *ext, int n, int *device)
 
 static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
                       uint64_t *chunk_bytes, int *timeout_ms,
-                      gpuipc_share_stats_t **stats)
+                      gpuipc_share_stats_t **stats, const char **next)
 {
   gpuipc_share_opts_t u = GPUIPC_SHARE_OPTS_INIT;
   if (opts != NULL) {
@@ -117,6 +117,17 @@ static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
   *chunk_bytes = u.chunk_bytes != 0 ? u.chunk_bytes
                                     : GPUIPC__SHARE_CHUNK_DEFAULT;
   *stats = u.stats;
+  *next = u.next_round;
+  if (u.next_round != NULL) {
+    int rc = gpuipc__name_check(u.next_round, "gpuipc_share_copy: "
+                                "opts->next_round");
+    if (rc != 0)
+      return rc;
+    if (strlen(u.next_round) > GPUIPC_SHARE_ROUND_MAX)
+      return gpuipc__err(-EINVAL, "gpuipc_share_copy: opts->next_round "
+                         "\"%s\" is longer than %d characters",
+                         u.next_round, GPUIPC_SHARE_ROUND_MAX);
+  }
   return gpuipc__timeout_resolve("gpuipc_share_copy", "timeout_ms",
                                  u.timeout_ms, gpuipc__dom_timeout(dom),
                                  timeout_ms);
@@ -155,6 +166,16 @@ static int home_gpu(const gpuipc_buf_t *b)
 
 static int table_open(struct share_call *c, struct share_table *t)
 {
+  int rc = gpuipc__share_ahead_take(c->dom, c->round, c->l, c->device, t,
+                                    &c->words);
+  if (rc == 0) {
+    c->st.ahead = 1;
+    if (!atomic_load(&t->hdr->closed))
+      return 0;
+    gpuipc_buf_release(t->buf);
+    return gpuipc__err(-ESTALE, "gpuipc_share_copy(%s): the round is over",
+                       c->round);
+  }
   char name[GPUIPC_NAME_MAX + 1];
   gpuipc__share_table_name(name, sizeof(name), c->round);
   gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
@@ -163,7 +184,7 @@ static int table_open(struct share_call *c, struct share_table *t)
   o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
   o.timeout_ms = c->timeout_ms;
   gpuipc_buf_t *b;
-  int rc = gpuipc_segment_open(c->dom, name, &o, &b);
+  rc = gpuipc_segment_open(c->dom, name, &o, &b);
   if (rc != 0)
     return rc;
   gpuipc__share_table_map(t, b, c->l);
@@ -268,10 +289,15 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
   atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_LEFT);
   close_round(c);
   bool created = c->t->created;
-  if (wrc == 0)
-    gpuipc_buf_release(c->t->buf); /* else kept: its stream writes there */
+  uint64_t now = gpuipc__share_cache_tick(c->dom);
+  /* The table goes, unless unsettled (its stream writes there): on the
+   * thread that opens the next round's, when the caller named one. */
+  if (wrc == 0 &&
+      (c->next_round == NULL || rc != 0 ||
+       !gpuipc__share_ahead_start(c->dom, c->next_round, c->l, c->device,
+                                  c->timeout_ms, c->t->buf, now)))
+    gpuipc_buf_release(c->t->buf);
   c->t = NULL;
-  gpuipc__share_cache_tick(c->dom);
   if (created) { /* rounds whose members all died: once out of the way */
     char name[GPUIPC_NAME_MAX + 1];
     gpuipc__share_table_name(name, sizeof(name), c->round);
@@ -334,7 +360,13 @@ static int share_run(struct share_call *c, int dst_dev)
   bool pub_gpu = on_publisher_gpu(c->l, dst_dev);
   if (pub_gpu || join(c, &t, &lent) != 0) {
     c->t = NULL;
-    return gpuipc__share_alone(c);
+    int rc = gpuipc__share_alone(c);
+    /* Kept out of this round (it was over, say), maybe not the next. */
+    uint64_t now = gpuipc__share_cache_tick(c->dom);
+    if (rc == 0 && !pub_gpu && c->next_round != NULL)
+      (void)gpuipc__share_ahead_start(c->dom, c->next_round, c->l, c->device,
+                                      c->timeout_ms, NULL, now);
+    return rc;
   }
   return leave(c, lent, gpuipc__share_run(c));
 }
@@ -348,8 +380,10 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   uint64_t chunk_bytes = 0;
   int timeout_ms = 0;
   gpuipc_share_stats_t *stats = NULL;
+  const char *next_round = NULL;
   if (rc == 0)
-    rc = opts_check(dom, opts, &chunk_bytes, &timeout_ms, &stats);
+    rc = opts_check(dom, opts, &chunk_bytes, &timeout_ms, &stats,
+                    &next_round);
   if (rc != 0)
     return rc;
   struct share_layout l;
@@ -364,6 +398,7 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   c.stream = stream;
   c.pwait_slot = -1;
   c.timeout_ms = timeout_ms;
+  c.next_round = next_round;
   c.st.slot = -1;
   c.st.nchunks = l.nchunks;
   c.missing = l.nchunks;

@@ -284,10 +284,40 @@ gpuipc_buf_t *gpuipc__share_kept_buf(const struct share_kept *k);
  * an opened segment is never let go. */
 void gpuipc__share_cache_put(struct share_kept *k, bool settled);
 /* At the end of a call through @dom: let go of what is no longer wanted
- * (see cache.c). */
-void gpuipc__share_cache_tick(gpuipc_domain_t *dom);
+ * (see cache.c). Returns the call count now. */
+uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom);
 /* Tests: what this process keeps for @dom. */
 void gpuipc__share_cache_count(gpuipc_domain_t *dom, int *lends, int *opens);
+
+/* ----- ahead.c ----- */
+/*
+ * After a call: on a thread of the library, let go of @retire (the call's
+ * table, or NULL) and open the table of round @next for layout @l on
+ * @device, as a member's call would, for the next call (started at call
+ * count @now). false when it cannot start: the caller then lets go of
+ * @retire itself.
+ */
+bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
+                               const struct share_layout *l, int device,
+                               int timeout_ms, gpuipc_buf_t *retire,
+                               uint64_t now);
+/*
+ * The table opened ahead for round @round, waiting for its thread: 0 with
+ * @t mapped (and *@words its address for @device's streams); -ENOENT when
+ * none was, or it is of another layout or device (let go).
+ */
+int gpuipc__share_ahead_take(gpuipc_domain_t *dom, const char *round,
+                             const struct share_layout *l, int device,
+                             struct share_table *t, uint64_t *words);
+/* Let go of the tables of @dom opened ahead and not taken for
+ * GPUIPC__SHARE_KEEP_CALLS calls (cache.c's tick, at call count @now). */
+void gpuipc__share_ahead_tick(gpuipc_domain_t *dom, uint64_t now);
+/* @dom is left: every table opened ahead for it goes. */
+void gpuipc__share_ahead_leave(gpuipc_domain_t *dom);
+/* fork(): 0 before it, 1 after in the parent, 2 after in the child. */
+void gpuipc__share_ahead_fork(int phase);
+/* Tests: the tables opened ahead for @dom, taken or not. */
+int gpuipc__share_ahead_count(gpuipc_domain_t *dom);
 
 /* ----- lend.c ----- */
 struct share_lent; /* what this member lent */
@@ -331,6 +361,7 @@ struct gpuipc__share_stats {
   uint64_t reclaimed; /* stale claims taken over */
   uint64_t passed_over; /* parents passed over */
   uint64_t sources;     /* a bit for each member slot it copied from */
+  int ahead;  /* 1: its table was opened ahead (ahead.c) */
   int lent;   /* destination buffers it lent anew (not kept from before) */
   int opened; /* peers' lent segments it mapped anew */
 };
@@ -357,6 +388,7 @@ struct share_call {
   uint64_t in_bytes;
   uint64_t words; /* the table's address for @device's streams */
   int timeout_ms;
+  const char *next_round; /* the caller's next round (ahead.c), or NULL */
   struct share_peer peers[GPUIPC__SHARE_MEMBERS];
   struct share_peers_open *po;
   uint64_t rseq; /* the number of this member's last copy from a peer */

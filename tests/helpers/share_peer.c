@@ -162,6 +162,9 @@ static long check(gpuipc_buf_t *const *d, unsigned seed)
  * its result line. 0, or 9: what the caller was told is not what the call
  * counted.
  */
+/* The round the next calls name as their next (opts.next_round), if any. */
+static char next_round[GPUIPC_NAME_MAX + 1];
+
 static int one_call(gpuipc_domain_t *dom, const char *round,
                     gpuipc_buf_t *const *src, gpuipc_buf_t *const *dst,
                     unsigned seed, int timeout_ms)
@@ -179,6 +182,7 @@ static int one_call(gpuipc_domain_t *dom, const char *round,
   gpuipc_share_stats_t ps;
   memset(&ps, 0xff, sizeof(ps));
   o.stats = &ps;
+  o.next_round = next_round[0] != '\0' ? next_round : NULL;
   int rc = gpuipc_share_copy(dom, round, ext, SHARE_NEXT, NULL, &o);
   /* What the caller is told is what the call counted. */
   struct gpuipc__share_stats st;
@@ -195,12 +199,12 @@ static int one_call(gpuipc_domain_t *dom, const char *round,
       *p = ' ';
   snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
            "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-           "lent=%d opened=%d msg=%s\n", rc,
+           "lent=%d opened=%d ahead=%d msg=%s\n", rc,
            (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
            st.joined, st.server, (unsigned long long)st.reclaimed,
            (unsigned long long)st.passed_over, st.slot,
            (unsigned long long)st.sources,
-           rc == 0 ? check(dst, seed) : 0, st.lent, st.opened, msg);
+           rc == 0 ? check(dst, seed) : 0, st.lent, st.opened, st.ahead, msg);
   say(out);
   return 0;
 }
@@ -240,7 +244,10 @@ int main(int argc, char **argv)
   gpuipc__share_test_hook(hook, NULL);
   say("ready\n");
   char line[64];
-  if (!hear(line, sizeof(line)) || strcmp(line, "go") != 0)
+  bool heard;
+  while ((heard = hear(line, sizeof(line))) && strncmp(line, "next ", 5) == 0)
+    snprintf(next_round, sizeof(next_round), "%s", line + 5);
+  if (!heard || strcmp(line, "go") != 0)
     return 7;
   int timeout_ms = atoi(argv[10]);
   if (one_call(dom, argv[6], src, dst, seed, timeout_ms) != 0)
@@ -260,10 +267,13 @@ int main(int argc, char **argv)
       say("renewed\n");
     } else if (strcmp(line, "kept") == 0) {
       int lends, opens;
-      char out[64];
+      char out[80];
       gpuipc__share_cache_count(dom, &lends, &opens);
-      snprintf(out, sizeof(out), "kept lends=%d opens=%d\n", lends, opens);
+      snprintf(out, sizeof(out), "kept lends=%d opens=%d ahead=%d\n", lends,
+               opens, gpuipc__share_ahead_count(dom));
       say(out);
+    } else if (strncmp(line, "next ", 5) == 0) {
+      snprintf(next_round, sizeof(next_round), "%s", line + 5);
     }
   }
   for (int i = 0; i < SHARE_NDST; i++)

@@ -10,12 +10,14 @@
  * says "joined" when it took its slot and "leave" once every chunk is in;
  * with a gate it then waits for "out" before it leaves the round. Then it
  * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
- * reclaimed=N passed=N slot=N sources=HEX bad=N lent=N opened=N
- * msg=LAST_ERROR". Then, until EOF (when it exits), it takes commands:
- * "again ROUND" (its destinations filled afresh, another call, in round
- * ROUND, with the same gate), "renew K" (destination K released and
- * allocated anew; says "renewed") and "kept" (says "kept lends=N
- * opens=N": what it keeps across calls).
+ * reclaimed=N passed=N slot=N sources=HEX bad=N lent=N opened=N ahead=N
+ * msg=LAST_ERROR". Before "go" and after its result it takes "next ROUND"
+ * (the next_round of its calls from then on). After its result, until
+ * EOF (when it exits), it takes commands: "again ROUND" (its destinations
+ * filled afresh, another call, in round ROUND, with the same gate),
+ * "renew K" (destination K released and allocated anew; says "renewed")
+ * and "kept" (says "kept lends=N opens=N ahead=N": what it keeps across
+ * calls, and the tables opened ahead for it).
  */
 #ifndef GPUIPC_TEST_SHARE_PEER_H
 #define GPUIPC_TEST_SHARE_PEER_H
@@ -161,6 +163,7 @@ struct sresult {
   unsigned long long sources; /* a bit for each slot it copied from */
   long bad;
   int lent, opened; /* buffers it lent, peers' segments it mapped, anew */
+  int ahead;        /* 1: its table was opened ahead (opts.next_round) */
   char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
 };
 
@@ -176,10 +179,10 @@ static inline void sreader_result(struct sreader *r, struct sresult *out)
     int at = -1;
     if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
                "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-               "lent=%d opened=%d msg=%n", &out->rc, &out->pub, &out->peer,
-               &out->joined, &out->server, &out->reclaimed, &out->passed,
-               &out->slot, &out->sources, &out->bad, &out->lent,
-               &out->opened, &at) != 12 || at < 0)
+               "lent=%d opened=%d ahead=%d msg=%n", &out->rc, &out->pub,
+               &out->peer, &out->joined, &out->server, &out->reclaimed,
+               &out->passed, &out->slot, &out->sources, &out->bad,
+               &out->lent, &out->opened, &out->ahead, &at) != 13 || at < 0)
       TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
     snprintf(out->msg, sizeof(out->msg), "%s", l + at);
     return;

@@ -1,0 +1,213 @@
+/*
+ * The next round's table, opened ahead (gpuipc_share_opts_t.next_round).
+ * Opening a round's table is a request to the broker, a mapping and its
+ * registration with CUDA: 0.9--2.4 ms measured, on the path of every
+ * sync, and letting go of it 0.25--0.5 ms more. A caller that knows the
+ * name of its next round (a state dict's next version) names it; after
+ * the call a thread of the library lets go of that call's table, then
+ * opens (or creates) the next round's for the same layout and device, as
+ * the call itself would have. The next call under that name takes it,
+ * waiting for the thread if it is still at work; a call under another
+ * name leaves it, and it is let go once unused for GPUIPC__SHARE_KEEP_CALLS
+ * calls of the process (cache.c's tick), and at gpuipc_domain_leave.
+ *
+ * What the thread opened is the table any member of that round opens (the
+ * same name, checked the same way): nothing else of the protocol changes.
+ * A table opened ahead for a round that then never comes stays named
+ * while this process holds it; once let go, with no member in it, it is
+ * swept (sweep.c).
+ *
+ * A child made by fork() has no such thread: it forgets the entries (the
+ * parent's handles are the parent's).
+ */
+#include "share/share.h"
+#include "segment/segment.h"
+#include "mem/mem.h"
+#include "cuda/cuda.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ahead {
+  struct ahead *next;
+  gpuipc_domain_t *dom;
+  char round[GPUIPC_NAME_MAX + 1];
+  struct share_layout l; /* its counts and digest only: no pieces */
+  int device;
+  int timeout_ms;
+  gpuipc_buf_t *retire; /* the finished call's table: let go first */
+  pthread_t th;
+  uint64_t born; /* the call count when started */
+  /* What the thread made (read once it is joined). */
+  int rc;
+  struct share_table t;
+  uint64_t words;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ahead *list;
+
+static void *ahead_main(void *arg)
+{
+  struct ahead *a = arg;
+  if (a->retire != NULL)
+    gpuipc_buf_release(a->retire);
+  a->retire = NULL;
+  char name[GPUIPC_NAME_MAX + 1];
+  gpuipc__share_table_name(name, sizeof(name), a->round);
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = gpuipc__share_table_bytes(&a->l);
+  o.kind = GPUIPC_KIND_HOST;
+  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+  o.timeout_ms = a->timeout_ms;
+  gpuipc_buf_t *b = NULL;
+  a->rc = gpuipc_segment_open(a->dom, name, &o, &b);
+  if (a->rc != 0)
+    return NULL;
+  gpuipc__share_table_map(&a->t, b, &a->l);
+  a->rc = gpuipc__share_table_init(&a->t, &a->l, a->timeout_ms);
+  if (a->rc == 0 && a->device >= 0) {
+    a->rc = gpuipc__host_pin(b, a->device);
+    if (a->rc == 0)
+      a->rc = gpuipc__word_dev(a->device, a->t.base, &a->words);
+  }
+  if (a->rc != 0)
+    gpuipc_buf_release(b);
+  return NULL;
+}
+
+/* Join @a's thread and let go of what it opened; free @a. */
+static void ahead_drop(struct ahead *a)
+{
+  pthread_join(a->th, NULL);
+  if (a->rc == 0)
+    gpuipc_buf_release(a->t.buf);
+  free(a);
+}
+
+bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
+                               const struct share_layout *l, int device,
+                               int timeout_ms, gpuipc_buf_t *retire,
+                               uint64_t now)
+{
+  struct ahead *a = calloc(1, sizeof(*a));
+  if (a == NULL)
+    return false;
+  a->dom = dom;
+  snprintf(a->round, sizeof(a->round), "%s", next);
+  a->l = (struct share_layout){.n = l->n, .chunk_bytes = l->chunk_bytes,
+                               .nchunks = l->nchunks, .digest = l->digest};
+  a->device = device;
+  a->timeout_ms = timeout_ms;
+  a->retire = retire;
+  a->born = now;
+  pthread_mutex_lock(&mu);
+  bool dup = false;
+  for (struct ahead *x = list; x != NULL && !dup; x = x->next)
+    dup = x->dom == dom && strcmp(x->round, next) == 0;
+  /* A thread of the library takes no signal meant for the caller's. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  bool ok = !dup && pthread_create(&a->th, NULL, ahead_main, a) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (ok) {
+    a->next = list;
+    list = a;
+  }
+  pthread_mutex_unlock(&mu);
+  if (!ok)
+    free(a); /* the caller lets go of @retire */
+  return ok;
+}
+
+int gpuipc__share_ahead_take(gpuipc_domain_t *dom, const char *round,
+                             const struct share_layout *l, int device,
+                             struct share_table *t, uint64_t *words)
+{
+  struct ahead *a = NULL;
+  pthread_mutex_lock(&mu);
+  for (struct ahead **pp = &list; *pp != NULL; pp = &(*pp)->next)
+    if ((*pp)->dom == dom && strcmp((*pp)->round, round) == 0) {
+      a = *pp;
+      *pp = a->next;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  if (a == NULL)
+    return -ENOENT;
+  pthread_join(a->th, NULL);
+  /* Opened for another layout or device than this call's: not its. */
+  bool fits = a->rc == 0 && a->device == device && a->l.n == l->n &&
+              a->l.chunk_bytes == l->chunk_bytes &&
+              a->l.nchunks == l->nchunks && a->l.digest == l->digest;
+  if (!fits) {
+    if (a->rc == 0)
+      gpuipc_buf_release(a->t.buf);
+    free(a);
+    return -ENOENT;
+  }
+  *t = a->t;
+  *words = a->words;
+  free(a);
+  return 0;
+}
+
+/* Take off the list the entries of @dom that @drop says go. */
+static struct ahead *take_off(gpuipc_domain_t *dom, uint64_t now, bool all)
+{
+  struct ahead *out = NULL;
+  pthread_mutex_lock(&mu);
+  for (struct ahead **pp = &list; *pp != NULL;) {
+    struct ahead *a = *pp;
+    if (a->dom == dom && (all || now - a->born > GPUIPC__SHARE_KEEP_CALLS)) {
+      *pp = a->next;
+      a->next = out;
+      out = a;
+    } else {
+      pp = &a->next;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return out;
+}
+
+void gpuipc__share_ahead_tick(gpuipc_domain_t *dom, uint64_t now)
+{
+  for (struct ahead *a = take_off(dom, now, false), *n; a != NULL; a = n) {
+    n = a->next;
+    ahead_drop(a);
+  }
+}
+
+void gpuipc__share_ahead_leave(gpuipc_domain_t *dom)
+{
+  for (struct ahead *a = take_off(dom, 0, true), *n; a != NULL; a = n) {
+    n = a->next;
+    ahead_drop(a);
+  }
+}
+
+void gpuipc__share_ahead_fork(int phase)
+{
+  if (phase == 0) {
+    pthread_mutex_lock(&mu);
+    return;
+  }
+  if (phase == 2)
+    list = NULL; /* the child: no thread, and the handles are the parent's */
+  pthread_mutex_unlock(&mu);
+}
+
+int gpuipc__share_ahead_count(gpuipc_domain_t *dom)
+{
+  int n = 0;
+  pthread_mutex_lock(&mu);
+  for (struct ahead *a = list; a != NULL; a = a->next)
+    n += a->dom == dom;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
