@@ -81,6 +81,19 @@ def publish(dom):
             say(published=pub.publish(make(pub.version + 1)))
 
 
+def lend(dom):
+    """Publishes version N of make() lent (Publisher(lend=True)): the same
+    gpuipc memory every version, its bytes rewritten in place."""
+    with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w", lend=True) as pub:
+        sd, buf = targets()
+        while sys.stdin.readline().strip() == "more":
+            for k, t in make(pub.version + 1).items():
+                sd[k].copy_(t)
+            say(published=pub.publish(sd))
+        del sd
+        buf.release()
+
+
 def read(dom):
     with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w") as r:
         mine, buf = targets()

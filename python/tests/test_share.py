@@ -105,7 +105,7 @@ def test_three_readers_copy_two_versions(env, procs):
 
 def test_targets_that_cannot_share_are_refused(env, procs, monkeypatch):
     monkeypatch.setenv("GPUIPC_DIR", env["GPUIPC_DIR"])
-    pub = Proc(env, "publish", "share2")
+    pub = Proc(env, "lend", "share2")  # its versions' views are kept: see below
     procs.append(pub)
     pub.tell("more")
     assert pub.line() == {"published": 1}
@@ -127,6 +127,28 @@ def test_targets_that_cannot_share_are_refused(env, procs, monkeypatch):
         assert all(share_peer.same(mine[k], t) for k, t in share_peer.make(1).items())
         assert r.share_stats["from_publisher"] + r.share_stats["from_peers"] == \
             share_peer.nchunks()
+        # A lent version's views are kept from one version to the next, and
+        # with them the extents of the last call; the next version lands.
+        pub.tell("more")
+        assert pub.line() == {"published": 2}
+        r.copy_into(mine, share=True, chunk_bytes=share_peer.CHUNK)
+        assert all(share_peer.same(mine[k], t) for k, t in share_peer.make(2).items())
+        # The same target, one tensor swapped for another (in other gpuipc
+        # memory): the bytes land in the new one.
+        other, obuf = share_peer.targets()
+        mine["norm"] = other["norm"]
+        r.copy_into(mine, share=True, chunk_bytes=share_peer.CHUNK)
+        assert share_peer.same(other["norm"], share_peer.make(2)["norm"])
+        # ... and one whose storage was swapped under the same object
+        other["norm"].zero_()
+        held = mine["embed"]
+        held.data = other["embed"].data
+        other["embed"].zero_()
+        r.copy_into(mine, share=True, chunk_bytes=share_peer.CHUNK)
+        assert share_peer.same(other["embed"], share_peer.make(2)["embed"])
+        assert share_peer.same(other["norm"], share_peer.make(2)["norm"])
+        del other, held
+        obuf.release()
         del mine
         buf.release()
     pub.finish()
