@@ -778,10 +778,10 @@ class Reader(_Named):
         costs the others at most the timeout; its own call raises. What
         the call did is in ``share_stats`` afterwards (a dict: joined,
         server, chunks, from_publisher, from_peers, taken_over, passed_over).
-        Between calls the library keeps the targets lent and the peers'
-        memory mapped, and opens the next version's round ahead; a target
-        tensor's memory comes free at the next shared call after it is
-        dropped, or when the domain is closed."""
+        Between calls the library keeps the targets' gpuipc buffers lent
+        and the peers' memory mapped, and opens the next version's round
+        ahead; a target buffer released meanwhile (a closed mem_pool, say)
+        comes free at the next shared call, or when the domain is closed."""
         _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))
