@@ -21,61 +21,24 @@
 
 #define N 3
 
-/* @r go in turn into @round (joining after one another), each naming
- * @next first (NULL: as before); "go" for the first call. */
-static void in_order(struct sreader *r, int n, const char *round,
-                     const char *next, bool first, struct sresult *res)
-{
-  char line[64];
-  for (int i = 0; i < n; i++) {
-    if (next != NULL) {
-      snprintf(line, sizeof(line), "next %s\n", next);
-      sreader_send(&r[i], line);
-    }
-    snprintf(line, sizeof(line), first ? "go\n" : "again %s\n", round);
-    sreader_send(&r[i], line);
-    sreader_expect(&r[i], "joined");
-  }
-  sreaders_out(r, n, res);
-}
-
 static int ahead_of(struct sreader *r)
 {
   int lends, opens, ahead;
-  sreader_send(r, "kept\n");
-  const char *l = sreader_expect(r, "kept ");
-  if (sscanf(l, "kept lends=%d opens=%d ahead=%d", &lends, &opens,
-             &ahead) != 3)
-    TFAIL("bad line \"%s\"", l);
+  sreader_kept(r, &lends, &opens, &ahead);
   return ahead;
 }
 
-/* The holders of @name as the broker lists it; -1 when it is not listed
- * (or unlinked). */
-static int holders(gpuipc_domain_t *dom, const char *name)
-{
-  gpuipc_segment_info_t x = {.size = sizeof(x)};
-  if (gpuipc_segment_stat(dom, name, &x) != 0 ||
-      x.state == GPUIPC_SEG_UNLINKED)
-    return -1;
-  return x.nholders;
-}
-
-/* Wait until @name has @want holders (the readers' threads at work). */
-static void wait_holders(gpuipc_domain_t *dom, const char *name, int want)
-{
-  for (int i = 0; i < 60000 && holders(dom, name) != want; i++)
-    usleep(1000);
-  ASSERT_EQ(holders(dom, name), want);
-}
-
-/* Exactly one member copied every chunk from the publisher; every other
- * member from a peer. */
-static void one_chain(const struct sresult *r, int n)
+/* Every member joined, its table opened ahead or not as @ahead says;
+ * exactly one copied every chunk from the publisher, every other from a
+ * peer. */
+static void one_chain(const struct sresult *r, int n, int ahead)
 {
   int heads = 0;
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
+    ASSERT_EQ(r[i].ahead, ahead);
+    ASSERT_EQ(r[i].joined, 1);
     heads += r[i].pub == share_nchunks();
+  }
   if (heads != 1)
     for (int i = 0; i < n; i++)
       if (r[i].passed != 0)
@@ -93,41 +56,33 @@ static void readers(gpuipc_domain_t *dom)
     sreader_expect(&r[i], "ready");
   }
   test_stamp("a1, naming a2: nothing was opened ahead yet");
-  in_order(r, N, "a1", "a2", true, a);
+  sreaders_in_order(r, N, "a1", "a2", true, a);
   for (int i = 0; i < N; i++)
     ASSERT_EQ(a[i].ahead, 0);
-  wait_holders(dom, "a2.share", N); /* each reader's thread opened it */
-  share_wait_none(dom, "a1.");      /* and let go of a1's */
+  share_wait_holders(dom, "a2.share", N); /* each reader's thread opened it */
+  share_wait_none(dom, "a1.");            /* and let go of a1's */
   for (int i = 0; i < N; i++)
     ASSERT_EQ(ahead_of(&r[i]), 1);
 
   test_stamp("a2, naming a3: the table opened ahead is taken");
-  in_order(r, N, "a2", "a3", false, a);
-  for (int i = 0; i < N; i++) {
-    ASSERT_EQ(a[i].ahead, 1);
-    ASSERT_EQ(a[i].joined, 1);
-  }
-  one_chain(a, N);
-  wait_holders(dom, "a3.share", N);
+  sreaders_in_order(r, N, "a2", "a3", false, a);
+  one_chain(a, N, 1);
+  share_wait_holders(dom, "a3.share", N);
   share_wait_none(dom, "a2.");
 
   test_stamp("a4 instead of a3 (naming a5): a3's stays unused");
-  in_order(r, N, "a4", "a5", false, a);
-  for (int i = 0; i < N; i++) {
-    ASSERT_EQ(a[i].ahead, 0);
-    ASSERT_EQ(a[i].joined, 1);
-  }
-  one_chain(a, N);
-  wait_holders(dom, "a5.share", N);
-  ASSERT_EQ(holders(dom, "a3.share"), N);
+  sreaders_in_order(r, N, "a4", "a5", false, a);
+  one_chain(a, N, 0);
+  share_wait_holders(dom, "a5.share", N);
+  ASSERT_EQ(share_holders(dom, "a3.share"), N);
   for (int i = 0; i < N; i++)
     ASSERT_EQ(ahead_of(&r[i]), 2);
 
   test_stamp("the readers leave: a3's and a5's tables are held by nobody; "
              "the next creator sweeps them");
   sreaders_end_ok(r, N);
-  wait_holders(dom, "a3.share", 0);
-  wait_holders(dom, "a5.share", 0);
+  share_wait_holders(dom, "a3.share", 0);
+  share_wait_holders(dom, "a5.share", 0);
   struct sreader last;
   struct sresult res;
   sreader_start(&last, "share", "v1", 1, "a7", "", 0, "own",
@@ -152,7 +107,7 @@ static void layouts(gpuipc_domain_t *dom, gpuipc_buf_t *const *v)
   gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
   o.next_round = "b2";
   ASSERT_OK(gpuipc_share_copy(dom, "b1", &e, 1, NULL, &o));
-  wait_holders(dom, "b2.share", 1);
+  share_wait_holders(dom, "b2.share", 1);
   ASSERT_EQ(gpuipc__share_ahead_count(dom), 1);
   o.chunk_bytes = 4096; /* another layout: another table size */
   o.next_round = NULL;
@@ -174,7 +129,7 @@ static void layouts(gpuipc_domain_t *dom, gpuipc_buf_t *const *v)
   o.next_round = "n123456789012345678901234567890123456789012345678";
   ASSERT_RC(gpuipc_share_copy(dom, "b3", &e, 1, NULL, &o), -EINVAL);
   ASSERT_ERR_MENTIONS("longer than");
-  ASSERT_EQ(holders(dom, "b3.share"), -1);
+  ASSERT_EQ(share_holders(dom, "b3.share"), -1);
 
   test_stamp("leaving at once: the thread still at work is waited for");
   for (int i = 0; i < 20; i++) {

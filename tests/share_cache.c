@@ -21,26 +21,16 @@
 
 #define N 3
 
-/* Each of @r goes in turn into round @round ("go" for the first call),
- * joining after the one before it: the chain is r[0], r[1], ... */
 static void in_order(struct sreader *r, int n, const char *round, bool first,
                      struct sresult *res)
 {
-  char line[64];
-  snprintf(line, sizeof(line), first ? "go\n" : "again %s\n", round);
-  for (int i = 0; i < n; i++) {
-    sreader_send(&r[i], line);
-    sreader_expect(&r[i], "joined");
-  }
-  sreaders_out(r, n, res);
+  sreaders_in_order(r, n, round, NULL, first, res);
 }
 
 static void kept(struct sreader *r, int *lends, int *opens)
 {
-  sreader_send(r, "kept\n");
-  const char *l = sreader_expect(r, "kept ");
-  if (sscanf(l, "kept lends=%d opens=%d ahead=", lends, opens) != 2)
-    TFAIL("bad line \"%s\"", l);
+  int ahead;
+  sreader_kept(r, lends, opens, &ahead);
 }
 
 /* Whether @r copied from exactly the slot of @parent, passing none over. */

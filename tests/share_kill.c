@@ -121,20 +121,6 @@ static void killed_among(gpuipc_domain_t *dom)
   share_wait_none(dom, "k6");
 }
 
-/* Wait until the broker counts no holder of segment @name. */
-static void wait_unheld(gpuipc_domain_t *dom, const char *name)
-{
-  for (int i = 0; i < 60000; i++) {
-    gpuipc_segment_info_t x;
-    x.size = sizeof(x);
-    ASSERT_OK(gpuipc_segment_stat(dom, name, &x));
-    if (x.nholders == 0)
-      return;
-    usleep(1000);
-  }
-  TFAIL("%s is still held a minute after its holders died", name);
-}
-
 /*
  * Every member of a round killed: its table and their standing lends stay
  * named (the broker keeps their memory) until the next member that
@@ -152,7 +138,7 @@ static void all_killed(gpuipc_domain_t *dom)
     sreader_send(&k[i], "go\n");
     ASSERT_EQ(sreader_end(&k[i]), 128 + SIGKILL);
   }
-  wait_unheld(dom, "k8.share");
+  share_wait_holders(dom, "k8.share", 0);
   int left = share_segments_in(dom, "k8", true);
   ASSERT_EQ(left, 1); /* the table */
   /* Their standing lends: every destination buffer of each, held by

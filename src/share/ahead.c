@@ -21,9 +21,6 @@
  * parent's handles are the parent's).
  */
 #include "share/share.h"
-#include "segment/segment.h"
-#include "mem/mem.h"
-#include "cuda/cuda.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -56,26 +53,8 @@ static void *ahead_main(void *arg)
   if (a->retire != NULL)
     gpuipc_buf_release(a->retire);
   a->retire = NULL;
-  char name[GPUIPC_NAME_MAX + 1];
-  gpuipc__share_table_name(name, sizeof(name), a->round);
-  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
-  o.bytes = gpuipc__share_table_bytes(&a->l);
-  o.kind = GPUIPC_KIND_HOST;
-  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
-  o.timeout_ms = a->timeout_ms;
-  gpuipc_buf_t *b = NULL;
-  a->rc = gpuipc_segment_open(a->dom, name, &o, &b);
-  if (a->rc != 0)
-    return NULL;
-  gpuipc__share_table_map(&a->t, b, &a->l);
-  a->rc = gpuipc__share_table_init(&a->t, &a->l, a->timeout_ms);
-  if (a->rc == 0 && a->device >= 0) {
-    a->rc = gpuipc__host_pin(b, a->device);
-    if (a->rc == 0)
-      a->rc = gpuipc__word_dev(a->device, a->t.base, &a->words);
-  }
-  if (a->rc != 0)
-    gpuipc_buf_release(b);
+  a->rc = gpuipc__share_table_open(a->dom, a->round, &a->l, a->device,
+                                   a->timeout_ms, &a->t, &a->words);
   return NULL;
 }
 
@@ -156,7 +135,8 @@ int gpuipc__share_ahead_take(gpuipc_domain_t *dom, const char *round,
   return 0;
 }
 
-/* Take off the list the entries of @dom that @drop says go. */
+/* Take off the list the entries of @dom: @all, or those not taken within
+ * GPUIPC__SHARE_KEEP_CALLS calls of @now. */
 static struct ahead *take_off(gpuipc_domain_t *dom, uint64_t now, bool all)
 {
   struct ahead *out = NULL;

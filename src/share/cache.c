@@ -159,88 +159,87 @@ static const struct gpuipc_buf *base_of(const gpuipc_buf_t *b)
   return b->base != NULL ? b->base : b;
 }
 
-static struct share_cache_entry *lend_find(gpuipc_domain_t *dom, const gpuipc_buf_t *dst)
+/*
+ * Whether @e is the entry @key describes: a standing lend of the same
+ * caller's buffer, or a peer's segment of the same id, device, lender and
+ * name number (the lender's pid and name number are part of the key: a
+ * member slot whose words name another member's segment by its id alone
+ * does not get that segment).
+ */
+static bool same(const struct share_cache_entry *e,
+                 const struct share_cache_entry *key)
+{
+  if (e->lend != key->lend || e->dom != key->dom)
+    return false;
+  return e->lend ? e->base == key->base && e->ptr == key->ptr &&
+                       e->size == key->size
+                 : e->id == key->id && e->device == key->device &&
+                       e->pid == key->pid && e->n == key->n;
+}
+
+/* The entry @key describes, with one use of it taken; NULL if none. mu
+ * held. */
+static struct share_cache_entry *use(const struct share_cache_entry *key)
 {
   for (struct share_cache_entry *e = entries; e != NULL; e = e->next)
-    if (e->lend && e->dom == dom && e->base == base_of(dst) &&
-        e->ptr == dst->ptr && e->size == dst->size)
+    if (same(e, key)) {
+      e->busy++;
+      e->used = calls;
       return e;
+    }
   return NULL;
+}
+
+/*
+ * Keep @made (lent or opened by this call, one use taken): unless another
+ * thread's call kept the same meanwhile -- then that one is used and
+ * @made let go. The one kept, in *@out.
+ */
+static void keep(struct share_cache_entry *made, struct share_kept *out)
+{
+  pthread_mutex_lock(&mu);
+  struct share_cache_entry *e = use(made);
+  made->used = calls;
+  if (e == NULL) {
+    made->next = entries;
+    entries = made;
+  }
+  pthread_mutex_unlock(&mu);
+  if (e != NULL)
+    let_go(made);
+  struct share_cache_entry *k = e != NULL ? e : made;
+  *out = (struct share_kept){k, k->id, k->n, e == NULL};
 }
 
 int gpuipc__share_cache_lend(gpuipc_domain_t *dom, gpuipc_buf_t *dst,
                              struct share_kept *out)
 {
   pthread_once(&once, install);
+  struct share_cache_entry key = {.dom = dom, .lend = true,
+                                  .base = base_of(dst), .ptr = dst->ptr,
+                                  .size = dst->size};
   pthread_mutex_lock(&mu);
-  struct share_cache_entry *e = lend_find(dom, dst);
-  uint32_t n = next_n++;
-  if (e != NULL) {
-    e->busy++;
-    e->used = calls;
-  }
+  struct share_cache_entry *e = use(&key);
+  uint32_t n = e == NULL ? next_n++ : 0;
   pthread_mutex_unlock(&mu);
   if (e != NULL) {
     *out = (struct share_kept){e, e->id, e->n, false};
     return 0;
   }
-  struct share_cache_entry *made = calloc(1, sizeof(*made));
+  struct share_cache_entry *made = malloc(sizeof(*made));
   if (made == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_share_copy: out of memory");
+  *made = key;
+  made->n = n;
+  made->device = -1;
+  made->busy = 1;
   int rc = lend_new(dom, dst, n, &made->buf, &made->id);
   if (rc != 0) {
     free(made);
     return rc;
   }
-  made->dom = dom;
-  made->lend = true;
-  made->base = base_of(dst);
-  made->ptr = dst->ptr;
-  made->size = dst->size;
-  made->n = n;
-  made->device = -1;
-  made->busy = 1;
-  pthread_mutex_lock(&mu);
-  made->used = calls;
-  e = lend_find(dom, dst); /* another thread's call lent it meanwhile */
-  if (e != NULL) {
-    e->busy++;
-    e->used = calls;
-  } else {
-    made->next = entries;
-    entries = made;
-  }
-  pthread_mutex_unlock(&mu);
-  if (e != NULL) {
-    made->busy = 0;
-    made->next = NULL;
-    let_go(made);
-    *out = (struct share_kept){e, e->id, e->n, false};
-    return 0;
-  }
-  *out = (struct share_kept){made, made->id, made->n, true};
+  keep(made, out);
   return 0;
-}
-
-/* The lender's pid and name number are part of the key: a member slot
- * whose words name another member's segment by its id alone does not get
- * that segment. */
-static struct share_cache_entry *open_find(gpuipc_domain_t *dom,
-                                           uint32_t pid, uint32_t n,
-                                           uint64_t id, int device)
-{
-  for (struct share_cache_entry *e = entries; e != NULL; e = e->next)
-    if (!e->lend && e->dom == dom && e->id == id && e->device == device &&
-        e->pid == pid && e->n == n)
-      return e;
-  return NULL;
-}
-
-static gpuipc_buf_t *open_take(struct share_cache_entry *e, struct share_kept *out,
-                               bool fresh)
-{
-  *out = (struct share_kept){e, e->id, 0, fresh};
-  return e->buf;
 }
 
 gpuipc_buf_t *gpuipc__share_cache_open(gpuipc_domain_t *dom, uint32_t pid,
@@ -249,51 +248,34 @@ gpuipc_buf_t *gpuipc__share_cache_open(gpuipc_domain_t *dom, uint32_t pid,
                                        struct share_kept *out)
 {
   pthread_once(&once, install);
+  struct share_cache_entry key = {.dom = dom, .id = id, .n = n,
+                                  .device = device, .pid = pid,
+                                  .start_time = start_time, .busy = 1};
   pthread_mutex_lock(&mu);
-  struct share_cache_entry *e = open_find(dom, pid, n, id, device);
-  if (e != NULL) {
-    e->busy++;
-    e->used = calls;
-  }
+  struct share_cache_entry *e = use(&key);
   pthread_mutex_unlock(&mu);
-  if (e != NULL)
-    return open_take(e, out, false);
+  if (e != NULL) {
+    *out = (struct share_kept){e, e->id, e->n, false};
+    return e->buf;
+  }
   char name[GPUIPC_NAME_MAX + 1];
   gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
   o.device = device;
   gpuipc_buf_t *b = NULL;
   uint64_t got = 0;
+  struct share_cache_entry *made = NULL;
   if (gpuipc__share_standing_name(name, sizeof(name), pid, n) != 0 ||
       gpuipc_segment_open(dom, name, &o, &b) != 0 ||
-      gpuipc__seg_id_of(b, dom, &got) != 0 || got != id) {
+      gpuipc__seg_id_of(b, dom, &got) != 0 || got != id ||
+      (made = malloc(sizeof(*made))) == NULL) {
     if (b != NULL)
       gpuipc_buf_release(b);
     return NULL;
   }
-  struct share_cache_entry *made = calloc(1, sizeof(*made));
-  if (made == NULL) {
-    gpuipc_buf_release(b);
-    return NULL;
-  }
-  *made = (struct share_cache_entry){.dom = dom, .buf = b, .id = id, .device = device,
-                         .n = n, .pid = pid, .start_time = start_time,
-                         .busy = 1};
-  pthread_mutex_lock(&mu);
-  made->used = calls;
-  e = open_find(dom, pid, n, id, device);
-  if (e != NULL) {
-    e->busy++;
-    e->used = calls;
-  } else {
-    made->next = entries;
-    entries = made;
-  }
-  pthread_mutex_unlock(&mu);
-  if (e != NULL) {
-    let_go(made); /* the same segment: one mapping kept */
-    return open_take(e, out, false);
-  }
-  return open_take(made, out, true);
+  *made = key;
+  made->buf = b;
+  keep(made, out); /* another call's: one mapping kept */
+  return out->entry->buf;
 }
 
 gpuipc_buf_t *gpuipc__share_kept_buf(const struct share_kept *k)
@@ -314,17 +296,6 @@ void gpuipc__share_cache_put(struct share_kept *k, bool settled)
   k->entry = NULL;
 }
 
-/* Whether the process that lent @e is gone: dead, or its pid another's. */
-static bool lender_gone(const struct share_cache_entry *e)
-{
-  uint64_t st = 0;
-  return e->pid == 0 || e->pid > (uint32_t)INT32_MAX ||
-         !gpuipc__pid_alive((pid_t)e->pid) ||
-         (e->start_time != 0 &&
-          (gpuipc__pid_start_time((pid_t)e->pid, &st) != 0 ||
-           st != e->start_time));
-}
-
 uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
 {
   pthread_once(&once, install);
@@ -337,7 +308,8 @@ uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
     /* Ours the last reference on the caller's buffer: it let go. */
     bool go = e->dom == dom && e->busy == 0 && !e->pinned &&
               (old || (e->lend ? gpuipc__buf_base_refs(e->buf) <= 1
-                               : lender_gone(e)));
+                               : gpuipc__share_pid_gone(e->pid, e->start_time != 0,
+                                                        e->start_time)));
     if (go) {
       *pp = e->next;
       e->next = drop;

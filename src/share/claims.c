@@ -32,12 +32,17 @@ static void peer_refresh(struct share_table *t, int slot,
   if (p->gone || now - p->checked_ns < PID_CHECK_NS)
     return;
   p->checked_ns = now;
+  p->gone = gpuipc__share_pid_gone(pid, p->have_start, p->start_time);
+}
+
+bool gpuipc__share_pid_gone(uint32_t pid, bool have_start,
+                            uint64_t start_time)
+{
   uint64_t st = 0;
   if (pid == 0 || pid > (uint32_t)INT32_MAX || !gpuipc__pid_alive((pid_t)pid))
-    p->gone = true;
-  else if (p->have_start && (gpuipc__pid_start_time((pid_t)pid, &st) != 0 ||
-                             st != p->start_time))
-    p->gone = true;
+    return true;
+  return have_start && (gpuipc__pid_start_time((pid_t)pid, &st) != 0 ||
+                        st != start_time);
 }
 
 bool gpuipc__share_gone(struct share_table *t, int slot,

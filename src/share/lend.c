@@ -24,7 +24,6 @@ struct share_peers_open {
   uint32_t n[GPUIPC__SHARE_MEMBERS];
   struct share_kept *kept[GPUIPC__SHARE_MEMBERS]; /* [n]: entry NULL not yet */
   uint8_t *bad[GPUIPC__SHARE_MEMBERS];           /* [n]: 1 could not open */
-  int lent;   /* lends this call made (not kept from an earlier one) */
   int opened; /* peers' segments this call mapped */
 };
 

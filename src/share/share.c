@@ -95,6 +95,23 @@ static int ext_check(const gpuipc_share_extent_t *ext, int n, int *device)
   return dst_overlap(ext, n);
 }
 
+/* A round name (@what: which one): a segment name of at most
+ * GPUIPC_SHARE_ROUND_MAX characters. */
+static int round_check(const char *name, const char *what)
+{
+  char ctx[64];
+  snprintf(ctx, sizeof(ctx), "gpuipc_share_copy: %s", what);
+  int rc = gpuipc__name_check(name, ctx);
+  if (rc != 0)
+    return rc;
+  if (strlen(name) > GPUIPC_SHARE_ROUND_MAX)
+    return gpuipc__err(-EINVAL, "gpuipc_share_copy: %s \"%s\" is longer "
+                       "than %d characters (its table's name adds %zu)", what,
+                       name, GPUIPC_SHARE_ROUND_MAX,
+                       strlen(GPUIPC__SHARE_TABLE_SUFFIX));
+  return 0;
+}
+
 static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
                       uint64_t *chunk_bytes, int *timeout_ms,
                       gpuipc_share_stats_t **stats, const char **next)
@@ -119,14 +136,9 @@ static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
   *stats = u.stats;
   *next = u.next_round;
   if (u.next_round != NULL) {
-    int rc = gpuipc__name_check(u.next_round, "gpuipc_share_copy: "
-                                "opts->next_round");
+    int rc = round_check(u.next_round, "opts->next_round");
     if (rc != 0)
       return rc;
-    if (strlen(u.next_round) > GPUIPC_SHARE_ROUND_MAX)
-      return gpuipc__err(-EINVAL, "gpuipc_share_copy: opts->next_round "
-                         "\"%s\" is longer than %d characters",
-                         u.next_round, GPUIPC_SHARE_ROUND_MAX);
   }
   return gpuipc__timeout_resolve("gpuipc_share_copy", "timeout_ms",
                                  u.timeout_ms, gpuipc__dom_timeout(dom),
@@ -139,13 +151,9 @@ static int args_check(gpuipc_domain_t *dom, const char *round,
   if (dom == NULL || round == NULL || ext == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_share_copy: %s is NULL",
                        dom == NULL ? "dom" : round == NULL ? "round" : "ext");
-  int rc = gpuipc__name_check(round, "gpuipc_share_copy: round name");
+  int rc = round_check(round, "round name");
   if (rc != 0)
     return rc;
-  if (strlen(round) > GPUIPC_SHARE_ROUND_MAX)
-    return gpuipc__err(-EINVAL, "gpuipc_share_copy: round name \"%s\" is "
-                       "longer than %d characters (its segments' names "
-                       "add up to 15)", round, GPUIPC_SHARE_ROUND_MAX);
   if (n <= 0 || n > GPUIPC__SHARE_EXT_MAX)
     return gpuipc__err(-EINVAL, "gpuipc_share_copy: n %d is not 1..%d", n,
                        GPUIPC__SHARE_EXT_MAX);
@@ -164,42 +172,21 @@ static int home_gpu(const gpuipc_buf_t *b)
   return gpuipc_device_by_uuid(base->uuid);
 }
 
+/* The round's table: opened ahead by the last call, or now. */
 static int table_open(struct share_call *c, struct share_table *t)
 {
   int rc = gpuipc__share_ahead_take(c->dom, c->round, c->l, c->device, t,
                                     &c->words);
-  if (rc == 0) {
+  if (rc == 0)
     c->st.ahead = 1;
-    if (!atomic_load(&t->hdr->closed))
-      return 0;
-    gpuipc_buf_release(t->buf);
-    return gpuipc__err(-ESTALE, "gpuipc_share_copy(%s): the round is over",
-                       c->round);
-  }
-  char name[GPUIPC_NAME_MAX + 1];
-  gpuipc__share_table_name(name, sizeof(name), c->round);
-  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
-  o.bytes = gpuipc__share_table_bytes(c->l);
-  o.kind = GPUIPC_KIND_HOST;
-  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
-  o.timeout_ms = c->timeout_ms;
-  gpuipc_buf_t *b;
-  rc = gpuipc_segment_open(c->dom, name, &o, &b);
-  if (rc != 0)
+  else if ((rc = gpuipc__share_table_open(c->dom, c->round, c->l, c->device,
+                                          c->timeout_ms, t, &c->words)) != 0)
     return rc;
-  gpuipc__share_table_map(t, b, c->l);
-  rc = gpuipc__share_table_init(t, c->l, c->timeout_ms);
-  if (rc == 0 && c->device >= 0) {
-    rc = gpuipc__host_pin(b, c->device);
-    if (rc == 0)
-      rc = gpuipc__word_dev(c->device, t->base, &c->words);
-  }
-  if (rc == 0 && atomic_load(&t->hdr->closed))
-    rc = gpuipc__err(-ESTALE, "gpuipc_share_copy(%s): the round is over",
+  if (!atomic_load(&t->hdr->closed))
+    return 0;
+  gpuipc_buf_release(t->buf);
+  return gpuipc__err(-ESTALE, "gpuipc_share_copy(%s): the round is over",
                      c->round);
-  if (rc != 0)
-    gpuipc_buf_release(b);
-  return rc;
 }
 
 static int slot_take(struct share_table *t)

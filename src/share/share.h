@@ -194,6 +194,17 @@ int gpuipc__share_table_map_found(struct share_table *t, gpuipc_buf_t *buf);
 int gpuipc__share_table_init(struct share_table *t,
                              const struct share_layout *l, int timeout_ms);
 
+/*
+ * Open (or create) round @round's table for layout @l, as a member does:
+ * mapped, its header set up or checked (gpuipc__share_table_init), and
+ * for GPU @device (>= 0) registered, with *@words its address for that
+ * device's streams. 0, or the code (nothing then held).
+ */
+int gpuipc__share_table_open(gpuipc_domain_t *dom, const char *round,
+                             const struct share_layout *l, int device,
+                             int timeout_ms, struct share_table *t,
+                             uint64_t *words);
+
 /* A claim word's member slot, or -1 when it names none (0 included). */
 static inline int gpuipc__share_claim_slot(uint64_t c)
 {
@@ -220,6 +231,10 @@ struct share_peer {
  * LEAVING, LEFT or FAILED, and its pid alive (looked at now and then). */
 bool gpuipc__share_serving(struct share_table *t, int slot,
                            struct share_peer *peers, uint64_t now);
+/* Whether process @pid is gone: dead, or (@have_start) its pid another
+ * process's now than the one that started at @start_time. */
+bool gpuipc__share_pid_gone(uint32_t pid, bool have_start,
+                            uint64_t start_time);
 /* Whether member @slot is gone: its process dead or reused, or LEFT. */
 bool gpuipc__share_gone(struct share_table *t, int slot,
                         struct share_peer *peers, uint64_t now);

@@ -1,11 +1,14 @@
 /*
  * The round table: its layout in the HOST segment, the digest of the
- * extent layout, and the header's set-up and checks. A new table is a
+ * extent layout, opening it, and the header's set-up and checks. A new table is a
  * new memfd, zero-filled: the first member to swap its magic from 0 to
  * BUSY writes the header, then the magic; the others wait for it and
  * check every field against their own layout before they join.
  */
 #include "share/share.h"
+#include "segment/segment.h"
+#include "mem/mem.h"
+#include "cuda/cuda.h"
 #include "os/os.h"
 
 #include <stdio.h>
@@ -203,4 +206,32 @@ int gpuipc__share_table_init(struct share_table *t,
                        h->nextents, (unsigned long long)l->digest,
                        (unsigned long long)l->chunk_bytes, l->nchunks, l->n);
   return 0;
+}
+
+int gpuipc__share_table_open(gpuipc_domain_t *dom, const char *round,
+                             const struct share_layout *l, int device,
+                             int timeout_ms, struct share_table *t,
+                             uint64_t *words)
+{
+  char name[GPUIPC_NAME_MAX + 1];
+  gpuipc__share_table_name(name, sizeof(name), round);
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = gpuipc__share_table_bytes(l);
+  o.kind = GPUIPC_KIND_HOST;
+  o.flags = GPUIPC_CREATE | GPUIPC_SCRATCH;
+  o.timeout_ms = timeout_ms;
+  gpuipc_buf_t *b;
+  int rc = gpuipc_segment_open(dom, name, &o, &b);
+  if (rc != 0)
+    return rc;
+  gpuipc__share_table_map(t, b, l);
+  rc = gpuipc__share_table_init(t, l, timeout_ms);
+  if (rc == 0 && device >= 0) {
+    rc = gpuipc__host_pin(b, device);
+    if (rc == 0)
+      rc = gpuipc__word_dev(device, t->base, words);
+  }
+  if (rc != 0)
+    gpuipc_buf_release(b);
+  return rc;
 }

@@ -302,10 +302,12 @@ static inline void share_publish(gpuipc_domain_t *dom, const char *prefix,
 /*
  * How many segments of @dom have names beginning with @prefix; with
  * @named_only, those still reachable by name (not unlinked ones that
- * holders keep).
+ * holders keep); of those, how many nobody holds in *@unheld (if not
+ * NULL).
  */
-static inline int share_segments_in(gpuipc_domain_t *dom, const char *prefix,
-                                    bool named_only)
+static inline int share_segments_where(gpuipc_domain_t *dom,
+                                       const char *prefix, bool named_only,
+                                       int *unheld)
 {
   gpuipc_segment_info_t info[256];
   for (int i = 0; i < 256; i++)
@@ -313,12 +315,22 @@ static inline int share_segments_in(gpuipc_domain_t *dom, const char *prefix,
   int n = gpuipc_segment_list(dom, info, 256);
   if (n < 0)
     TFAIL_GPUIPC("gpuipc_segment_list returned %d", n);
-  int count = 0;
+  int count = 0, nobody = 0;
   for (int i = 0; i < n && i < 256; i++)
     if (strncmp(info[i].name, prefix, strlen(prefix)) == 0 &&
-        !(named_only && info[i].state == GPUIPC_SEG_UNLINKED))
+        !(named_only && info[i].state == GPUIPC_SEG_UNLINKED)) {
       count++;
+      nobody += info[i].nholders == 0;
+    }
+  if (unheld != NULL)
+    *unheld = nobody;
   return count;
+}
+
+static inline int share_segments_in(gpuipc_domain_t *dom, const char *prefix,
+                                    bool named_only)
+{
+  return share_segments_where(dom, prefix, named_only, NULL);
 }
 
 static inline int share_segments_named(gpuipc_domain_t *dom,
@@ -334,21 +346,63 @@ static inline int share_standing_of(gpuipc_domain_t *dom, pid_t pid,
 {
   char prefix[64];
   snprintf(prefix, sizeof(prefix), "gpuipc-share.%d.", (int)pid);
-  gpuipc_segment_info_t info[256];
-  for (int i = 0; i < 256; i++)
-    info[i].size = sizeof(info[i]);
-  int n = gpuipc_segment_list(dom, info, 256);
-  if (n < 0)
-    TFAIL_GPUIPC("gpuipc_segment_list returned %d", n);
-  int count = 0;
-  *unheld = 0;
-  for (int i = 0; i < n && i < 256; i++)
-    if (strncmp(info[i].name, prefix, strlen(prefix)) == 0 &&
-        info[i].state != GPUIPC_SEG_UNLINKED) {
-      count++;
-      *unheld += info[i].nholders == 0;
+  return share_segments_where(dom, prefix, true, unheld);
+}
+
+/* The holders of segment @name as the broker lists it; -1 when it is not
+ * listed (or unlinked). */
+static inline int share_holders(gpuipc_domain_t *dom, const char *name)
+{
+  gpuipc_segment_info_t x = {.size = sizeof(x)};
+  if (gpuipc_segment_stat(dom, name, &x) != 0 ||
+      x.state == GPUIPC_SEG_UNLINKED)
+    return -1;
+  return x.nholders;
+}
+
+/* Wait (a minute at most) until segment @name has @want holders. */
+static inline void share_wait_holders(gpuipc_domain_t *dom, const char *name,
+                                      int want)
+{
+  for (int i = 0; i < 60000 && share_holders(dom, name) != want; i++)
+    usleep(1000);
+  if (share_holders(dom, name) != want)
+    TFAIL("%s has %d holders a minute on, not %d", name,
+          share_holders(dom, name), want);
+}
+
+/*
+ * @r go in turn into round @round ("go" for their first call, else "again
+ * ROUND"), each joining after the one before it, so that the chain is
+ * r[0], r[1], ...; each names @next first (NULL: as before). Then they are
+ * let out, their results in @res (sreaders_out).
+ */
+static inline void sreaders_in_order(struct sreader *r, int n,
+                                     const char *round, const char *next,
+                                     bool first, struct sresult *res)
+{
+  char line[64];
+  for (int i = 0; i < n; i++) {
+    if (next != NULL) {
+      snprintf(line, sizeof(line), "next %s\n", next);
+      sreader_send(&r[i], line);
     }
-  return count;
+    snprintf(line, sizeof(line), first ? "go\n" : "again %s\n", round);
+    sreader_send(&r[i], line);
+    sreader_expect(&r[i], "joined");
+  }
+  sreaders_out(r, n, res);
+}
+
+/* What @r keeps across calls ("kept"): its standing lends, the peers'
+ * segments it mapped, the tables opened ahead for it. */
+static inline void sreader_kept(struct sreader *r, int *lends, int *opens,
+                                int *ahead)
+{
+  sreader_send(r, "kept\n");
+  const char *l = sreader_expect(r, "kept ");
+  if (sscanf(l, "kept lends=%d opens=%d ahead=%d", lends, opens, ahead) != 3)
+    TFAIL("reader %d: bad line \"%s\"", (int)r->pid, l);
 }
 
 /*
