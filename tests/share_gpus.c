@@ -7,11 +7,14 @@
  * Then the head of a chain killed after its third chunk landed (the
  * others take its claims over), and a LEGACY member killed while the
  * others copy from it (its memory goes with it: what they copied from
- * there is copied again from the publisher). Nothing of the rounds is
+ * there is copied again from the publisher), once at any time and once
+ * after the follower's copies from it settled. Nothing of the rounds is
  * left once all are gone.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
+
+#include <sys/wait.h>
 
 static char other[16]; /* "gpu2" with three GPUs, else "gpu1" */
 
@@ -137,6 +140,51 @@ static void legacy_killed(gpuipc_domain_t *dom)
   share_wait_none(dom, "s3");
 }
 
+/*
+ * A member that copied every chunk from a LEGACY member whose copies have
+ * landed, stopped before it looks whether that member lives; the LEGACY
+ * member killed then. Its memory went with it after the copies, but the
+ * follower cannot know when: it copies every chunk again from the
+ * publisher, and says so.
+ */
+static void legacy_killed_settled(gpuipc_domain_t *dom)
+{
+  test_stamp("a LEGACY member killed once a follower's copies settled");
+  struct sreader k, f;
+  sreader_start(&k, "share", "v1", 1, "s4", "", 1, "gpu1-legacy",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&k, "ready");
+  sreader_send(&k, "go\n");
+  sreader_expect(&k, "joined");
+  sreader_expect(&k, "leave");
+  char d1[32];
+  dst_of(d1, sizeof(d1), other, "vmm");
+  sreader_start(&f, "share", "v1", 1, "s4", "settled:1:stop", 1, d1,
+                SHARE_TIMEOUT_MS);
+  sreader_expect(&f, "ready");
+  sreader_send(&f, "go\n");
+  sreader_expect(&f, "joined");
+  int st;
+  ASSERT_EQ(waitpid(f.pid, &st, WUNTRACED), f.pid);
+  ASSERT_TRUE(WIFSTOPPED(st));
+  kill(k.pid, SIGKILL);
+  ASSERT_EQ(sreader_end(&k), 128 + SIGKILL);
+  ASSERT_EQ(kill(f.pid, SIGCONT), 0);
+  sreader_expect(&f, "leave");
+  struct sresult r;
+  sreader_send(&f, "out\n");
+  sreader_result(&f, &r);
+  sresult_check_ok(&r, 0);
+  printf("follower: %llu from the publisher, %llu from peers, %llu copied "
+         "again\n", r.pub, r.peer, r.recopied);
+  /* Every chunk from the dead member, and every one again. */
+  ASSERT_EQ_U(r.peer, share_nchunks());
+  ASSERT_EQ_U(r.recopied, share_nchunks());
+  ASSERT_EQ_U(r.pub, share_nchunks());
+  ASSERT_EQ(sreader_end(&f), 0);
+  share_wait_none(dom, "s4");
+}
+
 int main(void)
 {
   test_require_gpus(2);
@@ -150,6 +198,7 @@ int main(void)
   spread(dom);
   head_killed(dom);
   legacy_killed(dom);
+  legacy_killed_settled(dom);
   for (int i = 0; i < SHARE_NSRC; i++)
     gpuipc_buf_release(v[i]);
   ASSERT_OK(gpuipc_domain_leave(dom));

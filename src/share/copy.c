@@ -547,6 +547,7 @@ int gpuipc__share_recheck(struct share_call *c)
     int rc = from_pub(c, i, -1);
     if (rc != 0)
       return rc;
+    c->st.recopied++;
     again = true;
   }
   return again ? gpuipc__share_settle(c) : 0;

@@ -256,8 +256,10 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
 {
   char why[512];
   int wrc = gpuipc__share_settle(c);
-  if (wrc == 0 && rc == 0)
+  if (wrc == 0 && rc == 0) {
+    gpuipc__share_step(GPUIPC__SHARE_SETTLED, -1);
     wrc = gpuipc__share_recheck(c);
+  }
   if (rc == 0)
     rc = wrc;
   if (rc == 0 &&

@@ -375,6 +375,8 @@ struct gpuipc__share_stats {
   uint64_t from_peer;
   uint64_t reclaimed; /* stale claims taken over */
   uint64_t passed_over; /* parents passed over */
+  uint64_t recopied; /* chunks copied again from the publisher: the member
+                        they came from died before they settled */
   uint64_t sources;     /* a bit for each member slot it copied from */
   int ahead;  /* 1: its table was opened ahead (ahead.c) */
   int lent;   /* destination buffers it lent anew (not kept from before) */
@@ -499,6 +501,8 @@ enum gpuipc__share_step {
   GPUIPC__SHARE_MIDCOPY, /* half of the chunk copied (HOST) */
   GPUIPC__SHARE_DONE,    /* done word written */
   GPUIPC__SHARE_LEAVE,   /* every chunk in, DONE, before lingering */
+  GPUIPC__SHARE_SETTLED, /* its stream's copies landed, before it looks
+                            whether the members it copied from live */
 };
 typedef void (*gpuipc__share_hook_fn)(enum gpuipc__share_step step, long chunk,
                                       void *arg);

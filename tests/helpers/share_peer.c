@@ -67,16 +67,20 @@ static void hook(enum gpuipc__share_step step, long chunk, void *arg)
 static void hook_parse(const char *spec)
 {
   static const char *steps[] = {"joined", "claimed", "midcopy", "done",
-                                "leave"};
+                                "leave",  "settled"};
   char name[16], action[16];
   long at;
   if (spec[0] == '\0')
     return;
   if (sscanf(spec, "%15[a-z]:%ld:%15[a-z]", name, &at, action) != 3)
     TFAIL("bad hook \"%s\"", spec);
-  for (int i = 0; i < 5; i++)
+  int found = -1;
+  for (int i = 0; i < (int)(sizeof(steps) / sizeof(steps[0])); i++)
     if (strcmp(name, steps[i]) == 0)
-      hook_step = (enum gpuipc__share_step)i;
+      found = i;
+  if (found < 0)
+    TFAIL("bad hook step \"%s\"", name);
+  hook_step = (enum gpuipc__share_step)found;
   hook_at = at;
   hook_sig = strcmp(action, "stop") == 0   ? SIGSTOP
              : strcmp(action, "tell") == 0 ? -1
@@ -199,12 +203,13 @@ static int one_call(gpuipc_domain_t *dom, const char *round,
       *p = ' ';
   snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
            "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-           "lent=%d opened=%d ahead=%d msg=%s\n", rc,
+           "lent=%d opened=%d ahead=%d recopied=%llu msg=%s\n", rc,
            (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
            st.joined, st.server, (unsigned long long)st.reclaimed,
            (unsigned long long)st.passed_over, st.slot,
            (unsigned long long)st.sources,
-           rc == 0 ? check(dst, seed) : 0, st.lent, st.opened, st.ahead, msg);
+           rc == 0 ? check(dst, seed) : 0, st.lent, st.opened, st.ahead,
+           (unsigned long long)st.recopied, msg);
   say(out);
   return 0;
 }

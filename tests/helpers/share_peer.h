@@ -11,7 +11,9 @@
  * with a gate it then waits for "out" before it leaves the round. Then it
  * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
  * reclaimed=N passed=N slot=N sources=HEX bad=N lent=N opened=N ahead=N
- * msg=LAST_ERROR". Before "go" and after its result it takes "next ROUND"
+ * recopied=N msg=LAST_ERROR" (recopied: chunks it copied again from the
+ * publisher because the member it had them from died before they
+ * settled; those are in both pub and peer). Before "go" and after its result it takes "next ROUND"
  * (the next_round of its calls from then on). After its result, until
  * EOF (when it exits), it takes commands: "again ROUND" (its destinations
  * filled afresh, another call, in round ROUND, with the same gate),
@@ -101,8 +103,8 @@ struct sreader {
 /*
  * Start a reader of version @prefix/@seed in round @round of domain
  * @domain. @hook: "" or "STEP:N:ACTION" (STEP joined, claimed, midcopy,
- * done, leave; ACTION kill or stop, or tell: say "at"; at the N-th
- * time). @gate: wait for "out" before leaving. @dst: "own" (its own HOST buffers, lent),
+ * done, leave, settled; ACTION kill or stop, or tell: say "at"; at the
+ * N-th time). @gate: wait for "out" before leaving. @dst: "own" (its own HOST buffers, lent),
  * "legacy" (its own LEGACY buffers on GPU 0, lent) or the name of a HOST
  * segment prefix whose DST0..2 it opens (imported: not lendable).
  */
@@ -164,6 +166,7 @@ struct sresult {
   long bad;
   int lent, opened; /* buffers it lent, peers' segments it mapped, anew */
   int ahead;        /* 1: its table was opened ahead (opts.next_round) */
+  unsigned long long recopied; /* copied again from the publisher */
   char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
 };
 
@@ -179,10 +182,11 @@ static inline void sreader_result(struct sreader *r, struct sresult *out)
     int at = -1;
     if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
                "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-               "lent=%d opened=%d ahead=%d msg=%n", &out->rc, &out->pub,
-               &out->peer, &out->joined, &out->server, &out->reclaimed,
-               &out->passed, &out->slot, &out->sources, &out->bad,
-               &out->lent, &out->opened, &out->ahead, &at) != 13 || at < 0)
+               "lent=%d opened=%d ahead=%d recopied=%llu msg=%n", &out->rc,
+               &out->pub, &out->peer, &out->joined, &out->server,
+               &out->reclaimed, &out->passed, &out->slot, &out->sources,
+               &out->bad, &out->lent, &out->opened, &out->ahead,
+               &out->recopied, &at) != 14 || at < 0)
       TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
     snprintf(out->msg, sizeof(out->msg), "%s", l + at);
     return;
@@ -238,15 +242,18 @@ static inline void sreaders_end_ok(struct sreader *r, int n)
 }
 
 /* A result every surviving reader must have: rc 0, every byte right, and
- * every chunk from the publisher or a peer. */
+ * every chunk from the publisher or a peer (a chunk had from a member
+ * that then died is counted from both: it was copied again from the
+ * publisher). */
 static inline void sresult_check_ok(const struct sresult *s, int who)
 {
   if (s->rc != 0 || s->bad != 0)
     TFAIL("reader %d: rc %d, %ld wrong bytes (%s)", who, s->rc, s->bad,
           s->msg);
-  if (s->pub + s->peer != share_nchunks())
-    TFAIL("reader %d: %llu chunks from the publisher + %llu from peers, "
-          "not %llu", who, s->pub, s->peer,
+  if (s->recopied > s->peer || s->recopied > s->pub ||
+      s->pub + s->peer - s->recopied != share_nchunks())
+    TFAIL("reader %d: %llu chunks from the publisher + %llu from peers - "
+          "%llu copied again, not %llu", who, s->pub, s->peer, s->recopied,
           (unsigned long long)share_nchunks());
 }
 
