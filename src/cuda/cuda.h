@@ -335,8 +335,9 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
  * @stream so far has completed, written by a stream of gpuipc's own that
  * waits for it (an event): @stream goes on with its next work at once
  * instead of pausing for the write (0.8 to 2.5 us of GPU time each on an
- * H200), at the price of two more driver calls. Returns 0,
- * GPUIPC_E_CUDA, GPUIPC_E_UNSUPPORTED.
+ * H200), at the price of two more driver calls. Each of a device's first
+ * 8 caller streams gets a stream of its own for this (later ones share
+ * them). Returns 0, GPUIPC_E_CUDA, GPUIPC_E_UNSUPPORTED.
  */
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value);

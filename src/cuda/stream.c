@@ -167,19 +167,61 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
   return word_op(dev, stream, addr, value, true);
 }
 
-/* Per device: a stream of gpuipc's own that works after another's work
- * (a word written after it, a batch of copies the other cannot take), and
- * the events that order the two (made on first use, kept for the
- * process). */
+/*
+ * Per device: streams of gpuipc's own that work after a caller's stream's
+ * work (a word written after it, a batch of copies the caller's stream
+ * cannot take), and the events that order the two (made on first use,
+ * kept for the process). Each caller's stream gets one of its own, so
+ * that a word waiting behind one stream's long kernel holds up no other
+ * stream's; past ASIDES streams on a device, streams share them (by their
+ * handle: in order still, only no longer independent).
+ */
+#define ASIDES 8
+
 static struct aside {
   pthread_mutex_t lock;
+  bool claimed;
+  void *key; /* the caller's stream it was claimed for */
   CUstream s;
   CUevent ev, back;
-} asides[GPUIPC__DEV_SLOTS] = {
-    [0 ... GPUIPC__DEV_SLOTS - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL,
-                                     NULL}};
+} asides[GPUIPC__DEV_SLOTS][ASIDES];
 
-/* Device @dev's aside, made if need be (its lock held, context current). */
+static pthread_mutex_t pick_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t asides_once = PTHREAD_ONCE_INIT;
+
+static void asides_init(void)
+{
+  for (int d = 0; d < GPUIPC__DEV_SLOTS; d++)
+    for (int i = 0; i < ASIDES; i++)
+      pthread_mutex_init(&asides[d][i].lock, NULL);
+}
+
+/* The aside of @stream on device @dev (claimed for it if one is free). */
+static struct aside *aside_pick(int dev, void *stream)
+{
+  pthread_once(&asides_once, asides_init);
+  struct aside *row = asides[dev], *free_one = NULL;
+  pthread_mutex_lock(&pick_lock);
+  for (int i = 0; i < ASIDES; i++) {
+    if (row[i].claimed && row[i].key == stream) {
+      pthread_mutex_unlock(&pick_lock);
+      return &row[i];
+    }
+    if (!row[i].claimed && free_one == NULL)
+      free_one = &row[i];
+  }
+  if (free_one != NULL) {
+    free_one->claimed = true;
+    free_one->key = stream;
+  }
+  pthread_mutex_unlock(&pick_lock);
+  if (free_one != NULL)
+    return free_one;
+  uintptr_t h = (uintptr_t)stream;
+  h ^= h >> 17;
+  return &row[(h * 0x9e3779b97f4a7c15ull >> 61) % ASIDES];
+}
+
 static int aside_get(struct aside *a)
 {
   if (a->s != NULL)
@@ -219,7 +261,7 @@ static int on_aside(int dev, void *stream, bool join,
   int rc = gpuipc__ctx_enter(dev, &saved);
   if (rc != 0)
     return rc;
-  struct aside *a = &asides[dev];
+  struct aside *a = aside_pick(dev, stream);
   pthread_mutex_lock(&a->lock);
   rc = aside_get(a);
   /* An event's state is taken by the wait at once: reused next call. */

@@ -89,6 +89,11 @@ int fake_cuda_batch_copies(void);
 /* cuStreamWriteValue64 and cuStreamWaitValue64 calls so far. */
 int fake_cuda_word_writes(void);
 int fake_cuda_word_waits(void);
+/* cuStreamWriteValue64 calls on stream @h so far: a CUstream, or NULL,
+ * CU_STREAM_LEGACY, CU_STREAM_PER_THREAD (the current context's; with no
+ * context current, those of every context, summed); -1 where there is no
+ * such stream. */
+int fake_cuda_word_writes_on(void *h);
 /* Launches of gpuipc's copy kernel so far, and how many of them ran with
  * their counter not at 0 (the kernel would then never write its word). */
 int fake_cuda_kernel_launches(void);

@@ -46,7 +46,12 @@
  * word rather than waiting on an event. cuStreamWaitValue64 (GEQ only)
  * queues a wait for a word to reach a value: the stream's later work is
  * done only after it; a synchronisation polls the word. Both are counted
- * (fake_cuda_word_writes, fake_cuda_word_waits).
+ * (fake_cuda_word_writes, fake_cuda_word_waits), writes also per stream
+ * (fake_cuda_word_writes_on). A stream whose next work is a wait for
+ * another stream of this process followed by writes (gpuipc's own stream
+ * writing a word after the caller's work) does those writes as soon as
+ * the other stream's work up to the wait is done, however that came
+ * about, as a GPU would.
  *
  * The bench's kernels (fake_kernel.c) are queued as calls (OP_CALL) of
  * a function that does their work, in the stream's order like a copy.
@@ -109,6 +114,8 @@ struct fake_stream {
   uint64_t queued, done; /* work queued and done, ever */
   int queries;           /* cuStreamQuery calls since work was queued */
   struct timespec at;    /* when work was last queued */
+  int word_writes;       /* cuStreamWriteValue64 calls on it */
+  bool running;          /* in stream_run now (writers_run leaves it) */
 };
 
 /* A shared page: an interprocess event's state, or a doorbell. */
@@ -230,6 +237,8 @@ static void publish(struct fake_stream *s)
     }
 }
 
+static void writers_run(struct fake_stream *s);
+
 /*
  * Do the work of @s up to number @mark, in order, as far as it can go: a
  * wait for another process's event that is not done stops it (*@blocked
@@ -238,6 +247,8 @@ static void publish(struct fake_stream *s)
 static void stream_run(struct fake_stream *s, uint64_t mark,
                        struct stream_op *blocked)
 {
+  bool outer = !s->running;
+  s->running = true;
   while (s->done < mark && s->start < s->len) {
     struct stream_op *op = &s->ops[s->start];
     if (op->kind == OP_WAIT_LOCAL) {
@@ -270,7 +281,34 @@ static void stream_run(struct fake_stream *s, uint64_t mark,
   }
   if (s->start == s->len)
     s->start = s->len = 0;
+  if (outer)
+    s->running = false;
   publish(s);
+  writers_run(s);
+}
+
+/* The streams whose next work is a wait on @s that @s has now passed,
+ * followed by writes: do the wait and the writes. work_lock held. */
+static void writers_run(struct fake_stream *s)
+{
+  for (int i = 0; i < FAKE_STREAMS; i++) {
+    struct fake_stream *t = &streams[i];
+    if (t == s || t->kind == 0 || t->running || t->start >= t->len)
+      continue;
+    const struct stream_op *w = &t->ops[t->start];
+    if (w->kind != OP_WAIT_LOCAL || w->ws != s || s->done < w->wmark ||
+        t->start + 1 >= t->len || t->ops[t->start + 1].kind != OP_WRITE)
+      continue;
+    do {
+      if (t->ops[t->start].kind == OP_WRITE)
+        atomic_store(t->ops[t->start].word, t->ops[t->start].value);
+      t->start++;
+      t->done++;
+    } while (t->start < t->len && t->ops[t->start].kind == OP_WRITE);
+    if (t->start == t->len)
+      t->start = t->len = 0;
+    publish(t);
+  }
 }
 
 /* Lazily, as a query does: a remote wait in the way counts as a query of
@@ -612,8 +650,14 @@ FAKE_HIDDEN CUresult fake_cuStreamWriteValue64(CUstream h, CUdeviceptr addr,
   if (addr == 0 || addr % 8 != 0 || flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = enqueue_then_write(h, NULL, addr, value);
-  if (r == CUDA_SUCCESS)
+  if (r == CUDA_SUCCESS) {
     atomic_fetch_add(&word_writes, 1);
+    pthread_mutex_lock(&work_lock);
+    struct fake_stream *s = stream_of(h);
+    if (s != NULL)
+      s->word_writes++;
+    pthread_mutex_unlock(&work_lock);
+  }
   return r;
 }
 
@@ -664,6 +708,27 @@ int fake_cuda_word_writes(void)
 int fake_cuda_word_waits(void)
 {
   return atomic_load(&word_waits);
+}
+
+int fake_cuda_word_writes_on(void *h)
+{
+  CUstream sh = (CUstream)h;
+  int n = 0;
+  pthread_mutex_lock(&work_lock);
+  if (is_special(sh) && fake_current == NULL) {
+    /* A default stream with no context current: that of every context. */
+    enum stream_kind k =
+        sh == CU_STREAM_PER_THREAD ? ST_PER_THREAD : ST_LEGACY;
+    for (int i = 0; i < FAKE_STREAMS; i++)
+      if (streams[i].kind == k &&
+          (k != ST_PER_THREAD || streams[i].thread == &thread_anchor))
+        n += streams[i].word_writes;
+  } else {
+    struct fake_stream *s = stream_of(sh);
+    n = s != NULL ? s->word_writes : -1;
+  }
+  pthread_mutex_unlock(&work_lock);
+  return n;
 }
 
 /* Synchronous: after the work queued before it, as on the legacy stream. */

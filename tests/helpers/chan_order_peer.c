@@ -36,10 +36,12 @@
  * EXPECT names how the receiver's copies (gpuipc_channel_recv_into) must
  * have released their messages, counted in the fake driver: "kernel"
  * (one launch of gpuipc's copy kernel each, no stream memory operation),
- * "after" (a copy, and the word written by gpuipc's own stream after an
- * event on ours: one record and one write each) or "stream" (a copy and
- * the word written by our stream: one write each, no event). Releases of
- * views write one word each in every case.
+ * "after" (a copy above the kernel's size, and the word written by
+ * gpuipc's own stream after an event on ours: one record and one write
+ * each) or "stream" (a copy where no kernel can be launched, its word
+ * written the same way). Releases of views write one word each in every
+ * case, the same way. No word is ever written on our stream itself: the
+ * words would hold up its next work.
  */
 #include "test.h"
 
@@ -126,20 +128,22 @@ static void check_round(const uint8_t *host, int r)
 
 /* Check how the @into copies and @views views were released (EXPECT). */
 static void check_expect(const char *expect, int into, int views, int k0,
-                         int w0, int r0)
+                         int w0, int r0, CUstream s)
 {
   int k = cu_fake_count("fake_cuda_kernel_launches") - k0;
   int w = cu_fake_count("fake_cuda_word_writes") - w0;
   int r = cu_fake_count("fake_cuda_events_recorded") - r0;
-  printf("recv (%s): %d kernel launches, %d word writes, %d events "
-         "recorded\n", expect, k, w, r);
+  int on = ((int (*)(void *))cu_fake_fn("fake_cuda_word_writes_on"))(s);
+  printf("recv (%s): %d kernel launches, %d word writes (%d on our stream), "
+         "%d events recorded\n", expect, k, w, on, r);
   bool kernel = strcmp(expect, "kernel") == 0;
   bool after = strcmp(expect, "after") == 0;
   if (!kernel && !after && strcmp(expect, "stream") != 0)
     TFAIL("EXPECT %s: kernel, after or stream", expect);
   ASSERT_EQ(k, kernel ? into : 0);
   ASSERT_EQ(w, views + (kernel ? 0 : into));
-  ASSERT_EQ(r, after ? into : 0);
+  ASSERT_EQ(r, views + (kernel ? 0 : into));
+  ASSERT_EQ(on, 0);
 }
 
 static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds,
@@ -171,7 +175,7 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, int rounds,
   ASSERT_RC(gpuipc_channel_recv(ch, &v, s, 30000), GPUIPC_E_PEER_GONE);
   CU_OK(cuStreamSynchronize, s);
   if (expect != NULL)
-    check_expect(expect, rounds / 2, rounds / 2, k0, w0, r0);
+    check_expect(expect, rounds / 2, rounds / 2, k0, w0, r0, s);
   ASSERT_OK(gpuipc_buf_release(dbuf));
   free(host[0]);
   free(host[1]);

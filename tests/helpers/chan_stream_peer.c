@@ -16,12 +16,15 @@
  *           read of the view); with FAKE_CUDA_COPY_LAG large it is still
  *           pending, so each send has its stream write a ready word
  *           that the receiver's stream waits on (an event with
- *           GPUIPC_CHAN_READY_WORDS=0), and each release has the receiver's stream
- *           write the message's release word, which the sender's stream
- *           waits on: N each. (The word lands when the receiver next
- *           synchronises its stream, for the next message, which the
- *           sender sends after queuing that wait; FAKE_CUDA_COPY_LAG_US
- *           keeps the fake from writing it earlier by itself.) A last
+ *           GPUIPC_CHAN_READY_WORDS=0), and each release has a stream
+ *           of gpuipc's own write the message's release word after an
+ *           event recorded on the receiver's stream (never the
+ *           receiver's stream itself: it would stall there), which the
+ *           sender's stream waits on: N each. (The word lands when the
+ *           receiver next synchronises its stream, for the next
+ *           message, which the sender sends after queuing that wait;
+ *           FAKE_CUDA_COPY_LAG_US keeps the fake from writing it
+ *           earlier by itself.) A last
  *           message from host memory, which needs neither, says the
  *           sender is done. The receiver reads the right bytes only if
  *           its stream waited for the sender's copy;
@@ -31,7 +34,8 @@
  *           (as in a program using the runtime API); 0: no context is.
  *
  * Prints and checks this process's count of cuEventRecord,
- * cuStreamWaitEvent, cuStreamWriteValue64 and cuStreamWaitValue64 calls.
+ * cuStreamWaitEvent, cuStreamWriteValue64 (all, and on its stream) and
+ * cuStreamWaitValue64 calls.
  * Exit 0 when everything checked out.
  */
 #include "core/private.h"
@@ -226,17 +230,23 @@ int main(int argc, char **argv)
     receiver(ch, stream, lag, n);
   int r = records() - r0, w = waits() - w0;
   int ww = wwrites() - ww0, wt = wwaits() - wt0;
+  int on = ((int (*)(void *))sym("fake_cuda_word_writes_on"))(stream);
   printf("%s %s %s cur=%d: %d events recorded, %d event waits, %d words "
-         "written, %d word waits\n", argv[1], handle, argv[5], cur, r, w, ww,
-         wt);
+         "written (%d on its stream), %d word waits\n", argv[1], handle,
+         argv[5], cur, r, w, ww, on, wt);
   /* Releases carry words; sends carry ready words (GPUIPC_CHAN_READY_WORDS
    * unset or 1: the sender's stream writes one, the receiver's waits on
    * it), or events (0). */
   const char *rw = getenv("GPUIPC_CHAN_READY_WORDS");
   bool words = rw == NULL || strcmp(rw, "0") != 0;
-  ASSERT_EQ(r, lag && send && !words ? n : 0);
-  ASSERT_EQ(w, lag && !send && !words ? n : 0);
+  /* The receiver: an event for each release, which gpuipc's stream waits
+   * on before it writes the word; with events, a wait for each send. */
+  ASSERT_EQ(r, lag ? (send ? (words ? 0 : n) : n) : 0);
+  ASSERT_EQ(w, lag && !send ? (words ? n : 2 * n) : 0);
   ASSERT_EQ(ww, lag ? (send ? (words ? n : 0) : n) : 0);
+  /* Ready words on the sender's stream; release words never on the
+   * receiver's. */
+  ASSERT_EQ(on, lag && send && words ? n : 0);
   if (lag && words) {
     /* A word lands by itself 20 ms after it was queued: a wait for it
      * that comes later (a process held up that long) finds it written
