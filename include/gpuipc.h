@@ -2062,9 +2062,12 @@ GPUIPC_API int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,
 /*
  * gpuipc_tensor_release - give a received view back to its sender.
  * @stream: for GPU buffers, the stream whose work so far is the last use of
- *     the view (an event is recorded on it for the sender, unless it has
- *     nothing pending); a stream of the view's device (NULL: the legacy
- *     default stream). Ignored for HOST.
+ *     the view; a stream of the view's device (NULL: the legacy default
+ *     stream). Unless it has nothing pending, an event is recorded on it
+ *     and a stream of gpuipc's own writes the release word for the sender
+ *     once that work is done (@stream itself does not wait for the write;
+ *     a device without stream memory operations gets an interprocess event
+ *     instead). Ignored for HOST.
  * Views may be released in any order: each release frees that message's
  * slot at the sender (once the work before it is done), whatever views
  * of earlier messages are still held.
