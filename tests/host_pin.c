@@ -11,6 +11,11 @@
  *     program on its second GPU), a new buffer registers at once, in that
  *     context, and device 0 gets none; an unregistered buffer is pinned
  *     on demand, once; releases unregister;
+ *   - with that context current, memory mapped unpinned (GPUIPC_BUF_
+ *     UNPINNED, GPUIPC_UNPINNED: a buffer, a segment this process creates,
+ *     and one another process (seg_peer) created, opened here) is not
+ *     registered, while the same open without the flag is; gpuipc still
+ *     pins it on demand;
  *   - a process whose first CUDA work is a GPU message it receives on a
  *     channel opened without CUDA: it maps it and sends it back intact;
  *   - two processes that open a channel before they start CUDA, then
@@ -21,6 +26,7 @@
  */
 #include "helpers/chan_common.h"
 #include "helpers/fake_lag.h"
+#include "helpers/seg_peer.h"
 
 #include "cuda/cuda.h"
 #include "mem/mem.h"
@@ -113,6 +119,61 @@ static void registered_in_a_context_the_process_has(void)
          "on demand once; undone at release; device 0 untouched\n");
 }
 
+/* The HOST segment @name of @dom, opened with @flags. */
+static gpuipc_buf_t *seg_open(const char *name, size_t bytes, unsigned flags)
+{
+  gpuipc_segment_opts_t o = GPUIPC_SEGMENT_OPTS_INIT;
+  o.bytes = bytes;
+  o.kind = GPUIPC_KIND_HOST;
+  o.flags = flags;
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_segment_open(dom, name, &o, &b));
+  return b;
+}
+
+static void unpinned_stays_unregistered(void)
+{
+  struct peer p;
+  peer_start(&p);
+  PEER_OK(&p, "join host-pin cold");
+  PEER_OK(&p, "open up-theirs 8192 cs");
+  PEER_OK(&p, "open pinned-theirs 8192 cs");
+
+  const struct gpuipc__dev *d1 = gpuipc__dev_get(1);
+  CUcontext c1;
+  ASSERT_OK(GPUIPC_CU(cuDevicePrimaryCtxRetain, &c1, d1->cu_dev));
+  ASSERT_OK(GPUIPC_CU(cuCtxSetCurrent, c1));
+  int r0 = registered();
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_buf_alloc(8192, GPUIPC_KIND_HOST, -1, GPUIPC_BUF_UNPINNED,
+                             &b));
+  gpuipc_buf_t *mine = seg_open("up-mine", 8192,
+                                GPUIPC_CREATE | GPUIPC_SCRATCH |
+                                    GPUIPC_UNPINNED);
+  gpuipc_buf_t *theirs = seg_open("up-theirs", 0, GPUIPC_UNPINNED);
+  ASSERT_EQ(registered(), r0);
+  ASSERT_TRUE(!mapped_for_device(b, 1));
+  ASSERT_TRUE(!mapped_for_device(theirs, 1));
+  gpuipc_buf_t *pinned = seg_open("pinned-theirs", 0, 0);
+  ASSERT_EQ(registered(), r0 + 1);
+  ASSERT_TRUE(mapped_for_device(pinned, 1));
+  /* gpuipc's own GPU work on it still pins it, once. */
+  ASSERT_OK(gpuipc__host_pin(theirs, 1));
+  ASSERT_EQ(registered(), r0 + 2);
+  ASSERT_TRUE(mapped_for_device(theirs, 1));
+  ASSERT_OK(gpuipc_buf_release(b));
+  ASSERT_OK(gpuipc_buf_release(mine));
+  ASSERT_OK(gpuipc_buf_release(theirs));
+  ASSERT_OK(gpuipc_buf_release(pinned));
+  ASSERT_EQ(registered(), r0);
+  ASSERT_RC(gpuipc_buf_alloc(8192, GPUIPC_KIND_HOST, -1, 0x2, &b), -EINVAL);
+  ASSERT_OK(GPUIPC_CU(cuCtxSetCurrent, NULL));
+  peer_finish(&p);
+  printf("unpinned: a buffer, our segment and theirs mapped with a context "
+         "current and not registered; pinned on demand; the same open "
+         "without the flag registered\n");
+}
+
 /*
  * A process whose first CUDA work is a GPU message received on a channel
  * it opened with no CUDA (chan_peer echo-gpu) imports it (the import loads
@@ -175,6 +236,7 @@ int main(void)
   dom = fake_lag_begin("host-pin");
   host_pair_loads_nothing();
   registered_in_a_context_the_process_has();
+  unpinned_stays_unregistered();
   gpu_message_is_the_first_cuda();
   words_pinned_at_first_use();
   ASSERT_OK(gpuipc_domain_leave(dom));

@@ -219,8 +219,9 @@ int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
   if (!gpuipc__kind_valid(kind))
     return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown kind %d",
                        (int)kind);
-  if (flags != 0)
-    return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown flags 0x%x", flags);
+  if (flags & ~GPUIPC_BUF_UNPINNED)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_alloc: unknown flags 0x%x",
+                       flags & ~GPUIPC_BUF_UNPINNED);
 
   kind = kind_resolve(kind, device);
   int rc = kind_check(kind, "gpuipc_buf_alloc");
@@ -243,6 +244,7 @@ int gpuipc_buf_alloc(size_t size, gpuipc_kind_t kind, int device,
   b->size = size;
   b->device = device;
   b->fd = -1;
+  b->unpinned = (flags & GPUIPC_BUF_UNPINNED) != 0;
   if (device >= 0)
     memcpy(b->uuid, gpuipc__dev_get(device)->info.uuid, sizeof(b->uuid));
   rc = b->ops->alloc(b);
@@ -419,9 +421,9 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   if (h == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_import: %s is NULL",
                        h == NULL ? "handle" : "out");
-  if (flags != 0)
+  if (flags & ~GPUIPC_BUF_UNPINNED)
     return gpuipc__err(-EINVAL, "gpuipc_buf_import: unknown flags 0x%x",
-                       flags);
+                       flags & ~GPUIPC_BUF_UNPINNED);
   int rc = gpuipc__handle_validate(h, "gpuipc_buf_import");
   if (rc != 0)
     return rc;
@@ -516,6 +518,7 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   b->device = device;
   b->fd = -1;
   b->imported = true;
+  b->unpinned = (flags & GPUIPC_BUF_UNPINNED) != 0;
   memcpy(b->uuid, h->device_uuid, sizeof(b->uuid));
   rc = ops->import(b, h);
   bool mapped = rc == 0;

@@ -3,8 +3,9 @@
  * holder. Where a GPU is present the mapping is also registered with CUDA
  * (portable, device-mapped: pinned, and reachable by kernels), but never
  * by starting CUDA: at the mapping when this process has a CUDA context
- * already, else when gpuipc first puts GPU work on the buffer
- * (gpuipc__host_pin). A process that only moves host memory never loads
+ * already (unless mapped GPUIPC_BUF_UNPINNED: registering and unregistering
+ * wait for the GPU's queued work), else when gpuipc first puts GPU work on
+ * the buffer (gpuipc__host_pin). A process that only moves host memory never loads
  * the driver, and makes no context (hundreds of MiB of GPU memory, 0.2 s
  * to seconds of start).
  */
@@ -109,8 +110,10 @@ static void host_unregister(struct host_priv *p)
 #endif
 }
 
-/* Map @fd (@map_size bytes) and register it; on success fills @p. */
-static int host_map(int fd, size_t map_size, struct host_priv *p)
+/* Map @fd (@map_size bytes) and register it unless @unpinned; on success
+ * fills @p. */
+static int host_map(int fd, size_t map_size, bool unpinned,
+                    struct host_priv *p)
 {
   void *base = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED)
@@ -119,7 +122,7 @@ static int host_map(int fd, size_t map_size, struct host_priv *p)
   p->base = base;
   p->map_size = map_size;
   atomic_init(&p->reg_dev, -1);
-  int rc = host_register(p);
+  int rc = unpinned ? 0 : host_register(p);
   if (rc != 0) {
     munmap(base, map_size);
     return rc;
@@ -147,7 +150,7 @@ static int host_attach(struct gpuipc_buf *b, int fd, size_t map_size,
   }
   p->st_dev = st.st_dev;
   p->st_ino = st.st_ino;
-  rc = host_map(fd, map_size, p);
+  rc = host_map(fd, map_size, b->unpinned, p);
   if (rc != 0)
     goto free_priv;
   b->ptr = (uint8_t *)p->base + offset;

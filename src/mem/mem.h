@@ -115,6 +115,7 @@ struct gpuipc_buf {
   uint8_t uuid[16];              /* device UUID, 0 for HOST */
   int fd;                        /* descriptor kept for re-export, or -1 */
   bool imported;
+  bool unpinned; /* HOST: not registered at the mapping (GPUIPC_BUF_UNPINNED) */
   /* Identity: ours for local buffers, the exporter's for imported ones. */
   uint8_t boot_id[16];
   uint32_t pid;

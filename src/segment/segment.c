@@ -99,7 +99,7 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
 }
 
 /* Map the segment a HANDLE reply describes. Closes the reply's fds. */
-static int import_reply(struct gpuipc__reply *r, int device,
+static int import_reply(struct gpuipc__reply *r, int device, unsigned flags,
                         gpuipc_buf_t **out)
 {
   const struct gpuipc__seg_wire *w = &r->msg.u.handle.seg;
@@ -107,7 +107,7 @@ static int import_reply(struct gpuipc__reply *r, int device,
   int rc = gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h);
   if (rc == 0) {
     h.fd = r->nfds > 0 ? r->fds[0] : -1;
-    rc = gpuipc_buf_import(&h, device, 0, out);
+    rc = gpuipc_buf_import(&h, device, flags, out);
   }
   for (int i = 0; i < r->nfds; i++)
     gpuipc__fd_close(&r->fds[i]);
@@ -212,7 +212,10 @@ static int create_it(gpuipc_domain_t *d, const char *name,
     /* AUTO without a device: memory every process can map. */
     gpuipc_kind_t ak = o->kind == GPUIPC_KIND_AUTO && o->device < 0
                            ? GPUIPC_KIND_HOST : o->kind;
-    rc = gpuipc_buf_alloc(o->size, ak, o->device, 0, own);
+    rc = gpuipc_buf_alloc(o->size, ak, o->device,
+                          o->flags & GPUIPC_UNPINNED ? GPUIPC_BUF_UNPINNED
+                                                     : 0,
+                          own);
     if (rc != 0) {
       gpuipc__seg_post_abandon(d, id);
       return rc;
@@ -286,7 +289,9 @@ static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
   uint64_t gen = r->gen;
   struct gpuipc__seg_wire w = r->msg.u.handle.seg;
   gpuipc_buf_t *buf;
-  int rc = import_reply(r, o->device, &buf);
+  int rc = import_reply(r, o->device,
+                        o->flags & GPUIPC_UNPINNED ? GPUIPC_BUF_UNPINNED : 0,
+                        &buf);
   if (rc != 0) {
     gpuipc__seg_post_release(d, w.id, 1);
     return rc;
@@ -389,7 +394,8 @@ static int seg_opts_read(gpuipc_domain_t *dom, const char *name,
       return rc;
     gpuipc__opts_read(&u, sizeof(u), opts, opts->size);
   }
-  unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT | GPUIPC_SCRATCH;
+  unsigned known = GPUIPC_CREATE | GPUIPC_EXCL | GPUIPC_WAIT |
+                   GPUIPC_SCRATCH | GPUIPC_UNPINNED;
   if (u.flags & ~known)
     return gpuipc__err(-EINVAL, "gpuipc_segment_open(%s): unknown flags "
                        "0x%x", name, u.flags & ~known);
