@@ -7,6 +7,13 @@ from ._channel import Channel
 from ._common import AUTO, DEFAULT, HOST, _Boxed, _count, _kind, _ms, _stream
 
 
+def _unpinned(pinned):
+    """The open flag for ``pinned`` (a bool)."""
+    if not isinstance(pinned, bool):
+        raise TypeError(f"pinned must be True or False, not {pinned!r}")
+    return 0 if pinned else _c.UNPINNED
+
+
 class Domain(_Boxed):
     """A named rendezvous of processes (``gpuipc_domain_join``); a context
     manager that leaves the domain on exit."""
@@ -32,12 +39,16 @@ class Domain(_Boxed):
 
     # segments
     def create_segment(self, name, nbytes, kind=HOST, device=-1, exclusive=False,
-                       scratch=False, timeout=DEFAULT, stream=None):
+                       scratch=False, timeout=DEFAULT, stream=None, pinned=True):
         """Allocate segment ``name`` (or open it if it exists, unless
         ``exclusive``): fill it, then ``publish()``. With ``scratch`` it is
-        published at once."""
+        published at once. ``pinned=False``: HOST memory mapped anew is not
+        registered with CUDA in this process (for data no GPU reads:
+        registering, and undoing it at the release, wait for the work
+        queued on the GPU)."""
         flags = _c.CREATE | (_c.EXCL if exclusive else 0) | (_c.SCRATCH if scratch else 0)
-        return self._open(name, nbytes, kind, device, flags, timeout, stream)
+        return self._open(name, nbytes, kind, device, flags | _unpinned(pinned),
+                          timeout, stream)
 
     def lend_segment(self, name, buffer, scratch=False, timeout=DEFAULT):
         """Publish ``buffer`` (a Buffer this process allocated, e.g. the
@@ -54,10 +65,12 @@ class Domain(_Boxed):
         return Segment._wrap(box, name, self)
 
     def open_segment(self, name, wait=False, timeout=DEFAULT, nbytes=0, kind=AUTO,
-                     device=-1, stream=None):
-        """Open published segment ``name``; ``wait`` waits for its publication."""
+                     device=-1, stream=None, pinned=True):
+        """Open published segment ``name``; ``wait`` waits for its
+        publication; ``pinned``: as for create_segment."""
         flags = _c.WAIT if wait else 0
-        return self._open(name, nbytes, kind, device, flags, timeout, stream)
+        return self._open(name, nbytes, kind, device, flags | _unpinned(pinned),
+                          timeout, stream)
 
     def _open(self, name, nbytes, kind, device, flags, timeout, stream):
         device = _count(device, "device")

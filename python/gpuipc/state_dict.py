@@ -16,7 +16,10 @@ manifest, it only moves the head, and a reader that has that manifest's
 tensors already hands them out again. Publishing N unlinks N-1's segments
 that N does not use (readers that hold them keep them), except N-1's
 copies' segment, which the publisher keeps for reuse (``Publisher._POOL``
-retired ones at most; beyond that the oldest is unlinked).
+retired ones at most; beyond that the oldest is unlinked). Manifests and
+heads are mapped unpinned (no GPU reads them): registering host memory
+with CUDA, and undoing it, waits for the GPU's queued work, and a
+publisher or reader would wait for its GPU at every version.
 
 A version copied into a segment that a retired version leaves names the
 publisher's interprocess event in its manifest ("event"), recorded on the
@@ -166,7 +169,7 @@ def _read_manifest(domain, name, ver, timeout, hold=False):
     head moves only once the version's segments are published, so a name
     missing here was retired, never still to come: nothing waits for it.
     ``hold``: (the dict, its Segment, still held)."""
-    m = domain.open_segment(f"{name}.v{ver}.m", timeout=timeout)
+    m = domain.open_segment(f"{name}.v{ver}.m", timeout=timeout, pinned=False)
     try:
         a = m.numpy()
         n = struct.unpack("<Q", bytes(a[:8]))[0]
@@ -252,7 +255,8 @@ class Publisher(_Named):
         if self._head is None:
             try:
                 self._hold_head(self.domain.open_segment(self.name, nbytes=8,
-                                                         timeout=self.timeout))
+                                                         timeout=self.timeout,
+                                                         pinned=False))
             except NotFound:
                 return 0, 0
         return self._read_head()
@@ -266,7 +270,7 @@ class Publisher(_Named):
             self._word[0] = word
             return
         seg = self.domain.create_segment(self.name, 8, kind=HOST, exclusive=True,
-                                         timeout=self.timeout)
+                                         timeout=self.timeout, pinned=False)
         self._hold_head(seg)
         self._word[0] = word
         seg.publish()
@@ -391,6 +395,7 @@ class Publisher(_Named):
                           "nbytes": off, "segments": sorted(segs, key=segs.get),
                           "tensors": entries}).encode()
         mseg = _create_fresh(self.domain, f"{self.name}.v{ver}.m", len(man) + 8, kind=HOST,
+                             pinned=False,
                              timeout=self.timeout)
         import numpy as np
         a = mseg.numpy()
@@ -652,7 +657,8 @@ class Reader(_Named):
         writes."""
         if self._head is None:
             self._hold_head(self.domain.open_segment(self.name, wait=True,
-                                                     timeout=self.timeout))
+                                                     timeout=self.timeout,
+                                                     pinned=False))
         for _ in range(100):
             ver, mver = self._read_head()
             try:

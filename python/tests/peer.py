@@ -820,24 +820,30 @@ def sd_module_read(dom, arg):
 def sd_snap_publish(dom, arg):
     """Publishes version v of sd_make(v) (every tensor copied: a snapshot)
     for each "more" line; says how many segments the domain has and the
-    snapshot segments of the state dict."""
+    snapshot segments of the state dict, and for the versions published
+    behind GPU work whether that work was still running when publish
+    returned (gpu_busy: the host did not wait for it)."""
     import re
     from gpuipc import state_dict
     dev = _dev(arg)
     with gpuipc.Domain(dom) as d, state_dict.Publisher(d, "w") as pub:
         while sys.stdin.readline().strip() == "more":
             sd = {k: t.to(dev) for k, t in sd_make(pub.version + 1).items()}
-            if dev != "cpu" and pub.version + 1 in (6, 7):
+            behind = dev != "cpu" and pub.version + 1 in (6, 7)
+            if behind:
                 # Versions into reused segments whose copies queue behind
                 # ~1 s of GPU work: a reader must wait for them on its
-                # stream (the publisher's host, letting go of a retired
-                # version, waits for the device too, as measured).
+                # stream, and the publisher's host must not.
                 import torch
                 torch.cuda._sleep(2_000_000_000)
             ver = pub.publish(sd)
+            more = {}
+            if behind:
+                more["gpu_busy"] = not torch.cuda.current_stream().query()
             names = [s["name"] for s in d.segments()]
             say(published=ver, segments=len(names),
-                copies=sorted(n for n in names if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+", n)))
+                copies=sorted(n for n in names if re.fullmatch(r"w\.[0-9a-f]{6}\.c\d+", n)),
+                **more)
 
 
 def _maps():

@@ -258,6 +258,27 @@ def test_domain_of_the_parent_is_a_value_error(env):
     assert p.stdout.split() == ["0"]
 
 
+def test_pinned_is_a_bool_and_unpinned_segments_carry_bytes(dom):
+    """``pinned`` takes True or False only (TypeError otherwise, nothing
+    created); a segment created and opened unpinned holds and shows the
+    same bytes (on this machine no CUDA: only the flag's path)."""
+    for bad in (0, 1, None, "no"):
+        with pytest.raises(TypeError, match="pinned must be True or False"):
+            dom.create_segment("pin-bad", 4096, pinned=bad)
+        with pytest.raises(TypeError, match="pinned must be True or False"):
+            dom.open_segment("pin-bad", pinned=bad)
+    with pytest.raises(gpuipc.NotFound):
+        dom.open_segment("pin-bad")
+    s = dom.create_segment("pin-off", 4096, exclusive=True, pinned=False)
+    s.numpy()[:4] = [1, 2, 3, 4]
+    s.publish()
+    o = dom.open_segment("pin-off", pinned=False)
+    assert list(o.numpy()[:4]) == [1, 2, 3, 4]
+    o.release()
+    s.release()
+    dom.unlink("pin-off")
+
+
 # ---- D: state dicts of numpy arrays ----------------------------------------
 
 def test_state_dict_of_numpy_arrays_is_a_clear_type_error(dom):

@@ -152,18 +152,20 @@ def test_moved_cuda_module_lent_to_a_reader(env, procs):
 def test_cuda_snapshots_reuse_their_segments(env, procs):
     """test_host's test_snapshots_reuse_their_segments with the state dict
     on GPU 0: the copies go into VMM segments that later versions reuse,
-    versions 6 and 7 behind 1 s of GPU work; every version read whole. (The
-    publisher's host ends up waiting for that work: see the next test.)"""
+    versions 6 and 7 behind 1 s of GPU work, which is still running when
+    publish returns (the publisher's host does not wait for it); every
+    version read whole."""
     _snapshots(env, procs, "cuda")
 
 
 def test_cuda_snapshots_read_on_another_gpu(env, procs):
     """The same with the reader on GPU 1 (its views mapped there, read by
-    GPU 1's streams, the process's current device still 0). What it does
-    not isolate: the reader's wait for the publisher's event. The
-    publisher's host waits for its GPU work (versions 6 and 7 took about
-    1 s each to publish, on four H100s): letting go of a retired version
-    unmaps memory, which waits for the device."""
+    GPU 1's streams, the process's current device still 0). Versions 6
+    and 7 are published while the publisher's GPU work runs: the reader
+    sees their bytes whole only if its stream waited for the publisher's
+    event. (Until the manifests were mapped unpinned, registering and
+    unregistering them made the publisher's host wait for that work,
+    about 1 s each on four H100s.)"""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
     _snapshots(env, procs, "cuda1")
