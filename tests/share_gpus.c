@@ -103,6 +103,18 @@ static void head_killed(gpuipc_domain_t *dom)
   share_wait_none(dom, "s2");
 }
 
+/* Start @k, a LEGACY member on GPU 1, in round @round: it copies every
+ * chunk alone and waits at its gate, serving. */
+static void legacy_at_gate(struct sreader *k, const char *round)
+{
+  sreader_start(k, "share", "v1", 1, round, "", 1, "gpu1-legacy",
+                SHARE_TIMEOUT_MS);
+  sreader_expect(k, "ready");
+  sreader_send(k, "go\n");
+  sreader_expect(k, "joined");
+  sreader_expect(k, "leave");
+}
+
 /* A LEGACY member that has every chunk, killed as the others copy. */
 static void legacy_killed(gpuipc_domain_t *dom)
 {
@@ -110,12 +122,7 @@ static void legacy_killed(gpuipc_domain_t *dom)
   char d1[32];
   dst_of(d1, sizeof(d1), other, "vmm");
   struct sreader k, s[2];
-  sreader_start(&k, "share", "v1", 1, "s3", "", 1, "gpu1-legacy",
-                SHARE_TIMEOUT_MS);
-  sreader_expect(&k, "ready");
-  sreader_send(&k, "go\n");
-  sreader_expect(&k, "joined");
-  sreader_expect(&k, "leave");
+  legacy_at_gate(&k, "s3");
   sreader_start(&s[0], "share", "v1", 1, "s3", "", 1, d1, SHARE_TIMEOUT_MS);
   sreader_start(&s[1], "share", "v1", 1, "s3", "", 1, "gpu1-vmm",
                 SHARE_TIMEOUT_MS);
@@ -151,12 +158,7 @@ static void legacy_killed_settled(gpuipc_domain_t *dom)
 {
   test_stamp("a LEGACY member killed once a follower's copies settled");
   struct sreader k, f;
-  sreader_start(&k, "share", "v1", 1, "s4", "", 1, "gpu1-legacy",
-                SHARE_TIMEOUT_MS);
-  sreader_expect(&k, "ready");
-  sreader_send(&k, "go\n");
-  sreader_expect(&k, "joined");
-  sreader_expect(&k, "leave");
+  legacy_at_gate(&k, "s4");
   char d1[32];
   dst_of(d1, sizeof(d1), other, "vmm");
   sreader_start(&f, "share", "v1", 1, "s4", "settled:1:stop", 1, d1,
