@@ -5,9 +5,9 @@
  * by starting CUDA: at the mapping when this process has a CUDA context
  * already (unless mapped GPUIPC_BUF_UNPINNED: registering and unregistering
  * wait for the GPU's queued work), else when gpuipc first puts GPU work on
- * the buffer (gpuipc__host_pin). A process that only moves host memory never loads
- * the driver, and makes no context (hundreds of MiB of GPU memory, 0.2 s
- * to seconds of start).
+ * the buffer (gpuipc__host_pin). A process that only moves host memory
+ * never loads the driver, and makes no context (hundreds of MiB of GPU
+ * memory, 0.2 s to seconds of start).
  */
 #include "mem/mem.h"
 

@@ -98,6 +98,12 @@ int gpuipc__seg_request(gpuipc_domain_t *d, const char *name, size_t size,
                      gpuipc__msg_name(out->msg.type));
 }
 
+/* The gpuipc_buf_alloc / _import flags of an open's @flags. */
+static unsigned buf_flags(unsigned flags)
+{
+  return flags & GPUIPC_UNPINNED ? GPUIPC_BUF_UNPINNED : 0;
+}
+
 /* Map the segment a HANDLE reply describes. Closes the reply's fds. */
 static int import_reply(struct gpuipc__reply *r, int device, unsigned flags,
                         gpuipc_buf_t **out)
@@ -212,10 +218,7 @@ static int create_it(gpuipc_domain_t *d, const char *name,
     /* AUTO without a device: memory every process can map. */
     gpuipc_kind_t ak = o->kind == GPUIPC_KIND_AUTO && o->device < 0
                            ? GPUIPC_KIND_HOST : o->kind;
-    rc = gpuipc_buf_alloc(o->size, ak, o->device,
-                          o->flags & GPUIPC_UNPINNED ? GPUIPC_BUF_UNPINNED
-                                                     : 0,
-                          own);
+    rc = gpuipc_buf_alloc(o->size, ak, o->device, buf_flags(o->flags), own);
     if (rc != 0) {
       gpuipc__seg_post_abandon(d, id);
       return rc;
@@ -289,9 +292,7 @@ static int open_granted(gpuipc_domain_t *d, const struct seg_opts *o,
   uint64_t gen = r->gen;
   struct gpuipc__seg_wire w = r->msg.u.handle.seg;
   gpuipc_buf_t *buf;
-  int rc = import_reply(r, o->device,
-                        o->flags & GPUIPC_UNPINNED ? GPUIPC_BUF_UNPINNED : 0,
-                        &buf);
+  int rc = import_reply(r, o->device, buf_flags(o->flags), &buf);
   if (rc != 0) {
     gpuipc__seg_post_release(d, w.id, 1);
     return rc;
