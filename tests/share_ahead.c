@@ -157,8 +157,6 @@ int main(void)
   gpuipc_domain_t *dom = share_begin(v);
   readers(dom);
   layouts(dom, v);
-  for (int i = 0; i < SHARE_NSRC; i++)
-    gpuipc_buf_release(v[i]);
-  ASSERT_OK(gpuipc_domain_leave(dom));
+  share_end(dom, v);
   return 0;
 }

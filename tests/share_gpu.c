@@ -63,9 +63,7 @@ int main(void)
   sreaders_end_ok(r, NREADERS);
   share_wait_none(dom, "g1");
   killed(dom);
-  for (int i = 0; i < SHARE_NSRC; i++)
-    gpuipc_buf_release(v[i]);
-  ASSERT_OK(gpuipc_domain_leave(dom));
+  share_end(dom, v);
   return 0;
 #endif
 }

@@ -201,8 +201,6 @@ int main(void)
   killed_serving(dom);
   killed_among(dom);
   all_killed(dom);
-  for (int i = 0; i < SHARE_NSRC; i++)
-    gpuipc_buf_release(v[i]);
-  ASSERT_OK(gpuipc_domain_leave(dom));
+  share_end(dom, v);
   return 0;
 }

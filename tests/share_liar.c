@@ -132,8 +132,6 @@ int main(void)
   share_wait_none(dom, "lr");
   forged(dom, "fg", false);
   forged(dom, "fz", true);
-  for (int i = 0; i < SHARE_NSRC; i++)
-    gpuipc_buf_release(v[i]);
-  ASSERT_OK(gpuipc_domain_leave(dom));
+  share_end(dom, v);
   return 0;
 }

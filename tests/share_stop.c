@@ -53,8 +53,6 @@ int main(void)
     TFAIL("the stopped member's error does not name its chunks: %s", r.msg);
   ASSERT_EQ(sreader_end(&k), 0);
   share_wait_none(dom, "st");
-  for (int i = 0; i < SHARE_NSRC; i++)
-    gpuipc_buf_release(v[i]);
-  ASSERT_OK(gpuipc_domain_leave(dom));
+  share_end(dom, v);
   return 0;
 }

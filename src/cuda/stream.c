@@ -184,22 +184,15 @@ static struct aside {
   void *key; /* the caller's stream it was claimed for */
   CUstream s;
   CUevent ev, back;
-} asides[GPUIPC__DEV_SLOTS][ASIDES];
+} asides[GPUIPC__DEV_SLOTS][ASIDES] = {
+    [0 ... GPUIPC__DEV_SLOTS - 1] = {
+        [0 ... ASIDES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}}};
 
 static pthread_mutex_t pick_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t asides_once = PTHREAD_ONCE_INIT;
-
-static void asides_init(void)
-{
-  for (int d = 0; d < GPUIPC__DEV_SLOTS; d++)
-    for (int i = 0; i < ASIDES; i++)
-      pthread_mutex_init(&asides[d][i].lock, NULL);
-}
 
 /* The aside of @stream on device @dev (claimed for it if one is free). */
 static struct aside *aside_pick(int dev, void *stream)
 {
-  pthread_once(&asides_once, asides_init);
   struct aside *row = asides[dev], *free_one = NULL;
   pthread_mutex_lock(&pick_lock);
   for (int i = 0; i < ASIDES; i++) {

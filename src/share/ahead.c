@@ -58,13 +58,22 @@ static void *ahead_main(void *arg)
   return NULL;
 }
 
-/* Join @a's thread and let go of what it opened; free @a. */
-static void ahead_drop(struct ahead *a)
+/* Let go of what @a's thread (joined) opened; free @a. */
+static void ahead_free(struct ahead *a)
 {
-  pthread_join(a->th, NULL);
   if (a->rc == 0)
     gpuipc_buf_release(a->t.buf);
   free(a);
+}
+
+/* Join the threads of the entries of list @a and free them. */
+static void drop_list(struct ahead *a)
+{
+  for (struct ahead *n; a != NULL; a = n) {
+    n = a->next;
+    pthread_join(a->th, NULL);
+    ahead_free(a);
+  }
 }
 
 bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
@@ -124,9 +133,7 @@ int gpuipc__share_ahead_take(gpuipc_domain_t *dom, const char *round,
               a->l.chunk_bytes == l->chunk_bytes &&
               a->l.nchunks == l->nchunks && a->l.digest == l->digest;
   if (!fits) {
-    if (a->rc == 0)
-      gpuipc_buf_release(a->t.buf);
-    free(a);
+    ahead_free(a);
     return -ENOENT;
   }
   *t = a->t;
@@ -157,18 +164,12 @@ static struct ahead *take_off(gpuipc_domain_t *dom, uint64_t now, bool all)
 
 void gpuipc__share_ahead_tick(gpuipc_domain_t *dom, uint64_t now)
 {
-  for (struct ahead *a = take_off(dom, now, false), *n; a != NULL; a = n) {
-    n = a->next;
-    ahead_drop(a);
-  }
+  drop_list(take_off(dom, now, false));
 }
 
 void gpuipc__share_ahead_leave(gpuipc_domain_t *dom)
 {
-  for (struct ahead *a = take_off(dom, 0, true), *n; a != NULL; a = n) {
-    n = a->next;
-    ahead_drop(a);
-  }
+  drop_list(take_off(dom, 0, true));
 }
 
 void gpuipc__share_ahead_fork(int phase)

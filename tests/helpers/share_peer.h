@@ -272,6 +272,14 @@ static inline gpuipc_domain_t *share_begin(gpuipc_buf_t **v)
   return dom;
 }
 
+/* What they end with: the published sources @v released, @dom left. */
+static inline void share_end(gpuipc_domain_t *dom, gpuipc_buf_t **v)
+{
+  for (int i = 0; i < SHARE_NSRC; i++)
+    gpuipc_buf_release(v[i]);
+  ASSERT_OK(gpuipc_domain_leave(dom));
+}
+
 /*
  * Publish version @seed's sources under @prefix in @dom, segments of
  * @kind on @device (HOST: -1), returned in @src (release them to let go).
