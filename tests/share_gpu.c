@@ -1,8 +1,9 @@
 /*
  * gpuipc_share_copy into GPU memory, on the fake CUDA driver: three
  * readers with LEGACY destinations on GPU 0 copy a published HOST version.
- * The copies and the done words go on their streams (the words written
- * by cuStreamWriteValue64 into the pinned table); each reader checks every
+ * The copies go on their streams, the words (cuStreamWriteValue64 into
+ * the pinned table) on streams of gpuipc's own after them, none on the
+ * caller's (a word there pauses its copies); each reader checks every
  * byte after its stream; between them the publisher's bytes were copied
  * once, and the round's segments are gone once they are. Then a member is
  * killed at its third claim: the others take its claims over.
@@ -57,6 +58,10 @@ int main(void)
   for (int i = 0; i < NREADERS; i++) {
     ASSERT_EQ(s[i].joined, 1);
     ASSERT_EQ(s[i].server, 1);
+    /* A done or prefix word a chunk at least, none on the caller's
+     * stream. */
+    ASSERT_GE(s[i].words, (int)share_nchunks());
+    ASSERT_EQ(s[i].on_stream, 0);
     pub += s[i].pub;
   }
   ASSERT_EQ_U(pub, share_nchunks());

@@ -341,6 +341,10 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
  */
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value);
+/* The same for @n words, in order, after one event. */
+int gpuipc__stream_words_write_after(int dev, void *stream, int n,
+                                     const uint64_t *addr,
+                                     const uint64_t *value);
 /*
  * gpuipc__stream_aside_run: call @fn with a stream of gpuipc's own on
  * device @dev (a CUstream) that starts after the work queued on @stream so

@@ -274,20 +274,31 @@ static int on_aside(int dev, void *stream, bool join,
 }
 
 struct word_arg {
-  uint64_t addr, value;
+  int n;
+  const uint64_t *addr, *value;
 };
 
 static int word_fn(CUstream s, void *arg)
 {
   const struct word_arg *w = arg;
-  return GPUIPC_CU(cuStreamWriteValue64, s, (CUdeviceptr)w->addr, w->value,
-                   CU_STREAM_WRITE_VALUE_DEFAULT);
+  int rc = 0;
+  for (int i = 0; i < w->n && rc == 0; i++)
+    rc = GPUIPC_CU(cuStreamWriteValue64, s, (CUdeviceptr)w->addr[i],
+                   w->value[i], CU_STREAM_WRITE_VALUE_DEFAULT);
+  return rc;
 }
 
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value)
 {
-  struct word_arg w = {addr, value};
+  return gpuipc__stream_words_write_after(dev, stream, 1, &addr, &value);
+}
+
+int gpuipc__stream_words_write_after(int dev, void *stream, int n,
+                                     const uint64_t *addr,
+                                     const uint64_t *value)
+{
+  struct word_arg w = {n, addr, value};
   return on_aside(dev, stream, false, word_fn, &w);
 }
 
@@ -339,6 +350,13 @@ int gpuipc__stream_word_wait(int dev, void *stream, uint64_t addr,
 
 int gpuipc__stream_word_write_after(int dev, void *stream, uint64_t addr,
                                     uint64_t value)
+{
+  return GPUIPC_E_UNSUPPORTED;
+}
+
+int gpuipc__stream_words_write_after(int dev, void *stream, int n,
+                                     const uint64_t *addr,
+                                     const uint64_t *value)
 {
   return GPUIPC_E_UNSUPPORTED;
 }

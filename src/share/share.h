@@ -404,6 +404,10 @@ struct share_call {
   int nin, in0;
   uint64_t in_bytes;
   uint64_t words; /* the table's address for @device's streams */
+  /* A GPU member's words of the chunk at hand (done, rdone, prefix),
+   * written together once its copy has landed (words_flush in copy.c). */
+  uint64_t pend_addr[4], pend_val[4];
+  int npend;
   int timeout_ms;
   const char *next_round; /* the caller's next round (ahead.c), or NULL */
   struct share_peer peers[GPUIPC__SHARE_MEMBERS];

@@ -7,6 +7,7 @@
 #include "helpers/share_peer.h"
 #include "share/share.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -161,6 +162,26 @@ static long check(gpuipc_buf_t *const *d, unsigned seed)
   return bad;
 }
 
+/* Words the fake driver's streams wrote so far: all of them, and those on
+ * the legacy default stream, the one the calls here queue on; -1 without
+ * the fake. */
+static void fake_words(int *all, int *on_stream)
+{
+  const char *lib = getenv("GPUIPC_CUDA_LIB");
+  void *fake = lib != NULL ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  int (*w)(void) = fake != NULL ? (int (*)(void))dlsym(fake,
+                                                       "fake_cuda_word_writes")
+                                : NULL;
+  int (*on)(void *) = fake != NULL
+                          ? (int (*)(void *))dlsym(fake,
+                                                   "fake_cuda_word_writes_on")
+                          : NULL;
+  *all = w != NULL ? w() : -1;
+  *on_stream = on != NULL ? on(NULL) : -1;
+  if (fake != NULL)
+    dlclose(fake);
+}
+
 /*
  * One gpuipc_share_copy of the layout into @dst, in round @round; says
  * its result line. 0, or 9: what the caller was told is not what the call
@@ -187,7 +208,10 @@ static int one_call(gpuipc_domain_t *dom, const char *round,
   memset(&ps, 0xff, sizeof(ps));
   o.stats = &ps;
   o.next_round = next_round[0] != '\0' ? next_round : NULL;
+  int w0, on0, w1, on1;
+  fake_words(&w0, &on0);
   int rc = gpuipc_share_copy(dom, round, ext, SHARE_NEXT, NULL, &o);
+  fake_words(&w1, &on1);
   /* What the caller is told is what the call counted. */
   struct gpuipc__share_stats st;
   gpuipc__share_test_stats(&st);
@@ -203,13 +227,15 @@ static int one_call(gpuipc_domain_t *dom, const char *round,
       *p = ' ';
   snprintf(out, sizeof(out), "rc=%d pub=%llu peer=%llu joined=%d server=%d "
            "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-           "lent=%d opened=%d ahead=%d recopied=%llu msg=%s\n", rc,
+           "lent=%d opened=%d ahead=%d recopied=%llu words=%d on_stream=%d "
+           "msg=%s\n", rc,
            (unsigned long long)st.from_pub, (unsigned long long)st.from_peer,
            st.joined, st.server, (unsigned long long)st.reclaimed,
            (unsigned long long)st.passed_over, st.slot,
            (unsigned long long)st.sources,
            rc == 0 ? check(dst, seed) : 0, st.lent, st.opened, st.ahead,
-           (unsigned long long)st.recopied, msg);
+           (unsigned long long)st.recopied, w0 < 0 ? -1 : w1 - w0,
+           on0 < 0 ? -1 : on1 - on0, msg);
   say(out);
   return 0;
 }

@@ -11,9 +11,12 @@
  * with a gate it then waits for "out" before it leaves the round. Then it
  * checks every byte and says "rc=RC pub=N peer=N joined=J server=S
  * reclaimed=N passed=N slot=N sources=HEX bad=N lent=N opened=N ahead=N
- * recopied=N msg=LAST_ERROR" (recopied: chunks it copied again from the
- * publisher because the member it had them from died before they
- * settled; those are in both pub and peer). Before "go" and after its result it takes "next ROUND"
+ * recopied=N words=N on_stream=N msg=LAST_ERROR" (recopied: chunks it
+ * copied again from the publisher because the member it had them from
+ * died before they settled; those are in both pub and peer; words and
+ * on_stream: on the fake driver, the stream words written during the
+ * call, all and on the caller's stream, else -1). Before "go" and after
+ * its result it takes "next ROUND"
  * (the next_round of its calls from then on). After its result, until
  * EOF (when it exits), it takes commands: "again ROUND" (its destinations
  * filled afresh, another call, in round ROUND, with the same gate),
@@ -167,6 +170,9 @@ struct sresult {
   int lent, opened; /* buffers it lent, peers' segments it mapped, anew */
   int ahead;        /* 1: its table was opened ahead (opts.next_round) */
   unsigned long long recopied; /* copied again from the publisher */
+  /* On the fake driver: the words its streams wrote during the call, and
+   * those on the caller's stream; else -1. */
+  int words, on_stream;
   char msg[600]; /* gpuipc_last_error() after a failure, else "-" */
 };
 
@@ -182,11 +188,13 @@ static inline void sreader_result(struct sreader *r, struct sresult *out)
     int at = -1;
     if (sscanf(l, "rc=%d pub=%llu peer=%llu joined=%d server=%d "
                "reclaimed=%llu passed=%llu slot=%d sources=%llx bad=%ld "
-               "lent=%d opened=%d ahead=%d recopied=%llu msg=%n", &out->rc,
+               "lent=%d opened=%d ahead=%d recopied=%llu words=%d "
+               "on_stream=%d msg=%n", &out->rc,
                &out->pub, &out->peer, &out->joined, &out->server,
                &out->reclaimed, &out->passed, &out->slot, &out->sources,
                &out->bad, &out->lent, &out->opened, &out->ahead,
-               &out->recopied, &at) != 14 || at < 0)
+               &out->recopied, &out->words, &out->on_stream, &at) != 16 ||
+        at < 0)
       TFAIL("reader %d: bad result line \"%s\"", (int)r->pid, l);
     snprintf(out->msg, sizeof(out->msg), "%s", l + at);
     return;
