@@ -51,6 +51,7 @@
  *   gpuipc_event_handle_pack / _unpack
  * Devices, copies and topology                                      gpuipc(7)
  *   gpuipc_driver_status, gpuipc_device_count / _info / _by_uuid
+ *   gpuipc_memcpy_batch     many copies queued on a stream in one call
  *   gpuipc_memcpy           a copy that has completed on return (fill or
  *                           read GPU memory without the CUDA runtime);
  *                           queued copies, stream waits and the current
@@ -400,6 +401,24 @@ GPUIPC_API int gpuipc_uuid_str(const uint8_t uuid[16], char out[41]);
  */
 GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
                              void *stream);
+
+/*
+ * gpuipc_memcpy_batch - queue @count copies on @stream of local device
+ * @device (NULL: its legacy default stream): @n[i] bytes from @src[i] to
+ * @dst[i], in that order, as @count calls of cuMemcpyAsync would, in one
+ * call (one context switch, no Python or framework overhead a copy).
+ * Returns once they are queued, not done: the stream's later work sees
+ * them. Pointers as for gpuipc_memcpy; an @n[i] of 0 copies nothing (its
+ * pointers may be NULL). With @device -1 every side must be host memory:
+ * the copies are done on return. Every argument is checked before
+ * anything is queued: -EINVAL (@dst, @src or @n NULL with @count > 0, a
+ * NULL pointer with @n[i] > 0 -- the message names i --, a device not
+ * visible); GPUIPC_E_NODRIVER; GPUIPC_E_CUDA (the copies before the one
+ * that failed are queued; the message names it). Thread-safe.
+ */
+GPUIPC_API int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
+                                   const size_t *n, size_t count, int device,
+                                   void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */

@@ -88,10 +88,70 @@ static PyObject *py_memcpy(PyObject *self, PyObject *args)
   return gpuipc__py_none(rc);
 }
 
+/* memcpy_batch(dsts, srcs, sizes, device, stream): three sequences of
+ * ints of one length; the copies queued, in order, on the stream. */
+static PyObject *py_memcpy_batch(PyObject *self, PyObject *args)
+{
+  PyObject *in[3];
+  void *stream;
+  int device;
+  if (!PyArg_ParseTuple(args, "OOOiO&", &in[0], &in[1], &in[2], &device,
+                        gpuipc__py_stream, &stream))
+    return NULL;
+  Py_ssize_t count = -1;
+  for (int k = 0; k < 3; k++) {
+    Py_ssize_t c = PySequence_Size(in[k]);
+    if (c < 0)
+      return NULL;
+    if (count >= 0 && c != count) {
+      PyErr_Format(PyExc_ValueError, "memcpy_batch: %zd destinations, %zd "
+                   "sources and sizes: not one length", count, c);
+      return NULL;
+    }
+    count = c;
+  }
+  void **ptr[2] = {PyMem_Calloc((size_t)count + 1, sizeof(void *)),
+                   PyMem_Calloc((size_t)count + 1, sizeof(void *))};
+  size_t *n = PyMem_Calloc((size_t)count + 1, sizeof(size_t));
+  PyObject *ret = NULL;
+  if (ptr[0] == NULL || ptr[1] == NULL || n == NULL) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  for (Py_ssize_t i = 0; i < count; i++) {
+    for (int k = 0; k < 3; k++) {
+      PyObject *v = PySequence_GetItem(in[k], i);
+      if (v == NULL)
+        goto out;
+      int ok;
+      if (k < 2) {
+        ok = gpuipc__py_ptr(v, &ptr[k][i]);
+      } else {
+        n[i] = PyLong_AsSize_t(v);
+        ok = !(n[i] == (size_t)-1 && PyErr_Occurred());
+      }
+      Py_DECREF(v);
+      if (!ok)
+        goto out;
+    }
+  }
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_memcpy_batch(ptr[0],
+                                            (const void *const *)ptr[1], n,
+                                            (size_t)count, device, stream));
+  ret = gpuipc__py_none(rc);
+out:
+  PyMem_Free(ptr[0]);
+  PyMem_Free(ptr[1]);
+  PyMem_Free(n);
+  return ret;
+}
+
 PyMethodDef gpuipc__py_event_methods[] = {
     GPUIPC__PY_FN(event_create, METH_VARARGS),
     GPUIPC__PY_FN(event_export, METH_O),
     GPUIPC__PY_FN(event_import, METH_VARARGS),
     GPUIPC__PY_FN(event_op, METH_VARARGS),
     GPUIPC__PY_FN(memcpy, METH_VARARGS),
+    GPUIPC__PY_FN(memcpy_batch, METH_VARARGS),
     GPUIPC__PY_END};

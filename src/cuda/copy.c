@@ -2,6 +2,7 @@
 #include "cuda/cuda.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 static int device_check(int device, const char *who)
@@ -55,6 +56,53 @@ int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
                   void *stream)
 {
   return copy(dst, src, n, device, stream, true, "gpuipc_memcpy");
+}
+
+int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
+                        const size_t *n, size_t count, int device,
+                        void *stream)
+{
+  static const char who[] = "gpuipc_memcpy_batch";
+  if (count > 0 && (dst == NULL || src == NULL || n == NULL))
+    return gpuipc__err(-EINVAL, "%s: %s is NULL with %zu copies", who,
+                       dst == NULL ? "dst" : src == NULL ? "src" : "n",
+                       count);
+  for (size_t i = 0; i < count; i++)
+    if (n[i] > 0 && (dst[i] == NULL || src[i] == NULL))
+      return gpuipc__err(-EINVAL, "%s: copy %zu of %zu: %s is NULL", who, i,
+                         count, dst[i] == NULL ? "dst" : "src");
+  if (device == -1) {
+    for (size_t i = 0; i < count; i++)
+      if (n[i] > 0)
+        memmove(dst[i], src[i], n[i]);
+    return 0;
+  }
+  int rc = device_check(device, who);
+  if (rc != 0)
+    return rc;
+#if GPUIPC_HAVE_CUDA
+  struct gpuipc__ctx_saved saved;
+  rc = gpuipc__ctx_enter(device, &saved);
+  if (rc != 0)
+    return rc;
+  for (size_t i = 0; i < count && rc == 0; i++) {
+    if (n[i] == 0)
+      continue;
+    rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst[i],
+                   (CUdeviceptr)(uintptr_t)src[i], n[i], (CUstream)stream);
+    if (rc != 0) {
+      char why[256];
+      snprintf(why, sizeof(why), "%s", gpuipc_last_error());
+      gpuipc__err(rc, "%s: copy %zu of %zu (%zu bytes): %s", who, i, count,
+                  n[i], why);
+    }
+  }
+  gpuipc__ctx_leave(&saved);
+  return rc;
+#else
+  (void)stream;
+  return rc;
+#endif
 }
 
 int gpuipc__memcpy_async(void *dst, const void *src, size_t n, int device,
