@@ -227,16 +227,18 @@ def _gp_sd_receiver(dom, rounds, copy):
     with gpuipc.Domain(dom) as d, state_dict.Reader(d, "w", device=0) as rd, \
             d.channel("go", timeout=600) as ch:
         _warm_cuda()
+        # A reader's own tensors are there before its first sync (a rollout
+        # worker has its model): allocated untimed, of the shapes the
+        # publisher's make_sd gives.
+        dst = ({n: torch.empty(s, dtype=torch.bfloat16, device="cuda")
+                for n, s in llama_shapes()} if copy else None)
+        torch.cuda.synchronize()
         ch.recv(timeout=600).release()  # the channel warmed up before timing
         ch.send(torch.zeros(1))
-        dst = None
         for r in range(rounds):
             ch.recv(timeout=600).release()
             t0 = time.monotonic()
             if copy:
-                if dst is None:
-                    with rd.open() as sd:
-                        dst = {k: torch.empty_like(v) for k, v in sd.items()}
                 rd.copy_into(dst)
             else:
                 with rd.open() as sd:
@@ -250,8 +252,7 @@ def weights_gpuipc(sd, copy, lend, rounds=ROUNDS):
     ``lend`` each version is a snapshot (the tensors are copied into a new
     segment); with it, the tensors (born in gpuipc.torch.mem_pool()) are
     lent in place. The receiver opens 291 zero-copy tensors, or copies into
-    tensors of its own (the first round allocates them, so its time
-    includes that)."""
+    tensors of its own (allocated before the first round, untimed)."""
     from gpuipc import state_dict
     dom = f"w{os.getpid()}{int(copy)}{int(lend)}"
     p = mp.get_context("spawn").Process(target=_gp_sd_receiver,

@@ -96,6 +96,48 @@ def _tensor_at(raw, e):
         e["shape"])
 
 
+def _dev_of(t):
+    """The CUDA device index of tensor ``t``, -1 for a CPU tensor."""
+    return t.device.index if t.is_cuda else -1
+
+
+def _copy_all(copies, torch_copy, stream):
+    """Queue ``copies`` ((dst address, dst device, src tensor or address,
+    src device, bytes, entry) each) on ``stream`` (None: PyTorch's current
+    stream of the device): those whose two sides lie on one device (or
+    both on the host) and whose source is contiguous (dst None: never), as
+    raw bytes in one
+    gpuipc_memcpy_batch a device (a torch copy_ costs 10-30 us of host time
+    a tensor, a state dict has hundreds); the others by ``torch_copy(entry)``
+    in the stream's context. Host copies are done on return."""
+    torch = _torch()
+    batches, slow = {}, []
+    for dst, ddev, src, sdev, n, e in copies:
+        if not isinstance(src, int):
+            if not src.is_contiguous():
+                slow.append(e)
+                continue
+            src = src.data_ptr()
+        if dst is None or ddev != sdev:
+            slow.append(e)
+        elif n > 0:
+            b = batches.setdefault(ddev, ([], [], []))
+            b[0].append(dst)
+            b[1].append(src)
+            b[2].append(n)
+    for dev, (d, s_, n) in batches.items():
+        if dev < 0:
+            _c.memcpy_batch(d, s_, n, -1, None)
+        else:
+            st = stream if stream is not None else torch.cuda.current_stream(dev)
+            _c.memcpy_batch(d, s_, n, dev, st.cuda_stream)
+    if slow:
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            for e in slow:
+                torch_copy(e)
+
+
 def _check_tensors(sd, what):
     """TypeError unless every value of ``sd`` is a torch tensor (numpy
     arrays are not taken: torch.from_numpy(a) shares their memory)."""
@@ -300,9 +342,15 @@ class Publisher(_Named):
         """Lend, several at a time, the buffers under ``sd``'s tensors that
         are not lent yet (each is a request to the broker and, for GPU
         memory, an export)."""
-        new = {}
+        new, starts = {}, []  # found so far: one look-up a buffer, not a tensor
         for t in sd.values():
             if self._lent_under(t) is None:
+                lo = t.data_ptr()
+                i = bisect.bisect_right(starts, lo) - 1
+                b = new[starts[i]][0] if i >= 0 else None
+                if b is not None and t.is_contiguous() and (b.kind == "host") != t.is_cuda \
+                        and lo + t.numel() * t.element_size() <= b.ptr + b.nbytes:
+                    continue  # in a buffer found already
                 buf, owned = _buffer_under(t)
                 if buf is None:
                     continue
@@ -311,6 +359,7 @@ class Publisher(_Named):
                         buf.release()
                     continue
                 new[buf.ptr] = (buf, owned)
+                bisect.insort(starts, buf.ptr)
         if not new:
             return
         names = {}
@@ -375,9 +424,14 @@ class Publisher(_Named):
         if copies:
             data = self._take_data(max(off, _ALIGN), dev)
             seg, raw, fresh = data[1], data[2], data[3]
-            with (torch.cuda.stream(s) if dev is not None else contextlib.nullcontext()):
-                for e, t in copies:  # one copy each, into its place
-                    _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
+            base, rdev = raw.data_ptr(), _dev_of(raw)
+            src_of = {id(e): t for e, t in copies}
+
+            def torch_copy(e):
+                t = src_of[id(e)]
+                _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
+            _copy_all([(base + e["offset"], rdev, t, _dev_of(t), e["nbytes"], e)
+                       for e, t in copies], torch_copy, s if dev is not None else None)
             if fresh:
                 seg.publish(s if dev is not None else None)
             elif dev is not None:
@@ -618,6 +672,23 @@ class SharedStateDict(dict):
         self.release()
 
 
+class _Sources(dict):
+    """A version as copy_into reads it: name -> (its segment's bytes as a
+    torch tensor, its manifest entry), no tensor made for each (a view
+    costs 8-10 us of host time, a state dict has hundreds); ``view(name)``
+    makes one where a target needs torch's copy_."""
+
+    def view(self, name):
+        raw, e = self[name]
+        return _tensor_at(raw, e)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        pass  # what it holds goes with it (a lent version's stays cached)
+
+
 class Reader(_Named):
     """Opens the newest version of state dict ``name`` again and again,
     keeping the segments of lent tensors mapped (and their views made)
@@ -634,6 +705,7 @@ class Reader(_Named):
         self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
         self._copies = {}  # copies' segment name -> Segment, the last _COPIES used
         self._last = None  # (manifest version, views) of an all-lent version
+        self._last_src = None  # the same as _Sources (copy_into)
         self._share_ext = None  # copy_into(share=True)'s last extents: _share_extents
         self._lock = threading.Lock()
         self._events = {}  # publishers' events ((hex handle, device) -> Event): _wait
@@ -652,9 +724,9 @@ class Reader(_Named):
         by hand)."""
         return self._open(self.stream)
 
-    def _open(self, stream):
+    def _open(self, stream, views=True):
         """open(), with ``stream`` the one that waits for copied versions'
-        writes."""
+        writes; ``views=False``: a _Sources instead (copy_into)."""
         if self._head is None:
             self._hold_head(self.domain.open_segment(self.name, wait=True,
                                                      timeout=self.timeout,
@@ -662,21 +734,26 @@ class Reader(_Named):
         for _ in range(100):
             ver, mver = self._read_head()
             try:
-                return self._open_version(ver, mver, stream)
+                return self._open_version(ver, mver, stream, views)
             except NotFound:
                 if self._read_head() == (ver, mver):
                     raise  # gone, yet still the newest: nothing newer to take
         raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
 
-    def _open_version(self, ver, mver, stream=None):
+    def _open_version(self, ver, mver, stream=None, views=True):
         """Version ``ver`` (placed by version ``mver``'s manifest); NotFound
         when a segment of it is gone (retired: the head has moved on)."""
-        if self._last is not None and self._last[0] == mver:
-            out = SharedStateDict(self._last[1])  # placed as the last one opened
+        last = self._last if views else self._last_src
+        if last is not None and last[0] == mver:
+            # placed as the last one opened
+            out = SharedStateDict(last[1]) if views else last[1]
             out.version = self.version = ver
             return out
         man, mseg = _read_manifest(self.domain, self.name, mver, self.timeout, hold=True)
-        self._last = None
+        if views:
+            self._last = None
+        else:
+            self._last_src = None
         packed = None
         try:
             if man["copied"]:
@@ -685,6 +762,12 @@ class Reader(_Named):
                     self._wait(man["event"], stream, packed.device.index)
         finally:
             mseg.release()  # held on by the copies' tensors, if any
+        if not views:
+            out = self._sources(man, packed)
+            if packed is None:
+                self._last_src = (mver, out)
+            out.version = self.version = ver
+            return out
         views = self._make_views(man, packed)
         if packed is None:
             self._last = (mver, views)
@@ -739,9 +822,9 @@ class Reader(_Named):
         finally:
             sub.release()  # the tensor holds its own reference, and sub
 
-    def _make_views(self, man, packed):
-        names = man["segments"]
-
+    def _map(self, names):
+        """Map the lent segments ``names`` (those not mapped yet, several at
+        a time); let go of those no longer named."""
         def open_one(n):
             seg = self.domain.open_segment(n, timeout=self.timeout, device=self.device)
             with self._lock:
@@ -750,6 +833,27 @@ class Reader(_Named):
         for n in [n for n in self._segs if n not in names]:
             del self._segs[n]  # unmapped once no tensor of it is left
             self._raws.pop(n, None)
+            self._last_src = None
+
+    def _raw(self, name):
+        """Lent segment ``name``'s bytes as a torch tensor (made once)."""
+        raw = self._raws.get(name)
+        if raw is None:
+            raw = self._raws[name] = _as_bytes(self._segs[name])
+        return raw
+
+    def _sources(self, man, packed):
+        names = man["segments"]
+        self._map(names)
+        src = {}
+        for e in man["tensors"]:
+            raw = packed if e["seg"] < 0 else self._raw(names[e["seg"]])
+            src[e["name"]] = (raw, e)
+        return _Sources(src)
+
+    def _make_views(self, man, packed):
+        names = man["segments"]
+        self._map(names)
         views, lent = {}, {}
         for e in man["tensors"]:
             if e["seg"] < 0:
@@ -758,10 +862,7 @@ class Reader(_Named):
             key = (names[e["seg"]], e["offset"], e["dtype"], tuple(e["shape"]))
             t = self._views.get(key)
             if t is None:
-                raw = self._raws.get(key[0])
-                if raw is None:
-                    raw = self._raws[key[0]] = _as_bytes(self._segs[key[0]])
-                t = _tensor_at(raw, e)
+                t = _tensor_at(self._raw(key[0]), e)
             views[e["name"]] = lent[key] = t
         self._views = lent
         return views
@@ -791,17 +892,25 @@ class Reader(_Named):
         _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))
-        with self._open(stream if stream is not None else self.stream) as sd:
-            if share:
+        if share:
+            with self._open(stream if stream is not None else self.stream) as sd:
                 self._share_into(sd, target, stream, chunk_bytes)
                 return sd.version
-            ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-            with ctx:
-                for k, t in target.items():
-                    t.copy_(sd[k], non_blocking=True)
+        with self._open(stream if stream is not None else self.stream, views=False) as src:
+            copies = []
+            for k, t in target.items():
+                raw, e = src[k]
+                if (t.is_contiguous() and str(t.dtype) == "torch." + e["dtype"]
+                        and list(t.shape) == e["shape"]):
+                    copies.append((t.data_ptr(), _dev_of(t), raw.data_ptr() + e["offset"],
+                                   _dev_of(raw), e["nbytes"], k))
+                else:
+                    copies.append((None, -1, 0, -1, 0, k))  # torch's copy_ (it converts)
+            _copy_all(copies, lambda k: target[k].copy_(src.view(k), non_blocking=True),
+                      stream)
             if first.is_cuda:
                 (stream or torch.cuda.current_stream()).synchronize()
-            return sd.version
+            return src.version
 
     def _share_into(self, sd, target, stream, chunk_bytes):
         """copy_into(share=True): one gpuipc_share_copy of every tensor,
@@ -868,6 +977,7 @@ class Reader(_Named):
             ev.release()
         self._events = {}
         self._segs, self._raws, self._views, self._last, self._copies = {}, {}, {}, None, {}
+        self._last_src = None
         self._share_ext = None
         self._close_head()
 

@@ -497,7 +497,9 @@ def sd_make(version):
     import torch
     g = torch.Generator().manual_seed(version)
     return {f"layer{i}.weight": torch.randn(16, 8 + i, generator=g).to(torch.bfloat16)
-            for i in range(5)} | {"norm": torch.arange(7, dtype=torch.float32) * version}
+            for i in range(5)} | {"norm": torch.arange(7, dtype=torch.float32) * version,
+                                  # not contiguous: published by torch's copy
+                                  "proj": (torch.arange(24.0) * version).view(4, 6).t()}
 
 
 def sd_publish(dom, arg):
@@ -522,14 +524,29 @@ def sd_read(dom, arg):
         still = all(torch.equal(old[k], t) for k, t in sd_make(1).items())
         mine = {k: torch.zeros_like(t) for k, t in sd_make(2).items()}
         ver = state_dict.copy_into(d, "w", mine)
-        ok2 = all(torch.equal(mine[k], t) for k, t in sd_make(2).items())
+        want = sd_make(2)
+        ok2 = all(torch.equal(mine[k], t) for k, t in want.items())
+        # Targets torch's copy_ serves: another dtype (converted), not
+        # contiguous; the others raw.
+        mixed = {k: torch.zeros_like(t) for k, t in want.items()}
+        mixed["layer0.weight"] = torch.zeros(16, 8, dtype=torch.float32)
+        mixed["layer1.weight"] = torch.zeros(9, 16, dtype=torch.bfloat16).t()
+        state_dict.copy_into(d, "w", mixed)
+        ok3 = (torch.equal(mixed["layer0.weight"], want["layer0.weight"].float()) and
+               all(torch.equal(mixed[k], t) for k, t in want.items() if k != "layer0.weight"))
+        try:
+            state_dict.copy_into(d, "w", {"nope": torch.zeros(1)})
+            missing = "no error"
+        except KeyError as e:
+            missing = str(e)
         try:
             d.open_segment("w.v1")  # unlinked by the publisher, alive while held
             gone = False
         except gpuipc.NotFound:
             gone = True
         old.release()
-        say(old_intact=still, new_version=ver, new_same=ok2, old_name_gone=gone)
+        say(old_intact=still, new_version=ver, new_same=ok2, old_name_gone=gone,
+            mixed_same=ok3, missing=missing)
 
 
 def _host_tensor(buf, dtype, shape, fill):

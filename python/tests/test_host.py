@@ -375,14 +375,14 @@ def test_state_dict_versions(env, procs):
     pub = start(procs, env, "sd_publish", "d")
     assert pub.line() == {"published": 1}
     rd = start(procs, env, "sd_read", "d")
-    assert rd.line() == {"version": 1, "same": True, "n": 6}
+    assert rd.line() == {"version": 1, "same": True, "n": 7}
     pub.p.stdin.write("\n")
     pub.p.stdin.flush()
     assert pub.line() == {"published": 2}
     rd.p.stdin.write("\n")
     rd.p.stdin.flush()
     assert rd.line() == {"old_intact": True, "new_version": 2, "new_same": True,
-                         "old_name_gone": True}
+                         "old_name_gone": True, "mixed_same": True, "missing": "'nope'"}
     rd.finish()
     pub.finish()
 
