@@ -53,6 +53,33 @@ static void extents_free(gpuipc_share_extent_t *e, Py_ssize_t n)
 }
 
 /*
+ * Merge each extent into the one before it where both continue it (the
+ * same source and destination buffers, each at the byte where the last
+ * one ended): a model moved into gpuipc memory (one buffer, its tensors in
+ * order) read into targets laid out the same way is then a few extents of
+ * whole chunks instead of a chunk for every small tensor. Members whose
+ * lists merge differently (targets laid out otherwise) have different
+ * layouts: such a member copies alone. The number of extents left.
+ */
+static Py_ssize_t merge(gpuipc_share_extent_t *e, Py_ssize_t n)
+{
+  Py_ssize_t m = 0;
+  for (Py_ssize_t i = 1; i < n; i++) {
+    gpuipc_share_extent_t *last = &e[m];
+    if (e[i].src == last->src && e[i].dst == last->dst &&
+        e[i].src_off == last->src_off + last->bytes &&
+        e[i].dst_off == last->dst_off + last->bytes) {
+      last->bytes += e[i].bytes;
+      gpuipc_buf_release(e[i].src);
+      gpuipc_buf_release(e[i].dst);
+      continue;
+    }
+    e[++m] = e[i];
+  }
+  return n > 0 ? m + 1 : 0;
+}
+
+/*
  * share_copy(domain, round, extents, stream, chunk_bytes, timeout,
  *            next_round=None) -> stats:
  * copy each (src, dst, bytes) of @extents, sharing the work with the other
@@ -97,6 +124,7 @@ static PyObject *py_share_copy(PyObject *self, PyObject *args)
     extents_free(e, got);
     return NULL;
   }
+  n = merge(e, n);
   gpuipc_share_opts_t o = GPUIPC_SHARE_OPTS_INIT;
   o.chunk_bytes = (size_t)chunk;
   o.timeout_ms = ms;

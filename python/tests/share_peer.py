@@ -12,6 +12,12 @@ CHUNK = 16384
 SHAPES = {"embed": ((300, 257), "bfloat16"), "norm": ((1000,), "float32"),
           "ids": ((3333,), "int64"), "mask": ((70001,), "uint8"),
           "tiny": ((3,), "float16"), "proj": ((129, 64), "float32")}
+# Sizes that are multiples of 256 bytes: in targets() they lie one right
+# after the other, as a model moved into gpuipc memory does (the third
+# argument "aligned" picks them).
+ALIGNED = {"embed": ((300, 256), "bfloat16"), "norm": ((1024,), "float32"),
+           "ids": ((3328,), "int64"), "mask": ((70144,), "uint8"),
+           "proj": ((128, 64), "float32")}
 
 
 def itemsize(dt):
@@ -106,5 +112,21 @@ def read(dom):
         del mine
 
 
+def total_bytes():
+    return sum((n + 255) // 256 * 256 for n in _sizes().values())
+
+
+def _sizes():
+    out = {}
+    for k, (shape, dt) in SHAPES.items():
+        n = itemsize(dt)
+        for s in shape:
+            n *= s
+        out[k] = n
+    return out
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[3] == "aligned":
+        SHAPES = ALIGNED
     globals()[sys.argv[1]](sys.argv[2])

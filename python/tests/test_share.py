@@ -23,9 +23,9 @@ from gpuipc import state_dict  # noqa: E402
 
 
 class Proc:
-    def __init__(self, env, role, dom):
+    def __init__(self, env, role, dom, shapes=""):
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "share_peer.py"),
-                                   role, dom], env=env, stdin=subprocess.PIPE,
+                                   role, dom, shapes], env=env, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
 
     def tell(self, line):
@@ -151,4 +151,35 @@ def test_targets_that_cannot_share_are_refused(env, procs, monkeypatch):
         obuf.release()
         del mine
         buf.release()
+    pub.finish()
+
+
+def test_tensors_back_to_back_are_one_extent(env, procs, monkeypatch):
+    """A lent state dict whose tensors lie one right after the other in
+    one buffer, read into targets laid out the same way (a model moved
+    into gpuipc memory on both sides): the tensors are one extent, cut in
+    whole chunks, not a chunk (or more) for each tensor; every byte right."""
+    monkeypatch.setattr(share_peer, "SHAPES", share_peer.ALIGNED)
+    dom = "share_aligned"
+    pub = Proc(env, "lend", dom, "aligned")
+    procs.append(pub)
+    readers = [Proc(env, "read", dom, "aligned") for _ in range(3)]
+    procs.extend(readers)
+    for r in readers:
+        assert r.line() == {"ready": True}
+    merged = (share_peer.total_bytes() + share_peer.CHUNK - 1) // share_peer.CHUNK
+    assert merged < share_peer.nchunks()  # what a chunk a tensor would be
+    for v in (1, 2):
+        pub.tell("more")
+        assert pub.line() == {"published": v}
+        for r in readers:
+            r.tell("go")
+        for r in readers:
+            got = r.line()
+            st = got.pop("stats")
+            assert got == {"version": v, "equal": True}
+            assert st["chunks"] == merged, st
+            assert st["from_publisher"] + st["from_peers"] == merged, st
+    for r in readers:
+        r.finish()
     pub.finish()
