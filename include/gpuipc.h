@@ -402,6 +402,14 @@ GPUIPC_API int gpuipc_uuid_str(const uint8_t uuid[16], char out[41]);
 GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
                              void *stream);
 
+/* gpuipc_memcpy_batch's flags. */
+enum {
+  /* Every pointer of the batch is device memory (or gpuipc's mapping of
+   * it): the driver's device-to-device copy, which skips looking up what
+   * each pointer is. */
+  GPUIPC_MEMCPY_DEVICE = 0x1,
+};
+
 /*
  * gpuipc_memcpy_batch - queue @count copies on @stream of local device
  * @device (NULL: its legacy default stream): @n[i] bytes from @src[i] to
@@ -409,16 +417,17 @@ GPUIPC_API int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
  * call (one context switch, no Python or framework overhead a copy).
  * Returns once they are queued, not done: the stream's later work sees
  * them. Pointers as for gpuipc_memcpy; an @n[i] of 0 copies nothing (its
- * pointers may be NULL). With @device -1 every side must be host memory:
- * the copies are done on return. Every argument is checked before
- * anything is queued: -EINVAL (@dst, @src or @n NULL with @count > 0, a
- * NULL pointer with @n[i] > 0 -- the message names i --, a device not
- * visible); GPUIPC_E_NODRIVER; GPUIPC_E_CUDA (the copies before the one
- * that failed are queued; the message names it). Thread-safe.
+ * pointers may be NULL). @flags: 0 or GPUIPC_MEMCPY_DEVICE. With @device
+ * -1 every side must be host memory: the copies are done on return.
+ * Every argument is checked before anything is queued: -EINVAL (@dst,
+ * @src or @n NULL with @count > 0, a NULL pointer with @n[i] > 0 -- the
+ * message names i --, a device not visible, an unknown flag);
+ * GPUIPC_E_NODRIVER; GPUIPC_E_CUDA (the copies before the one that failed
+ * are queued; the message names it). Thread-safe.
  */
 GPUIPC_API int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
                                    const size_t *n, size_t count, int device,
-                                   void *stream);
+                                   void *stream, unsigned flags);
 
 /* ------------------------------------------------------------------------ */
 /* Buffers                                                                  */

@@ -51,29 +51,31 @@ static void batch_host(void)
   void *dst[5] = {b + 3000, NULL, b + 100, b + 1000, b + 100};
   const void *src[5] = {a + 3000, NULL, junk, a + 1000, a + 100};
   size_t n[5] = {1096, 0, 50, 2000, 50};
-  ASSERT_OK(gpuipc_memcpy_batch(dst, src, n, 5, -1, NULL));
+  ASSERT_OK(gpuipc_memcpy_batch(dst, src, n, 5, -1, NULL, 0));
   memcpy(b, a, 100); /* the bytes no copy wrote */
   memcpy(b + 150, a + 150, 850);
   ASSERT_EQ(test_check(b, sizeof(b), 23), (size_t)-1);
-  ASSERT_OK(gpuipc_memcpy_batch(NULL, NULL, NULL, 0, -1, NULL));
+  ASSERT_OK(gpuipc_memcpy_batch(NULL, NULL, NULL, 0, -1, NULL, 0));
   /* Copy 2 is bad: copy 0 must not have happened either. */
   memset(b, 0, sizeof(b));
   void *bd[3] = {b, b + 10, NULL};
   const void *bs[3] = {a, a + 10, a + 20};
   size_t bn[3] = {10, 10, 10};
-  ASSERT_RC(gpuipc_memcpy_batch(bd, bs, bn, 3, -1, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_memcpy_batch(bd, bs, bn, 3, -1, NULL, 0), -EINVAL);
   ASSERT_TRUE(strstr(gpuipc_last_error(), "copy 2 of 3") != NULL);
   ASSERT_EQ(b[0], 0);
-  ASSERT_RC(gpuipc_memcpy_batch(NULL, bs, bn, 3, -1, NULL), -EINVAL);
-  ASSERT_RC(gpuipc_memcpy_batch(bd, NULL, bn, 3, -1, NULL), -EINVAL);
-  ASSERT_RC(gpuipc_memcpy_batch(bd, bs, NULL, 3, -1, NULL), -EINVAL);
+  ASSERT_RC(gpuipc_memcpy_batch(NULL, bs, bn, 3, -1, NULL, 0), -EINVAL);
+  ASSERT_RC(gpuipc_memcpy_batch(bd, NULL, bn, 3, -1, NULL, 0), -EINVAL);
+  ASSERT_RC(gpuipc_memcpy_batch(bd, bs, NULL, 3, -1, NULL, 0), -EINVAL);
   bd[2] = b + 20;
+  ASSERT_RC(gpuipc_memcpy_batch(bd, bs, bn, 3, -1, NULL, 0x2), -EINVAL);
+  ASSERT_EQ(b[0], 0);
   if (gpuipc_driver_status(NULL) != 0) {
-    int rc = gpuipc_memcpy_batch(bd, bs, bn, 3, 0, NULL);
+    int rc = gpuipc_memcpy_batch(bd, bs, bn, 3, 0, NULL, 0);
     ASSERT_TRUE(rc == GPUIPC_E_NODRIVER || rc == GPUIPC_E_NODEVICE);
   } else {
     ASSERT_RC(gpuipc_memcpy_batch(bd, bs, bn, 3, gpuipc_device_count(),
-                                  NULL), -EINVAL);
+                                  NULL, 0), -EINVAL);
   }
   ASSERT_EQ(b[0], 0);
 }
@@ -117,13 +119,26 @@ static void gpu_round_trips(void)
       ASSERT_OK(gpuipc_memcpy(g, back, 1, d, NULL)); /* garbage first */
       memset(back, 0, size);
       ASSERT_OK(gpuipc_memcpy(g + size - 1, back, 1, d, NULL));
-      ASSERT_OK(gpuipc_memcpy_batch(in_d, in_s, in_n, 3, d, NULL));
+      ASSERT_OK(gpuipc_memcpy_batch(in_d, in_s, in_n, 3, d, NULL, 0));
       void *out_d[2] = {back + h, back};
       const void *out_s[2] = {g + h, g};
       size_t out_n[2] = {size - h, h};
-      ASSERT_OK(gpuipc_memcpy_batch(out_d, out_s, out_n, 2, d, NULL));
+      ASSERT_OK(gpuipc_memcpy_batch(out_d, out_s, out_n, 2, d, NULL, 0));
       ASSERT_OK(gpuipc__stream_sync(d, NULL));
       ASSERT_EQ(test_check(back, size, 30 + k), (size_t)-1);
+      /* Device to device, flagged so: into a second buffer, in halves. */
+      gpuipc_buf_t *b2;
+      ASSERT_OK(gpuipc_buf_alloc(size, kinds[k], d, 0, &b2));
+      uint8_t *g2 = gpuipc_buf_ptr(b2);
+      void *dd[2] = {g2 + h, g2};
+      const void *ds[2] = {g + h, g};
+      size_t dn[2] = {size - h, h};
+      ASSERT_OK(gpuipc_memcpy_batch(dd, ds, dn, 2, d, NULL,
+                                    GPUIPC_MEMCPY_DEVICE));
+      memset(back, 0, size);
+      ASSERT_OK(gpuipc_memcpy(back, g2, size, d, NULL));
+      ASSERT_EQ(test_check(back, size, 30 + k), (size_t)-1);
+      ASSERT_OK(gpuipc_buf_release(b2));
       ASSERT_OK(gpuipc_buf_release(b));
       done++;
     }

@@ -436,6 +436,7 @@ static int add_constants(PyObject *m)
   rc |= PyModule_AddIntConstant(m, "WAIT", GPUIPC_WAIT);
   rc |= PyModule_AddIntConstant(m, "SCRATCH", GPUIPC_SCRATCH);
   rc |= PyModule_AddIntConstant(m, "UNPINNED", GPUIPC_UNPINNED);
+  rc |= PyModule_AddIntConstant(m, "MEMCPY_DEVICE", GPUIPC_MEMCPY_DEVICE);
   rc |= PyModule_AddIntConstant(m, "SEND_NONBLOCK", GPUIPC_SEND_NONBLOCK);
   rc |= PyModule_AddIntConstant(m, "CHANNEL_BLOCKS_MAX",
                                 GPUIPC_CHANNEL_BLOCKS_MAX);

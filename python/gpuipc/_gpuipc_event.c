@@ -88,15 +88,17 @@ static PyObject *py_memcpy(PyObject *self, PyObject *args)
   return gpuipc__py_none(rc);
 }
 
-/* memcpy_batch(dsts, srcs, sizes, device, stream): three sequences of
- * ints of one length; the copies queued, in order, on the stream. */
+/* memcpy_batch(dsts, srcs, sizes, device, stream, flags=0): three
+ * sequences of ints of one length; the copies queued, in order, on the
+ * stream. */
 static PyObject *py_memcpy_batch(PyObject *self, PyObject *args)
 {
   PyObject *in[3];
   void *stream;
   int device;
-  if (!PyArg_ParseTuple(args, "OOOiO&", &in[0], &in[1], &in[2], &device,
-                        gpuipc__py_stream, &stream))
+  unsigned flags = 0;
+  if (!PyArg_ParseTuple(args, "OOOiO&|I", &in[0], &in[1], &in[2], &device,
+                        gpuipc__py_stream, &stream, &flags))
     return NULL;
   Py_ssize_t count = -1;
   for (int k = 0; k < 3; k++) {
@@ -138,7 +140,8 @@ static PyObject *py_memcpy_batch(PyObject *self, PyObject *args)
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_memcpy_batch(ptr[0],
                                             (const void *const *)ptr[1], n,
-                                            (size_t)count, device, stream));
+                                            (size_t)count, device, stream,
+                                            flags));
   ret = gpuipc__py_none(rc);
 out:
   PyMem_Free(ptr[0]);

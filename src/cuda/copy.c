@@ -60,9 +60,12 @@ int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
 
 int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
                         const size_t *n, size_t count, int device,
-                        void *stream)
+                        void *stream, unsigned flags)
 {
   static const char who[] = "gpuipc_memcpy_batch";
+  if (flags & ~(unsigned)GPUIPC_MEMCPY_DEVICE)
+    return gpuipc__err(-EINVAL, "%s: unknown flags 0x%x", who,
+                       flags & ~(unsigned)GPUIPC_MEMCPY_DEVICE);
   if (count > 0 && (dst == NULL || src == NULL || n == NULL))
     return gpuipc__err(-EINVAL, "%s: %s is NULL with %zu copies", who,
                        dst == NULL ? "dst" : src == NULL ? "src" : "n",
@@ -88,8 +91,13 @@ int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
   for (size_t i = 0; i < count && rc == 0; i++) {
     if (n[i] == 0)
       continue;
-    rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst[i],
-                   (CUdeviceptr)(uintptr_t)src[i], n[i], (CUstream)stream);
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst[i];
+    CUdeviceptr s = (CUdeviceptr)(uintptr_t)src[i];
+    if ((flags & GPUIPC_MEMCPY_DEVICE) &&
+        gpuipc__cu.cuMemcpyDtoDAsync != NULL)
+      rc = GPUIPC_CU(cuMemcpyDtoDAsync, d, s, n[i], (CUstream)stream);
+    else
+      rc = GPUIPC_CU(cuMemcpyAsync, d, s, n[i], (CUstream)stream);
     if (rc != 0) {
       char why[256];
       snprintf(why, sizeof(why), "%s", gpuipc_last_error());
