@@ -130,7 +130,8 @@ def _copy_all(copies, torch_copy, stream):
             _c.memcpy_batch(d, s_, n, -1, None)
         else:
             st = stream if stream is not None else torch.cuda.current_stream(dev)
-            _c.memcpy_batch(d, s_, n, dev, st.cuda_stream)
+            # Both sides device memory: the driver's device-to-device copy.
+            _c.memcpy_batch(d, s_, n, dev, st.cuda_stream, _c.MEMCPY_DEVICE)
     if slow:
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
@@ -705,7 +706,6 @@ class Reader(_Named):
         self._views = {}  # (segment, offset, dtype, shape) -> lent tensor
         self._copies = {}  # copies' segment name -> Segment, the last _COPIES used
         self._last = None  # (manifest version, views) of an all-lent version
-        self._last_src = None  # the same as _Sources (copy_into)
         self._share_ext = None  # copy_into(share=True)'s last extents: _share_extents
         self._lock = threading.Lock()
         self._events = {}  # publishers' events ((hex handle, device) -> Event): _wait
@@ -724,9 +724,9 @@ class Reader(_Named):
         by hand)."""
         return self._open(self.stream)
 
-    def _open(self, stream, views=True):
+    def _open(self, stream, for_copy=False):
         """open(), with ``stream`` the one that waits for copied versions'
-        writes; ``views=False``: a _Sources instead (copy_into)."""
+        writes; ``for_copy``: a copied version as a _Sources (copy_into)."""
         if self._head is None:
             self._hold_head(self.domain.open_segment(self.name, wait=True,
                                                      timeout=self.timeout,
@@ -734,26 +734,22 @@ class Reader(_Named):
         for _ in range(100):
             ver, mver = self._read_head()
             try:
-                return self._open_version(ver, mver, stream, views)
+                return self._open_version(ver, mver, stream, for_copy)
             except NotFound:
                 if self._read_head() == (ver, mver):
                     raise  # gone, yet still the newest: nothing newer to take
         raise NotFound(0, "ENOENT", f"state dict {self.name}: no stable version")
 
-    def _open_version(self, ver, mver, stream=None, views=True):
+    def _open_version(self, ver, mver, stream=None, for_copy=False):
         """Version ``ver`` (placed by version ``mver``'s manifest); NotFound
-        when a segment of it is gone (retired: the head has moved on)."""
-        last = self._last if views else self._last_src
-        if last is not None and last[0] == mver:
-            # placed as the last one opened
-            out = SharedStateDict(last[1]) if views else last[1]
+        when a segment of it is gone (retired: the head has moved on).
+        ``for_copy``: a copied version comes as a _Sources (copy_into)."""
+        if self._last is not None and self._last[0] == mver:
+            out = SharedStateDict(self._last[1])  # placed as the last one opened
             out.version = self.version = ver
             return out
         man, mseg = _read_manifest(self.domain, self.name, mver, self.timeout, hold=True)
-        if views:
-            self._last = None
-        else:
-            self._last_src = None
+        self._last = None
         packed = None
         try:
             if man["copied"]:
@@ -762,10 +758,8 @@ class Reader(_Named):
                     self._wait(man["event"], stream, packed.device.index)
         finally:
             mseg.release()  # held on by the copies' tensors, if any
-        if not views:
+        if for_copy and packed is not None:
             out = self._sources(man, packed)
-            if packed is None:
-                self._last_src = (mver, out)
             out.version = self.version = ver
             return out
         views = self._make_views(man, packed)
@@ -833,7 +827,6 @@ class Reader(_Named):
         for n in [n for n in self._segs if n not in names]:
             del self._segs[n]  # unmapped once no tensor of it is left
             self._raws.pop(n, None)
-            self._last_src = None
 
     def _raw(self, name):
         """Lent segment ``name``'s bytes as a torch tensor (made once)."""
@@ -896,7 +889,18 @@ class Reader(_Named):
             with self._open(stream if stream is not None else self.stream) as sd:
                 self._share_into(sd, target, stream, chunk_bytes)
                 return sd.version
-        with self._open(stream if stream is not None else self.stream, views=False) as src:
+        # A version all lent: its views are kept from one version to the
+        # next, and torch's copy_ of each starts the copies at once. A
+        # copied one (a snapshot): raw bytes in one batch, no view made.
+        with self._open(stream if stream is not None else self.stream, for_copy=True) as src:
+            if not isinstance(src, _Sources):
+                ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+                with ctx:
+                    for k, t in target.items():
+                        t.copy_(src[k], non_blocking=True)
+                if first.is_cuda:
+                    (stream or torch.cuda.current_stream()).synchronize()
+                return src.version
             copies = []
             for k, t in target.items():
                 raw, e = src[k]
@@ -977,7 +981,6 @@ class Reader(_Named):
             ev.release()
         self._events = {}
         self._segs, self._raws, self._views, self._last, self._copies = {}, {}, {}, None, {}
-        self._last_src = None
         self._share_ext = None
         self._close_head()
 
