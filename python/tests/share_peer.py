@@ -50,29 +50,33 @@ def make(version):
     return out
 
 
-def nchunks():
-    import torch
-    total = 0
-    for shape, dt in SHAPES.values():
+def _sizes():
+    """Each tensor of SHAPES: its bytes."""
+    out = {}
+    for k, (shape, dt) in SHAPES.items():
         n = itemsize(dt)
         for s in shape:
             n *= s
-        total += (n + CHUNK - 1) // CHUNK
-    return total
+        out[k] = n
+    return out
+
+
+def nchunks():
+    """The chunks of a version when each tensor is an extent."""
+    return sum((n + CHUNK - 1) // CHUNK for n in _sizes().values())
+
+
+def total_bytes():
+    """The bytes of targets()'s buffer."""
+    return sum((n + 255) // 256 * 256 for n in _sizes().values())
 
 
 def targets():
     """A state dict of SHAPES in one gpuipc HOST buffer (256-byte aligned
     places), and the buffer."""
     import torch
-    sizes = {}
-    for k, (shape, dt) in SHAPES.items():
-        n = itemsize(dt)
-        for s in shape:
-            n *= s
-        sizes[k] = n
-    total = sum((n + 255) // 256 * 256 for n in sizes.values())
-    buf = gpuipc.empty((total,), "uint8")
+    sizes = _sizes()
+    buf = gpuipc.empty((total_bytes(),), "uint8")
     raw = torch.from_dlpack(buf)
     out, off = {}, 0
     for k, (shape, dt) in SHAPES.items():
@@ -110,20 +114,6 @@ def read(dom):
             say(version=ver, equal=all(same(mine[k], t) for k, t in want.items()),
                 stats=r.share_stats)
         del mine
-
-
-def total_bytes():
-    return sum((n + 255) // 256 * 256 for n in _sizes().values())
-
-
-def _sizes():
-    out = {}
-    for k, (shape, dt) in SHAPES.items():
-        n = itemsize(dt)
-        for s in shape:
-            n *= s
-        out[k] = n
-    return out
 
 
 if __name__ == "__main__":
