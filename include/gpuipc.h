@@ -1424,6 +1424,14 @@ typedef struct gpuipc_share_opts {
    * gpuipc_domain_leave. Default NULL.
    */
   const char *next_round;
+  /*
+   * sizeof(*stats) as the caller knows it (GPUIPC_SHARE_OPTS_INIT sets
+   * it): the library fills only that many bytes of @stats. 0 (and an
+   * @opts too old to have this field): the first version's size, up to
+   * passed_over. Below that, or not a size of one of its versions:
+   * -EINVAL.
+   */
+  size_t stats_size;
 } gpuipc_share_opts_t;
 
 /* What one gpuipc_share_copy did. */
@@ -1438,11 +1446,21 @@ typedef struct gpuipc_share_stats {
   uint64_t passed_over;    /* members it meant to copy from that fell behind
                               or could not serve a chunk: it went on from
                               the next one up the chain, or the publisher */
+  /* The fields below are filled where opts->stats_size reaches them. */
+  uint64_t recopied;       /* chunks it copied again from the publisher: the
+                              member it had them from died before they had
+                              landed (they count in from_peers too) */
+  int lent;                /* destination buffers it lent anew (the others
+                              were kept lent from an earlier call) */
+  int opened;              /* peers' lent segments it mapped anew */
+  int ahead;               /* 1: it found the round's table opened ahead
+                              (opts->next_round of an earlier call) */
 } gpuipc_share_stats_t;
 
 /* Every field at its default. */
 #define GPUIPC_SHARE_OPTS_INIT                                                 \
-  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, NULL, NULL}
+  {sizeof(gpuipc_share_opts_t), 0, GPUIPC_TIMEOUT_DEFAULT, 0, NULL, NULL,     \
+   sizeof(gpuipc_share_stats_t)}
 
 /* The longest round name gpuipc_share_copy takes (its table's name adds
  * ".share" to it). */

@@ -7,7 +7,9 @@
  */
 #include "test.h"
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 static gpuipc_domain_t *dom;
 
@@ -113,6 +115,11 @@ int main(void)
   bo = o;
   bo.timeout_ms = -7;
   ASSERT_BAD(gpuipc_share_copy(dom, "r", e, 2, NULL, &bo), "timeout_ms -7");
+  bo = o;
+  bo.stats_size = 12;
+  ASSERT_BAD(gpuipc_share_copy(dom, "r", e, 2, NULL, &bo), "stats_size 12");
+  bo.stats_size = sizeof(gpuipc_share_stats_t) + 8;
+  ASSERT_BAD(gpuipc_share_copy(dom, "r", e, 2, NULL, &bo), "stats_size");
 
   ASSERT_BAD(gpuipc_segment_copy_shared(dom, NULL, 0, dst, 0, 10, NULL, &o),
              "seg is NULL");
@@ -135,6 +142,36 @@ int main(void)
   for (size_t i = 0; i < 500000; i++)
     ASSERT_EQ(d[8 + i], s[4096 + i]);
   ASSERT_EQ(nsegments(), base + 1);
+
+  /* The stats: whole with GPUIPC_SHARE_OPTS_INIT; a caller of the first
+   * version (its opts without stats_size, or 0 there) gets the first
+   * version's fields and not a byte past them. */
+  gpuipc_share_stats_t st;
+  gpuipc_share_opts_t so2 = o;
+  so2.stats = &st;
+  memset(&st, 0xab, sizeof(st));
+  ASSERT_OK(gpuipc_share_copy(dom, "r", g, 3, NULL, &so2));
+  ASSERT_EQ(st.joined, 1);
+  ASSERT_EQ_U(st.chunks, 7);
+  ASSERT_EQ_U(st.from_publisher, 7);
+  ASSERT_EQ_U(st.recopied, 0);
+  ASSERT_EQ(st.lent, 0); /* dst stayed lent from the call before */
+  ASSERT_EQ(st.opened, 0);
+  ASSERT_TRUE(st.ahead == 0 || st.ahead == 1);
+  size_t first = offsetof(gpuipc_share_stats_t, recopied);
+  for (size_t sz = 0; sz < 2; sz++) {
+    gpuipc_share_opts_t old = so2;
+    if (sz == 0)
+      old.size = offsetof(gpuipc_share_opts_t, stats_size);
+    else
+      old.stats_size = 0;
+    memset(&st, 0xab, sizeof(st));
+    ASSERT_OK(gpuipc_share_copy(dom, "r", g, 3, NULL, &old));
+    ASSERT_EQ_U(st.chunks, 7);
+    const uint8_t *past = (const uint8_t *)&st + first;
+    for (size_t i = 0; i < sizeof(st) - first; i++)
+      ASSERT_EQ(past[i], 0xab);
+  }
 
   gpuipc_buf_release(other);
   gpuipc_buf_release(dst);

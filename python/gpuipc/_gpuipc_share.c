@@ -137,13 +137,15 @@ static PyObject *py_share_copy(PyObject *self, PyObject *args)
   extents_free(e, n);
   if (rc < 0)
     return gpuipc__py_raise(rc);
-  return Py_BuildValue("{s:i,s:i,s:K,s:K,s:K,s:K,s:K}", "joined", st.joined,
-                       "server", st.server, "chunks",
+  return Py_BuildValue("{s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:i}",
+                       "joined", st.joined, "server", st.server, "chunks",
                        (unsigned long long)st.chunks, "from_publisher",
                        (unsigned long long)st.from_publisher, "from_peers",
                        (unsigned long long)st.from_peers, "taken_over",
                        (unsigned long long)st.taken_over, "passed_over",
-                       (unsigned long long)st.passed_over);
+                       (unsigned long long)st.passed_over, "recopied",
+                       (unsigned long long)st.recopied, "lent", st.lent,
+                       "opened", st.opened, "ahead", st.ahead);
 }
 
 PyMethodDef gpuipc__py_share_methods[] = {

@@ -877,7 +877,9 @@ class Reader(_Named):
         the sharing (0: the library's default). A reader that dies or stalls
         costs the others at most the timeout; its own call raises. What
         the call did is in ``share_stats`` afterwards (a dict: joined,
-        server, chunks, from_publisher, from_peers, taken_over, passed_over).
+        server, chunks, from_publisher, from_peers, taken_over, passed_over,
+        recopied, lent, opened, ahead; gpuipc_share_stats_t says what each
+        counts).
         Between calls the library keeps the targets' gpuipc buffers lent
         and the peers' memory mapped, and opens the next version's round
         ahead; a target buffer released meanwhile (a closed mem_pool, say)

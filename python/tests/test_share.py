@@ -61,6 +61,7 @@ def test_three_readers_copy_two_versions(env, procs):
     for r in readers:
         assert r.line() == {"ready": True}
     want_chunks = share_peer.nchunks()
+    lent, joined = {}, {}
     for v in (1, 2):
         pub.tell("more")
         assert pub.line() == {"published": v}
@@ -76,6 +77,12 @@ def test_three_readers_copy_two_versions(env, procs):
             # a member that joins as another leaves takes the leaver's
             # chunks over (from the publisher): counted, never lost
             assert 0 <= st["taken_over"] <= st["from_publisher"]
+            # the second call's table was opened ahead (looked at below);
+            # nobody died; its one target buffer is lent at the first call
+            # that joins a round, and kept
+            assert (st["ahead"], st["recopied"]) == (int(v == 2), 0), st
+            lent[r] = lent.get(r, 0) + st["lent"]
+            joined[r] = joined.get(r, 0) | st["joined"]
             took += st["from_publisher"]
         # Every chunk left the publisher at least once; with three readers
         # in one round, once (C's test holds them together to show it).
@@ -98,6 +105,7 @@ def test_three_readers_copy_two_versions(env, procs):
             out = subprocess.run([sys.executable, "-c", look], env=env, check=True,
                                  capture_output=True, text=True, timeout=120).stdout
             assert ["w.v2.share", 3] in json.loads(out), out
+    assert lent == joined, (lent, joined)
     for r in readers:
         r.finish()
     pub.finish()

@@ -15,8 +15,10 @@
 #include "cuda/cuda.h"
 #include "os/os.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* ----- arguments ----- */
@@ -112,17 +114,32 @@ static int round_check(const char *name, const char *what)
   return 0;
 }
 
+/* The size gpuipc_share_stats_t had first (up to passed_over); the other
+ * one it has had is its whole. */
+#define STATS_SIZE_1 offsetof(gpuipc_share_stats_t, recopied)
+
 static int opts_check(gpuipc_domain_t *dom, const gpuipc_share_opts_t *opts,
                       uint64_t *chunk_bytes, int *timeout_ms,
-                      gpuipc_share_stats_t **stats, const char **next)
+                      gpuipc_share_stats_t **stats, size_t *stats_size,
+                      const char **next)
 {
   gpuipc_share_opts_t u = GPUIPC_SHARE_OPTS_INIT;
   if (opts != NULL) {
     int rc = gpuipc__size_check(opts->size, "gpuipc_share_copy: opts");
     if (rc != 0)
       return rc;
+    u.stats_size = 0; /* an older opts has none: the first version's */
     gpuipc__opts_read(&u, sizeof(u), opts, opts->size);
   }
+  if (u.stats_size == 0)
+    u.stats_size = STATS_SIZE_1;
+  if (u.stats_size != STATS_SIZE_1 &&
+      u.stats_size != sizeof(gpuipc_share_stats_t))
+    return gpuipc__err(-EINVAL, "gpuipc_share_copy: opts->stats_size %zu is "
+                       "not a size of gpuipc_share_stats_t (%zu or %zu)",
+                       u.stats_size, (size_t)STATS_SIZE_1,
+                       sizeof(gpuipc_share_stats_t));
+  *stats_size = u.stats_size;
   if (u.flags != 0)
     return gpuipc__err(-EINVAL, "gpuipc_share_copy: unknown flags 0x%x",
                        u.flags);
@@ -369,10 +386,11 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   uint64_t chunk_bytes = 0;
   int timeout_ms = 0;
   gpuipc_share_stats_t *stats = NULL;
+  size_t stats_size = 0;
   const char *next_round = NULL;
   if (rc == 0)
     rc = opts_check(dom, opts, &chunk_bytes, &timeout_ms, &stats,
-                    &next_round);
+                    &stats_size, &next_round);
   if (rc != 0)
     return rc;
   struct share_layout l;
@@ -395,10 +413,15 @@ int gpuipc_share_copy(gpuipc_domain_t *dom, const char *round,
   if (rc == 0)
     rc = share_run(&c, dst_dev);
   gpuipc__share_stats_set(&c.st);
-  if (stats != NULL)
-    *stats = (gpuipc_share_stats_t){c.st.joined, c.st.server, c.st.nchunks,
-                                    c.st.from_pub, c.st.from_peer,
-                                    c.st.reclaimed, c.st.passed_over};
+  if (stats != NULL) {
+    gpuipc_share_stats_t out = {c.st.joined,      c.st.server,
+                                c.st.nchunks,     c.st.from_pub,
+                                c.st.from_peer,   c.st.reclaimed,
+                                c.st.passed_over, c.st.recopied,
+                                c.st.lent,        c.st.opened,
+                                c.st.ahead};
+    memcpy(stats, &out, stats_size); /* no byte past what the caller has */
+  }
   call_free(&c);
   gpuipc__share_layout_free(&l);
   return rc;

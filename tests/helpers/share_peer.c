@@ -218,7 +218,8 @@ static int one_call(gpuipc_domain_t *dom, const char *round,
   if (ps.joined != st.joined || ps.server != st.server ||
       ps.chunks != st.nchunks || ps.from_publisher != st.from_pub ||
       ps.from_peers != st.from_peer || ps.taken_over != st.reclaimed ||
-      ps.passed_over != st.passed_over)
+      ps.passed_over != st.passed_over || ps.recopied != st.recopied ||
+      ps.lent != st.lent || ps.opened != st.opened || ps.ahead != st.ahead)
     return 9;
   char msg[600], out[900];
   snprintf(msg, sizeof(msg), "%s", rc != 0 ? gpuipc_last_error() : "-");
