@@ -1,5 +1,6 @@
 /* gpuipc ls: the domains in the runtime directory, or one domain's segments. */
 #include "cli.h"
+#include "share/share.h" /* gpuipc__share_sweep_now */
 
 #include <errno.h>
 #include <limits.h>
@@ -21,7 +22,10 @@ static const char usage[] =
     "\n"
     "  --json   print one JSON object instead\n"
     "  --prune  remove the stale files (only those; never a live domain's\n"
-    "           or channel's)\n";
+    "           or channel's); with DOMAIN, what shared copies left behind\n"
+    "           in it: the tables of rounds whose members are all gone and\n"
+    "           the standing lends of processes that are gone (only those\n"
+    "           nobody holds), as a round's next creator would\n";
 
 static const char *device_str(const uint8_t uuid[16], char out[41])
 {
@@ -204,7 +208,37 @@ static void holders_str(const gpuipc_segment_info_t *s, char *out, size_t cap)
              s->keeper_pid);
 }
 
-static int list_domain(const char *name, bool json)
+/* What --prune removed from a domain. */
+struct pruned {
+  int n, cap;
+  struct pruned_name {
+    char name[GPUIPC_NAME_MAX + 1];
+    bool table;
+  } *v;
+};
+
+static void on_pruned(const char *name, bool table, void *arg)
+{
+  struct pruned *p = arg;
+  if (p->n == p->cap) {
+    int cap = p->cap > 0 ? 2 * p->cap : 16;
+    struct pruned_name *v = realloc(p->v, (size_t)cap * sizeof(*v));
+    if (v == NULL)
+      return; /* removed all the same; not listed */
+    p->v = v;
+    p->cap = cap;
+  }
+  snprintf(p->v[p->n].name, sizeof(p->v[p->n].name), "%s", name);
+  p->v[p->n++].table = table;
+}
+
+static const char *pruned_what(const struct pruned_name *x)
+{
+  return x->table ? "round table, every member gone"
+                  : "standing lend, its process gone";
+}
+
+static int list_domain(const char *name, bool json, bool prune)
 {
   char dir[PATH_MAX];
   /* Makes nothing. */
@@ -215,6 +249,17 @@ static int list_domain(const char *name, bool json)
   int rc = gpuipc_domain_join(name, &o, &dom);
   if (rc != 0)
     return cli_fail(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
+  struct pruned pr = {0, 0, NULL};
+  if (prune) {
+    rc = gpuipc__share_sweep_now(dom, NULL, on_pruned, &pr);
+    if (rc < 0) {
+      rc = cli_fail(&gpuipc_cmd_ls, "%s: --prune: %s", name,
+                    gpuipc_last_error());
+      free(pr.v);
+      gpuipc_domain_leave(dom);
+      return rc;
+    }
+  }
   gpuipc_domain_info_t di = {.size = sizeof(di)};
   gpuipc_segment_info_t *segs = NULL;
   int n = 0;
@@ -238,6 +283,7 @@ static int list_domain(const char *name, bool json)
   if (rc != 0) {
     rc = cli_fail(&gpuipc_cmd_ls, "%s: %s", name, gpuipc_last_error());
     free(segs);
+    free(pr.v);
     gpuipc_domain_leave(dom);
     return rc;
   }
@@ -253,6 +299,16 @@ static int list_domain(const char *name, bool json)
     cli_json_str(&j, "epoch", epoch);
     cli_json_int(&j, "members", di.members - 1); /* not counting ls */
     cli_json_int(&j, "broker_fds", di.broker_fds);
+    if (prune) {
+      cli_json_arr(&j, "pruned");
+      for (int i = 0; i < pr.n; i++) {
+        cli_json_obj(&j, NULL);
+        cli_json_str(&j, "name", pr.v[i].name);
+        cli_json_str(&j, "what", pr.v[i].table ? "round" : "standing_lend");
+        cli_json_end(&j);
+      }
+      cli_json_end(&j);
+    }
     cli_json_arr(&j, "segments");
     for (int i = 0; i < n; i++) {
       const gpuipc_segment_info_t *s = &segs[i];
@@ -288,6 +344,10 @@ static int list_domain(const char *name, bool json)
     cli_json_end(&j);
     cli_json_finish(&j);
   } else {
+    for (int i = 0; i < pr.n; i++)
+      printf("removed %s (%s)\n", pr.v[i].name, pruned_what(&pr.v[i]));
+    if (prune && pr.n == 0)
+      printf("nothing to prune\n");
     printf("domain %s: broker pid %d, epoch %016llx, %d members, %d "
            "segments, %d descriptors held by the broker\n",
            name, di.broker_pid, (unsigned long long)di.epoch, di.members - 1,
@@ -305,6 +365,7 @@ static int list_domain(const char *name, bool json)
     }
   }
   free(segs);
+  free(pr.v);
   gpuipc_domain_leave(dom);
   return CLI_EXIT_OK;
 }
@@ -327,12 +388,9 @@ static int run(int argc, char **argv)
   }
   if (name == NULL)
     return list_domains(json, prune);
-  if (prune)
-    return cli_usage_error(&gpuipc_cmd_ls, "--prune is for the whole "
-                           "runtime directory, not one domain");
   if (gpuipc_domain_name_check(name) != 0)
     return cli_usage_error(&gpuipc_cmd_ls, "%s", gpuipc_last_error());
-  return list_domain(name, json);
+  return list_domain(name, json, prune);
 }
 
 const struct gpuipc_cmd gpuipc_cmd_ls = {

@@ -444,6 +444,16 @@ struct share_call {
  * a process.
  */
 void gpuipc__share_sweep(gpuipc_domain_t *dom, const char *mine);
+/*
+ * The same now, whenever it last ran (`gpuipc ls --prune DOMAIN`), @mine
+ * NULL or skipped; @on_unlinked (if not NULL) is told each name it
+ * unlinked, and whether it was a round's table (else a standing lend).
+ * How many it unlinked, or the code of listing the domain's segments.
+ */
+int gpuipc__share_sweep_now(gpuipc_domain_t *dom, const char *mine,
+                            void (*on_unlinked)(const char *name, bool table,
+                                                void *arg),
+                            void *arg);
 
 /* ----- chain.c ----- */
 /* Take this member's ticket (before it is LIVE); the ticket. */
