@@ -131,29 +131,12 @@ static void all_killed(gpuipc_domain_t *dom)
 {
   test_stamp("k8: every member killed; the next round's creator sweeps");
   struct sreader k[2], live, next;
-  for (int i = 0; i < 2; i++) { /* the second takes the first's claim */
-    sreader_start(&k[i], "share", "v1", 1, "k8", "claimed:1:kill", 0, "own",
-                  SHARE_TIMEOUT_MS);
-    sreader_expect(&k[i], "ready");
-    sreader_send(&k[i], "go\n");
-    ASSERT_EQ(sreader_end(&k[i]), 128 + SIGKILL);
-  }
-  share_wait_holders(dom, "k8.share", 0);
+  int unheld;
+  int lent = share_kill_two_at_claim(dom, "k8", k, &unheld);
   int left = share_segments_in(dom, "k8", true);
   ASSERT_EQ(left, 1); /* the table */
   /* Their standing lends: every destination buffer of each, held by
    * nobody once the broker saw them die. */
-  int lent = 0, unheld = 0;
-  for (int i = 0; i < 2; i++) {
-    int u = 0;
-    for (int tries = 0;
-         tries < 60000 && (share_standing_of(dom, k[i].pid, &u) != u ||
-                           u != SHARE_NDST);
-         tries++)
-      usleep(1000);
-    lent += share_standing_of(dom, k[i].pid, &u);
-    unheld += u;
-  }
   ASSERT_EQ(lent, 2 * SHARE_NDST);
   ASSERT_EQ(unheld, 2 * SHARE_NDST);
   sreader_start(&live, "share", "v1", 1, "k9", "", 1, "own", SHARE_TIMEOUT_MS);

@@ -48,30 +48,11 @@ int main(void)
   gpuipc_buf_t *v[SHARE_NSRC];
   gpuipc_domain_t *dom = share_begin(v);
   struct sreader k[2], live;
-  for (int i = 0; i < 2; i++) { /* the second takes the first's claim */
-    sreader_start(&k[i], "share", "v1", 1, "p1", "claimed:1:kill", 0, "own",
-                  SHARE_TIMEOUT_MS);
-    sreader_expect(&k[i], "ready");
-    sreader_send(&k[i], "go\n");
-    ASSERT_EQ(sreader_end(&k[i]), 128 + SIGKILL);
-  }
-  share_wait_holders(dom, "p1.share", 0);
+  int unheld;
+  int dead_lent = share_kill_two_at_claim(dom, "p1", k, &unheld);
   ASSERT_EQ(share_segments_in(dom, "p1", true), 1); /* its table */
-  /* Their standing lends, held by nobody once the broker saw them die. */
-  int u = 0;
-  for (int i = 0; i < 2; i++)
-    for (int tries = 0; tries < 60000; tries++) {
-      u = 0;
-      if (share_standing_of(dom, k[i].pid, &u) == SHARE_NDST &&
-          u == SHARE_NDST)
-        break;
-      usleep(1000);
-    }
-  int u0 = 0, u1 = 0;
-  int dead_lent = share_standing_of(dom, k[0].pid, &u0) +
-                  share_standing_of(dom, k[1].pid, &u1);
   ASSERT_EQ(dead_lent, 2 * SHARE_NDST);
-  ASSERT_EQ(u0 + u1, 2 * SHARE_NDST); /* nobody holds them */
+  ASSERT_EQ(unheld, 2 * SHARE_NDST); /* nobody holds them */
   /* A member that lives, in a round of its own, holding it. */
   sreader_start(&live, "share", "v1", 1, "p2", "", 1, "own", SHARE_TIMEOUT_MS);
   sreader_expect(&live, "ready");
@@ -85,12 +66,11 @@ int main(void)
             2 * SHARE_NDST);
   ASSERT_EQ(lines_with("removed ", "p2"), 0);
   ASSERT_EQ(share_segments_in(dom, "p1", true), 0);
-  u = 0;
-  ASSERT_EQ(share_standing_of(dom, k[0].pid, &u) +
-                share_standing_of(dom, k[1].pid, &u),
+  ASSERT_EQ(share_standing_of(dom, k[0].pid, &unheld) +
+                share_standing_of(dom, k[1].pid, &unheld),
             0);
   ASSERT_GT(share_segments_in(dom, "p2", true), 0);
-  ASSERT_EQ(share_standing_of(dom, live.pid, &u), SHARE_NDST); /* held */
+  ASSERT_EQ(share_standing_of(dom, live.pid, &unheld), SHARE_NDST); /* held */
 
   /* Nothing left to prune; JSON says so too. */
   ASSERT_EQ(run_ls("--prune share"), 0);

@@ -102,22 +102,17 @@ def _dev_of(t):
 
 
 def _copy_all(copies, torch_copy, stream):
-    """Queue ``copies`` ((dst address, dst device, src tensor or address,
-    src device, bytes, entry) each) on ``stream`` (None: PyTorch's current
-    stream of the device): those whose two sides lie on one device (or
-    both on the host) and whose source is contiguous (dst None: never), as
-    raw bytes in one
+    """Queue ``copies`` ((dst address, dst device, src address, src device,
+    bytes, entry) each; dst None: not as bytes) on ``stream`` (None:
+    PyTorch's current stream of the device): those whose two sides lie on
+    one device (or both on the host) as raw bytes, in one
     gpuipc_memcpy_batch a device (a torch copy_ costs 10-30 us of host time
-    a tensor, a state dict has hundreds); the others by ``torch_copy(entry)``
-    in the stream's context. Host copies are done on return."""
+    a tensor, a state dict has hundreds); the others by
+    ``torch_copy(entry)`` in the stream's context. Host copies are done on
+    return."""
     torch = _torch()
     batches, slow = {}, []
     for dst, ddev, src, sdev, n, e in copies:
-        if not isinstance(src, int):
-            if not src.is_contiguous():
-                slow.append(e)
-                continue
-            src = src.data_ptr()
         if dst is None or ddev != sdev:
             slow.append(e)
         elif n > 0:
@@ -426,12 +421,12 @@ class Publisher(_Named):
             data = self._take_data(max(off, _ALIGN), dev)
             seg, raw, fresh = data[1], data[2], data[3]
             base, rdev = raw.data_ptr(), _dev_of(raw)
-            src_of = {id(e): t for e, t in copies}
 
-            def torch_copy(e):
-                t = src_of[id(e)]
+            def torch_copy(et):
+                e, t = et
                 _tensor_at(raw, e).copy_(t.detach().reshape(e["shape"]), non_blocking=True)
-            _copy_all([(base + e["offset"], rdev, t, _dev_of(t), e["nbytes"], e)
+            _copy_all([(base + e["offset"] if t.is_contiguous() else None, rdev,
+                        t.data_ptr(), _dev_of(t), e["nbytes"], (e, t))
                        for e, t in copies], torch_copy, s if dev is not None else None)
             if fresh:
                 seg.publish(s if dev is not None else None)
@@ -687,7 +682,7 @@ class _Sources(dict):
         return self
 
     def __exit__(self, *a):
-        pass  # what it holds goes with it (a lent version's stays cached)
+        pass  # what it holds goes with it
 
 
 class Reader(_Named):
@@ -895,28 +890,30 @@ class Reader(_Named):
         # next, and torch's copy_ of each starts the copies at once. A
         # copied one (a snapshot): raw bytes in one batch, no view made.
         with self._open(stream if stream is not None else self.stream, for_copy=True) as src:
-            if not isinstance(src, _Sources):
+            if isinstance(src, _Sources):
+                self._copy_raw(src, target, stream)
+            else:
                 ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
                 with ctx:
                     for k, t in target.items():
                         t.copy_(src[k], non_blocking=True)
-                if first.is_cuda:
-                    (stream or torch.cuda.current_stream()).synchronize()
-                return src.version
-            copies = []
-            for k, t in target.items():
-                raw, e = src[k]
-                if (t.is_contiguous() and str(t.dtype) == "torch." + e["dtype"]
-                        and list(t.shape) == e["shape"]):
-                    copies.append((t.data_ptr(), _dev_of(t), raw.data_ptr() + e["offset"],
-                                   _dev_of(raw), e["nbytes"], k))
-                else:
-                    copies.append((None, -1, 0, -1, 0, k))  # torch's copy_ (it converts)
-            _copy_all(copies, lambda k: target[k].copy_(src.view(k), non_blocking=True),
-                      stream)
             if first.is_cuda:
                 (stream or torch.cuda.current_stream()).synchronize()
             return src.version
+
+    @staticmethod
+    def _copy_raw(src, target, stream):
+        """copy_into from a _Sources: targets of the version's dtype and
+        shape, contiguous, as bytes; the others by torch's copy_ (which
+        converts)."""
+        copies = []
+        for k, t in target.items():
+            raw, e = src[k]
+            fits = (t.is_contiguous() and str(t.dtype) == "torch." + e["dtype"]
+                    and list(t.shape) == e["shape"])
+            copies.append((t.data_ptr() if fits else None, _dev_of(t),
+                           raw.data_ptr() + e["offset"], _dev_of(raw), e["nbytes"], k))
+        _copy_all(copies, lambda k: target[k].copy_(src.view(k), non_blocking=True), stream)
 
     def _share_into(self, sd, target, stream, chunk_bytes):
         """copy_into(share=True): one gpuipc_share_copy of every tensor,

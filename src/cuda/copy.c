@@ -16,53 +16,18 @@ static int device_check(int device, const char *who)
   return 0;
 }
 
-/* Queue the copy on @stream; with @wait, wait for it too. */
-static int copy(void *dst, const void *src, size_t n, int device,
-                void *stream, bool wait, const char *who)
+/*
+ * Queue @count copies on @stream in order (the driver's device-to-device
+ * copy with GPUIPC_MEMCPY_DEVICE); with @wait, wait for them and what was
+ * queued before them too. Every argument is checked first. Copies of 0
+ * bytes are skipped: when all are, nothing is queued or waited for. (Not
+ * gpuipc__stream_copy_batch: its cuMemcpyBatchAsync promises no order
+ * between the copies, and moved 16 KiB blocks at 14 GB/s on an H100.)
+ */
+static int copies(void *const *dst, const void *const *src, const size_t *n,
+                  size_t count, int device, void *stream, unsigned flags,
+                  bool wait, const char *who)
 {
-  if (n > 0 && (dst == NULL || src == NULL))
-    return gpuipc__err(-EINVAL, "%s: %s is NULL", who,
-                       dst == NULL ? "dst" : "src");
-  if (device == -1) {
-    if (n > 0)
-      memmove(dst, src, n);
-    return 0;
-  }
-  int rc = device_check(device, who);
-  if (rc != 0)
-    return rc;
-#if GPUIPC_HAVE_CUDA
-  if (n == 0)
-    return 0;
-  struct gpuipc__ctx_saved saved;
-  rc = gpuipc__ctx_enter(device, &saved);
-  if (rc != 0)
-    return rc;
-  CUstream s = (CUstream)stream;
-  rc = GPUIPC_CU(cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
-                 (CUdeviceptr)(uintptr_t)src, n, s);
-  if (rc == 0 && wait)
-    rc = GPUIPC_CU(cuStreamSynchronize, s);
-  gpuipc__ctx_leave(&saved);
-  return rc;
-#else
-  (void)stream;
-  (void)wait;
-  return rc;
-#endif
-}
-
-int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
-                  void *stream)
-{
-  return copy(dst, src, n, device, stream, true, "gpuipc_memcpy");
-}
-
-int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
-                        const size_t *n, size_t count, int device,
-                        void *stream, unsigned flags)
-{
-  static const char who[] = "gpuipc_memcpy_batch";
   if (flags & ~(unsigned)GPUIPC_MEMCPY_DEVICE)
     return gpuipc__err(-EINVAL, "%s: unknown flags 0x%x", who,
                        flags & ~(unsigned)GPUIPC_MEMCPY_DEVICE);
@@ -70,10 +35,17 @@ int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
     return gpuipc__err(-EINVAL, "%s: %s is NULL with %zu copies", who,
                        dst == NULL ? "dst" : src == NULL ? "src" : "n",
                        count);
-  for (size_t i = 0; i < count; i++)
-    if (n[i] > 0 && (dst[i] == NULL || src[i] == NULL))
+  size_t work = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (n[i] > 0 && (dst[i] == NULL || src[i] == NULL)) {
+      const char *what = dst[i] == NULL ? "dst" : "src";
+      if (count == 1)
+        return gpuipc__err(-EINVAL, "%s: %s is NULL", who, what);
       return gpuipc__err(-EINVAL, "%s: copy %zu of %zu: %s is NULL", who, i,
-                         count, dst[i] == NULL ? "dst" : "src");
+                         count, what);
+    }
+    work += n[i] > 0;
+  }
   if (device == -1) {
     for (size_t i = 0; i < count; i++)
       if (n[i] > 0)
@@ -81,7 +53,7 @@ int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
     return 0;
   }
   int rc = device_check(device, who);
-  if (rc != 0)
+  if (rc != 0 || work == 0)
     return rc;
 #if GPUIPC_HAVE_CUDA
   struct gpuipc__ctx_saved saved;
@@ -98,25 +70,43 @@ int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
       rc = GPUIPC_CU(cuMemcpyDtoDAsync, d, s, n[i], (CUstream)stream);
     else
       rc = GPUIPC_CU(cuMemcpyAsync, d, s, n[i], (CUstream)stream);
-    if (rc != 0) {
+    if (rc != 0 && count > 1) {
       char why[256];
       snprintf(why, sizeof(why), "%s", gpuipc_last_error());
       gpuipc__err(rc, "%s: copy %zu of %zu (%zu bytes): %s", who, i, count,
                   n[i], why);
     }
   }
+  if (rc == 0 && wait)
+    rc = GPUIPC_CU(cuStreamSynchronize, (CUstream)stream);
   gpuipc__ctx_leave(&saved);
   return rc;
 #else
   (void)stream;
+  (void)wait;
   return rc;
 #endif
 }
 
-int gpuipc__memcpy_async(void *dst, const void *src, size_t n, int device,
-                        void *stream)
+int gpuipc_memcpy(void *dst, const void *src, size_t n, int device,
+                  void *stream)
 {
-  return copy(dst, src, n, device, stream, false, "gpuipc__memcpy_async");
+  return copies(&dst, &src, &n, 1, device, stream, 0, true, "gpuipc_memcpy");
+}
+
+int gpuipc_memcpy_batch(void *const *dst, const void *const *src,
+                        const size_t *n, size_t count, int device,
+                        void *stream, unsigned flags)
+{
+  return copies(dst, src, n, count, device, stream, flags, false,
+                "gpuipc_memcpy_batch");
+}
+
+int gpuipc__memcpy_async(void *dst, const void *src, size_t n, int device,
+                         void *stream)
+{
+  return copies(&dst, &src, &n, 1, device, stream, 0, false,
+                "gpuipc__memcpy_async");
 }
 
 /* NULL and CU_STREAM_LEGACY ((void *)1) name the same stream. */

@@ -395,6 +395,42 @@ static inline void share_wait_holders(gpuipc_domain_t *dom, const char *name,
 }
 
 /*
+ * Two members of round @round (own destinations) killed at their first
+ * claim, the second taking the first's over; then waited for (a minute at
+ * most) until the round's table and their standing lends are held by
+ * nobody: the broker saw them go. Their standing lends as the broker
+ * lists them, and of those how many nobody holds in *@unheld.
+ */
+static inline int share_kill_two_at_claim(gpuipc_domain_t *dom,
+                                          const char *round,
+                                          struct sreader k[2], int *unheld)
+{
+  for (int i = 0; i < 2; i++) {
+    sreader_start(&k[i], "share", "v1", 1, round, "claimed:1:kill", 0, "own",
+                  SHARE_TIMEOUT_MS);
+    sreader_expect(&k[i], "ready");
+    sreader_send(&k[i], "go\n");
+    ASSERT_EQ(sreader_end(&k[i]), 128 + SIGKILL);
+  }
+  char table[GPUIPC_NAME_MAX + 1];
+  snprintf(table, sizeof(table), "%s.share", round);
+  share_wait_holders(dom, table, 0);
+  int lent = 0;
+  *unheld = 0;
+  for (int i = 0; i < 2; i++) {
+    int u = 0;
+    for (int tries = 0;
+         tries < 60000 && (share_standing_of(dom, k[i].pid, &u) != u ||
+                           u != SHARE_NDST);
+         tries++)
+      usleep(1000);
+    lent += share_standing_of(dom, k[i].pid, &u);
+    *unheld += u;
+  }
+  return lent;
+}
+
+/*
  * @r go in turn into round @round ("go" for their first call, else "again
  * ROUND"), each joining after the one before it, so that the chain is
  * r[0], r[1], ...; each names @next first (NULL: as before). Then they are
