@@ -10,8 +10,10 @@
  * saw the claim). After each chunk its prefix word follows. A parent
  * whose prefix stands still through the timeout, or that cannot serve a
  * chunk, is left behind: the next one up the chain, or the publisher,
- * takes its place. When a turn does nothing, the host naps, longer each
- * time up to a millisecond (20 us at most while copies run).
+ * takes its place. When a turn does nothing, the host naps: 20 us while
+ * copies run or for the first 100 ms of a wait, then longer each time up
+ * to a millisecond; so do the waits after the loop (settle, linger,
+ * drain).
  *
  * Movers: with device -1 (HOST memory on both sides) the CPU copies and
  * a release store writes the words; with a GPU the copies go on the
@@ -110,6 +112,30 @@ static int mv_word(struct share_call *c, _Atomic uint64_t *w, uint64_t v)
   c->pend_addr[c->npend] = c->words + (uint64_t)((uint8_t *)w - c->t->base);
   c->pend_val[c->npend++] = v;
   return 0;
+}
+
+/* ----- naps ----- */
+
+unsigned gpuipc__share_nap_next(unsigned us, uint64_t waited_ns, bool busy)
+{
+  unsigned most = busy || waited_ns < GPUIPC__SHARE_EAGER_NS
+                      ? GPUIPC__SHARE_NAP_US
+                      : GPUIPC__SHARE_NAP_MAX_US;
+  return us >= most / 2 ? most : us * 2;
+}
+
+void gpuipc__share_nap(struct share_nap *w, bool busy)
+{
+  if (w->since == 0)
+    w->since = gpuipc__now_ns();
+  gpuipc__sleep_us(w->us);
+  w->us = gpuipc__share_nap_next(w->us, gpuipc__now_ns() - w->since, busy);
+}
+
+void gpuipc__share_nap_reset(struct share_nap *w)
+{
+  w->us = GPUIPC__SHARE_NAP_US;
+  w->since = 0;
 }
 
 /* ----- one chunk ----- */
@@ -417,8 +443,7 @@ int gpuipc__share_run(struct share_call *c)
 {
   if (c->t == NULL)
     return gpuipc__share_alone(c);
-  unsigned nap = 20;
-  uint64_t idle_ns = 0; /* since when its turns found nothing to do */
+  struct share_nap nap = GPUIPC__SHARE_NAP_INIT;
   while (c->missing > 0) {
     if (failed(c))
       return gpuipc__share_failed(c);
@@ -427,21 +452,14 @@ int gpuipc__share_run(struct share_call *c)
     if (n < 0)
       return n;
     if (n > 0) {
-      nap = 20;
-      idle_ns = 0;
+      gpuipc__share_nap_reset(&nap);
       continue;
     }
-    gpuipc__sleep_us(nap);
     /* While its copies run, or early in a wait (for its parent's first
      * chunk, say: each of those lags down the chain), a member looks
      * again soon: a chunk's copy takes a few hundred microseconds. */
-    uint64_t now = gpuipc__now_ns();
-    if (idle_ns == 0)
-      idle_ns = now;
-    unsigned most = (c->device >= 0 && (c->nin > 0 || peer_flight(c) > 0)) ||
-                            now - idle_ns < GPUIPC__SHARE_EAGER_NS
-                        ? 20 : 1000;
-    nap = nap < most ? nap * 2 : most;
+    gpuipc__share_nap(&nap, c->device >= 0 &&
+                                (c->nin > 0 || peer_flight(c) > 0));
   }
   return 0;
 }
@@ -477,15 +495,14 @@ void gpuipc__share_linger(struct share_call *c)
   if (!c->server)
     return;
   uint64_t deadline = gpuipc__deadline(c->timeout_ms);
-  unsigned nap = 20;
+  struct share_nap nap = GPUIPC__SHARE_NAP_INIT;
   for (int s = 0; s < GPUIPC__SHARE_MEMBERS; s++) {
     if (s == c->me || atomic_load(&c->t->members[s].pid) == 0)
       continue;
     while (still_copying(c, s, gpuipc__now_ns()) &&
            gpuipc__now_ns() < deadline) {
       gpuipc__share_beat(c->t, c->me);
-      gpuipc__sleep_us(nap);
-      nap = nap < 1000 ? nap * 2 : 1000;
+      gpuipc__share_nap(&nap, false);
     }
   }
 }
@@ -511,7 +528,7 @@ void gpuipc__share_drain(struct share_call *c)
   for (int r = 0; r < GPUIPC__SHARE_MEMBERS; r++) {
     if (r == c->me || atomic_load(&c->t->members[r].pid) == 0)
       continue;
-    unsigned nap = 10;
+    struct share_nap nap = GPUIPC__SHARE_NAP_INIT;
     while (!drained(c, r, gpuipc__now_ns())) {
       if (gpuipc__now_ns() >= deadline) {
         /* It stalled while copying from us: its call fails, ours goes. */
@@ -519,8 +536,7 @@ void gpuipc__share_drain(struct share_call *c)
         break;
       }
       gpuipc__share_beat(c->t, c->me);
-      gpuipc__sleep_us(nap);
-      nap = nap < 1000 ? nap * 2 : 1000;
+      gpuipc__share_nap(&nap, false);
     }
   }
 }
@@ -538,15 +554,14 @@ int gpuipc__share_settle(struct share_call *c)
   if (rc != 0)
     return rc;
   uint64_t deadline = gpuipc__deadline(c->timeout_ms);
-  unsigned nap = 10;
+  struct share_nap nap = GPUIPC__SHARE_NAP_INIT;
   while ((int64_t)(atomic_load(w) - s) < 0) {
     if (gpuipc__now_ns() >= deadline)
       return gpuipc__err(-ETIMEDOUT, "gpuipc_share_copy(%s): the copies "
                          "queued on the stream did not complete within %d ms",
                          c->round, c->timeout_ms);
     gpuipc__share_beat(c->t, c->me);
-    gpuipc__sleep_us(nap);
-    nap = nap < 1000 ? nap * 2 : 1000;
+    gpuipc__share_nap(&nap, false);
   }
   return 0;
 }

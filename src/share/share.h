@@ -61,9 +61,12 @@
  * (a 64 MiB chunk takes 0.2 ms over NVLink, 3 ms over PCIe 4) and a
  * member's start; far below a timeout. */
 #define GPUIPC__SHARE_PATIENCE_MS 50
-/* A member with nothing to do looks again every 20 us for this long,
- * then naps longer, up to 1 ms. */
+/* A member waiting (for a chunk, for its copies to land, for the members
+ * that still copy from it) looks again every 20 us for this long, then
+ * naps longer, up to 1 ms. */
 #define GPUIPC__SHARE_EAGER_NS (100ull * 1000 * 1000)
+#define GPUIPC__SHARE_NAP_US 20
+#define GPUIPC__SHARE_NAP_MAX_US 1000
 
 /* Member flags (struct share_member.flags). */
 #define GPUIPC__SM_LIVE 0x1u    /* joined: its fields are written */
@@ -475,6 +478,25 @@ int gpuipc__share_parent(struct share_call *c, uint64_t now);
  */
 bool gpuipc__share_parent_stalled(struct share_call *c, int p,
                                   uint64_t prefix, uint64_t now);
+
+/*
+ * A wait's naps: gpuipc__share_nap sleeps @w->us, then sets the next nap:
+ * GPUIPC__SHARE_NAP_US while @busy (copies it queued are in flight) or
+ * until the wait is GPUIPC__SHARE_EAGER_NS old, then doubling up to
+ * GPUIPC__SHARE_NAP_MAX_US. What a wait waits for lands within a
+ * chunk's copy, a few hundred microseconds, most of the time: a nap of a
+ * millisecond there is a millisecond added to the sync.
+ */
+struct share_nap {
+  unsigned us;
+  uint64_t since; /* ns; 0 before the first nap */
+};
+#define GPUIPC__SHARE_NAP_INIT {GPUIPC__SHARE_NAP_US, 0}
+void gpuipc__share_nap(struct share_nap *w, bool busy);
+/* The nap after one of @us, @waited_ns into the wait. */
+unsigned gpuipc__share_nap_next(unsigned us, uint64_t waited_ns, bool busy);
+/* Restart @w's schedule (the wait made progress). */
+void gpuipc__share_nap_reset(struct share_nap *w);
 
 /* Copy everything of @c->l; with a table, sharing. 0, or the code. */
 int gpuipc__share_run(struct share_call *c);
