@@ -8,7 +8,9 @@
  *  - A round other than the one named: the table opened ahead stays
  *    unused, the call opens its own; readers that leave let go of what
  *    was opened ahead, and the next creator's sweep unlinks those tables
- *    (no member ever joined them).
+ *    (no member ever joined them). That creator names a next round: the
+ *    sweep, and the unlinking of its own round's table (it is the last
+ *    out), are done on the thread that opens the next round's.
  *  - In this process: a table opened ahead for another layout is not
  *    taken (the call copies alone from the publisher: the name's table is
  *    of another size); a bad next_round is refused before anything; a
@@ -79,7 +81,8 @@ static void readers(gpuipc_domain_t *dom)
     ASSERT_EQ(ahead_of(&r[i]), 2);
 
   test_stamp("the readers leave: a3's and a5's tables are held by nobody; "
-             "the next creator sweeps them");
+             "the next creator sweeps them (naming a8: on the thread that "
+             "opens a8's, which also unlinks a7's)");
   sreaders_end_ok(r, N);
   share_wait_holders(dom, "a3.share", 0);
   share_wait_holders(dom, "a5.share", 0);
@@ -88,13 +91,15 @@ static void readers(gpuipc_domain_t *dom)
   sreader_start(&last, "share", "v1", 1, "a7", "", 0, "own",
                 SHARE_TIMEOUT_MS);
   sreader_expect(&last, "ready");
+  sreader_send(&last, "next a8\n");
   sreader_send(&last, "go\n");
   sreader_result(&last, &res);
   sresult_check_ok(&res, 0);
-  ASSERT_EQ(sreader_end(&last), 0);
   share_wait_none(dom, "a3.");
   share_wait_none(dom, "a5.");
   share_wait_none(dom, "a7.");
+  share_wait_holders(dom, "a8.share", 1);
+  ASSERT_EQ(sreader_end(&last), 0);
 }
 
 /* In this process, alone. */

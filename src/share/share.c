@@ -256,17 +256,30 @@ static int join(struct share_call *c, struct share_table *t,
 
 /* ----- leaving ----- */
 
-/* The last member out closes the round: its table's name goes (once). The
- * members' lends stand (cache.c). */
-static void close_round(struct share_call *c)
+/* Whether this member, the last member out, closed the round: its
+ * table's name then goes (once; close_done). The members' lends stand
+ * (cache.c). */
+static bool close_round(struct share_call *c)
 {
   uint32_t open = 0;
-  if (gpuipc__share_any_live(c->t, c->me, c->peers) ||
-      !atomic_compare_exchange_strong(&c->t->hdr->closed, &open, 1))
-    return;
+  return !gpuipc__share_any_live(c->t, c->me, c->peers) &&
+         atomic_compare_exchange_strong(&c->t->hdr->closed, &open, 1);
+}
+
+/* What the thread opening the next round's table does otherwise: unlink
+ * the closed round's table, let go of it (unless @keep: unsettled, its
+ * stream writes there), sweep the rounds whose members all died. */
+static void close_done(struct share_call *c, bool closed, bool keep,
+                       bool sweep)
+{
   char name[GPUIPC_NAME_MAX + 1];
   gpuipc__share_table_name(name, sizeof(name), c->round);
-  (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
+  if (closed)
+    (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
+  if (!keep)
+    gpuipc_buf_release(c->t->buf);
+  if (sweep)
+    gpuipc__share_sweep(c->dom, name);
 }
 
 static int leave(struct share_call *c, struct share_lent *lent, int rc)
@@ -293,22 +306,18 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
   gpuipc__share_peers_close(c->po, wrc == 0, &c->st.opened);
   c->po = NULL;
   atomic_fetch_or(&c->t->members[c->me].flags, GPUIPC__SM_LEFT);
-  close_round(c);
-  bool created = c->t->created;
+  bool closed = close_round(c);
+  /* Rounds whose members all died: swept by the creator of a table. */
+  bool sweep = c->t->created;
   uint64_t now = gpuipc__share_cache_tick(c->dom);
   /* The table goes, unless unsettled (its stream writes there): on the
    * thread that opens the next round's, when the caller named one. */
-  if (wrc == 0 &&
-      (c->next_round == NULL || rc != 0 ||
-       !gpuipc__share_ahead_start(c->dom, c->next_round, c->l, c->device,
-                                  c->timeout_ms, c->t->buf, now)))
-    gpuipc_buf_release(c->t->buf);
+  if (wrc != 0 || c->next_round == NULL || rc != 0 ||
+      !gpuipc__share_ahead_start(c->dom, c->next_round, c->l, c->device,
+                                 c->timeout_ms, c->t->buf, c->round, closed,
+                                 sweep, now))
+    close_done(c, closed, wrc != 0, sweep);
   c->t = NULL;
-  if (created) { /* rounds whose members all died: once out of the way */
-    char name[GPUIPC_NAME_MAX + 1];
-    gpuipc__share_table_name(name, sizeof(name), c->round);
-    gpuipc__share_sweep(c->dom, name);
-  }
   return rc != 0 ? gpuipc__err(rc, "%s", why) : 0;
 }
 
@@ -371,7 +380,8 @@ static int share_run(struct share_call *c, int dst_dev)
     uint64_t now = gpuipc__share_cache_tick(c->dom);
     if (rc == 0 && !pub_gpu && c->next_round != NULL)
       (void)gpuipc__share_ahead_start(c->dom, c->next_round, c->l, c->device,
-                                      c->timeout_ms, NULL, now);
+                                      c->timeout_ms, NULL, NULL, false, false,
+                                      now);
     return rc;
   }
   return leave(c, lent, gpuipc__share_run(c));

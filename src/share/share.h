@@ -310,14 +310,19 @@ void gpuipc__share_cache_count(gpuipc_domain_t *dom, int *lends, int *opens);
 /* ----- ahead.c ----- */
 /*
  * After a call: on a thread of the library, let go of @retire (the call's
- * table, or NULL) and open the table of round @next for layout @l on
- * @device, as a member's call would, for the next call (started at call
- * count @now). false when it cannot start: the caller then lets go of
- * @retire itself.
+ * table of round @round, or NULL), unlinking it first when this member
+ * closed that round (@closed), sweep the domain when @sweep
+ * (gpuipc__share_sweep, skipping @round's table), and open the
+ * table of round @next for layout @l on @device, as a member's call would,
+ * for the next call (started at call count @now). What the call's last
+ * member out did before returning (a request to the broker each) is then
+ * off the path of the sync. false when it cannot start: the caller then
+ * does all of that but the opening itself.
  */
 bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
                                const struct share_layout *l, int device,
                                int timeout_ms, gpuipc_buf_t *retire,
+                               const char *round, bool closed, bool sweep,
                                uint64_t now);
 /*
  * The table opened ahead for round @round, waiting for its thread: 0 with
