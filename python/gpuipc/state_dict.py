@@ -65,7 +65,9 @@ sync of a lent state dict maps nothing and makes no view anew. The module
 functions publish / open / copy_into are the one-shot forms."""
 import bisect
 import contextlib
+import itertools
 import json
+import operator
 import os
 import re
 import struct
@@ -134,10 +136,18 @@ def _copy_all(copies, torch_copy, stream):
                 torch_copy(e)
 
 
+# A tensor's address, and its dtype and shape: compared tensor by tensor
+# on every sync (copy_into(share=True)), each as one pass of C.
+_PTR = operator.methodcaller("data_ptr")
+_META = operator.attrgetter("dtype", "shape")
+
+
 def _check_tensors(sd, what):
     """TypeError unless every value of ``sd`` is a torch tensor (numpy
     arrays are not taken: torch.from_numpy(a) shares their memory)."""
     torch = _torch()
+    if all(map(isinstance, sd.values(), itertools.repeat(torch.Tensor))):
+        return
     for k, t in sd.items():
         if not torch.is_tensor(t):
             raise TypeError(f"{what}: {k!r} is a {type(t).__module__}.{type(t).__qualname__}, "
@@ -940,22 +950,19 @@ class Reader(_Named):
 
     def _share_extents(self, sd, target):
         """The (src, dst, bytes) of every tensor of ``target``, in the
-        version's order. The last call's, when the version's tensors and
-        the target's are the very objects they were, of the same address,
-        dtype and shape (a lent state dict synced every step: its views are
-        kept from one version to the next); else built and checked anew."""
+        version's order. The last call's, when the version's tensors are
+        the very views it had (a lent state dict synced every step: its
+        views are kept from one version to the next) and the target's the
+        very tensors they were, of the same address, dtype and shape; else
+        built and checked anew."""
         c = self._share_ext
-        if c is not None and c[0] is target and c[1] == len(target) and c[2] == len(sd):
-            get, tget = sd.get, target.get
-            for k, src, t, tp, n, dt, shape in c[3]:
-                if (get(k) is not src or tget(k) is not t or t.data_ptr() != tp
-                        or t.dtype is not dt or t.shape != shape
-                        or t.numel() * t.element_size() != n):
-                    break
-            else:
-                return c[4]
+        if c is not None and c[0] is target and self._last is not None and c[1] is self._last:
+            vals = list(target.values())
+            if (list(target) == c[2] and all(map(operator.is_, vals, c[3]))
+                    and list(map(_PTR, vals)) == c[4] and list(map(_META, vals)) == c[5]):
+                return c[6]
         self._share_ext = None
-        ext, items = [], []
+        ext = []
         for k, src in sd.items():
             t = target.get(k)
             if t is None:
@@ -967,8 +974,10 @@ class Reader(_Named):
             n = t.numel() * t.element_size()
             if n:
                 ext.append((src.data_ptr(), t.data_ptr(), n))
-            items.append((k, src, t, t.data_ptr(), n, t.dtype, t.shape))
-        self._share_ext = (target, len(target), len(sd), items, ext)
+        if self._last is not None and all(sd.get(k) is v for k, v in self._last[1].items()):
+            vals = list(target.values())
+            self._share_ext = (target, self._last, list(target), vals, list(map(_PTR, vals)),
+                               list(map(_META, vals)), ext)
         return ext
 
     def close(self):

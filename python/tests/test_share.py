@@ -139,8 +139,11 @@ def test_targets_that_cannot_share_are_refused(env, procs, monkeypatch):
         # with them the extents of the last call; the next version lands.
         pub.tell("more")
         assert pub.line() == {"published": 2}
+        kept = r._share_ext
+        assert kept is not None
         r.copy_into(mine, share=True, chunk_bytes=share_peer.CHUNK)
         assert all(share_peer.same(mine[k], t) for k, t in share_peer.make(2).items())
+        assert r._share_ext is kept  # taken again, not rebuilt
         # The same target, one tensor swapped for another (in other gpuipc
         # memory): the bytes land in the new one.
         other, obuf = share_peer.targets()
