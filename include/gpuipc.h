@@ -1483,11 +1483,12 @@ typedef struct gpuipc_share_stats {
  *        Each member lends its destination buffers as segments
  *        "gpuipc-share.<pid>.<n>" and keeps them lent across calls
  *        (standing lends), as it keeps mapped the peers' lent segments it
- *        opened: a lend goes at the end of a call that finds its buffer
- *        released by the caller (the buffer's memory is freed then, not
- *        at the caller's release) or unused for 8 calls, and at
- *        gpuipc_domain_leave; a peer's segment once its lender is gone or
- *        it went unused for 8 calls, and at leave.
+ *        opened: a lend goes once the caller released its buffer (a
+ *        thread of the library unlinks it and frees the memory right
+ *        after the caller's last gpuipc_buf_release; a call in progress
+ *        that uses it lets go of it at its end), after 8 calls unused,
+ *        and at gpuipc_domain_leave; a peer's segment once its lender is
+ *        gone or it went unused for 8 calls, and at leave.
  * @ext, @n: 1 to 4096 extents; destinations must not overlap; every
  *        destination on one device (or all HOST), and every GPU source
  *        mapped for that device (gpuipc_segment_open with opts.device:

@@ -12,8 +12,11 @@
  *    holds them).
  *  - Readers that leave the domain unlink their standing lends: none is
  *    left.
- *  - In this process: a lend unused for GPUIPC__SHARE_KEEP_CALLS calls
- *    goes.
+ *  - In this process: a destination its caller released goes at once,
+ *    without another call (a thread of the library lets go of its lend:
+ *    a rollout worker that frees its model between syncs gets the memory
+ *    back), and one still held stays; a lend unused for
+ *    GPUIPC__SHARE_KEEP_CALLS calls goes.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
@@ -123,6 +126,45 @@ static void readers(gpuipc_domain_t *dom)
   share_wait_none(dom, GPUIPC__SHARE_STANDING);
 }
 
+/* Wait (a minute at most) until this process keeps @want lends for @dom
+ * and as many of its standing names are listed; how many it keeps then. */
+static int wait_lends(gpuipc_domain_t *dom, int want)
+{
+  int lends, opens, u;
+  for (int i = 0; i < 60000; i++) {
+    gpuipc__share_cache_count(dom, &lends, &opens);
+    if (lends == want && share_standing_of(dom, getpid(), &u) == want)
+      break;
+    usleep(1000);
+  }
+  return lends;
+}
+
+/* In this process, alone: a released destination's lend goes at once. */
+static void released(gpuipc_domain_t *dom, gpuipc_buf_t *const *v)
+{
+  test_stamp("two destinations lent; the caller releases one: its lend "
+             "goes without another call, the other's stays");
+  gpuipc_buf_t *d[2];
+  for (int i = 0; i < 2; i++)
+    ASSERT_OK(gpuipc_buf_alloc(1 << 20, GPUIPC_KIND_HOST, -1, 0, &d[i]));
+  gpuipc_share_extent_t e[2] = {{v[0], 0, d[0], 0, 1 << 20},
+                                {v[0], 0, d[1], 0, 1 << 20}};
+  ASSERT_OK(gpuipc_share_copy(dom, "g0", e, 2, NULL, NULL));
+  int u, lends, opens;
+  gpuipc__share_cache_count(dom, &lends, &opens);
+  ASSERT_EQ(lends, 2);
+  ASSERT_EQ(share_standing_of(dom, getpid(), &u), 2);
+  gpuipc_buf_release(d[0]);
+  ASSERT_EQ(wait_lends(dom, 1), 1);
+  ASSERT_EQ(share_standing_of(dom, getpid(), &u), 1);
+  usleep(20000); /* the other is held: it stays */
+  ASSERT_EQ(wait_lends(dom, 1), 1);
+  gpuipc_buf_release(d[1]);
+  ASSERT_EQ(wait_lends(dom, 0), 0);
+  ASSERT_EQ(share_standing_of(dom, getpid(), &u), 0);
+}
+
 /* In this process, alone: a lend unused for KEEP_CALLS calls goes. */
 static void unused(gpuipc_domain_t *dom, gpuipc_buf_t *const *v)
 {
@@ -154,6 +196,7 @@ int main(void)
   gpuipc_buf_t *v[SHARE_NSRC];
   gpuipc_domain_t *dom = share_begin(v);
   readers(dom);
+  released(dom, v);
   unused(dom, v);
   share_end(dom, v);
   return 0;

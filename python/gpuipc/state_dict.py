@@ -888,7 +888,7 @@ class Reader(_Named):
         Between calls the library keeps the targets' gpuipc buffers lent
         and the peers' memory mapped, and opens the next version's round
         ahead; a target buffer released meanwhile (a closed mem_pool, say)
-        comes free at the next shared call, or when the domain is closed."""
+        comes free then (a thread of the library lets go of its lend)."""
         _check_tensors(target, "copy_into")
         torch = _torch()
         first = next(iter(target.values()))

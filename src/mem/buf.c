@@ -43,6 +43,9 @@ static struct registry reg = {
     .ready = PTHREAD_COND_INITIALIZER,
 };
 
+/* gpuipc__buf_on_watched_last's function. */
+static _Atomic(void (*)(void)) watched_last_fn;
+
 static void reg_fork_prepare(void)
 {
   pthread_mutex_lock(&reg.lock);
@@ -554,6 +557,20 @@ void gpuipc__buf_ref(struct gpuipc_buf *b)
   pthread_mutex_unlock(&reg.lock);
 }
 
+void gpuipc__buf_watch_last(const struct gpuipc_buf *b, bool on)
+{
+  struct gpuipc_buf *base = (struct gpuipc_buf *)(b->base != NULL ? b->base
+                                                                  : b);
+  pthread_mutex_lock(&reg.lock);
+  base->last_watchers += on ? 1 : -1;
+  pthread_mutex_unlock(&reg.lock);
+}
+
+void gpuipc__buf_on_watched_last(void (*fn)(void))
+{
+  atomic_store(&watched_last_fn, fn);
+}
+
 long gpuipc__buf_base_refs(const struct gpuipc_buf *b)
 {
   const struct gpuipc_buf *base = b->base != NULL ? b->base : b;
@@ -579,6 +596,7 @@ int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out)
   a->release_hook = NULL;
   a->release_arg = NULL;
   a->kept = false;
+  a->last_watchers = 0;
   a->base = b;
   *out = a;
   return 0;
@@ -645,7 +663,11 @@ int gpuipc_buf_release(gpuipc_buf_t *buf)
                        "reference left", (void *)buf);
   }
   if (--buf->refs > 0) {
+    bool watched = buf->last_watchers > 0 && buf->refs <= buf->last_watchers;
     pthread_mutex_unlock(&reg.lock);
+    void (*fn)(void) = watched ? atomic_load(&watched_last_fn) : NULL;
+    if (fn != NULL)
+      fn();
     return 0;
   }
   gpuipc__release_hook_fn hook = buf->release_hook;

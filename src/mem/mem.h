@@ -145,6 +145,10 @@ struct gpuipc_buf {
   /* Devices gpuipc_buf_access granted (bit d: device d), so that a repeat
    * costs a load rather than a driver call. */
   _Atomic uint64_t granted;
+  /* Holders that each keep one reference and want to hear when theirs
+   * are all that is left (gpuipc__buf_watch_last). Guarded by the
+   * registry lock. */
+  int last_watchers;
 };
 
 /*
@@ -191,6 +195,18 @@ void gpuipc__buf_ref(struct gpuipc_buf *b);
  * the buffer.
  */
 long gpuipc__buf_base_refs(const struct gpuipc_buf *b);
+
+/*
+ * Count one more (@on) or one fewer holder of @b's base that keeps a
+ * reference on it and wants to hear when the others are all gone: when a
+ * release leaves the base with no more references than such holders, the
+ * function set by gpuipc__buf_on_watched_last runs, on the releasing
+ * thread, with no lock of gpuipc's held (it must not block: it hands the
+ * work to a thread of its own). The shared copy's standing lends
+ * (share/cache.c) let go of a destination its caller released this way.
+ */
+void gpuipc__buf_watch_last(const struct gpuipc_buf *b, bool on);
+void gpuipc__buf_on_watched_last(void (*fn)(void));
 
 /*
  * A new handle on the memory of @b (which the caller holds; a handle of

@@ -5,10 +5,13 @@
  *  - standing lends: each destination buffer is lent once, as the segment
  *    "gpuipc-share.<pid>.<n>" (n counts this process's lends), and stays
  *    lent while its caller holds the buffer. Let go (unlinked while the
- *    name is still this lend's, and released) at the end of a call that
- *    finds its caller released the buffer (the lend's own reference on it
- *    is the last), or that finds it unused for GPUIPC__SHARE_KEEP_CALLS
- *    calls, and as the domain is left (a hook the segment layer calls).
+ *    name is still this lend's, and released) as soon as its caller
+ *    released the buffer (the lend's own reference on it is the last: the
+ *    registry says so, and a thread of the library lets go of it then),
+ *    at the end of a call that finds it unused for
+ *    GPUIPC__SHARE_KEEP_CALLS calls, and as the domain is left (a hook the
+ *    segment layer calls). A rollout worker that frees its model between
+ *    syncs gets the memory back without another sync.
  *  - opened peers: a peer's lent segment, by the broker's id (never reused
  *    in a domain) and the device it is mapped for, stays mapped. Let go at
  *    the end of a call once its lender is gone (its process dead or
@@ -27,6 +30,9 @@
  *
  * The lock is a leaf: nothing is called while it is held but the buffer
  * registry's reference count (and, at fork(), ahead.c's lock after it).
+ * The thread that lets go of released destinations (reap) takes entries
+ * off the list under it and lets go of them after; a domain's leave waits
+ * for it (reaping) before the domain goes.
  * The tables opened ahead (ahead.c) go by the same tick, leave and fork.
  */
 #include "share/share.h"
@@ -36,6 +42,9 @@
 #include "os/os.h"
 
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -65,6 +74,10 @@ static struct share_cache_entry *entries;
 static uint64_t calls;
 static uint32_t next_n;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* The reaping thread: 0 none, 1 at work, 2 at work and asked again. */
+static atomic_int reap_state;
+static int reaping; /* entries it took off the list and lets go of (mu) */
+static pthread_cond_t reaped = PTHREAD_COND_INITIALIZER; /* reaping fell */
 
 static void fork_prepare(struct gpuipc__fork_hook *h)
 {
@@ -86,6 +99,10 @@ static void fork_child(struct gpuipc__fork_hook *h)
   (void)h;
   gpuipc__share_ahead_fork(2);
   entries = NULL;
+  /* No reaping thread here; nobody waits for one. */
+  atomic_store(&reap_state, 0);
+  reaping = 0;
+  pthread_cond_init(&reaped, NULL);
   pthread_mutex_unlock(&mu);
 }
 
@@ -93,12 +110,14 @@ static struct gpuipc__fork_hook fork_hook = {
     .prepare = fork_prepare, .parent = fork_parent, .child = fork_child};
 
 static void leave(gpuipc_domain_t *d);
+static void reap_ask(void);
 
 static void install(void)
 {
   gpuipc__buf_fork_install(); /* the registry's lock is taken under ours */
   gpuipc__fork_register(&fork_hook);
   gpuipc__seg_on_leave(leave);
+  gpuipc__buf_on_watched_last(reap_ask);
 }
 
 int gpuipc__share_standing_name(char *out, size_t cap, uint32_t pid,
@@ -114,6 +133,7 @@ static void let_go(struct share_cache_entry *e)
   while (e != NULL) {
     struct share_cache_entry *next = e->next;
     if (e->lend) {
+      gpuipc__buf_watch_last(e->buf, false);
       char name[GPUIPC_NAME_MAX + 1];
       if (gpuipc__share_standing_name(name, sizeof(name), (uint32_t)getpid(),
                                       e->n) == 0)
@@ -238,6 +258,8 @@ int gpuipc__share_cache_lend(gpuipc_domain_t *dom, gpuipc_buf_t *dst,
     free(made);
     return rc;
   }
+  /* Watched from now on (busy meanwhile: nothing lets go of it yet). */
+  gpuipc__buf_watch_last(made->buf, true);
   keep(made, out);
   return 0;
 }
@@ -324,13 +346,90 @@ uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
   return now;
 }
 
+/* ----- reaping: standing lends whose caller released the buffer ----- */
+
+/* Whether lend @e is ours alone now: its caller let go of the buffer. mu
+ * held. */
+static bool released(const struct share_cache_entry *e)
+{
+  return e->lend && e->busy == 0 && !e->pinned &&
+         gpuipc__buf_base_refs(e->buf) <= 1;
+}
+
+/* Let go of every standing lend whose caller released its buffer. */
+static void reap(void)
+{
+  struct share_cache_entry *drop = NULL;
+  pthread_mutex_lock(&mu);
+  for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
+    struct share_cache_entry *e = *pp;
+    if (released(e)) {
+      *pp = e->next;
+      e->next = drop;
+      drop = e;
+    } else {
+      pp = &e->next;
+    }
+  }
+  reaping++;
+  pthread_mutex_unlock(&mu);
+  let_go(drop);
+  pthread_mutex_lock(&mu);
+  reaping--;
+  pthread_cond_broadcast(&reaped);
+  pthread_mutex_unlock(&mu);
+}
+
+static void *reap_main(void *arg)
+{
+  (void)arg;
+  do {
+    atomic_store(&reap_state, 1);
+    reap();
+  } while (!atomic_compare_exchange_strong(&reap_state, &(int){1}, 0));
+  return NULL;
+}
+
+/* The registry saw a watched buffer left with its watchers' references
+ * alone (any thread, no lock held): reap on a thread of the library, or
+ * have the one at work look again. Without a thread, the end of the next
+ * call lets go of it (gpuipc__share_cache_tick). */
+static void reap_ask(void)
+{
+  int s = atomic_load(&reap_state);
+  for (;;) {
+    if (s == 2 || (s == 1 && atomic_compare_exchange_weak(&reap_state, &s, 2)))
+      return;
+    if (s == 0 && atomic_compare_exchange_weak(&reap_state, &s, 1))
+      break;
+  }
+  pthread_t th;
+  pthread_attr_t at;
+  sigset_t all, old;
+  sigfillset(&all);
+  /* A thread of the library takes no signal meant for the caller's. */
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  bool ok = pthread_attr_init(&at) == 0;
+  if (ok) {
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    ok = pthread_create(&th, &at, reap_main, NULL) == 0;
+    pthread_attr_destroy(&at);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!ok)
+    atomic_store(&reap_state, 0);
+}
+
 /* The domain is being left: everything kept for it goes (what a call
- * could not settle stays mapped, its entry forgotten). */
+ * could not settle stays mapped, its entry forgotten), once the reaping
+ * thread let go of what it took (some may be this domain's). */
 static void leave(gpuipc_domain_t *d)
 {
   gpuipc__share_ahead_leave(d);
   struct share_cache_entry *drop = NULL;
   pthread_mutex_lock(&mu);
+  while (reaping > 0)
+    pthread_cond_wait(&reaped, &mu);
   for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
     struct share_cache_entry *e = *pp;
     if (e->dom != d) {
