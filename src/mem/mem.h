@@ -201,8 +201,9 @@ long gpuipc__buf_base_refs(const struct gpuipc_buf *b);
  * reference on it and wants to hear when the others are all gone: when a
  * release leaves the base with no more references than such holders, the
  * function set by gpuipc__buf_on_watched_last runs, on the releasing
- * thread, with no lock of gpuipc's held (it must not block: it hands the
- * work to a thread of its own). The shared copy's standing lends
+ * thread, the registry's lock dropped; the releasing code may hold locks
+ * of its own, so it must neither block nor take a lock (it hands the work
+ * to a thread of its own). The shared copy's standing lends
  * (share/cache.c) let go of a destination its caller released this way.
  */
 void gpuipc__buf_watch_last(const struct gpuipc_buf *b, bool on);
