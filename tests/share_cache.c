@@ -15,8 +15,8 @@
  *  - In this process: a destination its caller released goes at once,
  *    without another call (a thread of the library lets go of its lend:
  *    a rollout worker that frees its model between syncs gets the memory
- *    back), and one still held stays; a lend unused for
- *    GPUIPC__SHARE_KEEP_CALLS calls goes.
+ *    back), and one still held stays; one lent in two domains goes from
+ *    both; a lend unused for GPUIPC__SHARE_KEEP_CALLS calls goes.
  */
 #include "test.h"
 #include "helpers/share_peer.h"
@@ -163,6 +163,25 @@ static void released(gpuipc_domain_t *dom, gpuipc_buf_t *const *v)
   gpuipc_buf_release(d[1]);
   ASSERT_EQ(wait_lends(dom, 0), 0);
   ASSERT_EQ(share_standing_of(dom, getpid(), &u), 0);
+
+  test_stamp("one destination lent in two domains: released, it goes "
+             "from both");
+  gpuipc_domain_t *dom2;
+  gpuipc_buf_t *v2[SHARE_NSRC];
+  ASSERT_OK(gpuipc_domain_join("share-two", NULL, &dom2));
+  share_publish(dom2, "v1", 1, v2);
+  ASSERT_OK(gpuipc_buf_alloc(1 << 20, GPUIPC_KIND_HOST, -1, 0, &d[0]));
+  e[0].dst = d[0];
+  ASSERT_OK(gpuipc_share_copy(dom, "g1", e, 1, NULL, NULL));
+  e[0].src = v2[0];
+  ASSERT_OK(gpuipc_share_copy(dom2, "g1", e, 1, NULL, NULL));
+  gpuipc__share_cache_count(dom2, &lends, &opens);
+  ASSERT_EQ(lends, 1);
+  ASSERT_EQ(wait_lends(dom, 1), 1);
+  gpuipc_buf_release(d[0]);
+  ASSERT_EQ(wait_lends(dom, 0), 0);
+  ASSERT_EQ(wait_lends(dom2, 0), 0);
+  share_end(dom2, v2);
 }
 
 /* In this process, alone: a lend unused for KEEP_CALLS calls goes. */

@@ -571,13 +571,13 @@ void gpuipc__buf_on_watched_last(void (*fn)(void))
   atomic_store(&watched_last_fn, fn);
 }
 
-long gpuipc__buf_base_refs(const struct gpuipc_buf *b)
+bool gpuipc__buf_watched_alone(const struct gpuipc_buf *b)
 {
   const struct gpuipc_buf *base = b->base != NULL ? b->base : b;
   pthread_mutex_lock(&reg.lock);
-  long n = base->refs;
+  bool alone = base->last_watchers > 0 && base->refs <= base->last_watchers;
   pthread_mutex_unlock(&reg.lock);
-  return n;
+  return alone;
 }
 
 int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out)

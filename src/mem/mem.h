@@ -189,12 +189,14 @@ int gpuipc__buf_destroy(struct gpuipc_buf *b);
 void gpuipc__buf_ref(struct gpuipc_buf *b);
 
 /*
- * The references on the memory of @b (which the caller holds): its base's
- * (each handle gpuipc__buf_alias made of it holds one). A caller that
- * knows which of them are its own learns whether anyone else still holds
- * the buffer.
+ * Whether the memory of @b (which the caller holds) is held by its
+ * watchers alone (gpuipc__buf_watch_last): its base's references (each
+ * handle gpuipc__buf_alias made of it holds one) are no more than its
+ * watchers, each of which keeps one. So a standing lend learns that its
+ * caller let go, however many lends (in several domains, say) watch the
+ * same buffer.
  */
-long gpuipc__buf_base_refs(const struct gpuipc_buf *b);
+bool gpuipc__buf_watched_alone(const struct gpuipc_buf *b);
 
 /*
  * Count one more (@on) or one fewer holder of @b's base that keeps a

@@ -327,9 +327,9 @@ uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
   for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
     struct share_cache_entry *e = *pp;
     bool old = now - e->used > GPUIPC__SHARE_KEEP_CALLS;
-    /* Ours the last reference on the caller's buffer: it let go. */
+    /* Only lends hold the caller's buffer now: it let go. */
     bool go = e->dom == dom && e->busy == 0 && !e->pinned &&
-              (old || (e->lend ? gpuipc__buf_base_refs(e->buf) <= 1
+              (old || (e->lend ? gpuipc__buf_watched_alone(e->buf)
                                : gpuipc__share_pid_gone(e->pid, e->start_time != 0,
                                                         e->start_time)));
     if (go) {
@@ -348,12 +348,12 @@ uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
 
 /* ----- reaping: standing lends whose caller released the buffer ----- */
 
-/* Whether lend @e is ours alone now: its caller let go of the buffer. mu
- * held. */
+/* Whether lend @e's buffer is held by lends alone now (this one, and any
+ * other domain's of the same buffer): its caller let go. mu held. */
 static bool released(const struct share_cache_entry *e)
 {
   return e->lend && e->busy == 0 && !e->pinned &&
-         gpuipc__buf_base_refs(e->buf) <= 1;
+         gpuipc__buf_watched_alone(e->buf);
 }
 
 /* Let go of every standing lend whose caller released its buffer. */
