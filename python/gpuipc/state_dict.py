@@ -142,6 +142,15 @@ _PTR = operator.methodcaller("data_ptr")
 _META = operator.attrgetter("dtype", "shape")
 
 
+def _placement(target):
+    """(the tensors of ``target``, what places them: its names, and their
+    objects, addresses, dtypes and shapes), equal from one call to the next
+    while each name is the same tensor where it was (the tensors are kept
+    with it: their ids stay theirs)."""
+    ts = list(target.values())
+    return ts, (list(target), list(map(id, ts)), list(map(_PTR, ts)), list(map(_META, ts)))
+
+
 def _check_tensors(sd, what):
     """TypeError unless every value of ``sd`` is a torch tensor (numpy
     arrays are not taken: torch.from_numpy(a) shares their memory)."""
@@ -957,10 +966,8 @@ class Reader(_Named):
         built and checked anew."""
         c = self._share_ext
         if c is not None and c[0] is target and self._last is not None and c[1] is self._last:
-            vals = list(target.values())
-            if (list(target) == c[2] and all(map(operator.is_, vals, c[3]))
-                    and list(map(_PTR, vals)) == c[4] and list(map(_META, vals)) == c[5]):
-                return c[6]
+            if _placement(target)[1] == c[3]:
+                return c[4]
         self._share_ext = None
         ext = []
         for k, src in sd.items():
@@ -974,10 +981,9 @@ class Reader(_Named):
             n = t.numel() * t.element_size()
             if n:
                 ext.append((src.data_ptr(), t.data_ptr(), n))
-        if self._last is not None and all(sd.get(k) is v for k, v in self._last[1].items()):
-            vals = list(target.values())
-            self._share_ext = (target, self._last, list(target), vals, list(map(_PTR, vals)),
-                               list(map(_META, vals)), ext)
+        # With _last set, ``sd`` holds its views (_open_version): kept.
+        if self._last is not None:
+            self._share_ext = (target, self._last, *_placement(target), ext)
         return ext
 
     def close(self):

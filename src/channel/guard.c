@@ -25,7 +25,6 @@
 
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -122,16 +121,7 @@ static int guard_start(void)
   pid_t me = getpid();
   if (guard_pid == me)
     return 0;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* the thread takes no signal */
-  pthread_t t;
-  int err = pthread_create(&t, &a, guard_main, NULL);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  pthread_attr_destroy(&a);
+  int err = gpuipc__thread_start(NULL, true, guard_main, NULL);
   if (err != 0)
     return gpuipc__err(-err, "channel: cannot start the thread that watches "
                        "peers whose GPU work a stream waits for");

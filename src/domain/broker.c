@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,11 +346,7 @@ int gpuipc__broker_start(struct gpuipc__broker_init *init,
   if (rc != 0)
     return rc;
   /* The broker thread must not take signals meant for the program. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  rc = pthread_create(&b->thread, NULL, broker_thread, b);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  rc = gpuipc__thread_start(&b->thread, false, broker_thread, b);
   if (rc != 0) {
     rc = gpuipc__err_errno(rc, "broker: pthread_create");
     broker_shutdown(b);

@@ -12,7 +12,6 @@
 #include "os/os.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,11 +135,7 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
   d->fd_gen = d->gen;
   d->state = DOM_UP;
 
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  rc = pthread_create(&d->reader, NULL, gpuipc__dom_reader_main, d);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  rc = gpuipc__thread_start(&d->reader, false, gpuipc__dom_reader_main, d);
   if (rc != 0) {
     rc = gpuipc__err_errno(rc, "gpuipc_domain_join: pthread_create");
     goto stop_broker;

@@ -11,6 +11,8 @@
 #include "core/core.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -27,6 +29,15 @@ uint64_t gpuipc__deadline(int timeout_ms);
 int gpuipc__ms_left(uint64_t deadline);
 /* Sleep about @us microseconds; a signal may end it early. */
 void gpuipc__sleep_us(unsigned us);
+
+/*
+ * Start a thread of the library running @fn(@arg), in *@th unless
+ * @detached (then @th may be NULL). It takes no signal meant for the
+ * caller's threads: every signal is blocked in it. 0, or the error number
+ * pthread_create (or pthread_attr_init) returned.
+ */
+int gpuipc__thread_start(pthread_t *th, bool detached, void *(*fn)(void *),
+                         void *arg);
 /*
  * Tests only: move gpuipc__now_ns on by @ms at once, as if this process had
  * been stopped that long, so that a test can let a timeout pass without

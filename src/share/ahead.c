@@ -25,10 +25,9 @@
  * parent's handles are the parent's).
  */
 #include "share/share.h"
-#include "segment/segment.h"
+#include "os/os.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,9 +40,8 @@ struct ahead {
   int device;
   int timeout_ms;
   gpuipc_buf_t *retire; /* the finished call's table: let go first */
-  char table[GPUIPC_NAME_MAX + 1]; /* its name ("": none) */
-  bool closed;                      /* unlink it first */
-  bool sweep;                       /* then sweep the domain but it */
+  char done[GPUIPC_NAME_MAX + 1];   /* its round (gpuipc__share_round_end) */
+  bool closed, sweep;
   pthread_t th;
   uint64_t born; /* the call count when started */
   /* What the thread made (read once it is joined). */
@@ -58,14 +56,10 @@ static struct ahead *list;
 static void *ahead_main(void *arg)
 {
   struct ahead *a = arg;
-  if (a->retire != NULL) {
-    if (a->closed)
-      (void)gpuipc__segment_unlink_held(a->dom, a->table, a->retire);
-    gpuipc_buf_release(a->retire);
-  }
+  if (a->retire != NULL)
+    gpuipc__share_round_end(a->dom, a->done, a->retire, a->closed, false,
+                            a->sweep);
   a->retire = NULL;
-  if (a->sweep)
-    gpuipc__share_sweep(a->dom, a->table);
   a->rc = gpuipc__share_table_open(a->dom, a->round, &a->l, a->device,
                                    a->timeout_ms, &a->t, &a->words);
   return NULL;
@@ -99,9 +93,9 @@ bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
   if (a == NULL)
     return false;
   a->dom = dom;
-  if (round != NULL)
-    gpuipc__share_table_name(a->table, sizeof(a->table), round);
-  a->closed = closed && retire != NULL && round != NULL;
+  if (retire != NULL)
+    snprintf(a->done, sizeof(a->done), "%s", round);
+  a->closed = closed;
   a->sweep = sweep;
   snprintf(a->round, sizeof(a->round), "%s", next);
   a->l = (struct share_layout){.n = l->n, .chunk_bytes = l->chunk_bytes,
@@ -114,12 +108,7 @@ bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
   bool dup = false;
   for (struct ahead *x = list; x != NULL && !dup; x = x->next)
     dup = x->dom == dom && strcmp(x->round, next) == 0;
-  /* A thread of the library takes no signal meant for the caller's. */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  bool ok = !dup && pthread_create(&a->th, NULL, ahead_main, a) == 0;
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  bool ok = !dup && gpuipc__thread_start(&a->th, false, ahead_main, a) == 0;
   if (ok) {
     a->next = list;
     list = a;

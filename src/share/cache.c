@@ -42,7 +42,6 @@
 #include "os/os.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -318,59 +317,82 @@ void gpuipc__share_cache_put(struct share_kept *k, bool settled)
   k->entry = NULL;
 }
 
-uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
+/* Take off the list the entries @want picks (given @arg): their list. mu
+ * held. */
+static struct share_cache_entry *
+take_off(bool (*want)(const struct share_cache_entry *e, const void *arg),
+         const void *arg)
 {
-  pthread_once(&once, install);
-  struct share_cache_entry *drop = NULL;
-  pthread_mutex_lock(&mu);
-  uint64_t now = ++calls;
+  struct share_cache_entry *out = NULL;
   for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
     struct share_cache_entry *e = *pp;
-    bool old = now - e->used > GPUIPC__SHARE_KEEP_CALLS;
-    /* Only lends hold the caller's buffer now: it let go. */
-    bool go = e->dom == dom && e->busy == 0 && !e->pinned &&
-              (old || (e->lend ? gpuipc__buf_watched_alone(e->buf)
-                               : gpuipc__share_pid_gone(e->pid, e->start_time != 0,
-                                                        e->start_time)));
-    if (go) {
+    if (want(e, arg)) {
       *pp = e->next;
-      e->next = drop;
-      drop = e;
+      e->next = out;
+      out = e;
     } else {
       pp = &e->next;
     }
   }
+  return out;
+}
+
+/* Whether nothing uses entry @e, and it may be let go. */
+static bool idle(const struct share_cache_entry *e)
+{
+  return e->busy == 0 && !e->pinned;
+}
+
+/* Whether lend @e's buffer is held by lends alone now (this one, and any
+ * other domain's of the same buffer): its caller let go. */
+static bool released(const struct share_cache_entry *e, const void *arg)
+{
+  (void)arg;
+  return e->lend && idle(e) && gpuipc__buf_watched_alone(e->buf);
+}
+
+struct tick_arg {
+  gpuipc_domain_t *dom;
+  uint64_t now;
+};
+
+/* Whether @e of the domain ticking goes: released, unused for
+ * GPUIPC__SHARE_KEEP_CALLS calls, or (opened) its lender gone. */
+static bool ticked_out(const struct share_cache_entry *e, const void *arg)
+{
+  const struct tick_arg *t = arg;
+  if (e->dom != t->dom || !idle(e))
+    return false;
+  if (t->now - e->used > GPUIPC__SHARE_KEEP_CALLS || released(e, NULL))
+    return true;
+  return !e->lend &&
+         gpuipc__share_pid_gone(e->pid, e->start_time != 0, e->start_time);
+}
+
+uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom)
+{
+  pthread_once(&once, install);
+  pthread_mutex_lock(&mu);
+  struct tick_arg t = {dom, ++calls};
+  struct share_cache_entry *drop = take_off(ticked_out, &t);
   pthread_mutex_unlock(&mu);
   let_go(drop);
-  gpuipc__share_ahead_tick(dom, now);
-  return now;
+  gpuipc__share_ahead_tick(dom, t.now);
+  return t.now;
+}
+
+static bool of_domain(const struct share_cache_entry *e, const void *arg)
+{
+  return e->dom == arg;
 }
 
 /* ----- reaping: standing lends whose caller released the buffer ----- */
 
-/* Whether lend @e's buffer is held by lends alone now (this one, and any
- * other domain's of the same buffer): its caller let go. mu held. */
-static bool released(const struct share_cache_entry *e)
-{
-  return e->lend && e->busy == 0 && !e->pinned &&
-         gpuipc__buf_watched_alone(e->buf);
-}
-
 /* Let go of every standing lend whose caller released its buffer. */
 static void reap(void)
 {
-  struct share_cache_entry *drop = NULL;
   pthread_mutex_lock(&mu);
-  for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
-    struct share_cache_entry *e = *pp;
-    if (released(e)) {
-      *pp = e->next;
-      e->next = drop;
-      drop = e;
-    } else {
-      pp = &e->next;
-    }
-  }
+  struct share_cache_entry *drop = take_off(released, NULL);
   reaping++;
   pthread_mutex_unlock(&mu);
   let_go(drop);
@@ -403,20 +425,7 @@ static void reap_ask(void)
     if (s == 0 && atomic_compare_exchange_weak(&reap_state, &s, 1))
       break;
   }
-  pthread_t th;
-  pthread_attr_t at;
-  sigset_t all, old;
-  sigfillset(&all);
-  /* A thread of the library takes no signal meant for the caller's. */
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  bool ok = pthread_attr_init(&at) == 0;
-  if (ok) {
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    ok = pthread_create(&th, &at, reap_main, NULL) == 0;
-    pthread_attr_destroy(&at);
-  }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (!ok)
+  if (gpuipc__thread_start(NULL, true, reap_main, NULL) != 0)
     atomic_store(&reap_state, 0);
 }
 
@@ -426,25 +435,20 @@ static void reap_ask(void)
 static void leave(gpuipc_domain_t *d)
 {
   gpuipc__share_ahead_leave(d);
-  struct share_cache_entry *drop = NULL;
   pthread_mutex_lock(&mu);
   while (reaping > 0)
     pthread_cond_wait(&reaped, &mu);
-  for (struct share_cache_entry **pp = &entries; *pp != NULL;) {
-    struct share_cache_entry *e = *pp;
-    if (e->dom != d) {
-      pp = &e->next;
-      continue;
-    }
-    *pp = e->next;
-    if (e->pinned || e->busy > 0) {
-      free(e);
-      continue;
-    }
-    e->next = drop;
-    drop = e;
-  }
+  struct share_cache_entry *mine = take_off(of_domain, d), *drop = NULL;
   pthread_mutex_unlock(&mu);
+  for (struct share_cache_entry *e = mine, *next; e != NULL; e = next) {
+    next = e->next;
+    if (idle(e)) {
+      e->next = drop;
+      drop = e;
+    } else {
+      free(e);
+    }
+  }
   let_go(drop);
 }
 

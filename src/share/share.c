@@ -257,29 +257,13 @@ static int join(struct share_call *c, struct share_table *t,
 /* ----- leaving ----- */
 
 /* Whether this member, the last member out, closed the round: its
- * table's name then goes (once; close_done). The members' lends stand
- * (cache.c). */
+ * table's name then goes (once; gpuipc__share_round_end). The members'
+ * lends stand (cache.c). */
 static bool close_round(struct share_call *c)
 {
   uint32_t open = 0;
   return !gpuipc__share_any_live(c->t, c->me, c->peers) &&
          atomic_compare_exchange_strong(&c->t->hdr->closed, &open, 1);
-}
-
-/* What the thread opening the next round's table does otherwise: unlink
- * the closed round's table, let go of it (unless @keep: unsettled, its
- * stream writes there), sweep the rounds whose members all died. */
-static void close_done(struct share_call *c, bool closed, bool keep,
-                       bool sweep)
-{
-  char name[GPUIPC_NAME_MAX + 1];
-  gpuipc__share_table_name(name, sizeof(name), c->round);
-  if (closed)
-    (void)gpuipc__segment_unlink_held(c->dom, name, c->t->buf);
-  if (!keep)
-    gpuipc_buf_release(c->t->buf);
-  if (sweep)
-    gpuipc__share_sweep(c->dom, name);
 }
 
 static int leave(struct share_call *c, struct share_lent *lent, int rc)
@@ -316,7 +300,8 @@ static int leave(struct share_call *c, struct share_lent *lent, int rc)
       !gpuipc__share_ahead_start(c->dom, c->next_round, c->l, c->device,
                                  c->timeout_ms, c->t->buf, c->round, closed,
                                  sweep, now))
-    close_done(c, closed, wrc != 0, sweep);
+    gpuipc__share_round_end(c->dom, c->round, c->t->buf, closed, wrc != 0,
+                            sweep);
   c->t = NULL;
   return rc != 0 ? gpuipc__err(rc, "%s", why) : 0;
 }

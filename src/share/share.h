@@ -307,17 +307,26 @@ uint64_t gpuipc__share_cache_tick(gpuipc_domain_t *dom);
 /* Tests: what this process keeps for @dom. */
 void gpuipc__share_cache_count(gpuipc_domain_t *dom, int *lends, int *opens);
 
+/*
+ * A finished round's end (sweep.c), for this member: unlink its table
+ * @table when this member closed round @round (@closed), let go of
+ * @table unless @keep (unsettled: its stream writes there), and sweep the
+ * domain (gpuipc__share_sweep, skipping @round's table) when @sweep.
+ */
+void gpuipc__share_round_end(gpuipc_domain_t *dom, const char *round,
+                             gpuipc_buf_t *table, bool closed, bool keep,
+                             bool sweep);
+
 /* ----- ahead.c ----- */
 /*
- * After a call: on a thread of the library, let go of @retire (the call's
- * table of round @round, or NULL), unlinking it first when this member
- * closed that round (@closed), sweep the domain when @sweep
- * (gpuipc__share_sweep, skipping @round's table), and open the
- * table of round @next for layout @l on @device, as a member's call would,
- * for the next call (started at call count @now). What the call's last
- * member out did before returning (a request to the broker each) is then
- * off the path of the sync. false when it cannot start: the caller then
- * does all of that but the opening itself.
+ * After a call: on a thread of the library, end the call's round @round
+ * with its table @retire (gpuipc__share_round_end with @closed and
+ * @sweep; NULL: no round, nothing to end), then open the table of round
+ * @next for layout @l on @device, as a member's call would, for the next
+ * call (started at call count @now). What the call's last member out did
+ * before returning (a request to the broker each) is then off the path
+ * of the sync. false when it cannot start: the caller then ends the
+ * round itself.
  */
 bool gpuipc__share_ahead_start(gpuipc_domain_t *dom, const char *next,
                                const struct share_layout *l, int device,

@@ -15,6 +15,8 @@
  * gone. A table that a member still lives in is left alone, as is any
  * segment whose header is not a round table's of this layout.
  * `gpuipc ls --prune DOMAIN` sweeps at once (gpuipc__share_sweep_now).
+ * A member's own round ends here too (gpuipc__share_round_end): its
+ * table unlinked by the last member out, and the creator's sweep.
  */
 #include "share/share.h"
 #include "segment/segment.h"
@@ -117,4 +119,18 @@ int gpuipc__share_sweep_now(gpuipc_domain_t *dom, const char *mine,
   }
   free(info);
   return rc != 0 ? rc : count;
+}
+
+void gpuipc__share_round_end(gpuipc_domain_t *dom, const char *round,
+                             gpuipc_buf_t *table, bool closed, bool keep,
+                             bool sweep)
+{
+  char name[GPUIPC_NAME_MAX + 1];
+  gpuipc__share_table_name(name, sizeof(name), round);
+  if (closed)
+    (void)gpuipc__segment_unlink_held(dom, name, table);
+  if (!keep)
+    gpuipc_buf_release(table);
+  if (sweep)
+    gpuipc__share_sweep(dom, name);
 }
