@@ -289,7 +289,7 @@ static int round_floor(const struct pair *pr, struct bside *s)
 static int round_kernel(const struct pair *pr, struct bside *s)
 {
   int rc = gpuipc__copy_blocks(pr->dst, s->klist, (unsigned)s->l.n,
-                               s->fstream);
+                               s->fstream, 0, 0, 0);
   return rc != 0 ? rc : gpuipc__stream_sync(pr->dst, s->fstream);
 }
 

@@ -25,7 +25,10 @@
  * gpuipc_channel_recv_blocks copies them (one launch of gpuipc's block
  * kernel between GPU memories, else one cuMemcpyBatchAsync, or memcpy
  * between host buffers) on the caller's stream after the sender's work,
- * and releases the message after the copies, with no host wait. A paged
+ * and releases the message after the copies, with no host wait: the
+ * kernel writes the release word itself once every source byte is read
+ * (the last of its thread blocks to finish, as recv_into's copy kernel
+ * does); after the driver's copies a stream of gpuipc's own writes it. A paged
  * cache's blocks (one buffer, one size, at multiples of it) travel in the
  * list's slots form: a u32 slot a block.
  */
@@ -500,13 +503,41 @@ static int fits(struct gpuipc_channel *ch, const char *who,
 }
 
 /*
+ * Launch the block kernel over list @l on @stream of device @dev; where
+ * the release can be a word, the launch writes it once every source byte
+ * is read (*@carried), as recv_into's copy kernel does: no event, no
+ * stream of gpuipc's own, no pause of @stream.
+ */
+static int launch(struct gpuipc_channel *ch, const uint64_t *l, int dev,
+                  void *stream, bool *carried)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  const struct gpuipc__desc *d = &rx->pdesc;
+  uint64_t word = 0, count = 0;
+  pthread_mutex_lock(&rx->rel_lock);
+  if (gpuipc__chan_rx_word_for(ch, d->slot, dev, true, &word, &count) != 0 ||
+      count == 0)
+    word = count = 0;
+  int rc = gpuipc__copy_blocks(dev, l, rx->pblocks->n, stream, count, word,
+                               d->seq);
+  if (rc == 0 && word != 0) {
+    rx->word_seq[d->slot] = d->seq;
+    *carried = true;
+  }
+  pthread_mutex_unlock(&rx->rel_lock);
+  return rc;
+}
+
+/*
  * The copies of the pending batch (into @dst from the sender's blocks) as one
  * launch of gpuipc's block kernel on @stream of device @dev, its list in
- * the pinned list of the message's record slot (klist.c).
+ * the pinned list of the message's record slot (klist.c), the release
+ * with it where it can (*@carried).
  * GPUIPC_E_UNSUPPORTED: no kernel or no pinned memory here, copy otherwise.
  */
 static int copy_kernel(struct gpuipc_channel *ch, const struct blocks_plan *dp,
-                       const gpuipc_block_t *dst, int dev, void *stream)
+                       const gpuipc_block_t *dst, int dev, void *stream,
+                       bool *carried)
 {
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   uint64_t *l = gpuipc__chan_klist(ch, ch->rx.pdesc.slot,
@@ -522,7 +553,7 @@ static int copy_kernel(struct gpuipc_channel *ch, const struct blocks_plan *dp,
       l[3 * i + 1] = sb + (uint64_t)pb->slots[i] * b;
       l[3 * i + 2] = b;
     }
-    return gpuipc__copy_blocks(dev, l, pb->n, stream);
+    return launch(ch, l, dev, stream, carried);
   }
   const gpuipc_buf_t *seen = NULL;
   uint64_t base = 0;
@@ -545,12 +576,14 @@ static int copy_kernel(struct gpuipc_channel *ch, const struct blocks_plan *dp,
       l[3 * i + 2] = pb->bytes[i];
     }
   }
-  return gpuipc__copy_blocks(dev, l, pb->n, stream);
+  return launch(ch, l, dev, stream, carried);
 }
 
-/* Queue the copies on @stream of device @dev, after the sender's work. */
+/* Queue the copies on @stream of device @dev, after the sender's work
+ * (*@carried: with the release word). */
 static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
-                    const gpuipc_block_t *dst, int dev, void *stream)
+                    const gpuipc_block_t *dst, int dev, void *stream,
+                    bool *carried)
 {
   const struct gpuipc__rx_blocks *pb = ch->rx.pblocks;
   /* A HOST side mapped before this process had a CUDA context is pinned
@@ -576,7 +609,7 @@ static int copy_gpu(struct gpuipc_channel *ch, const struct blocks_plan *dp,
    * block a copy); else, or where it cannot, the driver's batched copy,
    * which spends microseconds a copy. */
   if (!pb->host && !dp->host) {
-    rc = copy_kernel(ch, dp, dst, dev, stream);
+    rc = copy_kernel(ch, dp, dst, dev, stream, carried);
     if (rc != GPUIPC_E_UNSUPPORTED)
       return rc;
   }
@@ -609,13 +642,14 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
     for (uint32_t i = 0; i < pb->n; i++)
       memcpy((uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset,
              pb->src[i], pb->bytes[i]);
-    return gpuipc__chan_rx_done(ch, -1, stream, false);
+    return gpuipc__chan_rx_done(ch, -1, stream, false, false);
   }
   int dev = gpuipc__stream_dev(stream, dp->host ? pb->dev : dp->dev);
-  rc = copy_gpu(ch, dp, dst, dev, stream);
+  bool carried = false;
+  rc = copy_gpu(ch, dp, dst, dev, stream, &carried);
   if (rc != 0)
     return rc;
-  return gpuipc__chan_rx_done(ch, dev, stream, true);
+  return gpuipc__chan_rx_done(ch, dev, stream, true, carried);
 }
 
 int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,

@@ -754,11 +754,20 @@ int gpuipc__chan_rx_take(struct gpuipc_channel *ch, const char *who,
 int gpuipc__chan_rx_ready(struct gpuipc_channel *ch, int dev, void *stream);
 /*
  * The pending message is consumed: release it, ordered after @stream (of
- * device @dev, -1: none; @busy: work was just queued on it). Receive lock
- * held.
+ * device @dev, -1: none; @busy: work was just queued on it; @carried: a
+ * kernel queued there writes its release word). Receive lock held.
  */
 int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, void *stream,
-                         bool busy);
+                         bool busy, bool carried);
+/*
+ * Where @dev's streams write the release word of record slot @slot, and
+ * the counter gpuipc's kernels take for it (@kernel; 0: none); 0, or
+ * GPUIPC_E_UNSUPPORTED when the release cannot be a word (closing,
+ * broken, no stream memory operations). rel_lock held.
+ */
+int gpuipc__chan_rx_word_for(struct gpuipc_channel *ch, uint32_t slot,
+                             int dev, bool kernel, uint64_t *word,
+                             uint64_t *count);
 /* Import the buffer message of key @key (message @seq) from the socket. */
 int gpuipc__chan_rx_import(struct gpuipc_channel *ch, uint64_t seq,
                            uint64_t key, const char *who);

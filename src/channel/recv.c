@@ -252,12 +252,9 @@ unlock:
   return rc;
 }
 
-/* Where @dev's streams write the release word of record slot @slot
- * (rx_word_addr), and the counter the copy kernel takes for it (0: none);
- * 0, or GPUIPC_E_UNSUPPORTED when the release cannot be a word. rel_lock
- * held. */
-static int rx_word_for(struct gpuipc_channel *ch, uint32_t slot, int dev,
-                       bool kernel, uint64_t *word, uint64_t *count)
+int gpuipc__chan_rx_word_for(struct gpuipc_channel *ch, uint32_t slot,
+                             int dev, bool kernel, uint64_t *word,
+                             uint64_t *count)
 {
   struct gpuipc__rx *rx = &ch->rx;
   if (atomic_load(&ch->closing) || atomic_load(&ch->broken) != 0)
@@ -297,7 +294,7 @@ static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
   int rc = GPUIPC_E_UNSUPPORTED;
   pthread_mutex_lock(&rx->rel_lock);
   if ((kernel || after) &&
-      rx_word_for(ch, slot, dev, kernel, &word, &count) == 0) {
+      gpuipc__chan_rx_word_for(ch, slot, dev, kernel, &word, &count) == 0) {
     if (kernel && count != 0)
       rc = gpuipc__copy_word(dev, to, src, n, stream, word, seq, count);
     if (rc == GPUIPC_E_UNSUPPORTED) { /* the copy engine's copy, then */
@@ -479,7 +476,7 @@ unlock:
 }
 
 int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, void *stream,
-                         bool busy)
+                         bool busy, bool carried)
 {
   struct gpuipc__rx *rx = &ch->rx;
   uint64_t seq = rx->pdesc.seq;
@@ -487,7 +484,7 @@ int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, void *stream,
   gpuipc__chan_blocks_drop(ch);
   rx->pending = false;
   rx->received++;
-  return rx_release(ch, seq, slot, dev, stream, busy, false);
+  return rx_release(ch, seq, slot, dev, stream, busy, carried);
 }
 
 int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,

@@ -44,11 +44,15 @@ gpuipc_copy_word(uint4 *__restrict__ dst, const uint4 *__restrict__ src,
  * src, bytes: three u64 a copy, in pinned host memory), thread block k
  * taking copies k, k + gridDim.x, ...: 16 bytes a thread where both ends
  * are 16-byte aligned, the rest a byte at a time. One thread reads a
- * copy's entry over the bus; the block shares it.
+ * copy's entry over the bus; the block shares it. With @word, every block
+ * then counts itself in @count and the last writes @value to @word, as
+ * gpuipc_copy_word does: the batch's release, once every source byte is
+ * read.
  */
 extern "C" __global__ void __launch_bounds__(512)
 gpuipc_copy_blocks(const unsigned long long *__restrict__ list,
-                   unsigned int n)
+                   unsigned int n, unsigned int *count,
+                   unsigned long long *word, unsigned long long value)
 {
   __shared__ unsigned long long e[3];
   for (unsigned int k = blockIdx.x; k < n; k += gridDim.x) {
@@ -67,5 +71,10 @@ gpuipc_copy_blocks(const unsigned long long *__restrict__ list,
     for (i += threadIdx.x; i < b; i += blockDim.x)
       d[i] = s[i];
     __syncthreads();
+  }
+  if (word != 0 && threadIdx.x == 0 && atomicAdd(count, 1) == gridDim.x - 1) {
+    atomicExch(count, 0);
+    __threadfence();
+    *(volatile unsigned long long *)word = value;
   }
 }

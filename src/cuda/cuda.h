@@ -362,11 +362,15 @@ int gpuipc__stream_aside_run(int dev, void *stream,
  * gpuipc__copy_blocks: one launch of gpuipc_copy_blocks on @stream of
  * device @dev, copying the @n copies of @list (dst, src, bytes: three u64
  * a copy), which must lie in memory from gpuipc__pinned_alloc and stay
- * there until the launch has run. Returns 0, GPUIPC_E_CUDA, or
+ * there until the launch has run. With @word (a device address, not 0),
+ * the launch then writes @value there once every source byte is read,
+ * counting its blocks in the 4-byte counter at @count (0 when the launch
+ * starts, as gpuipc__copy_word's). Returns 0, GPUIPC_E_CUDA, or
  * GPUIPC_E_UNSUPPORTED (no kernel: copy otherwise).
  */
 int gpuipc__copy_blocks(int dev, const uint64_t *list, unsigned n,
-                        void *stream);
+                        void *stream, uint64_t count, uint64_t word,
+                        uint64_t value);
 /* Host memory every device reads (registered, mapped, portable), for
  * such lists, registered and unregistered in the primary context of
  * device @dev (the driver wants a context current, and the calling

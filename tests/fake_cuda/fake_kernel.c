@@ -12,11 +12,12 @@
  * 8-byte aligned word and its value) and queues what the kernel does: the
  * copy, then the word (fake_stream_copy_word). Launches are counted
  * (fake_cuda_kernel_launches). gpuipc_copy_blocks (a 1-D grid of 1-D
- * blocks of at most 512 threads, no shared memory asked, two parameters:
- * an 8-byte aligned list in registered host memory and its count of
- * copies) reads its list at the launch and queues each copy in stream
- * order (fake_cuda_block_launches counts the launches, and refuses one
- * whose list is not registered memory); FAKE_CUDA_BLOCKS_SKIP=1 makes it
+ * blocks of at most 512 threads, no shared memory asked, five parameters:
+ * an 8-byte aligned list in registered host memory, its count of copies,
+ * a counter, a word (0: none) and its value) reads its list at the launch
+ * and queues each copy in stream order, the last with the word as the
+ * copy kernel's (fake_cuda_block_launches counts the launches, and
+ * refuses one whose list is not registered memory); FAKE_CUDA_BLOCKS_SKIP=1 makes it
  * leave out the last copy of each list, a broken kernel for the checks of
  * its callers to catch. The bench's kernels are checked
  * as they are declared (one block of 1,024 threads, no shared memory,
@@ -88,7 +89,9 @@ FAKE_HIDDEN CUresult fake_cuModuleGetFunction(CUfunction *f, CUmodule mod,
   return CUDA_ERROR_NOT_FOUND;
 }
 
-/* gpuipc_copy_blocks: each copy of the list, queued in order on @h. */
+/* gpuipc_copy_blocks: each copy of the list, queued in order on @h; with
+ * a word, the last copy queued as the copy kernel's is (the copy, then
+ * the word; its counter checked), or the word alone with a skipped one. */
 static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
                               CUstream h, void **params, void **extra)
 {
@@ -97,7 +100,12 @@ static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
     return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr list = *(CUdeviceptr *)params[0];
   unsigned int n = *(unsigned int *)params[1];
+  CUdeviceptr count = *(CUdeviceptr *)params[2];
+  CUdeviceptr word = *(CUdeviceptr *)params[3];
+  uint64_t value = *(unsigned long long *)params[4];
   if (list == 0 || list % 8 != 0 || n == 0 || gx > n)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (word != 0 && (word % 8 != 0 || count == 0 || count % 4 != 0))
     return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr back = 0;
   if (fake_cuMemHostGetDevicePointer(&back, (void *)(uintptr_t)list, 0) !=
@@ -106,9 +114,16 @@ static CUresult launch_blocks(unsigned gx, unsigned bx, unsigned shmem,
   const uint64_t *l = (const uint64_t *)(uintptr_t)list;
   unsigned int todo = n - (env_int("FAKE_CUDA_BLOCKS_SKIP", 0) != 0);
   for (unsigned int i = 0; i < todo; i++) {
-    CUresult r = fake_cuMemcpyAsync((CUdeviceptr)l[3 * i],
-                                    (CUdeviceptr)l[3 * i + 1],
-                                    (size_t)l[3 * i + 2], h);
+    CUdeviceptr d = (CUdeviceptr)l[3 * i], s = (CUdeviceptr)l[3 * i + 1];
+    size_t b = (size_t)l[3 * i + 2];
+    CUresult r = word != 0 && i == todo - 1
+                     ? fake_stream_copy_word(h, d, s, b, count, word, value)
+                     : fake_cuMemcpyAsync(d, s, b, h);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  if (word != 0 && todo == 0) {
+    CUresult r = fake_stream_copy_word(h, 0, 0, 0, count, word, value);
     if (r != CUDA_SUCCESS)
       return r;
   }

@@ -419,6 +419,8 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   bool fake = strcmp(copies, "any") != 0;
   int batched0 = fake ? counter("fake_cuda_batch_copies") : 0;
   int launched0 = fake ? counter("fake_cuda_block_launches") : 0;
+  int recorded0 = fake ? counter("fake_cuda_events_recorded") : 0;
+  int written0 = fake ? counter("fake_cuda_word_writes") : 0;
   void *created = stream;
   for (uint32_t b = 1; b <= batches; b++) {
     /* Even batches on the legacy default stream, which the batch call
@@ -436,6 +438,8 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   stream = created;
   int batched = fake ? counter("fake_cuda_batch_copies") - batched0 : -1;
   int launched = fake ? counter("fake_cuda_block_launches") - launched0 : -1;
+  int recorded = fake ? counter("fake_cuda_events_recorded") - recorded0 : -1;
+  int written = fake ? counter("fake_cuda_word_writes") - written0 : -1;
   gpuipc_channel_info_t info = {.size = sizeof(info)};
   ASSERT_OK(gpuipc_channel_info(ch, &info));
   ASSERT_EQ_U(info.received, batches + 1);
@@ -443,17 +447,24 @@ static void do_recv(gpuipc_domain_t *dom, const char *name, uint32_t batches,
   if (strcmp(copies, "kernel") == 0) {
     ASSERT_EQ(launched, (int)batches);
     ASSERT_EQ(batched, 0);
+    /* The kernel writes each batch's release word: no event, no stream
+     * memory operation of gpuipc's for it. */
+    ASSERT_EQ(recorded, 0);
+    ASSERT_EQ(written, 0);
   } else if (strcmp(copies, "batch") == 0) {
     ASSERT_EQ(launched, 0);
     ASSERT_EQ(batched, (int)batches);
+    ASSERT_EQ(written, (int)batches); /* after the copies, gpuipc's stream */
   } else if (strcmp(copies, "loop") == 0) {
     ASSERT_EQ(launched, 0);
     ASSERT_EQ(batched, 0);
+    ASSERT_EQ(written, (int)batches);
   }
   printf("received %u batches of %d blocks of up to %llu bytes, every byte "
-         "checked; %d block kernel launches, %d batched copy calls (-1: not "
-         "counted)\n", batches, NBLK, (unsigned long long)blk, launched,
-         batched);
+         "checked; %d block kernel launches, %d batched copy calls, %d "
+         "events recorded, %d words written by streams (-1: not counted)\n",
+         batches, NBLK, (unsigned long long)blk, launched, batched, recorded,
+         written);
   free(dst);
   free(host);
   ASSERT_OK(gpuipc_channel_close(ch));
