@@ -557,10 +557,15 @@ void gpuipc__buf_ref(struct gpuipc_buf *b)
   pthread_mutex_unlock(&reg.lock);
 }
 
+/* Whether @base is held by its watchers alone. Registry lock held. */
+static bool watchers_alone(const struct gpuipc_buf *base)
+{
+  return base->last_watchers > 0 && base->refs <= base->last_watchers;
+}
+
 void gpuipc__buf_watch_last(const struct gpuipc_buf *b, bool on)
 {
-  struct gpuipc_buf *base = (struct gpuipc_buf *)(b->base != NULL ? b->base
-                                                                  : b);
+  struct gpuipc_buf *base = buf_base((struct gpuipc_buf *)b);
   pthread_mutex_lock(&reg.lock);
   base->last_watchers += on ? 1 : -1;
   pthread_mutex_unlock(&reg.lock);
@@ -573,9 +578,9 @@ void gpuipc__buf_on_watched_last(void (*fn)(void))
 
 bool gpuipc__buf_watched_alone(const struct gpuipc_buf *b)
 {
-  const struct gpuipc_buf *base = b->base != NULL ? b->base : b;
+  const struct gpuipc_buf *base = buf_base((struct gpuipc_buf *)b);
   pthread_mutex_lock(&reg.lock);
-  bool alone = base->last_watchers > 0 && base->refs <= base->last_watchers;
+  bool alone = watchers_alone(base);
   pthread_mutex_unlock(&reg.lock);
   return alone;
 }
@@ -663,7 +668,7 @@ int gpuipc_buf_release(gpuipc_buf_t *buf)
                        "reference left", (void *)buf);
   }
   if (--buf->refs > 0) {
-    bool watched = buf->last_watchers > 0 && buf->refs <= buf->last_watchers;
+    bool watched = watchers_alone(buf);
     pthread_mutex_unlock(&reg.lock);
     void (*fn)(void) = watched ? atomic_load(&watched_last_fn) : NULL;
     if (fn != NULL)
