@@ -576,23 +576,33 @@ GPUIPC_API int gpuipc_buf_export(gpuipc_buf_t *buf, gpuipc_handle_t *out);
 /*
  * gpuipc_buf_import - map a buffer exported by any process (this one too).
  * @h: a handle from gpuipc_buf_export or gpuipc_handle_unpack, with @h->fd
- *     set for fd-carrying types. The fd is not consumed: gpuipc duplicates
- *     what it keeps and the caller still closes its own.
+ *     set for fd-carrying types. Without GPUIPC_BUF_TAKE_FD the fd is not
+ *     consumed: gpuipc duplicates what it keeps and the caller still
+ *     closes its own.
  * @device: local CUDA ordinal that must reach the memory; -1 for the GPU the
  *     handle names (found by UUID) or for HOST.
- * @flags: 0 or GPUIPC_BUF_UNPINNED (HOST: a new mapping is not registered
+ * @flags: 0, GPUIPC_BUF_UNPINNED (HOST: a new mapping is not registered
  *     with CUDA; see gpuipc_buf_alloc. A mapping this process has already
- *     is returned as it is).
+ *     is returned as it is), GPUIPC_BUF_TAKE_FD (below), or both.
  * @out: the buffer. Importing an export of this very process returns the
  *     original buffer with one more reference (same pointer). Importing the
  *     same export twice maps it once and counts references; when the later
  *     import names another @device, that device is granted access to the
  *     mapping (as gpuipc_buf_access does) before it is returned.
+ * GPUIPC_BUF_TAKE_FD hands @h->fd to gpuipc when the import succeeds: a
+ * new VMM mapping keeps that very descriptor (close-on-exec set) to export
+ * the buffer again, where otherwise it makes a duplicate; every other case
+ * closes it before returning. The caller must not close it then. On
+ * failure it stays the caller's, open. A handle without an fd ignores the
+ * flag. A receiver that would close the fd right after importing saves a
+ * dup and a close this way (gpuipc's channels and segments do).
  * Returns 0; -EINVAL (NULL argument, flags); GPUIPC_E_BADHANDLE (fields
  * inconsistent, fd missing, of the wrong type or smaller than the handle
  * says); GPUIPC_E_UNSUPPORTED; GPUIPC_E_NODEVICE (the GPU is not visible
- * here); GPUIPC_E_PEER_GONE (a LEGACY exporter died); -errno from mmap.
+ * here); GPUIPC_E_PEER_GONE (a LEGACY exporter died); -errno from mmap
+ * and fcntl.
  */
+#define GPUIPC_BUF_TAKE_FD 0x2u /* import: on success @h->fd is gpuipc's */
 GPUIPC_API int gpuipc_buf_import(const gpuipc_handle_t *h, int device,
                                  unsigned flags, gpuipc_buf_t **out);
 

@@ -1,5 +1,6 @@
 /* The public buffer API in one process: allocation, accessors, export,
- * import (self and cached), release, and every argument check. */
+ * import (self, cached, taking the fd), release, and every argument
+ * check. */
 #include "test.h"
 
 #include "mem/mem.h"
@@ -249,6 +250,77 @@ static void check_wrong_fds(void)
   ASSERT_OK(gpuipc_buf_release(b));
 }
 
+static bool fd_open(int fd)
+{
+  return fcntl(fd, F_GETFD) != -1;
+}
+
+/*
+ * GPUIPC_BUF_TAKE_FD: on success the fd is gpuipc's (a HOST mapping keeps a
+ * duplicate of its own, so the one given is closed at once, on a new
+ * mapping and on a cached one alike); on failure it stays the caller's,
+ * open. Nothing leaks either way.
+ */
+static void check_take_fd(void)
+{
+  const size_t size = 8192;
+  gpuipc_buf_t *b;
+  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &b));
+  test_fill(gpuipc_buf_ptr(b), size, 9);
+  gpuipc_handle_t h;
+  ASSERT_OK(gpuipc_buf_export(b, &h));
+  gpuipc_handle_t other = h;
+  other.nonce ^= 0x77; /* another exporter's: really mapped */
+  int fds_before = test_count_fds(0);
+  gpuipc_buf_t *out = (gpuipc_buf_t *)0x1;
+  ASSERT_RC(gpuipc_buf_import(&other, -1, 0x4, &out), -EINVAL);
+  ASSERT_ERR_MENTIONS("0x4");
+
+  /* Refused: the fd stays open. */
+  gpuipc_handle_t big = other;
+  big.fd = dup(h.fd);
+  big.alloc_size = big.size = 4 * size;
+  ASSERT_RC(gpuipc_buf_import(&big, -1, GPUIPC_BUF_TAKE_FD, &out),
+            GPUIPC_E_BADHANDLE);
+  ASSERT_PTR_EQ(out, (gpuipc_buf_t *)0x1);
+  ASSERT_TRUE(fd_open(big.fd));
+  close(big.fd);
+
+  /* A new mapping: the fd given is gone, the bytes are there. */
+  gpuipc_handle_t t = other;
+  t.fd = dup(h.fd);
+  gpuipc_buf_t *m1, *m2;
+  ASSERT_OK(gpuipc_buf_import(&t, -1, GPUIPC_BUF_TAKE_FD, &m1));
+  ASSERT_TRUE(!fd_open(t.fd));
+  ASSERT_PTR_NE(gpuipc_buf_ptr(m1), gpuipc_buf_ptr(b));
+  ASSERT_EQ(test_check(gpuipc_buf_ptr(m1), size, 9), (size_t)-1);
+
+  /* The cached mapping: the same buffer back, the fd closed too. */
+  t.fd = dup(h.fd);
+  ASSERT_OK(gpuipc_buf_import(&t, -1, GPUIPC_BUF_TAKE_FD, &m2));
+  ASSERT_PTR_EQ(m2, m1);
+  ASSERT_TRUE(!fd_open(t.fd));
+
+  /* The cached identity with another memfd is refused: still open. */
+  gpuipc_buf_t *c;
+  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &c));
+  gpuipc_handle_t hc;
+  ASSERT_OK(gpuipc_buf_export(c, &hc));
+  gpuipc_handle_t forged = other;
+  forged.fd = hc.fd;
+  ASSERT_RC(gpuipc_buf_import(&forged, -1, GPUIPC_BUF_TAKE_FD, &out),
+            GPUIPC_E_BADHANDLE);
+  ASSERT_TRUE(fd_open(hc.fd));
+  close(hc.fd);
+  ASSERT_OK(gpuipc_buf_release(c));
+
+  ASSERT_OK(gpuipc_buf_release(m1));
+  ASSERT_OK(gpuipc_buf_release(m2));
+  ASSERT_EQ(test_count_fds(0), fds_before);
+  close(h.fd);
+  ASSERT_OK(gpuipc_buf_release(b));
+}
+
 int main(void)
 {
   test_warm_driver(); /* count descriptors with the driver's included */
@@ -257,6 +329,7 @@ int main(void)
   check_kind_list();
   check_alloc_export_import();
   check_wrong_fds();
+  check_take_fd();
   printf("buf: ok\n");
   return 0;
 }

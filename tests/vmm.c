@@ -1,6 +1,7 @@
 /*
- * VMM buffers: cuMemCreate memory shared by POSIX fd between processes, on
- * one GPU and across two (a kernel on the importer's GPU writes straight
+ * VMM buffers: cuMemCreate memory shared by POSIX fd between processes
+ * (the importer keeping the fd given with GPUIPC_BUF_TAKE_FD), on one GPU
+ * and across two (a kernel on the importer's GPU writes straight
  * into the exporter's memory), after its creator has exited (the fd keeps
  * it), and under a CUDA_VISIBLE_DEVICES that reorders the GPUs.
  */
@@ -66,6 +67,24 @@ static void check_local(void)
   close(again.fd);
   ASSERT_OK(gpuipc_buf_release(second));
 
+  /* GPUIPC_BUF_TAKE_FD: a new mapping keeps the very fd given (close-on-
+   * exec set), exports through a duplicate of it and closes it at the
+   * last release. */
+  gpuipc_handle_t taken = h;
+  taken.nonce ^= 0x3c3c3c3c3c3c3c3cull;
+  taken.fd = fcntl(h.fd, F_DUPFD, 3); /* without FD_CLOEXEC */
+  ASSERT_GE(taken.fd, 0);
+  gpuipc_buf_t *third;
+  ASSERT_OK(gpuipc_buf_import(&taken, -1, GPUIPC_BUF_TAKE_FD, &third));
+  gpu_expect(0, gpuipc_buf_ptr(third), 1000, 8);
+  ASSERT_TRUE(fcntl(taken.fd, F_GETFD) & FD_CLOEXEC);
+  ASSERT_OK(gpuipc_buf_export(third, &again));
+  ASSERT_GE(again.fd, 0);
+  ASSERT_NE(again.fd, taken.fd);
+  close(again.fd);
+  ASSERT_OK(gpuipc_buf_release(third));
+  ASSERT_EQ(fcntl(taken.fd, F_GETFD), -1); /* closed with the mapping */
+
   /* An fd that is not CUDA memory. */
   gpuipc_handle_t bogus = other;
   bogus.nonce ^= 1;
@@ -74,6 +93,10 @@ static void check_local(void)
   gpuipc_buf_t *x = NULL;
   ASSERT_RC(gpuipc_buf_import(&bogus, -1, 0, &x), GPUIPC_E_BADHANDLE);
   ASSERT_ERR_MENTIONS("cuMemImportFromShareableHandle");
+  /* Refused with GPUIPC_BUF_TAKE_FD: the fd stays the caller's. */
+  ASSERT_RC(gpuipc_buf_import(&bogus, -1, GPUIPC_BUF_TAKE_FD, &x),
+            GPUIPC_E_BADHANDLE);
+  ASSERT_TRUE(fcntl(bogus.fd, F_GETFD) != -1);
   close(bogus.fd);
 
   /* A GPU this process cannot see. */

@@ -82,11 +82,13 @@ int gpuipc__chan_rx_import(struct gpuipc_channel *ch, uint64_t seq,
   }
   h.fd = fd;
   gpuipc_buf_t *b;
+  /* The fd is the import's when it succeeds: kept (VMM) or closed. */
   rc = gpuipc_buf_import(&h, h.kind == GPUIPC_KIND_HOST ? -1 : ch->device,
-                         0, &b);
-  gpuipc__fd_close(&fd);
-  if (rc != 0)
+                         GPUIPC_BUF_TAKE_FD, &b);
+  if (rc != 0) {
+    gpuipc__fd_close(&fd);
     return rc;
+  }
   rx->bufs[rx->nbufs].key = key;
   rx->bufs[rx->nbufs].buf = b;
   rx->last_buf = rx->nbufs++;

@@ -424,9 +424,10 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   if (h == NULL || out == NULL)
     return gpuipc__err(-EINVAL, "gpuipc_buf_import: %s is NULL",
                        h == NULL ? "handle" : "out");
-  if (flags & ~GPUIPC_BUF_UNPINNED)
+  const unsigned known = GPUIPC_BUF_UNPINNED | GPUIPC_BUF_TAKE_FD;
+  if (flags & ~known)
     return gpuipc__err(-EINVAL, "gpuipc_buf_import: unknown flags 0x%x",
-                       flags & ~GPUIPC_BUF_UNPINNED);
+                       flags & ~known);
   int rc = gpuipc__handle_validate(h, "gpuipc_buf_import");
   if (rc != 0)
     return rc;
@@ -454,6 +455,8 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
                        "gpuipc_buf_import: kind %s is not available in this "
                        "build of gpuipc",
                        gpuipc_kind_name(h->kind));
+  /* Ours on success: kept by the kind (b->fd) or closed below. */
+  int take = (flags & GPUIPC_BUF_TAKE_FD) && h->fd >= 0 ? h->fd : -1;
 
   struct gpuipc_buf *b = calloc(1, sizeof(*b));
   if (b == NULL)
@@ -510,6 +513,7 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
         return rc;
       }
     }
+    gpuipc__fd_close(&take);
     *out = hit;
     return 0;
   }
@@ -522,6 +526,7 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   b->fd = -1;
   b->imported = true;
   b->unpinned = (flags & GPUIPC_BUF_UNPINNED) != 0;
+  b->take_fd = take >= 0;
   memcpy(b->uuid, h->device_uuid, sizeof(b->uuid));
   rc = ops->import(b, h);
   bool mapped = rc == 0;
@@ -537,12 +542,16 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   pthread_mutex_unlock(&reg.lock);
   if (rc != 0) {
     if (mapped) {
+      if (take >= 0 && b->fd == take)
+        b->fd = -1; /* the caller's again */
       (void)ops->release(b);
       rc = gpuipc__err(rc, "gpuipc_buf_import: out of memory");
     }
     free(b);
     return rc;
   }
+  if (take >= 0 && b->fd != take)
+    gpuipc__fd_close(&take); /* the kind kept a duplicate, or nothing */
   GPUIPC_LOG_D("imported %s buffer of %zu bytes (export %llu of pid %u) at %p",
                gpuipc_kind_name(b->kind), b->size,
                (unsigned long long)b->export_id, b->pid, b->ptr);

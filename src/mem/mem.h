@@ -116,6 +116,9 @@ struct gpuipc_buf {
   int fd;                        /* descriptor kept for re-export, or -1 */
   bool imported;
   bool unpinned; /* HOST: not registered at the mapping (GPUIPC_BUF_UNPINNED) */
+  bool take_fd;  /* import: the kind may keep h->fd itself as fd, no dup
+                  * (GPUIPC_BUF_TAKE_FD); gpuipc_buf_import closes it when
+                  * the kind did not */
   /* Identity: ours for local buffers, the exporter's for imported ones. */
   uint8_t boot_id[16];
   uint32_t pid;

@@ -325,12 +325,15 @@ static int vmm_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
   struct vmm *v = calloc(1, sizeof(*v));
   if (v == NULL)
     return gpuipc__err(-ENOMEM, "%s: out of memory", who);
+  /* For exporting it again: the caller's own (GPUIPC_BUF_TAKE_FD, which
+   * gpuipc_buf_import hands back on failure), else a duplicate. */
   int keep_fd = -1;
-  if (h->type == GPUIPC_HT_POSIX_FD) {
-    rc = gpuipc__fd_dup(h->fd, &keep_fd); /* for exporting it again */
-    if (rc != 0)
-      goto free_v;
-  }
+  if (h->type == GPUIPC_HT_POSIX_FD && b->take_fd)
+    rc = gpuipc__fd_cloexec(h->fd);
+  else if (h->type == GPUIPC_HT_POSIX_FD)
+    rc = gpuipc__fd_dup(h->fd, &keep_fd);
+  if (rc != 0)
+    goto free_v;
   struct gpuipc__ctx_saved saved;
   rc = gpuipc__ctx_enter(access, &saved);
   if (rc != 0)
@@ -367,7 +370,7 @@ static int vmm_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
   b->offset = (size_t)h->offset;
   b->device = access;
   memcpy(b->uuid, h->device_uuid, 16);
-  b->fd = keep_fd;
+  b->fd = h->type == GPUIPC_HT_POSIX_FD && b->take_fd ? h->fd : keep_fd;
   b->priv = v;
   return 0;
 

@@ -123,6 +123,14 @@ int gpuipc__fd_dup(int fd, int *out_fd)
   return 0;
 }
 
+int gpuipc__fd_cloexec(int fd)
+{
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0)
+    return gpuipc__err_errno(errno, "fcntl(F_SETFD, FD_CLOEXEC) of "
+                             "descriptor %d", fd);
+  return 0;
+}
+
 void gpuipc__fd_table_reserve(int fd, int want)
 {
   struct rlimit rl;

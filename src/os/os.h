@@ -119,6 +119,7 @@ int gpuipc__memfd_check(int fd, size_t min_size, size_t *size_out);
 
 /* ----- descriptors ----- */
 int gpuipc__fd_dup(int fd, int *out_fd); /* F_DUPFD_CLOEXEC */
+int gpuipc__fd_cloexec(int fd);          /* F_SETFD FD_CLOEXEC; -errno */
 void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
 /*
  * Grow this process's descriptor table to hold @want descriptors (at most

@@ -113,7 +113,10 @@ static int import_reply(struct gpuipc__reply *r, int device, unsigned flags,
   int rc = gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h);
   if (rc == 0) {
     h.fd = r->nfds > 0 ? r->fds[0] : -1;
-    rc = gpuipc_buf_import(&h, device, flags, out);
+    /* The fd is the import's when it succeeds: kept (VMM) or closed. */
+    rc = gpuipc_buf_import(&h, device, flags | GPUIPC_BUF_TAKE_FD, out);
+    if (rc == 0 && r->nfds > 0)
+      r->fds[0] = -1;
   }
   for (int i = 0; i < r->nfds; i++)
     gpuipc__fd_close(&r->fds[i]);
