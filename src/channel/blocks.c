@@ -54,6 +54,8 @@ struct blocks_plan {
   /* Destinations (overlap_check): every block in dst[0]'s buffer, this
    * many bytes, at a multiple of it (a paged cache's); 0: not so. */
   uint64_t uniform;
+  /* Sources: checked by paged_plan, idx[] holding the slots. */
+  bool paged;
 };
 
 /* "HOST memory" or "GPU memory of device D", into @buf. */
@@ -159,6 +161,45 @@ static int blocks_check(const char *who, const char *what,
   return 0;
 }
 
+/*
+ * The common batch, a paged cache's, checked and its slots taken in one
+ * pass: every block in blocks[0]'s buffer, of blocks[0]'s size (not 0), at
+ * a multiple of it, wholly inside (slot < the buffer's whole slots, at
+ * most 2^32). For such a divisor y = (offset >> s) * inv < slots holds
+ * just when offset is a multiple and its slot is y (y < slots <= the
+ * exact division's max: exact_div's two tests in one). Fills @p (idx[]
+ * the slots, paged). false: not such a batch, or a bad block:
+ * blocks_check and slots_form look again and name what is wrong.
+ */
+static bool paged_plan(const char *who, const gpuipc_block_t *blocks,
+                       size_t n, struct blocks_plan *p)
+{
+  gpuipc_buf_t *buf = blocks[0].buf;
+  uint64_t b = blocks[0].bytes;
+  if (n == 0 || n > GPUIPC_CHANNEL_BLOCKS_MAX || buf == NULL || b == 0)
+    return false;
+  uint64_t slots = gpuipc_buf_size(buf) / b;
+  if (slots > (uint64_t)UINT32_MAX + 1)
+    return false;
+  struct gpuipc__exact e;
+  gpuipc__exact_init(&e, b);
+  uint64_t low = (UINT64_C(1) << e.shift) - 1;
+  uint64_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    const gpuipc_block_t *k = &blocks[i];
+    uint64_t y = (k->offset >> e.shift) * e.inv;
+    bad |= (uint64_t)(k->buf != buf) | (k->bytes ^ b) | (k->offset & low) |
+           (uint64_t)(y >= slots);
+    p->idx[i] = (uint32_t)y;
+  }
+  if (bad != 0)
+    return false;
+  p->nbufs = 1;
+  p->bufs[0] = buf;
+  p->paged = true;
+  return buf_check(who, "block", p, buf, 0) == 0; /* block 0: never fails */
+}
+
 /* ----- sending ----- */
 
 /*
@@ -227,7 +268,7 @@ full:
 static size_t list_len(struct blocks_plan *p,
                        const gpuipc_block_t *blocks, uint32_t n, bool *slots)
 {
-  *slots = slots_form(p, blocks, n);
+  *slots = p->paged || slots_form(p, blocks, n);
   return *slots ? gpuipc__blist_slots_bytes(n)
                 : gpuipc__blist_bytes(p->nbufs, n);
 }
@@ -361,7 +402,10 @@ int gpuipc_channel_send_blocks(gpuipc_channel_t *ch,
               : NULL;
   if (p.idx == NULL && n > 0 && n <= GPUIPC_CHANNEL_BLOCKS_MAX)
     return gpuipc__err(-ENOMEM, "%s: out of memory", who);
-  int rc = blocks_check(who, "block", blocks, n, &p);
+  p.paged = false;
+  int rc = p.idx != NULL && paged_plan(who, blocks, n, &p)
+               ? 0
+               : blocks_check(who, "block", blocks, n, &p);
   if (rc == 0) {
     pthread_mutex_lock(&ch->tx.lock);
     rc = send_locked(ch, &p, blocks, (uint32_t)n, stream, flags, ticket);
@@ -662,6 +706,7 @@ int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,
                        ch == NULL ? "channel" : "destination blocks");
   struct blocks_plan dp;
   dp.idx = NULL;
+  dp.paged = false;
   int rc = blocks_check(who, "destination block", dst, n, &dp);
   if (rc == 0)
     rc = overlap_check(who, dst, n, &dp);

@@ -168,6 +168,16 @@ static void send_refusals(gpuipc_channel_t *ch, gpuipc_buf_t *layer)
   b[2] = (gpuipc_block_t){layer, UINT64_MAX - 10, 100}; /* wraps to 89 */
   ASSERT_RC(gpuipc_channel_send_blocks(ch, b, 4, NULL, 0, NULL), -EINVAL);
   ASSERT_ERR_MENTIONS("reaches outside");
+  /* A paged cache's batch with one whole slot past the end, and one far
+   * past it: the one-pass check of such batches refuses them too. */
+  uint64_t end = gpuipc_buf_size(layer) / BLK * BLK;
+  b[2] = (gpuipc_block_t){layer, end, BLK};
+  ASSERT_RC(gpuipc_channel_send_blocks(ch, b, 4, NULL, 0, NULL), -EINVAL);
+  ASSERT_ERR_MENTIONS("block 2 (offset");
+  ASSERT_ERR_MENTIONS("reaches outside");
+  b[2] = (gpuipc_block_t){layer, (uint64_t)BLK << 40, BLK};
+  ASSERT_RC(gpuipc_channel_send_blocks(ch, b, 4, NULL, 0, NULL), -EINVAL);
+  ASSERT_ERR_MENTIONS("reaches outside");
   /* HOST and GPU memory in one batch. */
   gpuipc_buf_t *other;
   ASSERT_OK(gpuipc_buf_alloc(BLK, GPUIPC_KIND_HOST, -1, 0, &other));
