@@ -95,6 +95,16 @@ static void check_kind_list(void)
   ASSERT_PTR_EQ(b, NULL);
 }
 
+/* A HOST buffer of @size bytes and its export *@h: another memfd, for
+ * handles that claim a cached identity with it. */
+static gpuipc_buf_t *another_memfd(size_t size, gpuipc_handle_t *h)
+{
+  gpuipc_buf_t *c;
+  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &c));
+  ASSERT_OK(gpuipc_buf_export(c, h));
+  return c;
+}
+
 static void check_alloc_export_import(void)
 {
   int fds_before = test_count_fds(0);
@@ -163,10 +173,8 @@ static void check_alloc_export_import(void)
 
   /* A handle that claims a cached identity but carries another memfd is
    * refused: the cache never hands out one memory under another's name. */
-  gpuipc_buf_t *c;
-  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &c));
   gpuipc_handle_t hc;
-  ASSERT_OK(gpuipc_buf_export(c, &hc));
+  gpuipc_buf_t *c = another_memfd(size, &hc);
   gpuipc_handle_t forged = other;
   forged.fd = hc.fd;
   gpuipc_buf_t *f = (gpuipc_buf_t *)0x1;
@@ -302,10 +310,8 @@ static void check_take_fd(void)
   ASSERT_TRUE(!fd_open(t.fd));
 
   /* The cached identity with another memfd is refused: still open. */
-  gpuipc_buf_t *c;
-  ASSERT_OK(gpuipc_buf_alloc(size, GPUIPC_KIND_HOST, -1, 0, &c));
   gpuipc_handle_t hc;
-  ASSERT_OK(gpuipc_buf_export(c, &hc));
+  gpuipc_buf_t *c = another_memfd(size, &hc);
   gpuipc_handle_t forged = other;
   forged.fd = hc.fd;
   ASSERT_RC(gpuipc_buf_import(&forged, -1, GPUIPC_BUF_TAKE_FD, &out),

@@ -48,7 +48,7 @@ struct blocks_plan {
   gpuipc_buf_t *bufs[GPUIPC_CHANNEL_BLOCK_BUFS_MAX];
   uint32_t nbufs;
   uint32_t *idx; /* [n]: block i lies in bufs[idx[i]] (NULL: not wanted);
-                  * in the slots form (slots_form), block i's slot */
+                  * in the slots form (paged), block i's slot */
   bool host;
   int dev;
   /* Destinations (overlap_check): every block in dst[0]'s buffer, this
@@ -162,25 +162,27 @@ static int blocks_check(const char *who, const char *what,
 }
 
 /*
- * The common batch, a paged cache's, checked and its slots taken in one
- * pass: every block in blocks[0]'s buffer, of blocks[0]'s size (not 0), at
- * a multiple of it, wholly inside (slot < the buffer's whole slots, at
- * most 2^32). For such a divisor y = (offset >> s) * inv < slots holds
- * just when offset is a multiple and its slot is y (y < slots <= the
- * exact division's max: exact_div's two tests in one). Fills @p (idx[]
- * the slots, paged). false: not such a batch, or a bad block:
- * blocks_check and slots_form look again and name what is wrong.
+ * Whether the @n blocks are a paged cache's, checked and their slots taken
+ * in one pass: every block in blocks[0]'s buffer, of blocks[0]'s size (not
+ * 0), at a multiple of it, wholly inside, its slot number below 2^32.
+ * With y = (offset >> s) * inv, "y < the buffer's whole slots" holds just
+ * when offset is a multiple inside the buffer and its slot is y (the
+ * whole slots are at most exact_div's max: its two tests in one). Such a
+ * batch's list takes the slots form, a sixth of the bytes. Fills @p
+ * (idx[] the slots, paged); @p->idx is not NULL, so 0 < @n <= the most a
+ * batch holds. false: not such a batch, or a bad block, which
+ * blocks_check then names.
  */
 static bool paged_plan(const char *who, const gpuipc_block_t *blocks,
                        size_t n, struct blocks_plan *p)
 {
   gpuipc_buf_t *buf = blocks[0].buf;
   uint64_t b = blocks[0].bytes;
-  if (n == 0 || n > GPUIPC_CHANNEL_BLOCKS_MAX || buf == NULL || b == 0)
+  if (buf == NULL || b == 0)
     return false;
   uint64_t slots = gpuipc_buf_size(buf) / b;
   if (slots > (uint64_t)UINT32_MAX + 1)
-    return false;
+    slots = (uint64_t)UINT32_MAX + 1; /* a slot number fits 32 bits */
   struct gpuipc__exact e;
   gpuipc__exact_init(&e, b);
   uint64_t low = (UINT64_C(1) << e.shift) - 1;
@@ -237,48 +239,20 @@ static int send_keys(struct gpuipc_channel *ch, const struct blocks_plan *p,
   return 0;
 }
 
-/*
- * Whether the @n blocks are a paged cache's: one buffer, one size, each
- * at a multiple of it (a slot number that fits 32 bits). Their list then
- * takes the slots form, a sixth of the bytes; p->idx[] then holds the
- * slots.
- */
-static bool slots_form(struct blocks_plan *p, const gpuipc_block_t *blocks,
-                       uint32_t n)
+/* The list's length: in the slots form (a paged batch), or the full one. */
+static size_t list_len(const struct blocks_plan *p, uint32_t n)
 {
-  uint64_t b = blocks[0].bytes;
-  if (p->nbufs != 1)
-    return false;
-  struct gpuipc__exact e;
-  gpuipc__exact_init(&e, b);
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t k;
-    if (blocks[i].bytes != b || !gpuipc__exact_div(&e, blocks[i].offset, &k) ||
-        k > UINT32_MAX)
-      goto full; /* idx[] is the buffer index again: all 0 */
-    p->idx[i] = (uint32_t)k;
-  }
-  return true;
-full:
-  memset(p->idx, 0, n * sizeof(*p->idx));
-  return false;
+  return p->paged ? gpuipc__blist_slots_bytes(n)
+                  : gpuipc__blist_bytes(p->nbufs, n);
 }
 
-/* The list's length: in the slots form, or the full one. */
-static size_t list_len(struct blocks_plan *p,
-                       const gpuipc_block_t *blocks, uint32_t n, bool *slots)
-{
-  *slots = p->paged || slots_form(p, blocks, n);
-  return *slots ? gpuipc__blist_slots_bytes(n)
-                : gpuipc__blist_bytes(p->nbufs, n);
-}
-
-/* Write the list of message @seq at @dst (@slots: in the slots form). */
+/* Write the list of message @seq at @dst (a paged batch's: the slots
+ * form). */
 static void list_write(uint8_t *dst, uint64_t seq, const struct blocks_plan *p,
                        const struct gpuipc__blist_buf *bufs,
-                       const gpuipc_block_t *blocks, uint32_t n, bool slots)
+                       const gpuipc_block_t *blocks, uint32_t n)
 {
-  if (slots) {
+  if (p->paged) {
     uint64_t b = blocks[0].bytes;
     gpuipc__blist_put_slots_head(dst, seq, n, bufs, b);
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -344,8 +318,7 @@ static int send_locked(struct gpuipc_channel *ch, struct blocks_plan *p,
   int rc = gpuipc__chan_tx_peer_check(ch);
   if (rc != 0)
     return rc;
-  bool slots;
-  size_t len = list_len(p, blocks, n, &slots);
+  size_t len = list_len(p, n);
   int slot, large;
   struct gpuipc__desc d;
   memset(&d, 0, sizeof(d));
@@ -374,7 +347,7 @@ static int send_locked(struct gpuipc_channel *ch, struct blocks_plan *p,
     return rc;
   }
   list_write((uint8_t *)gpuipc_buf_ptr(lb) + d.offset, d.seq, p, bufs,
-             blocks, n, slots);
+             blocks, n);
   struct gpuipc__tx_post post = {.hold = p->bufs, .nhold = p->nbufs,
                                  .area = slot >= 0 || large >= 0 ? 0 : -1,
                                  .slot = slot, .large = large,
