@@ -1826,7 +1826,11 @@ GPUIPC_API int gpuipc_channel_close(gpuipc_channel_t *ch);
  *     and row-major; any size) with one copy (on @stream for device
  *     memory) into the channel's own memory: a staging slot when they fit
  *     one (stage_slot_bytes), else a large stage, a buffer of their size
- *     rounded up to 2 MiB. A channel keeps what it staged through until it
+ *     rounded up to 2 MiB. Device memory of up to GPUIPC_CHAN_COPY_KERNEL_KB
+ *     (16 MiB) at a 16-byte aligned address is staged by one launch of
+ *     gpuipc's copy kernel, which also writes the message's ready word
+ *     (below) once every byte it wrote is visible; the copy engine copies
+ *     the rest. A channel keeps what it staged through until it
  *     is closed: stage_slots * stage_slot_bytes, plus up to
  *     stage_large_bytes of large stages (or the largest tensor sent, when
  *     more), per device and for host memory.
@@ -2022,9 +2026,10 @@ GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
  * shape: otherwise -EINVAL, and the message stays first in line for the
  * next receive. dst->buf may be NULL (any memory: dst->dl.device says
  * where). Copies between two host memories are done at once with memcpy.
- * A copy within one GPU of up to GPUIPC_CHAN_COPY_KERNEL_KB (16 MiB) whose
- * ends are 16-byte aligned is one launch of gpuipc's copy kernel on
- * @stream, which also releases the buffer (it uses a few of the GPU's
+ * A copy between GPU memories of up to GPUIPC_CHAN_COPY_KERNEL_KB (16 MiB)
+ * within one GPU, or up to 1 MiB from another GPU's memory, whose ends are
+ * 16-byte aligned is one launch of gpuipc's copy kernel on @stream, which
+ * also releases the buffer (it uses a few of the GPU's
  * multiprocessors while it runs; the driver compiles it on the first such
  * copy of the process, and where it cannot, the copy engine is used);
  * other copies are the copy engine's (cuMemcpyDtoDAsync or cuMemcpyAsync

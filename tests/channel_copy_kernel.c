@@ -14,7 +14,13 @@
  *     receiver counts launches, words and events to show which path ran;
  *   - sizes from 1 byte to 1 MiB + 3 at aligned and unaligned offsets of
  *     both ends: every byte and the bytes around it checked, each aligned
- *     copy a launch, each unaligned one a copy and a word (chan_kernel_peer).
+ *     copy a launch, each unaligned one a copy and a word (chan_kernel_peer);
+ *   - the same sizes sent from memory gpuipc did not allocate, written on
+ *     the sender's stream just before each send: each staging copy of an
+ *     aligned source up to the setting is one launch of the kernel, which
+ *     writes the message's ready word (no stream memory operation), each
+ *     other a copy and a ready word after it; with a driver that cannot
+ *     launch kernels, every one a copy and a word (chan_kernel_peer stage).
  */
 #include "helpers/fake_lag.h"
 
@@ -68,9 +74,33 @@ int main(void)
     snprintf(what, sizeof(what), "27 sizes and offsets, kernel up to %s KiB",
              kbs[i]);
     const char *rargs[] = {"recv", "chan-copy-kernel", ch, max, NULL};
-    const char *sargs[] = {"send", "chan-copy-kernel", ch, NULL};
+    const char *sargs[] = {"send", "chan-copy-kernel", ch, max, NULL};
     run("chan_kernel_peer", rargs, sargs, what);
   }
+  /* Staged sends: the kernel up to 64 KiB, up to 16 MiB, and none; the
+   * stages LEGACY memory of device 0, which the fake shares. */
+  setenv("FAKE_CUDA_VMM_DEV", "1", 1);
+  static const struct {
+    const char *kb, *hide;
+  } st[] = {{"64", NULL}, {"16384", NULL}, {"16384", "cuLaunchKernel"}};
+  for (int i = 0; i < 3; i++) {
+    setenv("GPUIPC_CHAN_COPY_KERNEL_KB", st[i].kb, 1);
+    if (st[i].hide != NULL)
+      setenv("FAKE_CUDA_HIDE", st[i].hide, 1);
+    else
+      unsetenv("FAKE_CUDA_HIDE");
+    char ch[32], max[32], what[96];
+    snprintf(ch, sizeof(ch), "staged-%d", i);
+    snprintf(max, sizeof(max), "%ld",
+             st[i].hide != NULL ? 0L : atol(st[i].kb) * 1024);
+    snprintf(what, sizeof(what), "27 staged sizes and offsets, kernel up to "
+             "%s KiB%s", st[i].kb, st[i].hide != NULL ? ", no kernels" : "");
+    const char *rargs[] = {"recv", "chan-copy-kernel", ch, max, "staged",
+                           NULL};
+    const char *sargs[] = {"stage", "chan-copy-kernel", ch, max, NULL};
+    run("chan_kernel_peer", rargs, sargs, what);
+  }
+  unsetenv("FAKE_CUDA_HIDE");
   ASSERT_OK(gpuipc_domain_leave(dom));
   return 0;
 }

@@ -336,6 +336,10 @@ struct gpuipc__tx {
    * last message each record slot's word was asked to reach. */
   struct gpuipc__word_map ready;
   uint64_t *ready_seq;
+  /* The copy kernel's counters for staging copies (ready_copy), as the
+   * receiver's (kstate 0 not taken yet, 1 at kcount[i], -1 none). */
+  uint64_t kcount[GPUIPC__CHAN_EV_DEVS];
+  int8_t kstate[GPUIPC__CHAN_EV_DEVS];
   uint64_t peer_looked_ns; /* when a send last polled the socket */
 };
 
@@ -359,7 +363,9 @@ struct gpuipc__rx {
   uint64_t *word_seq;
   /* The copy kernel (rel_lock): a block of counters on each device
    * (kstate 0 not taken yet, 1 at kcount[i], -1 none), and the largest
-   * copy within one GPU that is the kernel's rather than the engine's. */
+   * copy that is the kernel's rather than the engine's (a receiver's copy
+   * within one GPU, and the sender's staging copies:
+   * GPUIPC_CHAN_COPY_KERNEL_KB). */
   uint64_t kcount[GPUIPC__CHAN_EV_DEVS];
   int8_t kstate[GPUIPC__CHAN_EV_DEVS];
   uint64_t kernel_max;
@@ -624,6 +630,19 @@ int gpuipc__chan_word_addr(struct gpuipc__word_map *map, gpuipc_buf_t *seg,
 int gpuipc__chan_ready_write(struct gpuipc_channel *ch, int dev, void *stream,
                              uint32_t slot, uint64_t seq);
 /*
+ * Stage @n bytes of @src into @dst (a staging slot or stage on device
+ * @dev) with one launch of gpuipc's copy kernel on @stream, which then
+ * writes @seq into record slot @slot's ready word, at system scope: the
+ * copy and gpuipc__chan_ready_write's word in one. 0: both are queued;
+ * GPUIPC_E_UNSUPPORTED when the kernel does not take it (ready words
+ * off, more than the copy kernel's bytes, unaligned, a stream of another
+ * device, no kernel): nothing was queued, copy with the engine; or the
+ * CUDA error. Send lock held.
+ */
+int gpuipc__chan_ready_copy(struct gpuipc_channel *ch, int dev, void *stream,
+                            uint32_t slot, uint64_t seq, void *dst,
+                            const void *src, size_t n);
+/*
  * Make @stream (of local device @dev) wait for the ready word of the
  * pending message, which lies in buffer @b: nothing when the word has
  * reached it; on the sender's own GPU, a host poll first (as for events);
@@ -730,6 +749,9 @@ struct gpuipc__tx_post {
   int ev_dev;                /* device of @stream's work, -1: none */
   void *stream;
   bool on_socket;            /* buffer messages went out for it */
+  bool busy;                 /* work was just queued on @stream */
+  bool ready;                /* that work writes the ready word (staging
+                                copy by the kernel: ready_copy) */
 };
 
 /*

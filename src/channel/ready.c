@@ -48,8 +48,10 @@ static bool reached(_Atomic uint64_t *w, uint64_t seq)
   return (int64_t)(atomic_load_explicit(w, memory_order_acquire) - seq) >= 0;
 }
 
-int gpuipc__chan_ready_write(struct gpuipc_channel *ch, int dev, void *stream,
-                             uint32_t slot, uint64_t seq)
+/* Where @dev's streams write the ready words (record slot 0's), once the
+ * sender can note what each slot's word was asked to reach: 0, or
+ * GPUIPC_E_UNSUPPORTED (words off, no memory, a segment @dev cannot map). */
+static int ready_addr(struct gpuipc_channel *ch, int dev, uint64_t *addr)
 {
   struct gpuipc__tx *tx = &ch->tx;
   if (!ready_on())
@@ -59,12 +61,45 @@ int gpuipc__chan_ready_write(struct gpuipc_channel *ch, int dev, void *stream,
     if (tx->ready_seq == NULL)
       return GPUIPC_E_UNSUPPORTED;
   }
-  uint64_t addr;
-  if (gpuipc__chan_word_addr(&tx->ready, ch->seg, ch->tx_ready, dev, &addr) !=
+  if (gpuipc__chan_word_addr(&tx->ready, ch->seg, ch->tx_ready, dev, addr) !=
       0)
+    return GPUIPC_E_UNSUPPORTED;
+  return 0;
+}
+
+int gpuipc__chan_ready_write(struct gpuipc_channel *ch, int dev, void *stream,
+                             uint32_t slot, uint64_t seq)
+{
+  uint64_t addr;
+  if (ready_addr(ch, dev, &addr) != 0)
     return GPUIPC_E_UNSUPPORTED;
   int rc = gpuipc__stream_word_write(dev, stream, addr + (uint64_t)slot * 8,
                                      seq);
+  if (rc == 0)
+    ch->tx.ready_seq[slot] = seq;
+  return rc;
+}
+
+int gpuipc__chan_ready_copy(struct gpuipc_channel *ch, int dev, void *stream,
+                            uint32_t slot, uint64_t seq, void *dst,
+                            const void *src, size_t n)
+{
+  struct gpuipc__tx *tx = &ch->tx;
+  uint64_t addr;
+  if (n == 0 || n > ch->rx.kernel_max || dev < 0 ||
+      dev >= GPUIPC__CHAN_EV_DEVS || dev >= GPUIPC__DEV_SLOTS ||
+      ((uintptr_t)dst | (uintptr_t)src) % 16 != 0 ||
+      gpuipc__stream_dev(stream, dev) != dev ||
+      ready_addr(ch, dev, &addr) != 0)
+    return GPUIPC_E_UNSUPPORTED;
+  if (tx->kstate[dev] == 0)
+    tx->kstate[dev] =
+        gpuipc__counters_get(dev, &tx->kcount[dev]) == 0 ? 1 : -1;
+  if (tx->kstate[dev] < 0)
+    return GPUIPC_E_UNSUPPORTED;
+  int rc = gpuipc__copy_word(dev, dst, src, n, stream,
+                             addr + (uint64_t)slot * 8, seq,
+                             tx->kcount[dev] + (uint64_t)slot * 4, true);
   if (rc == 0)
     tx->ready_seq[slot] = seq;
   return rc;

@@ -15,6 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The largest recv_into copy from another GPU's memory that gpuipc's copy
+ * kernel makes (reading over the link) rather than the copy engine; past
+ * it the engine's bandwidth counts more than the launch saved. */
+#define CROSS_KERNEL_MAX ((uint64_t)1 << 20)
+
 static int rx_broken(struct gpuipc_channel *ch, int rc)
 {
   return gpuipc__chan_break(ch, rc);
@@ -271,15 +276,17 @@ int gpuipc__chan_rx_word_for(struct gpuipc_channel *ch, uint32_t slot,
 }
 
 /*
- * Queue recv_into's copy of message @seq (record slot @slot; @n > 0 bytes from @src to @to)
- * on @stream of device @dev, and with it, where it can, the message's
- * release word: within one GPU and up to rx.kernel_max bytes, gpuipc's
- * copy kernel writes the word when it has read the buffer (one launch);
- * else the copy engine copies, and above rx.kernel_max a stream of
- * gpuipc's own writes the word after it (the caller's stream does not
- * pause for the write between two large copies). Sets *@carried when the
- * word is on its way (rx_release then only publishes the release). 0, or
- * the copy's error: then nothing was queued.
+ * Queue recv_into's copy of message @seq (record slot @slot; @n > 0 bytes
+ * from @src to @to) on @stream of device @dev, and with it, where it can,
+ * the message's release word: between GPU memories, up to rx.kernel_max
+ * bytes within one GPU and up to CROSS_KERNEL_MAX from another GPU's
+ * memory (which @dev was granted access to), gpuipc's copy kernel writes
+ * the word when it has read the buffer (one launch); else the copy engine
+ * copies, and above those a stream of gpuipc's own writes the word after
+ * it (the caller's stream does not pause for the write between two large
+ * copies). Sets *@carried when the word is on its way (rx_release then
+ * only publishes the release). 0, or the copy's error: then nothing was
+ * queued.
  */
 static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
                    int dev, void *stream, uint8_t *to, const uint8_t *src, size_t n,
@@ -287,16 +294,20 @@ static int rx_copy(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
 {
   struct gpuipc__rx *rx = &ch->rx;
   *carried = false;
-  bool kernel = one_gpu && n <= rx->kernel_max &&
+  uint64_t max = one_gpu || rx->kernel_max < CROSS_KERNEL_MAX
+                     ? rx->kernel_max
+                     : CROSS_KERNEL_MAX;
+  bool kernel = d2d && n <= max &&
                 ((uintptr_t)to | (uintptr_t)src) % 16 == 0;
-  bool after = d2d && n > rx->kernel_max;
+  bool after = d2d && n > max;
   uint64_t word = 0, count = 0;
   int rc = GPUIPC_E_UNSUPPORTED;
   pthread_mutex_lock(&rx->rel_lock);
   if ((kernel || after) &&
       gpuipc__chan_rx_word_for(ch, slot, dev, kernel, &word, &count) == 0) {
     if (kernel && count != 0)
-      rc = gpuipc__copy_word(dev, to, src, n, stream, word, seq, count);
+      rc = gpuipc__copy_word(dev, to, src, n, stream, word, seq, count,
+                             false);
     if (rc == GPUIPC_E_UNSUPPORTED) { /* the copy engine's copy, then */
       rc = gpuipc__stream_copy_async(dev, to, src, n, stream, d2d);
       if (rc == 0 && after &&

@@ -627,6 +627,47 @@ static int send_check(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
                        dl->device.device_id);
   return 0;
 }
+
+/*
+ * Copy staged tensor @t (@span bytes) into its stage @stage (at
+ * d->offset) for descriptor @d, filling @post's device and what the copy
+ * queued on the stream: host memory with memcpy; device memory into a GPU
+ * stage with the copy kernel writing the ready word (one launch), else
+ * the copy engine (the word or an event follows in tx_post). Send lock
+ * held.
+ */
+static int stage_copy(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
+                      uint64_t span, gpuipc_buf_t *stage,
+                      struct gpuipc__desc *d, struct gpuipc__tx_post *post)
+{
+  const gpuipc_dl_tensor_t *dl = &t->dl;
+  uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(stage) + d->offset;
+  const uint8_t *src = (const uint8_t *)dl->data + dl->byte_offset;
+  d->flags |= GPUIPC__DESC_STAGED;
+  post->ev_dev = -1;
+  if (post->area == 0) {
+    if (span > 0)
+      memcpy(dst, src, span);
+    return 0;
+  }
+  int dev = dl->device.device_id;
+  post->ev_dev = dev;
+  if (span == 0)
+    return 0;
+  /* (A HOST stage, where no GPU has VMM, need not be pinned yet.) */
+  int rc = gpuipc_buf_kind(stage) == GPUIPC_KIND_HOST
+               ? GPUIPC_E_UNSUPPORTED
+               : gpuipc__chan_ready_copy(ch, dev, post->stream,
+                                         gpuipc__chan_tx_next_slot(ch),
+                                         d->seq, dst, src, span);
+  if (rc == 0)
+    post->ready = true;
+  else if (rc == GPUIPC_E_UNSUPPORTED)
+    rc = gpuipc__stream_copy_async(dev, dst, src, span, post->stream, true);
+  post->busy = rc == 0;
+  return rc;
+}
+
 int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
                         void *stream, unsigned flags, uint64_t *ticket)
 {
@@ -655,35 +696,30 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
     goto unlock;
   uint64_t seq = tx->next_seq;
   gpuipc_buf_t *buf = t->buf;
-  if (buf == NULL) {
-    const gpuipc_dl_tensor_t *dl = &t->dl;
-    bool host = area == 0;
+  struct gpuipc__tx_post post = {.hold = &buf, .nhold = 1, .area = area,
+                                 .slot = slot, .large = large,
+                                 .stream = stream};
+  if (buf == NULL)
     buf = gpuipc__chan_stage_at(ch, area, slot, large, &d.offset);
-    uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(buf) + d.offset;
-    const uint8_t *src = (const uint8_t *)dl->data + dl->byte_offset;
-    if (host) {
-      if (span > 0)
-        memcpy(dst, src, span);
-    } else {
-      ev_dev = dl->device.device_id;
-      if (span > 0) {
-        rc = gpuipc__stream_copy_async(ev_dev, dst, src, span, stream, true);
-        if (rc != 0)
-          goto unlock;
-      }
-    }
-    d.flags |= GPUIPC__DESC_STAGED;
-  } else if (gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST) {
+  else if (gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST)
     ev_dev = gpuipc_buf_device(buf);
-  }
   d.seq = seq;
   d.buf_size = gpuipc_buf_size(buf);
   rc = gpuipc__chan_tx_intro(ch, buf, &d);
   if (rc != 0)
     goto unlock;
-  struct gpuipc__tx_post post = {.hold = &buf, .nhold = 1, .area = area,
-                                 .slot = slot, .large = large,
-                                 .ev_dev = ev_dev, .stream = stream};
+  if (t->buf == NULL) {
+    /* Staged, after the stage's introduction: a ready word the copy
+     * queued is never left written for a message that did not go. */
+    rc = stage_copy(ch, t, span, buf, &d, &post);
+    if (rc != 0) {
+      if (d.flags & GPUIPC__DESC_NEW_BUF) /* no descriptor follows it */
+        gpuipc__chan_break(ch, rc);
+      goto unlock;
+    }
+    ev_dev = post.ev_dev;
+  }
+  post.ev_dev = ev_dev;
   rc = gpuipc__chan_tx_post(ch, &d, &post, ticket);
 unlock:
   pthread_mutex_unlock(&tx->lock);
@@ -765,9 +801,13 @@ int gpuipc__chan_tx_post(struct gpuipc_channel *ch,
 
   /* Order the message after the sender's stream (unless it is idle). */
   uint8_t *ev_sent = NULL;
-  if (ev_dev >= 0)
+  if (p->ready) {
+    d.flags |= GPUIPC__DESC_WORD; /* the staging copy writes it */
+    ev_dev = -1;
+  } else if (ev_dev >= 0) {
     ev_dev = gpuipc__stream_dev(stream, ev_dev);
-  if (ev_dev >= 0 && !gpuipc__stream_idle(ev_dev, stream)) {
+  }
+  if (ev_dev >= 0 && (p->busy || !gpuipc__stream_idle(ev_dev, stream))) {
     /* A ready word (ready.c), or an event where the device has none. */
     rc = gpuipc__chan_ready_write(ch, ev_dev, stream, rs, seq);
     if (rc == 0) {
@@ -1016,6 +1056,15 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
     gpuipc_buf_release(tx->lists);
   gpuipc__chan_event_pool_free(tx->ev, tx->ev_sent, tx->ndev, tx->depth);
   gpuipc__chan_event_tab_free(tx->rel_evs, tx->nrel_evs);
+  /* A counter block goes back only once every ready word is written: a
+   * staging launch still running would use it (an unfinished one keeps
+   * it, unused). */
+  if (gpuipc__chan_ready_settle(ch, 0))
+    for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
+      if (tx->kstate[i] > 0) {
+        gpuipc__counters_put(i, tx->kcount[i]);
+        tx->kstate[i] = 0;
+      }
   free(tx->ready_seq);
   tx->ready_seq = NULL;
 }

@@ -172,9 +172,11 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "/ cuStreamWaitValue64), where the devices can; 0: by an interprocess " \
      "event.")                                                                 \
   XX(CHAN_COPY_KERNEL_KB, "GPUIPC_CHAN_COPY_KERNEL_KB", "16384",               \
-     "KiB up to which a receive copy within one GPU is gpuipc's copy "        \
-     "kernel, which also writes the release (one launch); larger ones use "   \
-     "the copy engine (0: every one does).")
+     "KiB up to which a receive copy within one GPU (from another GPU's "     \
+     "memory: 1 MiB at most) and a send's staging copy of device memory "     \
+     "are gpuipc's copy kernel, which also writes the release or ready "      \
+     "word (one launch); larger ones use the copy engine (0: every one "      \
+     "does).")
 
 typedef enum gpuipc__cfg {
 #define GPUIPC__CFG_ENUM(id, name, def, help) GPUIPC_CFG_##id,

@@ -15,7 +15,7 @@ extern "C" __global__ void __launch_bounds__(256)
 gpuipc_copy_word(uint4 *__restrict__ dst, const uint4 *__restrict__ src,
                  unsigned long long n16, unsigned int ntail,
                  unsigned int *count, unsigned long long *word,
-                 unsigned long long value)
+                 unsigned long long value, unsigned int sys)
 {
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x +
@@ -32,10 +32,17 @@ gpuipc_copy_word(uint4 *__restrict__ dst, const uint4 *__restrict__ src,
     ((unsigned char *)(dst + n16))[threadIdx.x] =
         ((const unsigned char *)(src + n16))[threadIdx.x];
   __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(count, 1) == gridDim.x - 1) {
-    atomicExch(count, 0);
-    __threadfence();
-    *(volatile unsigned long long *)word = value;
+  if (threadIdx.x == 0) {
+    if (sys)
+      __threadfence_system(); /* the block's writes, before it counts */
+    if (atomicAdd(count, 1) == gridDim.x - 1) {
+      atomicExch(count, 0);
+      if (sys && gridDim.x > 1)
+        __threadfence_system(); /* every block's writes, before the word */
+      else
+        __threadfence();
+      *(volatile unsigned long long *)word = value;
+    }
   }
 }
 

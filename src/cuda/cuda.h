@@ -390,16 +390,18 @@ void gpuipc__pinned_free(int dev, uint64_t *p);
  * Queue on @stream (of device @dev) a copy of @n > 0 bytes from @src to
  * @dst, both device memory that @dev reaches and 16-byte aligned, by
  * gpuipc's copy kernel, which writes @value to the word at @word (a
- * device address: gpuipc__word_dev) once all of @src has been read.
- * @count: a counter of a block from gpuipc__counters_get, which no other
- * launch in flight uses. Returns 0; GPUIPC_E_UNSUPPORTED when the kernel
+ * device address: gpuipc__word_dev) once all of @src has been read; with
+ * @sys, once all of @dst is written and visible to every device and the
+ * host (a fence at system scope: the word tells another process that it
+ * may read @dst). @count: a counter of a block from gpuipc__counters_get,
+ * which no other launch in flight uses. Returns 0; GPUIPC_E_UNSUPPORTED when the kernel
  * does not take this copy or cannot be loaded on @dev (a driver without
  * PTX compilation: tried once, said at log level info), the caller then
  * copies otherwise; GPUIPC_E_CUDA; the codes of gpuipc__ctx_enter.
  */
 int gpuipc__copy_word(int dev, void *dst, const void *src, size_t n,
                       void *stream, uint64_t word, uint64_t value,
-                      uint64_t count);
+                      uint64_t count, bool sys);
 /*
  * A block of GPUIPC__COUNTERS counters at 0 in device memory of @dev
  * (0, GPUIPC_E_UNSUPPORTED, GPUIPC_E_CUDA), and giving it back once no

@@ -152,6 +152,8 @@ static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
     break;
   case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+    *v = dev == env_int("FAKE_CUDA_VMM_DEV", 0);
+    break;
   case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
@@ -257,8 +259,8 @@ fake_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
        option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
     return CUDA_ERROR_INVALID_VALUE;
   NEED_DEV(prop->location.id);
-  if (prop->location.id != 0) /* device 1 has no VMM */
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (prop->location.id != env_int("FAKE_CUDA_VMM_DEV", 0))
+    return CUDA_ERROR_NOT_SUPPORTED; /* the other device has no VMM */
   if (prop->requestedHandleTypes &
       ~(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))
     return CUDA_ERROR_INVALID_VALUE;

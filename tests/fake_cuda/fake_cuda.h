@@ -9,6 +9,11 @@
  *   FAKE_CUDA_INIT     CUresult that cuInit returns (default 0)
  *   FAKE_CUDA_NDEV     number of devices (default 2, at most 2)
  *   FAKE_CUDA_BAD_ATTR a device attribute number it refuses to answer
+ *   FAKE_CUDA_VMM_DEV  the device that says it has VMM with POSIX file
+ *                      descriptors (default 0; 1: device 1, and not
+ *                      device 0, whose GPUIPC_KIND_AUTO memory is then
+ *                      LEGACY, which the fake shares: it has no VMM entry
+ *                      points in any case)
  *   FAKE_CUDA_REGISTER_MS  milliseconds cuMemHostRegister takes
  *   FAKE_CUDA_COPY_LAG     a queued copy is done on this query of an event
  *                          recorded after it (default 1), not before ...
@@ -94,9 +99,12 @@ int fake_cuda_word_waits(void);
  * context current, those of every context, summed); -1 where there is no
  * such stream. */
 int fake_cuda_word_writes_on(void *h);
-/* Launches of gpuipc's copy kernel so far, and how many of them ran with
- * their counter not at 0 (the kernel would then never write its word). */
+/* Launches of gpuipc's copy kernel so far (those without the system-scope
+ * fence: a receiver's copies; with it: a sender's staging copies), and how
+ * many of them ran with their counter not at 0 (the kernel would then
+ * never write its word). */
 int fake_cuda_kernel_launches(void);
+int fake_cuda_stage_launches(void);
 /* Launches of gpuipc's block kernel (gpuipc_copy_blocks) so far. */
 int fake_cuda_block_launches(void);
 int fake_cuda_kernel_faults(void);

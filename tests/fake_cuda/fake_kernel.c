@@ -6,12 +6,14 @@
  * .target) and remembers which kernels it declares (".entry NAME(");
  * cuModuleGetFunction finds one of them; cuLaunchKernel of
  * gpuipc_copy_word checks the launch as the kernel declares it (a 1-D
- * grid of 1-D blocks of at most 256 threads, no shared memory, seven
+ * grid of 1-D blocks of at most 256 threads, no shared memory, eight
  * parameters: 16-byte aligned destination and source, the count of
  * 16-byte units, a tail of 0..15 bytes, a 4-byte aligned counter, an
- * 8-byte aligned word and its value) and queues what the kernel does: the
- * copy, then the word (fake_stream_copy_word). Launches are counted
- * (fake_cuda_kernel_launches). gpuipc_copy_blocks (a 1-D grid of 1-D
+ * 8-byte aligned word, its value, and 0 or 1 for the system-scope fence)
+ * and queues what the kernel does: the copy, then the word
+ * (fake_stream_copy_word). Launches are counted
+ * (fake_cuda_kernel_launches), those with the fence also apart
+ * (fake_cuda_stage_launches: a sender's staging copies). gpuipc_copy_blocks (a 1-D grid of 1-D
  * blocks of at most 512 threads, no shared memory asked, five parameters:
  * an 8-byte aligned list in registered host memory, its count of copies,
  * a counter, a word (0: none) and its value) reads its list at the launch
@@ -48,7 +50,7 @@ struct CUfunc_st {
 
 static struct CUfunc_st fns[F_COUNT] = {
     {F_COPY_WORD}, {F_COPY_BLOCKS}, {F_WRITE}, {F_ANSWER}, {F_CHECK}};
-static atomic_int launches, block_launches, bench_launches;
+static atomic_int launches, stage_launches, block_launches, bench_launches;
 
 FAKE_HIDDEN CUresult fake_cuModuleLoadData(CUmodule *mod, const void *image)
 {
@@ -239,14 +241,15 @@ FAKE_HIDDEN CUresult fake_cuLaunchKernel(CUfunction f, unsigned gx,
   CUdeviceptr count = *(CUdeviceptr *)params[4];
   CUdeviceptr word = *(CUdeviceptr *)params[5];
   unsigned long long value = *(unsigned long long *)params[6];
+  unsigned int sys = *(unsigned int *)params[7];
   if (dst == 0 || src == 0 || dst % 16 != 0 || src % 16 != 0 ||
       ntail > 15 || (n16 == 0 && ntail == 0) || count == 0 ||
-      count % 4 != 0 || word == 0 || word % 8 != 0)
+      count % 4 != 0 || word == 0 || word % 8 != 0 || sys > 1)
     return CUDA_ERROR_INVALID_VALUE;
   CUresult r = fake_stream_copy_word(h, dst, src, n16 * 16 + ntail, count,
                                      word, value);
   if (r == CUDA_SUCCESS)
-    atomic_fetch_add(&launches, 1);
+    atomic_fetch_add(sys ? &stage_launches : &launches, 1);
   return r;
 }
 
@@ -264,6 +267,11 @@ FAKE_HIDDEN CUresult fake_cuMemsetD8(CUdeviceptr p, unsigned char v, size_t n)
 int fake_cuda_kernel_launches(void)
 {
   return atomic_load(&launches);
+}
+
+int fake_cuda_stage_launches(void)
+{
+  return atomic_load(&stage_launches);
 }
 
 int fake_cuda_block_launches(void)

@@ -2,8 +2,8 @@
  * chan_kernel_peer: the two ends of the sizes part of
  * tests/channel_copy_kernel.c, on the fake CUDA driver:
  *
- *   chan_kernel_peer send DOMAIN CHANNEL
- *   chan_kernel_peer recv DOMAIN CHANNEL KERNEL_MAX
+ *   chan_kernel_peer send|stage DOMAIN CHANNEL KERNEL_MAX
+ *   chan_kernel_peer recv DOMAIN CHANNEL KERNEL_MAX [staged]
  *
  * The sender sends, from a LEGACY buffer of device 0, messages of odd and
  * even sizes (1 byte to 1 MiB + 3) at source offsets 0, 16 and 1, each
@@ -15,6 +15,17 @@
  * (GPUIPC_CHAN_COPY_KERNEL_KB, as the test set it) must be one launch of
  * the copy kernel; every other copy a copy and a word written after it;
  * the receiver counts both in the fake.
+ *
+ * "stage" sends the same messages from memory gpuipc did not allocate
+ * (cuMemAlloc), which each send stages through the channel's slots, its
+ * bytes written on the sender's stream just before (a copy the fake
+ * leaves pending): the staging copy must come after that write, and the
+ * receiver's copy after the staging copy. A staged message whose source
+ * is 16-byte aligned and at most KERNEL_MAX bytes must be one launch of
+ * the copy kernel with its system-scope fence, which writes the ready
+ * word itself; every other one a copy and a ready word written after it;
+ * the sender counts both. Its receiver ("staged") reads from a staging
+ * slot, aligned whatever the source's offset.
  */
 #include "test.h"
 
@@ -36,6 +47,48 @@ static const size_t src_off[] = {0, 16, 1};
 static const size_t dst_off[] = {0, 32, 3};
 #define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
 #define NOFFS 3
+
+/* The staged sender: every message's bytes written on @s just before
+ * its send, which stages them. */
+static void stager(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
+{
+  CUdeviceptr dev;
+  CU_OK(cuMemAlloc, &dev, BUF_BYTES);
+  uint8_t *host = malloc(BUF_BYTES);
+  ASSERT_TRUE(host != NULL);
+  int k0 = cu_fake_count("fake_cuda_stage_launches");
+  int w0 = cu_fake_count("fake_cuda_word_writes");
+  int want_k = 0, want_w = 0;
+  uint64_t id = 0, ticket = 0;
+  for (size_t i = 0; i < NSIZES; i++)
+    for (size_t o = 0; o < NOFFS; o++) {
+      id++;
+      /* The last message's bytes are read before these are written. */
+      if (ticket != 0)
+        ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
+      test_fill(host, sizes[i], id);
+      CU_OK(cuMemcpyAsync, dev + src_off[o], (CUdeviceptr)host, sizes[i], s);
+      int64_t shape[1];
+      gpuipc_tensor_t t;
+      cu_bytes_tensor(&t, shape, (void *)(uintptr_t)(dev + src_off[o]),
+                      sizes[i], NULL);
+      ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
+      if (src_off[o] % 16 == 0 && sizes[i] <= kernel_max)
+        want_k++;
+      else
+        want_w++;
+    }
+  ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
+  int k = cu_fake_count("fake_cuda_stage_launches") - k0;
+  int w = cu_fake_count("fake_cuda_word_writes") - w0;
+  printf("send: %llu staged messages, kernel up to %zu bytes: %d staging "
+         "launches (want %d), %d ready words written after a copy (want "
+         "%d)\n", (unsigned long long)id, kernel_max, k, want_k, w, want_w);
+  ASSERT_EQ(k, want_k);
+  ASSERT_EQ(w, want_w);
+  CU_OK(cuMemFree, dev);
+  free(host);
+}
 
 static void sender(gpuipc_channel_t *ch, CUstream s)
 {
@@ -64,7 +117,8 @@ static void sender(gpuipc_channel_t *ch, CUstream s)
   free(host);
 }
 
-static void receiver(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
+static void receiver(gpuipc_channel_t *ch, CUstream s, size_t kernel_max,
+                     bool staged)
 {
   gpuipc_buf_t *dbuf;
   ASSERT_OK(gpuipc_buf_alloc(BUF_BYTES, GPUIPC_KIND_LEGACY, 0, 0, &dbuf));
@@ -85,7 +139,7 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
       gpuipc_tensor_t t;
       cu_bytes_tensor(&t, shape, dev + at, n, dbuf);
       ASSERT_OK(gpuipc_channel_recv_into(ch, &t, s, 30000));
-      bool aligned = (src_off[o] | at) % 16 == 0;
+      bool aligned = ((staged ? 0 : src_off[o]) | at) % 16 == 0;
       if (aligned && n <= kernel_max)
         want_k++;
       else
@@ -120,18 +174,24 @@ static void receiver(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
 int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
-  bool send = argc == 4 && strcmp(argv[1], "send") == 0;
-  if (!send && (argc != 5 || strcmp(argv[1], "recv") != 0))
-    TFAIL("usage: chan_kernel_peer send DOMAIN CHANNEL | recv DOMAIN "
-          "CHANNEL KERNEL_MAX");
+  bool send = argc == 5 && strcmp(argv[1], "send") == 0;
+  bool stage = argc == 5 && strcmp(argv[1], "stage") == 0;
+  bool staged = argc == 6 && strcmp(argv[5], "staged") == 0;
+  if (!send && !stage &&
+      ((argc != 5 && !staged) || strcmp(argv[1], "recv") != 0))
+    TFAIL("usage: chan_kernel_peer send|stage DOMAIN CHANNEL KERNEL_MAX | "
+          "recv DOMAIN CHANNEL KERNEL_MAX [staged]");
+  size_t kernel_max = (size_t)strtoull(argv[4], NULL, 0);
   CUstream s = cu_stream_make();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
   gpuipc_channel_t *ch = cu_chan_open(dom, argv[3], false);
   if (send)
     sender(ch, s);
+  else if (stage)
+    stager(ch, s, kernel_max);
   else
-    receiver(ch, s, (size_t)strtoull(argv[4], NULL, 0));
+    receiver(ch, s, kernel_max, staged);
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_domain_leave(dom));
   CU_OK(cuStreamDestroy, s);
