@@ -190,6 +190,11 @@ class Channel(_Boxed):
         given back when the copy is done. A read-only ``dst`` (bytes, an
         array whose writeable flag is off) raises ValueError before
         anything is received."""
+        if not isinstance(dst, (Buffer, Tensor)):
+            # A torch tensor is read in C, its stream found there: one call.
+            if _c.channel_recv_into_any(self._h(), dst, stream,
+                                        _ms(timeout)) is not NotImplemented:
+                return dst
         d = describe(dst, stream)
         if d.readonly:
             raise ValueError("recv_into: dst is read-only")

@@ -208,6 +208,37 @@ static PyObject *py_channel_recv_into(PyObject *self, PyObject *args)
   return gpuipc__py_none(rc);
 }
 
+/*
+ * channel_recv_into_any(ch, dst, stream, timeout_ms) -> None, or
+ * NotImplemented (received nothing: @dst is not a plain torch tensor, for
+ * describe() and channel_recv_into): Channel.recv_into of a torch tensor
+ * read in C, its stream resolved as send's.
+ */
+static PyObject *py_channel_recv_into_any(PyObject *self, PyObject *args)
+{
+  gpuipc_channel_t *ch;
+  PyObject *dst, *stream_arg;
+  int timeout_ms;
+  if (!PyArg_ParseTuple(args, "O&OOi", gpuipc__py_channel, &ch, &dst,
+                        &stream_arg, &timeout_ms))
+    return NULL;
+  gpuipc__py_desc_t d;
+  int got = gpuipc__py_torch_read(dst, &d);
+  if (got < 0)
+    return NULL;
+  if (got == 0)
+    Py_RETURN_NOTIMPLEMENTED;
+  void *stream;
+  if (gpuipc__py_stream_for(stream_arg,
+                            d.t.dl.device.device_type == GPUIPC_DL_CUDA,
+                            d.t.dl.device.device_id, &stream) < 0)
+    return NULL;
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_recv_into(ch, &d.t, stream,
+                                                 timeout_ms));
+  return gpuipc__py_none(rc);
+}
+
 static PyObject *py_channel_info(PyObject *self, PyObject *ccap)
 {
   gpuipc_channel_t *ch = gpuipc__py_unbox(ccap, gpuipc__py_CHAN);
@@ -239,5 +270,6 @@ PyMethodDef gpuipc__py_channel_methods[] = {
     GPUIPC__PY_FN(channel_fd, METH_O),
     GPUIPC__PY_FN(channel_recv, METH_VARARGS),
     GPUIPC__PY_FN(channel_recv_into, METH_VARARGS),
+    GPUIPC__PY_FN(channel_recv_into_any, METH_VARARGS),
     GPUIPC__PY_FN(channel_info, METH_O),
     GPUIPC__PY_END};

@@ -25,11 +25,26 @@ typedef struct read {
 
 /* ---- streams ------------------------------------------------------------ */
 
+/* torch._C._cuda_getCurrentRawStream, once PyTorch's CUDA is initialised
+ * (it stays so) and has it: a stream is then one call away. */
+static PyObject *raw_stream_fn;
+
 /* PyTorch's current stream on @device as an integer (0: none, or torch not
  * in use with CUDA), as _common._torch_stream says; -1 with an exception. */
 static int torch_stream(int device, void **out)
 {
   *out = NULL;
+  PyObject *s = NULL;
+  if (raw_stream_fn != NULL) {
+    PyObject *dev = PyLong_FromLong(device);
+    s = dev != NULL ? PyObject_CallFunctionObjArgs(raw_stream_fn, dev, NULL) : NULL;
+    Py_XDECREF(dev);
+    if (s == NULL)
+      return -1;
+    *out = PyLong_AsVoidPtr(s);
+    Py_DECREF(s);
+    return PyErr_Occurred() ? -1 : 0;
+  }
   PyObject *mods = PySys_GetObject("modules"); /* borrowed */
   PyObject *torch = mods != NULL ? PyDict_GetItemString(mods, "torch") : NULL;
   if (torch == NULL || torch == Py_None)
@@ -40,7 +55,6 @@ static int torch_stream(int device, void **out)
                                 : NULL;
   int on = init != NULL ? PyObject_IsTrue(init) : -1;
   Py_XDECREF(init);
-  PyObject *s = NULL;
   if (on == 1) {
     PyObject *c = PyObject_GetAttrString(torch, "_C");
     PyObject *f =
@@ -49,7 +63,10 @@ static int torch_stream(int device, void **out)
     Py_XDECREF(c);
     if (f != NULL) {
       s = PyObject_CallFunction(f, "i", device);
-      Py_DECREF(f);
+      if (s != NULL && raw_stream_fn == NULL)
+        raw_stream_fn = f; /* kept for the life of the module */
+      else
+        Py_DECREF(f);
     } else { /* a PyTorch without it */
       PyErr_Clear();
       PyObject *cs = PyObject_CallMethod(cuda, "current_stream", "i", device);
@@ -73,7 +90,7 @@ static int torch_stream(int device, void **out)
  * .handle) as the library takes it, as _common._stream does; None on a
  * CUDA array is PyTorch's current stream of @device. 0, or -1 with an
  * exception. */
-static int stream_of(PyObject *s, bool cuda, int device, void **out)
+int gpuipc__py_stream_for(PyObject *s, bool cuda, int device, void **out)
 {
   *out = NULL;
   if (s == Py_None)
@@ -219,7 +236,7 @@ static int read_dlpack(PyObject *obj, PyObject *stream_arg, read_t *r,
     return -1;
   PyObject *cap;
   if (type == GPUIPC_DL_CUDA) {
-    if (stream_of(stream_arg, true, id, stream) < 0)
+    if (gpuipc__py_stream_for(stream_arg, true, id, stream) < 0)
       return -1;
     PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
     PyObject *args = PyTuple_New(0);
@@ -286,8 +303,10 @@ static int read_any(PyObject *obj, PyObject *stream_arg, read_t *r,
   }
   if (got == 1) {
     bool cuda = r->d.t.dl.device.device_type == GPUIPC_DL_CUDA;
-    return stream_of(stream_arg, cuda, r->d.t.dl.device.device_id,
-                     stream) < 0 ? -1 : 1;
+    return gpuipc__py_stream_for(stream_arg, cuda,
+                                 r->d.t.dl.device.device_id, stream) < 0
+               ? -1
+               : 1;
   }
   PyObject *has = PyObject_GetAttrString(obj, "__dlpack__");
   if (has == NULL) {
@@ -298,7 +317,7 @@ static int read_any(PyObject *obj, PyObject *stream_arg, read_t *r,
   if (read_dlpack(obj, stream_arg, r, stream) < 0)
     return -1;
   if (r->d.t.dl.device.device_type != GPUIPC_DL_CUDA &&
-      stream_of(stream_arg, false, 0, stream) < 0)
+      gpuipc__py_stream_for(stream_arg, false, 0, stream) < 0)
     return -1;
   return 1;
 }
@@ -356,14 +375,48 @@ void gpuipc__py_bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo,
 
 /* ---- keeping what GPU sends read --------------------------------------- */
 
-/* Keep @what in @keep under @ticket; past 8 kept, let go of every one
- * whose message is free (as Channel._hold does; the channel's locks are
- * taken without the GIL, which a receiver of this process may need to
- * release a message). 0, or -1. */
+/* Let go of every entry of @keep whose ticket is below @oldest, the oldest
+ * message in flight (0: none is): those messages are all free. 0, or -1. */
+static int drop_before(PyObject *keep, uint64_t oldest)
+{
+  PyObject *gone = PyList_New(0), *k, *v;
+  Py_ssize_t pos = 0;
+  if (gone == NULL)
+    return -1;
+  while (PyDict_Next(keep, &pos, &k, &v)) {
+    unsigned long long t = PyLong_AsUnsignedLongLong(k);
+    if (t == (unsigned long long)-1 && PyErr_Occurred())
+      PyErr_Clear(); /* no ticket of ours: the full look judges it */
+    else if ((oldest == 0 || t < oldest) && PyList_Append(gone, k) < 0)
+      goto fail;
+  }
+  for (Py_ssize_t i = 0; i < PyList_Size(gone); i++)
+    if (PyDict_DelItem(keep, PyList_GetItem(gone, i)) < 0)
+      goto fail;
+  Py_DECREF(gone);
+  return 0;
+fail:
+  Py_DECREF(gone);
+  return -1;
+}
+
+/* Keep @what in @keep under @ticket; past 8 kept, let go of those before
+ * the oldest message in flight (one look at the channel), and if more than
+ * 8 are still kept (messages come free in any order: a view held keeps
+ * the oldest), of every one whose message is free (as Channel._hold does;
+ * the channel's locks are taken without the GIL, which a receiver of this
+ * process may need to release a message). 0, or -1. */
 int gpuipc__py_hold(gpuipc_channel_t *ch, PyObject *keep, PyObject *ticket,
                     PyObject *what)
 {
   if (PyDict_SetItem(keep, ticket, what) < 0)
+    return -1;
+  if (PyDict_Size(keep) <= 8)
+    return 0;
+  gpuipc_channel_info_t info = {.size = sizeof(info)};
+  int rc;
+  GPUIPC__PY_NOGIL(rc = gpuipc_channel_info(ch, &info));
+  if (rc == 0 && drop_before(keep, info.oldest_in_flight) < 0)
     return -1;
   if (PyDict_Size(keep) <= 8)
     return 0;

@@ -139,3 +139,26 @@ def test_one_call_per_cuda_send(env):
     assert got == {"calls": 1, "zero_copy": True, "streams": [1], "kept": True,
                    "calls_after": [1]}, got
     assert 1 <= kept_after <= 8, kept_after  # 12 sent, the free ones let go
+
+
+def test_one_call_per_recv_into(pair):
+    """Channel.recv_into of a torch tensor is one call too (read in C as a
+    send's tensor is); a destination of the wrong shape or one that is not
+    contiguous is refused (ValueError) and the message waits for the
+    right one."""
+    torch = pytest.importorskip("torch")
+    tx, rx = pair
+    src = torch.arange(64, dtype=torch.int32)
+    t = tx.send(src)
+    for bad in (torch.zeros(63, dtype=torch.int32),
+                torch.zeros(64, dtype=torch.int64),
+                torch.zeros(128, dtype=torch.int32)[::2]):
+        with pytest.raises(ValueError):
+            rx.recv_into(bad, timeout=5)
+    assert not tx.done(t, timeout=0)  # still in the channel
+    out = torch.zeros(64, dtype=torch.int32)
+    # (No timeout: seconds are turned into milliseconds by a call of its own.)
+    n, got = calls_into_gpuipc(lambda: rx.recv_into(out))
+    assert n == 1 and got is out
+    assert torch.equal(out, src)
+    assert tx.done(t, timeout=5)
