@@ -19,8 +19,16 @@ answer is checked at the end of each row.
                the allocator's blocks), the receiver copying the tensor
                into its own GPU's tensor and dropping the shared one.
 
-Prints "RESULT kloop_py <row> median_us p99_us n" per row and the ratio
-of gpuipc's excess over one_process.
+one_process and gpuipc run by turns, TURN round trips each, in the same
+process A (B waits for its next message meanwhile): a machine whose speed
+drifts during the run (a Python loop's round trip moved by 30 % between
+runs a minute apart on one machine) moves both rows alike, and what gpuipc
+adds is their difference. Each turn starts with a few round trips left
+out of the figures.
+
+Prints "RESULT kloop_py <row> median_us p99_us n" per row and what gpuipc
+adds to one_process (the medians' difference, and the median of the
+turns' differences).
 """
 import os
 import sys
@@ -33,6 +41,8 @@ import gpuipc
 
 WARM = 100
 WORDS = 1024
+TURN = 200  # round trips of a row's turn
+SETTLE = 10  # round trips a turn leaves out first
 
 
 def _stats(ts):
@@ -48,22 +58,25 @@ def _report(row, ts):
     return med
 
 
-def one_process(adev, bdev, n):
-    base = torch.arange(WORDS, dtype=torch.int32, device=adev)
-    bad = torch.zeros((), dtype=torch.int64, device=adev)
-    ts = []
-    for i in range(n + WARM):
-        t0 = time.perf_counter()
-        x = base + i * 4096
-        xb = x.to(bdev)
+class _OneProcess:
+    """The torch work alone: .to() between the GPUs in place of a second
+    process."""
+
+    def __init__(self, adev, bdev):
+        self.adev, self.bdev = adev, bdev
+        self.base = torch.arange(WORDS, dtype=torch.int32, device=adev)
+        self.bad = torch.zeros((), dtype=torch.int64, device=adev)
+
+    def trip(self, i):
+        x = self.base + i * 4096
+        xb = x.to(self.bdev)
         ans = xb + 1
-        back = ans.to(adev)
-        bad += (back != x + 1).sum()
-        torch.cuda.synchronize(adev)
-        if i >= WARM:
-            ts.append(time.perf_counter() - t0)
-    assert int(bad) == 0, f"one_process: {int(bad)} wrong values"
-    return ts
+        back = ans.to(self.adev)
+        self.bad += (back != x + 1).sum()
+        torch.cuda.synchronize(self.adev)
+
+    def check(self):
+        assert int(self.bad) == 0, f"one_process: {int(self.bad)} wrong values"
 
 
 def _gp_side_b(dom, bdev, n, ready):
@@ -72,38 +85,75 @@ def _gp_side_b(dom, bdev, n, ready):
     torch.cuda.synchronize(bdev)
     with gpuipc.Domain(dom) as d, d.channel("kloop", timeout=120) as ch:
         ready.set()
-        for _ in range(n + WARM):
-            ch.recv_into(inb, timeout=60)
+        for _ in range(n):
+            ch.recv_into(inb, timeout=120)
             ch.send(inb + 1)
         ch.recv(timeout=60).release()  # A's "done": every answer was read
 
 
-def gpuipc_row(adev, bdev, n):
-    dom = f"kloop{os.getpid()}"
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    p = ctx.Process(target=_gp_side_b, args=(dom, bdev, n, ready))
-    p.start()
-    base = torch.arange(WORDS, dtype=torch.int32, device=adev)
-    back = torch.empty_like(base)
-    bad = torch.zeros((), dtype=torch.int64, device=adev)
-    ts = []
-    with gpuipc.Domain(dom) as d, d.channel("kloop", timeout=120) as ch:
+class _Gpuipc:
+    """Channel.send of the tensor (staged), Channel.recv_into a tensor of
+    the receiver's GPU, both ways, with process B."""
+
+    def __init__(self, adev, bdev, trips):
+        self.dom = f"kloop{os.getpid()}"
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        self.p = ctx.Process(target=_gp_side_b,
+                             args=(self.dom, bdev, trips, ready))
+        self.p.start()
+        self.base = torch.arange(WORDS, dtype=torch.int32, device=adev)
+        self.back = torch.empty_like(self.base)
+        self.bad = torch.zeros((), dtype=torch.int64, device=adev)
+        self.adev = adev
+        self.d = gpuipc.Domain(self.dom)
+        self.ch = self.d.channel("kloop", timeout=120)
         ready.wait(120)
-        for i in range(n + WARM):
-            t0 = time.perf_counter()
-            x = base + i * 4096
-            ch.send(x)
-            ch.recv_into(back, timeout=60)
-            bad += (back != x + 1).sum()
-            torch.cuda.synchronize(adev)
-            if i >= WARM:
-                ts.append(time.perf_counter() - t0)
-        ch.send(torch.zeros(1, dtype=torch.int32))
-        p.join(120)
-    assert p.exitcode == 0, f"gpuipc side B exited {p.exitcode}"
-    assert int(bad) == 0, f"gpuipc: {int(bad)} wrong values"
-    return ts
+
+    def trip(self, i):
+        x = self.base + i * 4096
+        self.ch.send(x)
+        self.ch.recv_into(self.back, timeout=60)
+        self.bad += (self.back != x + 1).sum()
+        torch.cuda.synchronize(self.adev)
+
+    def check(self):
+        self.ch.send(torch.zeros(1, dtype=torch.int32))
+        self.p.join(120)
+        self.ch.close()
+        self.d.close()
+        assert self.p.exitcode == 0, f"gpuipc side B exited {self.p.exitcode}"
+        assert int(self.bad) == 0, f"gpuipc: {int(self.bad)} wrong values"
+
+
+def _timed(row, i0, count, ts):
+    for i in range(i0, i0 + count):
+        t0 = time.perf_counter()
+        row.trip(i)
+        if i - i0 >= SETTLE:
+            ts.append(time.perf_counter() - t0)
+
+
+def by_turns(adev, bdev, n, rows):
+    """The rows of @rows ({name: class}) by turns of TURN round trips, n
+    measured in all each; their times, and each turn's median per row."""
+    turns = max(1, -(-n // (TURN - SETTLE)))
+    trips = WARM + turns * TURN
+    made = {name: (cls(adev, bdev, trips) if cls is _Gpuipc else cls(adev, bdev))
+            for name, cls in rows.items()}
+    ts = {name: [] for name in rows}
+    meds = {name: [] for name in rows}
+    for name, row in made.items():
+        _timed(row, 0, WARM, [])  # warm-up, left out
+    for k in range(turns):
+        for name, row in made.items():
+            got = []
+            _timed(row, WARM + k * TURN, TURN, got)
+            ts[name] += got
+            meds[name].append(_stats(got)[0])
+    for row in made.values():
+        row.check()
+    return ts, meds
 
 
 def _mp_side_b(bdev, n, q_in, q_out, ready):
@@ -155,14 +205,24 @@ def main():
     rows = os.environ.get("KLOOP_ROWS", "one_process,gpuipc,torch_mp").split(",")
     print(f"kloop_torch: GPU {adev} <-> GPU {bdev}, 4 KiB int32, torch "
           f"{torch.__version__}, {n} round trips a row", flush=True)
+    turned = {name: cls for name, cls in (("one_process", _OneProcess),
+                                          ("gpuipc", _Gpuipc)) if name in rows}
     meds = {}
-    for row, fn in (("one_process", one_process), ("gpuipc", gpuipc_row),
-                    ("torch_mp", torch_mp_row)):
-        if row in rows:
-            meds[row] = _report(row, fn(adev, bdev, n))
+    if turned:
+        ts, turn_meds = by_turns(adev, bdev, n, turned)
+        for name in turned:
+            meds[name] = _report(name, ts[name])
+    if "torch_mp" in rows:
+        meds["torch_mp"] = _report("torch_mp", torch_mp_row(adev, bdev, n))
     if "one_process" in meds and "gpuipc" in meds:
+        diffs = sorted(g - o for g, o in zip(turn_meds["gpuipc"],
+                                             turn_meds["one_process"]))
+        print(f"RESULT kloop_py adds {meds['gpuipc'] - meds['one_process']:.1f} "
+              f"{diffs[len(diffs) // 2]:.1f} {len(diffs)}")
         print(f"gpuipc adds {meds['gpuipc'] - meds['one_process']:.1f} us to "
-              f"the one-process torch work")
+              f"the one-process torch work (medians' difference; the median "
+              f"of {len(diffs)} turns' differences: {diffs[len(diffs) // 2]:.1f}, "
+              f"range {diffs[0]:.1f} .. {diffs[-1]:.1f})")
 
 
 if __name__ == "__main__":
