@@ -2027,7 +2027,7 @@ GPUIPC_API int gpuipc_channel_recv(gpuipc_channel_t *ch, gpuipc_tensor_t **view,
  * next receive. dst->buf may be NULL (any memory: dst->dl.device says
  * where). Copies between two host memories are done at once with memcpy.
  * A copy between GPU memories of up to GPUIPC_CHAN_COPY_KERNEL_KB (16 MiB)
- * within one GPU, or up to 1 MiB from another GPU's memory, whose ends are
+ * within one GPU, or up to 256 KiB from another GPU's memory, whose ends are
  * 16-byte aligned is one launch of gpuipc's copy kernel on @stream, which
  * also releases the buffer (it uses a few of the GPU's
  * multiprocessors while it runs; the driver compiles it on the first such

@@ -173,7 +173,8 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "event.")                                                                 \
   XX(CHAN_COPY_KERNEL_KB, "GPUIPC_CHAN_COPY_KERNEL_KB", "16384",               \
      "KiB up to which a receive copy within one GPU (from another GPU's "     \
-     "memory: 1 MiB at most) and a send's staging copy of device memory "     \
+     "memory: 256 KiB at most) and a send's staging copy of device "         \
+     "memory "                                                                 \
      "are gpuipc's copy kernel, which also writes the release or ready "      \
      "word (one launch); larger ones use the copy engine (0: every one "      \
      "does).")
