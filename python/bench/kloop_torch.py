@@ -60,9 +60,9 @@ def _report(row, ts):
 
 class _OneProcess:
     """The torch work alone: .to() between the GPUs in place of a second
-    process."""
+    process (made as every row is; it has no process to size by trips)."""
 
-    def __init__(self, adev, bdev):
+    def __init__(self, adev, bdev, trips):
         self.adev, self.bdev = adev, bdev
         self.base = torch.arange(WORDS, dtype=torch.int32, device=adev)
         self.bad = torch.zeros((), dtype=torch.int64, device=adev)
@@ -139,8 +139,7 @@ def by_turns(adev, bdev, n, rows):
     measured in all each; their times, and each turn's median per row."""
     turns = max(1, -(-n // (TURN - SETTLE)))
     trips = WARM + turns * TURN
-    made = {name: (cls(adev, bdev, trips) if cls is _Gpuipc else cls(adev, bdev))
-            for name, cls in rows.items()}
+    made = {name: cls(adev, bdev, trips) for name, cls in rows.items()}
     ts = {name: [] for name in rows}
     meds = {name: [] for name in rows}
     for name, row in made.items():

@@ -34,7 +34,8 @@
  *                sender's GPU work on a word the sender's stream writes
  *   guard.c      a thread that lets go of the stream waits on a peer's
  *                ready words when the peer goes without writing them
- *   klist.c      the pinned lists of copies the block kernel reads
+ *   klist.c      the pinned lists of copies the block kernel reads, and
+ *                the counters the copy kernels count their blocks in
  *
  *   ref.c        a channel's references (the user's, one per received
  *                view) and its final free
@@ -255,6 +256,17 @@ struct gpuipc__word_map {
 };
 
 /*
+ * The counters gpuipc's copy kernel counts its blocks in, one side's: a
+ * block of GPUIPC__COUNTERS on each local device (state[i] 0 not taken
+ * yet, 1 at at[i], -1 none to be had), one counter a record slot
+ * (klist.c).
+ */
+struct gpuipc__kcounters {
+  uint64_t at[GPUIPC__CHAN_EV_DEVS];
+  int8_t state[GPUIPC__CHAN_EV_DEVS];
+};
+
+/*
  * Sender: one message in flight, in a record slot of its own (sent in its
  * descriptor: the receiver indexes the message's release event and word
  * by it). A slot is taken from the free ones and given back as soon as
@@ -336,10 +348,7 @@ struct gpuipc__tx {
    * last message each record slot's word was asked to reach. */
   struct gpuipc__word_map ready;
   uint64_t *ready_seq;
-  /* The copy kernel's counters for staging copies (ready_copy), as the
-   * receiver's (kstate 0 not taken yet, 1 at kcount[i], -1 none). */
-  uint64_t kcount[GPUIPC__CHAN_EV_DEVS];
-  int8_t kstate[GPUIPC__CHAN_EV_DEVS];
+  struct gpuipc__kcounters kc; /* the staging copies' (ready_copy) */
   uint64_t peer_looked_ns; /* when a send last polled the socket */
 };
 
@@ -361,13 +370,11 @@ struct gpuipc__rx {
    * the last message released with a word in the sender's record slot i. */
   struct gpuipc__word_map words;
   uint64_t *word_seq;
-  /* The copy kernel (rel_lock): a block of counters on each device
-   * (kstate 0 not taken yet, 1 at kcount[i], -1 none), and the largest
-   * copy that is the kernel's rather than the engine's (a receiver's copy
-   * within one GPU, and the sender's staging copies:
+  /* The copy kernel (rel_lock): its counters for our copies, and the
+   * largest copy that is the kernel's rather than the engine's (a
+   * receiver's copy within one GPU, and the sender's staging copies:
    * GPUIPC_CHAN_COPY_KERNEL_KB). */
-  uint64_t kcount[GPUIPC__CHAN_EV_DEVS];
-  int8_t kstate[GPUIPC__CHAN_EV_DEVS];
+  struct gpuipc__kcounters kc;
   uint64_t kernel_max;
   /* Ready words (ready.c, receive lock): where our streams wait on them,
    * and [depth] the message each slot's word was last waited for, which
@@ -837,6 +844,12 @@ int gpuipc__chan_blocks_refuse(struct gpuipc_channel *ch, const char *who);
 uint64_t *gpuipc__chan_klist(struct gpuipc_channel *ch, uint32_t slot,
                              size_t bytes, int dev);
 void gpuipc__chan_klist_free(struct gpuipc_channel *ch);
+/* klist.c: record slot @slot's counter of @k on device @dev, its block
+ * taken at the first call (0: none to be had); every block given back
+ * (once no launch that uses one can still run). */
+uint64_t gpuipc__chan_kcount(struct gpuipc__kcounters *k, int dev,
+                             uint32_t slot);
+void gpuipc__chan_kcounters_put(struct gpuipc__kcounters *k);
 /* Free rx.pblocks (consumed, or the channel closes). */
 void gpuipc__chan_blocks_drop(struct gpuipc_channel *ch);
 

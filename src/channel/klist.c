@@ -3,7 +3,10 @@
  * (src/cuda/kernel.c), one a record slot of the sender's. A slot's list
  * is rewritten only for a later message in that slot, which the sender
  * sends once this one is free: released after the kernel that read the
- * list, and that kernel done.
+ * list, and that kernel done. And the counters the copy kernels count
+ * their blocks in, one a record slot, the receiver's and the sender's
+ * own: a slot's launch is done before the slot is used again (its word,
+ * written last, frees it).
  */
 #include "channel/channel.h"
 #include "cuda/cuda.h"
@@ -53,4 +56,23 @@ void gpuipc__chan_klist_free(struct gpuipc_channel *ch)
   free(rx->klist_cap);
   rx->klist = NULL;
   rx->klist_cap = NULL;
+}
+
+uint64_t gpuipc__chan_kcount(struct gpuipc__kcounters *k, int dev,
+                             uint32_t slot)
+{
+  if (dev < 0 || dev >= GPUIPC__CHAN_EV_DEVS)
+    return 0;
+  if (k->state[dev] == 0)
+    k->state[dev] = gpuipc__counters_get(dev, &k->at[dev]) == 0 ? 1 : -1;
+  return k->state[dev] > 0 ? k->at[dev] + (uint64_t)slot * 4 : 0;
+}
+
+void gpuipc__chan_kcounters_put(struct gpuipc__kcounters *k)
+{
+  for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
+    if (k->state[i] > 0) {
+      gpuipc__counters_put(i, k->at[i]);
+      k->state[i] = 0;
+    }
 }

@@ -84,24 +84,17 @@ int gpuipc__chan_ready_copy(struct gpuipc_channel *ch, int dev, void *stream,
                             uint32_t slot, uint64_t seq, void *dst,
                             const void *src, size_t n)
 {
-  struct gpuipc__tx *tx = &ch->tx;
-  uint64_t addr;
-  if (n == 0 || n > ch->rx.kernel_max || dev < 0 ||
-      dev >= GPUIPC__CHAN_EV_DEVS || dev >= GPUIPC__DEV_SLOTS ||
+  uint64_t addr, count;
+  if (n == 0 || n > ch->rx.kernel_max ||
       ((uintptr_t)dst | (uintptr_t)src) % 16 != 0 ||
       gpuipc__stream_dev(stream, dev) != dev ||
-      ready_addr(ch, dev, &addr) != 0)
-    return GPUIPC_E_UNSUPPORTED;
-  if (tx->kstate[dev] == 0)
-    tx->kstate[dev] =
-        gpuipc__counters_get(dev, &tx->kcount[dev]) == 0 ? 1 : -1;
-  if (tx->kstate[dev] < 0)
+      ready_addr(ch, dev, &addr) != 0 || /* a device it cannot: here too */
+      (count = gpuipc__chan_kcount(&ch->tx.kc, dev, slot)) == 0)
     return GPUIPC_E_UNSUPPORTED;
   int rc = gpuipc__copy_word(dev, dst, src, n, stream,
-                             addr + (uint64_t)slot * 8, seq,
-                             tx->kcount[dev] + (uint64_t)slot * 4, true);
+                             addr + (uint64_t)slot * 8, seq, count, true);
   if (rc == 0)
-    tx->ready_seq[slot] = seq;
+    ch->tx.ready_seq[slot] = seq;
   return rc;
 }
 

@@ -267,12 +267,7 @@ int gpuipc__chan_rx_word_for(struct gpuipc_channel *ch, uint32_t slot,
     return GPUIPC_E_UNSUPPORTED; /* the release itself says what became */
   if (rx_word_addr(ch, slot, dev, word) != 0)
     return GPUIPC_E_UNSUPPORTED;
-  *count = 0;
-  if (kernel && rx->kstate[dev] == 0)
-    rx->kstate[dev] = gpuipc__counters_get(dev, &rx->kcount[dev]) == 0 ? 1
-                                                                       : -1;
-  if (kernel && rx->kstate[dev] > 0)
-    *count = rx->kcount[dev] + (uint64_t)slot * 4;
+  *count = kernel ? gpuipc__chan_kcount(&rx->kc, dev, slot) : 0;
   return 0;
 }
 
@@ -563,11 +558,7 @@ void gpuipc__chan_rx_close(struct gpuipc_channel *ch)
   /* A counter block goes back only once every word is written: a launch
    * still running would use it (an unfinished one keeps it, unused). */
   if (gpuipc__chan_words_written(ch)) {
-    for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
-      if (rx->kstate[i] > 0) {
-        gpuipc__counters_put(i, rx->kcount[i]);
-        rx->kstate[i] = 0;
-      }
+    gpuipc__chan_kcounters_put(&rx->kc);
     gpuipc__chan_klist_free(ch); /* else a launch may still read one */
   }
   free(rx->word_seq);

@@ -644,7 +644,6 @@ static int stage_copy(struct gpuipc_channel *ch, const gpuipc_tensor_t *t,
   uint8_t *dst = (uint8_t *)gpuipc_buf_ptr(stage) + d->offset;
   const uint8_t *src = (const uint8_t *)dl->data + dl->byte_offset;
   d->flags |= GPUIPC__DESC_STAGED;
-  post->ev_dev = -1;
   if (post->area == 0) {
     if (span > 0)
       memcpy(dst, src, span);
@@ -690,20 +689,19 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
   rc = gpuipc__chan_tx_peer_check(ch);
   if (rc != 0)
     goto unlock;
-  int area, slot, large, ev_dev = -1;
+  int area, slot, large;
   rc = tx_reserve(ch, t, span, flags, &area, &slot, &large);
   if (rc != 0)
     goto unlock;
-  uint64_t seq = tx->next_seq;
   gpuipc_buf_t *buf = t->buf;
   struct gpuipc__tx_post post = {.hold = &buf, .nhold = 1, .area = area,
-                                 .slot = slot, .large = large,
+                                 .slot = slot, .large = large, .ev_dev = -1,
                                  .stream = stream};
   if (buf == NULL)
     buf = gpuipc__chan_stage_at(ch, area, slot, large, &d.offset);
   else if (gpuipc_buf_kind(buf) != GPUIPC_KIND_HOST)
-    ev_dev = gpuipc_buf_device(buf);
-  d.seq = seq;
+    post.ev_dev = gpuipc_buf_device(buf);
+  d.seq = tx->next_seq;
   d.buf_size = gpuipc_buf_size(buf);
   rc = gpuipc__chan_tx_intro(ch, buf, &d);
   if (rc != 0)
@@ -717,9 +715,7 @@ int gpuipc_channel_send(gpuipc_channel_t *ch, const gpuipc_tensor_t *t,
         gpuipc__chan_break(ch, rc);
       goto unlock;
     }
-    ev_dev = post.ev_dev;
   }
-  post.ev_dev = ev_dev;
   rc = gpuipc__chan_tx_post(ch, &d, &post, ticket);
 unlock:
   pthread_mutex_unlock(&tx->lock);
@@ -1060,11 +1056,7 @@ void gpuipc__chan_tx_close(struct gpuipc_channel *ch)
    * staging launch still running would use it (an unfinished one keeps
    * it, unused). */
   if (gpuipc__chan_ready_settle(ch, 0))
-    for (int i = 0; i < GPUIPC__CHAN_EV_DEVS; i++)
-      if (tx->kstate[i] > 0) {
-        gpuipc__counters_put(i, tx->kcount[i]);
-        tx->kstate[i] = 0;
-      }
+    gpuipc__chan_kcounters_put(&tx->kc);
   free(tx->ready_seq);
   tx->ready_seq = NULL;
 }

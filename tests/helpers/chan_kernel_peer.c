@@ -48,12 +48,20 @@ static const size_t dst_off[] = {0, 32, 3};
 #define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
 #define NOFFS 3
 
-/* The staged sender: every message's bytes written on @s just before
- * its send, which stages them. */
-static void stager(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
+/* The sender, from a LEGACY buffer; @staged: from cuMemAlloc memory,
+ * which every send stages, each message's bytes written on @s just before
+ * it (the staging launches and the words counted). */
+static void sender(gpuipc_channel_t *ch, CUstream s, size_t kernel_max,
+                   bool staged)
 {
+  gpuipc_buf_t *buf = NULL;
   CUdeviceptr dev;
-  CU_OK(cuMemAlloc, &dev, BUF_BYTES);
+  if (staged) {
+    CU_OK(cuMemAlloc, &dev, BUF_BYTES);
+  } else {
+    ASSERT_OK(gpuipc_buf_alloc(BUF_BYTES, GPUIPC_KIND_LEGACY, 0, 0, &buf));
+    dev = (CUdeviceptr)(uintptr_t)gpuipc_buf_ptr(buf);
+  }
   uint8_t *host = malloc(BUF_BYTES);
   ASSERT_TRUE(host != NULL);
   int k0 = cu_fake_count("fake_cuda_stage_launches");
@@ -67,11 +75,15 @@ static void stager(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
       if (ticket != 0)
         ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
       test_fill(host, sizes[i], id);
-      CU_OK(cuMemcpyAsync, dev + src_off[o], (CUdeviceptr)host, sizes[i], s);
+      if (staged)
+        CU_OK(cuMemcpyAsync, dev + src_off[o], (CUdeviceptr)host, sizes[i],
+              s);
+      else
+        CU_OK(cuMemcpy, dev + src_off[o], (CUdeviceptr)host, sizes[i]);
       int64_t shape[1];
       gpuipc_tensor_t t;
       cu_bytes_tensor(&t, shape, (void *)(uintptr_t)(dev + src_off[o]),
-                      sizes[i], NULL);
+                      sizes[i], buf);
       ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
       if (src_off[o] % 16 == 0 && sizes[i] <= kernel_max)
         want_k++;
@@ -79,41 +91,19 @@ static void stager(gpuipc_channel_t *ch, CUstream s, size_t kernel_max)
         want_w++;
     }
   ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
-  int k = cu_fake_count("fake_cuda_stage_launches") - k0;
-  int w = cu_fake_count("fake_cuda_word_writes") - w0;
-  printf("send: %llu staged messages, kernel up to %zu bytes: %d staging "
-         "launches (want %d), %d ready words written after a copy (want "
-         "%d)\n", (unsigned long long)id, kernel_max, k, want_k, w, want_w);
-  ASSERT_EQ(k, want_k);
-  ASSERT_EQ(w, want_w);
-  CU_OK(cuMemFree, dev);
-  free(host);
-}
-
-static void sender(gpuipc_channel_t *ch, CUstream s)
-{
-  gpuipc_buf_t *buf;
-  ASSERT_OK(gpuipc_buf_alloc(BUF_BYTES, GPUIPC_KIND_LEGACY, 0, 0, &buf));
-  uint8_t *dev = gpuipc_buf_ptr(buf);
-  uint8_t *host = malloc(BUF_BYTES);
-  ASSERT_TRUE(host != NULL);
-  uint64_t id = 0, ticket = 0;
-  for (size_t i = 0; i < NSIZES; i++)
-    for (size_t o = 0; o < NOFFS; o++) {
-      id++;
-      /* The last message's bytes are read before these are written. */
-      if (ticket != 0)
-        ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
-      test_fill(host, sizes[i], id);
-      CU_OK(cuMemcpy, (CUdeviceptr)(dev + src_off[o]), (CUdeviceptr)host,
-            sizes[i]);
-      int64_t shape[1];
-      gpuipc_tensor_t t;
-      cu_bytes_tensor(&t, shape, dev + src_off[o], sizes[i], buf);
-      ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
-    }
-  ASSERT_OK(gpuipc_channel_send_done(ch, ticket, 30000));
-  ASSERT_OK(gpuipc_buf_release(buf));
+  if (staged) {
+    int k = cu_fake_count("fake_cuda_stage_launches") - k0;
+    int w = cu_fake_count("fake_cuda_word_writes") - w0;
+    printf("send: %llu staged messages, kernel up to %zu bytes: %d staging "
+           "launches (want %d), %d ready words written after a copy (want "
+           "%d)\n", (unsigned long long)id, kernel_max, k, want_k, w,
+           want_w);
+    ASSERT_EQ(k, want_k);
+    ASSERT_EQ(w, want_w);
+    CU_OK(cuMemFree, dev);
+  } else {
+    ASSERT_OK(gpuipc_buf_release(buf));
+  }
   free(host);
 }
 
@@ -186,10 +176,8 @@ int main(int argc, char **argv)
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
   gpuipc_channel_t *ch = cu_chan_open(dom, argv[3], false);
-  if (send)
-    sender(ch, s);
-  else if (stage)
-    stager(ch, s, kernel_max);
+  if (send || stage)
+    sender(ch, s, kernel_max, stage);
   else
     receiver(ch, s, kernel_max, staged);
   ASSERT_OK(gpuipc_channel_close(ch));
