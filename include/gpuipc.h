@@ -1907,6 +1907,11 @@ GPUIPC_API int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
  * nothing when the work is over already). Work queued on @stream
  * afterwards may overwrite the buffer. Where @stream's device cannot wait
  * on a word, the host waits instead, as in gpuipc_channel_send_done.
+ * A release word written on the GPU @stream belongs to (the receiver's
+ * work runs there too) is polled for up to GPUIPC_CHAN_EVENT_POLL_US
+ * first, as gpuipc_channel_recv does; one written from another GPU, with
+ * @stream on the GPU the buffer lies on, is waited on by @stream at once
+ * and the host returns.
  * Returns as gpuipc_channel_send_done.
  */
 GPUIPC_API int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,

@@ -61,12 +61,15 @@ int main(void)
   round_trip(GPUIPC__REL_EVENT, 3, 77);
   round_trip(GPUIPC__REL_EVENT | GPUIPC__REL_NEW_EVENT, 64, 1ull << 40);
   round_trip(GPUIPC__REL_WORD, 0, 123456789);
+  round_trip(GPUIPC__REL_WORD | GPUIPC__REL_AWAY, 0, 42);
 
   refused(GPUIPC__REL_WORD | GPUIPC__REL_EVENT, 0, "word and event");
   refused(GPUIPC__REL_WORD | GPUIPC__REL_EVENT | GPUIPC__REL_NEW_EVENT, 0,
           "word and a new event");
   refused(GPUIPC__REL_NEW_EVENT, 0, "event handle without the event");
-  refused(0x8, 0, "unknown flag");
+  refused(GPUIPC__REL_AWAY, 0, "where a word is written, without one");
+  refused(GPUIPC__REL_EVENT | GPUIPC__REL_AWAY, 0, "an event written away");
+  refused(0x10, 0, "unknown flag");
   refused(GPUIPC__REL_EVENT,
           GPUIPC__CHAN_EV_DEVS * GPUIPC_CHANNEL_DEPTH_MAX, "event key");
 
@@ -83,6 +86,6 @@ int main(void)
   n = gpuipc__rel_encode(&r, b, sizeof(b));
   b[0] ^= 1;
   ASSERT_RC(decode(b, (size_t)n, &back), GPUIPC_E_PROTO); /* magic */
-  printf("release records: 4 kinds round-trip, 8 malformed refused\n");
+  printf("release records: 5 kinds round-trip, 10 malformed refused\n");
   return 0;
 }

@@ -1,7 +1,8 @@
 /*
  * Writes the seed corpus of fuzz/fuzz_desc into DIR: valid descriptors
  * (1 to 8 dimensions, row-major, column-major, negative strides, empty,
- * with an event handle, with flags), release records, and block lists of
+ * with an event handle, with flags), release records (a word written on
+ * another GPU among them), and block lists of
  * either form.
  *
  * Not part of the build (every .c file directly under fuzz/ is a libFuzzer
@@ -120,6 +121,8 @@ int main(int argc, char **argv)
   r.flags = GPUIPC__REL_WORD;
   r.seq = 10;
   put("valid-release-word", b, gpuipc__rel_encode(&r, b, sizeof(b)));
+  r.flags = GPUIPC__REL_WORD | GPUIPC__REL_AWAY;
+  put("valid-release-word-away", b, gpuipc__rel_encode(&r, b, sizeof(b)));
   /* Block lists: the full form (two buffers, three blocks) and the
    * slots form (one buffer, four slots). */
   struct gpuipc__blist_buf bufs[2] = {{.key = 3, .size = 1 << 20},

@@ -659,14 +659,15 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
     for (uint32_t i = 0; i < pb->n; i++)
       memcpy((uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset,
              pb->src[i], pb->bytes[i]);
-    return gpuipc__chan_rx_done(ch, -1, stream, false, false);
+    return gpuipc__chan_rx_done(ch, -1, -1, stream, false, false);
   }
   int dev = gpuipc__stream_dev(stream, dp->host ? pb->dev : dp->dev);
   bool carried = false;
   rc = copy_gpu(ch, dp, dst, dev, stream, &carried);
   if (rc != 0)
     return rc;
-  return gpuipc__chan_rx_done(ch, dev, stream, true, carried);
+  /* (A batch's blocks may lie on several GPUs: no REL_AWAY.) */
+  return gpuipc__chan_rx_done(ch, dev, -1, stream, true, carried);
 }
 
 int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,

@@ -285,6 +285,7 @@ struct gpuipc__tx_rec {
   gpuipc_event_t *rel_ev; /* the receiver's release event (table's) */
   uint32_t rel_key;       /* its key */
   bool rel_word;          /* or its release word says when it is free */
+  bool rel_away;          /* written by a GPU other than the buffer's */
 };
 
 /* The most large stages an area keeps (stage_slots says how many). */
@@ -649,6 +650,9 @@ int gpuipc__chan_ready_write(struct gpuipc_channel *ch, int dev, void *stream,
 int gpuipc__chan_ready_copy(struct gpuipc_channel *ch, int dev, void *stream,
                             uint32_t slot, uint64_t seq, void *dst,
                             const void *src, size_t n);
+/* The local GPU the memory of @b lies on (not the one it is mapped for),
+ * or -1 (HOST memory, or a GPU this process does not see). */
+int gpuipc__chan_home_gpu(const gpuipc_buf_t *b);
 /*
  * Make @stream (of local device @dev) wait for the ready word of the
  * pending message, which lies in buffer @b: nothing when the word has
@@ -784,10 +788,12 @@ int gpuipc__chan_rx_ready(struct gpuipc_channel *ch, int dev, void *stream);
 /*
  * The pending message is consumed: release it, ordered after @stream (of
  * device @dev, -1: none; @busy: work was just queued on it; @carried: a
- * kernel queued there writes its release word). Receive lock held.
+ * kernel queued there writes its release word; @home: the local GPU its
+ * memory lies on, gpuipc__chan_home_gpu, or -1 when not one). Receive
+ * lock held.
  */
-int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, void *stream,
-                         bool busy, bool carried);
+int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, int home,
+                         void *stream, bool busy, bool carried);
 /*
  * Where @dev's streams write the release word of record slot @slot, and
  * the counter gpuipc's kernels take for it (@kernel; 0: none); 0, or

@@ -98,9 +98,7 @@ int gpuipc__chan_ready_copy(struct gpuipc_channel *ch, int dev, void *stream,
   return rc;
 }
 
-/* The local GPU the memory of @b lies on (not the one it is mapped for),
- * or -1. */
-static int home_gpu(const gpuipc_buf_t *b)
+int gpuipc__chan_home_gpu(const gpuipc_buf_t *b)
 {
   if (gpuipc_buf_kind(b) == GPUIPC_KIND_HOST)
     return -1;
@@ -139,7 +137,7 @@ int gpuipc__chan_ready_wait(struct gpuipc_channel *ch, int dev, void *stream,
   _Atomic uint64_t *w = &ch->rx_ready[d->slot];
   if (reached(w, d->seq))
     return 0; /* done already: the stream stays idle */
-  if (home_gpu(b) == dev) {
+  if (gpuipc__chan_home_gpu(b) == dev) {
     uint64_t end = gpuipc__now_ns() + gpuipc__chan_ev_poll_ns();
     while (!reached(w, d->seq) && gpuipc__now_ns() < end)
       ;

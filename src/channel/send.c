@@ -171,6 +171,7 @@ static int tx_take(struct gpuipc_channel *ch)
     r->rel_ev = ev;
     r->rel_key = rl.ev_key;
     r->rel_word = (rl.flags & GPUIPC__REL_WORD) != 0;
+    r->rel_away = (rl.flags & GPUIPC__REL_AWAY) != 0;
     tx->rel_tail++;
     taken++;
     if (tx->cb != NULL)
@@ -928,21 +929,28 @@ int gpuipc__chan_tx_recycle(struct gpuipc_channel *ch)
  * Make @stream wait until @r's release word reaches it (send lock held):
  * nothing when it does within the poll, a stream wait on the word, or,
  * where the stream's device cannot wait on one, the host waits here until
- * the message is free (@timeout_ms as the caller's).
+ * the message is free (@timeout_ms as the caller's). The poll is for a
+ * word another process's stream writes on the stream's own GPU, where a
+ * stream waiting on it would hold the GPU from that process (a switch
+ * between contexts); a word written from another GPU (GPUIPC__REL_AWAY,
+ * @stream on the GPU the buffer lies on) is waited on by the stream at
+ * once, and the host goes on.
  */
 static int word_stream_wait(struct gpuipc_channel *ch,
                             struct gpuipc__tx_rec *r, void *stream,
                             int timeout_ms, const char *who)
 {
   struct gpuipc__tx *tx = &ch->tx;
-  uint64_t end = gpuipc__now_ns() + gpuipc__chan_ev_poll_ns();
+  int home = r->buf != NULL ? gpuipc_buf_device(r->buf) : -1;
+  int dev = gpuipc__stream_dev(stream, home >= 0 ? home : 0);
+  bool away = r->rel_away && r->buf != NULL &&
+              dev == gpuipc__chan_home_gpu(r->buf);
+  uint64_t end = away ? 0 : gpuipc__now_ns() + gpuipc__chan_ev_poll_ns();
   while (!word_reached(ch, r) && gpuipc__now_ns() < end)
     ; /* a load a turn: the peer is looked at once, below */
   int q = rel_query(ch, r);
   if (q != -EAGAIN)
     return q;
-  int home = r->buf != NULL ? gpuipc_buf_device(r->buf) : -1;
-  int dev = gpuipc__stream_dev(stream, home >= 0 ? home : 0);
   uint64_t words;
   if (gpuipc__chan_word_addr(&tx->words, ch->seg, ch->tx_words, dev, &words) == 0)
     return gpuipc__stream_word_wait(dev, stream,

@@ -164,8 +164,9 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "stages GPU memory through pinned host memory, auto asks the MPI "       \
      "library (MPIX_Query_cuda_support).")                                    \
   XX(CHAN_EVENT_POLL_US, "GPUIPC_CHAN_EVENT_POLL_US", "200",                   \
-     "Microseconds a channel end polls a peer's pending event before "         \
-     "making its stream wait for it (0: never poll).")                         \
+     "Microseconds a channel end polls a peer's pending event or word, "       \
+     "written on the GPU of the stream that would wait, before making the "    \
+     "stream wait (0: never poll; from another GPU it never polls).")          \
   XX(CHAN_READY_WORDS, "GPUIPC_CHAN_READY_WORDS", "1",                       \
      "1: a message sent after GPU work is ordered by a word the sender's "    \
      "stream writes and the receiver's stream waits on (cuStreamWriteValue64 "\

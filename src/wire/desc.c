@@ -371,6 +371,9 @@ int gpuipc__rel_decode(const void *src, size_t len, struct gpuipc__rel *out,
   if ((out->flags & GPUIPC__REL_WORD) && (out->flags & GPUIPC__REL_EVENT))
     return gpuipc__err(GPUIPC_E_PROTO, "%s: release asks for both an event "
                        "and a word", who);
+  if ((out->flags & GPUIPC__REL_AWAY) && !(out->flags & GPUIPC__REL_WORD))
+    return gpuipc__err(GPUIPC_E_PROTO, "%s: release says where a word is "
+                       "written without one", who);
   if ((out->flags & GPUIPC__REL_EVENT) &&
       out->ev_key >= GPUIPC__CHAN_EV_DEVS * GPUIPC_CHANNEL_DEPTH_MAX)
     return gpuipc__err(GPUIPC_E_PROTO, "%s: release event key %u is out of "

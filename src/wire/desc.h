@@ -29,8 +29,10 @@
  * 2: descriptors of type GPUIPC__DESC_BLOCKS, whose block list
  *    (GPUIPC__BLIST_MAGIC, below) lies in the sender's host stage.
  * 3: block lists in the slots form (GPUIPC__BLIST_SLOTS): the head's
- *    reserved u16 says the form. */
-#define GPUIPC__DESC_VERSION 3
+ *    reserved u16 says the form.
+ * 4: releases may say GPUIPC__REL_AWAY: their word is written by a GPU
+ *    other than the one the message's memory lies on. */
+#define GPUIPC__DESC_VERSION 4
 #define GPUIPC__DESC_TENSOR 1
 /* A block batch: the "tensor" is its block list, 1-D uint8, in a buffer the
  * receiver reads from the host (the sender's host staging area). */
@@ -107,7 +109,10 @@ uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
 #define GPUIPC__REL_EVENT 0x1u        /* the sender must wait for ev_key */
 #define GPUIPC__REL_NEW_EVENT 0x2u    /* ev_handle carries it */
 #define GPUIPC__REL_WORD 0x4u /* or for the release word to reach seq */
-#define GPUIPC__REL_FLAGS 0x7u
+/* With REL_WORD: a GPU other than the one the message's memory lies on
+ * writes the word (a stream there waiting on it stalls no other). */
+#define GPUIPC__REL_AWAY 0x8u
+#define GPUIPC__REL_FLAGS 0xfu
 
 struct gpuipc__rel {
   uint16_t slot;       /* the message's record slot, as its descriptor said */

@@ -155,9 +155,11 @@ static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
     *v = dev == env_int("FAKE_CUDA_VMM_DEV", 0);
     break;
   case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED:
+    *v = d0;
+    break;
   case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
-    *v = d0;
+    *v = d0 || env_int("FAKE_CUDA_DEV1_OPS", 0) == 1;
     break;
   case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:

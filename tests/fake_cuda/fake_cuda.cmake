@@ -32,6 +32,12 @@ if(GPUIPC_HAVE_CUDA)
   target_compile_definitions(test_channel_streams PRIVATE
     FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
   target_link_libraries(chan_stream_peer PRIVATE ${CMAKE_DL_LIBS})
+  # tests/channel_wait_across.c: chan_away_peer pairs count the sender's
+  # waits on release words written on another GPU and on its own.
+  add_dependencies(test_channel_wait_across fake_cuda_full chan_away_peer)
+  target_compile_definitions(test_channel_wait_across PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  target_link_libraries(chan_away_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_ready_guard.c: a sender killed before its ready word.
   add_dependencies(test_channel_ready_guard fake_cuda_full chan_guard_peer)
   target_compile_definitions(test_channel_ready_guard PRIVATE

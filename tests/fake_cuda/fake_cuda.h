@@ -14,6 +14,9 @@
  *                      device 0, whose GPUIPC_KIND_AUTO memory is then
  *                      LEGACY, which the fake shares: it has no VMM entry
  *                      points in any case)
+ *   FAKE_CUDA_DEV1_OPS 1: device 1 too has interprocess events and 64-bit
+ *                      stream memory operations (default 0: only device
+ *                      0, as for an older GPU beside a newer one)
  *   FAKE_CUDA_REGISTER_MS  milliseconds cuMemHostRegister takes
  *   FAKE_CUDA_COPY_LAG     a queued copy is done on this query of an event
  *                          recorded after it (default 1), not before ...

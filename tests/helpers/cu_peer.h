@@ -1,7 +1,8 @@
 /*
  * What the helper processes of the GPU-ordering tests on the fake CUDA
- * driver share (chan_order_peer.c, chan_close_peer.c, chan_kernel_peer.c):
- * a created stream of device 0 with its primary context current, a
+ * driver share (chan_order_peer.c, chan_close_peer.c, chan_kernel_peer.c,
+ * chan_away_peer.c): a created stream of device 0 (or another) with its
+ * primary context current, a
  * channel opened for them, a 1-D byte tensor on device 0, and the fake's
  * counters. Included only where GPUIPC_HAVE_CUDA; link with -ldl.
  */
@@ -20,16 +21,23 @@
 
 #define CU_OK(fn, ...) ASSERT_OK(GPUIPC_CU(fn, __VA_ARGS__))
 
-/* A created, non-blocking stream of device 0, its primary context current. */
-static inline CUstream cu_stream_make(void)
+/* A created, non-blocking stream of device @dev, its primary context
+ * current. */
+static inline CUstream cu_stream_on(int dev)
 {
   ASSERT_OK(gpuipc_driver_status(NULL));
   CUcontext ctx;
-  CU_OK(cuDevicePrimaryCtxRetain, &ctx, 0);
+  CU_OK(cuDevicePrimaryCtxRetain, &ctx, dev);
   CU_OK(cuCtxSetCurrent, ctx);
   CUstream s;
   CU_OK(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING);
   return s;
+}
+
+/* The same on device 0. */
+static inline CUstream cu_stream_make(void)
+{
+  return cu_stream_on(0);
 }
 
 /* Channel @name of @dom, 30 s timeouts; on device 0 when @dev0. */
