@@ -35,12 +35,7 @@
  *             row's floor, the same copy in this one process with the host
  *             polling the stream until it is done (<where>_copy_wait_
  *             <handle>: what any round trip that must see the copy
- *             complete costs at least, on this machine); the same copy
- *             ordered on the GPUs as the round trip must order it, a
- *             word written after it that a stream of the consumer's GPU
- *             waits on and a word back that the next copy waits on
- *             (<where>_copy_words_<handle>, one process, no messages:
- *             copy_words_floor); and as programs
+ *             complete costs at least, on this machine); and as programs
  *             run: a kernel writes the tensor before each send, the
  *             receiver's kernel reads it before the release
  *             (<where>_gpu_rt_<handle>_kernels).
@@ -420,68 +415,6 @@ static void latency(prod *p, int n)
 }
 
 /*
- * The copy-queued round trip's floor with the ordering it needs on the
- * GPUs, in this one process: the same 4 KiB copy on @s, then @s writes
- * word 1 (cuStreamWriteValue64), a created stream of the consumer's GPU
- * waits for it (cuStreamWaitValue64) and writes word 2, which @s waits
- * for before the next copy; the words in pinned host memory, as a
- * channel's are. The host queues ahead by up to the channel's depth
- * (16), as the round trip's sender may, and the row is the median time
- * a round trip's calls take, as the round trip's is. Row
- * <where>_copy_words_<handle>: the least any round trip costs that both
- * waits for the copy on the other GPU and orders the next copy after the
- * other side, with no second process and no messages.
- */
-static void copy_words_floor(prod *p, cudaStream_t s, int n, int warm, int h)
-{
-  const int depth = 16;
-  uint8_t *base = (uint8_t *)gpuipc_buf_ptr(p->src);
-  uint64_t *w;
-  CUDA_OK(cudaHostAlloc((void **)&w, 2 * 64, cudaHostAllocMapped |
-                                                 cudaHostAllocPortable));
-  memset(w, 0, 2 * 64);
-  volatile uint64_t *w2 = w + 8;
-  CUdeviceptr d1, d2;
-  CUDA_OK(cudaHostGetDevicePointer((void **)&d1, w, 0));
-  CUDA_OK(cudaHostGetDevicePointer((void **)&d2, w + 8, 0));
-  cudaStream_t s1;
-  CUDA_OK(cudaSetDevice(p->cdev));
-  CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-  CUDA_OK(cudaSetDevice(p->pdev));
-  std::vector<double> v;
-  for (int i = 1; i <= n + warm; i++) {
-    double t0 = now_us();
-    while ((int64_t)*w2 < (int64_t)i - depth)
-      ;
-    CUDA_OK(cudaMemcpyAsync(base, base + LAT_BYTES, LAT_BYTES,
-                            cudaMemcpyDeviceToDevice, s));
-    CU_OK(cuStreamWriteValue64((CUstream)s, d1, (cuuint64_t)i,
-                               CU_STREAM_WRITE_VALUE_DEFAULT));
-    CU_OK(cuStreamWaitValue64((CUstream)s1, d1, (cuuint64_t)i,
-                              CU_STREAM_WAIT_VALUE_GEQ));
-    CU_OK(cuStreamWriteValue64((CUstream)s1, d2, (cuuint64_t)i,
-                               CU_STREAM_WRITE_VALUE_DEFAULT));
-    CU_OK(cuStreamWaitValue64((CUstream)s, d2, (cuuint64_t)i,
-                              CU_STREAM_WAIT_VALUE_GEQ));
-    if (i > warm)
-      v.push_back(now_us() - t0);
-  }
-  CUDA_OK(cudaStreamSynchronize(s));
-  CUDA_OK(cudaStreamSynchronize(s1));
-  if (*w2 != (uint64_t)(n + warm)) {
-    fprintf(stderr, "copy_words: word 2 is %llu, not %d\n",
-            (unsigned long long)*w2, n + warm);
-    exit(1);
-  }
-  char name[64];
-  snprintf(name, sizeof(name), "%s_copy_words_%s", p->where,
-           handle_names[h]);
-  result_lat(name, v, 1);
-  CUDA_OK(cudaStreamDestroy(s1));
-  CUDA_OK(cudaFreeHost(w));
-}
-
-/*
  * The 4 KiB round trip with both ends on stream handle @h: idle, then with
  * a 4 KiB device copy queued on the stream before each send (the message
  * carries an event; the release does not: the receiver's stream is idle);
@@ -531,7 +464,6 @@ static void stream_rows(prod *p, int n, int h)
   }
   snprintf(name, sizeof(name), "%s_copy_wait_%s", p->where, handle_names[h]);
   result_lat(name, v, 1);
-  copy_words_floor(p, s, n, warm, h);
   v.clear();
   control_on(p, OP_LAT_READ, LAT_BYTES, n + warm, h);
   for (int i = 0; i < n + warm; i++) {
