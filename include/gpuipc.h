@@ -1910,8 +1910,8 @@ GPUIPC_API int gpuipc_channel_send_done(gpuipc_channel_t *ch, uint64_t ticket,
  * A release word written on the GPU @stream belongs to (the receiver's
  * work runs there too) is polled for up to GPUIPC_CHAN_EVENT_POLL_US
  * first, as gpuipc_channel_recv does; one written from another GPU, with
- * @stream on the GPU the buffer lies on, is waited on by @stream at once
- * and the host returns.
+ * @stream on the GPU the buffer lies on (a block batch's first block's
+ * buffer), is waited on by @stream at once and the host returns.
  * Returns as gpuipc_channel_send_done.
  */
 GPUIPC_API int gpuipc_channel_send_wait(gpuipc_channel_t *ch, uint64_t ticket,

@@ -666,8 +666,10 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
   rc = copy_gpu(ch, dp, dst, dev, stream, &carried);
   if (rc != 0)
     return rc;
-  /* (A batch's blocks may lie on several GPUs: no REL_AWAY.) */
-  return gpuipc__chan_rx_done(ch, dev, -1, stream, true, carried);
+  /* The sender's record holds the list's first buffer: its GPU is the
+   * one the release says whether the word is written from. */
+  int home = pb->host ? -1 : gpuipc__chan_home_gpu(pb->bufs[0]);
+  return gpuipc__chan_rx_done(ch, dev, home, stream, true, carried);
 }
 
 int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,

@@ -789,8 +789,9 @@ int gpuipc__chan_rx_ready(struct gpuipc_channel *ch, int dev, void *stream);
  * The pending message is consumed: release it, ordered after @stream (of
  * device @dev, -1: none; @busy: work was just queued on it; @carried: a
  * kernel queued there writes its release word; @home: the local GPU its
- * memory lies on, gpuipc__chan_home_gpu, or -1 when not one). Receive
- * lock held.
+ * memory lies on, gpuipc__chan_home_gpu -- a block batch's first
+ * buffer's, which the sender's record holds -- or -1 when not one).
+ * Receive lock held.
  */
 int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, int home,
                          void *stream, bool busy, bool carried);

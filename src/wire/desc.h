@@ -110,7 +110,8 @@ uint64_t gpuipc__layout_count(int ndim, const int64_t *shape);
 #define GPUIPC__REL_NEW_EVENT 0x2u    /* ev_handle carries it */
 #define GPUIPC__REL_WORD 0x4u /* or for the release word to reach seq */
 /* With REL_WORD: a GPU other than the one the message's memory lies on
- * writes the word (a stream there waiting on it stalls no other). */
+ * (a block batch's: its list's first buffer's) writes the word (a stream
+ * there waiting on it stalls no other). */
 #define GPUIPC__REL_AWAY 0x8u
 #define GPUIPC__REL_FLAGS 0xfu
 

@@ -135,6 +135,30 @@ static CUresult fake_cuDeviceGetPCIBusId(char *pci, int len, CUdevice dev)
   return CUDA_SUCCESS;
 }
 
+/* Peer access between the two devices only with FAKE_CUDA_DEV1_OPS 1 (the
+ * memory is host memory either way). */
+static CUresult fake_cuDeviceCanAccessPeer(int *can, CUdevice dev,
+                                           CUdevice peer)
+{
+  NEED_INIT();
+  NEED_DEV(dev);
+  NEED_DEV(peer);
+  if (can == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  *can = dev != peer && env_int("FAKE_CUDA_DEV1_OPS", 0) == 1;
+  return CUDA_SUCCESS;
+}
+
+static CUresult fake_cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
+{
+  NEED_INIT();
+  if (peer == NULL || flags != 0 || fake_current == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (peer == fake_current || env_int("FAKE_CUDA_DEV1_OPS", 0) != 1)
+    return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  return CUDA_SUCCESS;
+}
+
 static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
                                           CUdevice dev)
 {
@@ -405,6 +429,8 @@ static const struct {
     ENTRY(cuDeviceTotalMem),
     ENTRY(cuDeviceGetPCIBusId),
     ENTRY(cuDeviceGetAttribute),
+    ENTRY(cuDeviceCanAccessPeer),
+    ENTRY(cuCtxEnablePeerAccess),
     ENTRY(cuDevicePrimaryCtxRetain),
     ENTRY(cuDevicePrimaryCtxRelease),
     ENTRY(cuDevicePrimaryCtxGetState),

@@ -15,8 +15,11 @@
  *                      LEGACY, which the fake shares: it has no VMM entry
  *                      points in any case)
  *   FAKE_CUDA_DEV1_OPS 1: device 1 too has interprocess events and 64-bit
- *                      stream memory operations (default 0: only device
- *                      0, as for an older GPU beside a newer one)
+ *                      stream memory operations, and the two devices
+ *                      reach each other (cuDeviceCanAccessPeer,
+ *                      cuCtxEnablePeerAccess); default 0: only device 0
+ *                      has them, and no peer access, as for an older GPU
+ *                      beside a newer one
  *   FAKE_CUDA_REGISTER_MS  milliseconds cuMemHostRegister takes
  *   FAKE_CUDA_COPY_LAG     a queued copy is done on this query of an event
  *                          recorded after it (default 1), not before ...

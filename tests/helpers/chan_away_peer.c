@@ -1,19 +1,25 @@
 /*
  * One end of tests/channel_wait_across.c, on the fake CUDA driver:
  *
- *   chan_away_peer send DOMAIN CHANNEL ROUNDS WAITS
- *   chan_away_peer recv DOMAIN CHANNEL ROUNDS RDEV
+ *   chan_away_peer send DOMAIN CHANNEL ROUNDS MODE WAITS
+ *   chan_away_peer recv DOMAIN CHANNEL ROUNDS MODE RDEV
  *
  * The sender fills a 4 KiB LEGACY buffer of device 0 with a copy it
  * leaves queued on a stream of device 0, sends it from that stream and
- * calls gpuipc_channel_send_wait on it, ROUNDS times. The receiver, on a
- * stream of device RDEV, receives each view, queues a copy of it out and
- * releases it on that stream (gpuipc's own stream writes the release
- * word once the copy is done), then sleeps HOLD_MS before it
+ * calls gpuipc_channel_send_wait on it, ROUNDS times. MODE tensor: the
+ * receiver, on a stream of device RDEV, receives each view, queues a copy
+ * of it out and releases it on that stream (gpuipc's own stream writes
+ * the release word once the copy is done), then sleeps HOLD_MS before it
  * synchronises its stream: only then does the release word land, and the
- * receiver checks every byte it copied.
+ * receiver checks every byte it copied. MODE blocks: the buffer goes as
+ * a block batch of its two halves, which the receiver lands swapped in a
+ * LEGACY buffer of device RDEV with gpuipc_channel_recv_blocks; the copy,
+ * and the release word after it, lag as the test's FAKE_CUDA_COPY_LAG_US
+ * says (the fake runs a queued word write by itself), and the receiver
+ * copies its buffer out and checks it after HOLD_MS likewise.
  *
- * So the word lands HOLD_MS after the sender has taken in the release.
+ * So the word lands a few hundred ms after the sender has taken in the
+ * release.
  * With GPUIPC_CHAN_EVENT_POLL_US at 1 s, a sender that polls the word
  * first sees it land and needs no stream wait; one that makes its stream
  * wait at once queues cuStreamWaitValue64. WAITS is what the sender must
@@ -43,7 +49,8 @@
 #define BYTES 4096
 #define HOLD_MS 300
 
-static int sender(gpuipc_channel_t *ch, long n, const char *want)
+static int sender(gpuipc_channel_t *ch, long n, bool blocks,
+                  const char *want)
 {
   CUstream s = cu_stream_on(0);
   gpuipc_buf_t *buf;
@@ -60,7 +67,12 @@ static int sender(gpuipc_channel_t *ch, long n, const char *want)
     ASSERT_OK(gpuipc__stream_sync(0, s));
     test_fill(src, BYTES, (uint64_t)i);
     ASSERT_OK(gpuipc__memcpy_async(gpuipc_buf_ptr(buf), src, BYTES, 0, s));
-    ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
+    if (blocks) {
+      gpuipc_block_t b[2] = {{buf, 0, BYTES / 2}, {buf, BYTES / 2, BYTES / 2}};
+      ASSERT_OK(gpuipc_channel_send_blocks(ch, b, 2, s, 0, &ticket));
+    } else {
+      ASSERT_OK(gpuipc_channel_send(ch, &t, s, 0, &ticket));
+    }
     ASSERT_OK(gpuipc_channel_send_wait(ch, ticket, s, 30000));
   }
   int wt = cu_fake_count("fake_cuda_word_waits") - wt0;
@@ -77,48 +89,71 @@ static int sender(gpuipc_channel_t *ch, long n, const char *want)
   return 0;
 }
 
-static int receiver(gpuipc_channel_t *ch, long n, int rdev)
+static int receiver(gpuipc_channel_t *ch, long n, bool blocks, int rdev)
 {
   CUstream s = cu_stream_on(rdev);
-  uint8_t *dst = malloc(BYTES);
-  ASSERT_TRUE(dst != NULL);
+  uint8_t *dst = malloc(BYTES), *want = malloc(BYTES);
+  ASSERT_TRUE(dst != NULL && want != NULL);
+  gpuipc_buf_t *land = NULL;
+  if (blocks)
+    ASSERT_OK(gpuipc_buf_alloc(BYTES, GPUIPC_KIND_LEGACY, rdev, 0, &land));
   for (long i = 1; i <= n; i++) {
-    gpuipc_tensor_t *v;
-    ASSERT_OK(gpuipc_channel_recv(ch, &v, s, 30000));
-    ASSERT_EQ(v->dl.shape[0], BYTES);
     memset(dst, 0, BYTES);
-    ASSERT_OK(gpuipc__memcpy_async(
-        dst, (const uint8_t *)v->dl.data + v->dl.byte_offset, BYTES, rdev,
-        s));
-    ASSERT_OK(gpuipc_tensor_release(v, s));
+    test_fill(want, BYTES, (uint64_t)i);
+    if (blocks) {
+      /* The halves swapped: block 0 to the second, block 1 to the first. */
+      gpuipc_block_t d[2] = {{land, BYTES / 2, BYTES / 2},
+                             {land, 0, BYTES / 2}};
+      ASSERT_OK(gpuipc_channel_recv_blocks(ch, d, 2, s, 30000));
+      ASSERT_OK(gpuipc__memcpy_async(dst, gpuipc_buf_ptr(land), BYTES, rdev,
+                                     s));
+      uint8_t half[BYTES / 2];
+      memcpy(half, want, BYTES / 2);
+      memmove(want, want + BYTES / 2, BYTES / 2);
+      memcpy(want + BYTES / 2, half, BYTES / 2);
+    } else {
+      gpuipc_tensor_t *v;
+      ASSERT_OK(gpuipc_channel_recv(ch, &v, s, 30000));
+      ASSERT_EQ(v->dl.shape[0], BYTES);
+      ASSERT_OK(gpuipc__memcpy_async(
+          dst, (const uint8_t *)v->dl.data + v->dl.byte_offset, BYTES, rdev,
+          s));
+      ASSERT_OK(gpuipc_tensor_release(v, s));
+    }
     usleep(HOLD_MS * 1000);
     ASSERT_OK(gpuipc__stream_sync(rdev, s));
-    size_t bad = test_check(dst, BYTES, (uint64_t)i);
-    if (bad != (size_t)-1)
-      TFAIL("message %ld: byte %zu differs (read before the sender's copy, "
-            "or after its next one)", i, bad);
+    for (size_t k = 0; k < BYTES; k++)
+      if (dst[k] != want[k])
+        TFAIL("message %ld: byte %zu is %u, not %u (read before the "
+              "sender's copy, or after its next one)", i, k, dst[k],
+              want[k]);
   }
-  printf("recv on device %d: %ld messages, every byte\n", rdev, n);
+  printf("recv on device %d: %ld %s, every byte\n", rdev, n,
+         blocks ? "block batches" : "messages");
+  if (land != NULL)
+    ASSERT_OK(gpuipc_buf_release(land));
   CU_OK(cuStreamDestroy, s);
   free(dst);
+  free(want);
   return 0;
 }
 
 int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
-  if (argc != 6)
+  if (argc != 7)
     TFAIL("usage: chan_away_peer send|recv DOMAIN CHANNEL ROUNDS "
-          "WAITS|RDEV");
+          "tensor|blocks WAITS|RDEV");
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join(argv[2], NULL, &dom));
   gpuipc_channel_t *ch = cu_chan_open(dom, argv[3], false);
   long n = strtol(argv[4], NULL, 10);
+  bool blocks = strcmp(argv[5], "blocks") == 0;
   int rc;
   if (strcmp(argv[1], "send") == 0)
-    rc = sender(ch, n, argv[5]);
+    rc = sender(ch, n, blocks, argv[6]);
   else
-    rc = receiver(ch, n, atoi(argv[5]));
+    rc = receiver(ch, n, blocks, atoi(argv[6]));
   ASSERT_OK(gpuipc_channel_close(ch));
   ASSERT_OK(gpuipc_domain_leave(dom));
   return rc;
