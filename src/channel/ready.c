@@ -35,6 +35,7 @@
 
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Whether ready words are in use (GPUIPC_CHAN_READY_WORDS, default 1). */
 static bool ready_on(void)
@@ -103,7 +104,15 @@ int gpuipc__chan_home_gpu(const gpuipc_buf_t *b)
   if (gpuipc_buf_kind(b) == GPUIPC_KIND_HOST)
     return -1;
   const struct gpuipc_buf *base = b->base != NULL ? b->base : b;
-  return gpuipc_device_by_uuid(base->uuid);
+  /* Not gpuipc_device_by_uuid: a GPU hidden from this process is no
+   * error here, and a release or receive that goes well leaves
+   * gpuipc_last_error() as it was. */
+  for (int i = 0; i < gpuipc__dev_count(); i++) {
+    const struct gpuipc__dev *d = gpuipc__dev_get(i);
+    if (d != NULL && memcmp(d->info.uuid, base->uuid, sizeof(base->uuid)) == 0)
+      return i;
+  }
+  return -1;
 }
 
 /* The host waits for word @w to reach @seq: the domain's timeout, the
