@@ -151,10 +151,11 @@ int gpuipc__py_read_array(PyObject *obj, PyObject *stream_arg,
                           gpuipc__py_desc_t *d, PyObject **keep,
                           void **stream);
 /* Stream @s (None, an int, or an object with .cuda_stream, .ptr or
- * .handle) as the library takes it; None on a CUDA array (@cuda) is
- * PyTorch's current stream of @device. 0, or -1 with an exception
+ * .handle) for tensor @dl as the library takes it; None for a CUDA tensor
+ * is PyTorch's current stream of its device. 0, or -1 with an exception
  * (_gpuipc_send.c). */
-int gpuipc__py_stream_for(PyObject *s, bool cuda, int device, void **out);
+int gpuipc__py_stream_on(PyObject *s, const gpuipc_dl_tensor_t *dl,
+                         void **out);
 /* The bytes [lo, hi) that tensor @dl reaches. */
 void gpuipc__py_bounds(const gpuipc_dl_tensor_t *dl, uintptr_t *lo,
                        uintptr_t *hi);

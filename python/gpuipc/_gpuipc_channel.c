@@ -229,9 +229,7 @@ static PyObject *py_channel_recv_into_any(PyObject *self, PyObject *args)
   if (got == 0)
     Py_RETURN_NOTIMPLEMENTED;
   void *stream;
-  if (gpuipc__py_stream_for(stream_arg,
-                            d.t.dl.device.device_type == GPUIPC_DL_CUDA,
-                            d.t.dl.device.device_id, &stream) < 0)
+  if (gpuipc__py_stream_on(stream_arg, &d.t.dl, &stream) < 0)
     return NULL;
   int rc;
   GPUIPC__PY_NOGIL(rc = gpuipc_channel_recv_into(ch, &d.t, stream,

@@ -90,7 +90,7 @@ static int torch_stream(int device, void **out)
  * .handle) as the library takes it, as _common._stream does; None on a
  * CUDA array is PyTorch's current stream of @device. 0, or -1 with an
  * exception. */
-int gpuipc__py_stream_for(PyObject *s, bool cuda, int device, void **out)
+static int stream_of(PyObject *s, bool cuda, int device, void **out)
 {
   *out = NULL;
   if (s == Py_None)
@@ -113,6 +113,13 @@ int gpuipc__py_stream_for(PyObject *s, bool cuda, int device, void **out)
   PyErr_Format(PyExc_TypeError, "stream: not a stream: %R (None, an int, or "
                "an object with .cuda_stream or .ptr)", s);
   return -1;
+}
+
+int gpuipc__py_stream_on(PyObject *s, const gpuipc_dl_tensor_t *dl,
+                         void **out)
+{
+  return stream_of(s, dl->device.device_type == GPUIPC_DL_CUDA,
+                    dl->device.device_id, out);
 }
 
 /* ---- numpy's array interface ------------------------------------------- */
@@ -236,7 +243,7 @@ static int read_dlpack(PyObject *obj, PyObject *stream_arg, read_t *r,
     return -1;
   PyObject *cap;
   if (type == GPUIPC_DL_CUDA) {
-    if (gpuipc__py_stream_for(stream_arg, true, id, stream) < 0)
+    if (stream_of(stream_arg, true, id, stream) < 0)
       return -1;
     PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
     PyObject *args = PyTuple_New(0);
@@ -301,13 +308,8 @@ static int read_any(PyObject *obj, PyObject *stream_arg, read_t *r,
     Py_INCREF(obj);
     r->keep = obj;
   }
-  if (got == 1) {
-    bool cuda = r->d.t.dl.device.device_type == GPUIPC_DL_CUDA;
-    return gpuipc__py_stream_for(stream_arg, cuda,
-                                 r->d.t.dl.device.device_id, stream) < 0
-               ? -1
-               : 1;
-  }
+  if (got == 1)
+    return gpuipc__py_stream_on(stream_arg, &r->d.t.dl, stream) < 0 ? -1 : 1;
   PyObject *has = PyObject_GetAttrString(obj, "__dlpack__");
   if (has == NULL) {
     PyErr_Clear();
@@ -317,7 +319,7 @@ static int read_any(PyObject *obj, PyObject *stream_arg, read_t *r,
   if (read_dlpack(obj, stream_arg, r, stream) < 0)
     return -1;
   if (r->d.t.dl.device.device_type != GPUIPC_DL_CUDA &&
-      gpuipc__py_stream_for(stream_arg, false, 0, stream) < 0)
+      stream_of(stream_arg, false, 0, stream) < 0)
     return -1;
   return 1;
 }

@@ -659,7 +659,7 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
     for (uint32_t i = 0; i < pb->n; i++)
       memcpy((uint8_t *)gpuipc_buf_ptr(dst[i].buf) + dst[i].offset,
              pb->src[i], pb->bytes[i]);
-    return gpuipc__chan_rx_done(ch, -1, -1, stream, false, false);
+    return gpuipc__chan_rx_done(ch, -1, NULL, stream, false, false);
   }
   int dev = gpuipc__stream_dev(stream, dp->host ? pb->dev : dp->dev);
   bool carried = false;
@@ -668,8 +668,7 @@ static int recv_locked(struct gpuipc_channel *ch, const char *who,
     return rc;
   /* The sender's record holds the list's first buffer: its GPU is the
    * one the release says whether the word is written from. */
-  int home = pb->host ? -1 : gpuipc__chan_home_gpu(pb->bufs[0]);
-  return gpuipc__chan_rx_done(ch, dev, home, stream, true, carried);
+  return gpuipc__chan_rx_done(ch, dev, pb->bufs[0], stream, true, carried);
 }
 
 int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,

@@ -788,13 +788,14 @@ int gpuipc__chan_rx_ready(struct gpuipc_channel *ch, int dev, void *stream);
 /*
  * The pending message is consumed: release it, ordered after @stream (of
  * device @dev, -1: none; @busy: work was just queued on it; @carried: a
- * kernel queued there writes its release word; @home: the local GPU its
- * memory lies on, gpuipc__chan_home_gpu -- a block batch's first
- * buffer's, which the sender's record holds -- or -1 when not one).
+ * kernel queued there writes its release word; @mem: the message's
+ * memory -- a block batch's first buffer, which the sender's record holds
+ * -- or NULL: where the word comes from another GPU, the release says so).
  * Receive lock held.
  */
-int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, int home,
-                         void *stream, bool busy, bool carried);
+int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev,
+                         const gpuipc_buf_t *mem, void *stream, bool busy,
+                         bool carried);
 /*
  * Where @dev's streams write the release word of record slot @slot, and
  * the counter gpuipc's kernels take for it (@kernel; 0: none); 0, or

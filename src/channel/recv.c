@@ -202,14 +202,15 @@ static int rx_word_addr(struct gpuipc_channel *ch, uint32_t slot, int dev,
  * event. @busy: the stream is known
  * not to be idle (work was just queued on it), no need to ask. @carried:
  * the word is on its way already (rx_copy queued it with the copy).
- * @home: the local GPU the message's memory lies on (-1: none known);
- * when @dev is another, the release says so (GPUIPC__REL_AWAY), and the
- * sender's stream on @home waits on the word at once rather than after a
- * host poll: a wait there stalls no stream of ours.
+ * @mem: the message's memory (a block batch's first buffer), or NULL:
+ * when a word is written from another GPU than the one it lies on, the
+ * release says so (GPUIPC__REL_AWAY), and the sender's stream on that GPU
+ * waits on the word at once rather than after a host poll: a wait there
+ * stalls no stream of ours.
  */
 static int rx_release(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
-                      int dev, int home, void *stream, bool busy,
-                      bool carried)
+                      int dev, const gpuipc_buf_t *mem, void *stream,
+                      bool busy, bool carried)
 {
   struct gpuipc__rx *rx = &ch->rx;
   int rc = 0;
@@ -248,8 +249,11 @@ static int rx_release(struct gpuipc_channel *ch, uint64_t seq, uint32_t slot,
       goto unlock;
     rl.flags = GPUIPC__REL_EVENT | (sent ? GPUIPC__REL_NEW_EVENT : 0);
   }
-  if ((rl.flags & GPUIPC__REL_WORD) && home >= 0 && dev != home)
-    rl.flags |= GPUIPC__REL_AWAY;
+  if ((rl.flags & GPUIPC__REL_WORD) && mem != NULL) {
+    int home = gpuipc__chan_home_gpu(mem);
+    if (home >= 0 && dev != home)
+      rl.flags |= GPUIPC__REL_AWAY;
+  }
   uint8_t *dst = gpuipc__chan_rel_slot(ch->rx_rel, rx->rel_head);
   rc = gpuipc__rel_encode(&rl, dst, GPUIPC__CHAN_REL_BYTES);
   if (rc < 0)
@@ -482,16 +486,16 @@ int gpuipc_channel_recv_into(gpuipc_channel_t *ch, const gpuipc_tensor_t *dst,
   uint32_t slot = d->slot;
   rx->pending = false;
   rx->received++;
-  rc = rx_release(ch, seq, slot, rel_dev,
-                  rel_dev >= 0 ? gpuipc__chan_home_gpu(b) : -1, stream,
-                  n > 0 && rel_dev >= 0, carried);
+  rc = rx_release(ch, seq, slot, rel_dev, b, stream, n > 0 && rel_dev >= 0,
+                  carried);
 unlock:
   pthread_mutex_unlock(&rx->lock);
   return rc;
 }
 
-int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, int home,
-                         void *stream, bool busy, bool carried)
+int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev,
+                         const gpuipc_buf_t *mem, void *stream, bool busy,
+                         bool carried)
 {
   struct gpuipc__rx *rx = &ch->rx;
   uint64_t seq = rx->pdesc.seq;
@@ -499,7 +503,7 @@ int gpuipc__chan_rx_done(struct gpuipc_channel *ch, int dev, int home,
   gpuipc__chan_blocks_drop(ch);
   rx->pending = false;
   rx->received++;
-  return rx_release(ch, seq, slot, dev, home, stream, busy, carried);
+  return rx_release(ch, seq, slot, dev, mem, stream, busy, carried);
 }
 
 int gpuipc__chan_inject_release(struct gpuipc_channel *ch, const void *bytes,
@@ -542,8 +546,8 @@ int gpuipc_tensor_release(gpuipc_tensor_t *t, void *stream)
     rc = rx_release(ch, v->seq, v->slot,
                     v->device >= 0 ? gpuipc__stream_dev(stream, v->device)
                                    : -1,
-                    v->device >= 0 ? gpuipc__chan_home_gpu(v->t.buf) : -1,
-                    stream, v->waits && stream == v->recv_stream, false);
+                    v->t.buf, stream, v->waits && stream == v->recv_stream,
+                    false);
   gpuipc_buf_release(v->t.buf);
   v->magic = 0;
   free(v);

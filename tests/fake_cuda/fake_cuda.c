@@ -135,8 +135,15 @@ static CUresult fake_cuDeviceGetPCIBusId(char *pci, int len, CUdevice dev)
   return CUDA_SUCCESS;
 }
 
-/* Peer access between the two devices only with FAKE_CUDA_DEV1_OPS 1 (the
- * memory is host memory either way). */
+/* FAKE_CUDA_DEV1_OPS 1: device 1 is as able as device 0 (stream memory
+ * operations, interprocess events, peer access). */
+static bool dev1_ops(void)
+{
+  return env_int("FAKE_CUDA_DEV1_OPS", 0) == 1;
+}
+
+/* Peer access between the two devices only with dev1_ops (the memory is
+ * host memory either way). */
 static CUresult fake_cuDeviceCanAccessPeer(int *can, CUdevice dev,
                                            CUdevice peer)
 {
@@ -145,7 +152,7 @@ static CUresult fake_cuDeviceCanAccessPeer(int *can, CUdevice dev,
   NEED_DEV(peer);
   if (can == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  *can = dev != peer && env_int("FAKE_CUDA_DEV1_OPS", 0) == 1;
+  *can = dev != peer && dev1_ops();
   return CUDA_SUCCESS;
 }
 
@@ -154,7 +161,7 @@ static CUresult fake_cuCtxEnablePeerAccess(CUcontext peer, unsigned flags)
   NEED_INIT();
   if (peer == NULL || flags != 0 || fake_current == NULL)
     return CUDA_ERROR_INVALID_VALUE;
-  if (peer == fake_current || env_int("FAKE_CUDA_DEV1_OPS", 0) != 1)
+  if (peer == fake_current || !dev1_ops())
     return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
   return CUDA_SUCCESS;
 }
@@ -183,7 +190,7 @@ static CUresult fake_cuDeviceGetAttribute(int *v, CUdevice_attribute a,
     break;
   case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
-    *v = d0 || env_int("FAKE_CUDA_DEV1_OPS", 0) == 1;
+    *v = d0 || dev1_ops();
     break;
   case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
   case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
