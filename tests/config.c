@@ -148,6 +148,7 @@ static void case_good(void)
   ASSERT_STREQ(item("GPUIPC_TIMEOUT_MS").value, "1234");
   ASSERT_STREQ(item("GPUIPC_ALLOW_UIDS").value, "1000, 1001");
   ASSERT_STREQ(item("GPUIPC_CHAN_EVENT_POLL_US").value, "200"); /* empty */
+  ASSERT_STREQ(item("GPUIPC_CHAN_SPIN_US").value, "2000"); /* unset */
   ASSERT_STREQ(item("GPUIPC_NO_CUDA").value, "1");
   if (logged[0] != '\0')
     TFAIL("warned about good settings:\n%s", logged);

@@ -178,14 +178,25 @@ _Static_assert(GPUIPC__CHAN_SLOT_MAX == GPUIPC__CHAN_DEPTH_MAX,
 struct gpuipc_channel;
 
 /*
- * Wait until *@word differs from @seen: spin, then yield, then sleep on
- * the futex (setting *@sleep so that the writer wakes us), checking the
- * peer between sleeps. Returns 0; -ETIMEDOUT at @deadline; -EAGAIN when
- * @deadline is 0 (poll only); GPUIPC_E_PEER_GONE.
+ * Wait until *@word differs from @seen: spin, then poll yielding the CPU
+ * for gpuipc__chan_poll_ns(*@last_ns, ch->spin_ns), then sleep on the
+ * futex (setting *@sleep so that the writer wakes us), checking the peer
+ * between sleeps. A wait that ends (0 or -ETIMEDOUT) stores its length in
+ * *@last_ns, the waiter's own. Returns 0; -ETIMEDOUT at @deadline;
+ * -EAGAIN when @deadline is 0 (poll only); GPUIPC_E_PEER_GONE.
  */
 int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
                       uint32_t seen, _Atomic uint32_t *sleep,
-                      uint64_t deadline);
+                      uint64_t deadline, _Atomic uint64_t *last_ns);
+
+/*
+ * How long a waiter polls before it sleeps, in ns: twice its last wait
+ * (@last_ns) where that was at most @cap_ns, so that a peer that sends or
+ * releases at a steady pace finds it awake (a sleeper's wake costs both
+ * sides 5 to 20 us); else, and at least, 200 us; never more than @cap_ns
+ * (GPUIPC_CHAN_SPIN_US).
+ */
+uint64_t gpuipc__chan_poll_ns(uint64_t last_ns, uint64_t cap_ns);
 
 /* Publish @val into *@word and wake a sleeper flagged in *@sleep. */
 void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
@@ -308,6 +319,7 @@ struct gpuipc__stage {
 
 struct gpuipc__tx {
   pthread_mutex_t lock;
+  _Atomic uint64_t wait_ns; /* the last wait for a release (ring.c) */
   uint32_t depth;
   uint64_t next_seq; /* the next message's number */
   uint32_t head;     /* descriptors published */
@@ -355,6 +367,7 @@ struct gpuipc__tx {
 
 struct gpuipc__rx {
   pthread_mutex_t lock;     /* receiving */
+  _Atomic uint64_t wait_ns; /* the last wait for a message (ring.c) */
   pthread_mutex_t rel_lock; /* the release ring (producer) */
   uint32_t depth;           /* the sender's */
   uint32_t tail;            /* descriptors taken */
@@ -415,6 +428,7 @@ struct gpuipc_channel {
   int device;        /* receiving device, -1: each tensor's own */
   int send_timeout_ms; /* resolved: ms, or -1 for forever */
   int dom_timeout_ms;  /* the domain's, for GPUIPC_TIMEOUT_DEFAULT */
+  uint64_t spin_ns;    /* GPUIPC_CHAN_SPIN_US: the longest poll of a wait */
   uint32_t stage_slots;
   size_t stage_slot_bytes;
   size_t stage_large_bytes;

@@ -48,7 +48,7 @@ static int rx_fetch(struct gpuipc_channel *ch, uint64_t deadline)
   uint32_t h = atomic_load_explicit(&ch->rxd->head, memory_order_acquire);
   if (h == rx->tail) {
     rc = gpuipc__chan_wait(ch, &ch->rxd->head, rx->tail,
-                           &ch->rxd->recv_sleep, deadline);
+                           &ch->rxd->recv_sleep, deadline, &rx->wait_ns);
     if (rc == -EAGAIN) {
       gpuipc__chan_arm(ch);
       return gpuipc__err(-EAGAIN, "channel %s: no message", ch->name);

@@ -5,6 +5,12 @@
  * with a sequentially consistent store and wakes only when the flag is
  * up. Between sleeps the waiter looks at the peer: a process that died
  * by kill -9 wakes nobody, so sleeps are short slices.
+ *
+ * How long it yields follows its last wait (gpuipc__chan_poll_ns): a
+ * receiver fed a batch every 700 us, say, stays awake through the wait,
+ * where a fixed 200 us would put it to sleep every time, and the wake
+ * (the writer's futex call, the sleeper's return from it) would cost the
+ * two sides 5 to 20 us a message.
  */
 #include "channel/channel.h"
 #include "os/os.h"
@@ -14,7 +20,7 @@
 #include <sched.h>
 
 #define SPIN_ROUNDS 2000      /* busy polls before yielding */
-#define YIELD_NS 200000ull    /* then yield for up to this long */
+#define YIELD_NS 200000ull    /* then yield at least this long (if allowed) */
 #define SLICE_MS 20           /* futex sleeps between peer checks */
 
 static inline void cpu_relax(void)
@@ -81,24 +87,26 @@ void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
     gpuipc__futex_wake((uint32_t *)word, INT_MAX);
 }
 
-int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
-                      uint32_t seen, _Atomic uint32_t *sleep,
-                      uint64_t deadline)
+uint64_t gpuipc__chan_poll_ns(uint64_t last_ns, uint64_t cap_ns)
 {
-  if (atomic_load_explicit(word, memory_order_acquire) != seen)
-    return 0;
-  if (deadline == 0) {
-    int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK |
-                                                GPUIPC__PEER_PID);
-    return rc != 0 ? rc : -EAGAIN;
-  }
+  uint64_t w = last_ns <= cap_ns ? 2 * last_ns : 0;
+  if (w < YIELD_NS)
+    w = YIELD_NS;
+  return w < cap_ns ? w : cap_ns;
+}
+
+/* gpuipc__chan_wait past its first look: spin, poll for @poll_ns from
+ * @t0, sleep. */
+static int wait_long(struct gpuipc_channel *ch, _Atomic uint32_t *word,
+                     uint32_t seen, _Atomic uint32_t *sleep,
+                     uint64_t deadline, uint64_t t0, uint64_t poll_ns)
+{
   for (int i = 0; i < SPIN_ROUNDS; i++) {
     if (atomic_load_explicit(word, memory_order_acquire) != seen)
       return 0;
     cpu_relax();
   }
-  uint64_t t0 = gpuipc__now_ns();
-  while (gpuipc__now_ns() - t0 < YIELD_NS) {
+  while (gpuipc__now_ns() - t0 < poll_ns) {
     if (atomic_load_explicit(word, memory_order_acquire) != seen)
       return 0;
     if (gpuipc__now_ns() >= deadline)
@@ -128,4 +136,25 @@ int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
     if (atomic_load_explicit(word, memory_order_acquire) != seen)
       return 0;
   }
+}
+
+int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
+                      uint32_t seen, _Atomic uint32_t *sleep,
+                      uint64_t deadline, _Atomic uint64_t *last_ns)
+{
+  if (atomic_load_explicit(word, memory_order_acquire) != seen)
+    return 0;
+  if (deadline == 0) {
+    int rc = gpuipc__chan_peer_check(ch, GPUIPC__PEER_SOCK |
+                                                GPUIPC__PEER_PID);
+    return rc != 0 ? rc : -EAGAIN;
+  }
+  uint64_t t0 = gpuipc__now_ns();
+  uint64_t poll_ns = gpuipc__chan_poll_ns(
+      atomic_load_explicit(last_ns, memory_order_relaxed), ch->spin_ns);
+  int rc = wait_long(ch, word, seen, sleep, deadline, t0, poll_ns);
+  if (rc == 0 || rc == -ETIMEDOUT)
+    atomic_store_explicit(last_ns, gpuipc__now_ns() - t0,
+                          memory_order_relaxed);
+  return rc;
 }

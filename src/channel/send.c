@@ -283,7 +283,7 @@ static int tx_sleep(struct gpuipc_channel *ch, int nap, uint64_t deadline)
   pthread_mutex_unlock(&tx->lock);
   if (nap == NAP_RELEASE)
     rc = gpuipc__chan_wait(ch, &ch->txd->rel_head, seen, &ch->txd->send_sleep,
-                           deadline);
+                           deadline, &ch->tx.wait_ns);
   else if (nap == NAP_SHORT)
     gpuipc__sleep_us(20);
   else

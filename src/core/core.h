@@ -178,7 +178,12 @@ GPUIPC__HIDDEN void gpuipc__log(gpuipc_log_level_t level, const char *file,
      "memory "                                                                 \
      "are gpuipc's copy kernel, which also writes the release or ready "      \
      "word (one launch); larger ones use the copy engine (0: every one "      \
-     "does).")
+     "does).")                                                                 \
+  XX(CHAN_SPIN_US, "GPUIPC_CHAN_SPIN_US", "2000",                             \
+     "Longest a channel end waiting for its peer's next message or release " \
+     "polls, yielding the CPU, before it sleeps: twice its last such wait "  \
+     "where that was at most this long, else 200 (or this, if lower; 0: "   \
+     "it sleeps after a short spin).")
 
 typedef enum gpuipc__cfg {
 #define GPUIPC__CFG_ENUM(id, name, def, help) GPUIPC_CFG_##id,
