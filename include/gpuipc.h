@@ -2005,8 +2005,10 @@ GPUIPC_API int gpuipc_channel_fd(gpuipc_channel_t *ch);
  *     the sender wakes it. It polls for twice as long as this end's last
  *     wait for a message took, where that was at most GPUIPC_CHAN_SPIN_US
  *     (2 ms), else for 200 us: a sender at a steady pace finds it awake,
- *     and neither side pays for a wake-up (5 to 20 us). Waits for releases
- *     (gpuipc_channel_send_done, a blocked send) follow the same rule.
+ *     and neither side pays for a wake-up (5 to 20 us). A sender's wait
+ *     for a release message (gpuipc_channel_send_done, a blocked send)
+ *     follows the same rule; a release whose GPU work is still pending is
+ *     polled, yielding, for 2 ms, then in naps of 20 us.
  * Returns 0; -EAGAIN (@timeout_ms 0, nothing there); -ETIMEDOUT; -EINVAL
  * (NULL argument, a timeout below GPUIPC_TIMEOUT_DEFAULT);
  * GPUIPC_E_PEER_GONE (the peer is gone and everything it sent has been
