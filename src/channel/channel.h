@@ -181,8 +181,9 @@ struct gpuipc_channel;
  * Wait until *@word differs from @seen: spin, then poll yielding the CPU
  * for gpuipc__chan_poll_ns(*@last_ns, ch->spin_ns), then sleep on the
  * futex (setting *@sleep so that the writer wakes us), checking the peer
- * between sleeps. A wait that ends (0 or -ETIMEDOUT) stores its length in
- * *@last_ns, the waiter's own. Returns 0; -ETIMEDOUT at @deadline;
+ * between sleeps. A wait that ends (0 or -ETIMEDOUT) stores in *@last_ns,
+ * the waiter's own, how long it polled and slept (0: the spin saw the word
+ * move; the spin is not timed). Returns 0; -ETIMEDOUT at @deadline;
  * -EAGAIN when @deadline is 0 (poll only); GPUIPC_E_PEER_GONE.
  */
 int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,

@@ -95,18 +95,24 @@ uint64_t gpuipc__chan_poll_ns(uint64_t last_ns, uint64_t cap_ns)
   return w < cap_ns ? w : cap_ns;
 }
 
-/* gpuipc__chan_wait past its first look: spin, poll for @poll_ns from
- * @t0, sleep. */
+/* gpuipc__chan_wait past its first look: spin, poll (*@t0: when the poll
+ * began, 0 if the spin saw the word move), sleep. The clock is read only
+ * once the spin is over: a message that comes within it costs no more than
+ * it did without the poll rule. */
 static int wait_long(struct gpuipc_channel *ch, _Atomic uint32_t *word,
                      uint32_t seen, _Atomic uint32_t *sleep,
-                     uint64_t deadline, uint64_t t0, uint64_t poll_ns)
+                     uint64_t deadline, _Atomic uint64_t *last_ns,
+                     uint64_t *t0)
 {
   for (int i = 0; i < SPIN_ROUNDS; i++) {
     if (atomic_load_explicit(word, memory_order_acquire) != seen)
       return 0;
     cpu_relax();
   }
-  while (gpuipc__now_ns() - t0 < poll_ns) {
+  uint64_t poll_ns = gpuipc__chan_poll_ns(
+      atomic_load_explicit(last_ns, memory_order_relaxed), ch->spin_ns);
+  *t0 = gpuipc__now_ns();
+  while (gpuipc__now_ns() - *t0 < poll_ns) {
     if (atomic_load_explicit(word, memory_order_acquire) != seen)
       return 0;
     if (gpuipc__now_ns() >= deadline)
@@ -149,12 +155,10 @@ int gpuipc__chan_wait(struct gpuipc_channel *ch, _Atomic uint32_t *word,
                                                 GPUIPC__PEER_PID);
     return rc != 0 ? rc : -EAGAIN;
   }
-  uint64_t t0 = gpuipc__now_ns();
-  uint64_t poll_ns = gpuipc__chan_poll_ns(
-      atomic_load_explicit(last_ns, memory_order_relaxed), ch->spin_ns);
-  int rc = wait_long(ch, word, seen, sleep, deadline, t0, poll_ns);
+  uint64_t t0 = 0;
+  int rc = wait_long(ch, word, seen, sleep, deadline, last_ns, &t0);
   if (rc == 0 || rc == -ETIMEDOUT)
-    atomic_store_explicit(last_ns, gpuipc__now_ns() - t0,
+    atomic_store_explicit(last_ns, t0 != 0 ? gpuipc__now_ns() - t0 : 0,
                           memory_order_relaxed);
   return rc;
 }
