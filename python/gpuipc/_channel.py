@@ -83,7 +83,9 @@ class Channel(_Boxed):
 
     def send_blocks(self, tensor, indices, stream=None, block=True):
         """Send the blocks ``tensor[i]`` for ``i`` in ``indices`` (a list,
-        or a numpy or torch integer array) as one message, a block batch
+        or a numpy or torch integer array: one in host memory is read where
+        it lies, a CUDA one copied to the host first, which waits for its
+        GPU) as one message, a block batch
         (``gpuipc_channel_send_blocks``): one descriptor, one ticket, one
         batched copy at the receiver (``recv_blocks``), whatever the number
         of blocks (1 .. ``gpuipc.CHANNEL_BLOCKS_MAX``). ``tensor`` is a

@@ -136,3 +136,76 @@ def test_send_blocks_checks(pair):
     src[1:3] = [[7] * 8, [9] * 8]
     rx.recv_blocks(dst, [5, 6], timeout=10)
     assert dst[5].tolist() == [7] * 8 and dst[6].tolist() == [9] * 8
+
+
+class _NoToList(np.ndarray):
+    """An integer array whose .tolist() must not be called: indices read in
+    place."""
+
+    def tolist(self):
+        raise AssertionError("tolist called")
+
+
+def test_indices_read_in_place(pair):
+    """Integer arrays in host memory are read where they lie (numpy of every
+    integer width, strided and reversed views, CPU torch tensors), lists and
+    tuples as before; every form moves the same blocks, and what is no
+    integer array is judged as a sequence, with the same errors."""
+    tx, rx = pair
+    src = gpuipc.empty((256, 16), "int32").numpy()
+    src[:] = np.arange(256 * 16, dtype=np.int32).reshape(256, 16)
+    dst = gpuipc.empty((256, 16), "int32").numpy()
+    rng = np.random.default_rng(7)
+    base = rng.permutation(256)[:40]
+    dbase = rng.permutation(256)[:40]
+    forms = [
+        ("list", lambda a: a.tolist()),
+        ("tuple", lambda a: tuple(a.tolist())),
+        ("int64", lambda a: a.astype(np.int64)),
+        ("int32", lambda a: a.astype(np.int32)),
+        ("uint16", lambda a: a.astype(np.uint16)),
+        ("uint8", lambda a: a.astype(np.uint8)),
+        ("int8 strided", lambda a: np.repeat(a, 2).astype(np.int16)[::2]),
+        ("reversed", lambda a: a[::-1].astype(np.int64)[::-1]),
+        ("no tolist", lambda a: a.astype(np.int64).view(_NoToList)),
+    ]
+    try:
+        import torch
+        forms += [
+            ("torch int64", lambda a: torch.from_numpy(a.astype(np.int64))),
+            ("torch int32", lambda a: torch.from_numpy(a.astype(np.int32))),
+            ("torch strided", lambda a: torch.from_numpy(np.repeat(a, 2))[::2]),
+        ]
+    except ImportError:
+        pass
+    for name, form in forms:
+        s, d = form(base), form(dbase)
+        assert [int(x) for x in s] == base.tolist(), name
+        dst[:] = -1
+        ticket = tx.send_blocks(src, s)
+        rx.recv_blocks(dst, d, timeout=10)
+        assert np.array_equal(dst[dbase], src[base]), name
+        untouched = np.ones(256, bool)
+        untouched[dbase] = False
+        assert (dst[untouched] == -1).all(), name
+        assert tx.done(ticket, timeout=10), name
+    sent = tx.info()["sent"]
+    # read in place, checked as a list is
+    with pytest.raises(IndexError, match=r"indices\[1\] is 256, outside"):
+        tx.send_blocks(src, np.array([0, 256], np.uint16))
+    with pytest.raises(IndexError, match=r"indices\[0\] is -3"):
+        tx.send_blocks(src, np.array([-3, 1], np.int8))
+    with pytest.raises(ValueError, match="0 indices"):
+        tx.send_blocks(src, np.zeros(0, np.int64))
+    with pytest.raises(gpuipc.InvalidArgument, match="overlap"):
+        rx.recv_blocks(dst, np.array([3, 5, 3], np.int32), timeout=0)
+    # no integer array: the sequence path's errors, as before
+    with pytest.raises(TypeError, match=r"indices\[0\] is True, not an int"):
+        tx.send_blocks(src, np.array([True, False]))
+    with pytest.raises(TypeError, match=r"indices\[0\] is 1.5, not an int"):
+        tx.send_blocks(src, np.array([1.5]))
+    with pytest.raises(TypeError, match=r"indices\[0\] is \[1, 2\], not an int"):
+        tx.send_blocks(src, np.array([[1, 2]], np.int64))
+    with pytest.raises(OverflowError):
+        tx.send_blocks(src, np.array([2 ** 63], np.uint64))
+    assert tx.info()["sent"] == sent
