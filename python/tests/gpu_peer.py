@@ -234,5 +234,88 @@ def sd_lend_read(dom, arg):
             other_gone="other" not in v4)
 
 
+BLK_ROWS, BLK_ROW, BLK_N = 4096, 16384, 512
+
+
+def blk_cache(dev, seed):
+    """A paged cache layer in gpuipc memory of GPU dev, as torch uint8 rows,
+    filled from seed (0: zeros) on the current stream."""
+    import torch
+    buf = gpuipc.empty((BLK_ROWS, BLK_ROW), "uint8", kind=gpuipc.VMM, device=dev)
+    t = torch.from_dlpack(buf)
+    if seed:
+        # drawn on the CPU (the same bytes on any GPU), then a kernel of
+        # the current stream writes the rows
+        g = torch.Generator().manual_seed(seed)
+        t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=g))
+        t.bitwise_xor_(0x5A)
+    else:
+        t.zero_()
+    return buf, t
+
+
+def blk_indices(b, dst):
+    """Batch b's indices (its destination rows with dst), each batch in
+    another form: a CPU torch tensor, numpy int32, a strided numpy view, a
+    CUDA tensor (copied to the host), a list."""
+    import numpy as np
+    import torch
+    rows = np.random.default_rng(10 * b + dst).permutation(BLK_ROWS)[:BLK_N]
+    form = b % 5
+    if form == 0:
+        return rows, torch.from_numpy(rows.astype(np.int64))
+    if form == 1:
+        return rows, rows.astype(np.int32)
+    if form == 2:
+        return rows, np.repeat(rows, 2).astype(np.uint16)[::2]
+    if form == 3:
+        return rows, torch.from_numpy(rows).cuda()
+    return rows, rows.tolist()
+
+
+def blocks_send(dom, arg):
+    """BLK_N scattered rows of a cache on GPU 0 a batch, five batches, each
+    after the kernels that wrote the cache (a stream of its own)."""
+    import torch
+    torch.cuda.set_device(0)
+    with gpuipc.Domain(dom) as d, d.channel("g", timeout=60) as ch:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            buf, cache = blk_cache(0, 5)
+            for b in range(5):
+                _, idx = blk_indices(b, 0)
+                t = ch.send_blocks(cache, idx, stream=s)
+                ch.wait(t, stream=s, timeout=60)
+        s.synchronize()
+        say(sent=ch.info()["sent"])
+
+
+def blocks_recv(dom, arg):
+    """Each batch into other scattered rows of a cache on the last GPU;
+    every byte against the sender's rows, regenerated here, and the rows
+    no batch wrote still zero."""
+    import torch
+    dev = torch.cuda.device_count() - 1
+    torch.cuda.set_device(dev)
+    with gpuipc.Domain(dom) as d, d.channel("g", timeout=60) as ch:
+        s = torch.cuda.Stream()
+        ok = []
+        with torch.cuda.stream(s):
+            _, want = blk_cache(dev, 5)
+            buf, cache = blk_cache(dev, 0)
+            written = torch.zeros(BLK_ROWS, dtype=torch.bool, device=f"cuda:{dev}")
+            for b in range(5):
+                src, _ = blk_indices(b, 0)
+                dst, didx = blk_indices(b, 1)
+                ch.recv_blocks(cache, didx, timeout=60, stream=s)
+                d_rows = torch.from_numpy(dst).to(f"cuda:{dev}")
+                s_rows = torch.from_numpy(src).to(f"cuda:{dev}")
+                ok.append(bool(torch.equal(cache[d_rows], want[s_rows])))
+                written[d_rows] = True
+            untouched = bool((cache[~written] == 0).all())
+        s.synchronize()
+        say(ok=ok, untouched=untouched, device=dev)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)

@@ -47,6 +47,17 @@ def test_torch_cuda_tensors_staged(env):
     assert r == {"same": [True] * 4}
 
 
+def test_torch_block_batches(env):
+    # five batches of 512 scattered 16 KiB rows of a VMM cache on GPU 0 into
+    # scattered rows of one on the last GPU, the indices as a CPU torch
+    # tensor, numpy int32, a strided numpy view, a CUDA tensor and a list;
+    # every byte checked, the other rows untouched
+    s, r = run_pair(env, ("blocks_send", None), ("blocks_recv", None))
+    assert r["ok"] == [True] * 5, r
+    assert r["untouched"] is True
+    assert s["sent"] == 5
+
+
 def test_torch_tensor_of_1_gib_from_pytorch_allocator_staged(env):
     # larger than any staging slot: one large stage, one copy, every value
     # checked by the receiver against its index
