@@ -57,6 +57,8 @@ static int read_index_array(PyObject *idx, const char *who, int64_t **out,
   PyObject *keep = NULL;
   void *stream = NULL;
   int got = gpuipc__py_read_array(idx, Py_None, &d, &keep, &stream);
+  if (got < 0 && !PyErr_ExceptionMatches(PyExc_Exception))
+    return -1; /* KeyboardInterrupt, SystemExit */
   if (got <= 0) {
     PyErr_Clear(); /* the sequence path says what is wrong, if anything */
     return 0;

@@ -165,7 +165,7 @@ def test_indices_read_in_place(pair):
         ("int32", lambda a: a.astype(np.int32)),
         ("uint16", lambda a: a.astype(np.uint16)),
         ("uint8", lambda a: a.astype(np.uint8)),
-        ("int8 strided", lambda a: np.repeat(a, 2).astype(np.int16)[::2]),
+        ("int16 strided", lambda a: np.repeat(a, 2).astype(np.int16)[::2]),
         ("reversed", lambda a: a[::-1].astype(np.int64)[::-1]),
         ("no tolist", lambda a: a.astype(np.int64).view(_NoToList)),
     ]
