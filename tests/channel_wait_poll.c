@@ -82,6 +82,7 @@ static void waits(void)
   ch->shm = calloc(1, sizeof(*ch->shm));
   ASSERT_TRUE(ch->shm != NULL);
   ch->sock = -1; /* poll() skips it */
+  ch->peer_pidfd = -1; /* the pid is asked */
   ch->peer_pid = getpid();
   /* A cap far above what a wait takes here, even on a loaded machine
    * (where the writer's naps stretch to milliseconds): each wait must

@@ -205,13 +205,16 @@ void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,
 
 /*
  * Whether the peer is still there: its clean-close flag and what @look
- * asks for besides (each a system call): GPUIPC__PEER_SOCK a hang-up on
- * the socket, GPUIPC__PEER_PID its pid. Returns 0 or GPUIPC_E_PEER_GONE
- * (sticky, with a sentence).
+ * asks for besides: GPUIPC__PEER_SOCK a hang-up on the socket,
+ * GPUIPC__PEER_PID its exit (both in one poll() where the peer's pidfd is
+ * open; else its pid, through /proc: four more system calls). Returns 0
+ * or GPUIPC_E_PEER_GONE (sticky, with a sentence).
  */
 #define GPUIPC__PEER_SOCK 0x1u
 #define GPUIPC__PEER_PID 0x2u
 int gpuipc__chan_peer_check(struct gpuipc_channel *ch, unsigned look);
+/* Whether the peer process has not exited (its pidfd, else its pid). */
+bool gpuipc__chan_peer_alive(const struct gpuipc_channel *ch);
 
 /*
  * Mark @ch broken with @code unless it is already (the first code stays).
@@ -425,6 +428,7 @@ struct gpuipc_channel {
   uint8_t *base;
   int sock;
   pid_t peer_pid;
+  int peer_pidfd;    /* the peer's pidfd, -1: none (the pid is asked) */
   uint64_t fork_gen; /* gpuipc__fork_gen() at open: whose channel it is */
   int device;        /* receiving device, -1: each tensor's own */
   int send_timeout_ms; /* resolved: ms, or -1 for forever */

@@ -158,6 +158,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   atomic_init(&ch->refs, 1);
   snprintf(ch->name, sizeof(ch->name), "%s", name);
   ch->sock = -1;
+  ch->peer_pidfd = -1;
   ch->fork_gen = gpuipc__fork_gen();
   rc = gpuipc__chan_poll_init(ch);
   if (rc != 0)
@@ -259,6 +260,7 @@ static void close_stale(struct gpuipc_channel *ch)
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
   atomic_store(&ch->closing, 1); /* a view released later tells nobody */
   ch->sock = -1;
+  gpuipc__fd_close(&ch->peer_pidfd); /* inherited: our own copy */
   ch->rx.guarded = false; /* the parent's guard: this process has none */
   gpuipc__chan_poll_close(ch); /* our copies of the eventfds */
   gpuipc__chan_tx_close(ch);
@@ -288,6 +290,7 @@ int gpuipc_channel_close(gpuipc_channel_t *ch)
   gpuipc__chan_settle(ch); /* before our events are destroyed */
   gpuipc__chan_guard_remove(ch); /* before the socket goes */
   gpuipc__fd_close(&ch->sock);
+  gpuipc__fd_close(&ch->peer_pidfd);
   gpuipc__chan_poll_close(ch);
 
   gpuipc__chan_tx_close(ch);

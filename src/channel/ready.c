@@ -204,7 +204,7 @@ void gpuipc__chan_ready_close(struct gpuipc_channel *ch, uint64_t deadline)
     for (unsigned spins = 0; !reached(&ch->rx_ready[i], want) &&
                              gpuipc__now_ns() < deadline &&
                              atomic_load(&ch->broken) != GPUIPC_E_PEER_GONE &&
-                             gpuipc__pid_alive(ch->peer_pid);
+                             gpuipc__chan_peer_alive(ch);
          spins++) {
       if (spins < 64)
         sched_yield();

@@ -21,6 +21,7 @@ void gpuipc__chan_unref(struct gpuipc_channel *ch)
   if (atomic_fetch_sub(&ch->refs, 1) != 1)
     return;
   gpuipc__fd_close(&ch->sock);
+  gpuipc__fd_close(&ch->peer_pidfd);
   gpuipc__chan_poll_close(ch);
   free(ch->tx.recs);
   free(ch->tx.free_slots);

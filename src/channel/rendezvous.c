@@ -115,6 +115,9 @@ static int paired(struct gpuipc_channel *ch, int end, int fd, int efd,
   ch->sock = fd;
   ch->peer_efd = efd;
   ch->peer_pid = (pid_t)pid;
+  /* Its exit is then one poll() away; without (old kernels), /proc. */
+  int pfd = gpuipc__pidfd_open((pid_t)pid);
+  ch->peer_pidfd = pfd >= 0 ? pfd : -1;
   return PAIRED;
 }
 

@@ -63,13 +63,22 @@ int gpuipc__chan_peer_check(struct gpuipc_channel *ch, unsigned look)
   if (atomic_load_explicit(&ch->shm->closed[1 - ch->end],
                            memory_order_acquire))
     why = "closed its end";
-  if (why == NULL && (look & GPUIPC__PEER_SOCK)) {
-    struct pollfd p = {.fd = ch->sock, .events = 0};
-    int n = poll(&p, 1, 0);
-    if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)))
+  /* One poll() for both where the peer's pidfd is open (a poll()
+   * skips a negative descriptor); else the pid through /proc. */
+  bool by_fd = ch->peer_pidfd >= 0;
+  if (why == NULL && (look & GPUIPC__PEER_SOCK || (by_fd &&
+                                                   look & GPUIPC__PEER_PID))) {
+    struct pollfd p[2] = {
+        {.fd = look & GPUIPC__PEER_SOCK ? ch->sock : -1, .events = 0},
+        {.fd = look & GPUIPC__PEER_PID ? ch->peer_pidfd : -1,
+         .events = POLLIN}};
+    int n = poll(p, 2, 0);
+    if (n > 0 && (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)))
       why = "hung up its socket";
+    else if (n > 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)))
+      why = "exited";
   }
-  if (why == NULL && (look & GPUIPC__PEER_PID) &&
+  if (why == NULL && (look & GPUIPC__PEER_PID) && !by_fd &&
       !gpuipc__pid_alive(ch->peer_pid))
     why = "exited";
   if (why == NULL)
@@ -77,6 +86,17 @@ int gpuipc__chan_peer_check(struct gpuipc_channel *ch, unsigned look)
   gpuipc__chan_break(ch, GPUIPC_E_PEER_GONE);
   return gpuipc__err(GPUIPC_E_PEER_GONE, "channel %s: the peer (pid %d) %s",
                      ch->name, (int)ch->peer_pid, why);
+}
+
+bool gpuipc__chan_peer_alive(const struct gpuipc_channel *ch)
+{
+  if (ch->peer_pidfd < 0)
+    return gpuipc__pid_alive(ch->peer_pid);
+  struct pollfd p = {.fd = ch->peer_pidfd, .events = POLLIN};
+  int n = poll(&p, 1, 0);
+  if (n < 0 || (n > 0 && (p.revents & POLLNVAL)))
+    return gpuipc__pid_alive(ch->peer_pid); /* EINTR, ENOMEM */
+  return n == 0;
 }
 
 void gpuipc__chan_publish(_Atomic uint32_t *word, uint32_t val,

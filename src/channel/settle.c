@@ -66,7 +66,7 @@ int gpuipc__chan_peer_ev_enter(struct gpuipc_channel *ch, const char *who)
     if (s == GPUIPC__CHAN_SETTLED_DONE)
       return 1;
     if (s != GPUIPC__CHAN_SETTLED_NOT || gpuipc__now_ns() >= deadline ||
-        !gpuipc__pid_alive(ch->peer_pid))
+        !gpuipc__chan_peer_alive(ch))
       return gpuipc__err(GPUIPC_E_PEER_GONE, "%s: the peer (pid %d) closed "
                          "the channel before its GPU work on the message "
                          "was known to be complete", who, (int)ch->peer_pid);
@@ -178,6 +178,6 @@ void gpuipc__chan_settle(struct gpuipc_channel *ch)
    * could see it ends soon (one open, query or stream wait). */
   deadline = gpuipc__now_ns() + (uint64_t)SETTLE_PEER_MS * 1000000;
   while (atomic_load(&shm->ev_use[peer].in_use) != 0 &&
-         gpuipc__now_ns() < deadline && gpuipc__pid_alive(ch->peer_pid))
+         gpuipc__now_ns() < deadline && gpuipc__chan_peer_alive(ch))
     sched_yield();
 }

@@ -234,6 +234,12 @@ long gpuipc__fds_open(pid_t pid);
  */
 bool gpuipc__pid_alive(pid_t pid);
 /*
+ * A pidfd of process @pid (pidfd_open; close-on-exec, as every pidfd):
+ * readable once the process has exited, and of that very process whatever
+ * pid a later one takes. -errno: -ENOSYS before Linux 5.3, -ESRCH.
+ */
+int gpuipc__pidfd_open(pid_t pid);
+/*
  * When process @pid (in our pid namespace) started, in clock ticks after
  * boot (/proc/PID/stat, field 22): with the boot id, a name for the
  * process that a later one with the same pid does not share. Returns 0;

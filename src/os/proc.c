@@ -165,6 +165,18 @@ bool gpuipc__pid_alive(pid_t pid)
   return p[2] != 'Z' && p[2] != 'X';
 }
 
+int gpuipc__pidfd_open(pid_t pid)
+{
+  if (pid <= 0)
+    return -EINVAL;
+#ifdef SYS_pidfd_open
+  long fd = syscall(SYS_pidfd_open, pid, 0);
+  return fd >= 0 ? (int)fd : -errno;
+#else
+  return -ENOSYS;
+#endif
+}
+
 int gpuipc__pid_start_time(pid_t pid, uint64_t *out)
 {
   if (pid <= 0)
