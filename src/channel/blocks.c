@@ -401,74 +401,121 @@ static int range_cmp(const void *a, const void *b)
   return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
+/* The slots bitmap for @words words, all zero: @ch's kept one (its lock
+ * taken, *@own true), grown when short; or, while another thread holds
+ * that one, a new one. NULL when out of memory. */
+static uint64_t *seen_take(struct gpuipc_channel *ch, size_t words,
+                           bool *own)
+{
+  struct gpuipc__rx *rx = &ch->rx;
+  *own = pthread_mutex_trylock(&rx->seen_lock) == 0;
+  if (!*own)
+    return calloc(words, sizeof(uint64_t));
+  if (rx->seen_words < words) {
+    uint64_t *b = realloc(rx->seen, words * sizeof(*b));
+    if (b == NULL) {
+      pthread_mutex_unlock(&rx->seen_lock);
+      *own = false;
+      return NULL;
+    }
+    memset(b + rx->seen_words, 0, (words - rx->seen_words) * sizeof(*b));
+    rx->seen = b;
+    rx->seen_words = words;
+  }
+  return rx->seen;
+}
+
+/* Give back what seen_take gave, all zero again. */
+static void seen_give(struct gpuipc_channel *ch, uint64_t *bits, bool own)
+{
+  if (own)
+    pthread_mutex_unlock(&ch->rx.seen_lock);
+  else
+    free(bits);
+}
+
+/* Clear the words of @bits (@words long) that the first @n blocks' slots
+ * fall in: all of them where that is about as cheap (a few words a
+ * block), else those alone. */
+static void seen_clear(uint64_t *bits, size_t words,
+                       const struct gpuipc__exact *e,
+                       const gpuipc_block_t *dst, size_t n)
+{
+  uint64_t k = 0;
+  if (n > 0 && words <= 8 * n) {
+    memset(bits, 0, words * sizeof(*bits));
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    (void)gpuipc__exact_div(e, dst[i].offset, &k);
+    bits[k / 64] = 0;
+  }
+}
+
 /* The blocks of a paged cache: one buffer, one size, each at a multiple of
  * it. Such blocks overlap only where two are the same slot: a bitmap of
- * the slots finds that in two passes (1 MiB of bits at most, only the
- * words the blocks fall in cleared). 1: they are such blocks and no two
- * overlap; 0: they are not such blocks (sort); -EINVAL naming two that
- * overlap. The blocks were checked: each inside its buffer. */
-static int overlap_slots(const char *who, const gpuipc_block_t *dst, size_t n)
+ * the slots (1 MiB of bits at most, @ch's, kept between calls and all
+ * zero between them: cleared after, whole when small, else only the words
+ * the blocks fall in) finds that in one pass. No allocation, and no
+ * clearing of a large cache's whole bitmap, on each call: an event loop
+ * calls with timeout 0 again and again. 1: they are such blocks and no two overlap; 0:
+ * they are not such blocks (sort); -EINVAL naming two that overlap. The
+ * blocks were checked: each inside its buffer. */
+static int overlap_slots(struct gpuipc_channel *ch, const char *who,
+                         const gpuipc_block_t *dst, size_t n)
 {
-  uint64_t b = dst[0].bytes, k;
+  uint64_t b = dst[0].bytes, k = 0;
   uint64_t slots = gpuipc_buf_size(dst[0].buf) / b;
   if (slots > ((uint64_t)8 << 20))
     return 0;
   struct gpuipc__exact e;
   gpuipc__exact_init(&e, b);
+  bool own;
   size_t words = (size_t)(slots + 63) / 64;
-  uint64_t *bits = malloc(words * sizeof(*bits));
+  uint64_t *bits = seen_take(ch, words, &own);
   if (bits == NULL)
     return 0;
-  /* A few words a block: clear them all and look once; else clear only
-   * those the blocks touch, then look. */
-  bool small = words <= 16 * n, clash = false;
-  if (small)
-    memset(bits, 0, words * sizeof(*bits));
-  for (size_t i = 0; i < n; i++) {
+  bool clash = false;
+  size_t i;
+  for (i = 0; i < n; i++) {
     if (dst[i].buf != dst[0].buf || dst[i].bytes != b ||
-        !gpuipc__exact_div(&e, dst[i].offset, &k)) {
-      free(bits);
-      return 0;
-    }
+        !gpuipc__exact_div(&e, dst[i].offset, &k))
+      break;
     uint64_t m = (uint64_t)1 << (k % 64);
-    if (!small)
-      bits[k / 64] = 0;
-    else if ((bits[k / 64] & m) == 0)
-      bits[k / 64] |= m;
-    else
-      clash = true; /* named by the second look */
+    clash |= (bits[k / 64] & m) != 0;
+    bits[k / 64] |= m;
   }
-  if (small && !clash) {
-    free(bits);
-    return 1;
-  }
-  if (small)
-    memset(bits, 0, words * sizeof(*bits));
-  int rc = 1;
-  for (size_t i = 0; i < n && rc == 1; i++) {
-    (void)gpuipc__exact_div(&e, dst[i].offset, &k);
+  seen_clear(bits, words, &e, dst, i);
+  int rc = i < n ? 0 : 1;
+  /* A second look (such blocks only) names the first block whose slot
+   * came before, and the one it shares it with. */
+  size_t j = 0;
+  for (; clash && rc == 1 && j < n; j++) {
+    (void)gpuipc__exact_div(&e, dst[j].offset, &k);
     uint64_t m = (uint64_t)1 << (k % 64);
     if ((bits[k / 64] & m) == 0) {
       bits[k / 64] |= m;
       continue;
     }
-    size_t j = 0;
-    while (dst[j].offset != dst[i].offset)
-      j++;
+    size_t f = 0;
+    while (dst[f].offset != dst[j].offset)
+      f++;
     rc = gpuipc__err(-EINVAL, "%s: destination blocks %zu and %zu overlap",
-                     who, j, i);
+                     who, f, j);
   }
-  free(bits);
+  seen_clear(bits, words, &e, dst, j); /* those the second look set */
+  seen_give(ch, bits, own);
   return rc;
 }
 
 /* No two of the @n destination blocks share a byte: sorted by address,
  * each ends before the next begins. -EINVAL naming two that do. Sets
  * @p's uniform. */
-static int overlap_check(const char *who, const gpuipc_block_t *dst, size_t n,
+static int overlap_check(struct gpuipc_channel *ch, const char *who,
+                         const gpuipc_block_t *dst, size_t n,
                          struct blocks_plan *p)
 {
-  int u = overlap_slots(who, dst, n);
+  int u = overlap_slots(ch, who, dst, n);
   p->uniform = u == 1 ? dst[0].bytes : 0;
   if (u != 0)
     return u < 0 ? u : 0;
@@ -684,7 +731,7 @@ int gpuipc_channel_recv_blocks(gpuipc_channel_t *ch,
   dp.paged = false;
   int rc = blocks_check(who, "destination block", dst, n, &dp);
   if (rc == 0)
-    rc = overlap_check(who, dst, n, &dp);
+    rc = overlap_check(ch, who, dst, n, &dp);
   if (rc != 0)
     return rc;
   rc = gpuipc__chan_rx_take(ch, who, timeout_ms);

@@ -372,6 +372,12 @@ struct gpuipc__tx {
 struct gpuipc__rx {
   pthread_mutex_t lock;     /* receiving */
   _Atomic uint64_t wait_ns; /* the last wait for a message (ring.c) */
+  /* The slots bitmap of recv_blocks' overlap check (blocks.c), kept for
+   * the next call and all zero between calls; a second caller at once
+   * takes one of its own. Freed with the channel. */
+  pthread_mutex_t seen_lock;
+  uint64_t *seen;
+  size_t seen_words;
   pthread_mutex_t rel_lock; /* the release ring (producer) */
   uint32_t depth;           /* the sender's */
   uint32_t tail;            /* descriptors taken */

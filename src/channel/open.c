@@ -172,6 +172,7 @@ int gpuipc_channel_open(gpuipc_domain_t *dom, const char *name,
   pthread_mutex_init(&ch->tx.lock, NULL);
   pthread_mutex_init(&ch->rx.lock, NULL);
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
+  pthread_mutex_init(&ch->rx.seen_lock, NULL);
 
   /* The timeout is for the other end. The segment's mapping starts no
    * CUDA, but registers with a context this process has (mem/host.c):
@@ -258,6 +259,7 @@ static void close_stale(struct gpuipc_channel *ch)
   pthread_mutex_init(&ch->tx.lock, NULL);
   pthread_mutex_init(&ch->rx.lock, NULL);
   pthread_mutex_init(&ch->rx.rel_lock, NULL);
+  pthread_mutex_init(&ch->rx.seen_lock, NULL);
   atomic_store(&ch->closing, 1); /* a view released later tells nobody */
   ch->sock = -1;
   gpuipc__fd_close(&ch->peer_pidfd); /* inherited: our own copy */

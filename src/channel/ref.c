@@ -30,5 +30,7 @@ void gpuipc__chan_unref(struct gpuipc_channel *ch)
   pthread_mutex_destroy(&ch->tx.lock);
   pthread_mutex_destroy(&ch->rx.lock);
   pthread_mutex_destroy(&ch->rx.rel_lock);
+  pthread_mutex_destroy(&ch->rx.seen_lock);
+  free(ch->rx.seen);
   free(ch);
 }
