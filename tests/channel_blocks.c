@@ -32,7 +32,6 @@
  */
 #include "test.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,20 +47,6 @@ static void pair(const char *domain, const char *kind, const char *copies)
   int rs = test_wait(s, 120000), rr = test_wait(r, 120000);
   if (rs != 0 || rr != 0)
     TFAIL("%s: sender exited %d, receiver %d", kind, rs, rr);
-}
-
-struct opener {
-  gpuipc_domain_t *dom;
-  gpuipc_channel_t *ch;
-};
-
-static void *open_rx(void *arg)
-{
-  struct opener *o = arg;
-  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
-  opts.timeout_ms = 30000;
-  ASSERT_OK(gpuipc_channel_open(o->dom, "in-flight", &opts, &o->ch));
-  return NULL;
 }
 
 /* Receive a batch of @n blocks of @bytes into @buf, checking each. */
@@ -81,17 +66,13 @@ static void take(gpuipc_channel_t *rx, gpuipc_buf_t *buf, size_t n,
 
 static void in_flight(gpuipc_domain_t *dom)
 {
-  struct opener o = {.dom = dom};
-  pthread_t th;
-  ASSERT_EQ(pthread_create(&th, NULL, open_rx, &o), 0);
-  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
-  opts.timeout_ms = 30000;
+  gpuipc_channel_opts_t ropts = GPUIPC_CHANNEL_OPTS_INIT;
+  ropts.timeout_ms = 30000;
+  gpuipc_channel_opts_t opts = ropts;
   opts.depth = 8;
   opts.stage_slots = 1;
-  gpuipc_channel_t *tx;
-  ASSERT_OK(gpuipc_channel_open(dom, "in-flight", &opts, &tx));
-  ASSERT_EQ(pthread_join(th, NULL), 0);
-  gpuipc_channel_t *rx = o.ch;
+  gpuipc_channel_t *tx, *rx;
+  test_chan_pair(dom, "in-flight", &opts, &ropts, &tx, &rx);
   /* Blocks at 8 + 256 i: not a paged cache's, so their lists take the
    * full form (152 and 48056 bytes); at 256 i they take the slots form. */
   enum { SMALL = 4, LARGE = 2000 };

@@ -17,20 +17,6 @@
 
 #define BS 4096
 
-struct opener {
-  gpuipc_domain_t *dom;
-  gpuipc_channel_t *ch;
-};
-
-static void *open_tx(void *arg)
-{
-  struct opener *o = arg;
-  gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
-  opts.timeout_ms = 30000;
-  ASSERT_OK(gpuipc_channel_open(o->dom, "overlap", &opts, &o->ch));
-  return NULL;
-}
-
 /* recv_blocks of slots @slots (@n of them, block size BS; a slot of -1 is
  * a block of BS / 2 bytes at 0) of @buf, on empty channel @rx. */
 static int check(gpuipc_channel_t *rx, gpuipc_buf_t *buf, const long *slots,
@@ -60,14 +46,10 @@ int main(void)
 {
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("chan-overlap", NULL, &dom));
-  struct opener o = {.dom = dom};
-  pthread_t th;
-  ASSERT_EQ(pthread_create(&th, NULL, open_tx, &o), 0);
   gpuipc_channel_opts_t opts = GPUIPC_CHANNEL_OPTS_INIT;
   opts.timeout_ms = 30000;
-  gpuipc_channel_t *rx;
-  ASSERT_OK(gpuipc_channel_open(dom, "overlap", &opts, &rx));
-  ASSERT_EQ(pthread_join(th, NULL), 0);
+  gpuipc_channel_t *rx, *tx;
+  test_chan_pair(dom, "overlap", &opts, &opts, &rx, &tx);
 
   gpuipc_buf_t *buf, *small;
   ASSERT_OK(gpuipc_buf_alloc(256 * BS, GPUIPC_KIND_HOST, -1, 0, &small));
@@ -110,7 +92,7 @@ int main(void)
             (unsigned long long)c->rx.seen[w]);
   ASSERT_EQ_U(c->rx.seen_words, 262144 / 64);
 
-  ASSERT_OK(gpuipc_channel_close(o.ch));
+  ASSERT_OK(gpuipc_channel_close(tx));
   ASSERT_OK(gpuipc_channel_close(rx));
   ASSERT_OK(gpuipc_buf_release(small));
   ASSERT_OK(gpuipc_buf_release(big));

@@ -212,13 +212,6 @@ static bool readable(int fd)
   return n == 1 && (p.revents & POLLIN);
 }
 
-static void *open_peer(void *arg)
-{
-  gpuipc_channel_t **out = arg;
-  ASSERT_OK(gpuipc_channel_open(dom, "steps", NULL, out));
-  return NULL;
-}
-
 static gpuipc_channel_t *hook_y;
 static gpuipc_buf_t *hook_buf;
 static uint64_t hook_seq;
@@ -253,10 +246,7 @@ static void recv_msg(gpuipc_channel_t *ch, uint64_t i)
 static void steps(void)
 {
   gpuipc_channel_t *x, *y;
-  pthread_t t;
-  ASSERT_OK(pthread_create(&t, NULL, open_peer, &y));
-  ASSERT_OK(gpuipc_channel_open(dom, "steps", NULL, &x));
-  ASSERT_OK(pthread_join(t, NULL));
+  test_chan_pair(dom, "steps", NULL, NULL, &x, &y);
   gpuipc_buf_t *bx, *by;
   ASSERT_OK(gpuipc_buf_alloc(CHAN_SLOT * CHAN_SLOTS, GPUIPC_KIND_HOST, -1, 0,
                              &bx));

@@ -107,6 +107,17 @@ pid_t test_spawn(const char *name, const char *const *args,
                  const int *keep_fds);
 
 /*
+ * Both ends of channel @name of @dom in this process: *@here opened with
+ * @here_opts by the caller's thread, *@there with @there_opts by a thread
+ * of its own at the same time (NULL options: the library's defaults).
+ * Fails the test if either open fails.
+ */
+void test_chan_pair(gpuipc_domain_t *dom, const char *name,
+                    const gpuipc_channel_opts_t *here_opts,
+                    const gpuipc_channel_opts_t *there_opts,
+                    gpuipc_channel_t **here, gpuipc_channel_t **there);
+
+/*
  * Start helper @name driven through two pipes: its argv is CMD_FD REP_FD
  * (the descriptors it reads commands from and writes lines to), then
  * @more (NULL-ended, at most 10). *@in: where commands go; *@out: where

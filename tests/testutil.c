@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -56,6 +57,33 @@ pid_t test_spawn(const char *name, const char *const *args,
     _exit(127);
   }
   return pid;
+}
+
+struct chan_opener {
+  gpuipc_domain_t *dom;
+  const char *name;
+  const gpuipc_channel_opts_t *opts;
+  gpuipc_channel_t *ch;
+};
+
+static void *chan_open_thread(void *arg)
+{
+  struct chan_opener *o = arg;
+  ASSERT_OK(gpuipc_channel_open(o->dom, o->name, o->opts, &o->ch));
+  return NULL;
+}
+
+void test_chan_pair(gpuipc_domain_t *dom, const char *name,
+                    const gpuipc_channel_opts_t *here_opts,
+                    const gpuipc_channel_opts_t *there_opts,
+                    gpuipc_channel_t **here, gpuipc_channel_t **there)
+{
+  struct chan_opener o = {.dom = dom, .name = name, .opts = there_opts};
+  pthread_t th;
+  ASSERT_EQ(pthread_create(&th, NULL, chan_open_thread, &o), 0);
+  ASSERT_OK(gpuipc_channel_open(dom, name, here_opts, here));
+  ASSERT_EQ(pthread_join(th, NULL), 0);
+  *there = o.ch;
 }
 
 pid_t test_spawn_piped(const char *name, const char *const *more, int *in,
