@@ -458,9 +458,9 @@ static void seen_clear(uint64_t *bits, size_t words,
  * zero between them: cleared after, whole when small, else only the words
  * the blocks fall in) finds that in one pass. No allocation, and no
  * clearing of a large cache's whole bitmap, on each call: an event loop
- * calls with timeout 0 again and again. 1: they are such blocks and no two overlap; 0:
- * they are not such blocks (sort); -EINVAL naming two that overlap. The
- * blocks were checked: each inside its buffer. */
+ * calls with timeout 0 again and again. 1: they are such blocks and no
+ * two overlap; 0: they are not such blocks (sort); -EINVAL naming two
+ * that overlap. The blocks were checked: each inside its buffer. */
 static int overlap_slots(struct gpuipc_channel *ch, const char *who,
                          const gpuipc_block_t *dst, size_t n)
 {

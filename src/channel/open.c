@@ -124,7 +124,8 @@ static int chan_setup(struct gpuipc_channel *ch,
   ch->rx.expect_seq = 1;
   ch->rx.kernel_max =
       (uint64_t)gpuipc__cfg_long(GPUIPC_CFG_CHAN_COPY_KERNEL_KB, 16384) * 1024;
-  ch->spin_ns = (uint64_t)gpuipc__cfg_long(GPUIPC_CFG_CHAN_SPIN_US, 2000) * 1000;
+  ch->spin_ns =
+      (uint64_t)gpuipc__cfg_long(GPUIPC_CFG_CHAN_SPIN_US, 2000) * 1000;
   if (ch->tx.recs == NULL || ch->tx.free_slots == NULL)
     return gpuipc__err(-ENOMEM, "gpuipc_channel_open: out of memory");
   /* Slot 0 is taken first. */
