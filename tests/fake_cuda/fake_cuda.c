@@ -462,6 +462,8 @@ static const struct {
     ENTRY(cuStreamWaitValue64),
     ENTRY(cuMemHostGetDevicePointer),
     ENTRY(cuMemcpy),
+    ENTRY(cuMemcpyHtoD),
+    ENTRY(cuMemcpyDtoH),
     ENTRY(cuStreamCreate),
     ENTRY(cuStreamDestroy),
     ENTRY(cuStreamGetCtx),

@@ -123,6 +123,9 @@ FAKE_HIDDEN CUresult fake_cuStreamWriteValue64(CUstream h, CUdeviceptr addr,
 FAKE_HIDDEN CUresult fake_cuStreamWaitValue64(CUstream h, CUdeviceptr addr,
                                          cuuint64_t value, unsigned flags);
 FAKE_HIDDEN CUresult fake_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n);
+FAKE_HIDDEN CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src,
+                                       size_t n);
+FAKE_HIDDEN CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n);
 FAKE_HIDDEN CUresult fake_cuStreamCreate(CUstream *ph, unsigned int flags);
 FAKE_HIDDEN CUresult fake_cuStreamDestroy(CUstream h);
 FAKE_HIDDEN CUresult fake_cuStreamGetCtx(CUstream h, CUcontext *pctx);

@@ -747,6 +747,33 @@ FAKE_HIDDEN CUresult fake_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
   return CUDA_SUCCESS;
 }
 
+/* cuMemcpyHtoD / cuMemcpyDtoH: after the legacy stream's work (another
+ * process's included, as cuStreamSynchronize waits for it), as a
+ * pageable copy is. */
+static CUresult copy_after_legacy(void *dst, const void *src, size_t n)
+{
+  NEED_INIT();
+  if (fake_current == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (n > 0 && (dst == NULL || src == NULL))
+    return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = fake_cuStreamSynchronize(CU_STREAM_LEGACY);
+  if (r == CUDA_SUCCESS && n > 0)
+    memmove(dst, src, n);
+  return r;
+}
+
+FAKE_HIDDEN CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src,
+                                       size_t n)
+{
+  return copy_after_legacy((void *)(uintptr_t)dst, src, n);
+}
+
+FAKE_HIDDEN CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
+{
+  return copy_after_legacy(dst, (const void *)(uintptr_t)src, n);
+}
+
 FAKE_HIDDEN CUresult fake_cuStreamCreate(CUstream *ph, unsigned int flags)
 {
   NEED_INIT();
@@ -931,15 +958,54 @@ FAKE_HIDDEN CUresult fake_cuEventCreate(CUevent *ev, unsigned int flags)
   return CUDA_SUCCESS;
 }
 
-/* An opened event must outlive the waits queued on it. */
+/* Whether a wait still queued on a stream names @p. work_lock held. */
+static bool page_waited(const struct ipc_page *p)
+{
+  for (int i = 0; i < FAKE_STREAMS; i++)
+    for (size_t k = streams[i].start; k < streams[i].len; k++)
+      if (streams[i].ops[k].kind == OP_WAIT_REMOTE &&
+          (streams[i].ops[k].page == p || streams[i].ops[k].bell == p))
+        return true;
+  return false;
+}
+
+/* Opened events' pages that waits still named when they were destroyed. */
+#define RETIRED_MAX 256
+static struct ipc_page *retired[RETIRED_MAX];
+static int nretired;
+
+/* Unmap @p now, or once no queued wait names it. work_lock held. */
+static void page_retire(struct ipc_page *p)
+{
+  for (int i = 0; i < nretired;)
+    if (!page_waited(retired[i])) {
+      munmap(retired[i], PAGE);
+      retired[i] = retired[--nretired];
+    } else {
+      i++;
+    }
+  if (p == NULL)
+    return;
+  if (page_waited(p) && nretired < RETIRED_MAX)
+    retired[nretired++] = p;
+  else if (!page_waited(p))
+    munmap(p, PAGE);
+  /* else: more than RETIRED_MAX waited on at once; left mapped */
+}
+
+/* An opened event may be destroyed with waits still queued on it (CUDA
+ * frees its resources once they are done): its pages are unmapped once
+ * no queued wait names them. */
 FAKE_HIDDEN CUresult fake_cuEventDestroy(CUevent ev)
 {
   NEED_INIT();
   if (ev == NULL)
     return CUDA_ERROR_INVALID_HANDLE;
   if (ev->opened) {
-    munmap(ev->page, PAGE);
-    munmap(ev->bell, PAGE);
+    pthread_mutex_lock(&work_lock);
+    page_retire(ev->page);
+    page_retire(ev->bell);
+    pthread_mutex_unlock(&work_lock);
   } else if (ev->page != NULL) {
     atomic_store(&ev->page->destroyed, 1);
     pthread_mutex_lock(&work_lock);
