@@ -1294,8 +1294,10 @@ GPUIPC_API int gpuipc_segment_open(gpuipc_domain_t *dom, const char *name,
  * (CUstream / cudaStream_t; NULL: the legacy default stream). GPU kinds
  * (VMM, LEGACY, POOL): an interprocess event is recorded on @stream and
  * travels with the publication; an opener's stream waits for it, the host
- * of neither side blocks. HOST: @stream, if not NULL, is synchronised
- * first; with NULL, the caller's CPU writes are done when it calls this.
+ * of neither side blocks. A @stream with no work pending (its writes are
+ * done) needs none, and none is made. HOST: @stream, if not NULL, is
+ * synchronised first; with NULL, the caller's CPU writes are done when it
+ * calls this.
  * Returns 0; -EINVAL (NULL @seg, or a buffer this process did not create
  * as a segment, such as the lent buffer itself); -EALREADY (published already: by an earlier call, or at
  * once by a GPUIPC_SCRATCH open); -ENOENT (the broker no longer has the reservation, e.g. after

@@ -6,6 +6,7 @@
  * below), so that client.c calls neither.
  */
 #include "core/private.h"
+#include "cuda/cuda.h"
 #include "segment/seg_table.h"
 #include "os/os.h"
 #include "wire/wire.h"
@@ -475,8 +476,13 @@ static struct seg_hold *filling_hold(gpuipc_buf_t *buf, int *rc)
 }
 
 /*
- * Order the publication after the writes queued on @stream: an event for
- * GPU kinds (*@ev, exported in @eh), a synchronised stream for HOST.
+ * Order the publication after the writes queued on @stream: for GPU kinds
+ * an event (*@ev, exported in @eh) unless the stream is idle, a
+ * synchronised stream for HOST. An idle stream's writes are done: the
+ * openers have nothing to wait for, and this process makes no
+ * interprocess event (CUDA keeps an 80 KiB file in /dev/shm for each
+ * process that made one until its context is destroyed, which outlasts
+ * exit()).
  */
 static int order_writes(gpuipc_buf_t *buf, void *stream, gpuipc_event_t **ev,
                         gpuipc_event_handle_t *eh)
@@ -488,7 +494,10 @@ static int order_writes(gpuipc_buf_t *buf, void *stream, gpuipc_event_t **ev,
     int dev = gpuipc__device_current();
     return gpuipc__stream_sync(dev >= 0 ? dev : 0, stream);
   }
-  int rc = gpuipc_event_create(gpuipc_buf_device(buf), 0, ev);
+  int dev = gpuipc_buf_device(buf);
+  if (gpuipc__stream_idle(gpuipc__stream_dev(stream, dev), stream))
+    return 0;
+  int rc = gpuipc_event_create(dev, 0, ev);
   if (rc != 0)
     return rc;
   rc = gpuipc_event_record(*ev, stream);
