@@ -12,7 +12,7 @@
  *     is recorded (no interprocess event made, so CUDA keeps no file in
  *     /dev/shm for it), and the reader finds every byte.
  */
-#include "test.h"
+#include "helpers/fake_lag.h"
 #include "helpers/seg_peer.h"
 
 #ifdef FAKE_CUDA_FULL
@@ -64,26 +64,22 @@ static void read_back(struct peer *r, const char *name, uint64_t seed)
 
 int main(void)
 {
-  setvbuf(stdout, NULL, _IONBF, 0);
-  setenv("GPUIPC_CUDA_LIB", FAKE_CUDA_FULL, 1);
-  setenv("FAKE_CUDA_COPY_LAG", "1000000000", 1);
-  ASSERT_OK(gpuipc_domain_join("segpubev", NULL, &dom));
+  dom = fake_lag_begin("segpubev");
   CUstream s = cu_stream_make();
   struct peer r;
   peer_start(&r);
   PEER_OK(&r, "join segpubev");
   static const struct {
     const char *name;
-    CUstream stream;
-    bool idle;
-  } cases[] = {{"created-busy", NULL, false},
-               {"legacy-busy", NULL, false},
-               {"created-idle", NULL, true},
-               {"legacy-idle", NULL, true}};
+    bool created, idle; /* created: on s, else on the legacy stream */
+  } cases[] = {{"created-busy", true, false},
+               {"legacy-busy", false, false},
+               {"created-idle", true, true},
+               {"legacy-idle", false, true}};
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    CUstream st = strncmp(cases[i].name, "created", 7) == 0 ? s : NULL;
     uint64_t seed = 40 + i;
-    int events = publish(cases[i].name, seed, st, cases[i].idle);
+    int events = publish(cases[i].name, seed, cases[i].created ? s : NULL,
+                         cases[i].idle);
     if (events != (cases[i].idle ? 0 : 1))
       TFAIL("%s: the publication recorded %d events (want %d)",
             cases[i].name, events, cases[i].idle ? 0 : 1);

@@ -63,23 +63,24 @@ int gpuipc__chan_peer_check(struct gpuipc_channel *ch, unsigned look)
   if (atomic_load_explicit(&ch->shm->closed[1 - ch->end],
                            memory_order_acquire))
     why = "closed its end";
-  /* One poll() for both where the peer's pidfd is open (a poll()
-   * skips a negative descriptor); else the pid through /proc. */
-  bool by_fd = ch->peer_pidfd >= 0;
-  if (why == NULL && (look & GPUIPC__PEER_SOCK || (by_fd &&
-                                                   look & GPUIPC__PEER_PID))) {
+  /* A hang-up, and the peer's exit too where its pidfd is open, in one
+   * poll() (which skips a negative descriptor); the exit alone is
+   * gpuipc__chan_peer_alive's. */
+  bool exit_seen = false;
+  if (why == NULL && (look & GPUIPC__PEER_SOCK)) {
+    exit_seen = (look & GPUIPC__PEER_PID) && ch->peer_pidfd >= 0;
     struct pollfd p[2] = {
-        {.fd = look & GPUIPC__PEER_SOCK ? ch->sock : -1, .events = 0},
-        {.fd = look & GPUIPC__PEER_PID ? ch->peer_pidfd : -1,
-         .events = POLLIN}};
+        {.fd = ch->sock, .events = 0},
+        {.fd = exit_seen ? ch->peer_pidfd : -1, .events = POLLIN}};
     int n = poll(p, 2, 0);
     if (n > 0 && (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)))
       why = "hung up its socket";
     else if (n > 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR)))
       why = "exited";
+    exit_seen = exit_seen && n >= 0;
   }
-  if (why == NULL && (look & GPUIPC__PEER_PID) && !by_fd &&
-      !gpuipc__pid_alive(ch->peer_pid))
+  if (why == NULL && (look & GPUIPC__PEER_PID) && !exit_seen &&
+      !gpuipc__chan_peer_alive(ch))
     why = "exited";
   if (why == NULL)
     return 0;

@@ -986,10 +986,10 @@ static void page_retire(struct ipc_page *p)
     }
   if (p == NULL)
     return;
-  if (page_waited(p) && nretired < RETIRED_MAX)
-    retired[nretired++] = p;
-  else if (!page_waited(p))
+  if (!page_waited(p))
     munmap(p, PAGE);
+  else if (nretired < RETIRED_MAX)
+    retired[nretired++] = p;
   /* else: more than RETIRED_MAX waited on at once; left mapped */
 }
 
