@@ -7,8 +7,10 @@
  *    cuMemSetAccess; LEGACY: cuIpcOpenMemHandle; POOL: cuMemPoolImportPointer
  *    into an already imported pool) against gpuipc_buf_import of a handle
  *    not seen before (taking its fd, GPUIPC_BUF_TAKE_FD, as gpuipc's
- *    channels do; VMM also without, when gpuipc duplicates the fd),
- *    interleaved, medians. Target: <= 1.05x.
+ *    channels do; VMM also without, when gpuipc duplicates the fd; and
+ *    VMM as gpuipc's channels and segments import, an fd close-on-exec
+ *    already kept with no fcntl: kinds_take.c), interleaved, medians.
+ *    Target: <= 1.05x.
  *  - cached import: gpuipc_buf_import of a handle already mapped. Target:
  *    <= 1 us.
  *  - copy bandwidth through an imported mapping, on its own GPU and from
@@ -29,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,9 +226,12 @@ struct first_result {
  * Import every handle once, alternating the raw driver calls and
  * gpuipc_buf_import (the first pair is warm-up), onto local device @dev.
  */
+extern "C" int kinds_import_taken(const gpuipc_handle_t *h, int device,
+                                  gpuipc_buf_t **out);
+
 static struct first_result first_import(std::vector<gpuipc_handle_t> &hs,
                                         gpuipc_kind_t kind, int dev,
-                                        unsigned flags)
+                                        unsigned flags, bool as_channel)
 {
   CUcontext ctx = ctx_of(dev);
   CUdevice cudev;
@@ -288,13 +294,16 @@ static struct first_result first_import(std::vector<gpuipc_handle_t> &hs,
         raw_t.push_back(t1 - t0);
     } else {
       gpuipc_buf_t *b;
+      if (as_channel) /* as a channel's socket hands it over */
+        fcntl(h.fd, F_SETFD, FD_CLOEXEC);
       double t0 = now_us();
-      GCHECK(gpuipc_buf_import(&h, dev, flags, &b));
+      GCHECK(as_channel ? kinds_import_taken(&h, dev, &b)
+                        : gpuipc_buf_import(&h, dev, flags, &b));
       double t1 = now_us();
       if (i >= 2)
         lib_t.push_back(t1 - t0);
       bufs.push_back(b);
-      if (flags & GPUIPC_BUF_TAKE_FD)
+      if (as_channel || (flags & GPUIPC_BUF_TAKE_FD))
         h.fd = -1; /* gpuipc's now */
     }
   }
@@ -451,32 +460,36 @@ int main(int argc, char **argv)
     gpuipc_kind_t kind;
     int dev;
     unsigned flags;
-    const char *name;
+    bool as_channel;
+    const char *name, *tag;
   } rows[] = {
-      {GPUIPC_KIND_VMM, 0, GPUIPC_BUF_TAKE_FD, "vmm, same GPU"},
-      {GPUIPC_KIND_VMM, 0, 0, "vmm, same GPU, fd kept (dup)"},
-      {GPUIPC_KIND_VMM, 1, GPUIPC_BUF_TAKE_FD, "vmm, GPU0 memory on GPU1"},
-      {GPUIPC_KIND_VMM, 1, 0, "vmm, GPU0 on GPU1, fd kept"},
-      {GPUIPC_KIND_LEGACY, 0, 0, "legacy, same GPU"},
-      {GPUIPC_KIND_LEGACY, 1, 0, "legacy, GPU0 memory on GPU1"},
-      {GPUIPC_KIND_POOL, 0, 0, "pool, same GPU"},
-      {GPUIPC_KIND_POOL, 1, 0, "pool, GPU0 memory on GPU1"}};
+      {GPUIPC_KIND_VMM, 0, GPUIPC_BUF_TAKE_FD, false, "vmm, same GPU", ""},
+      {GPUIPC_KIND_VMM, 0, 0, false, "vmm, same GPU, fd kept (dup)", "_dup"},
+      {GPUIPC_KIND_VMM, 0, 0, true, "vmm, same GPU, as channels", "_chan"},
+      {GPUIPC_KIND_VMM, 1, GPUIPC_BUF_TAKE_FD, false,
+       "vmm, GPU0 memory on GPU1", ""},
+      {GPUIPC_KIND_VMM, 1, 0, false, "vmm, GPU0 on GPU1, fd kept", "_dup"},
+      {GPUIPC_KIND_VMM, 1, 0, true, "vmm, GPU0 on GPU1, as channels",
+       "_chan"},
+      {GPUIPC_KIND_LEGACY, 0, 0, false, "legacy, same GPU", ""},
+      {GPUIPC_KIND_LEGACY, 1, 0, false, "legacy, GPU0 memory on GPU1", ""},
+      {GPUIPC_KIND_POOL, 0, 0, false, "pool, same GPU", ""},
+      {GPUIPC_KIND_POOL, 1, 0, false, "pool, GPU0 memory on GPU1", ""}};
   for (const row &r : rows) {
     if (r.dev >= ndev)
       continue;
     std::vector<gpuipc_handle_t> hs =
         fetch(&p, r.kind, (uint32_t)n_imports + 2, (size_t)2 << 20);
-    struct first_result f = first_import(hs, r.kind, r.dev, r.flags);
+    struct first_result f =
+        first_import(hs, r.kind, r.dev, r.flags, r.as_channel);
     release_remote(&p);
     double ratio = f.gpuipc_us / f.raw_us;
     bool ok = ratio <= 1.05;
     all_ok = all_ok && ok;
     printf("%-30s %10.2f %10.2f %9.2f %7.3f  %s\n", r.name, f.raw_us,
            f.gpuipc_us, f.gpuipc_us - f.raw_us, ratio, verdict(ok));
-    bool dup = r.kind == GPUIPC_KIND_VMM && !(r.flags & GPUIPC_BUF_TAKE_FD);
     printf("RESULT import %s_%s%s %.3f %.3f\n", gpuipc_kind_name(r.kind),
-           r.dev == 0 ? "same" : "cross", dup ? "_dup" : "", f.raw_us,
-           f.gpuipc_us);
+           r.dev == 0 ? "same" : "cross", r.tag, f.raw_us, f.gpuipc_us);
   }
 
   {

@@ -283,6 +283,14 @@ static void check_take_fd(void)
   gpuipc_buf_t *out = (gpuipc_buf_t *)0x1;
   ASSERT_RC(gpuipc_buf_import(&other, -1, 0x4, &out), -EINVAL);
   ASSERT_ERR_MENTIONS("0x4");
+  /* gpuipc's own "the fd is close-on-exec already" is not the caller's
+   * to give: a caller's fd always gets FD_CLOEXEC. */
+  ASSERT_RC(gpuipc_buf_import(&other, -1,
+                              GPUIPC_BUF_TAKE_FD | GPUIPC__BUF_FD_CLOEXEC,
+                              &out),
+            -EINVAL);
+  ASSERT_ERR_MENTIONS("0x80000000");
+  ASSERT_PTR_EQ(out, (gpuipc_buf_t *)0x1);
 
   /* Refused: the fd stays open. */
   gpuipc_handle_t big = other;

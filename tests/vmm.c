@@ -6,6 +6,7 @@
  * it), and under a CUDA_VISIBLE_DEVICES that reorders the GPUs.
  */
 #include "gpu_test.h"
+#include "mem/mem.h"
 
 #include <fcntl.h>
 
@@ -77,13 +78,29 @@ static void check_local(void)
   gpuipc_buf_t *third;
   ASSERT_OK(gpuipc_buf_import(&taken, -1, GPUIPC_BUF_TAKE_FD, &third));
   gpu_expect(0, gpuipc_buf_ptr(third), 1000, 8);
-  ASSERT_TRUE(fcntl(taken.fd, F_GETFD) & FD_CLOEXEC);
+  ASSERT_EQ(fcntl(taken.fd, F_GETFD), FD_CLOEXEC); /* open, the very fd */
   ASSERT_OK(gpuipc_buf_export(third, &again));
   ASSERT_GE(again.fd, 0);
   ASSERT_NE(again.fd, taken.fd);
   close(again.fd);
   ASSERT_OK(gpuipc_buf_release(third));
   ASSERT_EQ(fcntl(taken.fd, F_GETFD), -1); /* closed with the mapping */
+
+  /* gpuipc's channels and segments take fds that came over its sockets,
+   * close-on-exec already (GPUIPC__BUF_FD_CLOEXEC): kept as they are, no
+   * fcntl on the import's path. This one, without the flag, shows it. */
+  gpuipc_handle_t own = h;
+  own.nonce ^= 0x6969696969696969ull;
+  own.fd = fcntl(h.fd, F_DUPFD, 3); /* without FD_CLOEXEC */
+  ASSERT_GE(own.fd, 0);
+  gpuipc_buf_t *fourth;
+  ASSERT_OK(gpuipc__buf_import(&own, -1,
+                               GPUIPC_BUF_TAKE_FD | GPUIPC__BUF_FD_CLOEXEC,
+                               &fourth));
+  gpu_expect(0, gpuipc_buf_ptr(fourth), 1000, 8);
+  ASSERT_EQ(fcntl(own.fd, F_GETFD), 0); /* open, kept as it came */
+  ASSERT_OK(gpuipc_buf_release(fourth));
+  ASSERT_EQ(fcntl(own.fd, F_GETFD), -1);
 
   /* An fd that is not CUDA memory. */
   gpuipc_handle_t bogus = other;

@@ -82,9 +82,10 @@ int gpuipc__chan_rx_import(struct gpuipc_channel *ch, uint64_t seq,
   }
   h.fd = fd;
   gpuipc_buf_t *b;
-  /* The fd is the import's when it succeeds: kept (VMM) or closed. */
-  rc = gpuipc_buf_import(&h, h.kind == GPUIPC_KIND_HOST ? -1 : ch->device,
-                         GPUIPC_BUF_TAKE_FD, &b);
+  /* The fd is the import's when it succeeds: kept (VMM) or closed. It
+   * came with MSG_CMSG_CLOEXEC (os/sock.c). */
+  rc = gpuipc__buf_import(&h, h.kind == GPUIPC_KIND_HOST ? -1 : ch->device,
+                          GPUIPC_BUF_TAKE_FD | GPUIPC__BUF_FD_CLOEXEC, &b);
   if (rc != 0) {
     gpuipc__fd_close(&fd);
     return rc;

@@ -420,14 +420,20 @@ struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h)
 int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
                       gpuipc_buf_t **out)
 {
-  gpuipc__buf_fork_install();
-  if (h == NULL || out == NULL)
-    return gpuipc__err(-EINVAL, "gpuipc_buf_import: %s is NULL",
-                       h == NULL ? "handle" : "out");
   const unsigned known = GPUIPC_BUF_UNPINNED | GPUIPC_BUF_TAKE_FD;
   if (flags & ~known)
     return gpuipc__err(-EINVAL, "gpuipc_buf_import: unknown flags 0x%x",
                        flags & ~known);
+  return gpuipc__buf_import(h, device, flags, out);
+}
+
+int gpuipc__buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
+                       gpuipc_buf_t **out)
+{
+  gpuipc__buf_fork_install();
+  if (h == NULL || out == NULL)
+    return gpuipc__err(-EINVAL, "gpuipc_buf_import: %s is NULL",
+                       h == NULL ? "handle" : "out");
   int rc = gpuipc__handle_validate(h, "gpuipc_buf_import");
   if (rc != 0)
     return rc;
@@ -527,6 +533,7 @@ int gpuipc_buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
   b->imported = true;
   b->unpinned = (flags & GPUIPC_BUF_UNPINNED) != 0;
   b->take_fd = take >= 0;
+  b->fd_cloexec = b->take_fd && (flags & GPUIPC__BUF_FD_CLOEXEC);
   memcpy(b->uuid, h->device_uuid, sizeof(b->uuid));
   rc = ops->import(b, h);
   bool mapped = rc == 0;

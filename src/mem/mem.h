@@ -119,6 +119,8 @@ struct gpuipc_buf {
   bool take_fd;  /* import: the kind may keep h->fd itself as fd, no dup
                   * (GPUIPC_BUF_TAKE_FD); gpuipc_buf_import closes it when
                   * the kind did not */
+  bool fd_cloexec; /* import: the taken fd is close-on-exec already
+                    * (GPUIPC__BUF_FD_CLOEXEC) */
   /* Identity: ours for local buffers, the exporter's for imported ones. */
   uint8_t boot_id[16];
   uint32_t pid;
@@ -231,6 +233,18 @@ int gpuipc__buf_alias(struct gpuipc_buf *b, struct gpuipc_buf **out);
  * self-imports go through it.
  */
 struct gpuipc_buf *gpuipc__buf_lookup(const gpuipc_handle_t *h);
+
+/*
+ * gpuipc_buf_import for gpuipc's own callers, whose @flags may also hold
+ * GPUIPC__BUF_FD_CLOEXEC: with GPUIPC_BUF_TAKE_FD, the fd came over one of
+ * gpuipc's sockets (MSG_CMSG_CLOEXEC) and is close-on-exec already, so a
+ * VMM mapping keeps it without an fcntl (a system call on every first
+ * import of a channel's or a segment's buffer). Unchecked flags: the
+ * public call checks the caller's.
+ */
+#define GPUIPC__BUF_FD_CLOEXEC 0x80000000u
+int gpuipc__buf_import(const gpuipc_handle_t *h, int device, unsigned flags,
+                       gpuipc_buf_t **out);
 
 /* The kinds this build has (gpuipc.h's GPUIPC_KIND_MAP lists them all);
  * NULL where the build lacks one, for AUTO and for a value no kind has. */

@@ -329,7 +329,7 @@ static int vmm_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
    * gpuipc_buf_import hands back on failure), else a duplicate. */
   int keep_fd = -1;
   if (h->type == GPUIPC_HT_POSIX_FD && b->take_fd)
-    rc = gpuipc__fd_cloexec(h->fd);
+    rc = b->fd_cloexec ? 0 : gpuipc__fd_cloexec(h->fd);
   else if (h->type == GPUIPC_HT_POSIX_FD)
     rc = gpuipc__fd_dup(h->fd, &keep_fd);
   if (rc != 0)

@@ -114,8 +114,12 @@ static int import_reply(struct gpuipc__reply *r, int device, unsigned flags,
   int rc = gpuipc_handle_unpack(w->handle, sizeof(w->handle), &h);
   if (rc == 0) {
     h.fd = r->nfds > 0 ? r->fds[0] : -1;
-    /* The fd is the import's when it succeeds: kept (VMM) or closed. */
-    rc = gpuipc_buf_import(&h, device, flags | GPUIPC_BUF_TAKE_FD, out);
+    /* The fd is the import's when it succeeds: kept (VMM) or closed. It
+     * came with MSG_CMSG_CLOEXEC (os/sock.c). */
+    rc = gpuipc__buf_import(&h, device,
+                            flags | GPUIPC_BUF_TAKE_FD |
+                                GPUIPC__BUF_FD_CLOEXEC,
+                            out);
     if (rc == 0 && r->nfds > 0)
       r->fds[0] = -1;
   }
