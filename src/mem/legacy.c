@@ -36,16 +36,30 @@ struct legacy {
   CUipcMemHandle ipc;
 };
 
+/*
+ * The openings by key, in buckets: a first import looks up a key no
+ * bucket holds, and a process importing a PyTorch model's blocks holds
+ * hundreds; one list walked whole cost a cache miss an opening.
+ */
+#define OPEN_BUCKETS 256
 static pthread_mutex_t opens_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct legacy_open *opens;
+static struct legacy_open *opens[OPEN_BUCKETS];
 
-/* FNV-1a over the handle bytes. */
+/* FNV-1a over the handle's 64-bit words, then folded. */
 static uint64_t key_hash(const uint8_t *k)
 {
   uint64_t x = 0xcbf29ce484222325ull;
-  for (int i = 0; i < GPUIPC_HANDLE_BYTES; i++)
-    x = (x ^ k[i]) * 0x100000001b3ull;
-  return x;
+  for (int i = 0; i < GPUIPC_HANDLE_BYTES; i += 8) {
+    uint64_t w;
+    memcpy(&w, k + i, 8);
+    x = (x ^ w) * 0x100000001b3ull;
+  }
+  return x ^ (x >> 29) ^ (x >> 47);
+}
+
+static struct legacy_open **bucket(uint64_t hash)
+{
+  return &opens[hash % OPEN_BUCKETS];
 }
 
 static int legacy_usable(const char *who)
@@ -185,7 +199,8 @@ static int open_put(struct legacy_open *o)
   pthread_mutex_lock(&opens_lock);
   bool last = --o->refs == 0;
   if (last)
-    for (struct legacy_open **pp = &opens; *pp != NULL; pp = &(*pp)->next)
+    for (struct legacy_open **pp = bucket(o->hash); *pp != NULL;
+         pp = &(*pp)->next)
       if (*pp == o) {
         *pp = o->next;
         break;
@@ -240,7 +255,7 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
   uint64_t hash = key_hash(h->bytes);
   pthread_mutex_lock(&opens_lock);
   struct legacy_open *o;
-  for (o = opens; o != NULL; o = o->next)
+  for (o = *bucket(hash); o != NULL; o = o->next)
     if (o->hash == hash &&
         memcmp(o->key, h->bytes, GPUIPC_HANDLE_BYTES) == 0)
       break;
@@ -263,8 +278,8 @@ static int legacy_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
     o->hash = hash;
     o->device = access;
     o->refs = 1;
-    o->next = opens;
-    opens = o;
+    o->next = *bucket(hash);
+    *bucket(hash) = o;
   }
   pthread_mutex_unlock(&opens_lock);
 
