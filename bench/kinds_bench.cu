@@ -303,7 +303,7 @@ static struct first_result first_import(std::vector<gpuipc_handle_t> &hs,
       if (i >= 2)
         lib_t.push_back(t1 - t0);
       bufs.push_back(b);
-      if (as_channel || (flags & GPUIPC_BUF_TAKE_FD))
+      if (flags & GPUIPC_BUF_TAKE_FD)
         h.fd = -1; /* gpuipc's now */
     }
   }
@@ -465,12 +465,13 @@ int main(int argc, char **argv)
   } rows[] = {
       {GPUIPC_KIND_VMM, 0, GPUIPC_BUF_TAKE_FD, false, "vmm, same GPU", ""},
       {GPUIPC_KIND_VMM, 0, 0, false, "vmm, same GPU, fd kept (dup)", "_dup"},
-      {GPUIPC_KIND_VMM, 0, 0, true, "vmm, same GPU, as channels", "_chan"},
+      {GPUIPC_KIND_VMM, 0, GPUIPC_BUF_TAKE_FD, true,
+       "vmm, same GPU, as channels", "_chan"},
       {GPUIPC_KIND_VMM, 1, GPUIPC_BUF_TAKE_FD, false,
        "vmm, GPU0 memory on GPU1", ""},
       {GPUIPC_KIND_VMM, 1, 0, false, "vmm, GPU0 on GPU1, fd kept", "_dup"},
-      {GPUIPC_KIND_VMM, 1, 0, true, "vmm, GPU0 on GPU1, as channels",
-       "_chan"},
+      {GPUIPC_KIND_VMM, 1, GPUIPC_BUF_TAKE_FD, true,
+       "vmm, GPU0 on GPU1, as channels", "_chan"},
       {GPUIPC_KIND_LEGACY, 0, 0, false, "legacy, same GPU", ""},
       {GPUIPC_KIND_LEGACY, 1, 0, false, "legacy, GPU0 memory on GPU1", ""},
       {GPUIPC_KIND_POOL, 0, 0, false, "pool, same GPU", ""},
