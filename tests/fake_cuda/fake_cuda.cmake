@@ -3,6 +3,19 @@
 # are tested without a GPU (tests/driver.c, tests/helpers/driver_probe.c).
 # Included from tests/CMakeLists.txt after the test targets exist.
 set(GPUIPC_FAKE_CUDA_DIR ${CMAKE_CURRENT_BINARY_DIR}/fake_cuda)
+
+# gpuipc_test_on_fake(NAME [DL] [HELPERS helper...]): tests/NAME.c loads
+# the fake (FAKE_CUDA_FULL names it), built before it with the helpers it
+# starts; DL: it looks inside the fake with dlopen/dlsym.
+function(gpuipc_test_on_fake name)
+  cmake_parse_arguments(F "DL" "" "HELPERS" ${ARGN})
+  add_dependencies(test_${name} fake_cuda_full ${F_HELPERS})
+  target_compile_definitions(test_${name} PRIVATE
+    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  if(F_DL)
+    target_link_libraries(test_${name} PRIVATE ${CMAKE_DL_LIBS})
+  endif()
+endfunction()
 if(GPUIPC_HAVE_CUDA)
   foreach(variant full v1 nogpa)
     add_library(fake_cuda_${variant} SHARED
@@ -28,60 +41,39 @@ if(GPUIPC_HAVE_CUDA)
   target_link_libraries(driver_probe PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_streams.c: two chan_stream_peer processes on the fake,
   # which count its records and waits.
-  add_dependencies(test_channel_streams fake_cuda_full chan_stream_peer)
-  target_compile_definitions(test_channel_streams PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_streams HELPERS chan_stream_peer)
   target_link_libraries(chan_stream_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_wait_across.c: chan_away_peer pairs count the sender's
   # waits on release words written on another GPU and on its own.
-  add_dependencies(test_channel_wait_across fake_cuda_full chan_away_peer)
-  target_compile_definitions(test_channel_wait_across PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_wait_across HELPERS chan_away_peer)
   target_link_libraries(chan_away_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_ready_guard.c: a sender killed before its ready word.
-  add_dependencies(test_channel_ready_guard fake_cuda_full chan_guard_peer)
-  target_compile_definitions(test_channel_ready_guard PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_ready_guard HELPERS chan_guard_peer)
   # tests/channel_blocks.c: block batches on the fake's device 0, which
   # counts the batched copies.
-  add_dependencies(test_channel_blocks fake_cuda_full chan_blocks_peer)
-  target_compile_definitions(test_channel_blocks PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_blocks HELPERS chan_blocks_peer)
   target_link_libraries(chan_blocks_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_gpu_order.c: tests/channel_gpu.c's scenarios on the fake.
-  add_dependencies(test_channel_gpu_order fake_cuda_full chan_order_peer)
-  target_compile_definitions(test_channel_gpu_order PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_gpu_order HELPERS chan_order_peer)
   target_link_libraries(chan_order_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_hold_gpu.c: a held view on device 0 of the fake.
-  add_dependencies(test_channel_hold_gpu fake_cuda_full chan_hold_peer)
-  target_compile_definitions(test_channel_hold_gpu PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_hold_gpu HELPERS chan_hold_peer)
   target_link_libraries(chan_hold_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_copy_kernel.c: the receive copy as gpuipc's kernel or
   # the copy engine's, which both ends count in the fake.
-  add_dependencies(test_channel_copy_kernel fake_cuda_full chan_order_peer
-    chan_kernel_peer)
-  target_compile_definitions(test_channel_copy_kernel PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_copy_kernel
+    HELPERS chan_order_peer chan_kernel_peer)
   target_link_libraries(chan_kernel_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/channel_close_events.c: closes while the other end's use of
   # the events is still to come.
-  add_dependencies(test_channel_close_events fake_cuda_full chan_close_peer)
-  target_compile_definitions(test_channel_close_events PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(channel_close_events HELPERS chan_close_peer)
   target_link_libraries(chan_close_peer PRIVATE ${CMAKE_DL_LIBS})
   # tests/host_pin.c: HOST registration, looked at in the fake, in this
   # process and in chan_peer / chan_order_peer pairs.
-  add_dependencies(test_host_pin fake_cuda_full chan_peer chan_order_peer)
-  target_compile_definitions(test_host_pin PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
-  target_link_libraries(test_host_pin PRIVATE ${CMAKE_DL_LIBS})
+  gpuipc_test_on_fake(host_pin DL HELPERS chan_peer chan_order_peer)
   # tests/broker_republish_liar.c: a LEGACY segment of seg_peers on the
   # fake, and a liar's own LEGACY memory.
-  add_dependencies(test_broker_republish_liar fake_cuda_full seg_peer)
-  target_compile_definitions(test_broker_republish_liar PRIVATE
-    FAKE_CUDA_FULL="$<TARGET_FILE:fake_cuda_full>")
+  gpuipc_test_on_fake(broker_republish_liar HELPERS seg_peer)
 endif()
 add_dependencies(test_driver driver_probe)
 # `gpuipc info` is checked against the fake driver and without one.
