@@ -128,6 +128,7 @@ static int local_pool_get(int dev, struct local_pool **out)
     close(fd);
     goto destroy_stream;
   }
+  gpuipc__fd_table_ahead(fd);
   lp->fd = fd;
   local_ready[dev] = true;
   pthread_mutex_unlock(&pools_lock);

@@ -287,6 +287,7 @@ static int vmm_export(struct gpuipc_buf *b, gpuipc_handle_t *h)
       close(fd);
       return rc;
     }
+    gpuipc__fd_table_ahead(fd);
   }
   h->type = GPUIPC_HT_POSIX_FD;
   memset(h->bytes, 0, sizeof(h->bytes));
@@ -470,6 +471,7 @@ static int vmm_export_foreign(const struct gpuipc__foreign_range *r,
     close(fd);
     return rc;
   }
+  gpuipc__fd_table_ahead(fd);
   h->kind = GPUIPC_KIND_VMM;
   h->type = GPUIPC_HT_POSIX_FD;
   h->fd = fd;

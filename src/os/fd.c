@@ -46,6 +46,7 @@ int gpuipc__memfd_create(const char *name, size_t size, int *out_fd)
   int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return gpuipc__err_errno(errno, "memfd_create(\"%s\")", name);
+  gpuipc__fd_table_ahead(fd);
   if (ftruncate(fd, (off_t)size) < 0) {
     rc = gpuipc__err_errno(errno, "ftruncate of memfd %s to %zu bytes", name,
                            size);
@@ -119,6 +120,7 @@ int gpuipc__fd_dup(int fd, int *out_fd)
   if (d < 0)
     return gpuipc__err_errno(errno, "fcntl(F_DUPFD_CLOEXEC) of descriptor %d",
                              fd);
+  gpuipc__fd_table_ahead(d);
   *out_fd = d;
   return 0;
 }
@@ -129,19 +131,6 @@ int gpuipc__fd_cloexec(int fd)
     return gpuipc__err_errno(errno, "fcntl(F_SETFD, FD_CLOEXEC) of "
                              "descriptor %d", fd);
   return 0;
-}
-
-void gpuipc__fd_table_reserve(int fd, int want)
-{
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-      (rlim_t)want > rl.rlim_cur)
-    want = (int)rl.rlim_cur;
-  if (fd < 0 || want < 2)
-    return;
-  int d = fcntl(fd, F_DUPFD_CLOEXEC, want - 1);
-  if (d >= 0)
-    close(d);
 }
 
 void gpuipc__fd_close(int *fd)

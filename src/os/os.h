@@ -122,14 +122,26 @@ int gpuipc__fd_dup(int fd, int *out_fd); /* F_DUPFD_CLOEXEC */
 int gpuipc__fd_cloexec(int fd);          /* F_SETFD FD_CLOEXEC; -errno */
 void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
 /*
- * Grow this process's descriptor table to hold @want descriptors (at most
- * the soft RLIMIT_NOFILE) now, by duplicating @fd to slot want - 1 and
- * closing the copy: nothing stays open. Linux waits for an RCU grace
- * period each time the table of a process with threads grows (10-30 ms
- * measured), so the growth is better paid once, early, than by an import
- * on the way of a first transfer. Best effort: says nothing, fails silently.
+ * The descriptor table (fdtable.c). Linux waits for an RCU grace period
+ * each time the table of a process with threads grows (8-23 ms
+ * measured), in the call that made the descriptor past its end.
+ *
+ * gpuipc__fd_table_ahead: @fd is a new descriptor of gpuipc's; once one
+ * reaches a quarter of the table's known size, a thread of the library
+ * grows it (to eight times @fd, at least 1024, at most the soft
+ * RLIMIT_NOFILE), so that imports on the way of a transfer do not pay the
+ * growth. One load and a compare on the way; best effort, says nothing.
+ *
+ * gpuipc__fd_table_reserve: grow the table to hold @want descriptors (at
+ * most the soft RLIMIT_NOFILE) now, in this call, by duplicating @fd to
+ * slot want - 1 and closing the copy: nothing stays open. For a setup
+ * step (a domain's join) that may pay it. Best effort, says nothing.
  */
+void gpuipc__fd_table_ahead(int fd);
 void gpuipc__fd_table_reserve(int fd, int want);
+/* For tests: how many growths the library's thread tried; *@busy, whether
+ * it is at work now. */
+unsigned gpuipc__fd_table_passes(bool *busy);
 
 /* ----- locks ----- */
 /*

@@ -380,6 +380,7 @@ static int collect_fds(struct msghdr *msg, int *got, int *extra)
       memcpy(&f, p + i * sizeof(int), sizeof(int));
       if (n < GPUIPC_FDS_MAX) {
         got[n++] = f;
+        gpuipc__fd_table_ahead(f);
       } else {
         close(f);
         (*extra)++;

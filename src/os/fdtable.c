@@ -1,0 +1,182 @@
+/*
+ * The process's descriptor table, grown before gpuipc's descriptors need
+ * it.
+ *
+ * Linux grows a process's table (doubling) when a descriptor is made past
+ * its end, and in a process with more than one thread the growth waits
+ * for an RCU grace period, in the call that made the descriptor: 8-23 ms
+ * measured at 256 and 512 slots. gpuipc makes a descriptor for each
+ * buffer a process exports or imports (memfds, VMM and pool fds, those a
+ * channel receives), so the import that crossed 256 or 512 was one to
+ * stall for that long, in the middle of a transfer.
+ *
+ * So each new descriptor of gpuipc's is shown to gpuipc__fd_table_ahead:
+ * once one reaches a quarter of the table's known size, a thread of the
+ * library grows the table to eight times that descriptor (at least 1024
+ * slots, at most the soft RLIMIT_NOFILE), and the grace period passes on
+ * that thread. That far ahead, the growth is mostly done before new
+ * descriptors reach the table's old end (imports make one every 20-60 µs
+ * or more, and the grace period is about 10 ms); a call that needs it
+ * sooner waits for it (Linux has it wait), never longer than without.
+ * The check on the way of a call is one load and a compare.
+ *
+ * The growth takes the lowest free slot at the target and closes it at
+ * once: a thread of the program that dup2()s onto that very slot in
+ * between would see its descriptor closed. Programs place descriptors
+ * that way only at numbers they own below their own use; gpuipc's target
+ * lies above every descriptor the process had.
+ */
+#include "os/os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#define TABLE_MIN 64   /* every process's table holds this many (Linux) */
+#define AHEAD_MIN 1024 /* the least a growth asks for */
+
+/* A table size known to be allocated; INT_MAX: no growth is left to do
+ * (the limit reached). */
+static atomic_int room = TABLE_MIN;
+/* The highest descriptor shown. */
+static atomic_int highest = -1;
+/* 0 no thread; 1 one grows; 2 it grows, and a descriptor came meanwhile
+ * that may need more. */
+static atomic_int state;
+static atomic_uint passes; /* growths tried, for tests */
+
+/* The slots a table must have for descriptor @fd: eight times it, a power
+ * of two, at least AHEAD_MIN; capped at the soft limit (*@capped). */
+static int target(int fd, bool *capped)
+{
+  long want = AHEAD_MIN;
+  while (want < 8L * ((long)fd + 1))
+    want *= 2;
+  struct rlimit rl;
+  *capped = false;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      (rlim_t)want >= rl.rlim_cur) {
+    want = rl.rlim_cur > INT_MAX ? INT_MAX : (long)rl.rlim_cur;
+    *capped = true;
+  }
+  return want > INT_MAX ? INT_MAX : (int)want;
+}
+
+/* Raise room to @n (never lower it). */
+static void room_raise(int n)
+{
+  int r = atomic_load(&room);
+  while (r < n && !atomic_compare_exchange_weak(&room, &r, n))
+    ;
+}
+
+/* Grow the table to @want slots: a descriptor copied to want - 1 (or the
+ * first free slot after it) and closed at once. The copy is of stdin,
+ * stdout or stderr where one is open, so that no descriptor more is seen
+ * open while the growth waits out its grace period (a program counting
+ * its descriptors would see one for that long); else of a path
+ * descriptor of "/". */
+static bool grow(int want)
+{
+  if (want < 2)
+    return false;
+  int src = -1, d = -1;
+  for (int f = 0; f <= 2 && d < 0; f++)
+    if (fcntl(f, F_GETFD) >= 0)
+      d = fcntl(f, F_DUPFD_CLOEXEC, want - 1);
+  if (d < 0 && errno != EMFILE && errno != EINVAL) {
+    src = open("/", O_PATH | O_CLOEXEC);
+    if (src < 0)
+      return false;
+    d = fcntl(src, F_DUPFD_CLOEXEC, want - 1);
+    close(src);
+  }
+  if (d < 0)
+    return false;
+  close(d);
+  return true;
+}
+
+/* Grow for the highest descriptor shown, until none came meanwhile that
+ * the growth does not cover. */
+static void *ahead_main(void *arg)
+{
+  (void)arg;
+  do {
+    atomic_store(&state, 1);
+    int fd = atomic_load(&highest);
+    if (fd < atomic_load(&room) / 4)
+      continue; /* covered by the last growth */
+    bool capped;
+    int want = target(fd, &capped);
+    atomic_fetch_add(&passes, 1);
+    /* Raised first: what asks while this pass waits out the grace period
+     * is a descriptor this growth does not cover (at least twice @fd),
+     * so each growth is eightfold at least. */
+    room_raise(capped || want <= fd + 1 ? INT_MAX : want);
+    if (want > fd + 1 && !grow(want))
+      room_raise(INT_MAX); /* growth refused: stop asking */
+  } while (!atomic_compare_exchange_strong(&state, &(int){1}, 0));
+  return NULL;
+}
+
+/* A child of fork() has a table of its own, sized by the descriptors it
+ * inherited, and no thread of this file's. */
+static void forked_child(void)
+{
+  atomic_store(&room, TABLE_MIN);
+  atomic_store(&highest, -1);
+  atomic_store(&state, 0);
+}
+
+static void install(void)
+{
+  (void)pthread_atfork(NULL, NULL, forked_child);
+}
+
+void gpuipc__fd_table_ahead(int fd)
+{
+  if (GPUIPC__LIKELY(fd < atomic_load_explicit(&room, memory_order_relaxed) /
+                              4) ||
+      fd < 0)
+    return;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  (void)pthread_once(&once, install);
+  int h = atomic_load(&highest);
+  while (h < fd && !atomic_compare_exchange_weak(&highest, &h, fd))
+    ;
+  int s = atomic_load(&state);
+  for (;;) {
+    if (s == 2 || (s == 1 && atomic_compare_exchange_weak(&state, &s, 2)))
+      return;
+    if (s == 0 && atomic_compare_exchange_weak(&state, &s, 1))
+      break;
+  }
+  if (gpuipc__thread_start(NULL, true, ahead_main, NULL) != 0)
+    atomic_store(&state, 0); /* the next descriptor asks again */
+}
+
+void gpuipc__fd_table_reserve(int fd, int want)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      (rlim_t)want > rl.rlim_cur)
+    want = (int)rl.rlim_cur;
+  if (fd < 0 || want < 2)
+    return;
+  int d = fcntl(fd, F_DUPFD_CLOEXEC, want - 1);
+  if (d >= 0) {
+    close(d);
+    room_raise(want);
+  }
+}
+
+unsigned gpuipc__fd_table_passes(bool *busy)
+{
+  *busy = atomic_load(&state) != 0;
+  return atomic_load(&passes);
+}
