@@ -1,8 +1,8 @@
 /*
  * Joining and leaving domains: name rules, the first member hosts the
  * broker, others connect to it, a stale socket is cleaned up, a held lock
- * without a listener makes joiners wait, the join grows the descriptor
- * table, and nothing leaks.
+ * without a listener makes joiners wait, and nothing leaks. (The join's
+ * growth of the descriptor table: tests/fd_table.c.)
  */
 #include "test.h"
 #include "helpers/seg_peer.h"
@@ -10,52 +10,7 @@
 #include "domain/domain.h"
 #include "os/os.h"
 
-#include <fcntl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-
-/* This process's descriptor table size (FDSize in /proc/self/status). */
-static long fd_table_size(void)
-{
-  FILE *f = fopen("/proc/self/status", "re");
-  ASSERT_TRUE(f != NULL);
-  char line[256];
-  long n = -1;
-  while (fgets(line, sizeof(line), f) != NULL)
-    if (sscanf(line, "FDSize: %ld", &n) == 1)
-      break;
-  fclose(f);
-  ASSERT_TRUE(n > 0);
-  return n;
-}
-
-/*
- * The first join grows the table to 1024 descriptors (or the soft limit)
- * at once, leaving nothing open: in a process with threads each growth
- * waits for a kernel grace period (10-30 ms), which an import on the way
- * of a first transfer would otherwise pay.
- */
-static void fd_table_grown(void)
-{
-  struct rlimit rl;
-  ASSERT_OK(getrlimit(RLIMIT_NOFILE, &rl));
-  long want = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 1024
-                  ? 1024
-                  : (long)rl.rlim_cur;
-  long before = fd_table_size();
-  if (before >= want) {
-    printf("domain_join: the table holds %ld already, growth not seen\n",
-           before);
-    return;
-  }
-  gpuipc_domain_t *d;
-  ASSERT_OK(gpuipc_domain_join("table", NULL, &d));
-  ASSERT_GE(fd_table_size(), want);
-  errno = 0;
-  ASSERT_EQ(fcntl((int)want - 1, F_GETFD), -1); /* the copy was closed */
-  ASSERT_EQ(errno, EBADF);
-  ASSERT_OK(gpuipc_domain_leave(d));
-}
 
 static void check_bad_name(const char *name, const char *mention)
 {
@@ -224,7 +179,6 @@ static void no_broker(void)
 
 int main(void)
 {
-  fd_table_grown(); /* before any join */
   test_warm_driver(); /* count descriptors with the driver's included */
   /* Settle lazily opened descriptors (settings, runtime directory). */
   gpuipc_domain_t *warm;

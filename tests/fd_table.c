@@ -14,6 +14,9 @@
  *     Growths tried (the library's count): one, not one a descriptor.
  *     Then a child of fork(), whose table Linux sizes by what it
  *     inherits, makes more: its table grows ahead too.
+ *   - join: a domain's join, before any buffer, leaves the table at 1024
+ *     slots once the thread is done (one growth), the growth's own
+ *     descriptor closed.
  *   - limit: in a process whose soft RLIMIT_NOFILE is 200, 150 buffers
  *     are made; the table grows to the limit at most: once it is there,
  *     later descriptors start no growth; past the limit a clear error
@@ -166,6 +169,27 @@ static void limit(void)
   ASSERT_EQ(test_count_fds(0), open0);
 }
 
+/* A domain's join starts the first growth before any buffer: 1024 slots
+ * once the thread is done, where the table held a handful. */
+static void join(void)
+{
+  ASSERT_LT(fd_highest(), 16);
+  long size0 = fd_size();
+  gpuipc_domain_t *dom;
+  ASSERT_OK(gpuipc_domain_join("fd-table", NULL, &dom));
+  unsigned passes = settle();
+  long size = fd_size();
+  printf("join: table %ld, then %ld, %u growths\n", size0, size, passes);
+  ASSERT_LT(size0, 1024);
+  ASSERT_GE(size, 1024);
+  ASSERT_EQ(passes, 1);
+  errno = 0;
+  ASSERT_EQ(fcntl(1023, F_GETFD), -1); /* the growth's copy was closed */
+  ASSERT_EQ(errno, EBADF);
+  ASSERT_LT(fd_highest(), 16);
+  ASSERT_OK(gpuipc_domain_leave(dom));
+}
+
 /* This test again, as a child whose soft RLIMIT_NOFILE is @soft, running
  * @mode: its table holds the few descriptors open here. */
 static void child(const char *argv0, const char *mode, rlim_t soft)
@@ -194,6 +218,8 @@ int main(int argc, char **argv)
     ASSERT_EQ(pthread_create(&t, NULL, idle, NULL), 0);
     if (strcmp(argv[1], "ahead") == 0)
       ahead();
+    else if (strcmp(argv[1], "join") == 0)
+      join();
     else
       limit();
     return 0;
@@ -209,9 +235,11 @@ int main(int argc, char **argv)
    * children's tables: they go, stdin, stdout and stderr stay. */
   for (int fd = 3; fd < (int)fd_size(); fd++)
     close(fd);
-  child(argv[0], "ahead",
-        rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 1024 ? 1024
-                                                           : rl.rlim_cur);
+  rlim_t soft = rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 1024
+                    ? 1024
+                    : rl.rlim_cur;
+  child(argv[0], "ahead", soft);
+  child(argv[0], "join", soft);
   child(argv[0], "limit", 200);
   return 0;
 }

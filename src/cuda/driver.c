@@ -12,6 +12,7 @@
  * sentence. The library stays open: dlclose() is never called.
  */
 #include "cuda/cuda.h"
+#include "os/os.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -288,9 +289,11 @@ static void load_once_fn(void)
   pthread_once(&child_once, child_install);
   load_code = load_driver(load_msg, sizeof(load_msg));
   atomic_store(&load_ran, true);
-  if (load_code == 0)
+  if (load_code == 0) {
     GPUIPC_LOG_I("CUDA driver %d.%d from %s", drv_version / 1000,
                  drv_version % 1000 / 10, lib_path);
+    gpuipc__fd_table_early(); /* buffers come: each a descriptor (os.h) */
+  }
   else
     GPUIPC_LOG_I("no CUDA (%s): %s", gpuipc_err_name(load_code), load_msg);
 }

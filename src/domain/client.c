@@ -19,9 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Descriptors a member's table holds from its join on (see os.h). */
-#define GPUIPC__JOIN_FD_TABLE 1024
-
 #define DOM_OF_HOOK(h)                                                     \
   ((struct gpuipc_domain *)((char *)(h) -                                  \
                             offsetof(struct gpuipc_domain, fork_hook)))
@@ -124,9 +121,10 @@ int gpuipc_domain_join(const char *name, const gpuipc_domain_opts_t *opts,
     rc = gpuipc__err_errno(errno, "gpuipc_domain_join: pipe2");
     goto free_d;
   }
-  /* A member holds a descriptor for each buffer it imports: the table's
-   * growth is paid here, not by a first transfer (os.h). */
-  gpuipc__fd_table_reserve(d->wake[0], GPUIPC__JOIN_FD_TABLE);
+  /* A member holds a descriptor for each buffer it imports: the table
+   * grows now, on a thread of the library, not in a first transfer
+   * (os.h). */
+  gpuipc__fd_table_early();
   int fd = -1;
   rc = gpuipc__dom_connect(d, gpuipc__deadline(timeout), false, &fd);
   if (rc != 0)

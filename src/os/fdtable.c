@@ -18,7 +18,9 @@
  * descriptors reach the table's old end (imports make one every 20-60 µs
  * or more, and the grace period is about 10 ms); a call that needs it
  * sooner waits for it (Linux has it wait), never longer than without.
- * The check on the way of a call is one load and a compare.
+ * The check on the way of a call is one load and a compare. A process
+ * about to hold buffers (a domain's join, CUDA's load) starts the first
+ * growth before it has any (gpuipc__fd_table_early).
  *
  * The growth takes the lowest free slot at the target and closes it at
  * once: a thread of the program that dup2()s onto that very slot in
@@ -160,19 +162,10 @@ void gpuipc__fd_table_ahead(int fd)
     atomic_store(&state, 0); /* the next descriptor asks again */
 }
 
-void gpuipc__fd_table_reserve(int fd, int want)
+void gpuipc__fd_table_early(void)
 {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-      (rlim_t)want > rl.rlim_cur)
-    want = (int)rl.rlim_cur;
-  if (fd < 0 || want < 2)
-    return;
-  int d = fcntl(fd, F_DUPFD_CLOEXEC, want - 1);
-  if (d >= 0) {
-    close(d);
-    room_raise(want);
-  }
+  if (atomic_load(&room) == TABLE_MIN)
+    gpuipc__fd_table_ahead(TABLE_MIN / 4);
 }
 
 unsigned gpuipc__fd_table_passes(bool *busy)

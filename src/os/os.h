@@ -132,13 +132,12 @@ void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
  * RLIMIT_NOFILE), so that imports on the way of a transfer do not pay the
  * growth. One load and a compare on the way; best effort, says nothing.
  *
- * gpuipc__fd_table_reserve: grow the table to hold @want descriptors (at
- * most the soft RLIMIT_NOFILE) now, in this call, by duplicating @fd to
- * slot want - 1 and closing the copy: nothing stays open. For a setup
- * step (a domain's join) that may pay it. Best effort, says nothing.
+ * gpuipc__fd_table_early: the same for a process about to hold
+ * buffers (a domain's join, CUDA loaded), before it has made any: the
+ * first growth, where the table was never grown.
  */
 void gpuipc__fd_table_ahead(int fd);
-void gpuipc__fd_table_reserve(int fd, int want);
+void gpuipc__fd_table_early(void);
 /* For tests: how many growths the library's thread tried; *@busy, whether
  * it is at work now. */
 unsigned gpuipc__fd_table_passes(bool *busy);
