@@ -1078,11 +1078,14 @@ typedef struct gpuipc_domain_opts {
  * fork(): a child joins anew, and closes at once the domain descriptors it
  * inherited (the broker's lock and sockets, known by device and inode,
  * however the runtime directory's path is spelt), so that its parent's
- * death is seen and another member can become the broker. A join grows the
- * process's descriptor table to 1024 entries (or the soft RLIMIT_NOFILE),
- * opening nothing: a member holds a descriptor for each buffer it imports,
- * and a table that grows while the process has threads costs a kernel
- * grace period (10-30 ms) that a first transfer would otherwise pay.
+ * death is seen and another member can become the broker. A join has a
+ * thread of the library grow the process's descriptor table to 1024
+ * entries (or the soft RLIMIT_NOFILE), opening nothing, and does not wait
+ * for it: a member holds a descriptor for each buffer it imports, and a
+ * table that grows while the process has threads costs a kernel grace
+ * period (8-23 ms) that a first transfer would otherwise pay. Past that,
+ * gpuipc grows the table the same way once its descriptors fill a quarter
+ * of it.
  */
 GPUIPC_API int gpuipc_domain_join(const char *name,
                                   const gpuipc_domain_opts_t *opts,
