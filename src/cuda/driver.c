@@ -293,9 +293,9 @@ static void load_once_fn(void)
     GPUIPC_LOG_I("CUDA driver %d.%d from %s", drv_version / 1000,
                  drv_version % 1000 / 10, lib_path);
     gpuipc__fd_table_early(); /* buffers come: each a descriptor (os.h) */
-  }
-  else
+  } else {
     GPUIPC_LOG_I("no CUDA (%s): %s", gpuipc_err_name(load_code), load_msg);
+  }
 }
 
 int gpuipc__cuda_load(void)

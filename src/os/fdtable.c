@@ -16,7 +16,7 @@
  * slots, at most the soft RLIMIT_NOFILE), and the grace period passes on
  * that thread. That far ahead, the growth is mostly done before new
  * descriptors reach the table's old end (imports make one every 20-60 µs
- * or more, and the grace period is about 10 ms); a call that needs it
+ * or more, and a grace period is 10-20 ms); a call that needs it
  * sooner waits for it (Linux has it wait), never longer than without.
  * The check on the way of a call is one load and a compare. A process
  * about to hold buffers (a domain's join, CUDA's load) starts the first
