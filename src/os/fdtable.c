@@ -158,8 +158,12 @@ void gpuipc__fd_table_ahead(int fd)
     if (s == 0 && atomic_compare_exchange_weak(&state, &s, 1))
       break;
   }
-  if (gpuipc__thread_start(NULL, true, ahead_main, NULL) != 0)
-    atomic_store(&state, 0); /* the next descriptor asks again */
+  if (gpuipc__thread_start(NULL, true, ahead_main, NULL) != 0) {
+    /* No thread to be had: the table grows as Linux grows it, and no
+     * later descriptor pays a failed start again. */
+    room_raise(INT_MAX);
+    atomic_store(&state, 0);
+  }
 }
 
 void gpuipc__fd_table_early(void)
