@@ -1,10 +1,8 @@
 /*
  * The descriptor table grown ahead (src/os/fdtable.c), in a process with
- * threads, as every process using gpuipc is:
- *
- * Each case runs in a child that execs this test, after the descriptors
- * it would inherit are closed: its table starts small, as a new
- * program's does.
+ * threads, as every process using gpuipc is. Each case runs in a child
+ * that execs this test, after the descriptors it would inherit are
+ * closed: its table starts small, as a new program's does.
  *
  *   - ahead: HOST buffers made one after another (a memfd each) leave the
  *     table, once the library's thread is done, at least twice as large
@@ -45,7 +43,7 @@ static void *idle(void *arg)
 /* The table's size: /proc/self/status's FDSize. */
 static long fd_size(void)
 {
-  FILE *f = fopen("/proc/self/status", "r");
+  FILE *f = fopen("/proc/self/status", "re");
   ASSERT_TRUE(f != NULL);
   char line[256];
   long n = -1;
