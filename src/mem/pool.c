@@ -123,12 +123,11 @@ static int local_pool_get(int dev, struct local_pool **out)
                  CU_STREAM_NON_BLOCKING);
   GPUIPC_CU_GOTO(rc, destroy_stream, cuMemPoolExportToShareableHandle, &fd,
                  lp->pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
-    rc = gpuipc__err_errno(errno, "%s: fcntl(FD_CLOEXEC)", who);
+  rc = gpuipc__fd_keep(fd, who);
+  if (rc != 0) {
     close(fd);
     goto destroy_stream;
   }
-  gpuipc__fd_table_ahead(fd);
   lp->fd = fd;
   local_ready[dev] = true;
   pthread_mutex_unlock(&pools_lock);

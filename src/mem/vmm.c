@@ -282,12 +282,11 @@ static int vmm_export(struct gpuipc_buf *b, gpuipc_handle_t *h)
                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (rc != 0)
       return rc;
-    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
-      rc = gpuipc__err_errno(errno, "VMM export: fcntl(FD_CLOEXEC)");
+    rc = gpuipc__fd_keep(fd, "VMM export");
+    if (rc != 0) {
       close(fd);
       return rc;
     }
-    gpuipc__fd_table_ahead(fd);
   }
   h->type = GPUIPC_HT_POSIX_FD;
   memset(h->bytes, 0, sizeof(h->bytes));
@@ -330,7 +329,7 @@ static int vmm_import(struct gpuipc_buf *b, const gpuipc_handle_t *h)
    * gpuipc_buf_import hands back on failure), else a duplicate. */
   int keep_fd = -1;
   if (h->type == GPUIPC_HT_POSIX_FD && b->take_fd)
-    rc = b->fd_cloexec ? 0 : gpuipc__fd_cloexec(h->fd);
+    rc = b->fd_cloexec ? 0 : gpuipc__fd_keep(h->fd, "gpuipc_buf_import");
   else if (h->type == GPUIPC_HT_POSIX_FD)
     rc = gpuipc__fd_dup(h->fd, &keep_fd);
   if (rc != 0)
@@ -466,12 +465,11 @@ static int vmm_export_foreign(const struct gpuipc__foreign_range *r,
   gpuipc__cu.cuMemRelease(mh); /* the retain's reference */
   if (rc != 0)
     return rc;
-  if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
-    rc = gpuipc__err_errno(errno, "%s: fcntl(FD_CLOEXEC)", who);
+  rc = gpuipc__fd_keep(fd, who);
+  if (rc != 0) {
     close(fd);
     return rc;
   }
-  gpuipc__fd_table_ahead(fd);
   h->kind = GPUIPC_KIND_VMM;
   h->type = GPUIPC_HT_POSIX_FD;
   h->fd = fd;

@@ -124,11 +124,12 @@ int gpuipc__fd_dup(int fd, int *out_fd)
   return 0;
 }
 
-int gpuipc__fd_cloexec(int fd)
+int gpuipc__fd_keep(int fd, const char *who)
 {
   if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0)
-    return gpuipc__err_errno(errno, "fcntl(F_SETFD, FD_CLOEXEC) of "
-                             "descriptor %d", fd);
+    return gpuipc__err_errno(errno, "%s: fcntl(F_SETFD, FD_CLOEXEC) of "
+                             "descriptor %d", who, fd);
+  gpuipc__fd_table_ahead(fd);
   return 0;
 }
 

@@ -46,10 +46,11 @@
 static atomic_int room = TABLE_MIN;
 /* The highest descriptor shown. */
 static atomic_int highest = -1;
-/* 0 no thread; 1 one grows; 2 it grows, and a descriptor came meanwhile
- * that may need more. */
-static atomic_int state;
 static atomic_uint passes; /* growths tried, for tests */
+
+static void grow_pass(void);
+/* The growing thread: a job of the library's (os.h). */
+static struct gpuipc__job grower = GPUIPC__JOB_INIT(grow_pass);
 
 /* The slots a table must have for descriptor @fd: eight times it, a power
  * of two, at least AHEAD_MIN; capped at the soft limit (*@capped). */
@@ -103,27 +104,22 @@ static bool grow(int want)
   return true;
 }
 
-/* Grow for the highest descriptor shown, until none came meanwhile that
- * the growth does not cover. */
-static void *ahead_main(void *arg)
+/* Grow for the highest descriptor shown, where the last growth does not
+ * cover it. */
+static void grow_pass(void)
 {
-  (void)arg;
-  do {
-    atomic_store(&state, 1);
-    int fd = atomic_load(&highest);
-    if (fd < atomic_load(&room) / 4)
-      continue; /* covered by the last growth */
-    bool capped;
-    int want = target(fd, &capped);
-    atomic_fetch_add(&passes, 1);
-    /* Raised first: what asks while this pass waits out the grace period
-     * is a descriptor this growth does not cover (at least twice @fd),
-     * so each growth is eightfold at least. */
-    room_raise(capped || want <= fd + 1 ? INT_MAX : want);
-    if (want > fd + 1 && !grow(want))
-      room_raise(INT_MAX); /* growth refused: stop asking */
-  } while (!atomic_compare_exchange_strong(&state, &(int){1}, 0));
-  return NULL;
+  int fd = atomic_load(&highest);
+  if (fd < atomic_load(&room) / 4)
+    return;
+  bool capped;
+  int want = target(fd, &capped);
+  atomic_fetch_add(&passes, 1);
+  /* Raised first: what asks while this pass waits out the grace period
+   * is a descriptor this growth does not cover (at least twice @fd), so
+   * each growth is eightfold at least. */
+  room_raise(capped || want <= fd + 1 ? INT_MAX : want);
+  if (want > fd + 1 && !grow(want))
+    room_raise(INT_MAX); /* growth refused: stop asking */
 }
 
 /* A child of fork() has a table of its own, sized by the descriptors it
@@ -132,7 +128,7 @@ static void forked_child(void)
 {
   atomic_store(&room, TABLE_MIN);
   atomic_store(&highest, -1);
-  atomic_store(&state, 0);
+  gpuipc__job_forget(&grower);
 }
 
 static void install(void)
@@ -151,19 +147,10 @@ void gpuipc__fd_table_ahead(int fd)
   int h = atomic_load(&highest);
   while (h < fd && !atomic_compare_exchange_weak(&highest, &h, fd))
     ;
-  int s = atomic_load(&state);
-  for (;;) {
-    if (s == 2 || (s == 1 && atomic_compare_exchange_weak(&state, &s, 2)))
-      return;
-    if (s == 0 && atomic_compare_exchange_weak(&state, &s, 1))
-      break;
-  }
-  if (gpuipc__thread_start(NULL, true, ahead_main, NULL) != 0) {
-    /* No thread to be had: the table grows as Linux grows it, and no
-     * later descriptor pays a failed start again. */
+  /* No thread to be had: the table grows as Linux grows it, and no later
+   * descriptor pays a failed start again. */
+  if (gpuipc__job_ask(&grower) != 0)
     room_raise(INT_MAX);
-    atomic_store(&state, 0);
-  }
 }
 
 void gpuipc__fd_table_early(void)
@@ -174,6 +161,6 @@ void gpuipc__fd_table_early(void)
 
 unsigned gpuipc__fd_table_passes(bool *busy)
 {
-  *busy = atomic_load(&state) != 0;
+  *busy = gpuipc__job_busy(&grower);
   return atomic_load(&passes);
 }

@@ -39,6 +39,24 @@ void gpuipc__sleep_us(unsigned us);
 int gpuipc__thread_start(pthread_t *th, bool detached, void *(*fn)(void *),
                          void *arg);
 /*
+ * A job for a thread of the library, asked for from any thread, no lock
+ * taken: a detached thread started on the first ask runs @run and ends
+ * when no ask came meanwhile; an ask while it runs has it run once more.
+ * At most one thread runs a job. GPUIPC__JOB_INIT(fn) initialises one.
+ * gpuipc__job_ask: 0, or pthread_create's error (no thread runs the job;
+ *   the next ask tries again).
+ * gpuipc__job_forget: in a child of fork(), which has no such thread.
+ * gpuipc__job_busy: whether a thread runs it now (or is about to).
+ */
+struct gpuipc__job {
+  int state; /* 0 idle; 1 running; 2 running, asked again (__atomic) */
+  void (*run)(void);
+};
+#define GPUIPC__JOB_INIT(fn) {0, (fn)}
+int gpuipc__job_ask(struct gpuipc__job *j);
+void gpuipc__job_forget(struct gpuipc__job *j);
+bool gpuipc__job_busy(struct gpuipc__job *j);
+/*
  * Tests only: move gpuipc__now_ns on by @ms at once, as if this process had
  * been stopped that long, so that a test can let a timeout pass without
  * waiting for it (and without depending on how busy the machine is). Waits
@@ -119,7 +137,10 @@ int gpuipc__memfd_check(int fd, size_t min_size, size_t *size_out);
 
 /* ----- descriptors ----- */
 int gpuipc__fd_dup(int fd, int *out_fd); /* F_DUPFD_CLOEXEC */
-int gpuipc__fd_cloexec(int fd);          /* F_SETFD FD_CLOEXEC; -errno */
+/* A descriptor gpuipc keeps that was made without O_CLOEXEC (the CUDA
+ * driver's exports, a caller's): FD_CLOEXEC set, shown to the table
+ * (gpuipc__fd_table_ahead). -errno, in a sentence starting with @who. */
+int gpuipc__fd_keep(int fd, const char *who);
 void gpuipc__fd_close(int *fd);          /* closes if >= 0, sets -1 */
 /*
  * The descriptor table (fdtable.c). Linux waits for an RCU grace period

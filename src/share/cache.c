@@ -42,7 +42,6 @@
 #include "os/os.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,8 +72,9 @@ static struct share_cache_entry *entries;
 static uint64_t calls;
 static uint32_t next_n;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-/* The reaping thread: 0 none, 1 at work, 2 at work and asked again. */
-static atomic_int reap_state;
+/* The reaping thread: a job of the library's (os.h). */
+static void reap(void);
+static struct gpuipc__job reaper = GPUIPC__JOB_INIT(reap);
 static int reaping; /* entries it took off the list and lets go of (mu) */
 static pthread_cond_t reaped = PTHREAD_COND_INITIALIZER; /* reaping fell */
 
@@ -99,7 +99,7 @@ static void fork_child(struct gpuipc__fork_hook *h)
   gpuipc__share_ahead_fork(2);
   entries = NULL;
   /* No reaping thread here; nobody waits for one. */
-  atomic_store(&reap_state, 0);
+  gpuipc__job_forget(&reaper);
   reaping = 0;
   pthread_cond_init(&reaped, NULL);
   pthread_mutex_unlock(&mu);
@@ -402,31 +402,13 @@ static void reap(void)
   pthread_mutex_unlock(&mu);
 }
 
-static void *reap_main(void *arg)
-{
-  (void)arg;
-  do {
-    atomic_store(&reap_state, 1);
-    reap();
-  } while (!atomic_compare_exchange_strong(&reap_state, &(int){1}, 0));
-  return NULL;
-}
-
 /* The registry saw a watched buffer left with its watchers' references
  * alone (any thread, no lock held): reap on a thread of the library, or
  * have the one at work look again. Without a thread, the end of the next
  * call lets go of it (gpuipc__share_cache_tick). */
 static void reap_ask(void)
 {
-  int s = atomic_load(&reap_state);
-  for (;;) {
-    if (s == 2 || (s == 1 && atomic_compare_exchange_weak(&reap_state, &s, 2)))
-      return;
-    if (s == 0 && atomic_compare_exchange_weak(&reap_state, &s, 1))
-      break;
-  }
-  if (gpuipc__thread_start(NULL, true, reap_main, NULL) != 0)
-    atomic_store(&reap_state, 0);
+  (void)gpuipc__job_ask(&reaper);
 }
 
 /* The domain is being left: everything kept for it goes (what a call
