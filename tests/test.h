@@ -159,7 +159,9 @@ void test_warm_driver(void);
  * (GPUIPC_CUDA_LIB, else libcuda.so.1) mapped: loaded by anyone. */
 bool test_driver_loaded(void);
 
-/* Number of open descriptors of @pid (0: self) from /proc/PID/fd. */
+/* Number of open descriptors of @pid (0: self) from /proc/PID/fd. Of
+ * this process, counted while no growth of the descriptor table runs
+ * (fdtable.c): a growth holds a descriptor more for an instant. */
 int test_count_fds(pid_t pid);
 
 /*
