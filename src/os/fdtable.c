@@ -26,7 +26,9 @@
  * once: a thread of the program that dup2()s onto that very slot in
  * between would see its descriptor closed. Programs place descriptors
  * that way only at numbers they own below their own use; gpuipc's target
- * lies above every descriptor the process had.
+ * lies above every descriptor the process had. A count of /proc/self/fd
+ * in that instant sees one descriptor more, and a child forked in it
+ * keeps that copy (of stdin, close-on-exec) until it execs or exits.
  */
 #include "os/os.h"
 
