@@ -35,8 +35,9 @@ static void atfork_parent(void)
 
 static void atfork_child(void)
 {
-  /* The child is alone: a fresh lock, and a new pid, pidns and nonce. */
-  pthread_mutex_init(&self_lock, NULL);
+  /* The lock the prepare handler took, given back (a lock held cannot be
+   * initialised again); a new pid, pidns and nonce. */
+  pthread_mutex_unlock(&self_lock);
   atomic_store_explicit(&self_valid, false, memory_order_relaxed);
 }
 
