@@ -172,6 +172,63 @@ static void liveness(void)
   ASSERT_TRUE(!gpuipc__pid_alive(pid));
 }
 
+/* The state /proc/PID/stat gives (its leader's), '?' unread. */
+static char leader_state(pid_t pid)
+{
+  char path[64], buf[256];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return '?';
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  return p != NULL && p[1] == ' ' ? p[2] : '?';
+}
+
+/* Until the parent closes its end; then the process ends (_exit: a
+ * sanitizer's own threads would outlive a return). */
+static void *park(void *arg)
+{
+  char c;
+  while (read(*(int *)arg, &c, 1) < 0 && errno == EINTR)
+    ;
+  _exit(0);
+}
+
+/* A process whose main thread called pthread_exit while another thread
+ * runs lives: /proc shows its leader a zombie. Dead once that thread
+ * ends, before it is reaped. */
+static void leader_exits(void)
+{
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(p[1]);
+    pthread_t t;
+    if (pthread_create(&t, NULL, park, &p[0]) != 0)
+      _exit(2);
+    pthread_exit(NULL);
+  }
+  close(p[0]);
+  uint64_t deadline = gpuipc__deadline(TIMEOUT_MS);
+  while (leader_state(pid) != 'Z') {
+    if (gpuipc__ms_left(deadline) == 0)
+      TFAIL("pid %d's leader never showed as a zombie", (int)pid);
+    usleep(1000);
+  }
+  ASSERT_TRUE(gpuipc__pid_alive(pid));
+  close(p[1]); /* its thread ends the process */
+  siginfo_t si;
+  ASSERT_EQ(waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT), 0);
+  ASSERT_TRUE(!gpuipc__pid_alive(pid));
+  ASSERT_EQ(test_wait(pid, TIMEOUT_MS), 0);
+}
+
 static void time_helpers(void)
 {
   uint64_t a = gpuipc__now_ns(), b = gpuipc__now_ns();
@@ -199,6 +256,7 @@ int main(void)
   threads_agree();
   other_program();
   liveness();
+  leader_exits();
   time_helpers();
   printf("proc: ok\n");
   return 0;

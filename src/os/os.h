@@ -262,7 +262,8 @@ const struct gpuipc__proc_id *gpuipc__proc_self(void);
 long gpuipc__fds_open(pid_t pid);
 /*
  * Whether @pid (in our pid namespace) still exists (kill(pid, 0)); a zombie
- * (dead, not yet reaped) counts as gone.
+ * (dead, not yet reaped) counts as gone, a process whose main thread
+ * exited while others run as alive.
  */
 bool gpuipc__pid_alive(pid_t pid);
 /*

@@ -1,6 +1,7 @@
 /* Who this process is, whether another one lives, and futexes. */
 #include "os/os.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -139,6 +140,24 @@ const struct gpuipc__proc_id *gpuipc__proc_self(void)
   return &self;
 }
 
+/* Whether process @pid has more than one thread listed: a zombie leader
+ * (a main thread that called pthread_exit) whose other threads run. */
+static bool threads_left(pid_t pid)
+{
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return false;
+  int n = 0;
+  struct dirent *e;
+  while (n < 2 && (e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n > 1;
+}
+
 bool gpuipc__pid_alive(pid_t pid)
 {
   if (pid <= 0)
@@ -163,7 +182,10 @@ bool gpuipc__pid_alive(pid_t pid)
   const char *p = strrchr(buf, ')');
   if (p == NULL || p[1] != ' ')
     return true;
-  return p[2] != 'Z' && p[2] != 'X';
+  if (p[2] == 'X')
+    return false;
+  /* The state is the leader's: a process lives while any thread does. */
+  return p[2] != 'Z' || threads_left(pid);
 }
 
 int gpuipc__pidfd_open(pid_t pid)
