@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all build demo test asan fuzz install clean
+.PHONY: all build demo test asan tsan fuzz install clean
 
 all: build
 
@@ -27,6 +27,11 @@ test: build
 asan:
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_C_COMPILER=clang -DGPUIPC_SANITIZE=ON"
 
+# Children forked by threaded tests exec or exit at once: die_after_fork=0.
+tsan:
+	TSAN_OPTIONS="exitcode=66 die_after_fork=0 suppressions=$(CURDIR)/tests/tsan.supp $(TSAN_OPTIONS)" \
+	$(MAKE) test BUILD=build-tsan CMAKE_FLAGS="-DCMAKE_C_COMPILER=clang -DGPUIPC_TSAN=ON"
+
 fuzz:
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DGPUIPC_FUZZ=ON -DBUILD_TESTING=OFF -DGPUIPC_BUILD_EXAMPLES=OFF -DGPUIPC_BUILD_TOOLS=OFF
 	cmake --build build-fuzz -j $(JOBS)
@@ -35,4 +40,4 @@ install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix "$(PREFIX)")
 
 clean:
-	rm -rf build build-asan build-fuzz build-gcc-[RD] build-clang-[RD]
+	rm -rf build build-asan build-tsan build-fuzz build-gcc-[RD] build-clang-[RD]
