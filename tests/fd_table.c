@@ -18,7 +18,10 @@
  *   - limit: in a process whose soft RLIMIT_NOFILE is 200, 150 buffers
  *     are made; the table grows to the limit at most: once it is there,
  *     later descriptors start no growth; past the limit a clear error
- *     (-EMFILE); nothing leaks.
+ *     (-EMFILE). Then the program raises its soft limit (to 4096, or the
+ *     hard one), and 300 buffers more leave the table at least twice the
+ *     highest descriptor again, with one growth more (Linux alone: 512).
+ *     Nothing leaks.
  */
 #include "os/os.h"
 #include "test.h"
@@ -162,6 +165,27 @@ static void limit(void)
   ASSERT_EQ(settle(), passes); /* no growth asked once capped */
   for (int i = 0; i < n; i++)
     gpuipc_buf_release(more[i]);
+
+  /* The limit raised: the table grows ahead again. */
+  enum { RAISED = 300 };
+  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 4096
+                    ? 4096
+                    : rl.rlim_max;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  static gpuipc_buf_t *r[RAISED];
+  for (int i = 0; i < RAISED; i++)
+    ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &r[i]));
+  unsigned passes2 = settle();
+  int hi = fd_highest();
+  size = fd_size();
+  printf("limit raised to %llu: %d buffers more, highest descriptor %d, "
+         "table %ld, %u growths\n", (unsigned long long)rl.rlim_cur, RAISED,
+         hi, size, passes2);
+  ASSERT_GE(hi, NBUFS + RAISED);
+  ASSERT_GE(size, 2L * (hi + 1));
+  ASSERT_EQ(passes2, passes + 1);
+  for (int i = 0; i < RAISED; i++)
+    gpuipc_buf_release(r[i]);
   for (int i = 0; i < NBUFS; i++)
     gpuipc_buf_release(b[i]);
   ASSERT_EQ(test_count_fds(0), open0);

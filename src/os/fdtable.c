@@ -18,7 +18,11 @@
  * descriptors reach the table's old end (imports make one every 20-60 µs
  * or more, and a grace period is 10-20 ms); a call that needs it
  * sooner waits for it (Linux has it wait), never longer than without.
- * The check on the way of a call is one load and a compare. A process
+ * The check on the way of a call is one load and a compare. A table
+ * grown to the soft limit grows again once the program raises the limit
+ * (servers raise it from the usual 1024 at start, sometimes after their
+ * first GPU work): while capped, every 64th descriptor past a quarter of
+ * the table looks at the limit. A process
  * about to hold buffers (a domain's join, CUDA's load) starts the first
  * growth before it has any (gpuipc__fd_table_early).
  *
@@ -42,10 +46,16 @@
 
 #define TABLE_MIN 64   /* every process's table holds this many (Linux) */
 #define AHEAD_MIN 1024 /* the least a growth asks for */
+#define LIMIT_EVERY 64 /* capped: the limit looked at again each this many */
 
 /* A table size known to be allocated; INT_MAX: no growth is left to do
- * (the limit reached). */
+ * (no thread to be had, or a growth refused). */
 static atomic_int room = TABLE_MIN;
+/* The soft RLIMIT_NOFILE the last growth stopped at, 0: none. While it
+ * holds, descriptors past room / 4 ask for no growth; every LIMIT_EVERY-th
+ * of them looks whether the program raised its limit since. */
+static atomic_int capped_at;
+static atomic_uint capped_shown;
 /* The highest descriptor shown. */
 static atomic_int highest = -1;
 static atomic_uint passes; /* growths tried, for tests */
@@ -54,6 +64,16 @@ static void grow_pass(void);
 /* The growing thread: a job of the library's (os.h). */
 static struct gpuipc__job grower = GPUIPC__JOB_INIT(grow_pass);
 
+/* The soft RLIMIT_NOFILE, INT_MAX for none (or one past INT_MAX). */
+static int soft_limit(void)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+      rl.rlim_cur > INT_MAX)
+    return INT_MAX;
+  return (int)rl.rlim_cur;
+}
+
 /* The slots a table must have for descriptor @fd: eight times it, a power
  * of two, at least AHEAD_MIN; capped at the soft limit (*@capped). */
 static int target(int fd, bool *capped)
@@ -61,14 +81,9 @@ static int target(int fd, bool *capped)
   long want = AHEAD_MIN;
   while (want < 8L * ((long)fd + 1))
     want *= 2;
-  struct rlimit rl;
-  *capped = false;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-      (rlim_t)want >= rl.rlim_cur) {
-    want = rl.rlim_cur > INT_MAX ? INT_MAX : (long)rl.rlim_cur;
-    *capped = true;
-  }
-  return want > INT_MAX ? INT_MAX : (int)want;
+  int lim = soft_limit();
+  *capped = want >= lim;
+  return *capped ? lim : want > INT_MAX ? INT_MAX : (int)want;
 }
 
 /* Raise room to @n (never lower it). */
@@ -85,10 +100,10 @@ static void room_raise(int n)
  * open while the growth waits out its grace period (a program counting
  * its descriptors would see one for that long); else of a path
  * descriptor of "/". */
-static bool grow(int want)
+static int grow(int want)
 {
   if (want < 2)
-    return false;
+    return -EINVAL;
   int src = -1, d = -1;
   for (int f = 0; f <= 2 && d < 0; f++)
     if (fcntl(f, F_GETFD) >= 0)
@@ -96,14 +111,16 @@ static bool grow(int want)
   if (d < 0 && errno != EMFILE && errno != EINVAL) {
     src = open("/", O_PATH | O_CLOEXEC);
     if (src < 0)
-      return false;
+      return -errno;
     d = fcntl(src, F_DUPFD_CLOEXEC, want - 1);
+    int err = errno;
     close(src);
+    errno = err;
   }
   if (d < 0)
-    return false;
+    return -errno;
   close(d);
-  return true;
+  return 0;
 }
 
 /* Grow for the highest descriptor shown, where the last growth does not
@@ -119,9 +136,25 @@ static void grow_pass(void)
   /* Raised first: what asks while this pass waits out the grace period
    * is a descriptor this growth does not cover (at least twice @fd), so
    * each growth is eightfold at least. */
-  room_raise(capped || want <= fd + 1 ? INT_MAX : want);
-  if (want > fd + 1 && !grow(want))
+  room_raise(want);
+  if (capped)
+    atomic_store(&capped_at, want);
+  int rc = want > fd + 1 ? grow(want) : 0;
+  if (rc == -EMFILE || rc == -EINVAL)
+    atomic_store(&capped_at, want); /* the limit fell meanwhile */
+  else if (rc != 0)
     room_raise(INT_MAX); /* growth refused: stop asking */
+}
+
+/* While capped: whether the soft limit moved (looked at for every
+ * LIMIT_EVERY-th descriptor shown); then capped no more. */
+static bool limit_moved(int cap)
+{
+  if (atomic_fetch_add(&capped_shown, 1) % LIMIT_EVERY != 0 ||
+      soft_limit() == cap)
+    return false;
+  atomic_compare_exchange_strong(&capped_at, &cap, 0);
+  return true;
 }
 
 /* A child of fork() has a table of its own, sized by the descriptors it
@@ -130,6 +163,8 @@ static void forked_child(void)
 {
   atomic_store(&room, TABLE_MIN);
   atomic_store(&highest, -1);
+  atomic_store(&capped_at, 0);
+  atomic_store(&capped_shown, 0);
   gpuipc__job_forget(&grower);
 }
 
@@ -143,6 +178,9 @@ void gpuipc__fd_table_ahead(int fd)
   if (GPUIPC__LIKELY(fd < atomic_load_explicit(&room, memory_order_relaxed) /
                               4) ||
       fd < 0)
+    return;
+  int cap = atomic_load(&capped_at);
+  if (cap != 0 && !limit_moved(cap))
     return;
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   (void)pthread_once(&once, install);
