@@ -20,11 +20,11 @@
  * sooner waits for it (Linux has it wait), never longer than without.
  * The check on the way of a call is one load and a compare. A table
  * grown to the soft limit grows again once the program raises the limit
- * (servers raise it from the usual 1024 at start, sometimes after their
- * first GPU work): while capped, every 64th descriptor past a quarter of
- * the table looks at the limit. A process
- * about to hold buffers (a domain's join, CUDA's load) starts the first
- * growth before it has any (gpuipc__fd_table_early).
+ * (servers raise it from the usual 1024 at start, and gpuipc may have
+ * grown the table before): while capped, every 64th descriptor past a
+ * quarter of the table looks at the limit. A process about to hold
+ * buffers (a domain's join, CUDA's load) starts the first growth before
+ * it has any (gpuipc__fd_table_early).
  *
  * The growth takes the lowest free slot at the target and closes it at
  * once: a thread of the program that dup2()s onto that very slot in
