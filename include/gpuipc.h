@@ -1080,12 +1080,14 @@ typedef struct gpuipc_domain_opts {
  * however the runtime directory's path is spelt), so that its parent's
  * death is seen and another member can become the broker. A join has a
  * thread of the library grow the process's descriptor table to 1024
- * entries (or the soft RLIMIT_NOFILE), opening nothing, and does not wait
- * for it: a member holds a descriptor for each buffer it imports, and a
+ * entries (or the soft RLIMIT_NOFILE), and does not wait for it (the
+ * growth holds one descriptor for an instant, a copy of stdin closed at
+ * once, which a count of /proc/self/fd can see): a member holds a descriptor for each buffer it imports, and a
  * table that grows while the process has threads costs a kernel grace
  * period (8-23 ms) that a first transfer would otherwise pay. Past that,
  * gpuipc grows the table the same way once its descriptors fill a quarter
- * of it.
+ * of it, and again once the program raises a soft limit the table had
+ * reached.
  */
 GPUIPC_API int gpuipc_domain_join(const char *name,
                                   const gpuipc_domain_opts_t *opts,

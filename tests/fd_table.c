@@ -30,7 +30,6 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define NBUFS 150
@@ -68,22 +67,6 @@ static int fd_highest(void)
   return hi;
 }
 
-/* Until the library's thread is done (at most 20 s: a growth is a grace
- * period, milliseconds). The number of growths tried. */
-static unsigned settle(void)
-{
-  bool busy = true;
-  unsigned n = 0;
-  for (int i = 0; i < 20000 && busy; i++) {
-    n = gpuipc__fd_table_passes(&busy);
-    if (busy)
-      nanosleep(&(struct timespec){0, 1000000}, NULL);
-  }
-  if (busy)
-    TFAIL("the descriptor table's thread still at work after 20 s");
-  return n;
-}
-
 /* A child of fork() gets a table sized by the descriptors it inherits
  * (256 slots for ours), not the parent's 1024: its own new ones, below
  * the parent's next growth (256), must grow it all the same. */
@@ -98,7 +81,7 @@ static void forked(void)
     gpuipc_buf_t *b[MORE];
     for (int i = 0; i < MORE; i++)
       ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b[i]));
-    settle();
+    test_fd_table_settle();
     int hi = fd_highest();
     long size = fd_size();
     printf("forked: table %ld, then %d buffers more, highest descriptor %d, "
@@ -122,7 +105,7 @@ static void ahead(void)
   gpuipc_buf_t *b[NBUFS];
   for (int i = 0; i < NBUFS; i++)
     ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b[i]));
-  unsigned passes = settle();
+  unsigned passes = test_fd_table_settle();
   int hi = fd_highest();
   long size = fd_size();
   printf("ahead: %d buffers, highest descriptor %d, table %ld, %u growths\n",
@@ -149,7 +132,7 @@ static void limit(void)
   gpuipc_buf_t *b[NBUFS];
   for (int i = 0; i < NBUFS; i++)
     ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &b[i]));
-  unsigned passes = settle();
+  unsigned passes = test_fd_table_settle();
   long size = fd_size();
   printf("limit: %d buffers, table %ld, %u growths\n", NBUFS, size, passes);
   ASSERT_EQ(passes, 1); /* capped at the first: none asked after it */
@@ -162,7 +145,7 @@ static void limit(void)
                                           &more[n])) == 0)
     n++;
   ASSERT_EQ(rc, -EMFILE);
-  ASSERT_EQ(settle(), passes); /* no growth asked once capped */
+  ASSERT_EQ(test_fd_table_settle(), passes); /* no growth asked once capped */
   for (int i = 0; i < n; i++)
     gpuipc_buf_release(more[i]);
 
@@ -175,7 +158,7 @@ static void limit(void)
   static gpuipc_buf_t *r[RAISED];
   for (int i = 0; i < RAISED; i++)
     ASSERT_OK(gpuipc_buf_alloc(4096, GPUIPC_KIND_HOST, -1, 0, &r[i]));
-  unsigned passes2 = settle();
+  unsigned passes2 = test_fd_table_settle();
   int hi = fd_highest();
   size = fd_size();
   printf("limit raised to %llu: %d buffers more, highest descriptor %d, "
@@ -199,7 +182,7 @@ static void join(void)
   long size0 = fd_size();
   gpuipc_domain_t *dom;
   ASSERT_OK(gpuipc_domain_join("fd-table", NULL, &dom));
-  unsigned passes = settle();
+  unsigned passes = test_fd_table_settle();
   long size = fd_size();
   printf("join: table %ld, then %ld, %u growths\n", size0, size, passes);
   ASSERT_LT(size0, 1024);

@@ -164,6 +164,10 @@ bool test_driver_loaded(void);
  * (fdtable.c): a growth holds a descriptor more for an instant. */
 int test_count_fds(pid_t pid);
 
+/* Until the library's descriptor table growth is idle (at most 20 s: a
+ * growth is a grace period, milliseconds). The growths tried so far. */
+unsigned test_fd_table_settle(void);
+
 /*
  * Run shell command @cmd (the CLI, say): its stdout into @out (of @cap
  * bytes, NUL-terminated, the rest dropped). Returns its exit status, 128

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -210,6 +211,20 @@ close_fd:
   return rc;
 }
 
+long gpuipc__dir_entries(const char *path, long most)
+{
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  long n = 0;
+  struct dirent *e;
+  while (n < most && (e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n;
+}
+
 long gpuipc__fds_open(pid_t pid)
 {
   char path[64];
@@ -217,14 +232,7 @@ long gpuipc__fds_open(pid_t pid)
     snprintf(path, sizeof(path), "/proc/self/fd");
   else
     snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-  DIR *d = opendir(path);
-  if (d == NULL)
-    return -1;
-  long n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return pid == 0 ? n - 1 : n; /* not the directory's own descriptor */
+  long n = gpuipc__dir_entries(path, LONG_MAX);
+  /* Not the directory's own descriptor. */
+  return n < 0 ? -1 : pid == 0 ? n - 1 : n;
 }

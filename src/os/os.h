@@ -260,6 +260,9 @@ const struct gpuipc__proc_id *gpuipc__proc_self(void);
 /* Descriptors process @pid (0: this one) has open now (/proc/PID/fd),
  * -1 unknown. */
 long gpuipc__fds_open(pid_t pid);
+/* Entries of directory @path but "." and "..", counted up to @most; -1
+ * when it cannot be read. */
+long gpuipc__dir_entries(const char *path, long most);
 /*
  * Whether @pid (in our pid namespace) still exists (kill(pid, 0)); a zombie
  * (dead, not yet reaped) counts as gone, a process whose main thread

@@ -1,7 +1,6 @@
 /* Who this process is, whether another one lives, and futexes. */
 #include "os/os.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -146,16 +145,7 @@ static bool threads_left(pid_t pid)
 {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  if (d == NULL)
-    return false;
-  int n = 0;
-  struct dirent *e;
-  while (n < 2 && (e = readdir(d)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(d);
-  return n > 1;
+  return gpuipc__dir_entries(path, 2) > 1;
 }
 
 bool gpuipc__pid_alive(pid_t pid)
